@@ -1,0 +1,38 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+DEMO_MODEL ?= .cache/models/tiny-random
+DEMO_DB    ?= demo.duckdb
+
+.PHONY: setup demo test test-all clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: a bare `torch` dependency would pull a multi-GB CUDA build
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+$(DEMO_MODEL)/config.json: | $(VENV)/.installed
+	$(VENV)/bin/batchrun make-random-model $(DEMO_MODEL)
+
+demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
+	rm -f $(DEMO_DB)
+	$(VENV)/bin/batchrun submit data/examples/quickstart.jsonl --db $(DEMO_DB) \
+		--model $(DEMO_MODEL) --max-output-tokens 64 --conversation-date 2026-01-01
+	@echo
+	@echo "Results are in $(DEMO_DB). Try:"
+	@echo "  $(VENV)/bin/batchrun runs --db $(DEMO_DB)"
+	@echo "  $(VENV)/bin/batchrun sql --db $(DEMO_DB) \"SELECT custom_id, status, output_tokens, latency_s FROM responses\""
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+test-all: $(VENV)/.installed
+	$(PY) -m pytest -q -m ''
+
+clean:
+	rm -rf $(VENV) .cache $(DEMO_DB) build *.egg-info

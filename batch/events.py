@@ -1,0 +1,273 @@
+"""One state machine: harmony parser progress -> Responses streaming events.
+
+`ResponseEvents` owns the output items and the event list of one response. The
+session tells it when a harmony message opens (with its channel/recipient already
+resolved to an `ItemKind`), each text delta, when the message closes, when a hosted
+tool answers, and how the response ends. It emits exactly the spec's events, with
+sequence numbers 0..n-1, exact output/content indexes, and one terminal event.
+
+States: IDLE (no item open) -> STREAMING (an item takes deltas) -> IDLE, or ->
+AWAITING_TOOL (a hosted tool call whose arguments are complete) -> IDLE once the
+tool answered -> ... -> DONE after the terminal event.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ItemKind(enum.Enum):
+    REASONING = "reasoning"
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"
+    CODE_INTERPRETER_CALL = "code_interpreter_call"
+    WEB_SEARCH_CALL = "web_search_call"
+    MCP_CALL = "mcp_call"
+
+    @property
+    def is_hosted_tool(self) -> bool:
+        return self in HOSTED_TOOL_KINDS
+
+
+HOSTED_TOOL_KINDS = {ItemKind.CODE_INTERPRETER_CALL, ItemKind.WEB_SEARCH_CALL, ItemKind.MCP_CALL}
+
+_ID_PREFIX = {
+    ItemKind.REASONING: "rs",
+    ItemKind.MESSAGE: "msg",
+    ItemKind.FUNCTION_CALL: "fc",
+    ItemKind.CODE_INTERPRETER_CALL: "ci",
+    ItemKind.WEB_SEARCH_CALL: "ws",
+    ItemKind.MCP_CALL: "mcp",
+}
+
+# Per kind: event emitted right after output_item.added, per delta, and when the
+# model has finished the item's text (None: no such event in the spec).
+_IN_PROGRESS = {
+    ItemKind.CODE_INTERPRETER_CALL: "response.code_interpreter_call.in_progress",
+    ItemKind.WEB_SEARCH_CALL: "response.web_search_call.in_progress",
+    ItemKind.MCP_CALL: "response.mcp_call.in_progress",
+}
+_DELTA = {
+    ItemKind.REASONING: "response.reasoning_text.delta",
+    ItemKind.MESSAGE: "response.output_text.delta",
+    ItemKind.FUNCTION_CALL: "response.function_call_arguments.delta",
+    ItemKind.CODE_INTERPRETER_CALL: "response.code_interpreter_call_code.delta",
+    ItemKind.MCP_CALL: "response.mcp_call_arguments.delta",
+}
+_TEXT_DONE = {
+    ItemKind.REASONING: "response.reasoning_text.done",
+    ItemKind.MESSAGE: "response.output_text.done",
+    ItemKind.FUNCTION_CALL: "response.function_call_arguments.done",
+    ItemKind.CODE_INTERPRETER_CALL: "response.code_interpreter_call_code.done",
+    ItemKind.MCP_CALL: "response.mcp_call_arguments.done",
+}
+_TOOL_RUNNING = {
+    ItemKind.CODE_INTERPRETER_CALL: "response.code_interpreter_call.interpreting",
+    ItemKind.WEB_SEARCH_CALL: "response.web_search_call.searching",
+}
+_TOOL_DONE = {
+    ItemKind.CODE_INTERPRETER_CALL: ("response.code_interpreter_call.completed",) * 2,
+    ItemKind.WEB_SEARCH_CALL: ("response.web_search_call.completed",) * 2,
+    ItemKind.MCP_CALL: ("response.mcp_call.completed", "response.mcp_call.failed"),
+}
+_TERMINAL = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+}
+
+
+class EventOrderError(RuntimeError):
+    """The session drove the state machine out of order (a bug, not bad model output)."""
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    STREAMING = "streaming"
+    AWAITING_TOOL = "awaiting_tool"
+    DONE = "done"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass
+class OpenItem:
+    """The item being streamed: its kind, index, id and the text gathered so far."""
+
+    kind: ItemKind
+    output_index: int
+    item_id: str
+    text: str = ""
+    name: str | None = None
+    server_label: str | None = None
+    call_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _part(kind: ItemKind, text: str) -> dict:
+    if kind is ItemKind.REASONING:
+        return {"type": "reasoning_text", "text": text}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def item_body(item: OpenItem, status: str) -> dict:
+    """The output item as it appears in `output_item.*` events and the final response."""
+    base = {"id": item.item_id, "type": item.kind.value}
+    if item.kind is ItemKind.REASONING:
+        body = {"summary": [], "content": [_part(item.kind, item.text)] if status != "in_progress" else []}
+    elif item.kind is ItemKind.MESSAGE:
+        body = {"role": "assistant", "content": [_part(item.kind, item.text)] if status != "in_progress" else []}
+    elif item.kind is ItemKind.FUNCTION_CALL:
+        body = {"call_id": item.call_id, "name": item.name, "arguments": item.text}
+    elif item.kind is ItemKind.CODE_INTERPRETER_CALL:
+        body = {"code": item.text, "container_id": item.extra.get("container_id", "local"),
+                "outputs": item.extra.get("outputs")}
+    elif item.kind is ItemKind.WEB_SEARCH_CALL:
+        body = {"action": item.extra.get("action") or {"type": "search", "query": item.text}}
+    else:
+        body = {"server_label": item.server_label, "name": item.name, "arguments": item.text,
+                "output": item.extra.get("output"), "error": item.extra.get("error")}
+    return {**base, **body, "status": status}
+
+
+class ResponseEvents:
+    """Builds the event sequence and output items of one response."""
+
+    def __init__(self, response_id: str):
+        self.response_id = response_id
+        self.events: list[dict] = []
+        self.output: list[dict] = []
+        self.state = State.IDLE
+        self.current: OpenItem | None = None
+
+    # -- low level --------------------------------------------------------
+    def _emit(self, type_: str, **fields: Any) -> dict:
+        event = {"type": type_, "sequence_number": len(self.events), **fields}
+        self.events.append(event)
+        return event
+
+    def _require(self, *states: State) -> None:
+        if self.state not in states:
+            raise EventOrderError(f"event state is {self.state.value}, expected {[s.value for s in states]}")
+
+    def _ids(self, item: OpenItem) -> dict:
+        return {"item_id": item.item_id, "output_index": item.output_index}
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self, response: dict) -> None:
+        """response.created and response.in_progress, with the in-progress response object."""
+        if self.events:
+            raise EventOrderError("start() called twice")
+        self._emit("response.created", response=response)
+        self._emit("response.in_progress", response=response)
+
+    def open_item(self, kind: ItemKind, *, name: str | None = None,
+                  server_label: str | None = None) -> OpenItem:
+        """A harmony message started: add its output item (and its first part)."""
+        self._require(State.IDLE)
+        item = OpenItem(kind, len(self.output), new_id(_ID_PREFIX[kind]), name=name,
+                        server_label=server_label,
+                        call_id=new_id("call") if kind is ItemKind.FUNCTION_CALL else None)
+        self.output.append(item_body(item, "in_progress"))
+        self.current, self.state = item, State.STREAMING
+        self._emit("response.output_item.added", output_index=item.output_index,
+                   item=item_body(item, "in_progress"))
+        if kind in (ItemKind.REASONING, ItemKind.MESSAGE):
+            self._emit("response.content_part.added", **self._ids(item), content_index=0,
+                       part=_part(kind, ""))
+        if kind in _IN_PROGRESS:
+            self._emit(_IN_PROGRESS[kind], **self._ids(item))
+        return item
+
+    def add_delta(self, text: str) -> None:
+        """Text the model added to the open item."""
+        self._require(State.STREAMING)
+        if not text:
+            return
+        item = self.current
+        item.text += text
+        if item.kind not in _DELTA:
+            return  # web_search_call has no argument deltas in the spec
+        extra: dict[str, Any] = {}
+        if item.kind in (ItemKind.REASONING, ItemKind.MESSAGE):
+            extra["content_index"] = 0
+        if item.kind is ItemKind.MESSAGE:
+            extra["logprobs"] = []
+        self._emit(_DELTA[item.kind], **self._ids(item), delta=text, **extra)
+
+    def close_item(self, status: str = "completed") -> OpenItem:
+        """The harmony message ended. Hosted tool calls then wait for `tool_result`."""
+        self._require(State.STREAMING)
+        item = self.current
+        self._emit_text_done(item)
+        if item.kind.is_hosted_tool and status == "completed":
+            if item.kind in _TOOL_RUNNING:
+                self._emit(_TOOL_RUNNING[item.kind], **self._ids(item))
+            self.state = State.AWAITING_TOOL
+            return item
+        self._finish_item(item, status)
+        return item
+
+    def _emit_text_done(self, item: OpenItem) -> None:
+        ids = self._ids(item)
+        if item.kind in (ItemKind.REASONING, ItemKind.MESSAGE):
+            extra = {"logprobs": []} if item.kind is ItemKind.MESSAGE else {}
+            self._emit(_TEXT_DONE[item.kind], **ids, content_index=0, text=item.text, **extra)
+            self._emit("response.content_part.done", **ids, content_index=0,
+                       part=_part(item.kind, item.text))
+        elif item.kind is ItemKind.FUNCTION_CALL:
+            self._emit(_TEXT_DONE[item.kind], **ids, arguments=item.text, name=item.name)
+        elif item.kind is ItemKind.CODE_INTERPRETER_CALL:
+            self._emit(_TEXT_DONE[item.kind], **ids, code=item.text)
+        elif item.kind is ItemKind.MCP_CALL:
+            self._emit(_TEXT_DONE[item.kind], **ids, arguments=item.text)
+
+    def _finish_item(self, item: OpenItem, status: str) -> None:
+        body = item_body(item, status)
+        self.output[item.output_index] = body
+        self._emit("response.output_item.done", output_index=item.output_index, item=body)
+        self.current, self.state = None, State.IDLE
+
+    def tool_result(self, *, output: str | None = None, error: str | dict | None = None,
+                    **extra: Any) -> dict:
+        """The hosted tool answered (or failed): complete the waiting call item.
+
+        An MCP error string becomes the SDK's `mcp_tool_execution_error` object; pass a
+        dict for the other error types (protocol, http).
+        """
+        self._require(State.AWAITING_TOOL)
+        item = self.current
+        item.extra.update(extra)
+        if item.kind is ItemKind.MCP_CALL:
+            if isinstance(error, str):
+                error = {"type": "mcp_tool_execution_error",
+                         "content": [{"type": "text", "text": error}]}
+            item.extra.update(output=output, error=error)
+        elif item.kind is ItemKind.CODE_INTERPRETER_CALL and "outputs" not in extra:
+            item.extra["outputs"] = [{"type": "logs", "logs": output or error or ""}]
+        ok_event, failed_event = _TOOL_DONE[item.kind]
+        self._emit(failed_event if error else ok_event, **self._ids(item))
+        status = "failed" if error and item.kind is not ItemKind.WEB_SEARCH_CALL else "completed"
+        self._finish_item(item, status)
+        return self.output[item.output_index]
+
+    def abandon(self) -> None:
+        """Close whatever is open as `incomplete` (the response ends mid-item)."""
+        if self.state is State.STREAMING:
+            self.close_item("incomplete")
+        if self.state is State.AWAITING_TOOL:
+            self._finish_item(self.current, "incomplete")
+
+    def finish(self, response: dict) -> dict:
+        """Emit the one terminal event for `response["status"]`; returns the event."""
+        self._require(State.IDLE)
+        status = response["status"]
+        if status not in _TERMINAL:
+            raise EventOrderError(f"no terminal event for status {status!r}")
+        self.state = State.DONE
+        return self._emit(_TERMINAL[status], response=response)

@@ -1,0 +1,209 @@
+"""Request -> harmony conversation -> prompt tokens; completion tokens -> parser steps.
+
+Rendering is a pure function of the request and the run options: the conversation
+date comes from the request's `metadata.conversation_date` or `--conversation-date`,
+never the wall clock, so the same request always renders the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    HarmonyError,
+    Message,
+    ReasoningEffort,
+    Role,
+    StreamableParser,
+    StreamState,
+    SystemContent,
+)
+
+from batch.vocab import harmony_encoding
+from tools.registry import ToolRegistry
+
+KNOWLEDGE_CUTOFF = "2024-06"
+RETURN_TOKEN = 200002
+CALL_TOKEN = 200012
+STOP_TOKEN_IDS = (RETURN_TOKEN, CALL_TOKEN)
+_EFFORT = {
+    "minimal": ReasoningEffort.LOW,
+    "low": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM,
+    "high": ReasoningEffort.HIGH,
+}
+
+__all__ = ["HarmonyError", "RenderError", "PromptOptions", "render_prompt", "TokenParser"]
+
+
+class RenderError(ValueError):
+    """The request cannot be rendered (names the body field at fault)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """Run-level rendering options; a request's own fields take precedence."""
+
+    conversation_date: str | None = None
+    reasoning_effort: str = "medium"
+    knowledge_cutoff: str = KNOWLEDGE_CUTOFF
+
+
+def _text_of(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or [])
+
+
+def _system_message(body: dict, registry: ToolRegistry, options: PromptOptions) -> Message:
+    effort = ((body.get("reasoning") or {}).get("effort")) or options.reasoning_effort
+    date = (body.get("metadata") or {}).get("conversation_date") or options.conversation_date
+    content = SystemContent.new().with_reasoning_effort(_EFFORT[effort]).with_knowledge_cutoff(
+        options.knowledge_cutoff)
+    if date:
+        content = content.with_conversation_start_date(date)
+    return Message.from_role_and_content(Role.SYSTEM, registry.add_to_system(content))
+
+
+def _developer_message(body: dict, registry: ToolRegistry) -> Message | None:
+    instructions = body.get("instructions")
+    if not instructions and not registry.has_developer_tools:
+        return None
+    content = DeveloperContent.new()
+    if instructions:
+        content = content.with_instructions(instructions)
+    return Message.from_role_and_content(Role.DEVELOPER, registry.add_to_developer(content))
+
+
+def _assistant(text: str, channel: str, recipient: str | None = None,
+               content_type: str | None = None) -> Message:
+    message = Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
+    if recipient:
+        message = message.with_recipient(recipient)
+    if content_type:
+        message = message.with_content_type(content_type)
+    return message
+
+
+def _tool(author: str, text: str) -> Message:
+    return (Message.from_author_and_content(Author.new(Role.TOOL, author), text)
+            .with_channel("commentary").with_recipient("assistant"))
+
+
+def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[Message]:
+    """Harmony messages for one input item (an empty list for items with no text)."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item["role"]
+        text = _text_of(item.get("content"))
+        if role == "assistant":
+            return [_assistant(text, "final")]
+        return [Message.from_role_and_content(Role.USER if role == "user" else Role.DEVELOPER, text)]
+    if kind == "reasoning":
+        text = _text_of(item.get("content")) or _text_of(item.get("summary"))
+        return [_assistant(text, "analysis")] if text else []
+    if kind == "function_call":
+        call_names[item["call_id"]] = item["name"]
+        return [_assistant(item["arguments"], "commentary", f"functions.{item['name']}",
+                           "<|constrain|>json")]
+    if kind == "function_call_output":
+        name = call_names.get(item["call_id"])
+        if name is None:
+            raise RenderError(f"input[{index}].call_id",
+                              f"no function_call with call_id {item['call_id']!r} comes before this output")
+        return [_tool(f"functions.{name}", _text_of(item["output"]))]
+    if kind == "code_interpreter_call":
+        logs = "".join(o.get("logs", "") for o in item.get("outputs") or [])
+        return [_assistant(item.get("code") or "", "analysis", "python", "code"), _tool("python", logs)]
+    if kind == "mcp_call":
+        recipient = f"{item['server_label']}.{item['name']}"
+        output = item.get("output") or item.get("error") or ""
+        return [_assistant(item.get("arguments") or "", "commentary", recipient, "<|constrain|>json"),
+                _tool(recipient, output)]
+    return []  # web_search_call, mcp_list_tools: nothing the model needs to re-read
+
+
+def input_messages(items: str | list[dict]) -> list[Message]:
+    """The request's `input` as harmony messages."""
+    if isinstance(items, str):
+        return [Message.from_role_and_content(Role.USER, items)]
+    call_names: dict[str, str] = {}
+    messages: list[Message] = []
+    for index, item in enumerate(items):
+        messages.extend(_item_messages(index, item, call_names))
+    return messages
+
+
+def render_prompt(body: dict, items: str | list[dict], registry: ToolRegistry,
+                  options: PromptOptions) -> list[int]:
+    """Prompt tokens for a request body whose conversation input is `items`."""
+    messages = [_system_message(body, registry, options)]
+    developer = _developer_message(body, registry)
+    if developer is not None:
+        messages.append(developer)
+    messages.extend(input_messages(items))
+    conversation = Conversation.from_messages(messages)
+    return harmony_encoding().render_conversation_for_completion(conversation, Role.ASSISTANT)
+
+
+def render_tool_output(author: str, text: str) -> list[int]:
+    """Tokens of a tool's answer followed by the header of the assistant's next message."""
+    encoding = harmony_encoding()
+    return encoding.render(_tool(author, text)) + encoding.encode(
+        "<|start|>assistant", allowed_special="all")
+
+
+@dataclass(frozen=True)
+class ParserStep:
+    """What one completion token did to the harmony message stream."""
+
+    opened: tuple[str | None, str | None, str | None] | None  # (channel, recipient, content_type)
+    delta: str
+    closed: bool
+    channel: str | None
+
+
+class TokenParser:
+    """Incremental harmony parsing of one turn's completion tokens."""
+
+    def __init__(self) -> None:
+        self._parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
+        self._num_messages = 0
+
+    def feed(self, token_id: int) -> ParserStep:
+        """Parse one token; raises HarmonyError on malformed harmony."""
+        parser = self._parser
+        was_content = parser.state == StreamState.CONTENT
+        parser.process(token_id)
+        in_content = parser.state == StreamState.CONTENT
+        opened = None
+        if in_content and not was_content:
+            opened = (parser.current_channel, parser.current_recipient, parser.current_content_type)
+        closed = len(parser.messages) > self._num_messages
+        self._num_messages = len(parser.messages)
+        delta = (parser.last_content_delta or "") if in_content else ""
+        if in_content:
+            channel = parser.current_channel
+        else:
+            channel = parser.messages[-1].channel if closed else None
+        return ParserStep(opened, delta, closed, channel)
+
+    @property
+    def in_message(self) -> bool:
+        return self._parser.state == StreamState.CONTENT
+
+    @property
+    def in_header(self) -> bool:
+        return self._parser.state == StreamState.HEADER
+
+    @property
+    def messages(self) -> list[Message]:
+        return self._parser.messages
+

@@ -1,0 +1,124 @@
+"""The event state machine on its own: spec event names, indexes, order, validation."""
+
+import pytest
+from pydantic import TypeAdapter
+from openai.types.responses import ResponseStreamEvent
+
+from batch.events import EventOrderError, ItemKind, ResponseEvents
+
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+RESPONSE = {"id": "resp_1", "object": "response", "created_at": 0, "status": "in_progress",
+            "model": "m", "output": [], "tools": [], "tool_choice": "auto",
+            "parallel_tool_calls": True}
+
+
+def validate_all(events):
+    for event in events:
+        STREAM_EVENT.validate_python(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def stream(kind, text, **kw):
+    events = ResponseEvents("resp_1")
+    events.start(RESPONSE)
+    events.open_item(kind, **kw)
+    for piece in text:
+        events.add_delta(piece)
+    events.close_item()
+    return events
+
+
+def test_reasoning_item_uses_reasoning_text_parts_with_exact_indexes():
+    events = stream(ItemKind.REASONING, ["We", " need"])
+    types = [e["type"] for e in events.events]
+    assert types == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.reasoning_text.delta",
+                     "response.reasoning_text.delta", "response.reasoning_text.done",
+                     "response.content_part.done", "response.output_item.done"]
+    done = events.events[-1]["item"]
+    assert done["content"] == [{"type": "reasoning_text", "text": "We need"}]
+    assert "encrypted_content" not in done
+    assert all(e.get("content_index", 0) == 0 for e in events.events)
+    validate_all(events.events)
+
+
+def test_message_deltas_carry_logprobs_and_done_text_is_the_join():
+    events = stream(ItemKind.MESSAGE, ["Hel", "lo"])
+    text_done = next(e for e in events.events if e["type"] == "response.output_text.done")
+    assert text_done["text"] == "Hello" and text_done["logprobs"] == []
+    assert events.output[0]["content"][0]["text"] == "Hello"
+    validate_all(events.events)
+
+
+def test_function_call_has_call_id_and_arguments_done_with_name():
+    events = stream(ItemKind.FUNCTION_CALL, ['{"city"', ': "Paris"}'], name="get_weather")
+    done = next(e for e in events.events if e["type"] == "response.function_call_arguments.done")
+    assert done["arguments"] == '{"city": "Paris"}' and done["name"] == "get_weather"
+    item = events.output[0]
+    assert item["call_id"].startswith("call_") and item["status"] == "completed"
+    validate_all(events.events)
+
+
+@pytest.mark.parametrize("kind, first, running, done", [
+    (ItemKind.MCP_CALL, "response.mcp_call.in_progress", None, "response.mcp_call.completed"),
+    (ItemKind.CODE_INTERPRETER_CALL, "response.code_interpreter_call.in_progress",
+     "response.code_interpreter_call.interpreting", "response.code_interpreter_call.completed"),
+    (ItemKind.WEB_SEARCH_CALL, "response.web_search_call.in_progress",
+     "response.web_search_call.searching", "response.web_search_call.completed"),
+])
+def test_hosted_tool_item_waits_for_the_tool(kind, first, running, done):
+    events = stream(kind, ["print(1)"], name="python", server_label="code_interpreter")
+    types = [e["type"] for e in events.events]
+    assert first in types and "response.output_item.done" not in types
+    if running:
+        assert types[-1] == running
+    with pytest.raises(EventOrderError):
+        events.open_item(ItemKind.MESSAGE)  # the tool has not answered yet
+    item = events.tool_result(output="1\n")
+    assert events.events[-2]["type"] == done
+    assert events.events[-1]["type"] == "response.output_item.done"
+    assert item["status"] == "completed"
+    validate_all(events.events)
+
+
+def test_failed_mcp_call_emits_failed_event_and_records_error():
+    events = stream(ItemKind.MCP_CALL, ["{}"], name="add", server_label="calc")
+    item = events.tool_result(error="boom")
+    assert events.events[-2]["type"] == "response.mcp_call.failed"
+    assert item["status"] == "failed"
+    assert item["error"] == {"type": "mcp_tool_execution_error",
+                             "content": [{"type": "text", "text": "boom"}]}
+    validate_all(events.events)
+
+
+def test_abandon_closes_open_item_incomplete_and_one_terminal_event():
+    events = ResponseEvents("resp_1")
+    events.start(RESPONSE)
+    events.open_item(ItemKind.MESSAGE)
+    events.add_delta("partial")
+    events.abandon()
+    assert events.output[0]["status"] == "incomplete"
+    events.finish({**RESPONSE, "status": "incomplete", "output": events.output})
+    assert [e["type"] for e in events.events].count("response.incomplete") == 1
+    with pytest.raises(EventOrderError):
+        events.finish({**RESPONSE, "status": "completed"})
+    validate_all(events.events)
+
+
+def test_output_indexes_follow_items():
+    events = ResponseEvents("resp_1")
+    events.start(RESPONSE)
+    for kind in (ItemKind.REASONING, ItemKind.MESSAGE):
+        events.open_item(kind)
+        events.add_delta("x")
+        events.close_item()
+    indexes = [e["output_index"] for e in events.events if "output_index" in e]
+    assert indexes == [0] * 6 + [1] * 6
+    assert len({e["item_id"] for e in events.events if "item_id" in e}) == 2
+
+
+def test_delta_without_open_item_is_an_order_error():
+    events = ResponseEvents("resp_1")
+    events.start(RESPONSE)
+    with pytest.raises(EventOrderError):
+        events.add_delta("x")

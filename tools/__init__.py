@@ -1,0 +1,1 @@
+"""batchrun: tools."""
