@@ -1,0 +1,230 @@
+"""DuckDB schema of the batchrun database: Arrow schemas and numbered migrations.
+
+Migrations follow simonw/llm: each is a function ``mNNN_name(con)``, applied once,
+in order, and recorded in ``schema_migrations``. Never edit a released migration;
+add a new one. ``SCHEMAS`` describes the tables *after* all migrations and is the
+one place insert tables are built from; a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import duckdb
+import pyarrow as pa
+
+# Columns stored with DuckDB's JSON type travel through Arrow as strings;
+# this field metadata marks them so the store json-dumps their values.
+_JSON = {b"duckdb_type": b"JSON"}
+
+
+def _json(name: str) -> pa.Field:
+    return pa.field(name, pa.string(), metadata=_JSON)
+
+
+def _ts(name: str) -> pa.Field:
+    return pa.field(name, pa.timestamp("us", tz="UTC"))
+
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "runs": pa.schema([
+        ("run_id", pa.string()), _ts("started_at"), _ts("finished_at"),
+        ("input_path", pa.string()), ("input_sha256", pa.string()), ("model", pa.string()),
+        _json("engine_config"), _json("options"), ("status", pa.string()),
+        ("n_requests", pa.int64()), _json("notes"), ("batchrun_version", pa.string()),
+    ]),
+    "requests": pa.schema([
+        ("run_id", pa.string()), ("custom_id", pa.string()), ("line_no", pa.int64()),
+        ("request_hash", pa.string()), _json("body"), ("status", pa.string()),
+        ("error", pa.string()), ("response_id", pa.string()), _ts("written_at"),
+    ]),
+    "responses": pa.schema([
+        ("run_id", pa.string()), ("custom_id", pa.string()), ("response_id", pa.string()),
+        ("status", pa.string()), _json("response"), _json("input_items"),
+        ("input_tokens", pa.int64()), ("cached_tokens", pa.int64()),
+        ("output_tokens", pa.int64()), ("reasoning_tokens", pa.int64()),
+        ("tool_output_tokens", pa.int64()), ("total_tokens", pa.int64()),
+        ("num_turns", pa.int32()), ("latency_s", pa.float64()), ("ttft_s", pa.float64()),
+        _ts("created_at"),
+    ]),
+    "events": pa.schema([
+        ("run_id", pa.string()), ("response_id", pa.string()),
+        ("sequence_number", pa.int32()), ("type", pa.string()),
+        ("output_index", pa.int32()), ("content_index", pa.int32()),
+        ("item_id", pa.string()), _json("payload"),
+    ]),
+    "turns": pa.schema([
+        ("run_id", pa.string()), ("response_id", pa.string()), ("turn", pa.int32()),
+        ("prompt_tokens", pa.int64()), ("cached_tokens", pa.int64()),
+        ("output_tokens", pa.int64()), ("tool_output_tokens", pa.int64()),
+        ("prefill_s", pa.float64()), ("decode_s", pa.float64()),
+        ("finish_reason", pa.string()),
+    ]),
+    "tool_calls": pa.schema([
+        ("run_id", pa.string()), ("response_id", pa.string()), ("call_id", pa.string()),
+        ("tool_type", pa.string()), ("server_label", pa.string()), ("name", pa.string()),
+        ("arguments", pa.string()), ("output", pa.string()), ("status", pa.string()),
+        ("error", pa.string()), _ts("started_at"), ("duration_s", pa.float64()),
+    ]),
+    "tokens": pa.schema([
+        ("run_id", pa.string()), ("response_id", pa.string()), ("turn", pa.int32()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("completion_token_ids", pa.list_(pa.int32())),
+    ]),
+}
+
+_DUCKDB_TYPES = {
+    pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
+    pa.float64(): "DOUBLE", pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
+    pa.list_(pa.int32()): "INTEGER[]",
+}
+
+
+def is_json(field: pa.Field) -> bool:
+    """True when the field is stored in a DuckDB JSON column."""
+    return (field.metadata or {}).get(b"duckdb_type") == b"JSON"
+
+
+def duckdb_type(field: pa.Field) -> str:
+    """The type name DuckDB's DESCRIBE reports for a column built from this field."""
+    return "JSON" if is_json(field) else _DUCKDB_TYPES[field.type]
+
+
+def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
+    """Tables for runs, per-line requests, responses and their traces."""
+    con.execute("""
+    CREATE TABLE runs (
+        run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ,
+        input_path VARCHAR, input_sha256 VARCHAR, model VARCHAR,
+        engine_config JSON, options JSON,
+        status VARCHAR,        -- running | completed | interrupted | failed
+        n_requests BIGINT,     -- input lines seen
+        notes JSON,            -- e.g. {"ignored_fields": {"stream": 12}}
+        batchrun_version VARCHAR);
+    -- Keyed by line: a duplicate custom_id line is its own (invalid) row.
+    CREATE TABLE requests (
+        run_id VARCHAR, custom_id VARCHAR, line_no BIGINT, request_hash VARCHAR,
+        body JSON,
+        status VARCHAR,        -- completed | incomplete | failed | invalid
+        error VARCHAR, response_id VARCHAR, written_at TIMESTAMPTZ,
+        PRIMARY KEY (run_id, line_no));
+    CREATE TABLE responses (
+        run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR PRIMARY KEY,
+        status VARCHAR, response JSON,
+        input_items JSON,      -- resolved conversation input, for previous_response_id
+        input_tokens BIGINT, cached_tokens BIGINT, output_tokens BIGINT,
+        reasoning_tokens BIGINT, tool_output_tokens BIGINT, total_tokens BIGINT,
+        num_turns INTEGER, latency_s DOUBLE, ttft_s DOUBLE, created_at TIMESTAMPTZ);
+    -- No indexes on the trace tables: ART indexes slow bulk inserts, and
+    -- DuckDB's zone maps keep per-response scans fast enough.
+    CREATE TABLE events (
+        run_id VARCHAR, response_id VARCHAR, sequence_number INTEGER, type VARCHAR,
+        output_index INTEGER, content_index INTEGER, item_id VARCHAR, payload JSON);
+    CREATE TABLE turns (
+        run_id VARCHAR, response_id VARCHAR, turn INTEGER, prompt_tokens BIGINT,
+        cached_tokens BIGINT, output_tokens BIGINT, tool_output_tokens BIGINT,
+        prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR);
+    CREATE TABLE tool_calls (
+        run_id VARCHAR, response_id VARCHAR, call_id VARCHAR, tool_type VARCHAR,
+        server_label VARCHAR, name VARCHAR, arguments VARCHAR, output VARCHAR,
+        status VARCHAR, error VARCHAR, started_at TIMESTAMPTZ, duration_s DOUBLE);
+    -- Filled only with --keep-tokens.
+    CREATE TABLE tokens (
+        run_id VARCHAR, response_id VARCHAR, turn INTEGER,
+        prompt_token_ids INTEGER[], completion_token_ids INTEGER[]);
+    """)
+
+
+def m002_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Views for the usual dashboard questions."""
+    con.execute("""
+    CREATE VIEW usage_per_run AS
+    SELECT r.run_id,
+           count(s.response_id) AS n_responses,
+           coalesce(sum(s.input_tokens), 0) AS input_tokens,
+           coalesce(sum(s.cached_tokens), 0) AS cached_tokens,
+           coalesce(sum(s.output_tokens), 0) AS output_tokens,
+           coalesce(sum(s.reasoning_tokens), 0) AS reasoning_tokens,
+           coalesce(sum(s.tool_output_tokens), 0) AS tool_output_tokens,
+           coalesce(sum(s.total_tokens), 0) AS total_tokens,
+           count(*) FILTER (WHERE s.status = 'completed') AS n_completed,
+           count(*) FILTER (WHERE s.status = 'incomplete') AS n_incomplete,
+           count(*) FILTER (WHERE s.status = 'failed') AS n_failed
+    FROM runs r LEFT JOIN responses s USING (run_id)
+    GROUP BY r.run_id;
+
+    -- A call counts as an error when it failed or carries an error message.
+    CREATE VIEW tool_error_rates AS
+    SELECT run_id, tool_type, server_label, name,
+           count(*) AS calls,
+           count(*) FILTER (WHERE status = 'failed' OR error IS NOT NULL) AS errors,
+           errors / calls AS error_rate
+    FROM tool_calls
+    GROUP BY run_id, tool_type, server_label, name;
+
+    CREATE VIEW latency_percentiles AS
+    SELECT run_id, count(*) AS n_responses,
+           quantile_cont(latency_s, 0.5) AS latency_p50,
+           quantile_cont(latency_s, 0.9) AS latency_p90,
+           quantile_cont(latency_s, 0.99) AS latency_p99,
+           quantile_cont(ttft_s, 0.5) AS ttft_p50,
+           quantile_cont(ttft_s, 0.9) AS ttft_p90,
+           quantile_cont(ttft_s, 0.99) AS ttft_p99
+    FROM responses
+    GROUP BY run_id;
+
+    CREATE VIEW event_type_counts AS
+    SELECT run_id, type, count(*) AS n_events
+    FROM events
+    GROUP BY run_id, type;
+
+    CREATE VIEW request_status_counts AS
+    SELECT run_id, status, count(*) AS n_requests
+    FROM requests
+    GROUP BY run_id, status;
+    """)
+
+
+MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [m001_initial, m002_views]
+
+
+def _version(migration: Callable) -> int:
+    match = re.fullmatch(r"m(\d{3})_\w+", migration.__name__)
+    if match is None:
+        raise ValueError(f"migration {migration.__name__!r} is not named mNNN_name")
+    return int(match.group(1))
+
+
+def applied_versions(con: duckdb.DuckDBPyConnection) -> set[int]:
+    """Versions recorded in schema_migrations (empty for a blank database)."""
+    con.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
+        version INTEGER, name VARCHAR, applied_at TIMESTAMPTZ)""")
+    rows = con.sql("SELECT version FROM schema_migrations").fetchall()
+    return {version for (version,) in rows}
+
+
+def migrate(con: duckdb.DuckDBPyConnection, *, upto: int | None = None) -> list[str]:
+    """Apply the migrations not yet recorded (up to version ``upto``); return their names.
+
+    Each migration and its record commit together, so a crash leaves the database
+    at a clean migration level.
+    """
+    done = applied_versions(con)
+    applied = []
+    for migration in MIGRATIONS:
+        version = _version(migration)
+        if version in done or (upto is not None and version > upto):
+            continue
+        con.begin()
+        try:
+            migration(con)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                        [version, migration.__name__, datetime.now(timezone.utc)])
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        applied.append(migration.__name__)
+    return applied

@@ -1,0 +1,331 @@
+"""The batchrun DuckDB file: the only writer of it, and typed lookups for readers.
+
+Writes go through Arrow: each batch of results becomes one ``pa.Table`` per table,
+inserted with ``INSERT ... BY NAME SELECT`` inside one transaction. Timestamps are
+read back through Arrow as well, because DuckDB's ``fetchall()`` on TIMESTAMPTZ
+needs pytz, which is not a dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from batch.migrations import SCHEMAS, is_json, migrate
+
+# Tables that hang off a response and are replaced with it.
+_TRACE_TABLES = ("events", "turns", "tool_calls", "tokens")
+_RUN_JSON = ("engine_config", "options", "notes")
+_register_ids = count()
+
+
+class StoreLockedError(RuntimeError):
+    """Another process holds the DuckDB file (DuckDB allows one writer)."""
+
+
+@dataclass
+class RequestResult:
+    """Everything one input line produced, written together by ``Store.write_results``.
+
+    Rows are dicts keyed by column name. ``run_id`` and ``response_id`` may be left
+    out of trace rows: they are taken from ``request`` and ``response``.
+    """
+
+    request: dict
+    response: dict | None = None
+    events: list[dict] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
+    tool_calls: list[dict] = field(default_factory=list)
+    tokens: list[dict] = field(default_factory=list)
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _loads(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def arrow_table(table: str, rows: list[dict]) -> pa.Table:
+    """Build the Arrow table for ``rows`` of ``table``, json-dumping JSON columns.
+
+    Raises ValueError for unknown columns; pyarrow raises (ArrowInvalid /
+    ArrowTypeError) for values that do not fit a column's type.
+    """
+    schema = SCHEMAS[table]
+    unknown = {key for row in rows for key in row} - set(schema.names)
+    if unknown:
+        raise ValueError(f"unknown {table} column(s): {sorted(unknown)}")
+    columns = {}
+    for fld in schema:
+        values = [row.get(fld.name) for row in rows]
+        columns[fld.name] = [_dumps(v) for v in values] if is_json(fld) else values
+    return pa.table(columns, schema=schema)
+
+
+def _is_lock_error(error: duckdb.Error) -> bool:
+    return isinstance(error, duckdb.IOException) and "lock" in str(error).lower()
+
+
+class Store:
+    """One open batchrun database. Use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        """Open (or create) the file at ``path`` and bring its schema up to date.
+
+        ``read_only`` opens an existing file without migrating it. Raises
+        StoreLockedError when another process holds the file, FileNotFoundError
+        for a read-only open of a missing file.
+        """
+        self.path = Path(path)
+        if read_only and not self.path.exists():
+            raise FileNotFoundError(f"{self.path}: no batchrun database there")
+        try:
+            self.con = duckdb.connect(os.fspath(self.path), read_only=read_only)
+        except duckdb.Error as error:
+            if _is_lock_error(error):
+                raise StoreLockedError(
+                    f"{self.path} is in use by another batchrun process (DuckDB allows "
+                    "one writer); wait for it to finish or use another --db") from error
+            raise
+        if not read_only:
+            migrate(self.con)
+
+    def close(self) -> None:
+        """Close the connection (committed data is already durable)."""
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- helpers -----------------------------------------------------------
+
+    def _rows(self, query: str, params: list | None = None) -> list[dict]:
+        return self.con.sql(query, params=params).to_arrow_table().to_pylist()
+
+    def _register(self, data: pa.Table) -> str:
+        # A unique registered name: replacement scans of locals depend on the
+        # caller's frame, registration does not.
+        name = f"_batchrun_arrow_{next(_register_ids)}"
+        self.con.register(name, data)
+        return name
+
+    def _insert(self, table: str, data: pa.Table) -> None:
+        name = self._register(data)
+        try:
+            self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
+        finally:
+            self.con.unregister(name)
+
+    @staticmethod
+    def _decode_run(row: dict) -> dict:
+        for key in _RUN_JSON:
+            row[key] = _loads(row[key])
+        return row
+
+    # -- runs --------------------------------------------------------------
+
+    def create_run(self, run: dict) -> None:
+        """Insert a runs row; ``engine_config``, ``options``, ``notes`` are python objects."""
+        run = {"started_at": _now(), **run}
+        self._insert("runs", arrow_table("runs", [run]))
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        """Set columns of one run, e.g. ``status``, ``finished_at``, ``n_requests``, ``notes``.
+
+        Raises ValueError for unknown columns, KeyError for an unknown run.
+        """
+        schema = SCHEMAS["runs"]
+        unknown = (set(fields) - set(schema.names)) | ({"run_id"} & set(fields))
+        if unknown:
+            raise ValueError(f"cannot update runs column(s): {sorted(unknown)}")
+        if not fields:
+            return
+        values = [_dumps(v) if is_json(schema.field(k)) else v for k, v in fields.items()]
+        assignments = ", ".join(f"{key} = ?" for key in fields)
+        updated = self.con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?",
+                                   [*values, run_id]).fetchall()
+        if updated[0][0] == 0:
+            raise KeyError(f"no run {run_id!r} in {self.path}")
+
+    def get_run(self, run_id: str) -> dict | None:
+        """The runs row as a dict (JSON columns decoded), or None."""
+        rows = self._rows("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        return self._decode_run(rows[0]) if rows else None
+
+    def list_runs(self) -> list[dict]:
+        """All runs, newest first, each with per-status counts of its requests rows.
+
+        Count keys are the request statuses (``completed``, ``incomplete``,
+        ``failed``, ``invalid``) plus ``n_written`` for all rows.
+        """
+        rows = self._rows("""
+            SELECT r.*, count(q.line_no) AS n_written,
+                   count(*) FILTER (WHERE q.status = 'completed') AS completed,
+                   count(*) FILTER (WHERE q.status = 'incomplete') AS incomplete,
+                   count(*) FILTER (WHERE q.status = 'failed') AS failed,
+                   count(*) FILTER (WHERE q.status = 'invalid') AS invalid
+            FROM runs r LEFT JOIN requests q USING (run_id)
+            GROUP BY ALL ORDER BY r.started_at DESC, r.run_id DESC""")
+        return [self._decode_run(row) for row in rows]
+
+    def find_unfinished_run(self, input_sha256: str) -> str | None:
+        """The newest run over this input whose status is not 'completed', or None."""
+        rows = self._rows("""
+            SELECT run_id FROM runs
+            WHERE input_sha256 = ? AND status IS DISTINCT FROM 'completed'
+            ORDER BY started_at DESC LIMIT 1""", [input_sha256])
+        return rows[0]["run_id"] if rows else None
+
+    # -- per-line bookkeeping ---------------------------------------------
+
+    def finished_line_numbers(self, run_id: str, *,
+                              statuses: tuple[str, ...] | None = None) -> set[int]:
+        """Line numbers that have a requests row in this run (only ``statuses`` if given)."""
+        query, params = "SELECT line_no FROM requests WHERE run_id = ?", [run_id]
+        if statuses is not None:
+            query += " AND list_contains(?, status)"
+            params.append(list(statuses))
+        return {row["line_no"] for row in self._rows(query, params)}
+
+    def write_results(self, results: list[RequestResult]) -> None:
+        """Write all results in one transaction, replacing rows of the same (run_id, line_no).
+
+        A replaced line loses its previous response and that response's events,
+        turns, tool calls and tokens. If anything fails, nothing of the batch is
+        written.
+        """
+        if not results:
+            return
+        tables = _result_tables(results)
+        # Registered outside the transaction: unregistering inside an aborted
+        # one fails and would hide the original error.
+        names = {table: self._register(data) for table, data in tables.items()}
+        try:
+            self.con.begin()
+            try:
+                self._delete_lines(names["requests"])
+                for table, name in names.items():
+                    if tables[table].num_rows:
+                        self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
+                self.con.commit()
+            except BaseException:
+                self.con.rollback()
+                raise
+        finally:
+            for name in names.values():
+                self.con.unregister(name)
+
+    def _delete_lines(self, new_requests: str) -> None:
+        """Delete requests rows on the lines of ``new_requests`` and what hangs off them."""
+        # The requests rows go last: they say which responses are old.
+        old = f"""(SELECT q.run_id, q.response_id FROM requests q
+                   JOIN {new_requests} k USING (run_id, line_no)
+                   WHERE q.response_id IS NOT NULL) o"""
+        for table in ("responses", *_TRACE_TABLES):
+            self.con.execute(f"""DELETE FROM {table} t USING {old}
+                WHERE t.run_id = o.run_id AND t.response_id = o.response_id""")
+        self.con.execute(f"""
+            DELETE FROM requests q USING {new_requests} k
+            WHERE q.run_id = k.run_id AND q.line_no = k.line_no""")
+
+    # -- lookups -----------------------------------------------------------
+
+    def get_response(self, response_id: str) -> dict | None:
+        """{run_id, custom_id, response, input_items, status} of one response, or None."""
+        rows = self._rows("""
+            SELECT run_id, custom_id, response, input_items, status
+            FROM responses WHERE response_id = ?""", [response_id])
+        return _decode_response(rows[0]) if rows else None
+
+    def find_response(self, run_id: str, custom_id: str) -> dict | None:
+        """Like ``get_response``, by run and custom_id (the newest if several)."""
+        rows = self._rows("""
+            SELECT run_id, custom_id, response, input_items, status
+            FROM responses WHERE run_id = ? AND custom_id = ?
+            ORDER BY created_at DESC LIMIT 1""", [run_id, custom_id])
+        return _decode_response(rows[0]) if rows else None
+
+    def iter_responses(self, run_id: str) -> Iterator[dict]:
+        """Yield every request line of a run in line order, with its response or None.
+
+        Each dict has line_no, custom_id, status, error, response_id and response.
+        Streams in Arrow batches on a separate cursor, so the caller may query
+        the store while iterating.
+        """
+        cursor = self.con.cursor()
+        try:
+            reader = cursor.sql("""
+                SELECT q.line_no, q.custom_id, q.status, q.error, q.response_id,
+                       s.response
+                FROM requests q LEFT JOIN responses s
+                  ON s.run_id = q.run_id AND s.response_id = q.response_id
+                WHERE q.run_id = ? ORDER BY q.line_no""", params=[run_id]).arrow()
+            for batch in reader:
+                for row in batch.to_pylist():
+                    row["response"] = _loads(row["response"])
+                    yield row
+        finally:
+            cursor.close()
+
+    def events(self, response_id: str) -> list[dict]:
+        """The events rows of one response by sequence_number, payload decoded."""
+        rows = self._rows("""
+            SELECT * FROM events WHERE response_id = ?
+            ORDER BY sequence_number""", [response_id])
+        for row in rows:
+            row["payload"] = _loads(row["payload"])
+        return rows
+
+
+def _decode_response(row: dict) -> dict:
+    row["response"] = _loads(row["response"])
+    row["input_items"] = _loads(row["input_items"])
+    return row
+
+
+def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
+    """Group the rows of all results by table and build one Arrow table each.
+
+    Building them before the transaction starts means a value Arrow cannot
+    convert fails the batch before anything is touched.
+    """
+    rows: dict[str, list[dict]] = {name: [] for name in ("requests", "responses",
+                                                        *_TRACE_TABLES)}
+    seen: set[tuple] = set()
+    now = _now()
+    for result in results:
+        request = {"written_at": now, **result.request}
+        key = (request.get("run_id"), request.get("line_no"))
+        if None in key:
+            raise ValueError(f"request row needs run_id and line_no, got {key}")
+        if key in seen:
+            raise ValueError(f"run {key[0]} line {key[1]} appears twice in one batch")
+        seen.add(key)
+        owner = {"run_id": key[0], "response_id": request.get("response_id")}
+        if result.response is not None:
+            response = {**owner, "custom_id": request.get("custom_id"),
+                        "created_at": now, **result.response}
+            owner["response_id"] = request["response_id"] = response.get("response_id")
+            rows["responses"].append(response)
+        rows["requests"].append(request)
+        for name in _TRACE_TABLES:
+            rows[name].extend({**owner, **row} for row in getattr(result, name))
+    return {name: arrow_table(name, table_rows) for name, table_rows in rows.items()}

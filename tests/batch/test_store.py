@@ -1,0 +1,399 @@
+"""Tests for batch.store and batch.migrations on real DuckDB files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from batch.migrations import MIGRATIONS, SCHEMAS, duckdb_type, migrate
+from batch.store import RequestResult, Store, StoreLockedError
+
+REPO = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+# Exact DESCRIBE output after all migrations; TSTZ = TIMESTAMP WITH TIME ZONE.
+EXPECTED_DDL = {
+    "schema_migrations": "version INTEGER, name VARCHAR, applied_at TSTZ",
+    "runs": "run_id VARCHAR, started_at TSTZ, finished_at TSTZ, input_path VARCHAR, "
+            "input_sha256 VARCHAR, model VARCHAR, engine_config JSON, options JSON, "
+            "status VARCHAR, n_requests BIGINT, notes JSON, batchrun_version VARCHAR",
+    "requests": "run_id VARCHAR, custom_id VARCHAR, line_no BIGINT, request_hash VARCHAR, "
+                "body JSON, status VARCHAR, error VARCHAR, response_id VARCHAR, "
+                "written_at TSTZ",
+    "responses": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, status VARCHAR, "
+                 "response JSON, input_items JSON, input_tokens BIGINT, "
+                 "cached_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, "
+                 "tool_output_tokens BIGINT, total_tokens BIGINT, num_turns INTEGER, "
+                 "latency_s DOUBLE, ttft_s DOUBLE, created_at TSTZ",
+    "events": "run_id VARCHAR, response_id VARCHAR, sequence_number INTEGER, type VARCHAR, "
+              "output_index INTEGER, content_index INTEGER, item_id VARCHAR, payload JSON",
+    "turns": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, prompt_tokens BIGINT, "
+             "cached_tokens BIGINT, output_tokens BIGINT, tool_output_tokens BIGINT, "
+             "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR",
+    "tool_calls": "run_id VARCHAR, response_id VARCHAR, call_id VARCHAR, tool_type VARCHAR, "
+                  "server_label VARCHAR, name VARCHAR, arguments VARCHAR, output VARCHAR, "
+                  "status VARCHAR, error VARCHAR, started_at TSTZ, duration_s DOUBLE",
+    "tokens": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, "
+              "prompt_token_ids INTEGER[], completion_token_ids INTEGER[]",
+}
+EXPECTED_COLUMNS = {
+    table: [tuple(col.split(" ")) for col in ddl.split(", ")]
+    for table, ddl in EXPECTED_DDL.items()}
+VIEWS = ["event_type_counts", "latency_percentiles", "request_status_counts",
+         "tool_error_rates", "usage_per_run"]
+
+
+# -- factories ---------------------------------------------------------------
+
+def make_result(run_id: str, line_no: int, *, response_id: str | None = None,
+                status: str = "completed", n_events: int = 3, **response_fields):
+    """A RequestResult for one line; no response when status is 'invalid'."""
+    custom_id = f"c{line_no}"
+    request = {"run_id": run_id, "custom_id": custom_id, "line_no": line_no,
+               "request_hash": f"h{line_no}", "body": {"input": f"q{line_no}"},
+               "status": status, "error": "bad field 'input'" if status == "invalid" else None}
+    if status == "invalid":
+        return RequestResult(request=request)
+    response_id = response_id or f"resp_{run_id}_{line_no}"
+    response = {"response_id": response_id, "status": status,
+                "response": {"id": response_id, "status": status, "output": [
+                    {"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]},
+                "input_items": [{"role": "user", "content": f"q{line_no}"}],
+                "input_tokens": 10, "output_tokens": 5, "latency_s": 1.0, "ttft_s": 0.1,
+                **response_fields}
+    events = [{"sequence_number": k, "type": f"response.e{k}", "output_index": 0,
+               "content_index": None, "item_id": f"msg_{response_id}",
+               "payload": {"type": f"response.e{k}", "sequence_number": k,
+                           "response_id": response_id, "nested": [1, {"a": None}]}}
+              for k in range(n_events)]
+    return RequestResult(
+        request=request, response=response, events=events,
+        turns=[{"turn": 0, "prompt_tokens": 10, "output_tokens": 5, "finish_reason": "stop"}],
+        tool_calls=[{"call_id": f"call_{response_id}", "tool_type": "mcp",
+                     "server_label": "srv", "name": "lookup", "status": "completed"}],
+        tokens=[{"turn": 0, "prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5]}])
+
+
+def make_run(run_id: str, *, sha: str = "sha", status: str = "running",
+             started_at: datetime = T0) -> dict:
+    return {"run_id": run_id, "started_at": started_at, "input_path": "in.jsonl",
+            "input_sha256": sha, "model": "gpt-oss-tiny", "status": status,
+            "engine_config": {"block_size": 16}, "options": {"keep_tokens": False},
+            "batchrun_version": "0.1.0"}
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "b.duckdb") as opened:
+        opened.create_run(make_run("r1"))
+        yield opened
+
+
+def columns(con, table: str) -> list[tuple[str, str]]:
+    return [(row[0], row[1]) for row in con.sql(f"DESCRIBE {table}").fetchall()]
+
+
+def count(con, query: str) -> int:
+    return con.sql(f"SELECT count(*) FROM ({query})").fetchall()[0][0]
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True)
+
+
+# -- migrations ----------------------------------------------------------------
+
+def test_fresh_database_has_exact_columns_and_views(tmp_path):
+    with Store(tmp_path / "b.duckdb") as store:
+        tables = store.con.sql("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()
+        assert sorted(t for (t,) in tables) == sorted(EXPECTED_COLUMNS)
+        for table, expected in EXPECTED_COLUMNS.items():
+            got = [(name, type_.replace("TIMESTAMP WITH TIME ZONE", "TSTZ"))
+                   for name, type_ in columns(store.con, table)]
+            assert got == expected, table
+        for table, schema in SCHEMAS.items():  # inserts are built from SCHEMAS
+            assert columns(store.con, table) == [(f.name, duckdb_type(f)) for f in schema]
+        views = store.con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal")
+        assert sorted(v for (v,) in views.fetchall()) == VIEWS
+
+
+def test_older_database_is_upgraded_on_open(tmp_path):
+    con = duckdb.connect(str(path := tmp_path / "old.duckdb"))
+    assert migrate(con, upto=1) == ["m001_initial"]
+    assert count(con, "SELECT * FROM duckdb_views() WHERE NOT internal") == 0
+    con.close()
+    with Store(path) as store:
+        versions = store.con.sql("SELECT version, name FROM schema_migrations "
+                                 "ORDER BY version").fetchall()
+        assert versions == [(1, "m001_initial"), (2, "m002_views")]
+        assert count(store.con, "SELECT * FROM usage_per_run") == 0
+
+
+def test_migrations_are_not_reapplied(tmp_path):
+    path = tmp_path / "b.duckdb"
+    Store(path).close()
+    con = duckdb.connect(str(path))
+    first = con.sql("SELECT * FROM schema_migrations").to_arrow_table()
+    assert migrate(con) == []
+    con.close()
+    with Store(path) as store:
+        again = store.con.sql("SELECT * FROM schema_migrations").to_arrow_table()
+    assert again.equals(first)
+    assert first.num_rows == len(MIGRATIONS)
+
+
+# -- views ---------------------------------------------------------------------
+
+def test_views_compute_on_small_data(store):
+    one = make_result("r1", 1, n_events=2, latency_s=1.0, ttft_s=0.1, reasoning_tokens=2)
+    two = make_result("r1", 2, status="incomplete", n_events=3, latency_s=3.0,
+                      ttft_s=0.3, input_tokens=20, cached_tokens=4)
+    two.tool_calls += [
+        {"call_id": "x", "tool_type": "mcp", "server_label": "srv", "name": "lookup",
+         "status": "failed", "error": "boom"},
+        {"call_id": "y", "tool_type": "mcp", "server_label": "srv", "name": "lookup",
+         "status": "failed"},
+        {"call_id": "z", "tool_type": "function", "name": "f", "status": "completed"}]
+    store.write_results([one, two, make_result("r1", 3, status="invalid")])
+    con = store.con
+    usage = con.sql("SELECT n_responses, input_tokens, cached_tokens, output_tokens, "
+                    "reasoning_tokens, n_completed, n_incomplete, n_failed "
+                    "FROM usage_per_run").fetchall()
+    assert usage == [(2, 30, 4, 10, 2, 1, 1, 0)]
+    rates = con.sql("SELECT run_id, tool_type, server_label, name, calls, errors, "
+                    "error_rate FROM tool_error_rates ORDER BY tool_type").fetchall()
+    assert rates == [("r1", "function", None, "f", 1, 0, 0.0),
+                     ("r1", "mcp", "srv", "lookup", 4, 2, 0.5)]
+    latency = con.sql("SELECT latency_p50, latency_p90, ttft_p50 "
+                      "FROM latency_percentiles").fetchall()[0]
+    assert latency == pytest.approx((2.0, 2.8, 0.2))
+    events = con.sql("SELECT type, n_events FROM event_type_counts ORDER BY type").fetchall()
+    assert events == [("response.e0", 2), ("response.e1", 2), ("response.e2", 1)]
+    statuses = con.sql("SELECT status, n_requests FROM request_status_counts "
+                       "ORDER BY status").fetchall()
+    assert statuses == [("completed", 1), ("incomplete", 1), ("invalid", 1)]
+
+
+# -- writing ------------------------------------------------------------------
+
+def test_write_results_round_trip(store):
+    result = make_result("r1", 7, n_events=4)
+    store.write_results([result])
+    got = store.get_response("resp_r1_7")
+    assert got == {"run_id": "r1", "custom_id": "c7", "status": "completed",
+                   "response": result.response["response"],
+                   "input_items": result.response["input_items"]}
+    assert store.find_response("r1", "c7") == got
+    events = store.events("resp_r1_7")
+    assert [e["payload"] for e in events] == [e["payload"] for e in result.events]
+    assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
+    assert events[0]["run_id"] == "r1" and events[0]["content_index"] is None
+    body = store.con.sql("SELECT body, response_id FROM requests").fetchall()
+    assert body == [('{"input":"q7"}', "resp_r1_7")]
+    tokens = store.con.sql("SELECT prompt_token_ids, completion_token_ids, response_id "
+                           "FROM tokens").fetchall()
+    assert tokens == [([1, 2, 3], [4, 5], "resp_r1_7")]
+
+
+def test_same_line_is_replaced_with_its_traces(store):
+    store.write_results([make_result("r1", 1, n_events=5), make_result("r1", 2)])
+    store.write_results([make_result("r1", 1, response_id="resp_retry", n_events=2)])
+    con = store.con
+    lines = con.sql("SELECT line_no, response_id FROM requests ORDER BY 1").fetchall()
+    assert lines == [(1, "resp_retry"), (2, "resp_r1_2")]
+    assert store.get_response("resp_r1_1") is None
+    for table in ("events", "turns", "tool_calls", "tokens"):
+        assert count(con, f"SELECT * FROM {table} WHERE response_id = 'resp_r1_1'") == 0
+    assert len(store.events("resp_retry")) == 2
+    assert len(store.events("resp_r1_2")) == 3
+    # Writing the same result again leaves no duplicates.
+    store.write_results([make_result("r1", 1, response_id="resp_retry", n_events=2)])
+    for table, expected in [("requests", 2), ("responses", 2), ("events", 5), ("turns", 2)]:
+        assert count(con, f"SELECT * FROM {table}") == expected, table
+
+
+def test_arrow_conversion_error_writes_nothing(store):
+    bad = make_result("r1", 2)
+    bad.turns[0]["prompt_tokens"] = "many"
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError)):
+        store.write_results([make_result("r1", 1), bad])
+    assert count(store.con, "SELECT * FROM requests") == 0
+    assert count(store.con, "SELECT * FROM events") == 0
+
+
+def test_database_error_rolls_back_the_whole_batch(store):
+    store.write_results([make_result("r1", 1), make_result("r1", 2)])
+    # Line 1 is replaced first, then line 3 reuses line 2's response id.
+    clash = [make_result("r1", 1, response_id="resp_new"),
+             make_result("r1", 3, response_id="resp_r1_2")]
+    with pytest.raises(duckdb.ConstraintException):
+        store.write_results(clash)
+    assert sorted(store.finished_line_numbers("r1")) == [1, 2]
+    assert store.get_response("resp_r1_1") is not None
+    assert len(store.events("resp_r1_1")) == 3
+    assert store.get_response("resp_new") is None
+    store.write_results([make_result("r1", 3)])  # the connection is usable again
+    assert sorted(store.finished_line_numbers("r1")) == [1, 2, 3]
+
+
+class FailingConnection:
+    """Delegates to a DuckDB connection but raises on one statement, like a Ctrl-C."""
+
+    def __init__(self, con, fail_on: str):
+        self._con, self._fail_on = con, fail_on
+
+    def execute(self, query, *args):
+        if query.startswith(self._fail_on):
+            raise KeyboardInterrupt
+        return self._con.execute(query, *args)
+
+    def __getattr__(self, name):  # everything else goes to the real connection
+        return getattr(self._con, name)
+
+
+def test_interrupt_mid_batch_rolls_back(store):
+    store.write_results([make_result("r1", 1)])
+    real = store.con
+    store.con = FailingConnection(real, "INSERT INTO events")
+    with pytest.raises(KeyboardInterrupt):
+        store.write_results([make_result("r1", 1, response_id="resp_new"),
+                             make_result("r1", 2)])
+    store.con = real
+    assert real.sql("SELECT line_no, response_id FROM requests").fetchall() == [(1, "resp_r1_1")]
+    assert count(store.con, "SELECT * FROM responses") == 1
+    assert len(store.events("resp_r1_1")) == 3
+
+
+def test_bad_rows_raise_clear_errors(store):
+    with pytest.raises(ValueError, match="appears twice"):
+        store.write_results([make_result("r1", 1), make_result("r1", 1)])
+    typo = make_result("r1", 1)
+    typo.events[0]["sequence_nubmer"] = 0
+    with pytest.raises(ValueError, match="sequence_nubmer"):
+        store.write_results([typo])
+    with pytest.raises(ValueError, match="line_no"):
+        store.write_results([RequestResult(request={"run_id": "r1"})])
+
+
+# -- runs ---------------------------------------------------------------------
+
+def test_runs_round_trip_and_update(store):
+    run = store.get_run("r1")
+    assert run["engine_config"] == {"block_size": 16} and run["notes"] is None
+    assert run["started_at"] == T0
+    finished = T0 + timedelta(minutes=5)
+    store.update_run("r1", status="completed", finished_at=finished, n_requests=3,
+                     notes={"ignored_fields": {"stream": 12}})
+    run = store.get_run("r1")
+    assert (run["status"], run["finished_at"], run["n_requests"]) == ("completed", finished, 3)
+    assert run["notes"] == {"ignored_fields": {"stream": 12}}
+    assert store.get_run("nope") is None
+    with pytest.raises(ValueError, match="statsu"):
+        store.update_run("r1", statsu="completed")
+    with pytest.raises(KeyError, match="nope"):
+        store.update_run("nope", status="completed")
+
+
+def test_list_runs_newest_first_with_counts(store):
+    store.create_run(make_run("r2", started_at=T0 + timedelta(hours=1)))
+    store.write_results([make_result("r1", 1), make_result("r1", 2, status="failed"),
+                         make_result("r1", 3, status="invalid")])
+    runs = store.list_runs()
+    assert [r["run_id"] for r in runs] == ["r2", "r1"]
+    assert runs[0]["n_written"] == 0
+    r1 = runs[1]
+    assert (r1["n_written"], r1["completed"], r1["failed"], r1["invalid"],
+            r1["incomplete"]) == (3, 1, 1, 1, 0)
+    assert r1["options"] == {"keep_tokens": False}
+
+
+def test_find_unfinished_run(store):
+    hour = timedelta(hours=1)
+    store.update_run("r1", status="interrupted")
+    store.create_run(make_run("r2", status="failed", started_at=T0 + hour))
+    store.create_run(make_run("r3", status="completed", started_at=T0 + 2 * hour))
+    store.create_run(make_run("other", sha="sha2", status="running",
+                              started_at=T0 + 3 * hour))
+    assert store.find_unfinished_run("sha") == "r2"
+    store.update_run("r2", status="completed")
+    assert store.find_unfinished_run("sha") == "r1"
+    assert store.find_unfinished_run("missing") is None
+
+
+def test_finished_line_numbers_by_status(store):
+    store.write_results([make_result("r1", 1), make_result("r1", 2, status="failed"),
+                         make_result("r1", 3, status="invalid"),
+                         make_result("r1", 4, status="incomplete")])
+    store.create_run(make_run("r2"))
+    store.write_results([make_result("r2", 9)])
+    assert store.finished_line_numbers("r1") == {1, 2, 3, 4}
+    assert store.finished_line_numbers("r1", statuses=("completed",)) == {1}
+    assert store.finished_line_numbers("r1", statuses=("failed", "invalid")) == {2, 3}
+    assert store.finished_line_numbers("r1", statuses=()) == set()
+    assert store.finished_line_numbers("r2") == {9}
+
+
+def test_iter_responses_in_line_order(store):
+    store.write_results([make_result("r1", 3), make_result("r1", 1, status="invalid"),
+                         make_result("r1", 2)])
+    rows = []
+    for row in store.iter_responses("r1"):
+        rows.append(row)
+        store.get_run("r1")  # the store stays usable while iterating
+    assert [r["line_no"] for r in rows] == [1, 2, 3]
+    assert [r["status"] for r in rows] == ["invalid", "completed", "completed"]
+    assert rows[0]["response"] is None and rows[0]["error"] == "bad field 'input'"
+    assert rows[1]["response"]["id"] == "resp_r1_2"
+
+
+# -- opening ------------------------------------------------------------------
+
+LOCK_PROBE = """
+    import duckdb
+    from batch.store import Store, StoreLockedError
+    try:
+        Store({path!r}, read_only={read_only})
+    except StoreLockedError as error:
+        assert isinstance(error.__cause__, duckdb.IOException)
+        print("LOCKED", error)
+    else:
+        print("OPENED")
+"""
+
+
+def test_second_writer_gets_store_locked_error(tmp_path):
+    path = str(tmp_path / "b.duckdb")
+    with Store(path):
+        for read_only in (False, True):
+            probe = run_python(LOCK_PROBE.format(path=path, read_only=read_only))
+            assert probe.returncode == 0, probe.stderr
+            assert probe.stdout.strip() == (
+                f"LOCKED {path} is in use by another batchrun process (DuckDB allows "
+                "one writer); wait for it to finish or use another --db")
+    probe = run_python(LOCK_PROBE.format(path=path, read_only=False))
+    assert probe.stdout.strip() == "OPENED", probe.stderr
+
+
+def test_read_only_open_while_nothing_writes(tmp_path):
+    path = tmp_path / "b.duckdb"
+    with Store(path) as store:
+        store.create_run(make_run("r1"))
+        store.write_results([make_result("r1", 1)])
+    with Store(path, read_only=True) as reader:
+        assert reader.get_response("resp_r1_1")["status"] == "completed"
+        probe = run_python(LOCK_PROBE.format(path=str(path), read_only=True))
+        assert probe.stdout.strip() == "OPENED", probe.stderr
+        with pytest.raises(duckdb.Error, match="read-only"):
+            reader.write_results([make_result("r1", 2)])
+    with pytest.raises(FileNotFoundError):
+        Store(tmp_path / "missing.duckdb", read_only=True)
