@@ -1,0 +1,401 @@
+"""The Responses request body batchrun accepts, as pydantic models.
+
+`parse_request` is the one entry: it sets aside the fields the runner cannot
+honour, validates the rest, and turns pydantic's errors into one readable
+`RequestError` naming the field (`tools[0].name`, `input[2].call_id`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from typing import Annotated, Any, Callable, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag,
+                      ValidationError)
+
+# Accepted so that requests written for the API run unchanged, but with no
+# effect here: there is no streaming to a client, no server-side store, etc.
+IGNORED_FIELDS = frozenset({
+    "background", "stream", "stream_options", "store", "service_tier", "truncation", "include",
+    "text", "top_logprobs", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+    "prompt", "conversation",
+})
+REDACTED = "[redacted]"
+SUPPORTED_TOOL_TYPES = ("function", "code_interpreter", "web_search", "web_search_preview", "mcp")
+_WEB_SEARCH_TYPES = ("web_search", "web_search_preview", "web_search_2025_08_26",
+                     "web_search_preview_2025_03_11")
+
+
+class RequestError(ValueError):
+    """A request body that batchrun cannot run; `field` is a path like `tools[0].name`."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+class _Strict(BaseModel):
+    # strict: a string where a number is expected is an error, as in the API.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _tag_of(aliases: dict[str, str] | None = None) -> Callable[[Any], str | None]:
+    """A discriminator reading `type` (None, i.e. "no tag", for non-objects)."""
+    def tag(value: Any) -> str | None:
+        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        if not isinstance(kind, str):
+            return None
+        return (aliases or {}).get(kind, kind)
+    return tag
+
+
+def _tagged(*choices: tuple[str, Any], tag: Callable[[Any], str | None]) -> Any:
+    """A union of `(tag, type)` choices, picked by `tag(value)`."""
+    members = tuple(Annotated[model, Tag(name)] for name, model in choices)
+    return Annotated[Union[members], Discriminator(tag)]  # noqa: UP007 - built from a tuple
+
+
+def _shape(value: Any) -> str | None:
+    return {str: "str", list: "list", dict: "dict"}.get(type(value))
+
+
+def _str_or(other: Any, message: str, shape: str = "list") -> Any:
+    """`str | other`, picked by the input's JSON shape, with one error if neither."""
+    return Annotated[Union[(Annotated[str, Tag("str")], Annotated[other, Tag(shape)])],
+                     Discriminator(_shape, custom_error_type="invalid_shape",
+                                   custom_error_message=message)]
+
+
+# --- content parts ---------------------------------------------------------
+
+class InputText(_Strict):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(_Strict):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[dict[str, Any]] | None = None
+    logprobs: list[dict[str, Any]] | None = None
+
+
+class PlainText(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(_Strict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+MessagePart = _tagged(("input_text", InputText), ("output_text", OutputText), ("text", PlainText),
+                      tag=_tag_of())
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+# --- input items -----------------------------------------------------------
+
+class MessageItem(_Strict):
+    type: Literal["message"] | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: _str_or(list[MessagePart], "expected a string or a list of content parts")
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: _str_or(list[InputText], "expected a string or a list of input_text parts")
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ReasoningItem(_Strict):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus | None = None
+
+
+class HostedItem(BaseModel):
+    """An output item of a previous response pasted back; the renderer decides."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["mcp_list_tools", "code_interpreter_call", "web_search_call"]
+    id: str | None = None
+
+
+class McpCallItem(HostedItem):
+    type: Literal["mcp_call"]
+    # The renderer addresses the call as `<server_label>.<name>`.
+    server_label: str
+    name: str
+
+
+def _item_tag(value: Any) -> str | None:
+    # A message may leave out `type`: `{"role": "user", "content": "..."}`.
+    if (isinstance(value, dict) and "type" not in value) or isinstance(value, MessageItem):
+        return "message"
+    return _tag_of()(value)
+
+
+InputItem = _tagged(
+    ("message", MessageItem), ("function_call", FunctionCallItem),
+    ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem),
+    ("mcp_call", McpCallItem), ("mcp_list_tools", HostedItem),
+    ("code_interpreter_call", HostedItem), ("web_search_call", HostedItem),
+    tag=_item_tag)
+
+
+# --- tools -----------------------------------------------------------------
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    # The name becomes the harmony recipient `functions.<name>`: no dots or spaces.
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class CodeInterpreterTool(_Strict):
+    type: Literal["code_interpreter"]
+    container: _str_or(dict[str, Any], "expected a string or an object", "dict") | None = None
+
+
+class WebSearchTool(_Strict):
+    type: Literal[_WEB_SEARCH_TYPES]
+    search_context_size: Literal["low", "medium", "high"] | None = None
+    user_location: dict[str, Any] | None = None
+    filters: dict[str, Any] | None = None
+
+
+class McpToolFilter(_Strict):
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+
+class McpTool(_Strict):
+    type: Literal["mcp"]
+    server_label: Annotated[str, StringConstraints(min_length=1)]
+    server_url: str | None = None
+    connector_id: str | None = None
+    headers: dict[str, str] | None = None
+    authorization: str | None = None
+    allowed_tools: Annotated[
+        Union[(Annotated[list[str], Tag("list")], Annotated[McpToolFilter, Tag("dict")])],
+        Discriminator(_shape, custom_error_type="invalid_shape",
+                      custom_error_message="expected a list of names or an object")] | None = None
+    require_approval: _str_or(dict[str, Any], "expected a string or an object", "dict") | None = None
+    server_description: str | None = None
+
+
+Tool = _tagged(("function", FunctionTool), ("code_interpreter", CodeInterpreterTool),
+               ("web_search", WebSearchTool), ("mcp", McpTool),
+               tag=_tag_of({kind: "web_search" for kind in _WEB_SEARCH_TYPES}))
+
+
+# --- tool_choice -----------------------------------------------------------
+
+class FunctionChoice(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class McpChoice(_Strict):
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
+
+
+class HostedChoice(_Strict):
+    type: Literal["code_interpreter", "web_search", "web_search_preview"]
+
+
+def _choice_tag(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "mode"
+    return _tag_of({"code_interpreter": "hosted", "web_search": "hosted",
+                    "web_search_preview": "hosted"})(value)
+
+
+ToolChoice = _tagged(("mode", Literal["auto", "none", "required"]), ("function", FunctionChoice),
+                     ("mcp", McpChoice), ("hosted", HostedChoice), tag=_choice_tag)
+
+
+# --- the request -----------------------------------------------------------
+
+class Reasoning(_Strict):
+    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+Metadata = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=64)],
+         Annotated[str, StringConstraints(max_length=512)]],
+    Field(max_length=16)]
+
+
+class ResponsesRequest(_Strict):
+    """The supported part of a Responses API request body (ignored fields removed)."""
+
+    input: _str_or(list[InputItem], "expected a string or a list of input items")
+    instructions: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice = "auto"
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tool_calls: Annotated[int, Field(ge=0)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    reasoning: Reasoning | None = None
+    metadata: Metadata | None = None
+    parallel_tool_calls: bool | None = None
+    model: str | None = None
+    previous_response_id: str | None = None
+    # Not honoured either, but echoed in the Response object as the API does.
+    user: str | None = None
+
+
+def parse_request(body: dict) -> tuple[ResponsesRequest, list[str]]:
+    """Validate a request body: (request, names of ignored fields present, in body order).
+
+    Raises RequestError naming the first bad field, with "(and N more)" when
+    there are several.
+    """
+    if not isinstance(body, dict):
+        raise RequestError("", f"expected a JSON object, got {json_type(body)}")
+    ignored = [name for name in body if name in IGNORED_FIELDS]
+    kept = {name: value for name, value in body.items() if name not in IGNORED_FIELDS}
+    try:
+        return ResponsesRequest.model_validate(kept), ignored
+    except ValidationError as exc:
+        raise _readable(exc, kept) from None
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (`list` kept as Python says it)."""
+    if value is None:
+        return "null"
+    return {dict: "object", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(value), type(value).__name__)
+
+
+def redact_secrets(body: dict) -> dict:
+    """A deep copy of `body` with mcp `headers` values and `authorization` replaced.
+
+    Applied to every tool object, whatever its type, so that a line rejected for
+    a misspelt type still stores no secret.
+    """
+    redacted = copy.deepcopy(body)
+    tools = redacted.get("tools") if isinstance(redacted, dict) else None
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, dict):
+            continue
+        headers = tool.get("headers")
+        if isinstance(headers, dict):
+            tool["headers"] = {name: REDACTED for name in headers}
+        elif headers is not None:
+            tool["headers"] = REDACTED
+        if tool.get("authorization") is not None:
+            tool["authorization"] = REDACTED
+    return redacted
+
+
+def request_hash(body: dict) -> str:
+    """sha256 hex of the body's canonical JSON (sorted keys, compact separators)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+# --- pydantic errors -> one message ---------------------------------------
+
+def _readable(exc: ValidationError, data: dict) -> RequestError:
+    errors = [_one_error(error, data) for error in exc.errors()]
+    unique = list(dict.fromkeys(errors))
+    field, message = unique[0]
+    if len(unique) > 1:
+        message += f" (and {len(unique) - 1} more)"
+    return RequestError(field, message)
+
+
+def _one_error(error: dict, data: dict) -> tuple[str, str]:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    path, value = _path_of(error["loc"], data, keep_last=kind == "missing")
+    if kind == "missing":
+        return path, "required"
+    if kind == "extra_forbidden":
+        return path, f"unknown field {error['loc'][-1]!r}"
+    if kind == "union_tag_invalid":
+        return _unsupported_type(path, ctx)
+    if kind == "union_tag_not_found":
+        if isinstance(value, dict):
+            return _join(path, "type"), "required, as a string"
+        return path, f"expected a JSON object, got {json_type(value)}"
+    if kind == "too_long" and isinstance(value, dict):
+        return path, f"at most {ctx.get('max_length')} keys, got {len(value)}"
+    if kind == "invalid_shape":
+        return path, f"{error['msg']}, got {json_type(value)}"
+    return path, error["msg"][:1].lower() + error["msg"][1:]
+
+
+_TYPE_LABELS = {"tools": "tool type", "tool_choice": "tool_choice type",
+                "input": "input item type", "content": "content part type"}
+
+
+def _unsupported_type(path: str, ctx: dict) -> tuple[str, str]:
+    tag = ctx.get("tag")
+    owner = re.sub(r"\[\d+\]$", "", path).rsplit(".", 1)[-1]
+    label = _TYPE_LABELS.get(owner, "type")
+    if owner == "tools":
+        expected = ", ".join(SUPPORTED_TOOL_TYPES)
+    elif owner == "tool_choice":
+        expected = "function, mcp, code_interpreter, web_search, web_search_preview"
+    else:
+        expected = str(ctx.get("expected_tags", "")).replace("'", "")
+    return _join(path, "type"), f"unsupported {label} {tag!r} (supported: {expected})"
+
+
+def _path_of(loc: tuple, data: Any, keep_last: bool) -> tuple[str, Any]:
+    """The dotted path of a pydantic `loc`, and the input value it points at.
+
+    Union members and discriminator tags appear in `loc` but not in the
+    input; walking the input tells them apart from real keys and indexes.
+    """
+    path, value = "", data
+    for position, part in enumerate(loc):
+        if isinstance(value, dict) and isinstance(part, str) and part in value:
+            path, value = _join(path, part), value[part]
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            path, value = f"{path}[{part}]", value[part]
+        elif keep_last and position == len(loc) - 1 and isinstance(part, str):
+            path, value = _join(path, part), None
+    return path, value
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name

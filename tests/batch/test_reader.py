@@ -1,0 +1,371 @@
+"""The reader and the request model: real JSONL/Parquet files in, InputLines out."""
+
+import gzip
+import hashlib
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batch.reader import InputFormatError, iter_jsonl, read_requests
+from batch.request import (IGNORED_FIELDS, REDACTED, RequestError, parse_request, redact_secrets,
+                           request_hash)
+
+FUNCTION_TOOL = {"type": "function", "name": "get_weather",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+MCP_TOOL = {"type": "mcp", "server_label": "calc", "server_url": "http://localhost:8000/mcp",
+            "headers": {"Authorization": "Bearer sk-secret", "X-Team": "t1"},
+            "authorization": "tok-secret"}
+
+
+def write_jsonl(tmp_path, lines, name="in.jsonl"):
+    path = tmp_path / name
+    text = "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def read_all(path, **options):
+    return list(read_requests(path, **options))
+
+
+def envelope(custom_id, body, url="/v1/responses", method="POST"):
+    return {"custom_id": custom_id, "method": method, "url": url, "body": body}
+
+
+def only_error(tmp_path, line):
+    [result] = read_all(write_jsonl(tmp_path, [line]))
+    assert not result.is_valid and result.request is None
+    return result.error
+
+
+# --- valid input ---------------------------------------------------------
+
+def test_bare_bodies_envelopes_and_a_mix(tmp_path):
+    path = write_jsonl(tmp_path, [
+        {"custom_id": "a", "input": "Say hi.", "temperature": 0},
+        envelope("b", {"input": [{"role": "user", "content": "Hi"}], "tools": [FUNCTION_TOOL]}),
+        {"input": "no id here"},
+    ])
+    lines = read_all(path)
+    assert [(line.line_no, line.custom_id, line.is_valid) for line in lines] == [
+        (1, "a", True), (2, "b", True), (3, "line-3", True)]
+    assert lines[0].body == {"input": "Say hi.", "temperature": 0}  # custom_id removed
+    assert lines[0].request.temperature == 0.0
+    assert lines[1].body == {"input": [{"role": "user", "content": "Hi"}], "tools": [FUNCTION_TOOL]}
+    assert lines[1].request.tools[0].name == "get_weather"
+    assert lines[2].request.input == "no id here"
+    assert all(line.error is None and line.ignored_fields == [] for line in lines)
+
+
+def test_blank_lines_are_skipped_but_counted(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"input": "one"}\n\n   \t\r\n{"input": "two"}\n\n')
+    lines = read_all(path)
+    assert [(line.line_no, line.custom_id) for line in lines] == [(1, "line-1"), (4, "line-4")]
+
+
+def test_last_line_without_newline_crlf_and_bom(tmp_path):
+    path = tmp_path / "in.ndjson"
+    path.write_bytes(b'\xef\xbb\xbf{"input": "one"}\r\n{"input": "two"}')
+    lines = read_all(path)
+    assert [(line.line_no, line.request.input) for line in lines] == [(1, "one"), (2, "two")]
+
+
+def test_gzipped_jsonl(tmp_path):
+    path = tmp_path / "in.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write('{"custom_id": "z", "input": "zipped"}\n')
+    [line] = read_all(path)
+    assert (line.custom_id, line.request.input) == ("z", "zipped")
+
+
+def test_ignored_fields_are_reported_and_not_in_the_request(tmp_path):
+    path = write_jsonl(tmp_path, [{"input": "Hi", "stream": True, "store": False,
+                                   "background": False, "include": ["reasoning.encrypted_content"],
+                                   "user": "u1"}])
+    [line] = read_all(path)
+    assert line.is_valid
+    assert line.ignored_fields == ["stream", "store", "background", "include"]
+    dumped = line.request.model_dump(mode="json", exclude_none=True)
+    assert dumped == {"input": "Hi", "tool_choice": "auto", "user": "u1"}
+    assert line.body["stream"] is True  # the stored body keeps what the user sent
+    assert {"stream", "store", "background", "text", "prompt_cache_key"} <= IGNORED_FIELDS
+
+
+def test_every_supported_item_tool_and_choice_validates():
+    body = {
+        "input": [
+            {"role": "developer", "content": "Be brief."},
+            {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+             "content": [{"type": "output_text", "text": "Hi", "annotations": [], "logprobs": []}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "s"}],
+             "content": [{"type": "reasoning_text", "text": "r"}], "encrypted_content": None},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1",
+             "output": [{"type": "input_text", "text": "18C"}]},
+            {"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "mul",
+             "arguments": "{}", "output": "6"},
+            {"type": "code_interpreter_call", "id": "ci_1", "code": "1+1", "outputs": []},
+            {"type": "web_search_call", "id": "ws_1", "action": {"type": "search"}},
+        ],
+        "tools": [FUNCTION_TOOL, {"type": "code_interpreter", "container": {"type": "auto"}},
+                  {"type": "web_search_preview_2025_03_11", "search_context_size": "low"},
+                  {**MCP_TOOL, "allowed_tools": {"tool_names": ["mul"]}, "require_approval": "never"}],
+        "tool_choice": {"type": "mcp", "server_label": "calc", "name": "mul"},
+        "reasoning": {"effort": "low"}, "metadata": {"suite": "smoke"}, "max_output_tokens": 64,
+        "max_tool_calls": 0, "top_p": 1, "parallel_tool_calls": False,
+    }
+    request, ignored = parse_request(body)
+    assert ignored == []
+    dumped = request.model_dump(mode="json", exclude_none=True)
+    assert dumped["input"][7]["action"] == {"type": "search"}  # hosted items keep their extras
+    assert dumped["input"][0] == {"role": "developer", "content": "Be brief."}
+    assert dumped["tools"][3]["headers"]["Authorization"] == "Bearer sk-secret"  # for the call
+    assert request.reasoning.effort == "low" and request.top_p == 1.0
+
+
+# --- per-line errors -----------------------------------------------------
+
+@pytest.mark.parametrize("line, error", [
+    ('{"input": "unterminated', "line 1: invalid JSON at column 11: Unterminated string"),
+    ("[1, 2, 3]", "line 1: expected a JSON object, got list"),
+    ('"just a string"', "line 1: expected a JSON object, got string"),
+    ('{"input": NaN}', "line 1: invalid JSON: NaN is not a JSON number"),
+    ({"instructions": "Be brief."}, "line 1: input: required"),
+    ({"input": "Hi", "max_output_tokens": "ten"},
+     "line 1: max_output_tokens: input should be a valid integer"),
+    ({"input": "Hi", "max_output_tokens": 0}, "line 1: max_output_tokens: input should be greater"),
+    ({"input": "Hi", "temperature": True}, "line 1: temperature: input should be a valid number"),
+    ({"input": "Hi", "temperature": 2.5}, "line 1: temperature: input should be less than or equal"),
+    ({"input": "Hi", "frobnicate": True}, "line 1: frobnicate: unknown field 'frobnicate'"),
+    ({"input": 5}, "line 1: input: expected a string or a list of input items, got number"),
+    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "name": "f",
+                                                    "arguments": "{}"}]},
+     "line 1: input[1].call_id: required"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "line 1: input[0].role: input should be"),
+    ({"input": [{"type": "item_reference", "id": "x"}]},
+     "line 1: input[0].type: unsupported input item type 'item_reference'"),
+    ({"input": "Hi", "tools": [FUNCTION_TOOL, {"type": "code_interpreter"},
+                               {"type": "file_search", "vector_store_ids": ["vs_1"]}]},
+     "line 1: tools[2].type: unsupported tool type 'file_search' (supported: function, "
+     "code_interpreter, web_search, web_search_preview, mcp)"),
+    ({"input": "Hi", "tools": [{"type": "function"}]}, "line 1: tools[0].name: required"),
+    ({"input": "Hi", "tools": [{"name": "f"}]}, "line 1: tools[0].type: required"),
+    ({"input": "Hi", "tools": [{"type": "mcp", "server_url": "http://x"}]},
+     "line 1: tools[0].server_label: required"),
+    ({"input": "Hi", "tool_choice": "sometimes"}, "line 1: tool_choice: input should be 'auto'"),
+    ({"input": "Hi", "metadata": {f"k{i}": "v" for i in range(17)}},
+     "line 1: metadata: at most 16 keys, got 17"),
+    ({"input": "Hi", "max_output_tokens": "x", "top_p": 5},
+     "line 1: max_output_tokens: input should be a valid integer (and 1 more)"),
+    (envelope("e", {"input": "Hi"}, url="/v1/chat/completions"),
+     "line 1: url: expected '/v1/responses', got '/v1/chat/completions'"),
+    (envelope("e", {"input": "Hi"}, method="GET"), "line 1: method: expected 'POST', got 'GET'"),
+    ({"custom_id": "e", "url": "/v1/responses", "body": {"input": "Hi"}},
+     "line 1: method: required in a batch envelope"),
+    ({"method": "POST", "url": "/v1/responses", "body": {"input": "Hi"}},
+     "line 1: custom_id: required"),
+    (envelope("", {"input": "Hi"}), "line 1: custom_id: expected a non-empty string, got ''"),
+    ({"custom_id": 7, "input": "Hi"}, "line 1: custom_id: expected a non-empty string, got number"),
+    (envelope("e", ["not", "an", "object"]), "line 1: body: expected a JSON object, got list"),
+    ({**envelope("e", {"input": "Hi"}), "extra": 1}, "line 1: extra: unknown field 'extra'"),
+    (envelope("e", {"input": "Hi", "tools": [{"type": "web_search", "foo": 1}]}),
+     "line 1: tools[0].foo: unknown field 'foo'"),
+])
+def test_per_line_errors_name_the_line_and_field(tmp_path, line, error):
+    assert only_error(tmp_path, line).startswith(error)
+
+
+def test_errors_do_not_stop_the_run_and_keep_line_numbers(tmp_path):
+    path = write_jsonl(tmp_path, [
+        {"custom_id": "abc", "input": "ok"},
+        "{not json",
+        "",
+        [1],
+        {"custom_id": "abc", "input": "again"},
+        envelope("x", {"input": "Hi", "tools": [{"type": "image_generation"}]}),
+        {"custom_id": "last", "input": "fine"},
+    ])
+    lines = read_all(path)
+    assert [(line.line_no, line.custom_id, line.is_valid) for line in lines] == [
+        (1, "abc", True), (2, "line-2", False), (4, "line-4", False), (5, "abc", False),
+        (6, "x", False), (7, "last", True)]
+    assert lines[1].body is None and lines[2].body is None
+    assert lines[3].error == "line 5: custom_id: duplicate 'abc' (first seen on line 1)"
+    assert lines[3].body == {"input": "again"}
+    assert lines[4].error.startswith("line 6: tools[0].type: unsupported tool type "
+                                     "'image_generation'")
+    assert lines[4].body["tools"] == [{"type": "image_generation"}]
+
+
+def test_every_later_duplicate_names_the_first_line(tmp_path):
+    path = write_jsonl(tmp_path, [{"custom_id": "d", "input": "1"}, "{bad",
+                                  envelope("d", {"input": "2"}), {"custom_id": "d", "input": "3"}])
+    errors = [line.error for line in read_all(path)]
+    assert errors[2:] == ["line 3: custom_id: duplicate 'd' (first seen on line 1)",
+                          "line 4: custom_id: duplicate 'd' (first seen on line 1)"]
+
+
+def test_invalid_utf8_is_a_line_error(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"input": "ok"}\n{"input": "\xff\xfe"}\n{"input": "fine"}\n')
+    lines = read_all(path)
+    assert lines[1].error == "line 2: invalid UTF-8 at byte 11"
+    assert [line.is_valid for line in lines] == [True, False, True]
+
+
+def test_oversized_lines_are_skipped_and_reading_goes_on(tmp_path):
+    path = tmp_path / "in.jsonl"
+    big = json.dumps({"input": "x" * 12_332})  # 12,345 bytes
+    path.write_text("\n".join(['{"input": "a"}', big, '{"input": "b"}', big]), encoding="utf-8")
+    lines = read_all(path, max_line_bytes=1_000)
+    assert [(line.line_no, line.is_valid) for line in lines] == [
+        (1, True), (2, False), (3, True), (4, False)]
+    expected = "line is 12,345 bytes, over the 1,000-byte limit (--max-line-bytes)"
+    assert lines[1].error == f"line 2: {expected}"
+    assert lines[3].error == f"line 4: {expected}"  # the last line, with no newline
+    assert lines[2].request.input == "b"
+
+
+def test_the_limit_is_inclusive(tmp_path):
+    line = json.dumps({"input": "y" * 87})
+    assert len(line) == 100
+    lines = read_all(write_jsonl(tmp_path, [line, line]), max_line_bytes=100)
+    assert [line.is_valid for line in lines] == [True, True]
+    [result] = read_all(write_jsonl(tmp_path, [line]), max_line_bytes=99)
+    assert result.error == "line 1: line is 100 bytes, over the 99-byte limit (--max-line-bytes)"
+
+
+def test_usage_errors_raise_at_once(tmp_path):
+    csv = tmp_path / "in.csv"
+    csv.write_text("input\nhi\n")
+    with pytest.raises(InputFormatError, match="unknown input format"):
+        read_requests(csv)
+    with pytest.raises(InputFormatError, match="no such file"):
+        read_requests(tmp_path / "missing.jsonl")
+    not_parquet = tmp_path / "in.parquet"
+    not_parquet.write_text("not parquet")
+    with pytest.raises(InputFormatError, match="cannot read as Parquet"):
+        read_requests(not_parquet)
+
+
+# --- Parquet -------------------------------------------------------------
+
+def test_parquet_custom_id_and_json_body_columns(tmp_path):
+    path = tmp_path / "in.parquet"
+    table = pa.table({
+        "custom_id": ["p1", None, "p1", "p4"],
+        "body": [json.dumps({"input": "one", "stream": True}), json.dumps({"input": "two"}),
+                 json.dumps({"input": "dup"}), '{"input": '],
+    })
+    pq.write_table(table, path, row_group_size=2)  # rows span two batches
+    lines = read_all(path)
+    assert [(line.line_no, line.custom_id, line.is_valid) for line in lines] == [
+        (1, "p1", True), (2, "line-2", True), (3, "p1", False), (4, "p4", False)]
+    assert lines[0].ignored_fields == ["stream"]
+    assert lines[2].error == "line 3: custom_id: duplicate 'p1' (first seen on line 1)"
+    assert lines[3].error.startswith("line 4: invalid JSON at column 11")
+
+
+def test_parquet_struct_body_drops_null_struct_fields(tmp_path):
+    path = tmp_path / "in.parquet"
+    bodies = [{"input": "one", "temperature": 0.5, "tools": [FUNCTION_TOOL | {"strict": True}]},
+              {"input": "two", "temperature": None, "tools": None}]
+    pq.write_table(pa.table({"custom_id": ["s1", "s2"], "body": bodies}), path)
+    lines = read_all(path)
+    assert all(line.is_valid for line in lines), [line.error for line in lines]
+    assert lines[0].request.tools[0].strict is True
+    assert lines[1].body == {"input": "two"}
+
+
+def test_parquet_one_column_per_field(tmp_path):
+    path = tmp_path / "in.parquet"
+    table = pa.table({
+        "custom_id": ["c1", "c2", "c3"],
+        "input": ["one", "two", "three"],
+        "max_output_tokens": [16, None, -1],
+        "metadata": pa.array([[("suite", "a")], None, None],
+                             type=pa.map_(pa.string(), pa.string())),
+    })
+    pq.write_table(table, path)
+    lines = read_all(path)
+    assert lines[0].body == {"input": "one", "max_output_tokens": 16, "metadata": {"suite": "a"}}
+    assert lines[1].body == {"input": "two"}
+    assert lines[2].error.startswith("line 3: max_output_tokens: input should be greater")
+    assert [line.custom_id for line in lines] == ["c1", "c2", "c3"]
+
+
+def test_parquet_envelope_columns_check_the_route(tmp_path):
+    path = tmp_path / "in.parquet"
+    body = json.dumps({"input": "x"})
+    pq.write_table(pa.table({"custom_id": ["a", "b"], "method": ["POST", "POST"],
+                             "url": ["/v1/responses", "/v1/embeddings"], "body": [body, body]}), path)
+    lines = read_all(path)
+    assert lines[0].is_valid
+    assert lines[1].error == "line 2: url: expected '/v1/responses', got '/v1/embeddings'"
+
+
+# --- streaming -----------------------------------------------------------
+
+class CountingRaw(io.RawIOBase):
+    """A raw file that counts the bytes handed to the buffered reader above it."""
+
+    def __init__(self, raw):
+        self.raw, self.bytes_read = raw, 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        count = self.raw.readinto(buffer)
+        self.bytes_read += count or 0
+        return count
+
+
+def test_the_first_request_comes_without_reading_the_whole_file(tmp_path):
+    path = write_jsonl(tmp_path, [{"custom_id": f"r{i}", "input": f"question {i}"}
+                                  for i in range(100_000)])
+    assert path.stat().st_size > 4_000_000
+    with path.open("rb", buffering=0) as raw_file:
+        counter = CountingRaw(raw_file)
+        lines = iter_jsonl(io.BufferedReader(counter, buffer_size=8192))
+        first = next(lines)
+        assert first.custom_id == "r0"
+        assert counter.bytes_read <= 16_384
+        second = next(lines)
+        assert second.custom_id == "r1" and counter.bytes_read <= 16_384
+
+
+# --- request helpers -----------------------------------------------------
+
+def test_parse_request_error_fields():
+    with pytest.raises(RequestError) as info:
+        parse_request({"input": [{"type": "function_call_output", "output": "x"}]})
+    assert (info.value.field, info.value.message) == ("input[0].call_id", "required")
+    with pytest.raises(RequestError) as info:
+        parse_request({"input": "x", "tools": [{"type": "function", "name": "a.b"}]})
+    assert info.value.field == "tools[0].name"
+
+
+def test_redact_secrets_replaces_mcp_headers_and_authorization():
+    body = {"input": "Hi", "tools": [FUNCTION_TOOL, MCP_TOOL, {"type": "mpc", "headers": "raw"}]}
+    redacted = redact_secrets(body)
+    assert redacted["tools"][1]["headers"] == {"Authorization": REDACTED, "X-Team": REDACTED}
+    assert redacted["tools"][1]["authorization"] == REDACTED
+    assert redacted["tools"][1]["server_url"] == MCP_TOOL["server_url"]
+    assert redacted["tools"][2]["headers"] == REDACTED  # misspelt type: still no secret stored
+    assert redacted["tools"][0] == FUNCTION_TOOL
+    assert "sk-secret" not in json.dumps(redacted) and "tok-secret" not in json.dumps(redacted)
+    assert body["tools"][1]["headers"]["Authorization"] == "Bearer sk-secret"  # a copy
+
+
+def test_request_hash_is_canonical():
+    one = {"input": "Hi", "tools": [{"type": "function", "name": "f"}], "temperature": 0}
+    two = {"temperature": 0, "tools": [{"name": "f", "type": "function"}], "input": "Hi"}
+    expected = hashlib.sha256(
+        b'{"input":"Hi","temperature":0,"tools":[{"name":"f","type":"function"}]}').hexdigest()
+    assert request_hash(one) == request_hash(two) == expected
+    assert request_hash({**one, "temperature": 1}) != expected
