@@ -1,12 +1,11 @@
 """The event state machine on its own: spec event names, indexes, order, validation."""
 
 import pytest
-from pydantic import TypeAdapter
-from openai.types.responses import ResponseStreamEvent
+
+from tests.oracles import validate_event
 
 from batch.events import EventOrderError, ItemKind, ResponseEvents
 
-STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 RESPONSE = {"id": "resp_1", "object": "response", "created_at": 0, "status": "in_progress",
             "model": "m", "output": [], "tools": [], "tool_choice": "auto",
             "parallel_tool_calls": True}
@@ -14,7 +13,7 @@ RESPONSE = {"id": "resp_1", "object": "response", "created_at": 0, "status": "in
 
 def validate_all(events):
     for event in events:
-        STREAM_EVENT.validate_python(event)
+        validate_event(event)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
 
 

@@ -1,0 +1,193 @@
+"""`batchrun` command line: thin commands over the runner and the store.
+
+Exit codes: 0 the command did its work (a run that finished, even with invalid
+lines), 1 it could not (no model, locked database, unknown run), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from batch import display
+from batch.harmony import PromptOptions
+from batch.reader import InputFormatError
+from batch.runner import RunError, RunOptions, Runner
+from batch.session import SessionOptions
+from batch.store import Store, StoreLockedError
+
+DEFAULT_DB = "batchrun.duckdb"
+TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def _open_store(db: str, read_only: bool = False) -> Store:
+    if read_only and not Path(db).exists():
+        _fail(f"{db}: no such database (run `batchrun submit` first or pass --db)")
+    try:
+        return Store(db, read_only=read_only)
+    except StoreLockedError as exc:
+        _fail(str(exc))
+
+
+@click.group()
+@click.version_option(package_name="batchrun")
+def main() -> None:
+    """Offline batch runner for OpenAI Responses API requests on gpt-oss models."""
+
+
+@main.command()
+@click.argument("input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
+              envvar="BATCHRUN_MODEL", help="Local HF gpt-oss checkpoint directory [env BATCHRUN_MODEL].")
+@click.option("--backend", default="transformers", show_default=True,
+              type=click.Choice(["transformers"]), help="Decoder to use.")
+@click.option("--run-id", help="Id for a new run (default: generated).")
+@click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
+@click.option("--retry-failed", metavar="RUN_ID", help="Re-run only the failed/incomplete lines of a run.")
+@click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input.")
+@click.option("--max-output-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Default output budget for requests that do not set max_output_tokens.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed; per-request seeds derive from it.")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
+              help="Default temperature for requests that do not set one (0: greedy).")
+@click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests decoded at once; the reader never runs further ahead.")
+@click.option("--max-line-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024,
+              show_default=True, help="Longer input lines are recorded invalid.")
+@click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids.")
+@click.option("--conversation-date", metavar="YYYY-MM-DD",
+              help="Date in the system message (a request's metadata.conversation_date wins).")
+@click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default="medium",
+              show_default=True, help="Default for requests without reasoning.effort.")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="CPU threads for torch (default: 1 for tiny models, where more only add "
+                   "synchronisation cost; otherwise torch's default).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def submit(input_path: Path, db: str, model_dir: Path | None, backend: str, **kw) -> None:
+    """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
+    from engine.backend import ModelLoadError, check_model_dir, load_backend
+
+    if model_dir is None:
+        _fail("no model: pass --model DIR (a local HF gpt-oss checkpoint) or set BATCHRUN_MODEL")
+    options = _run_options(input_path, model_dir, kw)
+    store = _open_store(db)
+    try:
+        try:
+            _set_threads(kw["threads"], check_model_dir(model_dir))
+            engine = load_backend(backend, model_dir, seed=kw["seed"])
+        except ModelLoadError as exc:
+            _fail(str(exc))
+        options = RunOptions(**{**options.__dict__, "engine_config": engine.describe()})
+        with display.progress_bar(input_path, quiet=kw["quiet"]) as progress:
+            summary = Runner(store, engine, options, progress=progress).run()
+    except (RunError, InputFormatError) as exc:
+        _fail(str(exc))
+    finally:
+        store.close()
+    click.echo(display.summary_text(summary, db))
+
+
+def _set_threads(threads: int | None, config: dict) -> None:
+    import torch
+
+    if threads is None and config.get("hidden_size", 0) <= TINY_HIDDEN_SIZE:
+        threads = 1
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def _run_options(input_path: Path, model_dir: Path, kw: dict) -> RunOptions:
+    if kw["resume"] and kw["retry_failed"]:
+        raise click.UsageError("--resume and --retry-failed are exclusive")
+    return RunOptions(
+        input_path=input_path, run_id=kw["run_id"], resume=kw["resume"],
+        retry_failed=kw["retry_failed"], limit=kw["limit"], max_inflight=kw["max_inflight"],
+        max_line_bytes=kw["max_line_bytes"],
+        prompt=PromptOptions(conversation_date=kw["conversation_date"],
+                             reasoning_effort=kw["reasoning_effort"]),
+        session=SessionOptions(model=model_dir.name, max_output_tokens=kw["max_output_tokens"],
+                               seed=kw["seed"], temperature=kw["temperature"],
+                               keep_tokens=kw["keep_tokens"]))
+
+
+@main.command()
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+def runs(db: str) -> None:
+    """List the runs in the database, newest first."""
+    with _open_store(db, read_only=True) as store:
+        click.echo(display.runs_table(store.list_runs()))
+
+
+@main.command()
+@click.argument("response_or_custom_id")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+@click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
+def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
+    """One response: its items, usage and event types."""
+    with _open_store(db, read_only=True) as store:
+        found = store.get_response(response_or_custom_id)
+        if found is None:
+            runs_ = [run_id] if run_id else [r["run_id"] for r in store.list_runs()]
+            found = next((f for r in runs_ if (f := store.find_response(r, response_or_custom_id))), None)
+        if found is None:
+            _fail(f"no response with id or custom_id {response_or_custom_id!r} in {db}")
+        events = store.events(found["response"]["id"])
+        click.echo(display.response_text(found, events))
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="JSONL file to write in the OpenAI Batch output format.")
+def export(run_id: str, db: str, output: Path) -> None:
+    """Write a run's results as OpenAI Batch output JSONL."""
+    with _open_store(db, read_only=True) as store:
+        if store.get_run(run_id) is None:
+            _fail(f"no run {run_id!r} in {db}")
+        count = 0
+        with open(output, "w", encoding="utf-8") as handle:
+            for row in store.iter_responses(run_id):
+                handle.write(json.dumps(display.batch_output_line(run_id, row)) + "\n")
+                count += 1
+    click.echo(f"wrote {count} lines to {output}")
+
+
+@main.command()
+@click.argument("query")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+def sql(query: str, db: str) -> None:
+    """Run a SQL query on the run database and print the result as a table."""
+    import duckdb
+
+    with _open_store(db, read_only=True) as store:
+        try:
+            relation = store.con.sql(query)
+        except duckdb.Error as exc:
+            _fail(str(exc).splitlines()[0])
+        if relation is None:
+            return
+        table = relation.to_arrow_table()
+        click.echo(display.table(table.to_pylist(), table.column_names))
+
+
+@main.command("make-random-model")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True)
+def make_random_model(directory: Path, seed: int) -> None:
+    """Write a tiny randomly initialised gpt-oss checkpoint (emits garbage; for tests and demos)."""
+    from engine.checkpoint import make_random_checkpoint
+
+    make_random_checkpoint(directory, seed=seed)
+    click.echo(f"wrote a random tiny gpt-oss checkpoint to {directory}")
+if __name__ == '__main__':
+    main()

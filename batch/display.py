@@ -1,0 +1,143 @@
+"""What the CLI prints: progress bar, run summary, tables, Batch output lines."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from tqdm import tqdm
+
+STATUSES = ("completed", "incomplete", "failed", "invalid")
+
+
+def count_lines(path: Path) -> int | None:
+    """Non-blank lines (JSONL) or rows (Parquet): the progress bar's total."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+@contextlib.contextmanager
+def progress_bar(path: Path, *, quiet: bool = False):
+    """Yields a callback for the runner: requests written so far, tokens/s."""
+    if quiet:
+        yield None
+        return
+    bar = tqdm(total=count_lines(path), unit="req", file=sys.stderr, dynamic_ncols=True,
+               desc="requests")
+    start = time.monotonic()
+
+    def update(runner, written: int) -> None:
+        if bar.n == 0 and runner.skipped:
+            bar.update(runner.skipped)
+        bar.update(written)
+        elapsed = max(time.monotonic() - start, 1e-9)
+        bar.set_postfix(tok_s=f"{runner.tokens['output'] / elapsed:.1f}",
+                        failed=runner.statuses["failed"], invalid=runner.statuses["invalid"],
+                        refresh=False)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def summary_text(summary, db: str) -> str:
+    """The end-of-run summary: counts per status, tokens, time, ignored fields."""
+    verb = "resumed" if summary.resumed else "finished"
+    counts = ", ".join(f"{summary.statuses.get(s, 0)} {s}" for s in STATUSES)
+    total = sum(summary.statuses.values())
+    rate = summary.output_tokens / summary.elapsed_s if summary.elapsed_s else 0.0
+    lines = [
+        f"run {summary.run_id} {verb}: {total} requests this time ({counts})"
+        + (f", {summary.skipped} already done" if summary.skipped else ""),
+        f"tokens: {summary.input_tokens} input, {summary.output_tokens} output "
+        f"({rate:.1f} output tok/s) in {summary.elapsed_s:.1f}s",
+    ]
+    if summary.ignored_fields:
+        fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
+        lines.append(f"note: fields accepted but not honoured offline: {fields}")
+    lines.append(f"results: {db}  (e.g. duckdb {db} \"SELECT status, count(*) FROM requests "
+                 f"WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
+    return "\n".join(lines)
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """A plain fixed-width text table."""
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*columns), fmt.format(*("-" * w for w in widths))]
+                     + [fmt.format(*row) for row in cells])
+
+
+def runs_table(runs: list[dict]) -> str:
+    if not runs:
+        return "no runs yet"
+    rows = [{**r, "started_at": str(r.get("started_at", ""))[:19]} for r in runs]
+    columns = ["run_id", "status", "started_at", "model", "n_requests", *STATUSES]
+    return table(rows, [c for c in columns if c in rows[0] or c in STATUSES])
+
+
+def response_text(found: dict, events: list[dict]) -> str:
+    """One response: header, output items, usage, event-type counts."""
+    response = found["response"]
+    lines = [f"response {response['id']}  custom_id={found['custom_id']}  run={found['run_id']}",
+             f"status: {response['status']}"]
+    if response.get("error"):
+        lines.append(f"error: {response['error']['message']}")
+    if response.get("incomplete_details"):
+        lines.append(f"incomplete: {response['incomplete_details']['reason']}")
+    for index, item in enumerate(response["output"]):
+        lines.append(f"[{index}] {item['type']} ({item.get('status')}): {_item_text(item)[:300]!r}")
+    usage = response.get("usage") or {}
+    lines.append("usage: " + ", ".join(
+        f"{k}={v}" for k, v in _flatten(usage).items()))
+    counts = Counter(event["type"] for event in events)
+    lines.append(f"events ({len(events)}): " + ", ".join(f"{t} x{n}" for t, n in counts.items()))
+    return "\n".join(lines)
+
+
+def _item_text(item: dict) -> str:
+    if item["type"] in ("message", "reasoning"):
+        return "".join(part.get("text", "") for part in item.get("content") or [])
+    if item["type"] == "code_interpreter_call":
+        return item.get("code") or ""
+    if item["type"] == "web_search_call":
+        return str(item.get("action"))
+    return f"{item.get('name')}({item.get('arguments')})"
+
+
+def _flatten(usage: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in usage.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, ""))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def batch_output_line(run_id: str, row: dict) -> dict:
+    """One line of OpenAI Batch output for a stored request (with or without a response)."""
+    response = row.get("response")
+    error = None
+    if response is None:
+        error = {"code": "invalid_request", "message": row.get("error")}
+    elif response["status"] == "failed":
+        error = {"code": "response_failed", "message": row.get("error")}
+    return {
+        "id": f"batch_req_{run_id}_{row['line_no']}",
+        "custom_id": row["custom_id"],
+        "response": None if response is None else {
+            "status_code": 200, "request_id": response["id"], "body": response},
+        "error": error,
+    }

@@ -1,0 +1,139 @@
+"""The decoding interface the runner drives, and the factory that loads one.
+
+A backend holds many requests in flight. The runner adds requests, calls `step()`
+until nothing is unfinished, and reads each step's `RequestOutput`s (streaming:
+new tokens only). Backends: "transformers" (`engine.reference`, the exact,
+slow baseline); the paged engine implements the same interface.
+
+Length policy, shared by all backends: `add_request` raises ValueError when the
+prompt leaves no room for one new token (`len(prompt) >= max_model_len`); a
+request whose `max_tokens` would run past `max_model_len` is accepted and
+finishes with "length" when the context is full.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+class ModelLoadError(Exception):
+    """The model directory cannot be loaded (missing files, not gpt-oss, bad weights)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops."""
+
+    max_tokens: int
+    temperature: float = 1.0  # 0 => greedy (argmax)
+    top_p: float = 1.0
+    top_k: int = 0  # 0 => off
+    # Per-request seed: the same tokens whatever else is in the batch. None: the
+    # backend derives one from its own seed and the request id (reproducible).
+    seed: int | None = None
+    # Sampling one of these finishes the request with "stop"; the stop token is
+    # included in the output tokens.
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # True: stop_token_ids are ignored (benchmarks force output length)
+    # Not None: also return the log-probability of each sampled token under the
+    # model's raw distribution (before temperature/top-k/top-p). Top-n: not yet.
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class RequestOutput:
+    """What one request produced in one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from a prefix cache (reference: always 0)
+    prefill_s: float  # seconds spent on this request's prefill so far
+    decode_s: float  # seconds spent decoding this request so far
+    logprobs: list[float] | None = None  # one per new token when SamplingParams.logprobs is set
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A token-level decoder with many requests in flight."""
+
+    model_name: str
+    max_model_len: int
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
+        """Queue a request; ValueError if the id is in use or the prompt does not fit."""
+        ...
+
+    def step(self) -> list[RequestOutput]:
+        """Advance every unfinished request by at most one token."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its last output (finish_reason "abort") comes from the next step."""
+        ...
+
+    def has_unfinished_requests(self) -> bool:
+        """True while some request has not yet reported a finish_reason."""
+        ...
+
+    def describe(self) -> dict:
+        """Engine configuration for the runs table (backend, model path, dtype, ...)."""
+        ...
+
+
+def check_model_dir(model_dir: str | Path) -> dict:
+    """Raise ModelLoadError unless `model_dir` looks like an HF gpt-oss checkpoint; returns its config."""
+    model_dir = Path(model_dir)
+    where = f"--model {model_dir}"
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"{where}: not a directory")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{where}: no config.json in {model_dir} (expected a local HF gpt-oss checkpoint)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{where}: config.json is not valid JSON: {exc}") from exc
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type != "gpt_oss":
+        raise ModelLoadError(f"{where}: config.json has model_type {model_type!r}, expected 'gpt_oss'")
+    if not any(model_dir.glob("*.safetensors")):
+        raise ModelLoadError(f"{where}: no *.safetensors weights in {model_dir}")
+    return config
+
+
+def load_backend(name: str, model_dir: str | Path, **options) -> Backend:
+    """Load the backend `name` on the checkpoint in `model_dir`; options go to its constructor.
+
+    Raises ModelLoadError for a directory that is not a loadable gpt-oss checkpoint,
+    ValueError for an unknown backend name.
+    """
+    if name == "transformers":
+        from engine.reference import TransformersBackend
+
+        return TransformersBackend(model_dir, **options)
+    raise ValueError(f"unknown backend {name!r}; known: 'transformers'")

@@ -1,0 +1,205 @@
+"""End to end through `batchrun` itself: a real checkpoint, a real DuckDB file."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.oracles import validate_event
+from click.testing import CliRunner
+from openai.types.responses import Response
+
+from batch.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+def submit(*args, model=None):
+    result = CliRunner().invoke(main, ["submit", *map(str, args), "--quiet",
+                                       *(["--model", str(model)] if model else [])])
+    return result
+
+
+def rows(db, query):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.sql(query).fetchall()
+
+
+@pytest.fixture
+def malformed(tmp_path):
+    path = tmp_path / "malformed.jsonl"
+    shutil.copy(EXAMPLES / "malformed.jsonl", path)
+    return path
+
+
+def test_every_line_ends_as_one_row_with_the_right_status(tmp_path, tiny_model_dir, malformed):
+    db = tmp_path / "out.duckdb"
+    result = submit(malformed, "--db", db, "--max-output-tokens", "8", model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    statuses = dict(rows(db, "SELECT line_no, status FROM requests"))
+    assert sorted(statuses) == list(range(1, 12))
+    invalid = {n for n, s in statuses.items() if s == "invalid"}
+    assert invalid == {2, 3, 4, 5, 6, 7, 8, 9, 10}
+    errors = dict(rows(db, "SELECT line_no, error FROM requests WHERE status = 'invalid'"))
+    assert errors[2].startswith("line 2: ") and "JSON" in errors[2]
+    assert errors[3] == "line 3: expected a JSON object, got list" or "object" in errors[3]
+    assert "input" in errors[4] and "max_output_tokens" in errors[5]
+    assert "frobnicate" in errors[6] and "url" in errors[7] and "duplicate" in errors[8]
+    assert "file_search" in errors[9] and "previous_response_id" in errors[10]
+    assert statuses[1] in ("completed", "incomplete", "failed")
+    assert "stream (1)" in result.output and "1 completed" in result.output or "invalid" in result.output
+
+
+def test_stored_events_validate_and_end_with_one_terminal_event(tmp_path, tiny_model_dir):
+    db = tmp_path / "out.duckdb"
+    result = submit(EXAMPLES / "quickstart.jsonl", "--db", db, "--max-output-tokens", "24",
+                    "--seed", "3", model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    responses = rows(db, "SELECT response_id, response, status FROM responses")
+    assert len(responses) == 7
+    for response_id, response, status in responses:
+        Response.model_validate(json.loads(response))
+        events = rows(db, f"SELECT sequence_number, type, payload FROM events "
+                          f"WHERE response_id = '{response_id}' ORDER BY sequence_number")
+        assert [e[0] for e in events] == list(range(len(events)))
+        for _, _, payload in events:
+            validate_event(json.loads(payload))
+        types = [e[1] for e in events]
+        assert types[:2] == ["response.created", "response.in_progress"]
+        assert sum(t in TERMINAL for t in types) == 1 and types[-1] == f"response.{status}"
+    secrets = rows(db, "SELECT count(*) FROM requests WHERE body::VARCHAR LIKE '%not-stored%'")
+    assert secrets == [(0,)]
+    turns = rows(db, "SELECT count(*), sum(prompt_tokens) FROM turns")
+    assert turns[0][0] >= 7 and turns[0][1] > 0
+
+
+def test_same_seed_reproduces_the_same_tokens(tmp_path, tiny_model_dir):
+    outputs = []
+    for name in ("a", "b"):
+        db = tmp_path / f"{name}.duckdb"
+        submit(EXAMPLES / "quickstart.jsonl", "--db", db, "--max-output-tokens", "12",
+               "--keep-tokens", "--max-inflight", "3" if name == "a" else "7", model=tiny_model_dir)
+        outputs.append(rows(db, "SELECT r.custom_id, t.turn, t.completion_token_ids FROM tokens t "
+                                "JOIN responses r USING (response_id) ORDER BY 1, 2"))
+    assert outputs[0] == outputs[1] and len(outputs[0]) >= 7
+
+
+def test_export_is_openai_batch_output(tmp_path, tiny_model_dir, malformed):
+    db, out = tmp_path / "out.duckdb", tmp_path / "out.jsonl"
+    submit(malformed, "--db", db, "--max-output-tokens", "8", model=tiny_model_dir)
+    run_id = rows(db, "SELECT run_id FROM runs")[0][0]
+    result = CliRunner().invoke(main, ["export", run_id, "--db", str(db), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 11
+    for line in lines:
+        assert set(line) == {"id", "custom_id", "response", "error"}
+        if line["response"] is None:
+            assert line["error"]["message"].startswith("line ")
+        else:
+            assert line["response"]["status_code"] == 200
+            Response.model_validate(line["response"]["body"])
+
+
+def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
+    source = tmp_path / "many.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"r{i}", "input": f"Count to {i}."}) + "\n"
+                              for i in range(30)))
+    db = tmp_path / "kill.duckdb"
+    command = [sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db),
+               "--model", str(tiny_model_dir), "--max-output-tokens", "24", "--max-inflight", "2"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    seen, done = b"", 0
+    deadline = time.monotonic() + 120
+    while done < 5 and process.poll() is None and time.monotonic() < deadline:
+        seen += os.read(process.stderr.fileno(), 4096)
+        counts = re.findall(rb"requests:.*?\| *(\d+)/30", seen)  # tqdm: "requests: 10%|#  | 6/60"
+        done = int(counts[-1]) if counts else 0
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert done >= 5, seen[-500:]
+    written = rows(db, "SELECT count(*) FROM requests")[0][0]
+    assert 5 <= written < 30
+    result = submit(source, "--db", db, "--max-output-tokens", "24", model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    assert "resumed" in result.output
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no), count(DISTINCT custom_id) FROM requests") \
+        == [(30, 30, 30)]
+    assert rows(db, "SELECT count(*) FROM responses") == [(30,)]
+    assert rows(db, "SELECT count(*) FROM runs") == [(1,)]
+    orphans = rows(db, "SELECT count(*) FROM events WHERE response_id NOT IN (SELECT response_id FROM responses)")
+    assert orphans == [(0,)]
+
+
+def test_retry_failed_reruns_only_failed_and_incomplete(tmp_path, tiny_model_dir, malformed):
+    db = tmp_path / "out.duckdb"
+    submit(malformed, "--db", db, "--max-output-tokens", "4", model=tiny_model_dir)
+    run_id = rows(db, "SELECT run_id FROM runs")[0][0]
+    before = dict(rows(db, "SELECT line_no, response_id FROM requests"))
+    retried = {n for (n,) in rows(db, "SELECT line_no FROM requests WHERE status IN ('failed', 'incomplete')")}
+    assert retried == {1, 11}  # the two valid lines cannot finish within 4 tokens
+    result = submit(malformed, "--db", db, "--retry-failed", run_id, "--max-output-tokens", "4",
+                    model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    after = dict(rows(db, "SELECT line_no, response_id FROM requests"))
+    assert set(after) == set(before)
+    assert all(after[n] != before[n] for n in retried)
+    assert all(after[n] == before[n] for n in after if n not in retried)
+    assert rows(db, "SELECT count(*) FROM responses") == [(2,)]
+
+
+def test_previous_response_id_continues_a_stored_conversation(tmp_path, tiny_model_dir):
+    db = tmp_path / "out.duckdb"
+    first = tmp_path / "first.jsonl"
+    first.write_text(json.dumps({"custom_id": "a", "input": "Remember 7."}) + "\n")
+    submit(first, "--db", db, "--max-output-tokens", "6", "--keep-tokens", model=tiny_model_dir)
+    response_id = rows(db, "SELECT response_id FROM responses")[0][0]
+    second = tmp_path / "second.jsonl"
+    second.write_text(json.dumps({"custom_id": "b", "input": "What number?",
+                                  "previous_response_id": response_id}) + "\n")
+    result = submit(second, "--db", db, "--max-output-tokens", "6", "--keep-tokens", model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    items = json.loads(rows(db, "SELECT input_items FROM responses WHERE custom_id = 'b'")[0][0])
+    assert items[0]["content"] == "Remember 7." and items[-1]["content"] == "What number?"
+    previous = json.loads(rows(db, "SELECT response FROM responses WHERE custom_id = 'b'")[0][0])
+    assert previous["previous_response_id"] == response_id
+
+
+def test_runs_show_and_sql(tmp_path, tiny_model_dir):
+    db = tmp_path / "out.duckdb"
+    submit(EXAMPLES / "quickstart.jsonl", "--db", db, "--limit", "2", "--max-output-tokens", "4",
+           model=tiny_model_dir)
+    runner = CliRunner()
+    listing = runner.invoke(main, ["runs", "--db", str(db)])
+    assert listing.exit_code == 0 and "run_" in listing.output
+    shown = runner.invoke(main, ["show", "hello", "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    assert "custom_id=hello" in shown.output and "response.created x1" in shown.output
+    table = runner.invoke(main, ["sql", "SELECT count(*) AS n FROM requests", "--db", str(db)])
+    assert table.exit_code == 0 and table.output.split()[-1] == "2"
+
+
+def test_could_not_run_exits_1_usage_errors_exit_2(tmp_path, tiny_model_dir):
+    source = EXAMPLES / "quickstart.jsonl"
+    no_model = submit(source, "--db", tmp_path / "x.duckdb", model=tmp_path / "missing")
+    assert no_model.exit_code == 1 and "error:" in no_model.output
+    assert submit(source, "--bogus-flag").exit_code == 2
+    db = tmp_path / "locked.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb,sys,time; c=duckdb.connect(sys.argv[1]); "
+                               "print('ready', flush=True); time.sleep(30)", str(db)],
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"ready"
+        locked = submit(source, "--db", db, model=tiny_model_dir)
+        assert locked.exit_code == 1 and "in use by another batchrun" in locked.output
+    finally:
+        holder.kill()

@@ -1,0 +1,91 @@
+"""Rendering requests into harmony tokens, and parsing completions token by token."""
+
+import pytest
+
+from batch.harmony import PromptOptions, RenderError, TokenParser, render_prompt, render_tool_output
+from batch.vocab import harmony_encoding
+from tools.registry import ToolRegistry
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def render(body, options=PromptOptions()):
+    registry = ToolRegistry.from_tools(body.get("tools"), body.get("tool_choice", "auto"))
+    tokens = render_prompt(body, body["input"], registry, options)
+    return harmony_encoding().decode_utf8(tokens), tokens
+
+
+def test_same_request_renders_same_tokens_and_date_comes_from_options_or_metadata():
+    body = {"input": "Hi"}
+    text, tokens = render(body, PromptOptions(conversation_date="2026-01-02"))
+    assert "Current date: 2026-01-02" in text
+    assert render(body, PromptOptions(conversation_date="2026-01-02"))[1] == tokens
+    text, _ = render({"input": "Hi", "metadata": {"conversation_date": "2025-05-05"}},
+                     PromptOptions(conversation_date="2026-01-02"))
+    assert "Current date: 2025-05-05" in text
+    assert "Current date" not in render(body)[0]  # never the wall clock
+
+
+def test_system_and_developer_sections():
+    text, tokens = render({"input": "Hi", "instructions": "Be terse.", "reasoning": {"effort": "high"},
+                           "tools": [WEATHER, {"type": "code_interpreter"}, {"type": "web_search_preview"}]})
+    assert "Reasoning: high" in text and "# Instructions\n\nBe terse." in text
+    assert "namespace functions" in text and "type get_weather" in text
+    assert "## python" in text and "namespace browser" in text
+    assert text.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    assert tokens[-2:] == [200006, 173781]
+
+
+def test_tool_choice_none_renders_no_tools():
+    text, _ = render({"input": "Hi", "tools": [WEATHER], "tool_choice": "none"})
+    assert "get_weather" not in text
+
+
+def test_input_items_map_to_harmony_messages():
+    items = [
+        {"role": "developer", "content": "Use metric."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Call it."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": '{"t":18}'},
+    ]
+    text, _ = render({"input": items, "tools": [WEATHER]})
+    assert "<|start|>developer<|message|>Use metric.<|end|>" in text
+    assert "<|start|>assistant<|channel|>analysis<|message|>Call it.<|end|>" in text
+    assert "to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>" in text
+    assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"t\":18}<|end|>" in text
+
+
+def test_function_call_output_needs_an_earlier_call():
+    with pytest.raises(RenderError) as info:
+        render({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]})
+    assert info.value.field == "input[0].call_id"
+
+
+def test_mcp_label_code_interpreter_maps_to_builtin_python():
+    registry = ToolRegistry.from_tools([{"type": "mcp", "server_label": "code_interpreter"}])
+    target = registry.resolve("python")
+    assert (target.tool_type, target.server_label, target.name) == ("mcp", "code_interpreter", "python")
+    assert registry.resolve("functions.x") is None
+    assert ToolRegistry.from_tools([{"type": "code_interpreter"}]).resolve("python").tool_type == "code_interpreter"
+    assert ToolRegistry.from_tools([{"type": "web_search"}]).resolve("browser.open").name == "open"
+
+
+def test_token_parser_reports_opens_deltas_closes_and_channels():
+    enc = harmony_encoding()
+    tokens = enc.encode("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+                        "<|channel|>commentary to=python <|constrain|>json<|message|>1+1<|call|>",
+                        allowed_special="all")
+    parser = TokenParser()
+    steps = [parser.feed(t) for t in tokens]
+    opened = [s.opened for s in steps if s.opened]
+    assert opened == [("analysis", None, None), ("commentary", "python", "<|constrain|>json")]
+    assert "".join(s.delta for s in steps) == "Think.1+1"
+    assert sum(s.closed for s in steps) == 2
+    assert steps[-1].closed and parser.messages[-1].recipient == "python"
+
+
+def test_tool_output_tokens_continue_the_prompt():
+    text = harmony_encoding().decode_utf8(render_tool_output("python", "2\n"))
+    assert text == "<|start|>python to=assistant<|channel|>commentary<|message|>2\n<|end|><|start|>assistant"

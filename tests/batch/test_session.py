@@ -1,0 +1,182 @@
+"""A session driven by hand-written completion tokens: items, events, turns, usage."""
+
+import pytest
+
+from tests.oracles import validate_event
+from openai.types.responses import Response
+
+from batch.harmony import PromptOptions, render_prompt
+from batch.reader import InputLine
+from batch.request import parse_request
+from batch.session import Session, SessionOptions
+from batch.vocab import harmony_encoding
+from engine.backend import RequestOutput
+from tools.registry import ToolRegistry
+
+SAMPLE_BODY = {  # the request of shared/reference/vllm-pr-mcp-streaming-sample.txt
+    "input": "Multiply 123*456 using the mcp.code_interpreter tool.",
+    "tools": [{"type": "mcp", "server_label": "code_interpreter", "headers": {"test": "secret"},
+               "server_url": "IGNORED"}],
+}
+
+
+def make_session(body, **options):
+    request, ignored = parse_request(body)
+    body = request.model_dump(mode="json", exclude_none=True)
+    registry = ToolRegistry.from_tools(body.get("tools"), body.get("tool_choice", "auto"))
+    line = InputLine(line_no=1, custom_id="c1", body=body, request=request,
+                     ignored_fields=ignored, error=None)
+    prompt = render_prompt(body, body["input"], registry, PromptOptions())
+    session = Session(response_id="resp_test", body=body, prompt_token_ids=prompt,
+                      registry=registry, options=SessionOptions(model="tiny", **options),
+                      seed=1, line=line, input_items=[])
+    session.start()
+    return session
+
+
+def feed(session, text, finish="stop", chunk=3):
+    tokens = harmony_encoding().encode(text, allowed_special="all")
+    for start in range(0, len(tokens), chunk):
+        last = start + chunk >= len(tokens)
+        session.on_output(RequestOutput(
+            request_id=session.engine_request_id, new_token_ids=tokens[start:start + chunk],
+            finish_reason=finish if last else None, num_prompt_tokens=len(session.prompt_token_ids),
+            num_cached_tokens=0, prefill_s=0.01, decode_s=0.02))
+    return tokens
+
+
+def types(session):
+    return [e["type"] for e in session.events.events]
+
+
+def validate(session, response):
+    for event in session.events.events:
+        validate_event(event)
+    Response.model_validate(response)
+    assert [e["sequence_number"] for e in session.events.events] == list(range(len(session.events.events)))
+
+
+def test_reasoning_then_mcp_python_call_then_message_like_the_sample():
+    session = make_session(SAMPLE_BODY)
+    first = feed(session, "<|channel|>analysis<|message|>We need to compute 123*456. Use python.<|end|>"
+                          "<|start|>assistant<|channel|>analysis to=python code<|message|>print(123*456)<|call|>")
+    call = session.end_turn()
+    assert call is not None and call.target.tool_type == "mcp" and call.arguments == "print(123*456)"
+    session.add_tool_result("56088\n", None)
+    assert session.prompt_token_ids[-2:] == [200006, 173781]
+    second = feed(session, "<|channel|>final<|message|>The product is 56088.<|return|>")
+    assert session.end_turn() is None
+    response = session.finish()
+    validate(session, response)
+
+    assert [item["type"] for item in response["output"]] == ["reasoning", "mcp_call", "message"]
+    mcp = response["output"][1]
+    assert (mcp["server_label"], mcp["name"], mcp["output"]) == ("code_interpreter", "python", "56088\n")
+    assert response["output"][2]["content"][0]["text"] == "The product is 56088."
+    assert response["status"] == "completed" and response["completed_at"] is not None
+    assert response["tools"][0]["headers"] == {"test": "[redacted]"}
+    expected = ["response.created", "response.in_progress",
+                "response.output_item.added", "response.content_part.added"]
+    assert types(session)[:4] == expected
+    assert types(session)[-1] == "response.completed" and types(session).count("response.completed") == 1
+    for family in ("response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
+                   "response.mcp_call_arguments.done", "response.mcp_call.completed",
+                   "response.reasoning_text.done", "response.output_text.done"):
+        assert family in types(session)
+    assert not [t for t in types(session) if "reasoning_part" in t]
+
+    turn0, turn1 = session.turns
+    assert turn0.output_tokens == len(first) and turn1.output_tokens == len(second)
+    assert turn1.tool_output_tokens == turn1.prompt_tokens - turn0.prompt_tokens - turn0.output_tokens > 0
+    usage = response["usage"]
+    assert usage["input_tokens"] == turn0.prompt_tokens + turn1.prompt_tokens
+    assert usage["output_tokens"] == len(first) + len(second)
+    assert 0 < usage["output_tokens_details"]["reasoning_tokens"] < len(first)
+    assert session.tool_calls[0]["status"] == "completed"
+
+
+def test_function_call_ends_the_response_completed():
+    body = {"input": "Weather in Paris?", "tools": [{"type": "function", "name": "get_weather",
+                                                     "parameters": {"type": "object"}}]}
+    session = make_session(body)
+    feed(session, '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>')
+    assert session.end_turn() is None
+    response = session.finish()
+    validate(session, response)
+    assert response["status"] == "completed"
+    call = response["output"][0]
+    assert call["type"] == "function_call" and call["arguments"] == '{"city":"Paris"}'
+    assert "response.function_call_arguments.done" in types(session)
+
+
+def test_running_out_of_tokens_mid_message_is_incomplete():
+    session = make_session({"input": "Hi", "max_output_tokens": 5})
+    feed(session, "<|channel|>final<|message|>Hello there", finish="length")
+    assert session.end_turn() is None
+    response = session.finish()
+    validate(session, response)
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["output"][0]["status"] == "incomplete"
+    assert types(session)[-1] == "response.incomplete"
+
+
+def test_malformed_harmony_fails_the_response_and_records_why():
+    session = make_session({"input": "Hi"})
+    feed(session, "<|channel|>final<|message|>Hi<|end|>garbage after end", finish="length")
+    session.end_turn()
+    response = session.finish()
+    validate(session, response)
+    assert response["status"] == "failed"
+    assert "not valid harmony" in response["error"]["message"]
+    assert types(session)[-1] == "response.failed"
+
+
+def test_call_without_recipient_fails():
+    session = make_session({"input": "Hi"})
+    feed(session, "<|channel|>analysis<|message|>hmm<|call|>")
+    assert session.end_turn() is None
+    assert session.finish()["status"] == "failed"
+
+
+def test_unknown_recipient_is_answered_with_an_error_and_the_loop_goes_on():
+    session = make_session({"input": "Hi"})
+    feed(session, "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}<|call|>")
+    call = session.end_turn()
+    assert call is not None and call.target is None
+    session.add_tool_result(None, "no tool named 'functions.nope'")
+    text = harmony_encoding().decode_utf8(session.prompt_token_ids)
+    assert "<|start|>functions.nope to=assistant<|channel|>commentary<|message|>Error: no tool" in text
+    feed(session, "<|channel|>final<|message|>Sorry.<|return|>")
+    assert session.end_turn() is None
+    response = session.finish()
+    validate(session, response)
+    assert [i["type"] for i in response["output"]] == ["reasoning", "message"]
+
+
+def test_turn_cap_fails_the_response():
+    session = make_session(SAMPLE_BODY, max_turns=1)
+    feed(session, "<|channel|>analysis to=python code<|message|>1<|call|>")
+    assert session.end_turn() is None
+    response = session.finish()
+    assert response["status"] == "failed" and "1 model turns" in response["error"]["message"]
+    validate(session, response)
+
+
+def test_each_turn_samples_within_the_remaining_budget():
+    session = make_session({**SAMPLE_BODY, "max_output_tokens": 100})
+    tokens = feed(session, "<|channel|>analysis to=python code<|message|>1<|call|>")
+    session.end_turn()
+    session.add_tool_result("1\n", None)
+    assert session.sampling().max_tokens == 100 - len(tokens)
+
+
+def test_tool_answer_after_the_budget_is_spent_ends_incomplete():
+    session = make_session({**SAMPLE_BODY, "max_output_tokens": 8})
+    feed(session, "<|channel|>analysis to=python code<|message|>1<|call|>")
+    session.end_turn()
+    session.add_tool_result("1\n", None)
+    assert session.outcome.status == "incomplete" and len(session.turns) == 1
+    response = session.finish()
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    validate(session, response)

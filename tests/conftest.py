@@ -1,0 +1,26 @@
+"""Fixtures shared by the whole test suite."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random gpt-oss checkpoint (fp32, seed 0, real 201,088-token vocab), made once per session.
+
+    fp32 so that oracle comparisons (engine vs transformers) can use tight tolerances.
+    Read-only: tests that need another checkpoint call make_random_checkpoint themselves.
+    """
+    from engine.checkpoint import make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("tiny-gpt-oss"), seed=0, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_bf16(tmp_path_factory) -> Path:
+    """The same tiny checkpoint in bf16, as real gpt-oss weights are served."""
+    from engine.checkpoint import make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("tiny-gpt-oss-bf16"), seed=0, dtype=torch.bfloat16)
