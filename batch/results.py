@@ -37,9 +37,11 @@ def event_rows(run_id: str, response_id: str, events: list[dict]) -> list[dict]:
 def result_of(session: Session, run_id: str, response: dict) -> RequestResult:
     """Everything the store writes for a finished session, in one result."""
     usage = response["usage"]
-    error = response["error"]["message"] if response.get("error") else None
-    if error:
-        error = f"line {session.line.line_no}: {error}"
+    error = None
+    if response.get("error"):
+        error = f"line {session.line.line_no}: {response['error']['message']}"
+    elif response.get("incomplete_details"):
+        error = f"line {session.line.line_no}: incomplete: {response['incomplete_details']['reason']}"
     rid = session.response_id
     turns = [{"run_id": run_id, "response_id": rid,
               **{k: v for k, v in asdict(t).items() if k != "reasoning_tokens"}}
