@@ -91,6 +91,10 @@ def submit(input_path: Path, db: str, model_dir: Path | None, backend: str, **kw
             summary = Runner(store, engine, options, progress=progress).run()
     except (RunError, InputFormatError) as exc:
         _fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: finished requests are saved; run the same command again to resume",
+                   err=True)
+        sys.exit(130)
     finally:
         store.close()
     click.echo(display.summary_text(summary, db))

@@ -65,8 +65,8 @@ def summary_text(summary, db: str) -> str:
     if summary.ignored_fields:
         fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
         lines.append(f"note: fields accepted but not honoured offline: {fields}")
-    lines.append(f"results: {db}  (e.g. duckdb {db} \"SELECT status, count(*) FROM requests "
-                 f"WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
+    lines.append(f"results: {db}  (e.g. batchrun sql --db {db} \"SELECT status, count(*) "
+                 f"FROM requests WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
     return "\n".join(lines)
 
 

@@ -130,7 +130,7 @@ class Runner:
         self.run_id, resumed, done = self._open_run(input_sha)
         lines = self._lines(done)
         n_lines, self.skipped = 0, len(done)
-        status = "interrupted"
+        status = "failed"
         try:
             exhausted = False
             while not exhausted or self.sessions:
@@ -145,6 +145,9 @@ class Runner:
                     self._step()
                 self._flush()
             status = "completed"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
         finally:
             self._flush()
             self.store.update_run(self.run_id, status=status, finished_at=_now(),

@@ -113,23 +113,43 @@ def test_export_is_openai_batch_output(tmp_path, tiny_model_dir, malformed):
             Response.model_validate(line["response"]["body"])
 
 
-def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
-    source = tmp_path / "many.jsonl"
-    source.write_text("".join(json.dumps({"custom_id": f"r{i}", "input": f"Count to {i}."}) + "\n"
-                              for i in range(30)))
-    db = tmp_path / "kill.duckdb"
+def start_and_signal(source, db, model, sig, after):
+    """Run `batchrun submit` in a process; send `sig` once `after` requests are written."""
     command = [sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db),
-               "--model", str(tiny_model_dir), "--max-output-tokens", "24", "--max-inflight", "2"]
+               "--model", str(model), "--max-output-tokens", "24", "--max-inflight", "2"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     seen, done = b"", 0
     deadline = time.monotonic() + 120
-    while done < 5 and process.poll() is None and time.monotonic() < deadline:
+    while done < after and process.poll() is None and time.monotonic() < deadline:
         seen += os.read(process.stderr.fileno(), 4096)
-        counts = re.findall(rb"requests:.*?\| *(\d+)/30", seen)  # tqdm: "requests: 10%|#  | 6/60"
+        counts = re.findall(rb"requests:.*?\| *(\d+)/30", seen)  # tqdm: "requests: 10%|#  | 6/30"
         done = int(counts[-1]) if counts else 0
-    process.send_signal(signal.SIGKILL)
+    process.send_signal(sig)
+    seen += process.stderr.read()
     process.wait()
-    assert done >= 5, seen[-500:]
+    assert done >= after, seen[-500:]
+    return process.returncode, seen
+
+
+@pytest.fixture
+def thirty(tmp_path):
+    source = tmp_path / "many.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"r{i}", "input": f"Count to {i}."}) + "\n"
+                              for i in range(30)))
+    return source
+
+
+def test_ctrl_c_saves_what_finished_and_says_how_to_resume(tmp_path, tiny_model_dir, thirty):
+    db = tmp_path / "int.duckdb"
+    code, stderr = start_and_signal(thirty, db, tiny_model_dir, signal.SIGINT, after=1)
+    assert code == 130 and b"run the same command again to resume" in stderr
+    assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
+    assert rows(db, "SELECT count(*) > 0 FROM requests") == [(True,)]
+
+
+def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path, tiny_model_dir, thirty):
+    source, db = thirty, tmp_path / "kill.duckdb"
+    start_and_signal(source, db, tiny_model_dir, signal.SIGKILL, after=5)
     written = rows(db, "SELECT count(*) FROM requests")[0][0]
     assert 5 <= written < 30
     result = submit(source, "--db", db, "--max-output-tokens", "24", model=tiny_model_dir)
