@@ -226,3 +226,19 @@ def test_could_not_run_exits_1_usage_errors_exit_2(tmp_path, tiny_model_dir):
         assert locked.exit_code == 1 and "in use by another batchrun" in locked.output
     finally:
         holder.kill()
+
+
+def test_parquet_input_end_to_end(tmp_path, tiny_model_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "requests.parquet"
+    bodies = [{"input": "Hi", "max_output_tokens": 3}, {"input": "Yo"}, {"nope": 1}]
+    pq.write_table(pa.table({"custom_id": ["p1", "p2", "p3"],
+                             "body": [json.dumps(b) for b in bodies]}), path)
+    db = tmp_path / "out.duckdb"
+    result = submit(path, "--db", db, "--max-output-tokens", "4", model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT custom_id, line_no, status FROM requests ORDER BY line_no") == [
+        ("p1", 1, "incomplete"), ("p2", 2, "incomplete"), ("p3", 3, "invalid")]
+    assert rows(db, "SELECT output_tokens FROM responses ORDER BY custom_id") == [(3,), (4,)]
