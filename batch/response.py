@@ -37,6 +37,14 @@ def usage_from_turns(turns: list[TurnMetrics]) -> dict:
     }
 
 
+def _echo_tool(tool: dict) -> dict:
+    """A tool as the response lists it. Open Responses' FunctionTool requires `description`,
+    `parameters` and `strict` (nullable): the ones the request left out are echoed as null."""
+    if tool.get("type") == "function":
+        return {"description": None, "parameters": None, "strict": None, **tool}
+    return tool
+
+
 def build_response(body: dict, *, response_id: str, created_at: int, model: str,
                    max_output_tokens: int, temperature: float, top_p: float,
                    status: str = "in_progress", output: list | None = None,
@@ -56,7 +64,7 @@ def build_response(body: dict, *, response_id: str, created_at: int, model: str,
         "instructions": body.get("instructions"),
         "output": output or [],
         "error": error,
-        "tools": redact_secrets({"tools": body.get("tools") or []})["tools"],
+        "tools": [_echo_tool(t) for t in redact_secrets({"tools": body.get("tools") or []})["tools"]],
         "tool_choice": body.get("tool_choice") or "auto",
         "truncation": "disabled",
         "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
