@@ -134,7 +134,9 @@ class Runner:
         try:
             exhausted = False
             while not exhausted or self.sessions:
-                while not exhausted and len(self.sessions) < self.options.max_inflight:
+                # Unwritten results count too: the reader stays within max_inflight of the store.
+                while (not exhausted
+                       and len(self.sessions) + len(self.pending) < self.options.max_inflight):
                     line = next(lines, None)
                     if line is None:
                         exhausted = True
@@ -161,11 +163,11 @@ class Runner:
                                                    max_line_bytes=self.options.max_line_bytes)):
             if self.options.limit is not None and count >= self.options.limit:
                 return
+            self.ignored.update(line.ignored_fields)  # every line of the run, resumed or not
             if line.line_no not in done:
                 yield line
 
     def _admit(self, line: InputLine) -> None:
-        self.ignored.update(line.ignored_fields)
         admission = admit(line, self.store, self.options.prompt, self.options.session, self.run_id)
         if admission.result is not None:
             self._finished(admission.result)

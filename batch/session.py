@@ -89,7 +89,8 @@ class Session:
     # -- turn lifecycle ---------------------------------------------------
     @property
     def engine_request_id(self) -> str:
-        return f"{self.response_id}/{len(self.turns)}"
+        """`<response_id>/<turn>` of the current turn (the turn number of its turns row)."""
+        return f"{self.response_id}/{len(self.turns) - 1}"
 
     @property
     def output_tokens(self) -> int:

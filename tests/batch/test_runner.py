@@ -1,0 +1,346 @@
+"""The runner over a real DuckDB store and a scripted backend: flow, failures, tools, resume."""
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+import batch.runner as runner_module
+from batch.harmony import PromptOptions
+from batch.runner import RunOptions, Runner
+from batch.session import SessionOptions
+from batch.store import Store
+from batch.vocab import harmony_encoding
+from tests.fakes import ScriptedBackend
+
+
+def final(text):
+    return f"<|channel|>final<|message|>{text}<|return|>"
+
+
+# Completions by keyword of the user message, one text per turn.
+SCRIPTS = {
+    "short": [final("ok")],
+    "long": [final("word " * 40)],
+    # After <|end|> only <|start|> may follow; the tail keeps the engine decoding.
+    "malformed": ["<|channel|>final<|message|>Hi<|end|>garbage after the end" + " and more" * 20
+                  + "<|return|>"],
+    "python": ["<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>analysis "
+               "to=python code<|message|>print(1)<|call|>", final("It could not run.")],
+    "missing": ["<|channel|>commentary to=functions.missing <|constrain|>json<|message|>{}<|call|>",
+                final("Sorry.")],
+}
+FIXED = {keyword: [final("fixed")] for keyword in SCRIPTS}
+CANNOT_RUN = ("the code_interpreter tool 'python' cannot run: "
+              "this batchrun has no hosted tool execution yet")
+
+
+def user_text(prompt_text):
+    return prompt_text.rsplit("<|start|>user<|message|>", 1)[1].split("<|end|>", 1)[0]
+
+
+def script_from(scripts):
+    def script(prompt_text, turn):
+        user = user_text(prompt_text)
+        return next(texts[turn] for keyword, texts in scripts.items() if keyword in user)
+    return script
+
+
+def backend_for(scripts=SCRIPTS, **kw):
+    return ScriptedBackend(script_from(scripts), **kw)
+
+
+def request(custom_id, keyword, **body):
+    return {"custom_id": custom_id, "input": f"{keyword} {custom_id}", **body}
+
+
+def write_input(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
+                            for line in lines))
+    return path
+
+
+def run(store, backend, path, **options):
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                         prompt=PromptOptions(conversation_date="2025-01-01"), **options)
+    return Runner(store, backend, options).run()
+
+
+def rows(store, query, params=None):
+    return store.con.sql(query, params=params).fetchall()
+
+
+def num_written(store):
+    return rows(store, "SELECT count(*) FROM requests")[0][0]
+
+
+def statuses(store):
+    return dict(rows(store, "SELECT custom_id, status FROM requests"))
+
+
+def added_custom_ids(backend, turn=0):
+    """custom_ids of the requests the backend was given, in order (from the user message)."""
+    decode = harmony_encoding().decode_utf8
+    return [user_text(decode(a.prompt_token_ids)).split()[-1]
+            for a in backend.added if a.request_id.endswith(f"/{turn}")]
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "out.duckdb") as store:
+        yield store
+
+
+@pytest.fixture
+def count_reads(monkeypatch, store):
+    """Wraps the runner's reader; records, per line read, how far it is ahead of the store."""
+    ahead = []
+    read = runner_module.read_requests
+
+    def counting(*args, **kw):
+        for num_read, line in enumerate(read(*args, **kw), start=1):
+            ahead.append(num_read - num_written(store))
+            yield line
+
+    monkeypatch.setattr(runner_module, "read_requests", counting)
+    return ahead
+
+
+# -- flow -------------------------------------------------------------------
+
+def test_read_ahead_and_requests_in_flight_stay_within_max_inflight(tmp_path, store, count_reads):
+    path = write_input(tmp_path / "in.jsonl",
+                       [request(f"c{n}", "long" if n % 3 == 0 else "short") for n in range(1, 21)])
+    at_step = []
+    backend = backend_for(on_step=lambda b: at_step.append((len(b.running), len(count_reads)
+                                                            - num_written(store))))
+    summary = run(store, backend, path, max_inflight=2)
+    assert summary.statuses == Counter(completed=20)
+    assert len(count_reads) == 20 and max(count_reads) == 2
+    assert backend.max_num_running == 2 and max(running for running, _ in at_step) == 2
+    assert max(ahead for _, ahead in at_step) == 2
+    assert added_custom_ids(backend) == [f"c{n}" for n in range(1, 21)]
+
+
+def test_invalid_lines_do_not_let_the_reader_run_ahead(tmp_path, store, count_reads):
+    lines = ([request("c1", "long"), request("c2", "long")]
+             + [{"custom_id": f"bad{n}", "input": 5} for n in range(3, 13)]
+             + [request(f"c{n}", "short") for n in range(13, 21)])
+    summary = run(store, backend_for(), write_input(tmp_path / "in.jsonl", lines), max_inflight=2)
+    assert summary.statuses == Counter(completed=10, invalid=10)
+    assert len(count_reads) == 20 and max(count_reads) == 2
+
+
+def test_results_are_written_as_requests_finish(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl",
+                       [request("c1", "short"), request("c2", "long"), request("c3", "long")])
+    seen = []
+    backend = backend_for(on_step=lambda b: seen.append(
+        (len(b.running), rows(store, "SELECT q.custom_id, s.status FROM requests q "
+                                     "JOIN responses s USING (run_id, response_id)"))))
+    run(store, backend, path, max_inflight=8)
+    assert seen[0] == (3, [])
+    assert seen[-1] == (2, [("c1", "completed")])  # the long ones are still decoding
+    assert statuses(store) == {"c1": "completed", "c2": "completed", "c3": "completed"}
+
+
+# -- failures ---------------------------------------------------------------
+
+def test_malformed_harmony_mid_turn_aborts_and_fails_only_that_request(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl",
+                       [request("c1", "short"), request("c2", "malformed"), request("c3", "long")])
+    backend = backend_for()
+    summary = run(store, backend, path, max_inflight=8)
+    assert summary.statuses == Counter(completed=2, failed=1)
+    [(response_id, error)] = rows(store, "SELECT response_id, error FROM requests WHERE custom_id = 'c2'")
+    assert backend.aborted == [f"{response_id}/0"]
+    assert error.startswith("line 2: model output is not valid harmony: ")
+    [(output_tokens, finish_reason)] = rows(
+        store, "SELECT output_tokens, finish_reason FROM turns WHERE response_id = ?", [response_id])
+    end = harmony_encoding().encode("<|channel|>final<|message|>Hi<|end|>", allowed_special="all")
+    assert len(end) < output_tokens <= len(end) + backend.tokens_per_step
+    assert finish_reason is None
+    assert statuses(store) == {"c1": "completed", "c2": "failed", "c3": "completed"}
+    response = json.loads(rows(store, "SELECT response FROM responses WHERE response_id = ?",
+                               [response_id])[0][0])
+    assert response["status"] == "failed"
+    assert response["error"]["message"] == error.removeprefix("line 2: ")
+
+
+def test_prompt_too_long_for_the_engine_fails_that_request(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short"),
+                                               request("c2", "short " + "pad " * 600),
+                                               request("c3", "short")])
+    backend = backend_for(max_model_len=400)
+    summary = run(store, backend, path, max_inflight=8)
+    assert summary.statuses == Counter(completed=2, failed=1)
+    assert added_custom_ids(backend) == ["c1", "c3"]
+    [(error,)] = rows(store, "SELECT error FROM requests WHERE custom_id = 'c2'")
+    assert re.fullmatch(r"line 2: prompt of \d{3} tokens leaves no room in max_model_len 400", error)
+    assert rows(store, "SELECT status, output_tokens FROM responses WHERE custom_id = 'c2'") == [
+        ("failed", 0)]
+
+
+# -- hosted tools -----------------------------------------------------------
+
+def test_hosted_python_call_is_answered_with_an_error_and_decoding_goes_on(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl",
+                       [request("c1", "python", tools=[{"type": "code_interpreter"}])])
+    backend = backend_for()
+    summary = run(store, backend, path)
+    assert summary.statuses == Counter(completed=1)
+    first, second = backend.added
+    response_id = first.request_id.removesuffix("/0")
+    assert second.request_id == f"{response_id}/1"
+    completion = backend.completion_ids(first.request_id)
+    prefix = first.prompt_token_ids + completion
+    assert second.prompt_token_ids[:len(prefix)] == prefix
+    answer = harmony_encoding().decode_utf8(second.prompt_token_ids[len(prefix):])
+    assert answer == (f"<|start|>python to=assistant<|channel|>commentary<|message|>Error: {CANNOT_RUN}"
+                      "<|end|><|start|>assistant")
+    assert second.sampling.max_tokens == 4096 - len(completion)
+
+    turns = rows(store, "SELECT turn, prompt_tokens, output_tokens, tool_output_tokens FROM turns "
+                        "WHERE response_id = ? ORDER BY turn", [response_id])
+    num_answer = len(second.prompt_token_ids) - len(prefix)
+    assert turns == [(0, len(first.prompt_token_ids), len(completion), 0),
+                     (1, len(second.prompt_token_ids), len(backend.completion_ids(second.request_id)),
+                      num_answer)]
+    assert rows(store, "SELECT tool_type, name, arguments, output, status, error FROM tool_calls") == [
+        ("code_interpreter", "python", "print(1)", None, "failed", CANNOT_RUN)]
+    [(status, response, tool_output_tokens)] = rows(
+        store, "SELECT status, response, tool_output_tokens FROM responses")
+    response = json.loads(response)
+    assert (status, tool_output_tokens) == ("completed", num_answer)
+    assert [item["type"] for item in response["output"]] == [
+        "reasoning", "code_interpreter_call", "message"]
+    assert response["output"][1]["code"] == "print(1)"
+    assert response["output"][2]["content"][0]["text"] == "It could not run."
+
+
+def test_unknown_recipient_is_answered_with_an_error_message(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "missing")])
+    backend = backend_for()
+    run(store, backend, path)
+    assert [a.request_id[-2:] for a in backend.added] == ["/0", "/1"]
+    tail = harmony_encoding().decode_utf8(backend.added[1].prompt_token_ids[-40:])
+    assert tail.endswith("<|start|>functions.missing to=assistant<|channel|>commentary<|message|>"
+                         "Error: no tool named 'functions.missing' is available to this request"
+                         "<|end|><|start|>assistant")
+    assert rows(store, "SELECT tool_type, name, status FROM tool_calls") == [
+        (None, "functions.missing", "failed")]
+    [(status, num_turns, response)] = rows(store, "SELECT status, num_turns, response FROM responses")
+    assert (status, num_turns) == ("completed", 2)
+    assert [item["type"] for item in json.loads(response)["output"]] == ["reasoning", "message"]
+
+
+# -- resume -----------------------------------------------------------------
+
+SIX = [request(f"c{n}", "long" if n % 2 else "short") for n in range(1, 7)]
+
+
+def assert_one_row_per_line(store, num_lines, num_responses=None):
+    assert rows(store, "SELECT count(*), count(DISTINCT line_no) FROM requests") == [(num_lines, num_lines)]
+    num_responses = num_lines if num_responses is None else num_responses
+    assert rows(store, "SELECT count(*) FROM responses") == [(num_responses,)]
+    orphans = """SELECT count(*) FROM {} WHERE response_id NOT IN (SELECT response_id FROM requests)"""
+    for table in ("responses", "events", "turns"):
+        assert rows(store, orphans.format(table)) == [(0,)]
+
+
+def test_resuming_a_finished_run_admits_nothing(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", SIX)
+    first = run(store, backend_for(), path)
+    backend = backend_for()
+    second = run(store, backend, path, resume=first.run_id)
+    assert backend.added == []
+    assert (second.run_id, second.resumed, second.skipped, second.statuses) == (
+        first.run_id, True, 6, Counter())
+    assert_one_row_per_line(store, 6)
+    run_row = store.get_run(first.run_id)
+    assert (run_row["status"], run_row["n_requests"]) == ("completed", 6)
+
+
+def test_rerun_after_a_crash_runs_only_the_missing_lines(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", SIX)
+
+    def crash(backend):
+        if backend.num_steps == 4:  # c2, c4 (short) are done; c6 is not
+            raise RuntimeError("engine died")
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        run(store, backend_for(on_step=crash), path, max_inflight=4)
+    [(run_id, status)] = rows(store, "SELECT run_id, status FROM runs")
+    assert status == "failed"
+    assert set(statuses(store)) == {"c2", "c4"}
+
+    backend = backend_for()
+    summary = run(store, backend, path)  # the same input again: continues the unfinished run
+    assert (summary.run_id, summary.resumed, summary.skipped) == (run_id, True, 2)
+    assert added_custom_ids(backend) == ["c1", "c3", "c5", "c6"]
+    assert_one_row_per_line(store, 6)
+    assert store.get_run(run_id)["status"] == "completed"
+
+
+def test_resume_after_a_limited_run_runs_the_rest(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", SIX)
+    first = run(store, backend_for(), path, limit=3)
+    assert sorted(statuses(store)) == ["c1", "c2", "c3"]
+    backend = backend_for()
+    second = run(store, backend, path, resume=first.run_id)
+    assert added_custom_ids(backend) == ["c4", "c5", "c6"]
+    assert (second.skipped, second.statuses) == (3, Counter(completed=3))
+    assert_one_row_per_line(store, 6)
+    assert store.get_run(first.run_id)["n_requests"] == 6
+
+
+def test_retry_failed_reruns_only_failed_and_incomplete_lines(tmp_path, store):
+    lines = [request("c1", "short"), request("c2", "malformed"),
+             request("c3", "long", max_output_tokens=16), '{"custom_id": "c4", "input": 5}',
+             request("c5", "short")]
+    path = write_input(tmp_path / "in.jsonl", lines)
+    first = run(store, backend_for(), path)
+    assert first.statuses == Counter(completed=2, failed=1, incomplete=1, invalid=1)
+    before = dict(rows(store, "SELECT custom_id, response_id FROM requests"))
+
+    backend = backend_for(FIXED)
+    second = run(store, backend, path, retry_failed=first.run_id)
+    assert sorted(added_custom_ids(backend)) == ["c2", "c3"]
+    assert (second.resumed, second.skipped, second.statuses) == (True, 3, Counter(completed=2))
+    assert statuses(store) == {"c1": "completed", "c2": "completed", "c3": "completed",
+                               "c4": "invalid", "c5": "completed"}
+    after = dict(rows(store, "SELECT custom_id, response_id FROM requests"))
+    assert {c: after[c] == before[c] for c in before} == {
+        "c1": True, "c2": False, "c3": False, "c4": True, "c5": True}
+    assert rows(store, "SELECT count(*) FROM responses WHERE response_id IN (?, ?)",
+                [before["c2"], before["c3"]]) == [(0,)]
+    assert_one_row_per_line(store, 5, num_responses=4)  # c4 is invalid: no response
+
+
+# -- input problems ---------------------------------------------------------
+
+def test_bad_lines_are_invalid_and_ignored_fields_are_noted(tmp_path, store):
+    lines = [request("c1", "short", stream=True, store=False), "{not json",
+             request("c3", "short", stream=True)]
+    path = write_input(tmp_path / "in.jsonl", lines)
+    backend = backend_for()
+    summary = run(store, backend, path)
+    assert added_custom_ids(backend) == ["c1", "c3"]
+    [(custom_id, status, error)] = rows(
+        store, "SELECT custom_id, status, error FROM requests WHERE line_no = 2")
+    assert (custom_id, status) == ("line-2", "invalid")
+    assert error.startswith("line 2: invalid JSON at column 2")
+    run_row = store.get_run(summary.run_id)
+    assert run_row["notes"] == {"ignored_fields": {"stream": 2, "store": 1}}
+    assert summary.ignored_fields == Counter(stream=2, store=1)
+    assert run_row["n_requests"] == 3
+
+
+def test_resumed_run_keeps_counting_ignored_fields_of_earlier_lines(tmp_path, store):
+    lines = [request("c1", "short", stream=True, store=False), request("c2", "short", stream=True)]
+    path = write_input(tmp_path / "in.jsonl", lines)
+    first = run(store, backend_for(), path, limit=1)
+    assert store.get_run(first.run_id)["notes"] == {"ignored_fields": {"stream": 1, "store": 1}}
+    run(store, backend_for(), path, resume=first.run_id)
+    assert store.get_run(first.run_id)["notes"] == {"ignored_fields": {"stream": 2, "store": 1}}
