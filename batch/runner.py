@@ -85,6 +85,7 @@ class Runner:
         self.ignored: Counter = Counter()
         self.tokens = Counter()
         self.skipped = 0
+        self.stopped_at_limit = False
 
     # -- run bookkeeping --------------------------------------------------
     def _open_run(self, input_sha: str) -> tuple[str, bool, set[int]]:
@@ -146,7 +147,8 @@ class Runner:
                 if self.sessions:
                     self._step()
                 self._flush()
-            status = "completed"
+            # A --limit run stops early on purpose: a plain rerun continues it.
+            status = "partial" if self.stopped_at_limit else "completed"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
@@ -162,6 +164,7 @@ class Runner:
         for count, line in enumerate(read_requests(self.options.input_path,
                                                    max_line_bytes=self.options.max_line_bytes)):
             if self.options.limit is not None and count >= self.options.limit:
+                self.stopped_at_limit = True
                 return
             self.ignored.update(line.ignored_fields)  # every line of the run, resumed or not
             if line.line_no not in done:
@@ -197,6 +200,7 @@ class Runner:
             del self.sessions[out.request_id]
             if out.finish_reason is None:  # parse failure mid-turn: stop decoding it
                 self.backend.abort(out.request_id)
+                session.turns[-1].finish_reason = "abort"
             call = session.end_turn()
             if call is None:
                 self._complete(session)

@@ -160,7 +160,7 @@ def test_malformed_harmony_mid_turn_aborts_and_fails_only_that_request(tmp_path,
         store, "SELECT output_tokens, finish_reason FROM turns WHERE response_id = ?", [response_id])
     end = harmony_encoding().encode("<|channel|>final<|message|>Hi<|end|>", allowed_special="all")
     assert len(end) < output_tokens <= len(end) + backend.tokens_per_step
-    assert finish_reason is None
+    assert finish_reason == "abort"
     assert statuses(store) == {"c1": "completed", "c2": "failed", "c3": "completed"}
     response = json.loads(rows(store, "SELECT response FROM responses WHERE response_id = ?",
                                [response_id])[0][0])
@@ -287,9 +287,12 @@ def test_resume_after_a_limited_run_runs_the_rest(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl", SIX)
     first = run(store, backend_for(), path, limit=3)
     assert sorted(statuses(store)) == ["c1", "c2", "c3"]
+    assert store.get_run(first.run_id)["status"] == "partial"
     backend = backend_for()
-    second = run(store, backend, path, resume=first.run_id)
+    second = run(store, backend, path)  # a plain rerun continues the partial run
+    assert second.run_id == first.run_id and second.resumed
     assert added_custom_ids(backend) == ["c4", "c5", "c6"]
+    assert store.get_run(first.run_id)["status"] == "completed"
     assert (second.skipped, second.statuses) == (3, Counter(completed=3))
     assert_one_row_per_line(store, 6)
     assert store.get_run(first.run_id)["n_requests"] == 6
