@@ -13,7 +13,6 @@ among others, and on any device.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from transformers import DynamicCache, GptOssForCausalLM
 from transformers.utils import logging as hf_logging
 
 from engine.backend import ModelLoadError, RequestOutput, SamplingParams, check_model_dir
+from engine.sampler import derive_seed, sample_one as sample  # one sampling implementation, shared with the engine
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
            "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -171,44 +171,6 @@ class TransformersBackend:
         if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return "length"
         return None
-
-
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token id from `logits` ([vocab] fp32): argmax at temperature 0, else temperature/top-k/top-p.
-
-    Draws exactly one multinomial sample from `generator` (none when greedy).
-    """
-    if params.is_greedy:
-        return int(torch.argmax(logits))
-    logits = logits / params.temperature
-    if params.top_k:
-        logits = _keep_top_k(logits, params.top_k)
-    if params.top_p < 1.0:
-        logits = _keep_top_p(logits, params.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def _keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    if k >= logits.numel():
-        return logits
-    kth = torch.topk(logits, k).values[-1]
-    return logits.masked_fill(logits < kth, float("-inf"))  # ties with the k-th stay in
-
-
-def _keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches top_p."""
-    sorted_logits, order = torch.sort(logits, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # the top token has 0 before it: always kept
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
-
-
-def derive_seed(backend_seed: int, request_id: str) -> int:
-    """A request's seed from the backend seed and its id: stable across runs and processes."""
-    digest = hashlib.sha256(f"{backend_seed}:{request_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _output(request: _Request, new_token_ids: list[int], finish_reason: str | None,

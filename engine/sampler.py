@@ -1,0 +1,109 @@
+"""Next-token sampling: greedy, temperature, top-k, top-p, per-request generators.
+
+`sample_one` is the single implementation of one draw; the reference backend
+uses it too, so both backends draw the same token from the same logits and seed.
+Each non-greedy row draws exactly one multinomial sample from its own
+generator, so a request's tokens do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from engine.backend import SamplingParams
+
+
+def derive_seed(backend_seed: int, request_id: str) -> int:
+    """A request's seed from the backend seed and its id: stable across runs and processes."""
+    digest = hashlib.sha256(f"{backend_seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def make_generator(params: SamplingParams, backend_seed: int, request_id: str) -> torch.Generator:
+    """The request's own CPU generator, seeded once: its seed, else one derived from the backend's."""
+    seed = params.seed if params.seed is not None else derive_seed(backend_seed, request_id)
+    return torch.Generator().manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token id from `logits` ([vocab] fp32): argmax at temperature 0, else temperature/top-k/top-p.
+
+    Draws exactly one multinomial sample from `generator` (none when greedy).
+    """
+    if params.is_greedy:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature
+    if params.top_k:
+        logits = keep_top_k(logits, params.top_k)
+    if params.top_p < 1.0:
+        logits = keep_top_p(logits, params.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Mask all but the `k` largest logits ([vocab]); ties with the k-th stay in."""
+    if k >= logits.numel():
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches top_p ([vocab])."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # the top token has 0 before it: always kept
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
+
+
+class Sampler:
+    """Samples the rows of a step that need a token."""
+
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams],
+               generators: list[torch.Generator | None]) -> list[int]:
+        """One token per row of `logits` ([num_rows, vocab], any device).
+
+        Greedy rows take one batched argmax; the others are drawn row by row with
+        their own generator (a row moves to its generator's device, the CPU for
+        the reproducible CPU generators the engine uses).
+        """
+        self._check(logits, params, generators)
+        token_ids = [0] * len(params)
+        greedy_rows = [row for row, p in enumerate(params) if p.is_greedy]
+        if greedy_rows:
+            argmax = torch.argmax(logits[greedy_rows], dim=-1).tolist()
+            for row, token_id in zip(greedy_rows, argmax):
+                token_ids[row] = int(token_id)
+        for row, (p, generator) in enumerate(zip(params, generators)):
+            if not p.is_greedy:
+                row_logits = logits[row].float()
+                if generator is not None:
+                    row_logits = row_logits.to(generator.device)
+                token_ids[row] = sample_one(row_logits, p, generator)
+        return token_ids
+
+    def logprobs(self, logits: torch.Tensor, token_ids: list[int],
+                 params: list[SamplingParams]) -> list[float | None]:
+        """Log-probability of each sampled token under the raw logits, for rows that ask for it."""
+        if len(token_ids) != logits.shape[0] or len(params) != logits.shape[0]:
+            raise ValueError(f"{logits.shape[0]} logit rows, {len(token_ids)} tokens, {len(params)} params")
+        result: list[float | None] = [None] * len(params)
+        rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+        if rows:
+            log_probs = torch.log_softmax(logits[rows].float(), dim=-1)  # [len(rows), vocab]
+            chosen = torch.tensor([token_ids[row] for row in rows], device=logits.device)
+            values = log_probs.gather(1, chosen[:, None])[:, 0].tolist()
+            for row, value in zip(rows, values):
+                result[row] = value
+        return result
+
+    @staticmethod
+    def _check(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> None:
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [num_rows, vocab], got shape {tuple(logits.shape)}")
+        if not len(params) == len(generators) == logits.shape[0]:
+            raise ValueError(f"{logits.shape[0]} logit rows, {len(params)} params, {len(generators)} generators")

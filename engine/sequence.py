@@ -1,0 +1,100 @@
+"""One request's decoding state: tokens, progress through the KV cache, block table.
+
+The scheduler moves a `Sequence` between waiting, running and finished and
+advances `num_computed_tokens`; only the block manager edits `block_table` and
+`num_cached_tokens`; the model runner only reads it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from engine.backend import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A prompt plus its generated tokens.
+
+    `token_ids` holds the prompt then the output. `num_computed_tokens` of them
+    have their KV in the cache; the rest (at least the last sampled token while
+    running) are computed by the next steps. `block_table[i]` is the cache block
+    that holds the KV of tokens `[i * block_size, (i + 1) * block_size)`.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> None:
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r}: empty prompt")
+        self.request_id = request_id
+        self.token_ids: list[int] = [int(t) for t in prompt_token_ids]
+        self.num_prompt_tokens = len(self.token_ids)
+        self.sampling = sampling
+        self.generator: Any = generator  # the request's own torch.Generator (None: global RNG)
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
+        self.is_admitted = False  # True once the block manager has allocated for it
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.arrival_index = -1  # set by the scheduler: order of `add`
+        self.num_preemptions = 0
+        self.prefill_s = 0.0  # seconds of steps that computed this sequence's prefill
+        self.decode_s = 0.0  # seconds of steps that decoded it
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Known tokens whose KV is not yet in the cache (1 for a sequence that is decoding)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def num_blocks_needed(self, block_size: int) -> int:
+        """Blocks that hold the KV of every known token."""
+        return -(-self.num_tokens // block_size)
+
+    def num_full_blocks(self, block_size: int) -> int:
+        """Blocks whose every slot holds a computed token."""
+        return self.num_computed_tokens // block_size
+
+    def block_token_ids(self, index: int, block_size: int) -> list[int]:
+        """The tokens of block `index` (fewer than `block_size` for a partial last block)."""
+        return self.token_ids[index * block_size:(index + 1) * block_size]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(int(token_id))

@@ -1,0 +1,206 @@
+"""BlockManager: allocation under the KV budget, ref counts, hashed prefix reuse, LRU eviction."""
+
+import pytest
+import torch
+
+from engine.backend import SamplingParams
+from engine.kv_cache import BlockManager, bytes_per_block, num_blocks_for_budget
+from engine.sequence import Sequence
+
+BS = 4
+
+
+def make_seq(token_ids, request_id="r"):
+    return Sequence(request_id, list(token_ids), SamplingParams(max_tokens=8, temperature=0))
+
+
+def admit(manager, token_ids, request_id="r"):
+    seq = make_seq(token_ids, request_id)
+    assert manager.can_allocate(seq)
+    manager.allocate(seq)
+    return seq
+
+
+def compute_all(manager, seq):
+    """What a step does for a sequence: its KV is written, full blocks get their hash."""
+    seq.num_computed_tokens = seq.num_tokens
+    manager.cache_full_blocks(seq)
+
+
+def test_allocate_covers_every_token_and_deallocate_frees():
+    manager = BlockManager(8, BS)
+    seq = admit(manager, range(10))
+    assert len(seq.block_table) == 3 == len(set(seq.block_table))
+    assert manager.num_free_blocks == 5
+    assert seq.num_computed_tokens == seq.num_cached_tokens == 0
+    manager.deallocate(seq)
+    assert seq.block_table == [] and manager.num_free_blocks == 8
+
+
+def test_prefix_hit_across_requests_skips_the_shared_full_blocks():
+    manager = BlockManager(16, BS)
+    first = admit(manager, range(10), "a")
+    compute_all(manager, first)
+    second = admit(manager, [*range(9), 99, 98], "b")  # shares 2 full blocks, differs in the third
+    assert second.num_computed_tokens == second.num_cached_tokens == 8
+    assert second.block_table[:2] == first.block_table[:2]
+    assert second.block_table[2] != first.block_table[2]
+    assert manager.num_hit_tokens == 8 and manager.num_queried_tokens == 21
+    assert manager.hit_rate == pytest.approx(8 / 21)
+
+
+def test_blocks_are_not_reusable_before_their_kv_is_computed():
+    manager = BlockManager(16, BS)
+    admit(manager, range(12), "a")  # allocated, but no step has run: nothing to reuse
+    assert admit(manager, range(12), "b").num_cached_tokens == 0
+
+
+def test_the_whole_prompt_is_never_cached():
+    manager = BlockManager(16, BS)
+    compute_all(manager, admit(manager, range(8), "a"))
+    twin = admit(manager, range(8), "b")
+    assert twin.num_computed_tokens == 4  # the last block is recomputed: its last token gives the logits
+    longer = admit(manager, range(9), "c")
+    assert longer.num_computed_tokens == 8
+
+
+def test_shared_blocks_are_ref_counted():
+    manager = BlockManager(8, BS)
+    first = admit(manager, range(9), "a")
+    compute_all(manager, first)
+    second = admit(manager, range(9), "b")
+    shared = first.block_table[:2]
+    assert [manager.blocks[b].ref_count for b in shared] == [2, 2]
+    assert manager.num_free_blocks == 8 - 4  # 2 shared + 1 tail each
+    manager.deallocate(first)
+    assert [manager.blocks[b].ref_count for b in shared] == [1, 1]
+    assert not set(shared) & set(manager.free_block_ids)
+    manager.deallocate(second)
+    assert manager.num_free_blocks == 8
+
+
+def test_freed_blocks_are_revived_by_a_later_request():
+    manager = BlockManager(8, BS)
+    first = admit(manager, range(13), "a")
+    compute_all(manager, first)
+    first_blocks = list(first.block_table)
+    manager.deallocate(first)
+    again = admit(manager, [*range(13), 7, 7], "b")
+    assert again.num_cached_tokens == 12 and again.block_table[:3] == first_blocks[:3]
+    assert manager.num_free_blocks == 8 - 4
+
+
+def test_can_allocate_counts_revived_blocks_against_the_free_list():
+    manager = BlockManager(4, BS)
+    first = admit(manager, range(13), "a")  # 4 blocks: the whole cache
+    compute_all(manager, first)
+    manager.deallocate(first)
+    assert manager.can_allocate(make_seq(range(16)))  # 3 revived + 1 new
+    assert not manager.can_allocate(make_seq(range(17)))  # 3 revived + 2 new > 4
+    with pytest.raises(RuntimeError):
+        manager.allocate(make_seq(range(17)))
+
+
+def test_decode_filled_blocks_are_hashed_and_hit_by_the_next_turn():
+    manager = BlockManager(16, BS)
+    turn1 = admit(manager, range(6), "t")
+    compute_all(manager, turn1)
+    for token_id in [50, 51, 52, 53, 54]:  # decode: append the sampled token, compute it next step
+        turn1.append_token(token_id)
+        assert manager.can_append(turn1)
+        manager.may_append(turn1)
+        assert len(turn1.block_table) == turn1.num_blocks_needed(BS)
+        turn1.num_computed_tokens = turn1.num_tokens - 1 if token_id == 54 else turn1.num_tokens
+        manager.cache_full_blocks(turn1)
+    manager.deallocate(turn1)  # 11 tokens, 10 computed: blocks 0 and 1 are full
+    turn2 = admit(manager, turn1.token_ids + [60, 61, 62], "t")
+    assert turn2.num_cached_tokens == 8
+
+
+def test_lru_evicts_unhashed_blocks_then_the_least_recently_freed():
+    manager = BlockManager(7, BS)
+    old = admit(manager, range(100, 108), "old")
+    compute_all(manager, old)
+    new = admit(manager, range(200, 208), "new")
+    compute_all(manager, new)
+    partial = admit(manager, range(300, 303), "partial")  # one partial block: no hash, worth nothing
+    assert (old.block_table, new.block_table, partial.block_table) == ([0, 1], [2, 3], [4])
+    for seq in (old, new, partial):
+        manager.deallocate(seq)
+    assert list(manager.free_block_ids) == [4, 5, 6, 1, 0, 3, 2]  # a prefix's tail goes before its head
+    fresh = admit(manager, range(500, 512), "fresh")
+    assert fresh.block_table == [4, 5, 6]
+    bump = admit(manager, [900], "bump")
+    assert bump.block_table == [1]  # old's tail, the least recently freed hashed block
+    manager.deallocate(fresh)
+    assert admit(manager, range(200, 209), "new again").num_cached_tokens == 8
+    assert admit(manager, range(100, 109), "old again").num_cached_tokens == 4  # only its head survived
+
+
+def test_an_evicted_blocks_stale_hash_never_hits():
+    manager = BlockManager(3, BS)
+    first = admit(manager, range(9), "a")  # 3 blocks
+    compute_all(manager, first)
+    manager.deallocate(first)
+    other = admit(manager, [7] * 9, "b")  # takes all 3 blocks, overwriting their KV
+    compute_all(manager, other)
+    manager.deallocate(other)
+    again = admit(manager, range(9), "c")
+    assert again.num_cached_tokens == 0
+    assert all(manager.blocks[b].hash is None for b in again.block_table)
+
+
+def test_a_stale_hash_never_hits_a_block_refilled_with_the_same_tokens_under_another_prefix():
+    manager = BlockManager(3, BS)
+    holder = admit(manager, [1], "holder")
+    first = admit(manager, [*range(4), *range(10, 14)], "a")  # blocks X, Y
+    compute_all(manager, first)
+    manager.deallocate(first)
+    other = admit(manager, list(range(10, 14)), "b")  # Y again, first in its chain: reuses Y's old block
+    compute_all(manager, other)
+    manager.deallocate(other)
+    manager.deallocate(holder)
+    again = admit(manager, [*range(4), *range(10, 14), 99], "c")
+    assert again.num_cached_tokens == 4  # X only: Y's KV there was computed after other tokens
+
+
+def test_a_hash_collision_never_hits(monkeypatch):
+    monkeypatch.setattr("engine.kv_cache.chain_hash", lambda parent, token_ids: 0)
+    manager = BlockManager(8, BS)
+    compute_all(manager, admit(manager, range(9), "a"))
+    assert admit(manager, range(100, 109), "b").num_cached_tokens == 0
+    assert admit(manager, range(9), "c").num_cached_tokens == 4
+
+
+def test_append_takes_a_block_only_past_a_boundary_and_never_beyond_the_budget():
+    manager = BlockManager(2, BS)
+    seq = admit(manager, range(4), "a")
+    compute_all(manager, seq)
+    seq.append_token(9)
+    assert manager.can_append(seq)
+    manager.may_append(seq)
+    assert len(seq.block_table) == 2 and manager.num_free_blocks == 0
+    for token_id in (1, 2, 3):
+        seq.append_token(token_id)
+        assert manager.can_append(seq)
+        manager.may_append(seq)
+    assert len(seq.block_table) == 2
+    seq.append_token(4)
+    assert not manager.can_append(seq)
+    with pytest.raises(RuntimeError):
+        manager.may_append(seq)
+    assert manager.num_used_blocks == 2
+
+
+def test_no_prefix_caching_means_no_hits():
+    manager = BlockManager(8, BS, enable_prefix_caching=False)
+    compute_all(manager, admit(manager, range(9), "a"))
+    assert admit(manager, range(9), "b").num_cached_tokens == 0
+
+
+def test_num_blocks_from_the_byte_budget():
+    per_block = bytes_per_block(16, num_layers=2, num_kv_heads=8, head_dim=64, dtype=torch.bfloat16)
+    assert per_block == 2 * 2 * 16 * 8 * 64 * 2
+    assert num_blocks_for_budget(10 * per_block + per_block - 1, per_block) == 10
+    with pytest.raises(ValueError, match="kv-cache-gb"):
+        num_blocks_for_budget(per_block - 1, per_block)
