@@ -2,8 +2,9 @@
 
 A backend holds many requests in flight. The runner adds requests, calls `step()`
 until nothing is unfinished, and reads each step's `RequestOutput`s (streaming:
-new tokens only). Backends: "transformers" (`engine.reference`, the exact,
-slow baseline); the paged engine implements the same interface.
+new tokens only). Backends: "engine" (`engine.llm_engine`, the project's
+continuous-batching paged engine, the default) and "transformers"
+(`engine.reference`, the exact, slow baseline).
 
 Length policy, shared by all backends: `add_request` raises ValueError when the
 prompt leaves no room for one new token (`len(prompt) >= max_model_len`); a
@@ -17,6 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+BACKENDS = ("engine", "transformers")  # the first is `batchrun submit`'s default
 
 
 class ModelLoadError(Exception):
@@ -132,8 +135,14 @@ def load_backend(name: str, model_dir: str | Path, **options) -> Backend:
     Raises ModelLoadError for a directory that is not a loadable gpt-oss checkpoint,
     ValueError for an unknown backend name.
     """
+    if name == "engine":
+        from engine.config import EngineConfig
+        from engine.llm_engine import LLMEngine
+
+        check_model_dir(model_dir)
+        return LLMEngine(EngineConfig(model_dir, **options))
     if name == "transformers":
         from engine.reference import TransformersBackend
 
         return TransformersBackend(model_dir, **options)
-    raise ValueError(f"unknown backend {name!r}; known: 'transformers'")
+    raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")

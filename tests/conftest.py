@@ -5,6 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# The test models are tiny: on small CPU ops a second thread costs more in
+# synchronisation than it gains (10x slower on a busy 2-core machine).
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:

@@ -1,0 +1,245 @@
+"""Paged attention over a flat batch of tokens from many sequences.
+
+One step's batch is flat: the new tokens of sequence 0, then of sequence 1, ...
+(`query_start_loc` marks where each starts). Every new token's K/V is written
+into the paged cache first (`write_kv`), then every query reads its keys from
+the cache through its sequence's block table (`paged_attention`), so a prefix
+cached by an earlier step or another sequence is read like any other key.
+
+This file is the one device seam. The implementation here is plain torch ops
+and runs anywhere (the CPU path); a device-specific kernel plugs in behind
+`write_kv` / `paged_attention` with the same arguments.
+
+CPU strategy: nothing re-materialises a sequence's whole history per step. Each
+sequence gathers only the cache blocks its queries can see (for a sliding layer
+the last ceil(window / block_size) + 1 blocks). Sequences with one new token
+(decode) are batched into one masked matmul per layer; longer ones (prefill
+chunks) run one by one, tiled over queries so the score matrix stays bounded.
+The gather plan depends only on the metadata and the window, so it is built
+once per step and reused by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+# Bounds on the transient tensors of one attention call, in elements.
+MAX_DECODE_KEYS = 1 << 17  # gathered key rows per decode batch (B * keys)
+MAX_SCORES = 1 << 23  # fp32 scores per prefill tile (heads * queries * keys)
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's flat batch (plain tensors, built by the model runner).
+
+    The new tokens of a sequence are its last ones: sequence i's new tokens sit at
+    positions seq_lens[i] - q_len_i .. seq_lens[i] - 1.
+    """
+
+    positions: Tensor  # [T] long, position of each new token in its sequence
+    slot_mapping: Tensor  # [T] long, cache slot (block_id * block_size + offset) for each new token's K/V
+    query_start_loc: Tensor  # [S+1] long, cumulative new-token counts (sequences are contiguous)
+    seq_lens: Tensor  # [S] long, tokens of each sequence after this step (cached + new)
+    block_tables: Tensor  # [S, max_blocks] long, physical blocks of each sequence in order, -1 padded
+    block_size: int
+    _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.numel()
+
+    def plan(self, sliding_window: int | None) -> AttentionPlan:
+        """The gather plan for layers with this window (built once per step, then cached)."""
+        if sliding_window not in self._plans:
+            self._plans[sliding_window] = AttentionPlan.build(self, sliding_window)
+        return self._plans[sliding_window]
+
+
+@dataclass
+class DecodeBatch:
+    """Sequences with one new token each, attended in one batched matmul."""
+
+    token_idx: Tensor  # [B] rows of q (and of the output)
+    block_ids: Tensor  # [B, nb] cache blocks holding each sequence's visible keys (padding: block 0, masked)
+    mask: Tensor  # [B, nb * block_size] bool, True where the key is attended
+
+
+@dataclass
+class PrefillSeq:
+    """One sequence with several new tokens (a prompt or a prompt chunk)."""
+
+    q_start: int  # its rows of q: [q_start, q_end)
+    q_end: int
+    first_pos: int  # position of its first new token
+    block_ids: Tensor  # [nb] cache blocks from the first one any query sees to the last
+    first_block_pos: int  # position of the first slot of block_ids[0]
+
+
+@dataclass
+class AttentionPlan:
+    decode: list[DecodeBatch]
+    prefill: list[PrefillSeq]
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata, window: int | None) -> AttentionPlan:
+        q_lens = meta.query_start_loc.diff().tolist()
+        decode_seqs = [i for i, n in enumerate(q_lens) if n == 1]
+        prefill_seqs = [i for i, n in enumerate(q_lens) if n > 1]
+        return cls(_decode_batches(meta, decode_seqs, window), [_prefill_seq(meta, i, window) for i in prefill_seqs])
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """Store each new token's K/V at its slot.
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]; k, v: [T, num_kv_heads, head_dim];
+    slot_mapping: [T] long, block_id * block_size + offset.
+    """
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
+                    sinks: Tensor, sliding_window: int | None, scale: float) -> Tensor:
+    """Causal attention of each new token over its own sequence's cached keys.
+
+    q: [T, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    (this step's K/V already written); sinks: [num_heads], a learned logit per head that joins
+    the softmax denominator; sliding_window: keys at positions > q_pos - window only (None: all).
+    Returns [T, num_heads, head_dim].
+    """
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    sinks = sinks.float().view(num_kv_heads, num_heads // num_kv_heads)  # [kvh, g]
+    plan = meta.plan(sliding_window)
+    out = torch.empty_like(q)
+    for batch in plan.decode:
+        out[batch.token_idx] = _decode(q[batch.token_idx], k_cache, v_cache, batch, sinks, scale)
+    for seq in plan.prefill:
+        _prefill(q, k_cache, v_cache, seq, sliding_window, sinks, scale, out)
+    return out
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+    """Softmax attention with a per-head sink logit in the denominator.
+
+    q: [N, kvh, g, R, d] (R query rows per head); k, v: [N, L, kvh, d] (as gathered from the cache,
+    only d need be contiguous); mask: [N, L, R] bool, True where attended (at least one key per row);
+    sinks: [kvh, g] fp32. Returns [N, kvh, g, R, d].
+
+    Scores are kept keys-first ([kvh, N, L, g * R]): `k @ q^T` per KV head reads the gathered
+    cache rows in place, with no transposed copy of the keys.
+    """
+    n, kvh, g, r, d = q.shape
+    length = k.shape[1]
+    scores = q.new_empty(kvh, n, length, g * r)
+    for h in range(kvh):
+        torch.bmm(k[:, :, h], q[:, h].reshape(n, g * r, d).transpose(1, 2), out=scores[h])
+    scores = scores.float().mul_(scale).view(kvh, n, length, g, r)
+    scores.masked_fill_(~mask[None, :, :, None, :], float("-inf"))
+    sink = sinks.view(kvh, 1, 1, g, 1)
+    row_max = torch.maximum(scores.amax(dim=2, keepdim=True), sink)
+    probs = scores.sub_(row_max).exp_()
+    probs = probs.div_(probs.sum(dim=2, keepdim=True) + torch.exp(sink - row_max)).to(v.dtype)
+    out = q.new_empty(kvh, n, g * r, d)
+    for h in range(kvh):
+        torch.bmm(probs[h].view(n, length, g * r).transpose(1, 2), v[:, :, h], out=out[h])
+    return out.view(kvh, n, g, r, d).transpose(0, 1)
+
+
+# -- the CPU (torch ops) implementation ----------------------------------------
+def _gather(cache: Tensor, block_ids: Tensor) -> Tensor:
+    """cache: [num_blocks, bs, kvh, d]; block_ids: [..., nb] -> keys [..., nb * bs, kvh, d] in block order."""
+    blocks = cache.index_select(0, block_ids.reshape(-1))
+    return blocks.view(*block_ids.shape[:-1], -1, *cache.shape[2:])
+
+
+def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: DecodeBatch, sinks: Tensor,
+            scale: float) -> Tensor:
+    """q: [B, H, d] -> [B, H, d]."""
+    num_seqs, num_heads, head_dim = q.shape
+    kvh, g = sinks.shape
+    k = _gather(k_cache, batch.block_ids)  # [B, L, kvh, d]
+    v = _gather(v_cache, batch.block_ids)
+    out = attend(q.view(num_seqs, kvh, g, 1, head_dim), k, v, batch.mask[:, :, None], sinks, scale)
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq: PrefillSeq, window: int | None,
+             sinks: Tensor, scale: float, out: Tensor) -> None:
+    """Attend seq's queries (rows of q) to its keys, query tile by tile; writes rows of out."""
+    kvh, g = sinks.shape
+    head_dim = q.shape[-1]
+    k = _gather(k_cache, seq.block_ids)  # [Lk, kvh, d], key j at position first_block_pos + j
+    v = _gather(v_cache, seq.block_ids)
+    num_queries = seq.q_end - seq.q_start
+    last_pos = seq.first_pos + num_queries - 1
+    span = min(window, last_pos + 1) if window else last_pos + 1  # most keys one query sees
+    tile = max(1, MAX_SCORES // (kvh * g * (span + num_queries)))
+    for r0 in range(0, num_queries, tile):
+        r1 = min(r0 + tile, num_queries)
+        q_pos = torch.arange(seq.first_pos + r0, seq.first_pos + r1, device=q.device)
+        lo = max(0, seq.first_pos + r0 - window + 1) if window else 0
+        k_pos = torch.arange(lo, seq.first_pos + r1, device=q.device)
+        mask = k_pos[:, None] <= q_pos[None, :]  # [L, R]
+        if window:
+            mask &= k_pos[:, None] > q_pos[None, :] - window
+        keys = slice(lo - seq.first_block_pos, seq.first_pos + r1 - seq.first_block_pos)
+        rows = slice(seq.q_start + r0, seq.q_start + r1)
+        q_tile = q[rows].view(r1 - r0, kvh, g, head_dim).permute(1, 2, 0, 3)  # [kvh, g, R, d]
+        o = attend(q_tile[None], k[None, keys], v[None, keys], mask[None], sinks, scale)  # [1, kvh, g, R, d]
+        out[rows] = o[0].permute(2, 0, 1, 3).reshape(r1 - r0, -1, head_dim)
+
+
+def _decode_batches(meta: AttentionMetadata, seqs: list[int], window: int | None) -> list[DecodeBatch]:
+    """Batches of one-token sequences, sorted by how many blocks they read, each under MAX_DECODE_KEYS."""
+    if not seqs:
+        return []
+    bs, device = meta.block_size, meta.block_tables.device
+    idx = torch.tensor(seqs, dtype=torch.long, device=device)
+    q_pos = meta.seq_lens[idx] - 1
+    first_key = (q_pos - window + 1).clamp(min=0) if window else torch.zeros_like(q_pos)
+    first_block = first_key // bs
+    num_blocks = q_pos // bs - first_block + 1
+    order = torch.argsort(num_blocks, stable=True).tolist()
+    counts = num_blocks.tolist()
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1  # grow while the padded batch stays under the budget (sorted: the last is the widest)
+        while end < len(order) and (end + 1 - start) * counts[order[end]] * bs <= MAX_DECODE_KEYS:
+            end += 1
+        rows = torch.tensor(order[start:end], dtype=torch.long, device=device)
+        batches.append(_decode_batch(meta, idx[rows], q_pos[rows], first_key[rows], first_block[rows],
+                                     counts[order[end - 1]]))
+        start = end
+    return batches
+
+
+def _decode_batch(meta: AttentionMetadata, seq_idx: Tensor, q_pos: Tensor, first_key: Tensor,
+                  first_block: Tensor, nb: int) -> DecodeBatch:
+    bs = meta.block_size
+    cols = first_block[:, None] + torch.arange(nb, device=seq_idx.device)  # [B, nb] logical blocks
+    table = meta.block_tables[seq_idx]
+    width = table.shape[1]
+    block_ids = table.gather(1, cols.clamp(max=width - 1)).masked_fill(cols >= width, -1)
+    needed = cols <= (q_pos // bs)[:, None]
+    if bool((block_ids[needed] < 0).any()):
+        raise ValueError("block_tables is missing blocks for the keys of a decode sequence")
+    k_pos = first_block[:, None] * bs + torch.arange(nb * bs, device=seq_idx.device)  # [B, L]
+    mask = (k_pos >= first_key[:, None]) & (k_pos <= q_pos[:, None])
+    token_idx = meta.query_start_loc[seq_idx]
+    return DecodeBatch(token_idx, block_ids.masked_fill(~needed, 0), mask)
+
+
+def _prefill_seq(meta: AttentionMetadata, i: int, window: int | None) -> PrefillSeq:
+    bs = meta.block_size
+    q_start, q_end = meta.query_start_loc[i:i + 2].tolist()
+    seq_len = int(meta.seq_lens[i])
+    first_pos = seq_len - (q_end - q_start)
+    first_block = (max(0, first_pos - window + 1) if window else 0) // bs
+    block_ids = meta.block_tables[i, first_block:(seq_len - 1) // bs + 1]
+    if block_ids.numel() < (seq_len - 1) // bs + 1 - first_block or bool((block_ids < 0).any()):
+        raise ValueError(f"block_tables row {i} is missing blocks for its {seq_len} tokens")
+    return PrefillSeq(q_start, q_end, first_pos, block_ids, first_block * bs)

@@ -1,0 +1,123 @@
+"""The transformers baselines of the benchmark: static padded `generate`, `generate_batch`.
+
+Both decode the same workloads as engine.bench.run_backend, greedy, with forced
+output lengths. Static batching pays for padding and for the longest output in
+each batch; only the tokens each request asked for count as output tokens.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import GenerationConfig, GptOssForCausalLM
+from transformers.generation.streamers import BaseStreamer
+
+from engine.bench import BenchResult, Workload, peak_rss_mb
+
+PAD_TOKEN_ID = 199999
+
+
+def load_hf_model(model_dir, attn_implementation: str = "eager") -> GptOssForCausalLM:
+    return GptOssForCausalLM.from_pretrained(
+        model_dir, attn_implementation=attn_implementation, experts_implementation="eager").eval()
+
+
+class _FirstTokenClock(BaseStreamer):
+    """generate() calls put() with the prompt, then with each step's tokens."""
+
+    def __init__(self) -> None:
+        self.calls, self.first_token_at = 0, None
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def _generate_padded(model, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
+    """One static batch, left-padded; returns each row's new tokens and the first-token time."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), PAD_TOKEN_ID, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    clock = _FirstTokenClock()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=PAD_TOKEN_ID,
+                             eos_token_id=None, streamer=clock)
+    return out[:, width:].tolist(), clock.first_token_at
+
+
+def run_generate(model, workload: Workload, batch_size: int = 16) -> BenchResult:
+    """transformers `generate` over static batches; tool-loop turns advance in lockstep."""
+    convs = workload.conversations
+    prompts = [list(c.prompt_token_ids) for c in convs]
+    ttfts, prompt_tokens, output_tokens, turns = [], 0, 0, 0
+    start = time.perf_counter()
+    for turn in range(max(c.num_turns for c in convs)):
+        active = [i for i, c in enumerate(convs) if turn < c.num_turns]
+        for first in range(0, len(active), batch_size):
+            rows = active[first:first + batch_size]
+            wanted = [convs[i].output_lens[turn] for i in rows]
+            submitted = time.perf_counter()
+            outputs, first_at = _generate_padded(model, [prompts[i] for i in rows], max(wanted))
+            # every request of this turn was "submitted" when the turn began
+            ttfts += [first_at - start if turn == 0 else first_at - submitted] * len(rows)
+            for i, out, n in zip(rows, outputs, wanted):
+                prompt_tokens += len(prompts[i])
+                output_tokens += n
+                turns += 1
+                if turn + 1 < convs[i].num_turns:
+                    prompts[i] = prompts[i] + out[:n] + convs[i].tool_token_ids[turn]
+    wall = time.perf_counter() - start
+    return BenchResult(f"hf_generate_bs{batch_size}", workload.name, turns, prompt_tokens, prompt_tokens,
+                       output_tokens, wall, sum(ttfts) / len(ttfts), peak_rss_mb())
+
+
+def run_generate_batch(model, workload: Workload) -> BenchResult:
+    """transformers' continuous batching manager (`generate_batch`'s engine), turn by turn."""
+    convs = workload.conversations
+    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD_TOKEN_ID,
+                              max_new_tokens=max(max(c.output_lens) for c in convs))
+    manager = model.init_continuous_batching(generation_config=config)
+    manager.start()
+    prompts, submitted, ttfts = {}, {}, []
+    prompt_tokens = output_tokens = turns = 0
+
+    def submit(index: int, turn: int, prompt: list[int]) -> None:
+        nonlocal prompt_tokens, turns
+        request_id = f"{index}/{turn}"
+        prompts[request_id], submitted[request_id] = prompt, time.perf_counter()
+        manager.add_request(prompt, request_id=request_id, max_new_tokens=convs[index].output_lens[turn],
+                            record_timestamps=True)
+        prompt_tokens += len(prompt)
+        turns += 1
+
+    start = time.perf_counter()
+    try:
+        for index, conv in enumerate(convs):
+            submit(index, 0, list(conv.prompt_token_ids))
+        done = 0
+        while done < turns:
+            result = manager.get_result(timeout=1)
+            if result is None or not result.is_finished():
+                continue
+            done += 1
+            tokens = list(result.generated_tokens)
+            output_tokens += len(tokens)
+            if result.timestamps:
+                ttfts.append(result.timestamps[0] - result.created_time)
+            index, turn = map(int, result.request_id.split("/"))
+            if turn + 1 < convs[index].num_turns:
+                submit(index, turn + 1, prompts[result.request_id] + tokens + convs[index].tool_token_ids[turn])
+    finally:
+        manager.stop(block=True)
+    wall = time.perf_counter() - start
+    return BenchResult("hf_generate_batch", workload.name, turns, prompt_tokens, prompt_tokens,
+                       output_tokens, wall, sum(ttfts) / max(len(ttfts), 1), peak_rss_mb())

@@ -1,0 +1,167 @@
+"""Model config (read from an HF gpt-oss config.json) and the engine's own knobs.
+
+`ModelConfig` is a frozen, plain copy of the fields the engine needs, so the
+rest of the engine never touches a transformers config object. transformers'
+`GptOssConfig` does the parsing: it normalises the old `rope_scaling`/`rope_theta`
+format of the published checkpoints into `rope_parameters` and fills defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import GptOssConfig
+
+from engine.backend import ModelLoadError
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+          "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape and numerics of one gpt-oss model (any size: the 2-layer test model .. 120b)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_local_experts: int
+    num_experts_per_tok: int
+    sliding_window: int | None
+    layer_types: tuple[str, ...]
+    rope_theta: float
+    rope_parameters: dict = field(hash=False)  # rope_type, factor, beta_fast, beta_slow, original_max_..., truncate
+    rms_norm_eps: float = 1e-5
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    max_position_embeddings: int = 131072
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    torch_dtype: torch.dtype = torch.bfloat16  # the checkpoint's dtype ("auto" resolves to it)
+    quant_method: str | None = None  # "mxfp4" for the published checkpoints
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        unknown = set(self.layer_types) - {SLIDING, FULL}
+        if unknown:
+            raise ValueError(f"unknown layer types {sorted(unknown)}; expected {SLIDING!r} or {FULL!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
+        """Read `model_dir/config.json`; ModelLoadError if it is missing or not a gpt-oss config."""
+        model_dir = Path(model_dir)
+        _check_config_json(model_dir)
+        try:
+            hf = GptOssConfig.from_pretrained(model_dir)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ModelLoadError(f"--model {model_dir}: config.json is not a valid gpt-oss config: {exc}") from exc
+        return cls.from_hf(hf)
+
+    @classmethod
+    def from_hf(cls, hf: GptOssConfig) -> ModelConfig:
+        """Copy the fields of a transformers `GptOssConfig`."""
+        rope = dict(hf.rope_parameters)
+        eos = hf.eos_token_id
+        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+        quant = getattr(hf, "quantization_config", None) or {}
+        return cls(
+            vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_hidden_layers=hf.num_hidden_layers,
+            num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads,
+            head_dim=hf.head_dim, intermediate_size=hf.intermediate_size,
+            num_local_experts=hf.num_local_experts, num_experts_per_tok=hf.num_experts_per_tok,
+            sliding_window=hf.sliding_window, layer_types=tuple(hf.layer_types),
+            rope_theta=float(rope.get("rope_theta", 150000.0)), rope_parameters=rope,
+            rms_norm_eps=hf.rms_norm_eps, swiglu_alpha=hf.swiglu_alpha, swiglu_limit=hf.swiglu_limit,
+            max_position_embeddings=hf.max_position_embeddings, eos_token_ids=eos_ids,
+            pad_token_id=hf.pad_token_id, bos_token_id=hf.bos_token_id,
+            torch_dtype=_checkpoint_dtype(hf.dtype), quant_method=quant.get("quant_method"),
+        )
+
+    def is_sliding(self, layer: int) -> bool:
+        """True if `layer` attends to the last `sliding_window` positions only."""
+        return self.layer_types[layer] == SLIDING and self.sliding_window is not None
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None for a full-attention layer."""
+        return self.sliding_window if self.is_sliding(layer) else None
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embeddings and lm_head included)."""
+        h, d, e, i = self.hidden_size, self.head_dim, self.num_local_experts, self.intermediate_size
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        attn = h * (q + 2 * kv) + (q + 2 * kv) + q * h + h + self.num_attention_heads
+        moe = e * h + e + e * (h * 2 * i + 2 * i + i * h + h)
+        return 2 * self.vocab_size * h + self.num_hidden_layers * (attn + moe + 2 * h) + h
+
+
+@dataclass
+class EngineConfig:
+    """Engine knobs; the scheduler side reads these too."""
+
+    model_dir: Path
+    dtype: torch.dtype | str = "auto"  # "auto": the checkpoint's dtype
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_gb: float = 2.0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        self.model_dir = Path(self.model_dir)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_gb <= 0:
+            raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+    def resolve_dtype(self, model_config: ModelConfig) -> torch.dtype:
+        """The dtype the model runs in: `dtype`, or the checkpoint's for "auto"."""
+        if isinstance(self.dtype, torch.dtype):
+            return self.dtype
+        if self.dtype == "auto":
+            return model_config.torch_dtype
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; use 'auto' or one of {sorted(DTYPES)}")
+        return DTYPES[self.dtype]
+
+
+def _check_config_json(model_dir: Path) -> None:
+    where = f"--model {model_dir}"
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{where}: no config.json in {model_dir} (expected a local HF gpt-oss checkpoint)")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{where}: config.json is not valid JSON: {exc}") from exc
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type != "gpt_oss":
+        raise ModelLoadError(f"{where}: config.json has model_type {model_type!r}, expected 'gpt_oss'")
+
+
+def _checkpoint_dtype(dtype) -> torch.dtype:
+    """The config's dtype as a torch.dtype; bf16 when absent (the published checkpoints omit it)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    return torch.bfloat16

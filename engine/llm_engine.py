@@ -1,0 +1,97 @@
+"""The engine's only public entry: add_request / step / abort, streaming RequestOutputs.
+
+Each step reads as schedule -> run -> postprocess: the scheduler picks decode
+rows and prefill chunks under the token budget, the model runner forwards them
+over the paged KV cache and samples, the scheduler appends tokens, finishes and
+frees sequences. Implements `engine.backend.Backend`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.backend import RequestOutput, SamplingParams
+from engine.config import EngineConfig
+from engine.kv_cache import BlockManager, num_blocks_for_budget
+from engine.loader import load_model
+from engine.model import kv_cache_bytes_per_block
+from engine.model_runner import ModelRunner
+from engine.sampler import make_generator
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+
+class LLMEngine:
+    """Continuous-batching gpt-oss decoder with a paged, prefix-cached KV cache."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        model, self.model_config = load_model(config)
+        self.dtype = next(model.parameters()).dtype
+        block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        self.num_blocks = num_blocks_for_budget(int(config.kv_cache_gb * 2**30), block_bytes)
+        # A sequence can never outgrow the cache: clamp the context to what the budget holds.
+        limit = min(config.max_model_len or self.model_config.max_position_embeddings,
+                    self.model_config.max_position_embeddings, self.num_blocks * config.block_size)
+        self.max_model_len = limit
+        self.model_name = config.model_dir.name
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+                                   max_model_len=limit)
+        self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.dtype)
+        self.step_s = 0.0
+        self.num_steps = 0
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
+        """Queue a request; ValueError if the id is in flight or the prompt does not fit."""
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError(f"request {request_id!r}: empty prompt")
+        if min(prompt) < 0 or max(prompt) >= self.model_config.vocab_size:
+            raise ValueError(f"request {request_id!r}: prompt token ids must be in "
+                             f"[0, {self.model_config.vocab_size})")
+        generator = make_generator(sampling, self.config.seed, request_id)
+        self.scheduler.add(Sequence(request_id, prompt, sampling, generator))
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduling step: new tokens (and finish reasons) of the requests that advanced."""
+        start = time.perf_counter()
+        batch = self.scheduler.schedule()
+        token_ids, logprobs = ([], None) if batch.is_empty else self.runner.run(batch)
+        elapsed = time.perf_counter() - start
+        for item in batch.items:
+            if item.is_prefill:
+                item.seq.prefill_s += elapsed
+            else:
+                item.seq.decode_s += elapsed
+        outputs = self.scheduler.postprocess(batch, token_ids, logprobs)
+        self.step_s += time.perf_counter() - start
+        self.num_steps += not batch.is_empty
+        return [output.to_request_output() for output in outputs]
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its last output (finish_reason "abort") comes from the next step."""
+        self.scheduler.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> dict:
+        """Step and model time so far, prefix-cache hits, preemptions."""
+        bm = self.block_manager
+        return {"num_steps": self.num_steps, "step_s": self.step_s, "forward_s": self.runner.forward_s,
+                "overhead_frac": 1 - self.runner.forward_s / self.step_s if self.step_s else 0.0,
+                "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions}
+
+    def describe(self) -> dict:
+        """Configuration for the runs table."""
+        c = self.config
+        return {"backend": "engine", "model": str(c.model_dir), "model_name": self.model_name,
+                "dtype": str(self.dtype).removeprefix("torch."), "device": c.device,
+                "block_size": c.block_size, "num_blocks": self.num_blocks, "kv_cache_gb": c.kv_cache_gb,
+                "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+                "max_model_len": self.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
+                "seed": c.seed, "torch_version": torch.__version__}

@@ -1,0 +1,236 @@
+"""gpt-oss over a flat batch of tokens from many sequences, reading and writing a paged KV cache.
+
+Numerically the transformers `GptOssForCausalLM` (eager): alternating sliding/full
+attention with a learned per-head sink, YaRN RoPE, top-k MoE with a clamped SwiGLU.
+Parameter names are the HF checkpoint's, so loading is one loop (engine.loader).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.attention import AttentionMetadata, paged_attention, write_kv
+from engine.config import ModelConfig
+
+KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.float()
+        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * t).to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> tuple[Tensor, float]:
+    """Inverse frequencies [head_dim / 2] (fp32, CPU) and the cos/sin scale: YaRN or plain RoPE."""
+    p, dim, base = config.rope_parameters, config.head_dim, config.rope_theta
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim)
+    if p.get("rope_type", "default") == "default":
+        return 1.0 / pos_freqs, 1.0
+    if p["rope_type"] != "yarn":
+        raise ValueError(f"unsupported rope_type {p['rope_type']!r} (gpt-oss uses 'yarn')")
+    original = p["original_max_position_embeddings"]
+    factor = p.get("factor") or config.max_position_embeddings / original
+    scaling = p.get("attention_factor")
+    if scaling is None:
+        mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
+        scaling = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all) if mscale and mscale_all \
+            else _yarn_mscale(factor)
+    # NTK by parts: dimensions that rotate fast keep their frequency, slow ones are interpolated.
+    def correction_dim(num_rotations: float) -> float:
+        return dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = correction_dim(p.get("beta_fast") or 32), correction_dim(p.get("beta_slow") or 1)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low or 0.001)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * ramp + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(scaling)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin per position, computed per step from the inverse frequencies (no table, no buffer)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.inv_freq, self.scaling = rope_inv_freq(config)  # plain tensor: survives meta-device init
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions: [T] -> cos, sin: [T, head_dim / 2] fp32."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[:, None].float() * self.inv_freq
+        return freqs.cos() * self.scaling, freqs.sin() * self.scaling
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [T, heads, head_dim]; cos, sin: [T, head_dim / 2]. Rotates the two halves of each head."""
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class GptOssAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.num_heads * d)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d)
+        self.o_proj = nn.Linear(self.num_heads * d, h)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads))
+        self.sliding_window = config.window(layer_idx)
+        self.scale = d**-0.5
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
+        """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache first."""
+        num_tokens = x.shape[0]
+        q = apply_rotary(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        o = paged_attention(q, k_cache, v_cache, meta, sinks=self.sinks, sliding_window=self.sliding_window,
+                            scale=self.scale)  # [T, heads, head_dim]
+        return self.o_proj(o.reshape(num_tokens, -1))
+
+
+class GptOssRouter(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
+        self.bias = nn.Parameter(torch.empty(config.num_local_experts))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x: [T, hidden] -> expert ids [T, top_k], their weights [T, top_k] (softmax over the top k)."""
+        top_logits, expert_ids = torch.topk(F.linear(x, self.weight, self.bias), self.top_k, dim=-1)
+        return expert_ids, torch.softmax(top_logits, dim=-1)
+
+
+class GptOssExperts(nn.Module):
+    """Per-expert SwiGLU MLPs; gate/up columns interleaved as in the checkpoint."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = config.num_local_experts, config.hidden_size, config.intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
+        self.down_proj = nn.Parameter(torch.empty(e, i, h))
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h))
+        self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+
+    def forward(self, x: Tensor, expert_ids: Tensor, weights: Tensor) -> Tensor:
+        """x: [T, hidden]; expert_ids, weights: [T, top_k] -> [T, hidden]. One matmul pair per hit expert."""
+        top_k = expert_ids.shape[1]
+        flat_ids = expert_ids.reshape(-1)  # [T * top_k]
+        order = torch.argsort(flat_ids, stable=True)
+        token_idx = order // top_k  # the token of each (token, expert) pair, grouped by expert
+        counts = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
+        x_sorted = x[token_idx]
+        y = torch.empty_like(x_sorted)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                rows = slice(start, start + count)
+                gate_up = x_sorted[rows] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
+                y[rows] = self._swiglu(gate_up) @ self.down_proj[expert] + self.down_proj_bias[expert]
+                start += count
+        y *= weights.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token_idx, y)
+
+    def _swiglu(self, gate_up: Tensor) -> Tensor:
+        gate = gate_up[..., ::2].clamp(max=self.limit)
+        up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * gate * torch.sigmoid(gate * self.alpha)
+
+
+class GptOssMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.router = GptOssRouter(config)
+        self.experts = GptOssExperts(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        expert_ids, weights = self.router(x)
+        return self.experts(x, expert_ids, weights)
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = GptOssAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GptOssMLP(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class GptOssDecoder(nn.Module):
+    """Embedding, decoder layers, final norm (the checkpoint's `model.*`)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class GptOssModel(nn.Module):
+    """gpt-oss for causal LM: `forward` gives hidden states, `compute_logits` the logits."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = GptOssDecoder(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]) -> Tensor:
+        """input_ids: [T] (the step's new tokens, sequences contiguous) -> final-norm hidden [T, hidden]."""
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(meta.positions)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            x = layer(x, cos, sin, meta, kv_cache)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden: [N, hidden] -> logits [N, vocab] fp32."""
+        return self.lm_head(hidden).float()
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one cache block takes over all layers (K and V)."""
+    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * dtype.itemsize
+
+
+def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                      device: torch.device | str) -> list[KVCache]:
+    """One (k_cache, v_cache) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim].
+
+    Zeroed: attention reads (and masks) slots no token has written yet, and 0 * NaN garbage would be NaN.
+    """
+    shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(config.num_hidden_layers)]

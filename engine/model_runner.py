@@ -1,0 +1,71 @@
+"""One engine step on the model: scheduled sequences -> flat tensors -> logits -> tokens.
+
+The runner only reads `Sequence`s (token ids, block tables); the scheduler and
+block manager own them. It holds the model and its paged KV cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.config import EngineConfig, ModelConfig
+from engine.model import GptOssModel, allocate_kv_cache
+from engine.sampler import Sampler
+from engine.scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    """Runs scheduled batches through the model over a preallocated paged cache."""
+
+    def __init__(self, model: GptOssModel, model_config: ModelConfig, config: EngineConfig,
+                 num_blocks: int, dtype: torch.dtype):
+        self.model, self.model_config = model, model_config
+        self.block_size = config.block_size
+        self.device = torch.device(config.device)
+        self.kv_caches = allocate_kv_cache(model_config, num_blocks, self.block_size, dtype, self.device)
+        self.sampler = Sampler()
+        self.forward_s = 0.0  # model time, for the engine-overhead figure
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
+        """Flat input ids, attention metadata, and the row of each sampled item's last token."""
+        bs = self.block_size
+        input_ids, positions, slots, starts, seq_lens, tables, logit_rows = [], [], [], [0], [], [], []
+        for item in batch.items:
+            seq, start, end = item.seq, item.start, item.end
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
+            starts.append(starts[-1] + item.num_new_tokens)
+            seq_lens.append(end)
+            tables.append(seq.block_table)
+            if item.is_sampled:
+                logit_rows.append(starts[-1] - 1)
+        width = max(map(len, tables))
+        padded = [table + [-1] * (width - len(table)) for table in tables]
+        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        meta = AttentionMetadata(positions=as_long(positions), slot_mapping=as_long(slots),
+                                 query_start_loc=as_long(starts), seq_lens=as_long(seq_lens),
+                                 block_tables=as_long(padded), block_size=bs)
+        return as_long(input_ids), meta, logit_rows
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float | None] | None]:
+        """Forward the batch; sample a token for every item that needs one (in batch.sampled order)."""
+        input_ids, meta, logit_rows = self.prepare(batch)
+        start = time.perf_counter()
+        hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
+        if not logit_rows:
+            self.forward_s += time.perf_counter() - start
+            return [], None
+        logits = self.model.compute_logits(hidden[logit_rows]).float()  # [N, vocab]
+        self.forward_s += time.perf_counter() - start
+        sampled = batch.sampled
+        params = [item.seq.sampling for item in sampled]
+        token_ids = self.sampler.sample(logits, params, [item.seq.generator for item in sampled])
+        logprobs = None
+        if any(p.logprobs is not None for p in params):
+            logprobs = self.sampler.logprobs(logits, token_ids, params)
+        return token_ids, logprobs
