@@ -1,8 +1,14 @@
 """One input line -> a ready Session, or the `invalid` row that records why not.
 
 Everything that can reject a line before decoding lives here: the reader's
-per-line errors, an unknown `previous_response_id`, an input the harmony renderer
+per-line errors, an unknown `previous_response_id`, an mcp tool no server answers,
+a `tool_choice` naming a tool the request lacks, an input the harmony renderer
 cannot render (e.g. a function_call_output whose call_id was never issued).
+
+Admission has two steps, because an MCP server's tools must be listed before the
+prompt that names them is rendered: `prepare()` checks the line and builds its tool
+registry; the runner lists the request's servers (without blocking decoding); then
+`admit()` renders the prompt with the listings and makes the Session.
 """
 
 from __future__ import annotations
@@ -10,18 +16,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batch.events import new_id
-from batch.harmony import PromptOptions, RenderError, render_prompt
+from batch.harmony import PromptOptions, RenderError, render_forced_header, render_prompt
 from batch.reader import InputLine
 from batch.results import request_row, request_seed
 from batch.session import Session, SessionOptions
 from batch.store import RequestResult, Store
-from tools.registry import ToolRegistry
+from tools.client import Listing
+from tools.registry import ToolChoiceError, ToolRegistry
+from tools.servers import ServerCatalog
+
+
+@dataclass
+class Prepared:
+    """A line that passed every check that needs no tool server."""
+
+    line: InputLine
+    body: dict
+    items: list[dict]
+    registry: ToolRegistry
 
 
 @dataclass
 class Admission:
     session: Session | None = None
     result: RequestResult | None = None
+    prepared: Prepared | None = None
 
 
 class AdmissionError(ValueError):
@@ -46,21 +65,46 @@ def conversation_items(body: dict, store: Store) -> list[dict]:
     return list(previous["input_items"] or []) + list(previous["response"]["output"]) + items
 
 
-def admit(line: InputLine, store: Store, prompt: PromptOptions, options: SessionOptions,
-          run_id: str) -> Admission:
-    """Turn a line into a started-ready Session, or an `invalid` RequestResult."""
+def _check_servers(body: dict, registry: ToolRegistry, catalog: ServerCatalog) -> None:
+    for index, tool in enumerate(body.get("tools") or []):
+        if tool["type"] == "mcp" and tool["server_label"] in registry.mcp_definitions:
+            try:
+                catalog.for_tool(tool)
+            except ValueError as exc:
+                raise AdmissionError(f"tools[{index}].server_label: {exc}") from None
+
+
+def _invalid(run_id: str, line: InputLine, message: str) -> Admission:
+    return Admission(result=RequestResult(request_row(run_id, line, "invalid", message)))
+
+
+def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Admission:
+    """Check a line: `prepared` to list its servers and admit, or an `invalid` result."""
     if not line.is_valid:
-        return Admission(result=RequestResult(request_row(run_id, line, "invalid", line.error)))
+        return _invalid(run_id, line, line.error)
     body = line.request.model_dump(mode="json", exclude_none=True)
     try:
         items = conversation_items(body, store)
         registry = ToolRegistry.from_tools(body.get("tools"), body.get("tool_choice", "auto"))
-        prompt_ids = render_prompt(body, items, registry, prompt)
-    except (AdmissionError, RenderError) as exc:
-        return Admission(result=RequestResult(
-            request_row(run_id, line, "invalid", f"line {line.line_no}: {exc}")))
-    session = Session(response_id=new_id("resp"), body=body, prompt_token_ids=prompt_ids,
-                      registry=registry, options=options, seed=request_seed(options.seed, line.custom_id),
-                      line=line, input_items=items)
-    return Admission(session=session)
+        _check_servers(body, registry, catalog)
+    except AdmissionError as exc:
+        return _invalid(run_id, line, f"line {line.line_no}: {exc}")
+    return Admission(prepared=Prepared(line, body, items, registry))
 
+
+def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
+          options: SessionOptions, run_id: str) -> Admission:
+    """Render a prepared line with its servers' listings: a Session, or an `invalid` result."""
+    line, body, registry = prepared.line, prepared.body, prepared.registry
+    for label, listing in listings.items():
+        registry.add_listing(label, listing.tools, listing.error)
+    try:
+        prompt_ids = render_prompt(body, prepared.items, registry, prompt)
+        forced = registry.forced_recipient()
+    except (RenderError, ToolChoiceError) as exc:
+        return _invalid(run_id, line, f"line {line.line_no}: {exc}")
+    forced_prefix = render_forced_header(*forced) if forced else []
+    session = Session(response_id=new_id("resp"), body=body, prompt_token_ids=prompt_ids + forced_prefix,
+                      registry=registry, options=options, seed=request_seed(options.seed, line.custom_id),
+                      line=line, input_items=prepared.items, forced_prefix=forced_prefix)
+    return Admission(session=session)

@@ -8,7 +8,8 @@ sequence numbers 0..n-1, exact output/content indexes, and one terminal event.
 
 States: IDLE (no item open) -> STREAMING (an item takes deltas) -> IDLE, or ->
 AWAITING_TOOL (a hosted tool call whose arguments are complete) -> IDLE once the
-tool answered -> ... -> DONE after the terminal event.
+tool answered -> ... -> DONE after the terminal event. An `mcp_list_tools` item
+(`list_tools()`) is emitted whole, from IDLE to IDLE, before the first turn.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class ItemKind(enum.Enum):
     CODE_INTERPRETER_CALL = "code_interpreter_call"
     WEB_SEARCH_CALL = "web_search_call"
     MCP_CALL = "mcp_call"
+    MCP_LIST_TOOLS = "mcp_list_tools"
 
     @property
     def is_hosted_tool(self) -> bool:
@@ -41,6 +43,7 @@ _ID_PREFIX = {
     ItemKind.CODE_INTERPRETER_CALL: "ci",
     ItemKind.WEB_SEARCH_CALL: "ws",
     ItemKind.MCP_CALL: "mcp",
+    ItemKind.MCP_LIST_TOOLS: "mcpl",
 }
 
 # Per kind: event emitted right after output_item.added, per delta, and when the
@@ -129,6 +132,9 @@ def item_body(item: OpenItem, status: str) -> dict:
                 "outputs": item.extra.get("outputs")}
     elif item.kind is ItemKind.WEB_SEARCH_CALL:
         body = {"action": item.extra.get("action") or {"type": "search", "query": item.text}}
+    elif item.kind is ItemKind.MCP_LIST_TOOLS:  # the spec's item has no status
+        return {**base, "server_label": item.server_label, "tools": item.extra.get("tools", []),
+                "error": item.extra.get("error")}
     else:
         body = {"server_label": item.server_label, "name": item.name, "arguments": item.text,
                 "output": item.extra.get("output"), "error": item.extra.get("error")}
@@ -183,6 +189,23 @@ class ResponseEvents:
         if kind in _IN_PROGRESS:
             self._emit(_IN_PROGRESS[kind], **self._ids(item))
         return item
+
+    def list_tools(self, server_label: str, tools: list[dict], error: str | None = None) -> dict:
+        """A complete `mcp_list_tools` item: the server's tools, or why they could not be listed."""
+        self._require(State.IDLE)
+        item = OpenItem(ItemKind.MCP_LIST_TOOLS, len(self.output), new_id(_ID_PREFIX[ItemKind.MCP_LIST_TOOLS]),
+                        server_label=server_label)
+        self.output.append(item_body(item, "in_progress"))
+        self._emit("response.output_item.added", output_index=item.output_index,
+                   item=item_body(item, "in_progress"))
+        self._emit("response.mcp_list_tools.in_progress", **self._ids(item))
+        item.extra.update(tools=tools, error=error)
+        self._emit("response.mcp_list_tools.failed" if error else "response.mcp_list_tools.completed",
+                   **self._ids(item))
+        body = item_body(item, "completed")
+        self.output[item.output_index] = body
+        self._emit("response.output_item.done", output_index=item.output_index, item=body)
+        return body
 
     def add_delta(self, text: str) -> None:
         """Text the model added to the open item."""

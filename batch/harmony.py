@@ -160,6 +160,12 @@ def render_tool_output(author: str, text: str) -> list[int]:
         "<|start|>assistant", allowed_special="all")
 
 
+def render_forced_header(channel: str, recipient: str) -> list[int]:
+    """Tokens that end a prompt inside the assistant's header: its next message goes to `recipient`
+    (a prefix such as `browser.`, or "" to only require some recipient)."""
+    return harmony_encoding().encode(f"<|channel|>{channel} to={recipient}", allowed_special="all")
+
+
 @dataclass(frozen=True)
 class ParserStep:
     """What one completion token did to the harmony message stream."""

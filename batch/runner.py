@@ -4,6 +4,13 @@ Lines are read lazily and admitted only while fewer than `max_inflight` requests
 are in flight, so a huge input runs in bounded memory. Each finished request is
 written (with its events, turns, tool calls) in the step it finishes, so a crash
 loses only what was in flight, and a rerun skips every line that already has a row.
+
+Tools run beside decoding: a turn that ends in a hosted tool call is submitted to
+the `ToolDispatcher` (MCP calls on its own event-loop thread) and the session
+waits in `awaiting` while every other request keeps decoding; each loop the
+finished calls are collected and their sessions continue with a new turn. A line
+whose MCP servers are being listed waits in `listing` the same way. When only
+tools are pending, the loop blocks on their futures instead of spinning.
 """
 
 from __future__ import annotations
@@ -12,21 +19,37 @@ import hashlib
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from batch.admission import admit
+from batch.admission import Prepared, admit, prepare
 from batch.harmony import PromptOptions
 from batch.reader import InputLine, read_requests
 from batch.results import result_of
 from batch.session import PendingToolCall, Session, SessionOptions
 from batch.store import RequestResult, Store
 from engine.backend import Backend
+from tools.dispatch import ToolDispatcher, rejection
+from tools.servers import ServerCatalog, ServerSpec
+
+TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)
 
 
 class RunError(RuntimeError):
     """The run cannot start (bad --resume id, input missing, ...)."""
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """How this run reaches tools (`--mcp-config`, `--tool-timeout`)."""
+
+    servers: dict[str, ServerSpec] = field(default_factory=dict)  # --mcp-config entries by label
+    config_path: str | None = None
+    call_timeout_s: float = 60.0
+    log_path: Path | None = None  # the stdio servers' stderr (default: discarded)
 
 
 @dataclass(frozen=True)
@@ -42,6 +65,7 @@ class RunOptions:
     max_line_bytes: int = 8 * 1024 * 1024
     prompt: PromptOptions = PromptOptions()
     session: SessionOptions = SessionOptions(model="")
+    tools: ToolOptions = ToolOptions()
     engine_config: dict = field(default_factory=dict)
 
 
@@ -65,22 +89,19 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def run_tool(call: PendingToolCall) -> tuple[str | None, str | None]:
-    """Run a hosted tool call: (output, error). Hosted tools are not wired in yet."""
-    if call.target is None:
-        return None, f"no tool named {call.recipient!r} is available to this request"
-    return None, (f"the {call.target.tool_type} tool {call.target.name!r} cannot run: "
-                  "this batchrun has no hosted tool execution yet")
-
-
 class Runner:
     """One `batchrun submit` invocation over a store and a decoding backend."""
 
     def __init__(self, store: Store, backend: Backend, options: RunOptions, progress=None):
         self.store, self.backend, self.options = store, backend, options
         self.progress = progress
-        self.sessions: dict[str, Session] = {}  # by engine request id
+        self.sessions: dict[str, Session] = {}  # decoding, by engine request id
+        self.awaiting: dict[Future, Session] = {}  # waiting on a hosted tool call
+        self.listing: list[tuple[Prepared, dict[str, Future]]] = []  # waiting on MCP listings
         self.pending: list[RequestResult] = []
+        self.catalog = ServerCatalog(options.tools.servers)
+        self.tools = ToolDispatcher(self.catalog, call_timeout_s=options.tools.call_timeout_s,
+                                    errlog_path=options.tools.log_path)
         self.statuses: Counter = Counter()
         self.ignored: Counter = Counter()
         self.tokens = Counter()
@@ -119,7 +140,10 @@ class Runner:
                         "seed": opts.session.seed, "max_inflight": opts.max_inflight,
                         "conversation_date": opts.prompt.conversation_date,
                         "reasoning_effort": opts.prompt.reasoning_effort,
-                        "keep_tokens": opts.session.keep_tokens},
+                        "keep_tokens": opts.session.keep_tokens, "max_turns": opts.session.max_turns,
+                        "tool_timeout_s": opts.tools.call_timeout_s,
+                        "mcp_config": opts.tools.config_path,
+                        "mcp_servers": sorted(opts.tools.servers)},  # labels only: no secrets
             "notes": {}, "batchrun_version": _version(),
         }
 
@@ -134,18 +158,19 @@ class Runner:
         status = "failed"
         try:
             exhausted = False
-            while not exhausted or self.sessions:
+            while not exhausted or self.sessions or self.awaiting or self.listing:
                 # Unwritten results count too: the reader stays within max_inflight of the store.
-                while (not exhausted
-                       and len(self.sessions) + len(self.pending) < self.options.max_inflight):
+                while not exhausted and self._num_inflight() < self.options.max_inflight:
                     line = next(lines, None)
                     if line is None:
                         exhausted = True
                         break
                     n_lines += 1
-                    self._admit(line)
+                    self._read(line)
+                self._admit_listed()
                 if self.sessions:
                     self._step()
+                self._resume_tool_calls(block=not self.sessions)
                 self._flush()
             # A --limit run stops early on purpose: a plain rerun continues it.
             status = "partial" if self.stopped_at_limit else "completed"
@@ -154,9 +179,12 @@ class Runner:
             raise
         finally:
             self._flush()
+            self.tools.close()
+            notes = {**(self.store.get_run(self.run_id)["notes"] or {}),
+                     "ignored_fields": dict(self.ignored),
+                     "tool_errors": self.store.tool_error_counts(self.run_id)}
             self.store.update_run(self.run_id, status=status, finished_at=_now(),
-                                  n_requests=self.skipped + n_lines,
-                                  notes={"ignored_fields": dict(self.ignored)})
+                                  n_requests=self.skipped + n_lines, notes=notes)
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored)
 
@@ -170,14 +198,31 @@ class Runner:
             if line.line_no not in done:
                 yield line
 
-    def _admit(self, line: InputLine) -> None:
-        admission = admit(line, self.store, self.options.prompt, self.options.session, self.run_id)
+    def _num_inflight(self) -> int:
+        return len(self.sessions) + len(self.awaiting) + len(self.listing) + len(self.pending)
+
+    def _read(self, line: InputLine) -> None:
+        admission = prepare(line, self.store, self.run_id, self.catalog)
         if admission.result is not None:
             self._finished(admission.result)
             return
-        session = admission.session
-        session.start()
-        self._submit_turn(session)
+        self.listing.append((admission.prepared, self.tools.listings(admission.prepared.registry)))
+
+    def _admit_listed(self) -> None:
+        """Admit the lines whose MCP servers are listed (at once for lines without any)."""
+        waiting = []
+        for prepared, futures in self.listing:
+            if not all(future.done() for future in futures.values()):
+                waiting.append((prepared, futures))
+                continue
+            listings = {label: future.result() for label, future in futures.items()}
+            admission = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
+            if admission.result is not None:
+                self._finished(admission.result)
+                continue
+            admission.session.start()
+            self._submit_turn(admission.session)
+        self.listing = waiting
 
     def _submit_turn(self, session: Session) -> None:
         try:
@@ -204,17 +249,38 @@ class Runner:
             call = session.end_turn()
             if call is None:
                 self._complete(session)
-                continue
-            started_at, clock = _now(), time.monotonic()
-            output, error = run_tool(call)
-            session.add_tool_result(output, error, started_at=started_at,
-                                    duration_s=time.monotonic() - clock)
+            else:
+                self._start_tool_call(session, call)
+
+    # -- tools ------------------------------------------------------------
+    def _start_tool_call(self, session: Session, call: PendingToolCall) -> None:
+        refused = None
+        if call.over_limit:
+            refused = rejection("max_tool_calls", f"max_tool_calls ({session.body['max_tool_calls']}) "
+                                                  "reached: answer without calling more tools")
+        future = self.tools.submit(session.response_id, call.target, call.recipient, call.arguments,
+                                   session.registry, refused)
+        self.awaiting[future] = session
+
+    def _resume_tool_calls(self, block: bool) -> None:
+        """Sessions whose tool answered continue with their next turn (or end)."""
+        if block:
+            futures = list(self.awaiting) + [f for _, fs in self.listing for f in fs.values()]
+            if futures:
+                wait_futures(futures, timeout=TOOL_WAIT_S, return_when=FIRST_COMPLETED)
+        for future in [f for f in self.awaiting if f.done()]:
+            session = self.awaiting.pop(future)
+            outcome = future.result()
+            session.add_tool_result(outcome.output, outcome.error, error_kind=outcome.error_kind,
+                                    error_code=outcome.error_code, started_at=outcome.started_at or _now(),
+                                    duration_s=outcome.duration_s)
             if session.outcome is None:
                 self._submit_turn(session)
             else:
                 self._complete(session)
 
     def _complete(self, session: Session) -> None:
+        self.tools.release(session.response_id)
         response = session.finish()
         self.tokens["input"] += response["usage"]["input_tokens"]
         self.tokens["output"] += response["usage"]["output_tokens"]

@@ -17,6 +17,7 @@ from batch.reader import InputLine
 from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, HarmonyError, TokenParser, render_tool_output
 from batch.response import TurnMetrics, build_response, usage_from_turns
 from engine.backend import RequestOutput, SamplingParams
+from tools.dispatch import web_search_action
 from tools.registry import ToolRegistry, ToolTarget
 
 _KIND_OF_TOOL = {
@@ -47,6 +48,7 @@ class PendingToolCall:
     target: ToolTarget | None  # None: the recipient names no enabled tool
     recipient: str
     arguments: str
+    over_limit: bool = False  # the response already made `max_tool_calls` calls: not run
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Session:
     tool_calls: list[dict] = field(default_factory=list)
     outcome: Outcome | None = None
     pending: PendingToolCall | None = None
+    forced_prefix: list[int] = field(default_factory=list)  # tool_choice: the header the prompt ends with
 
     def __post_init__(self) -> None:
         self.events = ResponseEvents(self.response_id)
@@ -102,6 +105,8 @@ class Session:
 
     def start(self) -> None:
         self.events.start(self._response("in_progress"))
+        for listing in self.registry.listings:
+            self.events.list_tools(listing.server_label, listing.tools, listing.error)
         self._begin_turn()
 
     def _begin_turn(self) -> None:
@@ -113,6 +118,9 @@ class Session:
         self.turns.append(turn)
         self._completion = []
         self._parser = TokenParser()
+        if previous is None:  # the prompt ends inside the forced assistant header
+            for token_id in self.forced_prefix:
+                self._parser.feed(token_id)
 
     def sampling(self) -> SamplingParams:
         """Sampling for the current turn: the output budget left, harmony's stop tokens."""
@@ -198,25 +206,29 @@ class Session:
             self.outcome = Outcome("failed", f"response exceeded {self.options.max_turns} model turns")
             return None
         text = "".join(getattr(c, "text", "") for c in message.content)
-        self.pending = PendingToolCall(target, message.recipient, text)
+        limit = self.body.get("max_tool_calls")
+        num_calls = sum(1 for call in self.tool_calls if call["error_kind"] != "max_tool_calls")
+        self.pending = PendingToolCall(target, message.recipient, text,
+                                       over_limit=limit is not None and num_calls >= limit)
         return self.pending
 
-    def add_tool_result(self, output: str | None, error: str | None, *,
-                        started_at=None, duration_s: float = 0.0) -> None:
+    def add_tool_result(self, output: str | None, error: str | None, *, error_kind: str | None = None,
+                        error_code: int | None = None, started_at=None, duration_s: float = 0.0) -> None:
         """The tool answered: complete its item and extend the prompt for the next turn."""
         call = self.pending
         if call is None:
             raise RuntimeError("add_tool_result without a pending tool call")
         item_id = None
         if call.target is not None:
-            item_id = self.events.tool_result(output=output, error=error)["id"]
+            item_id = self._complete_tool_item(call, output, error, error_kind, error_code)
         self.tool_calls.append({
             "call_id": item_id, "tool_type": call.target.tool_type if call.target else None,
             "server_label": call.target.server_label if call.target else None,
             "name": call.target.name if call.target else call.recipient,
             "arguments": call.arguments, "output": output,
             "status": "failed" if error else "completed", "error": error,
-            "started_at": started_at, "duration_s": duration_s})
+            "started_at": started_at, "duration_s": duration_s,
+            "error_kind": (error_kind or "tool_error") if error else None})
         answer = output if error is None else f"Error: {error}"
         self.prompt_token_ids = (self.prompt_token_ids + self._completion
                                  + render_tool_output(call.recipient, answer or ""))
@@ -225,6 +237,14 @@ class Session:
             self.outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
             return
         self._begin_turn()
+
+    def _complete_tool_item(self, call: PendingToolCall, output, error, error_kind, error_code) -> str:
+        extra = {}
+        if call.target.tool_type == "web_search":
+            extra["action"] = web_search_action(call.target.name, call.arguments)
+        if call.target.tool_type == "mcp" and error and error_kind != "tool_error":
+            error = {"type": "mcp_protocol_error", "code": error_code or -32603, "message": error}
+        return self.events.tool_result(output=output, error=error, **extra)["id"]
 
     # -- the end ----------------------------------------------------------
     def fail(self, message: str) -> None:

@@ -6,6 +6,11 @@ live in the `functions` namespace, MCP servers in a namespace named by their
 `server_label`. An MCP server whose label names a built-in tool (`code_interpreter`,
 `python`, `browser`, ...) is served by the built-in tool's harmony section, so
 `to=python` becomes an `mcp_call` on that label, as vLLM does.
+
+An MCP server's tools are known only once it is listed: `add_listing()` (filtered by
+the tool's `allowed_tools`) must come before the prompt is rendered. `tool_choice`
+other than auto/none is turned into a forced recipient (`forced_recipient()`): the
+prompt then ends with the assistant header that names it.
 """
 
 from __future__ import annotations
@@ -14,9 +19,14 @@ from dataclasses import dataclass, field
 
 from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
+from tools.servers import BROWSER_LABELS, PYTHON_LABELS
+
 BROWSER_ACTIONS = ("search", "open", "find")
-_PYTHON_LABELS = {"code_interpreter", "python"}
-_BROWSER_LABELS = {"browser", "web_search", "web_search_preview"}
+_HARMONY_NAMES = {"python": ("python",), "browser": BROWSER_ACTIONS}
+
+
+class ToolChoiceError(ValueError):
+    """`tool_choice` names a tool the request does not enable."""
 
 
 @dataclass(frozen=True)
@@ -29,19 +39,31 @@ class ToolTarget:
 
 
 @dataclass
+class ServerListing:
+    """One MCP server's tools as a response's `mcp_list_tools` item shows them."""
+
+    server_label: str
+    tools: list[dict]
+    error: str | None = None
+
+
+@dataclass
 class ToolRegistry:
     """The tools one request enabled, as harmony renders and resolves them."""
 
     functions: dict[str, dict] = field(default_factory=dict)
     python_label: str | None = None      # None: python off; "" built-in; else MCP label
     browser_label: str | None = None
-    mcp_servers: dict[str, dict] = field(default_factory=dict)
+    mcp_servers: dict[str, dict] = field(default_factory=dict)  # namespaced (non built-in) servers
     mcp_tools: dict[str, list[ToolDescription]] = field(default_factory=dict)
+    mcp_definitions: dict[str, dict] = field(default_factory=dict)  # every mcp tool, by label
+    listings: list[ServerListing] = field(default_factory=list)
+    tool_choice: object = "auto"
 
     @classmethod
     def from_tools(cls, tools: list[dict] | None, tool_choice: object = "auto") -> "ToolRegistry":
         """Registry for a request's `tools` (plain dicts); `tool_choice: none` enables nothing."""
-        registry = cls()
+        registry = cls(tool_choice=tool_choice)
         if tool_choice == "none":
             return registry
         for tool in tools or []:
@@ -58,12 +80,45 @@ class ToolRegistry:
             self.browser_label = ""
         elif kind == "mcp":
             label = tool["server_label"]
-            if label in _PYTHON_LABELS:
+            self.mcp_definitions[label] = tool
+            if label in PYTHON_LABELS:
                 self.python_label = label
-            elif label in _BROWSER_LABELS:
+            elif label in BROWSER_LABELS:
                 self.browser_label = label
             else:
                 self.mcp_servers[label] = tool
+
+    # -- MCP listings -----------------------------------------------------
+    def add_listing(self, label: str, tools: list | None, error: str | None = None) -> None:
+        """A server's listed tools (mcp.types.Tool), kept as `allowed_tools` permits."""
+        kept = [tool for tool in tools or [] if self.allows(label, tool.name, tool.annotations)]
+        self.listings.append(ServerListing(label, [_listed(tool) for tool in kept], error))
+        if label in self.mcp_servers and error is None:
+            self.mcp_tools[label] = [ToolDescription.new(t.name, t.description or "",
+                                                         parameters=t.input_schema) for t in kept]
+
+    def allows(self, label: str, name: str, annotations=None) -> bool:
+        """Whether the mcp tool `label` lets the model call `name` (its `allowed_tools`)."""
+        builtin = "python" if label in PYTHON_LABELS else "browser" if label in BROWSER_LABELS else None
+        if builtin is not None and name not in _HARMONY_NAMES[builtin]:
+            return False
+        allowed = self.mcp_definitions.get(label, {}).get("allowed_tools")
+        if allowed is None:
+            return True
+        if isinstance(allowed, list):
+            return name in allowed
+        names = allowed.get("tool_names")
+        if names is not None and name not in names:
+            return False
+        if allowed.get("read_only"):
+            return bool(annotations is not None and getattr(annotations, "read_only_hint", False))
+        return True
+
+    def listed_names(self, label: str) -> set[str] | None:
+        """Names the model was shown for a namespaced server; None when it was not listed."""
+        if label not in self.mcp_tools:
+            return None
+        return {tool.name for tool in self.mcp_tools[label]}
 
     # -- rendering --------------------------------------------------------
     def add_to_system(self, content: SystemContent) -> SystemContent:
@@ -89,6 +144,52 @@ class ToolRegistry:
     def has_developer_tools(self) -> bool:
         return bool(self.functions or self.mcp_tools)
 
+    # -- tool_choice ------------------------------------------------------
+    def forced_recipient(self) -> tuple[str, str] | None:
+        """(channel, recipient prefix) the first turn must address, or None to let the model choose.
+
+        A named function/mcp/hosted tool is forced by name (an mcp choice without a
+        name forces the server's namespace). `required` forces the one callable
+        recipient when there is just one, else only that some recipient follows.
+        """
+        choice = self.tool_choice
+        if choice in ("auto", "none"):
+            return None
+        if choice == "required":
+            return self._required()
+        kind = choice["type"]
+        if kind == "function":
+            if choice["name"] not in self.functions:
+                raise ToolChoiceError(f"tool_choice: no function tool named {choice['name']!r} in tools")
+            return "commentary", f"functions.{choice['name']}"
+        if kind == "mcp":
+            return "commentary", self._mcp_choice(choice["server_label"], choice.get("name"))
+        label = self.python_label if kind == "code_interpreter" else self.browser_label
+        if label is None:
+            raise ToolChoiceError(f"tool_choice: {kind} is not among the request's tools")
+        return "analysis", "python" if kind == "code_interpreter" else "browser."
+
+    def _mcp_choice(self, label: str, name: str | None) -> str:
+        if label not in self.mcp_definitions:
+            raise ToolChoiceError(f"tool_choice: no mcp tool with server_label {label!r} in tools")
+        if label in PYTHON_LABELS:
+            return "python"
+        namespace = "browser" if label in BROWSER_LABELS else label
+        if name is not None and not self.allows(label, name):
+            raise ToolChoiceError(f"tool_choice: tool {name!r} is not allowed on server {label!r}")
+        return f"{namespace}.{name}" if name else f"{namespace}."
+
+    def _required(self) -> tuple[str, str]:
+        recipients = [f"functions.{name}" for name in self.functions]
+        recipients += [f"{label}.{tool.name}" for label, tools in self.mcp_tools.items() for tool in tools]
+        hosted = ["python"] if self.python_label is not None else []
+        hosted += [f"browser.{a}" for a in BROWSER_ACTIONS] if self.browser_label is not None else []
+        if not recipients and not hosted:
+            raise ToolChoiceError("tool_choice: required, but the request enables no tools")
+        if len(recipients) + len(hosted) == 1:
+            return ("commentary" if recipients else "analysis"), (recipients + hosted)[0]
+        return ("commentary" if recipients else "analysis"), ""
+
     # -- resolving --------------------------------------------------------
     def resolve(self, recipient: str) -> ToolTarget | None:
         """The tool a harmony recipient names, or None when no enabled tool has that name."""
@@ -103,6 +204,19 @@ class ToolRegistry:
             return ToolTarget("mcp", name, namespace)
         return None
 
+    def names_a_disabled_tool(self, recipient: str) -> bool:
+        """A built-in tool the request did not enable (`python`, `browser.*`)."""
+        namespace, _, name = recipient.partition(".")
+        return ((recipient == "python" and self.python_label is None)
+                or (namespace == "browser" and name in BROWSER_ACTIONS and self.browser_label is None))
+
     @staticmethod
     def _builtin(tool_type: str, name: str, label: str) -> ToolTarget:
         return ToolTarget("mcp", name, label) if label else ToolTarget(tool_type, name)
+
+
+def _listed(tool) -> dict:
+    """An mcp.types.Tool as an `mcp_list_tools` entry (openai McpListToolsTool)."""
+    annotations = tool.annotations.model_dump(mode="json", exclude_none=True) if tool.annotations else None
+    return {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema,
+            "annotations": annotations}

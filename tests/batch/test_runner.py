@@ -32,8 +32,6 @@ SCRIPTS = {
                 final("Sorry.")],
 }
 FIXED = {keyword: [final("fixed")] for keyword in SCRIPTS}
-CANNOT_RUN = ("the code_interpreter tool 'python' cannot run: "
-              "this batchrun has no hosted tool execution yet")
 
 
 def user_text(prompt_text):
@@ -184,7 +182,7 @@ def test_prompt_too_long_for_the_engine_fails_that_request(tmp_path, store):
 
 # -- hosted tools -----------------------------------------------------------
 
-def test_hosted_python_call_is_answered_with_an_error_and_decoding_goes_on(tmp_path, store):
+def test_hosted_python_call_runs_on_the_builtin_server_and_decoding_goes_on(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl",
                        [request("c1", "python", tools=[{"type": "code_interpreter"}])])
     backend = backend_for()
@@ -197,8 +195,7 @@ def test_hosted_python_call_is_answered_with_an_error_and_decoding_goes_on(tmp_p
     prefix = first.prompt_token_ids + completion
     assert second.prompt_token_ids[:len(prefix)] == prefix
     answer = harmony_encoding().decode_utf8(second.prompt_token_ids[len(prefix):])
-    assert answer == (f"<|start|>python to=assistant<|channel|>commentary<|message|>Error: {CANNOT_RUN}"
-                      "<|end|><|start|>assistant")
+    assert answer == "<|start|>python to=assistant<|channel|>commentary<|message|>1\n<|end|><|start|>assistant"
     assert second.sampling.max_tokens == 4096 - len(completion)
 
     turns = rows(store, "SELECT turn, prompt_tokens, output_tokens, tool_output_tokens FROM turns "
@@ -208,7 +205,7 @@ def test_hosted_python_call_is_answered_with_an_error_and_decoding_goes_on(tmp_p
                      (1, len(second.prompt_token_ids), len(backend.completion_ids(second.request_id)),
                       num_answer)]
     assert rows(store, "SELECT tool_type, name, arguments, output, status, error FROM tool_calls") == [
-        ("code_interpreter", "python", "print(1)", None, "failed", CANNOT_RUN)]
+        ("code_interpreter", "python", "print(1)", "1\n", "completed", None)]
     [(status, response, tool_output_tokens)] = rows(
         store, "SELECT status, response, tool_output_tokens FROM responses")
     response = json.loads(response)
@@ -216,6 +213,7 @@ def test_hosted_python_call_is_answered_with_an_error_and_decoding_goes_on(tmp_p
     assert [item["type"] for item in response["output"]] == [
         "reasoning", "code_interpreter_call", "message"]
     assert response["output"][1]["code"] == "print(1)"
+    assert response["output"][1]["outputs"] == [{"type": "logs", "logs": "1\n"}]
     assert response["output"][2]["content"][0]["text"] == "It could not run."
 
 
@@ -335,7 +333,7 @@ def test_bad_lines_are_invalid_and_ignored_fields_are_noted(tmp_path, store):
     assert (custom_id, status) == ("line-2", "invalid")
     assert error.startswith("line 2: invalid JSON at column 2")
     run_row = store.get_run(summary.run_id)
-    assert run_row["notes"] == {"ignored_fields": {"stream": 2, "store": 1}}
+    assert run_row["notes"] == {"ignored_fields": {"stream": 2, "store": 1}, "tool_errors": {}}
     assert summary.ignored_fields == Counter(stream=2, store=1)
     assert run_row["n_requests"] == 3
 
@@ -344,6 +342,6 @@ def test_resumed_run_keeps_counting_ignored_fields_of_earlier_lines(tmp_path, st
     lines = [request("c1", "short", stream=True, store=False), request("c2", "short", stream=True)]
     path = write_input(tmp_path / "in.jsonl", lines)
     first = run(store, backend_for(), path, limit=1)
-    assert store.get_run(first.run_id)["notes"] == {"ignored_fields": {"stream": 1, "store": 1}}
+    assert store.get_run(first.run_id)["notes"]["ignored_fields"] == {"stream": 1, "store": 1}
     run(store, backend_for(), path, resume=first.run_id)
-    assert store.get_run(first.run_id)["notes"] == {"ignored_fields": {"stream": 2, "store": 1}}
+    assert store.get_run(first.run_id)["notes"]["ignored_fields"] == {"stream": 2, "store": 1}

@@ -1,0 +1,108 @@
+"""`batchrun submit` end to end with tools: real MCP server processes (stdio from
+--mcp-config, streamable HTTP from a request's server_url) and the built-in python
+server, decoded by the scripted backend (the random checkpoint's text never calls a tool).
+"""
+
+import hashlib
+import json
+import sys
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+import engine.backend
+from batch.cli import main
+from tests.fakes import ScriptedBackend
+from tests.mcp_servers import REPO, echo_http
+from tests.oracles import validate_event, validate_response
+
+SECRET = "sk-never-stored-8e1f"
+TOKEN = "oauth-never-stored-77c2"
+
+
+def completion(user: str, turn: int) -> str:
+    if turn == 1:
+        return "<|channel|>final<|message|>Done.<|return|>"
+    think = "<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant"
+    if "python" in user:
+        return think + "<|channel|>analysis to=python code<|message|>print(6 * 7)<|call|>"
+    label = "echo" if "stdio" in user else "web"
+    name, arguments = ("header", '{"name": "x-token"}') if "header" in user else ("add", '{"a": 1, "b": 2}')
+    return think + f"<|channel|>commentary to={label}.{name} <|constrain|>json<|message|>{arguments}<|call|>"
+
+
+def script(prompt_text: str, turn: int) -> str:
+    user = prompt_text.rsplit("<|start|>user<|message|>", 1)[1].split("<|end|>", 1)[0]
+    return completion(user, turn)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """`batchrun submit` decodes with the scripted backend (any --model directory will do)."""
+    monkeypatch.setattr(engine.backend, "check_model_dir", lambda _: {"hidden_size": 4096})
+    monkeypatch.setattr(engine.backend, "load_backend", lambda *a, **kw: ScriptedBackend(script))
+
+
+def rows(db, query):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.sql(query).fetchall()
+
+
+def test_submit_runs_stdio_http_and_builtin_tools(tmp_path, scripted, monkeypatch):
+    monkeypatch.setenv("ECHO_MODULE", "tests.tools.echo_server")
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"echo": {
+        "command": sys.executable, "args": ["-m", "${ECHO_MODULE}"], "cwd": str(REPO)}}}))
+    with echo_http() as url:
+        web = {"type": "mcp", "server_label": "web", "server_url": url,
+               "headers": {"X-Token": SECRET}, "authorization": TOKEN}
+        lines = [{"custom_id": "stdio", "input": "stdio add", "tools": [{"type": "mcp", "server_label": "echo"}]},
+                 {"custom_id": "http", "input": "http add", "tools": [web]},
+                 {"custom_id": "header", "input": "http header", "tools": [web]},
+                 {"custom_id": "python", "input": "python",
+                  "tools": [{"type": "mcp", "server_label": "code_interpreter", "server_url": "IGNORED"}]}]
+        source = tmp_path / "in.jsonl"
+        source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        db = tmp_path / "out.duckdb"
+        result = CliRunner().invoke(main, ["submit", str(source), "--db", str(db), "--model", str(tmp_path),
+                                           "--mcp-config", str(config), "--tool-timeout", "20", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT custom_id, status FROM responses ORDER BY custom_id") == [
+        ("header", "completed"), ("http", "completed"), ("python", "completed"), ("stdio", "completed")]
+
+    calls = rows(db, "SELECT r.custom_id, t.tool_type, t.server_label, t.name, t.output, t.status "
+                     "FROM tool_calls t JOIN responses r USING (response_id) ORDER BY 1")
+    assert calls == [
+        ("header", "mcp", "web", "header", hashlib.sha256(SECRET.encode()).hexdigest(), "completed"),
+        ("http", "mcp", "web", "add", "3", "completed"),
+        ("python", "mcp", "code_interpreter", "python", "42\n", "completed"),
+        ("stdio", "mcp", "echo", "add", "3", "completed")]
+    turns = rows(db, "SELECT count(*), count(DISTINCT response_id), sum(tool_output_tokens > 0) FROM turns")
+    assert turns == [(8, 4, 4)]  # two turns each; the second starts with the tool's answer
+
+    for response_id, response in rows(db, "SELECT response_id, response FROM responses"):
+        response = json.loads(response)
+        validate_response(response)
+        assert [i["type"] for i in response["output"]] == ["mcp_list_tools", "reasoning", "mcp_call", "message"]
+        events = rows(db, f"SELECT payload FROM events WHERE response_id = '{response_id}' ORDER BY sequence_number")
+        for (payload,) in events:
+            validate_event(json.loads(payload))
+
+    for table in ("requests", "responses", "events", "tool_calls", "runs", "turns"):
+        dump = str(rows(db, f"SELECT COLUMNS(*)::VARCHAR FROM {table}"))
+        assert SECRET not in dump and TOKEN not in dump, table
+    assert "[redacted]" in str(rows(db, "SELECT body FROM requests WHERE custom_id = 'http'"))
+    [(options,)] = rows(db, "SELECT options FROM runs")
+    assert json.loads(options)["mcp_servers"] == ["echo"]
+
+
+def test_bad_mcp_config_exits_1(tmp_path, scripted):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"x": {"url": "http://h/mcp", "headers": {"A": "${NOPE_UNSET}"}}}}))
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"input": "hi"}\n')
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "o.duckdb"),
+                                       "--model", str(tmp_path), "--mcp-config", str(config)])
+    assert result.exit_code == 1
+    assert "mcpServers.x: environment variable NOPE_UNSET is not set" in result.output

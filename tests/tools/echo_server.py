@@ -1,0 +1,73 @@
+"""A tiny MCP server for the tool-client tests, over stdio or streamable HTTP.
+
+    python -m tests.tools.echo_server [--http PORT]
+
+Tools: `add(a, b)`, `sleep(seconds)` (answers "slept"), `fail(message)` (an is_error
+result), `crash()` (the process exits: the client must restart it), `header(name)`
+(the sha256 of an HTTP request header's value, so tests can check a secret arrived
+without storing it; "absent" when missing or over stdio), `pid()` (the server's pid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("echo", instructions="Test tools.")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+async def sleep(seconds: float) -> str:
+    """Sleep, then answer."""
+    await asyncio.sleep(seconds)
+    return "slept"
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Always fails with `message`."""
+    raise ValueError(message)
+
+
+@server.tool()
+def crash() -> str:
+    """The server process dies."""
+    os._exit(3)
+
+
+@server.tool()
+def header(name: str, ctx: Context) -> str:
+    """The sha256 of an HTTP request header's value ("absent" when missing or over stdio)."""
+    request = ctx.request_context.request
+    value = None if request is None else request.headers.get(name)
+    return "absent" if value is None else hashlib.sha256(value.encode()).hexdigest()
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on this port")
+    args = parser.parse_args()
+    if args.http:
+        server.run("streamable-http", host="127.0.0.1", port=args.http)
+    else:
+        server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""ToolClient against real MCP server processes: stdio and streamable HTTP, faults included."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+
+from tests.mcp_servers import echo_http, echo_stdio
+from tools.client import ToolClient
+from tools.servers import ServerSpec
+
+SECRET = "tok-not-stored-4711"
+
+
+@pytest.fixture(scope="module")
+def http_url():
+    with echo_http() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client():
+    with ToolClient(call_timeout_s=10) as client:
+        yield client
+
+
+def call(client, spec, tool, timeout_s=None, **arguments):
+    return client.call(spec, tool, arguments, timeout_s).result(timeout=30)
+
+
+def test_stdio_list_call_and_tool_errors(client):
+    spec = echo_stdio()
+    listing = client.list_tools(spec).result(timeout=30)
+    assert listing.error is None
+    assert {"add", "sleep", "fail", "crash"} <= {tool.name for tool in listing.tools}
+    assert client.list_tools(spec) is client.list_tools(spec)  # cached per run
+    done = call(client, spec, "add", a=2, b=3)
+    assert (done.output, done.error, done.error_kind) == ("5", None, None)
+    assert done.started_at is not None and done.duration_s >= 0
+    failed = call(client, spec, "fail", message="boom")
+    assert failed.output is None and failed.error_kind == "tool_error" and "fail" in failed.error
+    wrong = call(client, spec, "add", a="x")
+    assert wrong.error_kind == "tool_error" and "validation error" in wrong.error
+
+
+def test_calls_run_concurrently_on_one_connection(client):
+    spec = echo_stdio()
+    call(client, spec, "add", a=0, b=0)  # started
+    start = time.monotonic()
+    futures = [client.call(spec, "sleep", {"seconds": 1}) for _ in range(8)]
+    assert [f.result(timeout=30).output for f in futures] == ["slept"] * 8
+    assert time.monotonic() - start < 4
+
+
+def test_timeout_fails_the_call_and_the_server_stays_usable(client):
+    spec = echo_stdio()
+    slow = call(client, spec, "sleep", timeout_s=0.3, seconds=5)
+    assert slow.error_kind == "timeout" and slow.error == "the tool call timed out after 0.3 s"
+    assert call(client, spec, "add", a=1, b=1).output == "2"
+
+
+def test_a_crashed_stdio_server_fails_the_call_and_is_restarted(client):
+    spec = echo_stdio()
+    first_pid = call(client, spec, "pid").output
+    crashed = call(client, spec, "crash")
+    assert crashed.error_kind == "connection_lost" and "restarted" in crashed.error
+    second_pid = call(client, spec, "pid").output
+    assert second_pid and second_pid != first_pid
+
+
+def test_a_server_that_cannot_start_fails_its_calls(client):
+    spec = ServerSpec("nothing", command=("/nonexistent/mcp-server",))
+    outcome = call(client, spec, "add", a=1, b=2)
+    assert outcome.error_kind == "unreachable" and "nothing" in outcome.error
+    assert client.list_tools(spec).result(timeout=30).error.startswith(
+        "cannot list the tools of MCP server 'nothing': ")
+
+
+def test_http_with_headers_and_unreachable_urls(client, http_url):
+    spec = ServerSpec("web", url=http_url, headers=(("X-Token", SECRET),))
+    assert SECRET not in repr(spec) and SECRET not in spec.describe()
+    assert call(client, spec, "add", a=20, b=22).output == "42"
+    assert call(client, spec, "header", name="x-token").output == hashlib.sha256(SECRET.encode()).hexdigest()
+    start = time.monotonic()
+    futures = [client.call(spec, "sleep", {"seconds": 1}) for _ in range(8)]
+    assert [f.result(timeout=30).output for f in futures] == ["slept"] * 8
+    assert time.monotonic() - start < 4
+
+    dead = ServerSpec("dead", url="http://127.0.0.1:9/mcp", headers=(("X-Token", SECRET),))
+    outcome = call(client, dead, "add", a=1, b=2)
+    assert outcome.error_kind == "unreachable" and SECRET not in outcome.error
+    assert call(client, spec, "add", a=1, b=2).output == "3"  # the other server is unaffected
+
+
+def test_closing_stops_stdio_servers():
+    client = ToolClient()
+    pid = int(client.call(echo_stdio(), "pid", {}).result(timeout=30).output)
+    client.close()
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    with pytest.raises(RuntimeError, match="closed"):
+        client.call(echo_stdio(), "pid", {})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,266 @@
+"""MCP connections of one run, on one asyncio event loop in a background thread.
+
+`ToolClient` keeps one MCP session per server (`ServerSpec`): stdio servers run as
+child processes, HTTP servers are reached with their headers. Its methods are
+thread-safe and return `concurrent.futures.Future`s, so the runner's thread keeps
+stepping the engine while any number of calls run at once. A call never raises:
+its `CallOutcome` carries the output or the error and its kind.
+
+Faults: a server whose connection breaks (a crashed stdio process, a dropped HTTP
+session) fails the calls in flight on it; the next call starts a fresh connection
+(a new process). A server that cannot be reached fails each call to it, not the run.
+A call that runs past the per-call timeout fails with kind `timeout`.
+Listings are cached per run, failures included, so every response of a run sees the
+same tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from concurrent.futures import Future
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import CallToolResult, Tool
+
+from tools.servers import ServerSpec
+
+CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
+REQUEST_TIMEOUT = -32001
+
+
+@dataclass
+class Listing:
+    """A server's tools, or why they could not be listed."""
+
+    tools: list[Tool] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class CallOutcome:
+    """What one tool call returned: the text for the model, or an error and its kind."""
+
+    output: str | None = None
+    error: str | None = None
+    error_kind: str | None = None  # see tools/dispatch.py ERROR_KINDS
+    error_code: int | None = None  # an MCP/JSON-RPC error code, when there is one
+    started_at: datetime | None = None
+    duration_s: float = 0.0
+
+
+class _Connection:
+    """One live MCP session, held open by a task of its own (anyio scopes stay in one task)."""
+
+    def __init__(self, spec: ServerSpec, errlog: IO[str], connect_timeout_s: float):
+        self.spec, self.errlog, self.connect_timeout_s = spec, errlog, connect_timeout_s
+        self.client: Client | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.client is not None and self._task is not None and not self._task.done()
+
+    async def open(self) -> Client:
+        ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._hold(ready))
+        try:
+            self.client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout_s)
+        except BaseException:
+            await self.close()
+            raise
+        return self.client
+
+    async def _hold(self, ready: asyncio.Future) -> None:
+        try:
+            async with AsyncExitStack() as stack:
+                client = await stack.enter_async_context(Client(await self._transport(stack)))
+                ready.set_result(client)
+                await self._stop.wait()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `ready`
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
+        finally:
+            self.client = None
+
+    async def _transport(self, stack: AsyncExitStack):
+        spec = self.spec
+        if spec.is_stdio:
+            params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
+                                           env=dict(spec.env) or None, cwd=spec.cwd)
+            return stdio_client(params, errlog=self.errlog)
+        # A client we pass in is ours to close: the stack closes it after the session.
+        http = await stack.enter_async_context(create_mcp_http_client(headers=dict(spec.headers) or None))
+        return streamable_http_client(spec.url, http_client=http)
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - closing: nothing to report to
+                self._task.cancel()
+        self.client = None
+
+
+class ToolClient:
+    """The run's MCP connections; call `close()` (or use `with`) to stop servers."""
+
+    def __init__(self, *, call_timeout_s: float = 60.0, connect_timeout_s: float = 30.0,
+                 errlog_path: str | Path | None = None):
+        """`errlog_path`: where stdio servers' stderr goes (appended; default: discarded)."""
+        self.call_timeout_s, self.connect_timeout_s = call_timeout_s, connect_timeout_s
+        self._errlog: IO[str] = open(errlog_path or os.devnull, "a", encoding="utf-8")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="batchrun-tools", daemon=True)
+        self._thread.start()
+        self._connections: dict[ServerSpec, _Connection] = {}
+        self._locks: dict[ServerSpec, asyncio.Lock] = {}
+        self._listings: dict[ServerSpec, Future] = {}
+        self._closed = False
+
+    def __enter__(self) -> "ToolClient":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- the runner's side (any thread) ------------------------------------
+    def list_tools(self, spec: ServerSpec) -> Future:
+        """Future[Listing] of the server's tools, fetched once per run."""
+        if spec not in self._listings:
+            self._listings[spec] = self._submit(self._list(spec))
+        return self._listings[spec]
+
+    def call(self, spec: ServerSpec, name: str, arguments: dict[str, Any],
+             timeout_s: float | None = None) -> Future:
+        """Future[CallOutcome] of one tool call."""
+        return self._submit(self._call(spec, name, arguments, timeout_s or self.call_timeout_s))
+
+    def close(self) -> None:
+        """Close every connection (stdio servers exit) and stop the loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            asyncio.run_coroutine_threadsafe(self._close_all(), self._loop).result(timeout=30)
+        except Exception:  # noqa: BLE001 - a server that will not close must not mask the run's end
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._errlog.close()
+
+    def _submit(self, coroutine) -> Future:
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError("the tool client is closed")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    # -- the loop's side ----------------------------------------------------
+    async def _client(self, spec: ServerSpec) -> Client:
+        async with self._locks.setdefault(spec, asyncio.Lock()):
+            connection = self._connections.get(spec)
+            if connection is None or not connection.is_open:
+                connection = _Connection(spec, self._errlog, self.connect_timeout_s)
+                self._connections[spec] = connection
+                await connection.open()
+            return connection.client
+
+    async def _drop(self, spec: ServerSpec, client: Client | None) -> None:
+        """Forget a broken connection (if still the current one): the next call reconnects."""
+        connection = self._connections.get(spec)
+        if connection is not None and (client is None or connection.client in (client, None)):
+            del self._connections[spec]
+            await connection.close()
+
+    async def _list(self, spec: ServerSpec) -> Listing:
+        try:
+            client = await self._client(spec)
+            tools, cursor = [], None
+            while True:
+                page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
+                tools.extend(page.tools)
+                cursor = page.next_cursor
+                if not cursor:
+                    return Listing(tools)
+        except Exception as exc:  # noqa: BLE001 - every failure is a listing error
+            await self._drop(spec, None)
+            return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: "
+                                 f"{describe_error(exc, spec)}")
+
+    async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float) -> CallOutcome:
+        started_at, clock = datetime.now(timezone.utc), time.monotonic()
+        outcome = await self._call_outcome(spec, name, arguments, timeout_s)
+        outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
+        return outcome
+
+    async def _call_outcome(self, spec: ServerSpec, name: str, arguments: dict,
+                            timeout_s: float) -> CallOutcome:
+        client = None
+        try:
+            client = await self._client(spec)  # (re)starting a server is bounded by connect_timeout_s
+            async with asyncio.timeout(timeout_s):
+                result = await client.call_tool(name, arguments)
+        except TimeoutError:
+            return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s",
+                               error_kind="timeout", error_code=REQUEST_TIMEOUT)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                await self._drop(spec, client)
+                return CallOutcome(error=f"MCP server {spec.label!r} closed the connection "
+                                         f"(it will be restarted): {exc}",
+                                   error_kind="connection_lost", error_code=exc.code)
+            return CallOutcome(error=describe_error(exc, spec), error_kind="protocol_error",
+                               error_code=exc.code)
+        except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, transport errors
+            await self._drop(spec, client)
+            return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
+                               error_kind="unreachable", error_code=CONNECTION_CLOSED)
+        return outcome_of(result)
+
+    async def _close_all(self) -> None:
+        connections, self._connections = list(self._connections.values()), {}
+        await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
+
+def outcome_of(result: CallToolResult) -> CallOutcome:
+    """The text of a tool result; `is_error` results fail with kind `tool_error`."""
+    text = "\n".join(_block_text(block) for block in result.content)
+    if not result.content and result.structured_content is not None:
+        import json
+
+        text = json.dumps(result.structured_content)
+    if result.is_error:
+        return CallOutcome(error=text or "the tool reported an error", error_kind="tool_error")
+    return CallOutcome(output=text)
+
+
+def _block_text(block) -> str:
+    text = getattr(block, "text", None)
+    if text is not None:
+        return text
+    return f"[{getattr(block, 'type', 'content')} content omitted]"
+
+
+def describe_error(exc: BaseException, spec: ServerSpec) -> str:
+    """One line about an exception (exception groups unwrapped), with header values scrubbed."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    for _, value in spec.headers:
+        if value:
+            text = text.replace(value, "[redacted]")
+    return text

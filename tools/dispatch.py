@@ -1,0 +1,144 @@
+"""A model's tool call -> an MCP call on the right server -> a `CallOutcome`.
+
+`ToolDispatcher` is the runner's one handle on tools for a run: it lists the MCP
+servers a request uses (before its prompt is rendered), plans each call (recipient
+and argument text -> server, tool name, JSON arguments), submits it to the
+`ToolClient` and hands back a future, and drops per-response state when a response
+is done. Calls the model got wrong never reach a server: they resolve at once to an
+outcome with a model-caused error kind, which the model reads as the tool's answer.
+
+Built-in tools: `to=python` sends the message text as the code (gpt-oss writes raw
+code, not JSON); `to=browser.search|open|find` sends JSON arguments. Both carry
+`session_id` = the response id, so python state and browser pages live exactly as
+long as one response; `release()` resets them when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.client import CallOutcome, ToolClient
+from tools.registry import ToolRegistry, ToolTarget
+from tools.servers import ServerCatalog, ServerSpec, builtin_kind
+
+# Errors the model caused (the call never ran) and errors of the tool or its server.
+MODEL_ERROR_KINDS = ("invalid_arguments", "unknown_recipient", "not_enabled", "max_tool_calls")
+TOOL_ERROR_KINDS = ("tool_error", "timeout", "unreachable", "connection_lost", "protocol_error")
+INVALID_PARAMS = -32602  # JSON-RPC: the model's arguments or tool name are wrong
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    spec: ServerSpec
+    name: str
+    arguments: dict
+
+
+def rejection(kind: str, message: str) -> CallOutcome:
+    """The outcome of a call the model got wrong (it is not run)."""
+    return CallOutcome(error=message, error_kind=kind, error_code=INVALID_PARAMS)
+
+
+def plan_call(target: ToolTarget | None, recipient: str, text: str, registry: ToolRegistry,
+              catalog: ServerCatalog, session_id: str) -> PlannedCall | CallOutcome:
+    """Where a hosted call goes, or the rejection the model reads."""
+    if target is None:
+        if registry.names_a_disabled_tool(recipient):
+            return rejection("not_enabled", f"the tool {recipient!r} is not enabled for this request")
+        return rejection("unknown_recipient", f"no tool named {recipient!r} is available to this request")
+    label = target.server_label
+    kind = {"code_interpreter": "python", "web_search": "browser"}.get(target.tool_type) or builtin_kind(label or "")
+    if label is not None:
+        if not registry.allows(label, target.name):
+            return rejection("not_enabled", f"the tool {target.name!r} of MCP server {label!r} is not allowed")
+        names = registry.listed_names(label)  # None: built-in, or the listing failed
+        if names is not None and target.name not in names:
+            return rejection("unknown_recipient", f"MCP server {label!r} has no tool {target.name!r}")
+    if kind == "python":
+        return PlannedCall(catalog.builtin("python"), "python", {"code": text, "session_id": session_id})
+    arguments = parse_arguments(text)
+    if isinstance(arguments, CallOutcome):
+        return arguments
+    if kind == "browser":
+        return PlannedCall(catalog.builtin("browser"), target.name, {**arguments, "session_id": session_id})
+    return PlannedCall(catalog.for_tool(registry.mcp_definitions[label]), target.name, arguments)
+
+
+def parse_arguments(text: str) -> dict | CallOutcome:
+    """A call's JSON object arguments (empty text: no arguments), or an invalid_arguments rejection."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return rejection("invalid_arguments", f"the arguments are not valid JSON ({exc}); "
+                                              "send one JSON object")
+    if not isinstance(value, dict):
+        return rejection("invalid_arguments", "the arguments must be a JSON object")
+    return value
+
+
+def web_search_action(name: str, text: str) -> dict:
+    """The `action` of a web_search_call item for a browser call."""
+    arguments = parse_arguments(text)
+    arguments = arguments if isinstance(arguments, dict) else {}
+    if name == "open":
+        link = arguments.get("id")
+        return {"type": "open_page", "url": link if isinstance(link, str) else None}
+    if name == "find":
+        return {"type": "find_in_page", "pattern": str(arguments.get("pattern", "")), "url": ""}
+    return {"type": "search", "query": str(arguments.get("query", ""))}
+
+
+class ToolDispatcher:
+    """Tools of one run: listings, calls, per-response state. Thread: the runner's."""
+
+    def __init__(self, catalog: ServerCatalog | None = None, *, call_timeout_s: float = 60.0,
+                 errlog_path: str | Path | None = None):
+        self.catalog = catalog or ServerCatalog()
+        self.call_timeout_s = call_timeout_s
+        self._errlog_path = errlog_path
+        self._client: ToolClient | None = None  # started on first use
+        self._stateful: dict[str, set[ServerSpec]] = {}  # session id -> built-in servers it used
+
+    @property
+    def client(self) -> ToolClient:
+        if self._client is None:
+            self._client = ToolClient(call_timeout_s=self.call_timeout_s, errlog_path=self._errlog_path)
+        return self._client
+
+    def listings(self, registry: ToolRegistry) -> dict[str, Future]:
+        """label -> Future[Listing] for every mcp tool of a request (unknown servers are skipped)."""
+        futures = {}
+        for label, tool in registry.mcp_definitions.items():
+            try:
+                spec = self.catalog.for_tool(tool)
+            except ValueError:
+                continue  # admission rejects the line
+            futures[label] = self.client.list_tools(spec)
+        return futures
+
+    def submit(self, session_id: str, target: ToolTarget | None, recipient: str, text: str,
+               registry: ToolRegistry, refused: CallOutcome | None = None) -> Future:
+        """Future[CallOutcome] of a hosted call; rejections and `refused` resolve at once."""
+        plan = refused or plan_call(target, recipient, text, registry, self.catalog, session_id)
+        if isinstance(plan, CallOutcome):
+            future: Future = Future()
+            future.set_result(plan)
+            return future
+        if plan.spec.builtin is not None:
+            self._stateful.setdefault(session_id, set()).add(plan.spec)
+        return self.client.call(plan.spec, plan.name, plan.arguments)
+
+    def release(self, session_id: str) -> None:
+        """The response is done: drop its python interpreter and browser pages (not awaited)."""
+        for spec in self._stateful.pop(session_id, ()):
+            self.client.call(spec, "reset", {"session_id": session_id})
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

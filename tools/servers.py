@@ -1,0 +1,193 @@
+"""Which MCP server answers a tool: `--mcp-config` entries, the built-in servers, request urls.
+
+A `ServerSpec` says how to reach one server: a stdio command (started as a child
+process) or a streamable-HTTP url with headers. Its `headers` and `env` may hold
+secrets: they are left out of its repr and of `describe()`, and never stored.
+
+`--mcp-config FILE` is JSON in the common `mcpServers` shape; any string value may
+name environment variables as `${NAME}`, so tokens stay out of the file:
+
+    {"mcpServers": {
+        "docs":  {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}},
+        "local": {"command": "python", "args": ["-m", "my_server"], "env": {"KEY": "${KEY}"}}}}
+
+A request's `mcp` tool resolves, in order: a built-in label (`code_interpreter`/`python`
+-> the python server, `browser`/`web_search`/`web_search_preview` -> the browser server;
+a config entry with that label replaces the built-in command); a config entry with
+its `server_label` (the operator's config wins over the request's `server_url`; the
+request's `headers`/`authorization` still go to an HTTP entry); its `server_url`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PYTHON_LABELS = ("code_interpreter", "python")
+BROWSER_LABELS = ("browser", "web_search", "web_search_preview")
+_BUILTIN_MODULES = {"python": "tools.python_server", "browser": "tools.browser_server"}
+_PASS_THROUGH_ENV = ("BATCHRUN_CORPUS",)  # stdio servers get a minimal environment otherwise
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class McpConfigError(ValueError):
+    """The --mcp-config file is unreadable or malformed (names the entry and field)."""
+
+
+class UnknownServerError(ValueError):
+    """A request's mcp tool names no server this run can reach."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to reach one MCP server. Equal specs share one connection per run."""
+
+    label: str
+    command: tuple[str, ...] = ()  # stdio: executable and arguments
+    url: str | None = None  # streamable HTTP
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    cwd: str | None = None
+    builtin: str | None = None  # "python" | "browser": keeps per-response state by session_id
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == bool(self.url):
+            raise ValueError(f"server {self.label!r}: give exactly one of a command or a url")
+
+    @property
+    def is_stdio(self) -> bool:
+        return bool(self.command)
+
+    def describe(self) -> str:
+        """Safe to log and store: the label and where it runs, no headers or env values."""
+        where = self.url if self.url else " ".join(self.command)
+        return f"{self.label} ({where})"
+
+    def with_headers(self, headers: dict[str, str]) -> "ServerSpec":
+        if not headers or self.is_stdio:
+            return self
+        merged = dict(self.headers) | headers
+        return ServerSpec(self.label, url=self.url, headers=tuple(sorted(merged.items())),
+                          builtin=self.builtin)
+
+
+def builtin_spec(kind: str) -> ServerSpec:
+    """The built-in python or browser server, run from this interpreter."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path} | {k: os.environ[k] for k in _PASS_THROUGH_ENV if k in os.environ}
+    return ServerSpec(kind, command=(sys.executable, "-m", _BUILTIN_MODULES[kind]),
+                      env=tuple(sorted(env.items())), builtin=kind)
+
+
+def builtin_kind(label: str) -> str | None:
+    if label in PYTHON_LABELS:
+        return "python"
+    if label in BROWSER_LABELS:
+        return "browser"
+    return None
+
+
+def request_headers(tool: dict) -> dict[str, str]:
+    """The headers an mcp tool's calls carry: its `headers` and `authorization` (a bearer token)."""
+    headers = dict(tool.get("headers") or {})
+    token = tool.get("authorization")
+    if token:
+        headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
+    return headers
+
+
+class ServerCatalog:
+    """The servers of one run: `--mcp-config` entries and the built-in servers."""
+
+    def __init__(self, config: dict[str, ServerSpec] | None = None):
+        self.config = dict(config or {})
+
+    def builtin(self, kind: str) -> ServerSpec:
+        labels = PYTHON_LABELS if kind == "python" else BROWSER_LABELS
+        for label in labels:
+            if label in self.config:
+                spec = self.config[label]
+                return ServerSpec(spec.label, spec.command, spec.url, spec.headers, spec.env,
+                                  spec.cwd, builtin=kind)
+        return builtin_spec(kind)
+
+    def for_tool(self, tool: dict) -> ServerSpec:
+        """The server of a request's mcp tool; UnknownServerError when there is none."""
+        label = tool["server_label"]
+        kind = builtin_kind(label)
+        if kind is not None:
+            return self.builtin(kind)
+        if label in self.config:
+            return self.config[label].with_headers(request_headers(tool))
+        if tool.get("server_url"):
+            return ServerSpec(label, url=tool["server_url"],
+                              headers=tuple(sorted(request_headers(tool).items())))
+        raise UnknownServerError(f"mcp server {label!r} has no server_url and no --mcp-config entry")
+
+
+# -- --mcp-config -------------------------------------------------------------
+
+def load_mcp_config(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, ServerSpec]:
+    """Parse an `mcpServers` JSON file, expanding `${NAME}`; raises McpConfigError."""
+    environ = os.environ if environ is None else environ
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise McpConfigError(f"--mcp-config {path}: {exc}") from None
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise McpConfigError(f"--mcp-config {path}: expected an object with an 'mcpServers' object")
+    return {label: _spec(f"--mcp-config {path}: mcpServers.{label}", label, entry, environ)
+            for label, entry in servers.items()}
+
+
+def _spec(where: str, label: str, entry: object, environ) -> ServerSpec:
+    if not isinstance(entry, dict) or ("command" in entry) == ("url" in entry):
+        raise McpConfigError(f"{where}: expected an object with either 'command' or 'url'")
+    entry = _expand(where, entry, environ)
+    unknown = set(entry) - {"command", "args", "env", "cwd", "url", "headers", "type"}
+    if unknown:
+        raise McpConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    if "url" in entry:
+        headers = _string_map(where, "headers", entry.get("headers"))
+        return ServerSpec(label, url=_string(where, "url", entry["url"]),
+                          headers=tuple(sorted(headers.items())))
+    args = entry.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise McpConfigError(f"{where}.args: expected a list of strings")
+    env = _string_map(where, "env", entry.get("env"))
+    return ServerSpec(label, command=(_string(where, "command", entry["command"]), *args),
+                      env=tuple(sorted(env.items())), cwd=entry.get("cwd"))
+
+
+def _expand(where: str, value, environ):
+    if isinstance(value, str):
+        def variable(match: re.Match) -> str:
+            if match.group(1) not in environ:
+                raise McpConfigError(f"{where}: environment variable {match.group(1)} is not set")
+            return environ[match.group(1)]
+        return _VARIABLE.sub(variable, value)
+    if isinstance(value, list):
+        return [_expand(where, item, environ) for item in value]
+    if isinstance(value, dict):
+        return {key: _expand(where, item, environ) for key, item in value.items()}
+    return value
+
+
+def _string(where: str, name: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise McpConfigError(f"{where}.{name}: expected a non-empty string")
+    return value
+
+
+def _string_map(where: str, name: str, value) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise McpConfigError(f"{where}.{name}: expected an object of strings")
+    return value
