@@ -15,7 +15,7 @@ import click
 from batch import display
 from batch.harmony import PromptOptions
 from batch.reader import InputFormatError
-from batch.runner import RunError, RunOptions, Runner
+from batch.runner import RunError, RunOptions, Runner, ToolOptions
 from batch.session import SessionOptions
 from batch.store import Store, StoreLockedError
 
@@ -48,8 +48,13 @@ def main() -> None:
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
               envvar="BATCHRUN_MODEL", help="Local HF gpt-oss checkpoint directory [env BATCHRUN_MODEL].")
-@click.option("--backend", default="transformers", show_default=True,
-              type=click.Choice(["transformers"]), help="Decoder to use.")
+@click.option("--backend", default="engine", show_default=True,
+              type=click.Choice(["engine", "transformers"]),
+              help="Decoder: batchrun's paged continuous-batching engine, or the transformers reference.")
+@click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True,
+              help="Memory for the engine's paged KV cache (bounds the context length too).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sequences the engine decodes in one step.")
 @click.option("--run-id", help="Id for a new run (default: generated).")
 @click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
 @click.option("--retry-failed", metavar="RUN_ID", help="Re-run only the failed/incomplete lines of a run.")
@@ -71,6 +76,13 @@ def main() -> None:
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads for torch (default: 1 for tiny models, where more only add "
                    "synchronisation cost; otherwise torch's default).")
+@click.option("--mcp-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='MCP servers by label, JSON {"mcpServers": {LABEL: {"command", "args", "env"} | '
+                   '{"url", "headers"}}}; values may name ${ENV_VARS}. Stdio servers log to DB.tools.log.')
+@click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Seconds one hosted tool call may take before it fails.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Model turns per response at most (each tool call starts a turn).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def submit(input_path: Path, db: str, model_dir: Path | None, backend: str, **kw) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
@@ -79,12 +91,13 @@ def submit(input_path: Path, db: str, model_dir: Path | None, backend: str, **kw
     if model_dir is None:
         _fail("no model: pass --model DIR (a local HF gpt-oss checkpoint) or set BATCHRUN_MODEL")
     options = _run_options(input_path, model_dir, kw)
+    options = RunOptions(**{**options.__dict__, "tools": _tool_options(kw, db)})
     store = _open_store(db)
     try:
         try:
             _set_threads(kw["threads"], check_model_dir(model_dir))
-            engine = load_backend(backend, model_dir, seed=kw["seed"])
-        except ModelLoadError as exc:
+            engine = load_backend(backend, model_dir, **_backend_options(backend, kw))
+        except (ModelLoadError, ValueError) as exc:  # ValueError: engine options that cannot work
             _fail(str(exc))
         options = RunOptions(**{**options.__dict__, "engine_config": engine.describe()})
         with display.progress_bar(input_path, quiet=kw["quiet"]) as progress:
@@ -100,6 +113,13 @@ def submit(input_path: Path, db: str, model_dir: Path | None, backend: str, **kw
     click.echo(display.summary_text(summary, db))
 
 
+def _backend_options(backend: str, kw: dict) -> dict:
+    options = {"seed": kw["seed"]}
+    if backend == "engine":
+        options.update(kv_cache_gb=kw["kv_cache_gb"], max_num_seqs=kw["max_num_seqs"])
+    return options
+
+
 def _set_threads(threads: int | None, config: dict) -> None:
     import torch
 
@@ -107,6 +127,17 @@ def _set_threads(threads: int | None, config: dict) -> None:
         threads = 1
     if threads is not None:
         torch.set_num_threads(threads)
+
+
+def _tool_options(kw: dict, db: str) -> ToolOptions:
+    from tools.servers import McpConfigError, load_mcp_config
+
+    try:
+        servers = load_mcp_config(kw["mcp_config"]) if kw["mcp_config"] else {}
+    except McpConfigError as exc:
+        _fail(str(exc))
+    return ToolOptions(servers=servers, config_path=kw["mcp_config"] and str(kw["mcp_config"]),
+                       call_timeout_s=kw["tool_timeout"], log_path=Path(f"{db}.tools.log"))
 
 
 def _run_options(input_path: Path, model_dir: Path, kw: dict) -> RunOptions:
@@ -120,7 +151,7 @@ def _run_options(input_path: Path, model_dir: Path, kw: dict) -> RunOptions:
                              reasoning_effort=kw["reasoning_effort"]),
         session=SessionOptions(model=model_dir.name, max_output_tokens=kw["max_output_tokens"],
                                seed=kw["seed"], temperature=kw["temperature"],
-                               keep_tokens=kw["keep_tokens"]))
+                               keep_tokens=kw["keep_tokens"], max_turns=kw["max_turns"]))
 
 
 @main.command()
@@ -193,5 +224,14 @@ def make_random_model(directory: Path, seed: int) -> None:
 
     make_random_checkpoint(directory, seed=seed)
     click.echo(f"wrote a random tiny gpt-oss checkpoint to {directory}")
+
+
+# Eval and CI commands (eval, grade, snapshot, check, compare, report) live in evals/.
+from evals.cli import COMMANDS as _EVAL_COMMANDS  # noqa: E402
+
+for _command in _EVAL_COMMANDS:
+    main.add_command(_command)
+
+
 if __name__ == '__main__':
     main()

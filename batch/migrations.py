@@ -67,18 +67,25 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("tool_type", pa.string()), ("server_label", pa.string()), ("name", pa.string()),
         ("arguments", pa.string()), ("output", pa.string()), ("status", pa.string()),
         ("error", pa.string()), _ts("started_at"), ("duration_s", pa.float64()),
+        ("error_kind", pa.string()),
     ]),
     "tokens": pa.schema([
         ("run_id", pa.string()), ("response_id", pa.string()), ("turn", pa.int32()),
         ("prompt_token_ids", pa.list_(pa.int32())),
         ("completion_token_ids", pa.list_(pa.int32())),
     ]),
+    "grades": pa.schema([
+        ("run_id", pa.string()), ("custom_id", pa.string()), ("response_id", pa.string()),
+        ("grader", pa.string()), ("score", pa.float64()), ("passed", pa.bool_()),
+        ("explanation", pa.string()), ("tags", pa.list_(pa.string())), _json("options"),
+        ("suite", pa.string()), _ts("graded_at"),
+    ]),
 }
 
 _DUCKDB_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
     pa.float64(): "DOUBLE", pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
-    pa.list_(pa.int32()): "INTEGER[]",
+    pa.list_(pa.int32()): "INTEGER[]", pa.bool_(): "BOOLEAN", pa.list_(pa.string()): "VARCHAR[]",
 }
 
 
@@ -187,7 +194,71 @@ def m002_views(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
-MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [m001_initial, m002_views]
+def m003_grades(con: duckdb.DuckDBPyConnection) -> None:
+    """Eval grades (one row per response and grader) and dashboard views over them."""
+    con.execute("""
+    -- Written by `batchrun eval` / `batchrun grade`; a run's grades are replaced together.
+    CREATE TABLE grades (
+        run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR,  -- NULL: no response (invalid line)
+        grader VARCHAR, score DOUBLE, passed BOOLEAN, explanation VARCHAR,
+        tags VARCHAR[], options JSON,  -- the grader's options, `expected` included
+        suite VARCHAR, graded_at TIMESTAMPTZ);
+
+    -- One row per graded request: it passes when every one of its graders passed.
+    CREATE VIEW request_grades AS
+    SELECT run_id, custom_id, any_value(tags) AS tags, count(*) AS n_grades,
+           count(*) FILTER (WHERE passed) AS n_passed, bool_and(passed) AS passed,
+           avg(score) AS score
+    FROM grades
+    GROUP BY run_id, custom_id;
+
+    CREATE VIEW pass_rate_per_grader AS
+    SELECT run_id, grader, count(*) AS n_graded, count(*) FILTER (WHERE passed) AS n_passed,
+           n_passed / n_graded AS pass_rate, avg(score) AS mean_score
+    FROM grades
+    GROUP BY run_id, grader;
+
+    -- Requests without tags count under the tag '(untagged)'.
+    CREATE VIEW pass_rate_per_tag AS
+    SELECT run_id, tag, count(*) AS n_requests, count(*) FILTER (WHERE passed) AS n_passed,
+           n_passed / n_requests AS pass_rate
+    FROM (SELECT run_id, passed,
+                 unnest(CASE WHEN len(coalesce(tags, [])) = 0 THEN ['(untagged)']
+                             ELSE tags END) AS tag
+          FROM request_grades)
+    GROUP BY run_id, tag;
+
+    CREATE VIEW run_throughput AS
+    SELECT r.run_id, count(s.response_id) AS n_responses,
+           coalesce(sum(s.output_tokens), 0) AS n_output_tokens,
+           epoch(max(s.created_at) - r.started_at) AS elapsed_s,
+           n_responses / nullif(elapsed_s, 0) AS responses_per_s,
+           n_output_tokens / nullif(elapsed_s, 0) AS output_tokens_per_s
+    FROM runs r LEFT JOIN responses s USING (run_id)
+    GROUP BY r.run_id, r.started_at;
+    """)
+
+
+def m004_tool_error_kind(con: duckdb.DuckDBPyConnection) -> None:
+    """Why a tool call failed, and failures per kind (model-caused ones never ran)."""
+    con.execute("""
+    -- invalid_arguments | unknown_recipient | not_enabled | max_tool_calls (the model's fault),
+    -- tool_error | timeout | unreachable | connection_lost | protocol_error (the tool's).
+    ALTER TABLE tool_calls ADD COLUMN error_kind VARCHAR;
+
+    CREATE VIEW tool_errors_by_kind AS
+    SELECT run_id, error_kind,
+           error_kind IN ('invalid_arguments', 'unknown_recipient', 'not_enabled', 'max_tool_calls')
+               AS is_model_error,
+           count(*) AS n_calls
+    FROM tool_calls
+    WHERE error_kind IS NOT NULL
+    GROUP BY run_id, error_kind;
+    """)
+
+
+MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [m001_initial, m002_views,
+                                                                  m003_grades, m004_tool_error_kind]
 
 
 def _version(migration: Callable) -> int:

@@ -294,6 +294,66 @@ class Store:
             row["payload"] = _loads(row["payload"])
         return rows
 
+    def tool_error_counts(self, run_id: str) -> dict[str, int]:
+        """Failed tool calls of a run per error kind."""
+        rows = self.con.sql("""
+            SELECT error_kind, count(*) FROM tool_calls
+            WHERE run_id = ? AND error_kind IS NOT NULL GROUP BY error_kind ORDER BY error_kind""",
+                            params=[run_id]).fetchall()
+        return dict(rows)
+
+    def iter_run_events(self, run_id: str) -> Iterator[tuple[str, list[dict]]]:
+        """Yield (response_id, event payloads in order) for every response of a run.
+
+        Streams in Arrow batches on a separate cursor, one response at a time.
+        """
+        cursor = self.con.cursor()
+        try:
+            reader = cursor.sql("""
+                SELECT response_id, payload FROM events WHERE run_id = ?
+                ORDER BY response_id, sequence_number""", params=[run_id]).arrow()
+            current, payloads = None, []
+            for batch in reader:
+                for row in batch.to_pylist():
+                    if row["response_id"] != current and current is not None:
+                        yield current, payloads
+                        payloads = []
+                    current = row["response_id"]
+                    payloads.append(_loads(row["payload"]))
+            if current is not None:
+                yield current, payloads
+        finally:
+            cursor.close()
+
+    # -- grades ------------------------------------------------------------
+
+    def write_grades(self, run_id: str, rows: list[dict]) -> None:
+        """Replace every grades row of ``run_id`` with ``rows``, in one transaction.
+
+        ``options`` is a python object; ``run_id`` and ``graded_at`` are filled in.
+        """
+        now = _now()
+        data = arrow_table("grades", [{"graded_at": now, **row, "run_id": run_id} for row in rows])
+        name = self._register(data)
+        try:
+            self.con.begin()
+            try:
+                self.con.execute("DELETE FROM grades WHERE run_id = ?", [run_id])
+                self.con.execute(f"INSERT INTO grades BY NAME SELECT * FROM {name}")
+                self.con.commit()
+            except BaseException:
+                self.con.rollback()
+                raise
+        finally:
+            self.con.unregister(name)
+
+    def grades(self, run_id: str) -> list[dict]:
+        """The grades rows of a run (``options`` decoded), in the order they were written."""
+        rows = self._rows("SELECT * FROM grades WHERE run_id = ? ORDER BY rowid", [run_id])
+        for row in rows:
+            row["options"] = _loads(row["options"])
+        return rows
+
 
 def _decode_response(row: dict) -> dict:
     row["response"] = _loads(row["response"])

@@ -40,15 +40,20 @@ EXPECTED_DDL = {
              "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR",
     "tool_calls": "run_id VARCHAR, response_id VARCHAR, call_id VARCHAR, tool_type VARCHAR, "
                   "server_label VARCHAR, name VARCHAR, arguments VARCHAR, output VARCHAR, "
-                  "status VARCHAR, error VARCHAR, started_at TSTZ, duration_s DOUBLE",
+                  "status VARCHAR, error VARCHAR, started_at TSTZ, duration_s DOUBLE, "
+                  "error_kind VARCHAR",
     "tokens": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, "
               "prompt_token_ids INTEGER[], completion_token_ids INTEGER[]",
+    "grades": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, grader VARCHAR, "
+              "score DOUBLE, passed BOOLEAN, explanation VARCHAR, tags VARCHAR[], "
+              "options JSON, suite VARCHAR, graded_at TSTZ",
 }
 EXPECTED_COLUMNS = {
     table: [tuple(col.split(" ")) for col in ddl.split(", ")]
     for table, ddl in EXPECTED_DDL.items()}
-VIEWS = ["event_type_counts", "latency_percentiles", "request_status_counts",
-         "tool_error_rates", "usage_per_run"]
+VIEWS = ["event_type_counts", "latency_percentiles", "pass_rate_per_grader",
+         "pass_rate_per_tag", "request_grades", "request_status_counts", "run_throughput",
+         "tool_error_rates", "tool_errors_by_kind", "usage_per_run"]
 
 
 # -- factories ---------------------------------------------------------------
@@ -135,7 +140,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
     with Store(path) as store:
         versions = store.con.sql("SELECT version, name FROM schema_migrations "
                                  "ORDER BY version").fetchall()
-        assert versions == [(1, "m001_initial"), (2, "m002_views")]
+        assert versions == [(1, "m001_initial"), (2, "m002_views"), (3, "m003_grades"),
+                            (4, "m004_tool_error_kind")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 

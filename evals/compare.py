@@ -1,0 +1,147 @@
+"""Compare two runs request by request: grades, outputs, usage and latency.
+
+Requests are matched by custom_id. Each gets one change kind, listed in this
+order: ``regression`` (a grader that passed fails now, or with no grades, a
+completed response no longer completes), ``missing`` (only in run A),
+``improvement``, ``changed`` (other output or status), ``new`` (only in run B),
+``same``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+
+from batch.display import table
+from batch.store import Store
+from evals.output import Output
+
+KINDS = ("regression", "missing", "improvement", "changed", "new", "same")
+
+
+@dataclass
+class RequestSide:
+    """One request in one run."""
+
+    status: str
+    text: str
+    output_tokens: int | None
+    latency_s: float | None
+    grades: dict[str, bool] = field(default_factory=dict)  # "grader" or "grader#2" -> passed
+
+
+@dataclass
+class RequestChange:
+    custom_id: str
+    kind: str
+    a: RequestSide | None
+    b: RequestSide | None
+    flips: list[str] = field(default_factory=list)  # "numeric: pass -> fail"
+
+
+def load_side(store: Store, run_id: str) -> dict[str, RequestSide]:
+    """custom_id -> RequestSide for every request line of a run (first line per custom_id)."""
+    rows = store.con.sql("""
+        SELECT q.custom_id, q.status, s.response, s.output_tokens, s.latency_s
+        FROM requests q LEFT JOIN responses s
+          ON s.run_id = q.run_id AND s.response_id = q.response_id
+        WHERE q.run_id = ? ORDER BY q.line_no""", params=[run_id]).fetchall()
+    sides: dict[str, RequestSide] = {}
+    for custom_id, status, response, output_tokens, latency_s in rows:
+        if custom_id not in sides:
+            output = Output(custom_id, status, json.loads(response) if response else None)
+            sides[custom_id] = RequestSide(status, output.text, output_tokens, latency_s)
+    for row in store.grades(run_id):
+        side = sides.get(row["custom_id"])
+        if side is not None:
+            key, n = row["grader"], 2
+            while key in side.grades:
+                key, n = f"{row['grader']}#{n}", n + 1
+            side.grades[key] = bool(row["passed"])
+    return sides
+
+
+def classify(a: RequestSide | None, b: RequestSide | None) -> tuple[str, list[str]]:
+    """(change kind, grader flips) of one request between run A and run B."""
+    if b is None:
+        return "missing", []
+    if a is None:
+        return "new", []
+    flips = [f"{name}: {_verdict(a.grades[name])} -> {_verdict(b.grades.get(name))}"
+             for name in a.grades if a.grades[name] != b.grades.get(name)]
+    worse = any(a.grades[name] and not b.grades.get(name) for name in a.grades)
+    better = any(not a.grades[name] and b.grades.get(name) for name in a.grades)
+    if not a.grades:
+        worse = a.status == "completed" and b.status != "completed"
+        better = a.status != "completed" and b.status == "completed"
+    if worse:
+        return "regression", flips
+    if better:
+        return "improvement", flips
+    if a.text != b.text or a.status != b.status:
+        return "changed", flips
+    return "same", flips
+
+
+def _verdict(passed: bool | None) -> str:
+    return "absent" if passed is None else ("pass" if passed else "fail")
+
+
+def compare_runs(store: Store, run_a: str, run_b: str) -> list[RequestChange]:
+    """Every request of either run with its change kind, regressions first."""
+    a, b = load_side(store, run_a), load_side(store, run_b)
+    changes = []
+    for custom_id in [*a, *(k for k in b if k not in a)]:
+        kind, flips = classify(a.get(custom_id), b.get(custom_id))
+        changes.append(RequestChange(custom_id, kind, a.get(custom_id), b.get(custom_id), flips))
+    return sorted(changes, key=lambda c: KINDS.index(c.kind))
+
+
+def _pair(a: object, b: object, fmt: str = "{}") -> str:
+    x = "-" if a is None else fmt.format(a)
+    y = "-" if b is None else fmt.format(b)
+    return x if x == y else f"{x} -> {y}"
+
+
+def _grades_cell(side: RequestSide | None) -> str | None:
+    if side is None or not side.grades:
+        return None
+    return f"{sum(side.grades.values())}/{len(side.grades)}"
+
+
+def change_row(change: RequestChange) -> dict:
+    a, b = change.a, change.b
+    get = lambda side, attr: None if side is None else getattr(side, attr)  # noqa: E731
+    return {"change": change.kind, "custom_id": change.custom_id,
+            "grades": _pair(_grades_cell(a), _grades_cell(b)),
+            "status": _pair(get(a, "status"), get(b, "status")),
+            "output": "" if a is None or b is None else ("same" if a.text == b.text else "differs"),
+            "out_tokens": _pair(get(a, "output_tokens"), get(b, "output_tokens")),
+            "latency_s": _pair(get(a, "latency_s"), get(b, "latency_s"), "{:.2f}"),
+            "detail": "; ".join(change.flips)}
+
+
+def _run_line(label: str, run_id: str, sides: list[RequestSide]) -> str:
+    graded = [s for s in sides if s.grades]
+    passed = sum(all(s.grades.values()) for s in graded)
+    rate = f"{passed}/{len(graded)} passed all graders" if graded else "no grades"
+    latencies = [s.latency_s for s in sides if s.latency_s is not None]
+    p50 = f"{statistics.median(latencies):.2f}s" if latencies else "-"
+    tokens = sum(s.output_tokens or 0 for s in sides)
+    return f"{label} {run_id}: {len(sides)} requests, {rate}, {tokens} output tokens, latency p50 {p50}"
+
+
+def compare_text(run_a: str, run_b: str, changes: list[RequestChange], show_all: bool) -> str:
+    """The comparison table (unchanged rows only with ``show_all``) and a summary."""
+    counts = {kind: sum(c.kind == kind for c in changes) for kind in KINDS}
+    shown = [c for c in changes if show_all or c.kind != "same"]
+    lines = [_run_line("A", run_a, [c.a for c in changes if c.a]),
+             _run_line("B", run_b, [c.b for c in changes if c.b]), ""]
+    if shown:
+        columns = ["change", "custom_id", "grades", "status", "output", "out_tokens",
+                   "latency_s", "detail"]
+        lines += [table([change_row(c) for c in shown], columns), ""]
+    lines.append(", ".join(f"{counts[k]} {k}" for k in KINDS)
+                 + ("" if show_all or not counts["same"] else " (--all lists the same ones)"))
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""Grade a stored run against a suite, and summarise the grades of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batch.display import table
+from batch.store import Store
+from evals.output import Output
+from evals.registry import run_grader
+from evals.suite import Suite
+
+
+@dataclass
+class Grading:
+    """The grades rows of a run, and the suite cases the run has no line for."""
+
+    rows: list[dict]
+    missing: list[str]
+
+
+def run_outputs(store: Store, run_id: str, custom_ids: set[str]) -> dict[str, Output]:
+    """The ``Output`` (response and events) of each request of the run in ``custom_ids``."""
+    outputs: dict[str, Output] = {}
+    by_response: dict[str, Output] = {}
+    for row in store.iter_responses(run_id):
+        if row["custom_id"] not in custom_ids or row["custom_id"] in outputs:
+            continue  # a later line with the same custom_id is an invalid duplicate
+        output = Output(row["custom_id"], row["status"], row["response"], row["error"])
+        outputs[row["custom_id"]] = output
+        if row["response_id"] is not None:
+            by_response[row["response_id"]] = output
+    for response_id, events in store.iter_run_events(run_id):
+        if response_id in by_response:
+            by_response[response_id].events = events
+    return outputs
+
+
+def grade_run(store: Store, run_id: str, suite: Suite) -> Grading:
+    """Grade every case of ``suite`` that has a line in the run; nothing is written."""
+    cases = suite.by_custom_id()
+    outputs = run_outputs(store, run_id, set(cases))
+    rows = []
+    for case in suite.cases:
+        output = outputs.get(case.custom_id)
+        if output is None:
+            continue
+        response_id = (output.response or {}).get("id")
+        for spec in case.graders:
+            grade = run_grader(spec.name, output, spec.expected, spec.options)
+            rows.append({"custom_id": case.custom_id, "response_id": response_id,
+                         "grader": spec.name, "score": grade.score, "passed": grade.passed,
+                         "explanation": grade.explanation, "tags": list(case.tags),
+                         "options": spec.recorded_options(), "suite": suite.name})
+    missing = [case.custom_id for case in suite.cases if case.custom_id not in outputs]
+    return Grading(rows, missing)
+
+
+def _percent(row: dict) -> dict:
+    return {**row, "pass_rate": f"{100 * row['pass_rate']:.1f}%"}
+
+
+def summary_text(store: Store, run_id: str) -> str:
+    """Pass rates of a run per grader and per tag, and the share of requests passing all."""
+    query = store.con.sql
+    graders = query("""SELECT grader, n_graded, n_passed, pass_rate, round(mean_score, 3) AS mean_score
+                       FROM pass_rate_per_grader WHERE run_id = ? ORDER BY grader""",
+                    params=[run_id]).to_arrow_table().to_pylist()
+    if not graders:
+        return f"run {run_id} has no grades"
+    tags = query("""SELECT tag, n_requests, n_passed, pass_rate FROM pass_rate_per_tag
+                    WHERE run_id = ? ORDER BY tag""", params=[run_id]).to_arrow_table().to_pylist()
+    total, passed = request_totals(store, run_id)
+    return "\n".join([
+        f"run {run_id}: {passed}/{total} requests passed every grader "
+        f"({100 * passed / total:.1f}%)", "",
+        table([_percent(r) for r in graders],
+              ["grader", "n_graded", "n_passed", "pass_rate", "mean_score"]), "",
+        table([_percent(r) for r in tags], ["tag", "n_requests", "n_passed", "pass_rate"])])
+
+
+def request_totals(store: Store, run_id: str) -> tuple[int, int]:
+    """(graded requests, requests that passed every grader) of a run."""
+    return store.con.sql("""SELECT count(*), count(*) FILTER (WHERE passed)
+                            FROM request_grades WHERE run_id = ?""", params=[run_id]).fetchall()[0]

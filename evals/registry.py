@@ -1,0 +1,87 @@
+"""Graders by name: a grader is one function registered with ``@grader("name")``.
+
+A grader takes the request's ``Output``, the suite line's ``expected`` value and
+its own keyword options, and returns a ``Grade``::
+
+    @grader("starts_with")
+    def starts_with(output: Output, expected: str) -> Grade:
+        return Grade.check(output.text.startswith(expected), f"text starts {output.text[:20]!r}")
+
+Options are checked against the function's signature when a suite is loaded, so a
+misspelt option fails before anything is decoded.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from evals.output import Output
+
+GraderFn = Callable[..., "Grade"]
+GRADERS: dict[str, GraderFn] = {}
+
+
+class GraderError(ValueError):
+    """A grader cannot grade with the options it was given (bad regex, bad schema ...)."""
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One grader's verdict on one response."""
+
+    score: float  # 0..1
+    passed: bool
+    explanation: str
+
+    @classmethod
+    def check(cls, passed: bool, explanation: str) -> Grade:
+        """A pass/fail grade: score 1.0 or 0.0."""
+        return cls(1.0 if passed else 0.0, bool(passed), explanation)
+
+
+def grader(name: str) -> Callable[[GraderFn], GraderFn]:
+    """Register the decorated function as the grader ``name``."""
+    def register(fn: GraderFn) -> GraderFn:
+        if name in GRADERS:
+            raise ValueError(f"a grader named {name!r} is already registered")
+        GRADERS[name] = fn
+        return fn
+    return register
+
+
+def needs_expected(name: str) -> bool:
+    """Whether grader ``name`` has a required ``expected`` (it then takes the line's)."""
+    parameter = inspect.signature(GRADERS[name]).parameters.get("expected")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def check_options(name: str, options: dict, *, has_expected: bool) -> None:
+    """Raise GraderError when ``name`` is unknown or would not accept these options."""
+    fn = GRADERS.get(name)
+    if fn is None:
+        raise GraderError(f"unknown grader {name!r} (known: {', '.join(sorted(GRADERS))})")
+    parameters = inspect.signature(fn).parameters
+    known = sorted(set(parameters) - {"output", "expected"})
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise GraderError(f"{name}: unknown option(s) {unknown} (options: {known or 'none'})")
+    if has_expected and "expected" not in parameters:
+        raise GraderError(f"{name}: takes no `expected` value")
+    if needs_expected(name) and not has_expected:
+        raise GraderError(f"{name}: needs an `expected` value")
+
+
+def run_grader(name: str, output: Output, expected: object, options: dict) -> Grade:
+    """Grade ``output`` with grader ``name``; a response-less line or a grader error fails."""
+    if output.response is None:
+        return Grade.check(False, f"no response: {output.error or output.status}")
+    fn = GRADERS[name]
+    kwargs = dict(options) if expected is None else {**options, "expected": expected}
+    try:
+        grade = fn(output, **kwargs)
+    except GraderError as exc:
+        return Grade.check(False, f"grader error: {exc}")
+    score = min(max(float(grade.score), 0.0), 1.0)
+    return Grade(score, bool(grade.passed), grade.explanation)

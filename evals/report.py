@@ -1,0 +1,110 @@
+"""`batchrun report`: one self-contained offline HTML file per run, and a terminal summary.
+
+The HTML has inline CSS and inline SVG only (no scripts, fonts or links), so it
+opens from disk anywhere and can be attached to a CI job as is.
+"""
+
+from __future__ import annotations
+
+import statistics
+from html import escape
+
+from batch.display import STATUSES
+from evals import svg
+from evals.report_data import ReportData
+
+_CSS = """
+body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1200px; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
+table { border-collapse: collapse; font-size: 13px; }
+td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+.plots { display: flex; flex-wrap: wrap; gap: 16px; }
+.muted { color: #777; font-size: 12px; }
+"""
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+def summary_facts(data: ReportData) -> list[tuple[str, str]]:
+    """The headline numbers, as (label, value) pairs, for both outputs."""
+    usage, run = data.usage, data.run
+    counts = ", ".join(f"{data.statuses.get(s, 0)} {s}" for s in STATUSES)
+    elapsed = data.throughput[-1][0] if data.throughput else 0.0
+    tokens = usage.get("output_tokens", 0)
+    facts = [
+        ("run", f"{run['run_id']} ({run['status']}, model {run['model']})"),
+        ("requests", f"{sum(data.statuses.values())} ({counts})"),
+        ("tokens", f"{usage.get('input_tokens', 0)} input ({usage.get('cached_tokens', 0)} "
+                   f"cached), {tokens} output, {usage.get('reasoning_tokens', 0)} reasoning"),
+        ("latency", f"p50 {_seconds(_quantile(data.latencies, 0.5))}, "
+                    f"p90 {_seconds(_quantile(data.latencies, 0.9))}, "
+                    f"p99 {_seconds(_quantile(data.latencies, 0.99))}"),
+        ("time to first token", f"p50 {_seconds(_quantile(data.ttfts, 0.5))}"),
+        ("throughput", f"{tokens / elapsed:.1f} output tok/s over {elapsed:.1f}s"
+                       if elapsed else "-"),
+    ]
+    graded = sum(r["n_graded"] for r in data.pass_rates_per_grader)
+    if graded:
+        passed = sum(r["n_passed"] for r in data.pass_rates_per_grader)
+        facts.append(("grades", f"{passed}/{graded} passed ({100 * passed / graded:.1f}%)"))
+    return facts
+
+
+def terminal_summary(data: ReportData) -> str:
+    """A few lines for the terminal."""
+    width = max(len(label) for label, _ in summary_facts(data))
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in summary_facts(data))
+
+
+def plots(data: ReportData) -> list[str]:
+    """Every plot of the report, in display order."""
+    calls = sorted(data.tool_calls_per_response.items())
+    throughput = [(0.0, 0, 0), *data.throughput] if data.throughput else []
+    return [
+        svg.histogram(data.latencies, "Latency per response", "seconds"),
+        svg.histogram(data.tokens_per_turn, "Output tokens per turn", "tokens"),
+        svg.bar_chart([f"{n} call{'s' if n != 1 else ''}" for n, _ in calls],
+                      [c for _, c in calls], "Tool calls per response (responses)"),
+        svg.line_chart([t for t, _, _ in throughput], [n for _, n, _ in throughput],
+                       "Responses finished over the run", "seconds since start", "responses",
+                       integer=True),
+        svg.line_chart([t for t, _, _ in throughput], [k for _, _, k in throughput],
+                       "Output tokens over the run", "seconds since start", "output tokens",
+                       integer=True),
+        svg.bar_chart([r["tag"] for r in data.pass_rates_per_tag],
+                      [100 * r["pass_rate"] for r in data.pass_rates_per_tag],
+                      "Pass rate per tag (%)", max_value=100, value_format="{:.0f}%")
+        if data.pass_rates_per_tag else svg.empty("Pass rate per tag (%)",
+                                                  "no grades: run `batchrun eval`"),
+        svg.bar_chart([r["grader"] for r in data.pass_rates_per_grader],
+                      [100 * r["pass_rate"] for r in data.pass_rates_per_grader],
+                      "Pass rate per grader (%)", max_value=100, value_format="{:.0f}%")
+        if data.pass_rates_per_grader else svg.empty("Pass rate per grader (%)", "no grades"),
+        svg.bar_chart([t for t, _ in data.event_types], [n for _, n in data.event_types],
+                      "Events per type"),
+    ]
+
+
+def render_html(data: ReportData) -> str:
+    """The whole report as one HTML document."""
+    facts = "".join(f"<tr><th>{escape(label)}</th><td>{escape(value)}</td></tr>"
+                    for label, value in summary_facts(data))
+    figures = "".join(f"<figure>{plot}</figure>" for plot in plots(data))
+    title = f"batchrun report: {data.run['run_id']}"
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{escape(title)}</h1><table>{facts}</table>"
+            f'<h2>Plots</h2><div class="plots">{figures}</div>'
+            f'<p class="muted">input {escape(str(data.run.get("input_path")))}; '
+            f"started {escape(str(data.run.get('started_at'))[:19])}; "
+            f"batchrun {escape(str(data.run.get('batchrun_version')))}</p></body></html>\n")

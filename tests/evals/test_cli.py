@@ -1,0 +1,227 @@
+"""End to end through `batchrun`: eval, grade, snapshot, check, compare, report, sql.
+
+Two eval runs of one small suite with the tiny random model (greedy, 4 tokens)
+are decoded once for the module; tests that change data work on copies.
+"""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner, Result
+
+from batch.cli import main
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+SUITE = [
+    {"custom_id": "hi", "input": "Say hi.", "tags": ["chat"],
+     "graders": [{"grader": "status", "expected": "incomplete"}]},
+    {"custom_id": "calc", "instructions": "Number only.", "input": "Multiply 123*456.",
+     "expected": 56088, "graders": ["numeric", {"grader": "tool_call_count", "expected": 0}],
+     "tags": ["math"]},
+    {"custom_id": "weather", "input": "Weather in Paris?", "tools": [WEATHER], "tags": ["tools"],
+     "graders": [{"grader": "tool_called", "name": "get_weather"},
+                 {"grader": "event_shape", "sequence": ["response.created", "...",
+                                                        "response.incomplete"]}]},
+    {"custom_id": "broken", "input": "x", "frobnicate": True, "graders": ["status"]},
+]
+
+
+def batchrun(*args) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def write_suite(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model_dir):
+    """A database with eval runs `a` and `b` of SUITE, decoded the same way."""
+    root = tmp_path_factory.mktemp("evals")
+    suite, db = write_suite(root / "mini.jsonl", SUITE), root / "runs.duckdb"
+    outputs = {}
+    for run_id in ("a", "b"):
+        result = batchrun("eval", suite, "--db", db, "--model", tiny_model_dir, "--run-id", run_id,
+                          "--max-output-tokens", 4, "--temperature", 0, "--quiet")
+        assert result.exit_code == 0, result.output
+        outputs[run_id] = result.output
+    return {"db": db, "suite": suite, "root": root, "output": outputs["a"]}
+
+
+@pytest.fixture
+def db_copy(runs, tmp_path):
+    return Path(shutil.copy(runs["db"], tmp_path / "copy.duckdb"))
+
+
+def query(db, sql):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.sql(sql).fetchall()
+
+
+def test_eval_decodes_grades_and_prints_pass_rates(runs):
+    output = runs["output"]
+    assert "run a finished: 4 requests this time (0 completed, 3 incomplete, 0 failed, 1 invalid)" \
+        in output
+    assert "run a: 1/4 requests passed every grader (25.0%)" in output
+    for grader in ("event_shape", "numeric", "status", "tool_call_count", "tool_called"):
+        assert re.search(rf"^{grader} +\d", output, re.M), grader
+    assert re.search(r"^chat +1 +1 +100.0%", output, re.M)
+    grades = query(runs["db"], "SELECT custom_id, grader, passed, explanation FROM grades "
+                               "WHERE run_id = 'a' ORDER BY rowid")
+    assert [g[:3] for g in grades] == [
+        ("hi", "status", True), ("calc", "numeric", False), ("calc", "tool_call_count", True),
+        ("weather", "tool_called", False), ("weather", "event_shape", True),
+        ("broken", "status", False)]
+    assert grades[-1][3].startswith("no response: line 4: ") and "frobnicate" in grades[-1][3]
+    (run,) = query(runs["db"], "SELECT input_path, notes->>'$.eval_suite' FROM runs "
+                               "WHERE run_id = 'a'")
+    assert run == (str(runs["suite"]), "mini")
+
+
+def test_builtin_suite_runs_by_name(runs, tiny_model_dir, db_copy):
+    result = batchrun("eval", "quickstart", "--db", db_copy, "--model", tiny_model_dir,
+                      "--max-output-tokens", 2, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "10 requests this time" in result.output
+    for grader in ("contains", "event_shape", "json_schema", "normalized", "numeric", "regex",
+                   "status", "tool_call_count", "tool_called"):
+        assert re.search(rf"^{grader} +\d", result.output, re.M), grader
+
+
+def test_grade_regrades_a_run_and_fail_under(runs, db_copy, tmp_path):
+    strict = write_suite(tmp_path / "strict.jsonl",
+                         [{**SUITE[0], "graders": ["status"]}, *SUITE[1:]])
+    result = batchrun("grade", "b", strict, "--db", db_copy, "--fail-under", 50)
+    assert result.exit_code == 1
+    assert "run b: 0/4 requests passed every grader (0.0%)" in result.output
+    assert "error: pass rate 0.0% is under --fail-under 50%" in result.output
+    assert batchrun("grade", "b", runs["suite"], "--db", db_copy, "--fail-under", 25).exit_code == 0
+    missing = batchrun("grade", "nope", strict, "--db", db_copy)
+    assert missing.exit_code == 1 and "error: no run 'nope'" in missing.output
+    bad = batchrun("grade", "b", tmp_path / "none.jsonl", "--db", db_copy)
+    assert bad.exit_code == 1 and "no such suite file or built-in suite" in bad.output
+
+
+@pytest.mark.parametrize("level", ["types", "items", "full"])
+def test_two_decodes_of_the_same_requests_check_equal(runs, tmp_path, level):
+    golden = tmp_path / "golden.jsonl"
+    made = batchrun("snapshot", "a", "--db", runs["db"], "-o", golden, "--level", level)
+    assert made.exit_code == 0 and f"wrote 4 request(s) at level {level}" in made.output
+    checked = batchrun("check", "b", "--db", runs["db"], "--golden", golden)
+    assert checked.exit_code == 0, checked.output
+    assert checked.output == (f"OK: 4 equal, 0 changed, 0 missing, 0 extra "
+                              f"(level {level}, golden {golden})\n")
+
+
+def change_traces(db):
+    """Drop one event of `hi` in run b and alter the usage of `calc`."""
+    with duckdb.connect(str(db)) as con:
+        con.execute("""DELETE FROM events WHERE run_id = 'b' AND type = 'response.in_progress'
+                       AND response_id = (SELECT response_id FROM responses
+                                          WHERE run_id = 'b' AND custom_id = 'hi')""")
+        con.execute("""UPDATE events SET payload = json_merge_patch(payload,
+                           '{"response": {"usage": {"output_tokens": 99}}}')
+                       WHERE run_id = 'b' AND type = 'response.incomplete'
+                       AND response_id = (SELECT response_id FROM responses
+                                          WHERE run_id = 'b' AND custom_id = 'calc')""")
+
+
+def test_a_changed_trace_fails_with_a_clear_diff_until_updated(runs, db_copy, tmp_path):
+    golden = tmp_path / "golden.jsonl"
+    assert batchrun("check", "a", "--db", db_copy, "--golden", golden, "--level", "full",
+                    "--update").exit_code == 0
+    change_traces(db_copy)
+    result = batchrun("check", "b", "--db", db_copy, "--golden", golden)
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == ("changed: hi: first divergence at event 1: golden has "
+                        "'response.in_progress', run has 'response.incomplete'")
+    assert "    -response.in_progress" in lines
+    calc = next(line for line in lines if line.startswith("changed: calc"))
+    assert calc == ("changed: calc: first divergence at event 2 (response.incomplete), "
+                    ".response.usage.output_tokens: golden 4 != run 99")
+    assert '    +        "output_tokens": 99,' in lines
+    assert lines[-2] == f"FAILED: 2 equal, 2 changed, 0 missing, 0 extra (level full, golden {golden})"
+    assert lines[-1] == "if the change is intended, accept it with --update"
+    updated = batchrun("check", "b", "--db", db_copy, "--golden", golden, "--update")
+    assert updated.exit_code == 0
+    assert updated.output.splitlines()[-1] == (
+        f"updated {golden} at level full (2 equal, 2 changed, 0 missing, 0 extra before)")
+    assert batchrun("check", "b", "--db", db_copy, "--golden", golden).exit_code == 0
+
+
+def test_missing_and_extra_requests_and_usage_errors(runs, tmp_path):
+    golden = tmp_path / "golden.jsonl"
+    batchrun("snapshot", "a", "--db", runs["db"], "-o", golden, "--level", "types")
+    golden.write_text(golden.read_text().replace('"custom_id": "calc"', '"custom_id": "calc-old"'))
+    result = batchrun("check", "b", "--db", runs["db"], "--golden", golden)
+    assert result.exit_code == 1
+    assert "extra: calc: in the run, not in the golden file" in result.output
+    assert "missing: calc-old: in the golden file, not in the run" in result.output
+    wrong_level = batchrun("check", "b", "--db", runs["db"], "--golden", golden, "--level", "full")
+    assert wrong_level.exit_code == 2 and "was recorded at level types" in wrong_level.output
+    absent = batchrun("check", "b", "--db", runs["db"], "--golden", tmp_path / "none.jsonl")
+    assert absent.exit_code == 1 and "no golden file" in absent.output
+    assert batchrun("check", "b", "--db", runs["db"]).exit_code == 2  # --golden is required
+
+
+def test_compare_lists_regressions_first(runs, db_copy, tmp_path):
+    strict = write_suite(tmp_path / "strict.jsonl",
+                         [{**SUITE[0], "graders": ["status"]}, *SUITE[1:]])
+    batchrun("grade", "b", strict, "--db", db_copy)
+    result = batchrun("compare", "a", "b", "--db", db_copy)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("A a: 4 requests, 1/4 passed all graders, 12 output tokens")
+    assert lines[1].startswith("B b: 4 requests, 0/4 passed all graders, 12 output tokens")
+    assert lines[5].split()[:4] == ["regression", "hi", "1/1", "->"]
+    assert lines[5].endswith("status: pass -> fail")
+    assert lines[-1] == ("1 regression, 0 missing, 0 improvement, 0 changed, 0 new, 3 same "
+                         "(--all lists the same ones)")
+    assert batchrun("compare", "a", "b", "--db", db_copy, "--fail-on-regression").exit_code == 1
+    assert batchrun("compare", "b", "a", "--db", db_copy, "--fail-on-regression").exit_code == 0
+
+
+def test_report_writes_one_offline_html_file(runs, tmp_path):
+    out = tmp_path / "report.html"
+    result = batchrun("report", "a", "--db", runs["db"], "-o", out)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1] == (
+        "requests             4 (0 completed, 3 incomplete, 0 failed, 1 invalid)")
+    assert result.output.splitlines()[-1] == f"report: {out}"
+    html = out.read_text()
+    assert html.count("<svg") == 8 and "<script" not in html and "href=" not in html
+    missing = batchrun("report", "zzz", "--db", runs["db"], "-o", out)
+    assert missing.exit_code == 1 and "no run 'zzz'" in missing.output
+
+
+def readme_queries() -> list[str]:
+    """The statements of the README's "Eval and CI queries" SQL block."""
+    text = README.read_text()
+    section = text[text.index("### Dashboard queries"):]
+    block = section[section.index("```sql") + 6:section.index("```", section.index("```sql") + 6)]
+    statements = [s.strip() for s in re.sub(r"--[^\n]*", "", block).split(";")]
+    return [s for s in statements if s]
+
+
+def test_readme_dashboard_queries_work_as_written(runs):
+    queries = readme_queries()
+    assert len(queries) >= 6
+    for sql in queries:
+        result = batchrun("sql", sql, "--db", runs["db"])
+        assert result.exit_code == 0 and not result.output.startswith("error:"), (sql, result.output)
+        assert len(result.output.splitlines()) >= 2, (sql, result.output)  # header and rule
+
+
+def test_both_clis_default_to_the_same_database():
+    from batch.cli import DEFAULT_DB
+    from evals.cli import DEFAULT_DB as EVAL_DEFAULT_DB
+
+    assert EVAL_DEFAULT_DB == DEFAULT_DB

@@ -1,0 +1,62 @@
+"""Comparing two runs request by request; regressions first."""
+
+import pytest
+
+from batch.store import Store
+from evals.compare import RequestSide, classify, compare_runs, compare_text
+from tests.evals.factories import make_result, make_run, message
+
+
+def side(status="completed", text="x", **grades):
+    return RequestSide(status, text, 5, 1.0, grades)
+
+
+@pytest.mark.parametrize("a, b, kind", [
+    (side(numeric=True), side(numeric=False), "regression"),
+    (side(numeric=True, status=False), side(numeric=False, status=True), "regression"),
+    (side(numeric=False), side(numeric=True), "improvement"),
+    (side(numeric=True, text="a"), side(numeric=True, text="b"), "changed"),
+    (side(numeric=True), side(numeric=True), "same"),
+    (side(), side("incomplete"), "regression"),  # no grades: status decides
+    (side("failed"), side(), "improvement"),
+    (side(), None, "missing"),
+    (None, side(), "new"),
+])
+def test_classify(a, b, kind):
+    assert classify(a, b)[0] == kind
+
+
+def test_flips_name_the_grader():
+    assert classify(side(numeric=True), side(numeric=False))[1] == ["numeric: pass -> fail"]
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "b.duckdb") as opened:
+        for run_id, texts in [("a", ["56088", "hello", "same", "gone"]),
+                              ("b", ["56000", "hello!", "same", None])]:
+            opened.create_run(make_run(run_id))
+            opened.write_results([make_result(run_id, n, f"q{n}", [message(text)])
+                                  for n, text in enumerate(texts, start=1) if text])
+            grades = [{"custom_id": "q1", "grader": "numeric", "score": 1.0,
+                       "passed": text == "56088", "explanation": "", "tags": []}
+                      for text in texts[:1]]
+            opened.write_grades(run_id, grades)
+        yield opened
+
+
+def test_compare_runs_orders_regressions_first(store):
+    changes = compare_runs(store, "a", "b")
+    assert [(c.custom_id, c.kind) for c in changes] == [
+        ("q1", "regression"), ("q4", "missing"), ("q2", "changed"), ("q3", "same")]
+    text = compare_text("a", "b", changes, show_all=False)
+    lines = text.splitlines()
+    assert lines[0].startswith("A a: 4 requests, 1/1 passed all graders, 20 output tokens")
+    assert lines[1].startswith("B b: 3 requests, 0/1 passed all graders")
+    row = next(line for line in lines if line.startswith("regression"))
+    assert row.split()[:8] == ["regression", "q1", "1/1", "->", "0/1", "completed", "differs", "5"]
+    assert row.endswith("numeric: pass -> fail")
+    assert "q3" not in text
+    assert lines[-1] == ("1 regression, 1 missing, 0 improvement, 1 changed, 0 new, 1 same "
+                         "(--all lists the same ones)")
+    assert "q3" in compare_text("a", "b", changes, show_all=True)

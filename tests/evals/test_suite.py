@@ -1,0 +1,87 @@
+"""Suite files: parsing, validation errors, built-in suites, the stripped requests file."""
+
+import json
+
+import pytest
+
+from batch.reader import read_requests
+from evals.suite import GraderSpec, SuiteError, builtin_suites, load_suite
+
+
+def write(tmp_path, *lines, name="suite.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
+                            for line in lines))
+    return path
+
+
+def test_line_expected_goes_to_graders_that_need_one(tmp_path):
+    path = write(tmp_path, {
+        "custom_id": "m", "input": "Multiply 123*456.", "expected": 56088, "tags": "math",
+        "graders": ["numeric", {"grader": "tool_call_count", "expected": 0}, "status",
+                    {"grader": "contains", "expected": "56"}]})
+    case = load_suite(str(path)).cases[0]
+    assert case.graders == (GraderSpec("numeric", 56088), GraderSpec("tool_call_count", 0),
+                            GraderSpec("status"), GraderSpec("contains", "56"))
+    assert case.tags == ("math",)
+    assert case.request == {"custom_id": "m", "input": "Multiply 123*456."}
+    assert case.graders[0].recorded_options() == {"expected": 56088}
+
+
+def test_defaults_envelopes_and_line_ids(tmp_path):
+    path = write(tmp_path, {"input": "Hi"}, "",
+                 {"custom_id": "env", "method": "POST", "url": "/v1/responses",
+                  "body": {"input": "Yo"}, "expected": "yo", "graders": ["normalized"]})
+    suite = load_suite(str(path))
+    assert [c.custom_id for c in suite.cases] == ["line-1", "env"]
+    assert suite.cases[0].graders == (GraderSpec("status"),)
+    assert [c.line_no for c in suite.cases] == [1, 3]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "not JSON"),
+    ([1], "expected a JSON object, got list"),
+    ({"input": "x", "graders": []}, "graders: expected a non-empty list"),
+    ({"input": "x", "graders": [{"name": "status"}]}, 'graders[0]: expected a grader name'),
+    ({"input": "x", "graders": ["nope"]}, "graders[0]: unknown grader 'nope'"),
+    ({"input": "x", "graders": ["numeric"]}, "graders[0]: numeric: needs an `expected` value"),
+    ({"input": "x", "expected": 1, "graders": [{"grader": "numeric", "tol": 1}]},
+     r"graders[0]: numeric: unknown option(s) ['tol']"),
+    ({"input": "x", "tags": [1]}, "tags: expected a list of strings"),
+])
+def test_bad_lines_name_the_file_line_and_key(tmp_path, line, message):
+    path = write(tmp_path, {"input": "fine"}, line)
+    with pytest.raises(SuiteError) as error:
+        load_suite(str(path))
+    assert str(error.value).startswith(f"{path}:2: ") and message in str(error.value)
+
+
+def test_duplicate_ids_missing_suites_and_empty_files(tmp_path):
+    with pytest.raises(SuiteError, match="custom_id 'a' is also on line 1"):
+        load_suite(str(write(tmp_path, {"custom_id": "a", "input": "x"},
+                             {"custom_id": "a", "input": "y"})))
+    with pytest.raises(SuiteError, match="no such suite file or built-in suite .*quickstart"):
+        load_suite("no-such-suite")
+    with pytest.raises(SuiteError, match="has no cases"):
+        load_suite(str(write(tmp_path, "", name="empty.jsonl")))
+
+
+def test_builtin_quickstart_suite_loads_and_covers_every_grader_kind():
+    assert "quickstart" in builtin_suites()
+    suite = load_suite("quickstart")
+    names = {spec.name for case in suite.cases for spec in case.graders}
+    assert names >= {"numeric", "normalized", "contains", "regex", "json_schema",
+                     "tool_called", "tool_call_count", "event_shape", "status"}
+    multiply = suite.by_custom_id()["multiply"]
+    assert multiply.graders[0] == GraderSpec("numeric", 56088)
+
+
+def test_requests_file_keeps_line_numbers_and_reads_as_valid_requests(tmp_path):
+    path = write(tmp_path, {"custom_id": "a", "input": "x", "expected": "x",
+                            "graders": ["exact"], "tags": ["t"]}, "",
+                 {"custom_id": "b", "input": "y", "metadata": {"k": "v"}})
+    requests = load_suite(str(path)).write_requests(tmp_path / "requests.jsonl")
+    lines = list(read_requests(requests))
+    assert [(line.line_no, line.custom_id, line.error) for line in lines] == [
+        (1, "a", None), (3, "b", None)]
+    assert lines[0].body == {"input": "x"}
