@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 
 import click
@@ -224,6 +225,66 @@ def make_random_model(directory: Path, seed: int) -> None:
 
     make_random_checkpoint(directory, seed=seed)
     click.echo(f"wrote a random tiny gpt-oss checkpoint to {directory}")
+
+
+@main.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoint to benchmark (default: a random model of --preset, made once).")
+@click.option("--preset", type=click.Choice(["tiny", "medium"]), default="medium", show_default=True,
+              help="Random model shape when no --model is given.")
+@click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
+@click.option("--systems", default="engine,hf_generate,hf_generate_batch", show_default=True,
+              help="Comma list of engine, hf_generate, hf_generate_batch, reference.")
+@click.option("--num-requests", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Static batch size of hf_generate.")
+@click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table.")
+def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw) -> None:
+    """Same workloads on batchrun's engine and on transformers, with ratios to the engine."""
+    from engine import bench as benchmark
+
+    model_dir = model_dir or _bench_model(preset)
+    try:
+        loads = benchmark.make_workloads(workloads.split(","), kw["num_requests"], kw["seed"])
+    except ValueError as exc:
+        raise click.UsageError(str(exc))
+    started, bench_id, results, rows = _now_utc(), f"bench_{uuid.uuid4().hex[:8]}", [], []
+    engine_options = {"kv_cache_gb": kw["kv_cache_gb"], "max_num_seqs": kw["max_num_seqs"]}
+    for workload in loads:
+        for system in systems.split(","):
+            click.echo(f"{workload.name}: {system} ...", err=True)
+            result, stats = benchmark.run_system(system, model_dir, workload, batch_size=kw["batch_size"],
+                                                 engine_options=engine_options)
+            results.append(result)
+            rows.append({"bench_id": bench_id, "started_at": started, "model": str(model_dir),
+                         **result.row(), "stats": stats})
+    click.echo(benchmark.format_table(results))
+    for row in rows:
+        if row["stats"]:
+            click.echo(f"{row['workload']} engine: " + ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row["stats"].items()))
+    with _open_store(db) as store:
+        store.write_bench(rows)
+    click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB; results in {db} (bench_id {bench_id})")
+
+
+def _bench_model(preset: str) -> Path:
+    from engine.bench import MEDIUM_CONFIG
+    from engine.checkpoint import make_random_checkpoint
+
+    directory = Path(".cache") / "models" / f"bench-{preset}"
+    if not (directory / "config.json").exists():
+        make_random_checkpoint(directory, seed=0, **(MEDIUM_CONFIG if preset == "medium" else {}))
+    return directory
+
+
+def _now_utc():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
 
 
 # Eval and CI commands (eval, grade, snapshot, check, compare, report) live in evals/.

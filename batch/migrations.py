@@ -80,6 +80,14 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("explanation", pa.string()), ("tags", pa.list_(pa.string())), _json("options"),
         ("suite", pa.string()), _ts("graded_at"),
     ]),
+    "bench": pa.schema([
+        ("bench_id", pa.string()), _ts("started_at"), ("model", pa.string()),
+        ("workload", pa.string()), ("system", pa.string()), ("num_requests", pa.int64()),
+        ("prompt_tokens", pa.int64()), ("prefill_tokens", pa.int64()),
+        ("output_tokens", pa.int64()), ("wall_s", pa.float64()), ("ttft_s", pa.float64()),
+        ("output_tok_s", pa.float64()), ("total_tok_s", pa.float64()),
+        ("peak_rss_mb", pa.float64()), _json("stats"),
+    ]),
 }
 
 _DUCKDB_TYPES = {
@@ -257,8 +265,19 @@ def m004_tool_error_kind(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
-MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [m001_initial, m002_views,
-                                                                  m003_grades, m004_tool_error_kind]
+def m005_bench(con: duckdb.DuckDBPyConnection) -> None:
+    """`batchrun bench` results: one row per system and workload of a benchmark run."""
+    con.execute("""
+    CREATE TABLE bench (
+        bench_id VARCHAR, started_at TIMESTAMPTZ, model VARCHAR, workload VARCHAR, system VARCHAR,
+        num_requests BIGINT, prompt_tokens BIGINT, prefill_tokens BIGINT, output_tokens BIGINT,
+        wall_s DOUBLE, ttft_s DOUBLE, output_tok_s DOUBLE, total_tok_s DOUBLE, peak_rss_mb DOUBLE,
+        stats JSON);
+    """)
+
+
+MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
+    m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench]
 
 
 def _version(migration: Callable) -> int:

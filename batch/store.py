@@ -347,6 +347,10 @@ class Store:
         finally:
             self.con.unregister(name)
 
+    def write_bench(self, rows: list[dict]) -> None:
+        """Append benchmark result rows (``stats`` as a python object)."""
+        self._insert("bench", arrow_table("bench", rows))
+
     def grades(self, run_id: str) -> list[dict]:
         """The grades rows of a run (``options`` decoded), in the order they were written."""
         rows = self._rows("SELECT * FROM grades WHERE run_id = ? ORDER BY rowid", [run_id])

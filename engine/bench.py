@@ -64,12 +64,14 @@ def shared_prefix_mix(n: int, seed: int = 0, prefix_len: int = 384, suffix_len: 
         Conversation(prefix + _tokens(rng, suffix_len), [output_len]) for _ in range(n)])
 
 
-def multi_turn_mix(n: int, seed: int = 0, turns: int = 4, prompt_len: int = 256,
+def multi_turn_mix(n: int, seed: int = 0, turns: int = 4, system_len: int = 512, user_len: int = 64,
                    output_len: int = 32, tool_len: int = 24) -> Workload:
-    """Tool loops: every turn re-sends the whole conversation plus a tool answer."""
+    """Tool loops as an eval batch runs them: one system+tools prefix shared by every request,
+    a user message each, and every turn re-sends the whole conversation plus a tool answer."""
     rng = random.Random(seed)
+    system = _tokens(rng, system_len)
     return Workload("multi_turn", [
-        Conversation(_tokens(rng, prompt_len), [output_len] * turns,
+        Conversation(system + _tokens(rng, user_len), [output_len] * turns,
                      [_tokens(rng, tool_len) for _ in range(turns - 1)]) for _ in range(n)])
 
 

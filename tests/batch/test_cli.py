@@ -242,3 +242,17 @@ def test_parquet_input_end_to_end(tmp_path, tiny_model_dir):
     assert rows(db, "SELECT custom_id, line_no, status FROM requests ORDER BY line_no") == [
         ("p1", 1, "incomplete"), ("p2", 2, "incomplete"), ("p3", 3, "invalid")]
     assert rows(db, "SELECT output_tokens FROM responses ORDER BY custom_id") == [(3,), (4,)]
+
+
+def test_bench_prints_ratios_and_fills_the_bench_table(tmp_path, tiny_model_dir):
+    db = tmp_path / "bench.duckdb"
+    result = CliRunner().invoke(main, ["bench", "--model", str(tiny_model_dir), "--db", str(db),
+                                       "--workloads", "sharegpt", "--num-requests", "2",
+                                       "--systems", "engine,reference", "--kv-cache-gb", "0.05"])
+    assert result.exit_code == 0, result.output
+    assert "out tok/s" in result.output and "peak RSS" in result.output
+    assert rows(db, "SELECT system, num_requests FROM bench ORDER BY system") == [
+        ("engine", 2), ("reference", 2)]
+    engine_line = next(line for line in result.output.splitlines()
+                       if re.match(r"sharegpt\s+engine\s", line))
+    assert engine_line.split()[-3:-1] == ["1.00", "1.00"]  # the baseline's own ratios

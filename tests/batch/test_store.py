@@ -47,6 +47,10 @@ EXPECTED_DDL = {
     "grades": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, grader VARCHAR, "
               "score DOUBLE, passed BOOLEAN, explanation VARCHAR, tags VARCHAR[], "
               "options JSON, suite VARCHAR, graded_at TSTZ",
+    "bench": "bench_id VARCHAR, started_at TSTZ, model VARCHAR, workload VARCHAR, system VARCHAR, "
+             "num_requests BIGINT, prompt_tokens BIGINT, prefill_tokens BIGINT, output_tokens BIGINT, "
+             "wall_s DOUBLE, ttft_s DOUBLE, output_tok_s DOUBLE, total_tok_s DOUBLE, "
+             "peak_rss_mb DOUBLE, stats JSON",
 }
 EXPECTED_COLUMNS = {
     table: [tuple(col.split(" ")) for col in ddl.split(", ")]
@@ -141,7 +145,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
         versions = store.con.sql("SELECT version, name FROM schema_migrations "
                                  "ORDER BY version").fetchall()
         assert versions == [(1, "m001_initial"), (2, "m002_views"), (3, "m003_grades"),
-                            (4, "m004_tool_error_kind")]
+                            (4, "m004_tool_error_kind"), (5, "m005_bench")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
