@@ -7,6 +7,7 @@ never the wall clock, so the same request always renders the same tokens.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from openai_harmony import (
@@ -120,14 +121,37 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
                               f"no function_call with call_id {item['call_id']!r} comes before this output")
         return [_tool(f"functions.{name}", _text_of(item["output"]))]
     if kind == "code_interpreter_call":
-        logs = "".join(o.get("logs", "") for o in item.get("outputs") or [])
-        return [_assistant(item.get("code") or "", "analysis", "python", "code"), _tool("python", logs)]
+        outputs = item.get("outputs") or []
+        if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+            raise RenderError(f"input[{index}].outputs", "expected a list of output objects")
+        logs = "".join(str(o.get("logs") or "") for o in outputs)
+        code = _string_field(item, index, "code")
+        return [_assistant(code, "analysis", "python", "code"), _tool("python", logs)]
     if kind == "mcp_call":
         recipient = f"{item['server_label']}.{item['name']}"
-        output = item.get("output") or item.get("error") or ""
-        return [_assistant(item.get("arguments") or "", "commentary", recipient, "<|constrain|>json"),
-                _tool(recipient, output)]
+        output = _string_field(item, index, "output") or _error_text(item.get("error"))
+        arguments = _string_field(item, index, "arguments")
+        return [_assistant(arguments, "commentary", recipient, "<|constrain|>json"), _tool(recipient, output)]
     return []  # web_search_call, mcp_list_tools: nothing the model needs to re-read
+
+
+def _string_field(item: dict, index: int, key: str) -> str:
+    value = item.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RenderError(f"input[{index}].{key}", f"expected a string, got {type(value).__name__}")
+    return value or ""
+
+
+def _error_text(error: object) -> str:
+    """The text of an mcp_call error: a string, or an SDK error object (as events.py stores them)."""
+    if not error:
+        return ""
+    if isinstance(error, dict):
+        content = error.get("content")
+        if isinstance(content, list):
+            return _text_of([part for part in content if isinstance(part, dict)])
+        return str(error.get("message") or json.dumps(error))
+    return str(error)
 
 
 def input_messages(items: str | list[dict]) -> list[Message]:

@@ -191,11 +191,19 @@ def _row_record(row: dict, wrapped: bool) -> dict:
     return record
 
 
-def _drop_nulls(value: Any) -> Any:
+_JSON_SCALARS = (str, int, float, bool)
+
+
+def _drop_nulls(value: Any, where: str = "") -> Any:
+    """Drop nulls; a value JSON cannot hold (timestamp, bytes, decimal) is a line error."""
     if isinstance(value, dict):
-        return {key: _drop_nulls(item) for key, item in value.items() if item is not None}
+        return {key: _drop_nulls(item, f"{where}.{key}" if where else key)
+                for key, item in value.items() if item is not None}
     if isinstance(value, list):
-        return [_drop_nulls(item) for item in value]
+        return [_drop_nulls(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if not isinstance(value, _JSON_SCALARS):
+        raise LineError(f"{where or 'value'}: Parquet value of type {type(value).__name__} "
+                        "is not JSON (store it as a string or number)")
     return value
 
 

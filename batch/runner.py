@@ -28,7 +28,7 @@ from typing import Iterator
 from batch.admission import Prepared, admit, prepare
 from batch.harmony import PromptOptions
 from batch.reader import InputLine, read_requests
-from batch.results import result_of
+from batch.results import request_row, result_of
 from batch.session import PendingToolCall, Session, SessionOptions
 from batch.store import RequestResult, Store
 from engine.backend import Backend
@@ -202,7 +202,11 @@ class Runner:
         return len(self.sessions) + len(self.awaiting) + len(self.listing) + len(self.pending)
 
     def _read(self, line: InputLine) -> None:
-        admission = prepare(line, self.store, self.run_id, self.catalog)
+        try:
+            admission = prepare(line, self.store, self.run_id, self.catalog)
+        except Exception as exc:  # a bug must cost one line, not the run (and every resume)
+            self._finished(RequestResult(request_row(self.run_id, line, "failed", _internal(line, exc))))
+            return
         if admission.result is not None:
             self._finished(admission.result)
             return
@@ -216,7 +220,12 @@ class Runner:
                 waiting.append((prepared, futures))
                 continue
             listings = {label: future.result() for label, future in futures.items()}
-            admission = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
+            try:
+                admission = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
+            except Exception as exc:
+                line = prepared.line
+                self._finished(RequestResult(request_row(self.run_id, line, "failed", _internal(line, exc))))
+                continue
             if admission.result is not None:
                 self._finished(admission.result)
                 continue
@@ -239,18 +248,37 @@ class Runner:
             session = self.sessions.get(out.request_id)
             if session is None:
                 continue  # an aborted turn's last output
-            session.on_output(out)
-            if out.finish_reason is None and session.outcome is None:
-                continue
-            del self.sessions[out.request_id]
-            if out.finish_reason is None:  # parse failure mid-turn: stop decoding it
-                self.backend.abort(out.request_id)
-                session.turns[-1].finish_reason = "abort"
-            call = session.end_turn()
-            if call is None:
-                self._complete(session)
-            else:
-                self._start_tool_call(session, call)
+            try:
+                self._advance(session, out)
+            except Exception as exc:
+                self._fail_session(session, out, exc)
+
+    def _fail_session(self, session: Session, out, exc: Exception) -> None:
+        """An internal error in one session ends that response `failed`; the run goes on."""
+        if self.sessions.pop(out.request_id, None) is not None and out.finish_reason is None:
+            self.backend.abort(out.request_id)
+        message = _internal(session.line, exc)
+        try:
+            session.fail(message.split(": ", 1)[1])
+            self._complete(session)
+        except Exception:  # the session itself is broken: record the line without a response
+            self.tools.release(session.response_id)
+            self._finished(RequestResult(request_row(self.run_id, session.line, "failed", message)))
+
+    def _advance(self, session: Session, out) -> None:
+        """Feed one engine output to its session; at a turn's end, finish or call its tool."""
+        session.on_output(out)
+        if out.finish_reason is None and session.outcome is None:
+            return
+        del self.sessions[out.request_id]
+        if out.finish_reason is None:  # parse failure mid-turn: stop decoding it
+            self.backend.abort(out.request_id)
+            session.turns[-1].finish_reason = "abort"
+        call = session.end_turn()
+        if call is None:
+            self._complete(session)
+        else:
+            self._start_tool_call(session, call)
 
     # -- tools ------------------------------------------------------------
     def _start_tool_call(self, session: Session, call: PendingToolCall) -> None:
@@ -297,6 +325,10 @@ class Runner:
             if self.progress is not None:
                 self.progress(self, len(self.pending))
             self.pending = []
+
+
+def _internal(line: InputLine, exc: Exception) -> str:
+    return f"line {line.line_no}: internal error: {type(exc).__name__}: {exc}"
 
 
 def _now():

@@ -159,7 +159,9 @@ class Session:
         if step.delta:
             self.events.add_delta(step.delta)
         if step.closed:
-            self.events.close_item()
+            # A message to a hosted tool runs the tool only when it ends with <|call|>.
+            hosted = self.events.current is not None and self.events.current.kind.is_hosted_tool
+            self.events.close_item("incomplete" if hosted and token_id != CALL_TOKEN else "completed")
 
     def _open_item(self, channel: str | None, recipient: str | None, content_type: str | None) -> None:
         self._recipient = recipient

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
 BACKENDS = ("engine", "transformers")  # the first is `batchrun submit`'s default
 
 
@@ -59,7 +60,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this, logits / temperature overflow to inf and sampling is argmax anyway.
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass

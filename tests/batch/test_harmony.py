@@ -89,3 +89,14 @@ def test_token_parser_reports_opens_deltas_closes_and_channels():
 def test_tool_output_tokens_continue_the_prompt():
     text = harmony_encoding().decode_utf8(render_tool_output("python", "2\n"))
     assert text == "<|start|>python to=assistant<|channel|>commentary<|message|>2\n<|end|><|start|>assistant"
+
+
+def test_pasted_back_hosted_items_render_their_text_and_reject_wrong_types():
+    error = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": "boom"}]}
+    items = [{"role": "user", "content": "Hi"},
+             {"type": "mcp_call", "server_label": "calc", "name": "add", "arguments": "{}", "error": error}]
+    text, _ = render({"input": items})
+    assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>boom<|end|>" in text
+    with pytest.raises(RenderError) as info:
+        render({"input": [{"type": "code_interpreter_call", "code": 5, "outputs": []}]})
+    assert info.value.field == "input[0].code"

@@ -369,3 +369,17 @@ def test_request_hash_is_canonical():
         b'{"input":"Hi","temperature":0,"tools":[{"name":"f","type":"function"}]}').hexdigest()
     assert request_hash(one) == request_hash(two) == expected
     assert request_hash({**one, "temperature": 1}) != expected
+
+
+def test_parquet_values_json_cannot_hold_are_line_errors(tmp_path):
+    import datetime
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({
+        "custom_id": ["c1", "c2"],
+        "input": ["one", "two"],
+        "user": pa.array([None, datetime.datetime(2026, 1, 1)], type=pa.timestamp("s")),
+    }), path)
+    lines = read_all(path)
+    assert lines[0].is_valid and lines[0].body == {"input": "one"}
+    assert lines[1].error == "line 2: user: Parquet value of type datetime is not JSON (store it as a string or number)"

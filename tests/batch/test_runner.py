@@ -345,3 +345,39 @@ def test_resumed_run_keeps_counting_ignored_fields_of_earlier_lines(tmp_path, st
     assert store.get_run(first.run_id)["notes"]["ignored_fields"] == {"stream": 1, "store": 1}
     run(store, backend_for(), path, resume=first.run_id)
     assert store.get_run(first.run_id)["notes"]["ignored_fields"] == {"stream": 2, "store": 1}
+
+
+def test_an_internal_error_in_one_session_fails_only_that_line(tmp_path, store, monkeypatch):
+    original = runner_module.Session.on_output
+
+    def on_output(session, out):
+        if "long" in session.line.custom_id:
+            raise RuntimeError("boom")
+        original(session, out)
+
+    monkeypatch.setattr(runner_module.Session, "on_output", on_output)
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("long-2", "long"),
+                                                request("c3", "short")])
+    backend = backend_for()
+    summary = run(store, backend, path)
+    assert summary.statuses == Counter(completed=2, failed=1)
+    [(error, response_id)] = rows(store, "SELECT error, response_id FROM requests WHERE line_no = 2")
+    assert error == "line 2: internal error: RuntimeError: boom"
+    assert backend.aborted == [f"{response_id}/0"]
+    assert_one_row_per_line(store, 3)
+
+
+def test_an_internal_error_while_preparing_a_line_fails_only_that_line(tmp_path, store, monkeypatch):
+    original = runner_module.prepare
+
+    def prepare(line, *args):
+        if line.line_no == 1:
+            raise KeyError("surprise")
+        return original(line, *args)
+
+    monkeypatch.setattr(runner_module, "prepare", prepare)
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "short")])
+    summary = run(store, backend_for(), path)
+    assert summary.statuses == Counter(completed=1, failed=1)
+    assert rows(store, "SELECT error FROM requests WHERE line_no = 1") == [
+        ("line 1: internal error: KeyError: 'surprise'",)]

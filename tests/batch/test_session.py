@@ -180,3 +180,15 @@ def test_tool_answer_after_the_budget_is_spent_ends_incomplete():
     response = session.finish()
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}
     validate(session, response)
+
+
+def test_hosted_tool_message_ended_without_call_does_not_wait_for_the_tool():
+    session = make_session(SAMPLE_BODY)
+    feed(session, "<|channel|>analysis to=python code<|message|>print(1)<|end|>"
+                  "<|start|>assistant<|channel|>final<|message|>Done.<|return|>")
+    assert session.end_turn() is None
+    response = session.finish()
+    validate(session, response)
+    assert response["status"] == "completed"
+    assert [(i["type"], i["status"]) for i in response["output"]] == [
+        ("mcp_call", "incomplete"), ("message", "completed")]

@@ -135,3 +135,10 @@ def test_request_generators_are_seeded_once_from_the_request_or_the_backend_seed
     assert derived == draw(torch.Generator().manual_seed(derive_seed(0, "a")))
     assert derived != draw(make_generator(params(), 0, "b")) != draw(make_generator(params(), 1, "a"))
     assert derive_seed(0, "a") == 0x678FEFB8FAC5F39D  # stable across processes and releases: traces replay
+
+
+def test_a_vanishing_temperature_is_greedy_not_a_nan():
+    logits = logits_for(3, rows=2)
+    tiny = [params(temperature=1e-40), params(temperature=1e-6)]
+    generators = [torch.Generator().manual_seed(i) for i in range(2)]
+    assert Sampler().sample(logits, tiny, generators) == logits.argmax(dim=-1).tolist()
