@@ -21,6 +21,7 @@ from batch.session import SessionOptions
 from batch.store import Store, StoreLockedError
 
 DEFAULT_DB = "batchrun.duckdb"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
 
 
@@ -48,7 +49,8 @@ def main() -> None:
 @click.argument("input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
-              envvar="BATCHRUN_MODEL", help="Local HF gpt-oss checkpoint directory [env BATCHRUN_MODEL].")
+              envvar="BATCHRUN_MODEL", help="Local HF gpt-oss checkpoint directory [env BATCHRUN_MODEL; "
+                                            "default: the shipped tiny model, data/models/batchrun-tiny].")
 @click.option("--backend", default="engine", show_default=True,
               type=click.Choice(["engine", "transformers"]),
               help="Decoder: batchrun's paged continuous-batching engine, or the transformers reference.")
@@ -89,6 +91,7 @@ def submit(input_path: Path, db: str, model_dir: Path | None, backend: str, **kw
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
     from engine.backend import ModelLoadError, check_model_dir, load_backend
 
+    model_dir = model_dir or (DEFAULT_MODEL if (DEFAULT_MODEL / "config.json").exists() else None)
     if model_dir is None:
         _fail("no model: pass --model DIR (a local HF gpt-oss checkpoint) or set BATCHRUN_MODEL")
     options = _run_options(input_path, model_dir, kw)
@@ -272,12 +275,15 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
 
 
 def _bench_model(preset: str) -> Path:
+    import torch
+
     from engine.bench import MEDIUM_CONFIG
     from engine.checkpoint import make_random_checkpoint
 
     directory = Path(".cache") / "models" / f"bench-{preset}"
     if not (directory / "config.json").exists():
-        make_random_checkpoint(directory, seed=0, **(MEDIUM_CONFIG if preset == "medium" else {}))
+        make_random_checkpoint(directory, seed=0, dtype=torch.bfloat16,
+                               **(MEDIUM_CONFIG if preset == "medium" else {}))
     return directory
 
 

@@ -160,6 +160,7 @@ def run_backend(system: str, backend: Backend, workload: Workload) -> BenchResul
                        sum(tracker.ttfts) / max(len(tracker.ttfts), 1), peak_rss_mb())
 
 
+# bf16, ~13 ms per decode step at batch 1 on 2 CPU cores (the 201,088-row lm_head dominates)
 MEDIUM_CONFIG = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                      head_dim=48, intermediate_size=384, num_local_experts=8, num_experts_per_tok=2)
 

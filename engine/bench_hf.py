@@ -11,6 +11,7 @@ import time
 
 import torch
 from transformers import GenerationConfig, GptOssForCausalLM
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
 from engine.bench import BenchResult, Workload, peak_rss_mb
@@ -80,12 +81,27 @@ def run_generate(model, workload: Workload, batch_size: int = 16) -> BenchResult
                        output_tokens, wall, sum(ttfts) / len(ttfts), peak_rss_mb())
 
 
-def run_generate_batch(model, workload: Workload) -> BenchResult:
+# On the CPU, transformers' paged|eager attention builds masks over the whole cache: its
+# footprint grows with the cache far beyond the KV bytes (0.15 GB of KV -> 10 GB RSS, 0.5 GB
+# -> a 37 GB estimate and a MemoryError), and its default sizing takes most of RAM. A small
+# cache is what it can run with here.
+GENERATE_BATCH_KV_GB = 0.05
+
+
+def _cache_config(model, kv_cache_gb: float, page_size: int = 256) -> ContinuousBatchingConfig:
+    c = model.config
+    page_bytes = 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * model.dtype.itemsize
+    return ContinuousBatchingConfig(page_size=page_size, num_blocks=max(1, int(kv_cache_gb * 2**30 // page_bytes)),
+                                    max_batch_tokens=2048)
+
+
+def run_generate_batch(model, workload: Workload, kv_cache_gb: float = GENERATE_BATCH_KV_GB) -> BenchResult:
     """transformers' continuous batching manager (`generate_batch`'s engine), turn by turn."""
     convs = workload.conversations
     config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD_TOKEN_ID,
                               max_new_tokens=max(max(c.output_lens) for c in convs))
-    manager = model.init_continuous_batching(generation_config=config)
+    manager = model.init_continuous_batching(generation_config=config,
+                                             continuous_batching_config=_cache_config(model, kv_cache_gb))
     manager.start()
     prompts, submitted, ttfts = {}, {}, []
     prompt_tokens = output_tokens = turns = 0
