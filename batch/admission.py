@@ -95,7 +95,11 @@ def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) 
 def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
           options: SessionOptions, run_id: str) -> Admission:
     """Render a prepared line with its servers' listings: a Session, or an `invalid` result."""
-    line, body, registry = prepared.line, prepared.body, prepared.registry
+    line, registry = prepared.line, prepared.registry
+    # The response echoes the effort the prompt was rendered with (a run default included).
+    reasoning = prepared.body.get("reasoning") or {}
+    body = {**prepared.body, "reasoning": {**reasoning,
+                                           "effort": reasoning.get("effort") or prompt.reasoning_effort}}
     for label, listing in listings.items():
         registry.add_listing(label, listing.tools, listing.error)
     try:

@@ -306,24 +306,31 @@ def json_type(value: Any) -> str:
 
 
 def redact_secrets(body: dict) -> dict:
-    """A deep copy of `body` with mcp `headers` values and `authorization` replaced.
+    """A deep copy of `body` with every `headers` value and `authorization` under `tools` replaced.
 
-    Applied to every tool object, whatever its type, so that a line rejected for
-    a misspelt type still stores no secret.
+    Walks `tools` whatever its shape (a dict, nested lists, a misspelt tool type), so a
+    line rejected as malformed still stores no secret.
     """
     redacted = copy.deepcopy(body)
-    tools = redacted.get("tools") if isinstance(redacted, dict) else None
-    for tool in tools if isinstance(tools, list) else []:
-        if not isinstance(tool, dict):
-            continue
-        headers = tool.get("headers")
-        if isinstance(headers, dict):
-            tool["headers"] = {name: REDACTED for name in headers}
-        elif headers is not None:
-            tool["headers"] = REDACTED
-        if tool.get("authorization") is not None:
-            tool["authorization"] = REDACTED
+    if isinstance(redacted, dict) and "tools" in redacted:
+        _redact(redacted["tools"])
     return redacted
+
+
+def _redact(value: object) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _redact(item)
+        return
+    if not isinstance(value, dict):
+        return
+    for key, item in value.items():
+        if key == "headers":
+            value[key] = {name: REDACTED for name in item} if isinstance(item, dict) else REDACTED
+        elif key == "authorization" and item is not None:
+            value[key] = REDACTED
+        else:
+            _redact(item)
 
 
 def request_hash(body: dict) -> str:

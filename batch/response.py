@@ -59,7 +59,7 @@ def build_response(body: dict, *, response_id: str, created_at: int, model: str,
         "completed_at": completed_at,
         "status": status,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
-        "model": body.get("model") or model,
+        "model": model,  # the checkpoint that decoded it (the requested name stays in requests.body)
         "previous_response_id": body.get("previous_response_id"),
         "instructions": body.get("instructions"),
         "output": output or [],

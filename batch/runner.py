@@ -38,6 +38,11 @@ from tools.servers import ServerCatalog, ServerSpec
 TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)
 
 
+# Settings a plain rerun must share with an unfinished run to continue it.
+RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
+               "reasoning_effort", "max_turns")
+
+
 class RunError(RuntimeError):
     """The run cannot start (bad --resume id, input missing, ...)."""
 
@@ -115,7 +120,7 @@ class Runner:
             if run_id and self.store.get_run(run_id) is None:
                 raise RunError(f"{flag} {run_id}: no such run in this database")
         run_id = opts.retry_failed or opts.resume or (None if opts.run_id else
-                                                      self.store.find_unfinished_run(input_sha))
+                                                      self._matching_unfinished_run(input_sha))
         if run_id is None:
             run_id = opts.run_id or f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
             if self.store.get_run(run_id) is not None:
@@ -130,6 +135,21 @@ class Runner:
         self.store.update_run(run_id, status="running", finished_at=None)
         return run_id, True, done
 
+    def _matching_unfinished_run(self, input_sha: str) -> str | None:
+        """The unfinished run of this input, if it decoded with the same model and settings.
+
+        Continuing a run with another model or sampling would mix two experiments in one
+        run: then a new run starts (an explicit --resume still continues it).
+        """
+        run_id = self.store.find_unfinished_run(input_sha)
+        if run_id is None:
+            return None
+        stored = self.store.get_run(run_id)
+        ours = self._run_row(run_id, input_sha)
+        same = stored["model"] == ours["model"] and all(
+            (stored["options"] or {}).get(key) == ours["options"][key] for key in RESUME_KEYS)
+        return run_id if same else None
+
     def _run_row(self, run_id: str, input_sha: str) -> dict:
         opts = self.options
         return {
@@ -137,7 +157,8 @@ class Runner:
             "input_sha256": input_sha, "model": opts.session.model,
             "engine_config": opts.engine_config, "status": "running", "n_requests": 0,
             "options": {"max_output_tokens": opts.session.max_output_tokens,
-                        "seed": opts.session.seed, "max_inflight": opts.max_inflight,
+                        "seed": opts.session.seed, "temperature": opts.session.temperature,
+                        "top_p": opts.session.top_p, "max_inflight": opts.max_inflight,
                         "conversation_date": opts.prompt.conversation_date,
                         "reasoning_effort": opts.prompt.reasoning_effort,
                         "keep_tokens": opts.session.keep_tokens, "max_turns": opts.session.max_turns,

@@ -30,6 +30,9 @@ from pathlib import Path
 PYTHON_LABELS = ("code_interpreter", "python")
 BROWSER_LABELS = ("browser", "web_search", "web_search_preview")
 _BUILTIN_MODULES = {"python": "tools.python_server", "browser": "tools.browser_server"}
+# The runner resets a response's python session when the response ends, so live sessions
+# never exceed the requests in flight: the server must not evict one mid-response.
+_BUILTIN_ARGS = {"python": ("--max-sessions", "4096", "--idle-s", "86400"), "browser": ()}
 _PASS_THROUGH_ENV = ("BATCHRUN_CORPUS",)  # stdio servers get a minimal environment otherwise
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -80,7 +83,7 @@ def builtin_spec(kind: str) -> ServerSpec:
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     env = {"PYTHONPATH": path} | {k: os.environ[k] for k in _PASS_THROUGH_ENV if k in os.environ}
-    return ServerSpec(kind, command=(sys.executable, "-m", _BUILTIN_MODULES[kind]),
+    return ServerSpec(kind, command=(sys.executable, "-m", _BUILTIN_MODULES[kind], *_BUILTIN_ARGS[kind]),
                       env=tuple(sorted(env.items())), builtin=kind)
 
 

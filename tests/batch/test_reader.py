@@ -383,3 +383,12 @@ def test_parquet_values_json_cannot_hold_are_line_errors(tmp_path):
     lines = read_all(path)
     assert lines[0].is_valid and lines[0].body == {"input": "one"}
     assert lines[1].error == "line 2: user: Parquet value of type datetime is not JSON (store it as a string or number)"
+
+
+def test_secrets_are_redacted_whatever_the_shape_of_tools():
+    body = {"input": "x", "tools": {"type": "mcp", "authorization": "sk-1",
+                                    "nested": [[{"headers": {"X-Key": "sk-2"}}]]}}
+    redacted = redact_secrets(body)
+    assert "sk-1" not in json.dumps(redacted) and "sk-2" not in json.dumps(redacted)
+    assert redacted["tools"]["nested"][0][0]["headers"] == {"X-Key": REDACTED}
+    assert body["tools"]["authorization"] == "sk-1"  # a copy

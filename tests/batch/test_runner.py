@@ -381,3 +381,25 @@ def test_an_internal_error_while_preparing_a_line_fails_only_that_line(tmp_path,
     assert summary.statuses == Counter(completed=1, failed=1)
     assert rows(store, "SELECT error FROM requests WHERE line_no = 1") == [
         ("line 1: internal error: KeyError: 'surprise'",)]
+
+
+def test_a_plain_rerun_with_other_settings_starts_a_new_run(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "short")])
+    first = run(store, backend_for(), path, limit=1)
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted", temperature=0.0),
+                         prompt=PromptOptions(conversation_date="2025-01-01"))
+    second = Runner(store, backend_for(), options).run()
+    assert second.run_id != first.run_id and not second.resumed
+    third = run(store, backend_for(), path)  # the first run's settings again: it continues
+    assert third.run_id == first.run_id and third.resumed and third.skipped == 1
+
+
+def test_response_echoes_the_effort_and_model_that_decoded_it(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short", model="gpt-4o"),
+                                                request("c2", "short", reasoning={"effort": "high"})])
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                         prompt=PromptOptions(reasoning_effort="low"))
+    Runner(store, backend_for(), options).run()
+    echoes = [json.loads(r) for (r,) in rows(store, "SELECT response FROM responses ORDER BY custom_id")]
+    assert [(e["model"], e["reasoning"]["effort"]) for e in echoes] == [("scripted", "low"),
+                                                                        ("scripted", "high")]
