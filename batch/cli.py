@@ -18,25 +18,10 @@ from batch.harmony import PromptOptions
 from batch.reader import InputFormatError
 from batch.runner import RunError, RunOptions, Runner, ToolOptions
 from batch.session import SessionOptions
-from batch.store import Store, StoreLockedError
+from batch.cliutil import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
 
-DEFAULT_DB = "batchrun.duckdb"
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
-
-
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(1)
-
-
-def _open_store(db: str, read_only: bool = False) -> Store:
-    if read_only and not Path(db).exists():
-        _fail(f"{db}: no such database (run `batchrun submit` first or pass --db)")
-    try:
-        return Store(db, read_only=read_only)
-    except StoreLockedError as exc:
-        _fail(str(exc))
 
 
 @click.group()
@@ -175,7 +160,7 @@ def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
     with _open_store(db, read_only=True) as store:
         found = store.get_response(response_or_custom_id)
         if found is None:
-            runs_ = [run_id] if run_id else [r["run_id"] for r in store.list_runs()]
+            runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.list_runs()]
             found = next((f for r in runs_ if (f := store.find_response(r, response_or_custom_id))), None)
         if found is None:
             _fail(f"no response with id or custom_id {response_or_custom_id!r} in {db}")
@@ -191,8 +176,7 @@ def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
 def export(run_id: str, db: str, output: Path) -> None:
     """Write a run's results as OpenAI Batch output JSONL."""
     with _open_store(db, read_only=True) as store:
-        if store.get_run(run_id) is None:
-            _fail(f"no run {run_id!r} in {db}")
+        run_id = resolve_run(store, run_id)
         count = 0
         with open(output, "w", encoding="utf-8") as handle:
             for row in store.iter_responses(run_id):

@@ -226,14 +226,6 @@ class TokenParser:
         return ParserStep(opened, delta, closed, channel)
 
     @property
-    def in_message(self) -> bool:
-        return self._parser.state == StreamState.CONTENT
-
-    @property
-    def in_header(self) -> bool:
-        return self._parser.state == StreamState.HEADER
-
-    @property
     def messages(self) -> list[Message]:
         return self._parser.messages
 

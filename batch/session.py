@@ -87,7 +87,6 @@ class Session:
         self.finished_at: float | None = None
         self._completion: list[int] = []
         self._parser = TokenParser()
-        self._recipient: str | None = None
 
     # -- turn lifecycle ---------------------------------------------------
     @property
@@ -164,7 +163,6 @@ class Session:
             self.events.close_item("incomplete" if hosted and token_id != CALL_TOKEN else "completed")
 
     def _open_item(self, channel: str | None, recipient: str | None, content_type: str | None) -> None:
-        self._recipient = recipient
         if recipient is None:
             kind = ItemKind.REASONING if channel == "analysis" else ItemKind.MESSAGE
             self.events.open_item(kind)

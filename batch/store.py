@@ -8,6 +8,8 @@ needs pytz, which is not a dependency.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 from collections.abc import Iterator
@@ -219,19 +221,25 @@ class Store:
         # one fails and would hide the original error.
         names = {table: self._register(data) for table, data in tables.items()}
         try:
-            self.con.begin()
-            try:
+            with self._transaction():
                 self._delete_lines(names["requests"])
                 for table, name in names.items():
                     if tables[table].num_rows:
                         self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
-                self.con.commit()
-            except BaseException:
-                self.con.rollback()
-                raise
         finally:
             for name in names.values():
                 self.con.unregister(name)
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """Commit what the block did, or roll all of it back (Ctrl-C included)."""
+        self.con.begin()
+        try:
+            yield
+            self.con.commit()
+        except BaseException:
+            self.con.rollback()
+            raise
 
     def _delete_lines(self, new_requests: str) -> None:
         """Delete requests rows on the lines of ``new_requests`` and what hangs off them."""
@@ -336,14 +344,9 @@ class Store:
         data = arrow_table("grades", [{"graded_at": now, **row, "run_id": run_id} for row in rows])
         name = self._register(data)
         try:
-            self.con.begin()
-            try:
+            with self._transaction():
                 self.con.execute("DELETE FROM grades WHERE run_id = ?", [run_id])
                 self.con.execute(f"INSERT INTO grades BY NAME SELECT * FROM {name}")
-                self.con.commit()
-            except BaseException:
-                self.con.rollback()
-                raise
         finally:
             self.con.unregister(name)
 

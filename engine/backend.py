@@ -110,8 +110,8 @@ class Backend(Protocol):
         ...
 
 
-def check_model_dir(model_dir: str | Path) -> dict:
-    """Raise ModelLoadError unless `model_dir` looks like an HF gpt-oss checkpoint; returns its config."""
+def read_config_json(model_dir: str | Path) -> dict:
+    """The gpt-oss config.json of `model_dir`; ModelLoadError if missing, not JSON or not gpt-oss."""
     model_dir = Path(model_dir)
     where = f"--model {model_dir}"
     if not model_dir.is_dir():
@@ -126,8 +126,14 @@ def check_model_dir(model_dir: str | Path) -> dict:
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type != "gpt_oss":
         raise ModelLoadError(f"{where}: config.json has model_type {model_type!r}, expected 'gpt_oss'")
-    if not any(model_dir.glob("*.safetensors")):
-        raise ModelLoadError(f"{where}: no *.safetensors weights in {model_dir}")
+    return config
+
+
+def check_model_dir(model_dir: str | Path) -> dict:
+    """Raise ModelLoadError unless `model_dir` looks like an HF gpt-oss checkpoint; returns its config."""
+    config = read_config_json(model_dir)
+    if not any(Path(model_dir).glob("*.safetensors")):
+        raise ModelLoadError(f"--model {model_dir}: no *.safetensors weights in {model_dir}")
     return config
 
 

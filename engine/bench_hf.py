@@ -15,8 +15,8 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
 from engine.bench import BenchResult, Workload, peak_rss_mb
+from engine.checkpoint import PAD_TOKEN_ID
 
-PAD_TOKEN_ID = 199999
 
 
 def load_hf_model(model_dir, attn_implementation: str = "eager") -> GptOssForCausalLM:

@@ -8,14 +8,13 @@ format of the published checkpoints into `rope_parameters` and fills defaults.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import GptOssConfig
 
-from engine.backend import ModelLoadError
+from engine.backend import ModelLoadError, read_config_json
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -63,7 +62,7 @@ class ModelConfig:
     def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
         """Read `model_dir/config.json`; ModelLoadError if it is missing or not a gpt-oss config."""
         model_dir = Path(model_dir)
-        _check_config_json(model_dir)
+        read_config_json(model_dir)
         try:
             hf = GptOssConfig.from_pretrained(model_dir)
         except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -144,18 +143,7 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
 
-def _check_config_json(model_dir: Path) -> None:
-    where = f"--model {model_dir}"
-    path = model_dir / "config.json"
-    if not path.is_file():
-        raise ModelLoadError(f"{where}: no config.json in {model_dir} (expected a local HF gpt-oss checkpoint)")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{where}: config.json is not valid JSON: {exc}") from exc
-    model_type = raw.get("model_type") if isinstance(raw, dict) else None
-    if model_type != "gpt_oss":
-        raise ModelLoadError(f"{where}: config.json has model_type {model_type!r}, expected 'gpt_oss'")
+
 
 
 def _checkpoint_dtype(dtype) -> torch.dtype:

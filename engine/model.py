@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
+from engine.kv_cache import bytes_per_block
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -222,7 +223,7 @@ class GptOssModel(nn.Module):
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one cache block takes over all layers (K and V)."""
-    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * dtype.itemsize
+    return bytes_per_block(block_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype)
 
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,

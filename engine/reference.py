@@ -23,10 +23,8 @@ from transformers import DynamicCache, GptOssForCausalLM
 from transformers.utils import logging as hf_logging
 
 from engine.backend import ModelLoadError, RequestOutput, SamplingParams, check_model_dir
+from engine.config import DTYPES
 from engine.sampler import derive_seed, sample_one as sample  # one sampling implementation, shared with the engine
-
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
-           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
 
 
 @dataclass
@@ -184,9 +182,9 @@ def _output(request: _Request, new_token_ids: list[int], finish_reason: str | No
 def _resolve_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
     if isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def _load_model(model_dir: Path, dtype: str | torch.dtype, device: torch.device) -> GptOssForCausalLM:

@@ -16,40 +16,14 @@ from pathlib import Path
 
 import click
 
-from batch.store import Store, StoreLockedError
+from batch.cliutil import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.store import Store
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
 from evals.suite import Suite, SuiteError, load_suite
 
-DEFAULT_DB = "batchrun.duckdb"  # batch.cli.DEFAULT_DB (a test keeps them equal)
 _db_option = click.option("--db", default=DEFAULT_DB, show_default=True,
                           help="The batchrun DuckDB file.")
-
-
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(1)
-
-
-def _open_store(db: str, read_only: bool = False) -> Store:
-    if read_only and not Path(db).exists():
-        _fail(f"{db}: no such database (run `batchrun submit` first or pass --db)")
-    try:
-        return Store(db, read_only=read_only)
-    except StoreLockedError as exc:
-        _fail(str(exc))
-
-
-def resolve_run(store: Store, run: str) -> str:
-    """The run id ``run`` names: an existing id, or ``latest`` for the newest run."""
-    if run == "latest":
-        runs = store.list_runs()
-        if not runs:
-            _fail(f"no runs in {store.path}")
-        return runs[0]["run_id"]
-    if store.get_run(run) is None:
-        _fail(f"no run {run!r} in {store.path} (see `batchrun runs`)")
-    return run
 
 
 def _suite(name: str) -> Suite:

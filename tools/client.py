@@ -54,7 +54,7 @@ class CallOutcome:
 
     output: str | None = None
     error: str | None = None
-    error_kind: str | None = None  # see tools/dispatch.py ERROR_KINDS
+    error_kind: str | None = None  # see tools/dispatch.py MODEL_ERROR_KINDS, TOOL_ERROR_KINDS
     error_code: int | None = None  # an MCP/JSON-RPC error code, when there is one
     started_at: datetime | None = None
     duration_s: float = 0.0

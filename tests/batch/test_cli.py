@@ -99,8 +99,7 @@ def test_same_seed_reproduces_the_same_tokens(tmp_path, tiny_model_dir):
 def test_export_is_openai_batch_output(tmp_path, tiny_model_dir, malformed):
     db, out = tmp_path / "out.duckdb", tmp_path / "out.jsonl"
     submit(malformed, "--db", db, "--max-output-tokens", "8", model=tiny_model_dir)
-    run_id = rows(db, "SELECT run_id FROM runs")[0][0]
-    result = CliRunner().invoke(main, ["export", run_id, "--db", str(db), "-o", str(out)])
+    result = CliRunner().invoke(main, ["export", "latest", "--db", str(db), "-o", str(out)])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 11

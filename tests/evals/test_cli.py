@@ -219,9 +219,3 @@ def test_readme_dashboard_queries_work_as_written(runs):
         assert result.exit_code == 0 and not result.output.startswith("error:"), (sql, result.output)
         assert len(result.output.splitlines()) >= 2, (sql, result.output)  # header and rule
 
-
-def test_both_clis_default_to_the_same_database():
-    from batch.cli import DEFAULT_DB
-    from evals.cli import DEFAULT_DB as EVAL_DEFAULT_DB
-
-    assert EVAL_DEFAULT_DB == DEFAULT_DB
