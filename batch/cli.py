@@ -233,7 +233,10 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine."""
     from engine import bench as benchmark
 
+    from engine.backend import read_config_json
+
     model_dir = model_dir or _bench_model(preset)
+    _set_threads(None, read_config_json(model_dir))  # the same thread policy as submit
     try:
         loads = benchmark.make_workloads(workloads.split(","), kw["num_requests"], kw["seed"])
     except ValueError as exc:
