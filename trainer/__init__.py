@@ -1,0 +1,1 @@
+"""Training batchrun's embedded tiny gpt-oss model (see trainer/train.py)."""

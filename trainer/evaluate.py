@@ -1,0 +1,136 @@
+"""Held-out evaluation of a checkpoint through `batchrun submit`, not by calling the model.
+
+    python -m trainer.evaluate [--model data/models/batchrun-tiny] [--n 200] [--seed 7]
+
+Writes `n` held-out generated tasks (a seed training never uses) to a JSONL file, runs
+`batchrun submit` on it greedily with the built-in python and browser tools, reads the
+DuckDB file and prints, per family and overall: correct final answers (the expected
+answer in the response's message text; for function calls, the exact call), well-formed
+harmony (the response completed: no parse failure, no budget overrun), and tool calls
+(every call made goes to the expected tool with well-formed arguments: a JSON object
+for JSON tools, the expected code for python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from batch.store import Store
+from evals.grading import run_outputs
+from trainer.tasks import Task, generate
+
+HELD_OUT_SEED = 7  # training uses the seed it is given (0 by default) and seed + 1,000,003
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"
+
+
+def write_requests(tasks: list[Task], path: Path) -> None:
+    with path.open("w") as f:
+        for task in tasks:
+            f.write(json.dumps({"custom_id": task.custom_id, **task.body}) + "\n")
+
+
+def submit(requests: Path, db: Path, model: Path, run_id: str, extra: list[str] = ()) -> None:
+    command = [sys.executable, "-m", "batch.cli", "submit", str(requests), "--db", str(db), "--model", str(model),
+               "--run-id", run_id, "--temperature", "0", "--max-output-tokens", "400", "--quiet", *extra]
+    subprocess.run(command, check=True)
+
+
+def _recipient(tool_type: str | None, name: str | None) -> str:
+    """The harmony recipient of a stored hosted call (the tasks' tools: python, browser)."""
+    if name == "python":
+        return "python"
+    return f"browser.{name}" if tool_type in ("web_search", "mcp") else str(name)
+
+
+def _call_ok(recipient: str, arguments: str, expected: tuple[str, object] | None) -> tuple[bool, bool]:
+    """(well-formed for the right tool, exactly the expected arguments)."""
+    if expected is None or recipient != expected[0]:
+        return False, False
+    if recipient == "python":
+        return bool(arguments.strip()), arguments.strip() == expected[1]
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return False, False
+    return isinstance(value, dict), value == expected[1]
+
+
+def grade(tasks: list[Task], db: Path, run_id: str) -> list[dict]:
+    """One row per task: family, correct, harmony_ok, calls made, calls right."""
+    with Store(db, read_only=True) as store:
+        outputs = run_outputs(store, run_id, {t.custom_id for t in tasks})
+        hosted = defaultdict(list)
+        for custom_id, tool_type, name, arguments in store.con.execute(
+                """SELECT q.custom_id, c.tool_type, c.name, c.arguments FROM tool_calls c
+                   JOIN requests q ON q.run_id = c.run_id AND q.response_id = c.response_id
+                   WHERE c.run_id = ? ORDER BY c.started_at""", [run_id]).fetchall():
+            hosted[custom_id].append((_recipient(tool_type, name), arguments or ""))
+    rows = []
+    for task in tasks:
+        output = outputs.get(task.custom_id)
+        calls = list(hosted[task.custom_id])
+        calls += [(f"functions.{i['name']}", i.get("arguments") or "") for i in (output.items if output else [])
+                  if i.get("type") == "function_call"]
+        checks = [_call_ok(r, a, task.calls[k] if k < len(task.calls) else None) for k, (r, a) in enumerate(calls)]
+        exact_calls = len(calls) == len(task.calls) and all(exact for _, exact in checks)
+        harmony_ok = output is not None and output.status == "completed"
+        correct = harmony_ok and exact_calls and (task.answer in output.text if task.answer else not output.text)
+        rows.append({"custom_id": task.custom_id, "family": task.family, "correct": correct,
+                     "harmony_ok": harmony_ok, "num_calls": len(calls),
+                     "num_calls_ok": sum(ok for ok, _ in checks), "text": output.text if output else None})
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    lines = [f"{'family':<16} {'n':>4} {'correct':>8} {'harmony':>8} {'tool calls ok':>14}"]
+    groups = defaultdict(list)
+    for row in rows:
+        groups[row["family"]].append(row)
+    for family, group in sorted(groups.items()) + [("all", rows)]:
+        calls = sum(r["num_calls"] for r in group)
+        calls_ok = sum(r["num_calls_ok"] for r in group)
+        lines.append(f"{family:<16} {len(group):>4} {_pct(sum(r['correct'] for r in group), len(group)):>8} "
+                     f"{_pct(sum(r['harmony_ok'] for r in group), len(group)):>8} "
+                     f"{f'{calls_ok}/{calls}':>14}")
+    return "\n".join(lines)
+
+
+def _pct(k: int, n: int) -> str:
+    return f"{100 * k / n:.1f}%" if n else "-"
+
+
+def evaluate(model: Path, n: int = 200, seed: int = HELD_OUT_SEED, workdir: Path | None = None) -> list[dict]:
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="batchrun-eval-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    tasks = generate(seed, n, prefix="heldout")
+    requests, db = workdir / "heldout.jsonl", workdir / "heldout.duckdb"
+    write_requests(tasks, requests)
+    db.unlink(missing_ok=True)
+    submit(requests, db, model, "heldout")
+    return grade(tasks, db, "heldout")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--n", type=int, default=200, help="held-out tasks")
+    parser.add_argument("--seed", type=int, default=HELD_OUT_SEED)
+    parser.add_argument("--workdir", type=Path, help="where the JSONL and DuckDB files go (default: a temp dir)")
+    parser.add_argument("--show-failures", action="store_true")
+    args = parser.parse_args(argv)
+    rows = evaluate(args.model, args.n, args.seed, args.workdir)
+    if args.show_failures:
+        for row in rows:
+            if not row["correct"]:
+                print(f"FAIL {row['custom_id']}: {row['text']!r}")
+    print(summary(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Train batchrun's embedded tiny gpt-oss model from scratch, deterministically by seed.
+
+    python -m trainer.train [--steps N] [--out data/models/batchrun-tiny] [--seed 0]
+
+Training sequences are generated tasks rendered exactly as `batchrun submit` renders
+them (trainer/render.py); the loss is on the model's own tokens only. Only the few
+thousand token ids the tasks use are "live": training keeps their embedding and
+lm_head rows in small matrices and the 201,088-way softmax is computed exactly, the
+dead ids' logits being exactly 0 (their lm_head rows are zero): logsumexp over the live
+logits and log(num_dead). Saving scatters the live rows into the full vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm import tqdm
+from transformers import GptOssForCausalLM
+
+from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
+from trainer.fast_forward import hidden_states
+from trainer.render import Sequence, render_sequence
+from trainer.tasks import generate
+
+DEFAULT_OUT = Path("data/models/batchrun-tiny")
+MODEL_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    steps: int = 3000
+    batch_tokens: int = 3000  # padded tokens per step (small batches learn faster per second here)
+    lr: float = 3e-3
+    warmup: int = 30
+    num_tasks: int = 20000
+    eval_every: int = 250
+    shape: tuple = tuple(MODEL_SHAPE.items())
+
+
+def live_vocabulary(sequences: list[Sequence]) -> list[int]:
+    """Token ids the model may ever read or write: those of the tasks, every number up to 3
+    digits (o200k splits numbers into 1-3 digit tokens), harmony's special tokens."""
+    from batch.vocab import harmony_encoding
+
+    encoding = harmony_encoding()
+    ids = {i for s in sequences for i in s.token_ids}
+    for n in range(1000):
+        ids.update(encoding.encode(str(n)))
+        ids.update(encoding.encode(f"{n:03d}"))
+    ids.update(range(199998, 200019))
+    return sorted(ids)
+
+
+def batches(sequences: list[Sequence], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Index batches of similar length (less padding), in a seeded random order."""
+    order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].token_ids), rng.random()))
+    result, current, longest = [], [], 0
+    for i in order:
+        longest_if = max(longest, len(sequences[i].token_ids))
+        if current and longest_if * (len(current) + 1) > batch_tokens:
+            result.append(current)
+            current, longest_if = [], len(sequences[i].token_ids)
+        current.append(i)
+        longest = longest_if
+    result.append(current)
+    rng.shuffle(result)
+    return result
+
+
+def collate(sequences: list[Sequence], to_live: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded live ids [batch, time] and next-token targets (-100 where no loss)."""
+    width = max(len(s.token_ids) for s in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    targets = torch.full((len(sequences), width), -100, dtype=torch.long)
+    for row, s in enumerate(sequences):
+        live = torch.tensor([to_live[t] for t in s.token_ids])
+        ids[row, :len(live)] = live
+        mask = torch.tensor(s.is_target[1:])
+        targets[row, :len(live) - 1] = torch.where(mask, live[1:], torch.tensor(-100))
+    return ids, targets
+
+
+def exact_loss(model: GptOssForCausalLM, ids: torch.Tensor, targets: torch.Tensor, num_dead: int):
+    """Cross-entropy of the full-vocabulary softmax at the target positions; and token accuracy."""
+    hidden = hidden_states(model, ids)  # [batch, time, hidden]
+    where = targets != -100
+    logits = model.lm_head(hidden[where])  # [num_targets, num_live]
+    dead = torch.full((logits.shape[0], 1), math.log(num_dead)) if num_dead else logits[:, :0]
+    loss = F.cross_entropy(torch.cat([logits, dead], dim=1), targets[where])
+    best = logits.max(-1)  # greedy picks it over the dead ids (logit 0) only when it is positive
+    accuracy = ((best.indices == targets[where]) & (best.values > 0)).float().mean()
+    return loss, accuracy
+
+
+def build_model(config: TrainConfig, num_live: int) -> GptOssForCausalLM:
+    torch.manual_seed(config.seed)
+    model_config = tiny_config(vocab_size=num_live, pad_token_id=None, **dict(config.shape))
+    model_config._attn_implementation = "eager"
+    return GptOssForCausalLM(model_config)
+
+
+def save(model: GptOssForCausalLM, live_ids: list[int], out: Path, config: TrainConfig, log: list[dict]) -> None:
+    """An HF checkpoint with the full 201,088-row vocabulary, dead rows zero, in bf16."""
+    out.mkdir(parents=True, exist_ok=True)
+    full = tiny_config(**dict(config.shape))
+    full.dtype = torch.bfloat16
+    tensors = {}
+    index = torch.tensor(live_ids)
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach()
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            rows = torch.zeros(VOCAB_SIZE, tensor.shape[1])
+            rows[index] = tensor
+            tensor = rows
+        tensors[name] = tensor.to(torch.bfloat16).contiguous()
+    full.save_pretrained(out)
+    _generation_config(full).save_pretrained(out)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(Path(__file__).with_name("model_card.md"), out / "README.md")
+    (out / "training.json").write_text(json.dumps({"config": {**config.__dict__, "shape": dict(config.shape)},
+                                                   "num_live_ids": len(live_ids), "log": log}, indent=1) + "\n")
+
+
+def evaluate(model, sequences, to_live, num_dead, batch_tokens) -> tuple[float, float]:
+    """Loss and token accuracy (greedy, vs the full vocabulary) on held-out sequences."""
+    model.eval()
+    losses, accuracies = [], []
+    with torch.no_grad():
+        for batch in batches(sequences, batch_tokens, random.Random(0)):
+            loss, accuracy = exact_loss(model, *collate([sequences[i] for i in batch], to_live), num_dead)
+            losses.append(loss.item())
+            accuracies.append(accuracy.item())
+    model.train()
+    return sum(losses) / len(losses), sum(accuracies) / len(accuracies)
+
+
+def sequences_for(seed: int, n: int, prefix: str) -> list[Sequence]:
+    return [render_sequence(t.body, t.steps) for t in generate(seed, n, prefix)]
+
+
+def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> dict:
+    """Train from scratch; returns the log (and writes the checkpoint to `out` if given)."""
+    started = time.monotonic()
+    train_set = sequences_for(config.seed, config.num_tasks, "train")
+    held_out = sequences_for(config.seed + 1_000_003, 100, "heldout")
+    live_ids = live_vocabulary(train_set)
+    to_live = {t: i for i, t in enumerate(live_ids)}
+    held_out = [s for s in held_out if all(t in to_live for t in s.token_ids)]
+    num_dead = VOCAB_SIZE - len(live_ids)
+    model = build_model(config, len(live_ids))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1, (s + 1) / config.warmup) * max(
+        0.02, 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))))
+    rng, pending, log = random.Random(config.seed), [], []
+    bar = tqdm(range(config.steps), disable=not progress, desc="train")
+    for step in bar:
+        if not pending:
+            pending = batches(train_set, config.batch_tokens, rng)
+        ids, targets = collate([train_set[i] for i in pending.pop()], to_live)
+        loss, accuracy = exact_loss(model, ids, targets, num_dead)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{accuracy.item():.3f}")
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            held_loss, held_accuracy = evaluate(model, held_out, to_live, num_dead, config.batch_tokens)
+            log.append({"step": step + 1, "loss": round(loss.item(), 4), "heldout_loss": round(held_loss, 4),
+                        "heldout_token_accuracy": round(held_accuracy, 4),
+                        "elapsed_s": round(time.monotonic() - started, 1)})
+            tqdm.write(json.dumps(log[-1])) if progress else print(json.dumps(log[-1]), flush=True)
+    if out is not None:
+        save(model, live_ids, out, config, log)
+    return {"log": log, "num_live_ids": len(live_ids), "model": model}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint directory to write")
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--steps", type=int, default=TrainConfig.steps)
+    parser.add_argument("--num-tasks", type=int, default=TrainConfig.num_tasks)
+    parser.add_argument("--batch-tokens", type=int, default=TrainConfig.batch_tokens)
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: more lose to contention)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = TrainConfig(seed=args.seed, steps=args.steps, num_tasks=args.num_tasks, batch_tokens=args.batch_tokens,
+                         lr=args.lr, eval_every=args.eval_every)
+    train(config, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
