@@ -113,6 +113,10 @@ def _item_text(item: dict) -> str:
         return item.get("code") or ""
     if item["type"] == "web_search_call":
         return str(item.get("action"))
+    if item["type"] == "mcp_list_tools":
+        names = ", ".join(tool.get("name", "?") for tool in item.get("tools") or [])
+        return f"{item.get('server_label')}: {names or 'no tools'}" + (
+            f" (error: {item['error']})" if item.get("error") else "")
     return f"{item.get('name')}({item.get('arguments')})"
 
 
