@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from batch.events import new_id
 from batch.harmony import PromptOptions, RenderError, render_forced_header, render_prompt
 from batch.reader import InputLine
-from batch.results import request_row, request_seed
+from batch.results import request_row
 from batch.session import Session, SessionOptions
 from batch.store import RequestResult, Store
+from engine.sampler import derive_seed
 from tools.client import Listing
 from tools.registry import ToolChoiceError, ToolRegistry
 from tools.servers import ServerCatalog
@@ -109,6 +110,6 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
     forced_prefix = render_forced_header(*forced) if forced else []
     session = Session(response_id=new_id("resp"), body=body, prompt_token_ids=prompt_ids + forced_prefix,
-                      registry=registry, options=options, seed=request_seed(options.seed, line.custom_id),
+                      registry=registry, options=options, seed=derive_seed(options.seed, line.custom_id),
                       line=line, input_items=prepared.items, forced_prefix=forced_prefix)
     return Admission(session=session)

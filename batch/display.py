@@ -120,13 +120,13 @@ def _item_text(item: dict) -> str:
     return f"{item.get('name')}({item.get('arguments')})"
 
 
-def _flatten(usage: dict, prefix: str = "") -> dict:
+def _flatten(usage: dict) -> dict:
     flat = {}
     for key, value in usage.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, ""))
+            flat.update(_flatten(value))
         else:
-            flat[prefix + key] = value
+            flat[key] = value
     return flat
 
 

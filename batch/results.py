@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict
 
 from batch.reader import InputLine
 from batch.request import redact_secrets, request_hash
 from batch.session import Session
 from batch.store import RequestResult
-
-
-def request_seed(run_seed: int, custom_id: str) -> int:
-    """A per-request seed that depends on nothing else in the batch."""
-    return int.from_bytes(hashlib.sha256(f"{run_seed}:{custom_id}".encode()).digest()[:7], "big")
 
 
 def request_row(run_id: str, line: InputLine, status: str, error: str | None = None,
