@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-DEMO_MODEL ?= .cache/models/tiny-random
-DEMO_DB    ?= demo.duckdb
 TINY_MODEL ?= data/models/batchrun-tiny
+# The demo decodes with the shipped model; without one, with a tiny random model (garbage text).
+DEMO_MODEL ?= $(if $(wildcard $(TINY_MODEL)/config.json),$(TINY_MODEL),.cache/models/tiny-random)
+DEMO_DB    ?= demo.duckdb
 
 .PHONY: setup demo test test-all train-model eval-model clean
 
@@ -23,7 +24,7 @@ $(DEMO_MODEL)/config.json: | $(VENV)/.installed
 demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
 	rm -f $(DEMO_DB)
 	$(VENV)/bin/batchrun submit data/examples/quickstart.jsonl --db $(DEMO_DB) \
-		--model $(DEMO_MODEL) --max-output-tokens 64 --conversation-date 2026-01-01
+		--model $(DEMO_MODEL) --max-output-tokens 256 --conversation-date 2026-01-01
 	@echo
 	@echo "Results are in $(DEMO_DB). Try:"
 	@echo "  $(VENV)/bin/batchrun runs --db $(DEMO_DB)"

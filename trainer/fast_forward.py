@@ -42,11 +42,11 @@ def _full_attention(q, k, v, sinks: torch.Tensor, scale: float) -> torch.Tensor:
 def _window_bias(window: int, sinks: torch.Tensor, num_blocks: int) -> torch.Tensor:
     """[heads, blocks, window, 2 * window + 1]: query j of block b sees keys (b-1)W+m, m in
     (j, W + j], that exist; the last column is the sink."""
-    j = torch.arange(window)[:, None]
-    m = torch.arange(2 * window)[None, :]
+    j = torch.arange(window, device=sinks.device)[:, None]
+    m = torch.arange(2 * window, device=sinks.device)[None, :]
     allowed = ((m > j) & (m <= window + j))[None].expand(num_blocks, -1, -1).clone()
     allowed[0, :, :window] = False  # block 0 has no previous block
-    bias = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    bias = torch.zeros(allowed.shape, device=sinks.device).masked_fill(~allowed, float("-inf"))
     bias = bias[None].expand(sinks.shape[0], -1, -1, -1)
     return torch.cat([bias, sinks[:, None, None, None].expand(-1, num_blocks, window, 1)], dim=-1)
 
@@ -103,7 +103,7 @@ def hidden_states(model: GptOssForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     """The final normed hidden states [batch, time, hidden] for right-padded `ids`."""
     inner = model.model
     x = inner.embed_tokens(ids)
-    positions = torch.arange(ids.shape[1])[None]
+    positions = torch.arange(ids.shape[1], device=ids.device)[None]
     cos, sin = inner.rotary_emb(x, positions)
     cos, sin = cos[:, None], sin[:, None]
     for layer in inner.layers:

@@ -191,14 +191,19 @@ def _browser():
     return Browser(Corpus.from_directories())
 
 
+@lru_cache(maxsize=None)
+def _search_and_open(query: str) -> tuple[str, str]:
+    """What the browser shows a fresh session for search(query, topn 3), then open(0)."""
+    browser, session = _browser(), "trainer"
+    results, page = browser.search(session, query, 3), browser.open(session, 0)
+    browser.reset(session)
+    return results, page
+
+
 def browser_task(rng: random.Random, custom_id: str) -> Task:
     query, question, answer = rng.choice(FACTS)
-    browser, session = _browser(), custom_id
-    search_args = {"query": query, "topn": 3}
-    results = browser.search(session, query, 3)
-    open_args = {"id": 0}
-    page = browser.open(session, 0)
-    browser.reset(session)
+    search_args, open_args = {"query": query, "topn": 3}, {"id": 0}
+    results, page = _search_and_open(query)
     tools = [{"type": rng.choice(["web_search_preview", "web_search"])}]
     steps = [Step((analysis(f"Search for {query}."), browser_call("search", json.dumps(search_args))),
                   "browser.search", results),
@@ -240,12 +245,43 @@ def no_tool_task(rng: random.Random, custom_id: str) -> Task:
     return Task(custom_id, "no_tool", body, steps, answer, [])
 
 
+# -- copy drill (training only) -------------------------------------------------------
+def _piece(rng: random.Random) -> str:
+    kind = rng.randrange(8)
+    if kind == 0:
+        return str(rng.randint(0, 10 ** rng.randint(1, 12)))
+    if kind == 1:
+        return f"{rng.randint(2, 9999)}{rng.choice(['*', '+', '-', '**'])}{rng.randint(2, 9999)}"
+    if kind == 2:
+        return f"{round(rng.uniform(0, 5000), rng.randint(1, 2))}"
+    if kind == 3:
+        return _date(rng)
+    if kind == 4:
+        return rng.choice(PEOPLE)
+    if kind == 5:
+        return rng.choice(CITIES + COUNTRIES)
+    if kind == 6:
+        return rng.choice(SYMBOLS + CURRENCIES + SKIES + STATUSES)
+    return rng.choice(WORDS)
+
+
+def copy_drill_task(rng: random.Random, custom_id: str) -> Task:
+    """Dense copying practice: a short request whose answer repeats numbers, names and words
+    from it. Cheap to train on (no tool section) and most of its target tokens are copies,
+    which is the skill every other family needs."""
+    text = rng.choice([" ", ", ", " and ", "; "]).join(_piece(rng) for _ in range(rng.randint(2, 8)))
+    body = _body(rng, f"Repeat exactly: {text}", [])
+    steps = [Step((analysis("Task: copy. Answer directly."), final(text)))]
+    return Task(custom_id, "copy_drill", body, steps, text, [])
+
+
 _MAKERS = {"python": python_task, "function_call": function_call_task, "function_output": function_output_task,
-           "browser": browser_task, "no_tool": no_tool_task}
+           "browser": browser_task, "no_tool": no_tool_task, "copy_drill": copy_drill_task}
 
 
-def generate(seed: int, n: int, prefix: str = "task") -> list[Task]:
-    """`n` tasks, families in turn, all drawn from one generator seeded by `seed`."""
+def generate(seed: int, n: int, prefix: str = "task", mix: dict[str, int] | None = None) -> list[Task]:
+    """`n` tasks, all drawn from one generator seeded by `seed`; families in turn, each
+    family `mix[family]` times per cycle (default: the five evaluated families once each)."""
     rng = random.Random(seed)
-    return [_MAKERS[FAMILIES[i % len(FAMILIES)]](rng, f"{prefix}-{i:05d}-{FAMILIES[i % len(FAMILIES)]}")
-            for i in range(n)]
+    cycle = [family for family, count in (mix or dict.fromkeys(FAMILIES, 1)).items() for _ in range(count)]
+    return [_MAKERS[cycle[i % len(cycle)]](rng, f"{prefix}-{i:05d}-{cycle[i % len(cycle)]}") for i in range(n)]

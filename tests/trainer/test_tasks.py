@@ -46,3 +46,15 @@ def test_prompts_equal_what_batchrun_submit_renders(tmp_path, tiny_model_dir):
     assert len(prompts) == len(tasks)
     for task in tasks:
         assert prompts[task.custom_id] == request_prompt(task.body), json.dumps(task.body)
+
+
+def test_mix_sets_how_often_each_family_comes():
+    tasks = generate(0, 12, mix={"copy_drill": 2, "python": 1})
+    assert [t.family for t in tasks] == ["copy_drill", "copy_drill", "python"] * 4
+
+
+def test_copy_drill_answer_repeats_the_request():
+    for task in generate(1, 20, mix={"copy_drill": 1}):
+        assert task.body["input"] == f"Repeat exactly: {task.answer}"
+        sequence = render_sequence(task.body, task.steps)
+        assert sequence.is_target[-1] and sum(sequence.is_target) < len(sequence.token_ids)

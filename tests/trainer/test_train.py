@@ -10,7 +10,7 @@ from engine.checkpoint import VOCAB_SIZE
 from trainer.fast_forward import hidden_states
 from trainer.train import TrainConfig, build_model, exact_loss, train
 
-SMOKE = TrainConfig(steps=12, num_tasks=40, batch_tokens=1500, lr=1e-2, warmup=2, eval_every=6,
+SMOKE = TrainConfig(steps=12, num_tasks=40, num_held_out=20, batch_tokens=1500, lr=1e-2, warmup=2, eval_every=6,
                     shape=tuple(dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                      num_key_value_heads=1, head_dim=16, intermediate_size=32,
                                      num_local_experts=2, num_experts_per_tok=1).items()))
@@ -39,8 +39,11 @@ def test_training_smoke_loss_decreases_and_checkpoint_loads(tmp_path):
     result = train(SMOKE, tmp_path / "model", progress=False)
     log = result["log"]
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"] < 12.3
+    assert set(log[-1]["heldout_exact"]) <= {"python", "function_call", "function_output", "browser", "no_tool", "all"}
+    assert 0 <= log[-1]["heldout_exact"]["all"] <= 1
     model = GptOssForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
     assert model.config.vocab_size == VOCAB_SIZE
+    torch.testing.assert_close(model.lm_head.weight, model.model.embed_tokens.weight)  # tied in training
     live = (model.lm_head.weight != 0).any(dim=1)
     assert live.sum().item() == result["num_live_ids"]
     assert not model.model.embed_tokens.weight[~live].any()
