@@ -123,15 +123,17 @@ class Corpus:
         self._avgdl = max(float(avgdl), 1.0)
 
     def search(self, query: str, topn: int = 10) -> list[Hit]:
-        """The `topn` best documents for `query`, best first (ties by corpus order)."""
-        rows = self._con.execute(
-            f"""WITH q AS (SELECT DISTINCT unnest({_TERMS_SQL.format('$query')}) AS term EXCEPT
-                       SELECT unnest($stopwords))
-            SELECT t.doc, sum(i.idf * t.tf * ({_K1} + 1)
-                              / (t.tf + {_K1} * (1 - {_B} + {_B} * l.len / $avgdl))) AS score
-            FROM terms t JOIN q USING (term) JOIN term_idf i USING (term) JOIN doc_len l USING (doc)
-            GROUP BY t.doc ORDER BY score DESC, t.doc LIMIT $topn""",
-            {"query": query, "stopwords": list(STOPWORDS), "avgdl": self._avgdl, "topn": topn}).fetchall()
+        """The `topn` best documents for `query`, best first (ties by corpus order). Safe to
+        call from several threads at once (the browser server runs tool calls in a pool)."""
+        with self._con.cursor() as con:  # a DuckDB connection refuses a second concurrent query
+            rows = con.execute(
+                f"""WITH q AS (SELECT DISTINCT unnest({_TERMS_SQL.format('$query')}) AS term EXCEPT
+                           SELECT unnest($stopwords))
+                SELECT t.doc, sum(i.idf * t.tf * ({_K1} + 1)
+                                  / (t.tf + {_K1} * (1 - {_B} + {_B} * l.len / $avgdl))) AS score
+                FROM terms t JOIN q USING (term) JOIN term_idf i USING (term) JOIN doc_len l USING (doc)
+                GROUP BY t.doc ORDER BY score DESC, t.doc LIMIT $topn""",
+                {"query": query, "stopwords": list(STOPWORDS), "avgdl": self._avgdl, "topn": topn}).fetchall()
         terms = set(re.findall(r"\w+", query.lower()))
         return [Hit(self.documents[doc], score, _snippet(self.documents[doc], terms)) for doc, score in rows]
 
