@@ -8,6 +8,9 @@ against the keys that can reach them), and the mixture of
 experts computed densely (every expert on every token, weighted by the top-k router
 weights; with a handful of tiny experts that beats gathering tokens per expert).
 Right padding needs no mask: causal attention never lets a real token see a pad.
+
+Rows that share a prefix (training tasks come in groups rendered with the same system and
+developer messages) can have it computed once: `hidden_states(model, ids, prefix)`.
 """
 
 from __future__ import annotations
@@ -69,8 +72,24 @@ def _sliding_attention(q, k, v, sinks: torch.Tensor, scale: float, window: int) 
     return out.reshape(batch, heads, num_blocks * window, dim)[:, :, :time]
 
 
-def _attention(attn, x: torch.Tensor, cos, sin, window: int | None) -> torch.Tensor:
-    # x: [batch, time, hidden]
+def _suffix_attention(q, k, v, sinks: torch.Tensor, scale: float, window: int | None, start: int) -> torch.Tensor:
+    """Attention of queries at positions start.. over all keys before them (the shared prefix's
+    keys, broadcast over the batch, then the suffix's own), with sinks: an explicit mask, a zero
+    key and value whose logit is the sink."""
+    batch, heads, time, dim = q.shape
+    query = torch.arange(start, start + time, device=q.device)[:, None]
+    key = torch.arange(k.shape[2], device=q.device)[None, :]
+    allowed = (key <= query) if window is None else (key <= query) & (query - key < window)
+    bias = torch.zeros(allowed.shape, device=q.device).masked_fill(~allowed, float("-inf"))
+    bias = torch.cat([bias[None].expand(heads, -1, -1), sinks[:, None, None].expand(-1, time, 1)], dim=-1)
+    k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None], scale=scale)
+
+
+def _attention(attn, x: torch.Tensor, cos, sin, window: int | None, past=None):
+    """Self-attention of `x` [batch, time, hidden]; with `past` (the shared prefix's keys and
+    values, batch 1), `x` continues that prefix. Returns the output and this call's keys
+    and values."""
     batch, time, _ = x.shape
     d = attn.head_dim
     q = attn.q_proj(x).view(batch, time, -1, d).transpose(1, 2)
@@ -79,11 +98,15 @@ def _attention(attn, x: torch.Tensor, cos, sin, window: int | None) -> torch.Ten
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    if window is None or window >= time:
+    if past is not None:
+        start = past[0].shape[2]
+        keys, values = (torch.cat([shared.expand(batch, -1, -1, -1), own], dim=2) for shared, own in zip(past, (k, v)))
+        out = _suffix_attention(q, keys, values, attn.sinks, attn.scaling, window, start)
+    elif window is None or window >= time:
         out = _full_attention(q, k, v, attn.sinks, attn.scaling)
     else:
         out = _sliding_attention(q, k, v, attn.sinks, attn.scaling, window)
-    return attn.o_proj(out.transpose(1, 2).reshape(batch, time, -1))
+    return attn.o_proj(out.transpose(1, 2).reshape(batch, time, -1)), (k, v)
 
 
 def _experts(mlp, x: torch.Tensor) -> torch.Tensor:
@@ -99,16 +122,30 @@ def _experts(mlp, x: torch.Tensor) -> torch.Tensor:
     return torch.einsum("eth,te->th", out, weights)
 
 
-def hidden_states(model: GptOssForCausalLM, ids: torch.Tensor) -> torch.Tensor:
-    """The final normed hidden states [batch, time, hidden] for right-padded `ids`."""
+def _layer(layer, x: torch.Tensor, cos, sin, past=None):
+    attn = layer.self_attn
+    out, kv = _attention(attn, _rms_norm(layer.input_layernorm, x), cos, sin, attn.sliding_window, past)
+    x = x + out
+    h = _rms_norm(layer.post_attention_layernorm, x)
+    return x + _experts(layer.mlp, h.reshape(-1, h.shape[-1])).view_as(h), kv
+
+
+def hidden_states(model: GptOssForCausalLM, ids: torch.Tensor, prefix: torch.Tensor | None = None) -> torch.Tensor:
+    """The final normed hidden states [batch, time, hidden] for right-padded `ids`. With
+    `prefix` [length], every row of `ids` continues that one shared prefix: it is computed
+    once, not once per row, and the states returned are those of `ids` only."""
     inner = model.model
-    x = inner.embed_tokens(ids)
-    positions = torch.arange(ids.shape[1], device=ids.device)[None]
-    cos, sin = inner.rotary_emb(x, positions)
+    if prefix is not None and len(prefix) == 0:
+        prefix = None
+    start = 0 if prefix is None else len(prefix)
+    positions = torch.arange(start + ids.shape[1], device=ids.device)[None]
+    cos, sin = inner.rotary_emb(inner.embed_tokens.weight[:1], positions)
     cos, sin = cos[:, None], sin[:, None]
+    x = inner.embed_tokens(ids)
+    shared = None if prefix is None else inner.embed_tokens(prefix[None])
     for layer in inner.layers:
-        attn = layer.self_attn
-        x = x + _attention(attn, _rms_norm(layer.input_layernorm, x), cos, sin, attn.sliding_window)
-        h = _rms_norm(layer.post_attention_layernorm, x)
-        x = x + _experts(layer.mlp, h.reshape(-1, h.shape[-1])).view_as(h)
+        past = None
+        if shared is not None:
+            shared, past = _layer(layer, shared, cos[:, :, :start], sin[:, :, :start])
+        x, _ = _layer(layer, x, cos[:, :, start:], sin[:, :, start:], past)
     return _rms_norm(inner.norm, x)

@@ -29,22 +29,41 @@ class Task:
     steps: list[Step]
     answer: str  # the final answer must contain it ("" for a function_call turn)
     calls: list[tuple[str, dict | str]]  # (recipient, arguments) the model must make, in order
+    group: int = 0  # tasks of one group share their Context
 
 
 def _date(rng: random.Random) -> str:
     return f"{rng.randint(2024, 2027)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
 
 
-def _body(rng: random.Random, text: str, tools: list[dict], **extra) -> dict:
-    body = {"input": text, "tools": tools, "metadata": {"conversation_date": _date(rng)}, **extra}
+@dataclass(frozen=True)
+class Context:
+    """What the tasks of one group share: the request fields rendered before the user's
+    message (date, reasoning effort, instructions, tools), so their prompts share a prefix
+    the trainer computes once. Held-out tasks each get their own."""
+
+    fields: dict  # body fields other than input
+    kind: str | None = None  # python: "mcp" or "builtin"
+    functions: tuple[str, ...] = ()  # function tasks: the functions offered
+
+    def body(self, text) -> dict:
+        return {"input": text, **json.loads(json.dumps(self.fields))}
+
+    @property
+    def date(self) -> str | None:
+        return self.fields.get("metadata", {}).get("conversation_date")
+
+
+def _fields(rng: random.Random, tools: list[dict], **extra) -> dict:
+    fields = {"tools": tools, "metadata": {"conversation_date": _date(rng)}, **extra}
     if rng.random() < 0.1:  # no date: the system message has no "Current date" line
-        del body["metadata"]
+        del fields["metadata"]
     if rng.random() < 0.3:
-        body["reasoning"] = {"effort": rng.choice(["low", "medium", "high"])}
+        fields["reasoning"] = {"effort": rng.choice(["low", "medium", "high"])}
     if rng.random() < 0.2:
-        body["instructions"] = rng.choice(["Answer briefly.", "Be concise.", "You are a helpful assistant.",
-                                          "Answer with the result only."])
-    return body
+        fields["instructions"] = rng.choice(["Answer briefly.", "Be concise.", "You are a helpful assistant.",
+                                            "Answer with the result only."])
+    return fields
 
 
 # -- python arithmetic ---------------------------------------------------------------
@@ -64,13 +83,18 @@ def _python_tools(rng: random.Random, kind: str) -> list[dict]:
              "server_url": MCP_URL}]
 
 
-def python_task(rng: random.Random, custom_id: str) -> Task:
+def python_context(rng: random.Random) -> Context:
+    kind = rng.choice(["mcp", "builtin"])
+    return Context(_fields(rng, _python_tools(rng, kind)), kind=kind)
+
+
+def python_task(rng: random.Random, custom_id: str, context: Context) -> Task:
     op = rng.choice(["*", "*", "+", "-", "**"])
     if op == "**":
-        a, b = rng.randint(2, 30), rng.randint(2, 20)
+        a, b = rng.randint(2, 20), rng.randint(2, 6)  # results up to 8 digits: long strings of "000" copy badly
     else:
         a, b = rng.randint(2, 9999), rng.randint(2, 9999)
-    kind = rng.choice(["mcp", "builtin"])
+    kind = context.kind
     text, suffix = rng.choice(_OPS[op]).format(a=a, b=b), rng.choice(_PY_SUFFIX[kind])
     if suffix[1].isupper():  # a sentence of its own
         text = text if text.endswith("?") else text + "."
@@ -83,7 +107,7 @@ def python_task(rng: random.Random, custom_id: str) -> Task:
     code = f"print({expression})"
     steps = [Step((analysis(f"Compute {expression} with python."), python_call(code)), "python", result + "\n"),
              Step((final(f"{expression} = {result}"),))]
-    return Task(custom_id, "python", _body(rng, text, _python_tools(rng, kind)), steps, result, [("python", code)])
+    return Task(custom_id, "python", context.body(text), steps, result, [("python", code)])
 
 
 # -- function tools ------------------------------------------------------------------
@@ -147,33 +171,33 @@ def _result(rng: random.Random, name: str, args: dict) -> tuple[dict, str]:
     return out, f"The email of {args['name']} is {out['email']}."
 
 
-def _function_request(rng: random.Random) -> tuple[str, dict, str, list[dict]]:
-    name = rng.choice(list(FUNCTIONS))
-    spec, questions = FUNCTIONS[name]
+def function_context(rng: random.Random) -> Context:
+    """One to three functions, in a random order."""
+    functions = tuple(rng.sample(list(FUNCTIONS), rng.randint(1, 3)))
+    return Context(_fields(rng, [FUNCTIONS[f][0] for f in functions]), functions=functions)
+
+
+def _function_request(rng: random.Random, context: Context) -> tuple[str, dict, str]:
+    name = rng.choice(context.functions)
     args = _arguments(rng, name)
-    others = rng.sample([f for f in FUNCTIONS if f != name], rng.randint(0, 2))
-    tools = [FUNCTIONS[f][0] for f in others] + [spec]
-    rng.shuffle(tools)
-    return name, args, rng.choice(questions).format(**args), tools
+    return name, args, rng.choice(FUNCTIONS[name][1]).format(**args)
 
 
-def function_call_task(rng: random.Random, custom_id: str) -> Task:
-    name, args, question, tools = _function_request(rng)
+def function_call_task(rng: random.Random, custom_id: str, context: Context) -> Task:
+    name, args, question = _function_request(rng, context)
     arguments = json.dumps(args)
     steps = [Step((analysis(f"Call {name}."), function_call(name, arguments)))]
-    return Task(custom_id, "function_call", _body(rng, question, tools), steps, "",
-                [(f"functions.{name}", args)])
+    return Task(custom_id, "function_call", context.body(question), steps, "", [(f"functions.{name}", args)])
 
 
-def function_output_task(rng: random.Random, custom_id: str) -> Task:
-    name, args, question, tools = _function_request(rng)
+def function_output_task(rng: random.Random, custom_id: str, context: Context) -> Task:
+    name, args, question = _function_request(rng, context)
     output, answer = _result(rng, name, args)
     call_id = f"call_{rng.randint(1, 999)}"
     items = [{"role": "user", "content": question},
              {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(args)},
              {"type": "function_call_output", "call_id": call_id, "output": json.dumps(output)}]
-    body = _body(rng, question, tools)
-    body["input"] = items
+    body = context.body(items)
     steps = [Step((analysis(f"Answer from the {name} result."), final(answer)))]
     return Task(custom_id, "function_output", body, steps, answer, [])
 
@@ -200,24 +224,35 @@ def _search_and_open(query: str) -> tuple[str, str]:
     return results, page
 
 
-def browser_task(rng: random.Random, custom_id: str) -> Task:
+def browser_context(rng: random.Random) -> Context:
+    return Context(_fields(rng, [{"type": rng.choice(["web_search_preview", "web_search"])}]))
+
+
+def browser_task(rng: random.Random, custom_id: str, context: Context) -> Task:
     query, question, answer = rng.choice(FACTS)
     search_args, open_args = {"query": query, "topn": 3}, {"id": 0}
     results, page = _search_and_open(query)
-    tools = [{"type": rng.choice(["web_search_preview", "web_search"])}]
     steps = [Step((analysis(f"Search for {query}."), browser_call("search", json.dumps(search_args))),
                   "browser.search", results),
              Step((browser_call("open", json.dumps(open_args)),), "browser.open", page),
              Step((final(f"{answer}."),))]
-    return Task(custom_id, "browser", _body(rng, rng.choice(_ASK).format(q=question), tools), steps, answer,
+    return Task(custom_id, "browser", context.body(rng.choice(_ASK).format(q=question)), steps, answer,
                 [("browser.search", search_args), ("browser.open", open_args)])
 
 
 # -- no tool -------------------------------------------------------------------------
-def no_tool_task(rng: random.Random, custom_id: str) -> Task:
-    kind = rng.choice(["copy", "reverse", "hello", "date", "json", "list"])
-    words = rng.sample(WORDS, rng.randint(2, 5))
-    date = None
+def no_tool_context(rng: random.Random) -> Context:
+    """No tools, or one tool the request forbids (`tool_choice: none`)."""
+    if rng.random() < 0.5:
+        return Context(_fields(rng, []))
+    tool = rng.choice([FUNCTIONS["get_weather"][0], {"type": "code_interpreter"}, {"type": "web_search"}])
+    return Context(_fields(rng, [tool], tool_choice="none"))
+
+
+def no_tool_task(rng: random.Random, custom_id: str, context: Context) -> Task:
+    kind = rng.choice(["copy", "reverse", "hello", "date", "json", "list"] if context.date else
+                      ["copy", "reverse", "hello", "json", "list"])  # the date is the system message's
+    words = rng.sample(WORDS, rng.randint(2, 3 if kind == "reverse" else 5))
     if kind == "copy":
         text, answer = f"Repeat exactly: {' '.join(words)}", " ".join(words)
     elif kind == "reverse":
@@ -227,61 +262,36 @@ def no_tool_task(rng: random.Random, custom_id: str) -> Task:
         text, answer = rng.choice(["Say hello to {n}.", "Greet {n}."]).format(n=name), f"Hello, {name}!"
     elif kind == "date":
         text = rng.choice(["What is today's date?", "What is the date today? Answer in ISO format."])
-        date = answer = _date(rng)
+        answer = context.date
     elif kind == "json":
         name, city = rng.choice(PEOPLE), rng.choice(CITIES)
         text = f"Give JSON with keys name and city for {name} from {city}."
         answer = json.dumps({"name": name, "city": city})
     else:
         text, answer = f"Write these words as a comma-separated list: {' '.join(words)}", ", ".join(words)
-    tools, extra = [], {}
-    if rng.random() < 0.5:
-        tools = [rng.choice([FUNCTIONS["get_weather"][0], {"type": "code_interpreter"}, {"type": "web_search"}])]
-        extra["tool_choice"] = "none"
-    body = _body(rng, text, tools, **extra)
-    if date:
-        body["metadata"] = {"conversation_date": date}
     steps = [Step((analysis(f"Task: {kind}. Answer directly."), final(answer)))]
-    return Task(custom_id, "no_tool", body, steps, answer, [])
+    return Task(custom_id, "no_tool", context.body(text), steps, answer, [])
 
 
-# -- copy drill (training only) -------------------------------------------------------
-def _piece(rng: random.Random) -> str:
-    kind = rng.randrange(8)
-    if kind == 0:
-        return str(rng.randint(0, 10 ** rng.randint(1, 12)))
-    if kind == 1:
-        return f"{rng.randint(2, 9999)}{rng.choice(['*', '+', '-', '**'])}{rng.randint(2, 9999)}"
-    if kind == 2:
-        return f"{round(rng.uniform(0, 5000), rng.randint(1, 2))}"
-    if kind == 3:
-        return _date(rng)
-    if kind == 4:
-        return rng.choice(PEOPLE)
-    if kind == 5:
-        return rng.choice(CITIES + COUNTRIES)
-    if kind == 6:
-        return rng.choice(SYMBOLS + CURRENCIES + SKIES + STATUSES)
-    return rng.choice(WORDS)
+_MAKERS = {"python": (python_context, python_task), "function_call": (function_context, function_call_task),
+           "function_output": (function_context, function_output_task),
+           "browser": (browser_context, browser_task), "no_tool": (no_tool_context, no_tool_task)}
 
 
-def copy_drill_task(rng: random.Random, custom_id: str) -> Task:
-    """Dense copying practice: a short request whose answer repeats numbers, names and words
-    from it. Cheap to train on (no tool section) and most of its target tokens are copies,
-    which is the skill every other family needs."""
-    text = rng.choice([" ", ", ", " and ", "; "]).join(_piece(rng) for _ in range(rng.randint(2, 8)))
-    body = _body(rng, f"Repeat exactly: {text}", [])
-    steps = [Step((analysis("Task: copy. Answer directly."), final(text)))]
-    return Task(custom_id, "copy_drill", body, steps, text, [])
-
-
-_MAKERS = {"python": python_task, "function_call": function_call_task, "function_output": function_output_task,
-           "browser": browser_task, "no_tool": no_tool_task, "copy_drill": copy_drill_task}
-
-
-def generate(seed: int, n: int, prefix: str = "task", mix: dict[str, int] | None = None) -> list[Task]:
-    """`n` tasks, all drawn from one generator seeded by `seed`; families in turn, each
+def generate(seed: int, n: int, prefix: str = "task", mix: dict[str, int] | None = None, group: int = 1) -> list[Task]:
+    """`n` tasks, all drawn from one generator seeded by `seed`, in groups of `group` tasks of
+    one family that share a Context (`Task.group` numbers them); families in turn, each
     family `mix[family]` times per cycle (default: the five evaluated families once each)."""
     rng = random.Random(seed)
     cycle = [family for family, count in (mix or dict.fromkeys(FAMILIES, 1)).items() for _ in range(count)]
-    return [_MAKERS[cycle[i % len(cycle)]](rng, f"{prefix}-{i:05d}-{cycle[i % len(cycle)]}") for i in range(n)]
+    tasks: list[Task] = []
+    while len(tasks) < n:
+        number = len(tasks) // group
+        family = cycle[number % len(cycle)]
+        make_context, make_task = _MAKERS[family]
+        context = make_context(rng)
+        for _ in range(min(group, n - len(tasks))):
+            task = make_task(rng, f"{prefix}-{len(tasks):05d}-{family}", context)
+            task.group = number
+            tasks.append(task)
+    return tasks

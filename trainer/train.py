@@ -29,25 +29,29 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import GptOssForCausalLM
 
+from batch.harmony import RETURN_TOKEN
 from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
+from trainer.copy_circuit import plant_copy_circuit
 from trainer.fast_forward import hidden_states
 from trainer.render import Sequence, render_sequence
 from trainer.tasks import generate
 
 DEFAULT_OUT = Path("data/models/batchrun-tiny")
-MODEL_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                   head_dim=32, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
+HARMONY_SPECIAL_IDS = range(199998, 200019)
+MODEL_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                   head_dim=64, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
 
 
-# Tasks per cycle of the training set. Shifting it (fewer long browser tasks, copy drills)
-# did not help in the runs measured so far: see the model card.
-TRAINING_MIX = (("python", 1), ("function_call", 1), ("function_output", 1), ("browser", 1), ("no_tool", 1))
+# Task groups per cycle of the training set: more of the families whose first copied word
+# is hardest to find (function arguments, direct answers), fewer long browser tasks.
+TRAINING_MIX = (("python", 2), ("function_call", 3), ("function_output", 2), ("browser", 2), ("no_tool", 3))
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    steps: int = 6000
+    copy_steps: int = 100  # first steps on random token strings to copy (the circuit learns its scale)
+    steps: int = 5000  # in all, the copy steps included
     batch_tokens: int = 3000  # padded tokens per step (small batches learn faster per second here)
     lr: float = 3e-3
     warmup: int = 30
@@ -55,6 +59,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     num_tasks: int = 40000
     num_held_out: int = 200
+    word_init: bool = True  # tokens of one word start with close embeddings
+    group: int = 16  # training tasks per shared context (prompt prefix computed once per batch)
     eval_every: int = 1000
     mix: tuple = TRAINING_MIX
     shape: tuple = tuple(MODEL_SHAPE.items())
@@ -70,43 +76,65 @@ def live_vocabulary(sequences: list[Sequence]) -> list[int]:
     for n in range(1000):
         ids.update(encoding.encode(str(n)))
         ids.update(encoding.encode(f"{n:03d}"))
-    ids.update(range(199998, 200019))
+    ids.update(HARMONY_SPECIAL_IDS)
     return sorted(ids)
 
 
-def batches(sequences: list[Sequence], batch_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Index batches of similar length (less padding), in a seeded random order."""
-    order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].token_ids), rng.random()))
-    result, current, longest = [], [], 0
-    for i in order:
-        longest_if = max(longest, len(sequences[i].token_ids))
-        if current and longest_if * (len(current) + 1) > batch_tokens:
-            result.append(current)
-            current, longest_if = [], len(sequences[i].token_ids)
-        current.append(i)
-        longest = longest_if
-    result.append(current)
+def shared_prefix(sequences: list[Sequence]) -> int:
+    """How many leading tokens all `sequences` share before the first one with a loss."""
+    first, length = sequences[0].token_ids, min(s.is_target.index(True) for s in sequences) - 1
+    for s in sequences[1:]:
+        length = next((i for i in range(length) if s.token_ids[i] != first[i]), length)
+    return max(length, 0)
+
+
+def batches(sequences: list[Sequence], batch_tokens: int, rng: random.Random,
+            groups: list[int] | None = None) -> list[list[int]]:
+    """Index batches in a seeded random order. Without `groups`: sequences of similar length
+    (less padding). With `groups` (training): the sequences of one group, whose shared prefix
+    counts once, split so that prefix + padded rest fits `batch_tokens`."""
+    if groups is None:
+        groups = [0] * len(sequences)
+    members: dict[int, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    result = []
+    for indices in members.values():
+        prefix = shared_prefix([sequences[i] for i in indices]) if len(set(groups)) > 1 else 0
+        indices.sort(key=lambda i: (len(sequences[i].token_ids), rng.random()))
+        current: list[int] = []
+        for i in indices:
+            longest = len(sequences[i].token_ids) - prefix
+            if current and prefix + longest * (len(current) + 1) > batch_tokens:
+                result.append(current)
+                current = []
+            current.append(i)
+        result.append(current)
     rng.shuffle(result)
     return result
 
 
-def collate(sequences: list[Sequence], to_live: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded live ids [batch, time] and next-token targets (-100 where no loss)."""
-    width = max(len(s.token_ids) for s in sequences)
+def collate(sequences: list[Sequence], to_live: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The shared prefix's live ids [length]; the rest of each sequence right-padded [batch,
+    time]; and next-token targets (-100 where no loss)."""
+    start = shared_prefix(sequences)
+    prefix = torch.tensor([to_live[t] for t in sequences[0].token_ids[:start]], dtype=torch.long)
+    width = max(len(s.token_ids) for s in sequences) - start
     ids = torch.zeros(len(sequences), width, dtype=torch.long)
     targets = torch.full((len(sequences), width), -100, dtype=torch.long)
     for row, s in enumerate(sequences):
-        live = torch.tensor([to_live[t] for t in s.token_ids])
+        live = torch.tensor([to_live[t] for t in s.token_ids[start:]])
         ids[row, :len(live)] = live
-        mask = torch.tensor(s.is_target[1:])
+        mask = torch.tensor(s.is_target[start + 1:])
         targets[row, :len(live) - 1] = torch.where(mask, live[1:], torch.tensor(-100))
-    return ids, targets
+    return prefix, ids, targets
 
 
-def exact_loss(model: GptOssForCausalLM, ids: torch.Tensor, targets: torch.Tensor, num_dead: int):
+def exact_loss(model: GptOssForCausalLM, prefix: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor,
+               num_dead: int):
     """Cross-entropy of the full-vocabulary softmax at the target positions; and whether
     greedy decoding gets each sequence's target tokens all right ([batch] bools)."""
-    hidden = hidden_states(model, ids)  # [batch, time, hidden]
+    hidden = hidden_states(model, ids, prefix)  # [batch, time, hidden]
     where = targets != -100
     logits = model.lm_head(hidden[where])  # [num_targets, num_live]
     dead = torch.full((logits.shape[0], 1), math.log(num_dead)) if num_dead else logits[:, :0]
@@ -117,14 +145,41 @@ def exact_loss(model: GptOssForCausalLM, ids: torch.Tensor, targets: torch.Tenso
     return loss, right.all(dim=1)
 
 
-def build_model(config: TrainConfig, num_live: int) -> GptOssForCausalLM:
-    """A gpt-oss model over the live ids, its lm_head tied to the embedding."""
+def build_model(config: TrainConfig, num_live: int, live_ids: list[int] | None = None) -> GptOssForCausalLM:
+    """A gpt-oss model over the live ids, its lm_head tied to the embedding, with a
+    copying circuit planted (trainer/copy_circuit.py)."""
     torch.manual_seed(config.seed)
     model_config = tiny_config(vocab_size=num_live, pad_token_id=None, **dict(config.shape))
     model_config._attn_implementation = "eager"
     model = GptOssForCausalLM(model_config)
     model.lm_head.weight = model.model.embed_tokens.weight
+    words = None
+    if live_ids is not None and config.word_init:
+        from batch.vocab import harmony_encoding
+
+        encoding = harmony_encoding()
+        words = [encoding.decode([t]).strip().lower() or str(t) for t in live_ids]
+    plant_copy_circuit(model, seed=config.seed, words=words)
     return model
+
+
+def random_copies(live_ids: list[int], batch_tokens: int, rng: random.Random) -> list[Sequence]:
+    """A batch of harmony-framed copy drills over random live tokens: a user message of
+    4-24 random tokens, then a final answer repeating it. Every live token gets copied,
+    numbers included, which the tasks alone show too rarely."""
+    from batch.vocab import harmony_encoding
+
+    encoding = harmony_encoding()
+    head = encoding.encode("<|start|>user<|message|>", allowed_special="all")
+    middle = encoding.encode("<|end|><|start|>assistant<|channel|>final<|message|>", allowed_special="all")
+    ordinary = [t for t in live_ids if t < min(HARMONY_SPECIAL_IDS)]
+    result, used = [], 0
+    while used < batch_tokens:
+        text = [rng.choice(ordinary) for _ in range(rng.randint(4, 24))]
+        prompt = head + text + middle
+        result.append(Sequence(prompt + text + [RETURN_TOKEN], [False] * len(prompt) + [True] * (len(text) + 1)))
+        used += len(result[-1].token_ids)
+    return result
 
 
 def save(model: GptOssForCausalLM, live_ids: list[int], out: Path, config: TrainConfig, log: list[dict]) -> None:
@@ -168,22 +223,23 @@ def evaluate(model, sequences, families, to_live, num_dead, batch_tokens) -> tup
     return sum(losses) / len(losses), shares
 
 
-def sequences_for(seed: int, n: int, prefix: str, mix=None) -> tuple[list[Sequence], list[str]]:
-    tasks = generate(seed, n, prefix, dict(mix) if mix else None)
-    return [render_sequence(t.body, t.steps) for t in tasks], [t.family for t in tasks]
+def sequences_for(seed: int, n: int, prefix: str, mix=None, group: int = 1) -> tuple[list[Sequence], list[str], list[int]]:
+    """Rendered tasks, their families and their groups."""
+    tasks = generate(seed, n, prefix, dict(mix) if mix else None, group)
+    return [render_sequence(t.body, t.steps) for t in tasks], [t.family for t in tasks], [t.group for t in tasks]
 
 
 def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> dict:
     """Train from scratch; returns the log (and writes the checkpoint to `out` if given)."""
     started = time.monotonic()
-    train_set, _ = sequences_for(config.seed, config.num_tasks, "train", config.mix)
-    held_out, families = sequences_for(config.seed + 1_000_003, config.num_held_out, "heldout")
+    train_set, _, groups = sequences_for(config.seed, config.num_tasks, "train", config.mix, config.group)
+    held_out, families, _ = sequences_for(config.seed + 1_000_003, config.num_held_out, "heldout")
     live_ids = live_vocabulary(train_set)
     to_live = {t: i for i, t in enumerate(live_ids)}
     kept = [i for i, s in enumerate(held_out) if all(t in to_live for t in s.token_ids)]
     held_out, families = [held_out[i] for i in kept], [families[i] for i in kept]
     num_dead = VOCAB_SIZE - len(live_ids)
-    model = build_model(config, len(live_ids))
+    model = build_model(config, len(live_ids), live_ids)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                   betas=(0.9, config.beta2))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1, (s + 1) / config.warmup) * max(
@@ -191,10 +247,13 @@ def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> di
     rng, pending, log = random.Random(config.seed), [], []
     bar = tqdm(range(config.steps), disable=not progress, desc="train")
     for step in bar:
-        if not pending:
-            pending = batches(train_set, config.batch_tokens, rng)
-        ids, targets = collate([train_set[i] for i in pending.pop()], to_live)
-        loss, _ = exact_loss(model, ids, targets, num_dead)
+        if step < config.copy_steps:
+            batch = random_copies(live_ids, config.batch_tokens, rng)
+        else:
+            if not pending:
+                pending = batches(train_set, config.batch_tokens, rng, groups)
+            batch = [train_set[i] for i in pending.pop()]
+        loss, _ = exact_loss(model, *collate(batch, to_live), num_dead)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -2,6 +2,7 @@
 
 import json
 
+from batch.vocab import harmony_encoding
 from trainer.render import request_prompt, render_sequence
 from trainer.tasks import FAMILIES, generate
 
@@ -49,12 +50,25 @@ def test_prompts_equal_what_batchrun_submit_renders(tmp_path, tiny_model_dir):
 
 
 def test_mix_sets_how_often_each_family_comes():
-    tasks = generate(0, 12, mix={"copy_drill": 2, "python": 1})
-    assert [t.family for t in tasks] == ["copy_drill", "copy_drill", "python"] * 4
+    tasks = generate(0, 12, mix={"browser": 2, "python": 1})
+    assert [t.family for t in tasks] == ["browser", "browser", "python"] * 4
 
 
-def test_copy_drill_answer_repeats_the_request():
-    for task in generate(1, 20, mix={"copy_drill": 1}):
-        assert task.body["input"] == f"Repeat exactly: {task.answer}"
-        sequence = render_sequence(task.body, task.steps)
-        assert sequence.is_target[-1] and sum(sequence.is_target) < len(sequence.token_ids)
+def test_tasks_of_a_group_share_the_prompt_up_to_the_user_message():
+    tasks = generate(5, 60, group=6)
+    assert [t.group for t in tasks] == [i // 6 for i in range(60)]
+    for start in range(0, 60, 6):
+        group = tasks[start:start + 6]
+        assert len({t.family for t in group}) == 1
+        prompts = [request_prompt(t.body) for t in group]
+        user = prompts[0].index(200006, 1)  # <|start|> of the message after the system message's
+        while "user" not in harmony_encoding().decode(prompts[0][user:user + 2]):
+            user = prompts[0].index(200006, user + 1)
+        assert all(p[:user] == prompts[0][:user] for p in prompts), group[0].family
+    assert len({json.dumps(t.body.get("metadata")) for t in tasks}) > 5  # groups differ
+
+
+def test_function_tasks_call_one_of_the_offered_functions():
+    for task in generate(2, 40, mix={"function_call": 1}, group=8):
+        offered = {tool["name"] for tool in task.body["tools"]}
+        assert task.calls[0][0].removeprefix("functions.") in offered

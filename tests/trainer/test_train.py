@@ -10,9 +10,9 @@ from engine.checkpoint import VOCAB_SIZE
 from trainer.fast_forward import hidden_states
 from trainer.train import TrainConfig, build_model, exact_loss, train
 
-SMOKE = TrainConfig(steps=12, num_tasks=40, num_held_out=20, batch_tokens=1500, lr=1e-2, warmup=2, eval_every=6,
+SMOKE = TrainConfig(steps=12, copy_steps=3, num_tasks=40, num_held_out=20, batch_tokens=1500, lr=1e-2, warmup=2, eval_every=6,
                     shape=tuple(dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     num_key_value_heads=1, head_dim=16, intermediate_size=32,
+                                     num_key_value_heads=2, head_dim=16, intermediate_size=32,
                                      num_local_experts=2, num_experts_per_tok=1).items()))
 
 
@@ -26,12 +26,23 @@ def test_fast_forward_matches_transformers_eager():
     torch.testing.assert_close(hidden_states(model, ids), expected, atol=1e-4, rtol=1e-4)
 
 
+def test_shared_prefix_gives_the_states_of_whole_rows():
+    model = build_model(SMOKE, 300)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    prefix = torch.randint(0, 300, (170,))  # longer than the sliding window (128)
+    rows = torch.randint(0, 300, (3, 60))
+    whole = hidden_states(model, torch.cat([prefix.expand(3, -1), rows], dim=1))[:, 170:]
+    torch.testing.assert_close(hidden_states(model, rows, prefix), whole, atol=1e-4, rtol=1e-4)
+
+
 def test_exact_loss_counts_the_dead_vocabulary():
     model = build_model(SMOKE, 10)
     with torch.no_grad():
         model.lm_head.weight.zero_()
     ids, targets = torch.zeros(1, 4, dtype=torch.long), torch.tensor([[-100, 3, 3, -100]])
-    loss, _ = exact_loss(model, ids, targets, num_dead=VOCAB_SIZE - 10)
+    loss, _ = exact_loss(model, torch.zeros(0, dtype=torch.long), ids, targets, num_dead=VOCAB_SIZE - 10)
     assert abs(loss.item() - torch.log(torch.tensor(float(VOCAB_SIZE))).item()) < 1e-4  # uniform over 201,088
 
 
