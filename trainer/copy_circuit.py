@@ -19,6 +19,11 @@ everything from there:
   (on the rotary pairs that barely turn over a few thousand positions, so the match does not
   depend on distance) and add the matched position's token embedding to the residual, which
   the tied lm_head reads out as that token;
+- "quiet" tokens (JSON's quotes) must not match themselves, or a function call's second
+  string value copies whatever followed the first `"` (measured: every `convert_currency`
+  call and every two-key JSON answer took a value from the wrong place). Each head's key
+  flips the sign of one "quiet" coordinate, which ordinary tokens leave at zero and quiet
+  tokens fill with most of their norm: a quiet token's match with itself is negative;
 - the other heads and every expert's output start at zero, so nothing drowns the circuit.
 """
 
@@ -31,18 +36,19 @@ WORD_NOISE = 0.5  # how far apart " Paris", "Paris" and "paris" start (cosine 0.
 SLOW_ROTATION = 6e-4  # radians per position: under 0.3 rad over 500 positions
 
 
-def plant_copy_circuit(model: GptOssForCausalLM, *, seed: int, words: list[str] | None = None, sigma: float = 0.02,
-                       sharpness: float = 12.0, match_gain: float = 2.0, copy_gain: float = 2.0) -> None:
+def plant_copy_circuit(model: GptOssForCausalLM, *, seed: int, words: list[str] | None = None,
+                       quiet: list[bool] | None = None, sigma: float = 0.02, sharpness: float = 12.0,
+                       match_gain: float = 2.0, copy_gain: float = 2.0) -> None:
     """Initialise `model` in place (see the module docstring), E = hidden_size / 2; `words`:
-    each embedding row's word (rows with the same word start close). Needs
-    head_dim >= E and one key/value head per query head."""
+    each embedding row's word (rows with the same word start close); `quiet`: rows that take
+    no part in the induction match. Needs head_dim >= E and one key/value head per query head."""
     inner, config = model.model, model.config
     dims, head, half = config.hidden_size // 2, config.head_dim, config.head_dim // 2
     if config.num_key_value_heads != config.num_attention_heads or head < dims:
         raise ValueError("the copy circuit needs one key/value head per query head and head_dim >= hidden_size / 2")
     generator = torch.Generator().manual_seed(seed)
     frequencies = inner.rotary_emb.inv_freq
-    slow = [i for i in range(half) if frequencies[i] < SLOW_ROTATION]
+    slow = [i for i in range(half) if frequencies[i] < SLOW_ROTATION][-(dims // 4):]  # the match reads <= E/2 dims
     match = torch.tensor(slow + [i + half for i in slow])  # a head's query/key dims that barely rotate
     every = torch.arange(dims)
     with torch.no_grad():
@@ -53,6 +59,12 @@ def plant_copy_circuit(model: GptOssForCausalLM, *, seed: int, words: list[str] 
             index = {word: i for i, word in enumerate(dict.fromkeys(words))}
             base = torch.randn(len(index), dims, generator=generator)
             own = (base[torch.tensor([index[w] for w in words])] + WORD_NOISE * own) / (1 + WORD_NOISE ** 2) ** 0.5
+        flipped = torch.arange(2) * len(match) % dims  # each induction head's quiet coordinate
+        if quiet is not None:
+            rows = torch.tensor(quiet, dtype=torch.bool)
+            own[~rows.unsqueeze(1) & (every == flipped[:, None, None]).any(0)] = 0
+            own[rows.unsqueeze(1) & (every == flipped[:, None, None]).any(0)] = 2 * len(match) ** 0.5
+            own[rows] *= dims ** 0.5 / own[rows].norm(dim=1, keepdim=True)  # the usual norm
         embedding[:, :dims] = own * sigma
         for layer in inner.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -80,5 +92,6 @@ def plant_copy_circuit(model: GptOssForCausalLM, *, seed: int, words: list[str] 
             source = torch.arange(h * len(match), (h + 1) * len(match)) % dims
             induction.q_proj.weight[h * head + match, source] = match_gain
             induction.k_proj.weight[h * head + match, dims + source] = match_gain
+            induction.k_proj.weight[h * head + match[0], dims + flipped[h]] = -match_gain
             induction.v_proj.weight[h * head + every, every] = 1.0
             induction.o_proj.weight[every, h * head + every] = copy_gain * sigma

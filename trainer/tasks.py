@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from trainer.facts import FACTS
@@ -43,7 +43,7 @@ class Context:
     the trainer computes once. Held-out tasks each get their own."""
 
     fields: dict  # body fields other than input
-    kind: str | None = None  # python: "mcp" or "builtin"
+    kind: str | None = None  # python: "mcp" or "builtin"; no_tool: the task kind, else one per task
     functions: tuple[str, ...] = ()  # function tasks: the functions offered
 
     def body(self, text) -> dict:
@@ -250,8 +250,8 @@ def no_tool_context(rng: random.Random) -> Context:
 
 
 def no_tool_task(rng: random.Random, custom_id: str, context: Context) -> Task:
-    kind = rng.choice(["copy", "reverse", "hello", "date", "json", "list"] if context.date else
-                      ["copy", "reverse", "hello", "json", "list"])  # the date is the system message's
+    kind = context.kind or rng.choice(["copy", "reverse", "hello", "date", "json", "list"] if context.date else
+                                      ["copy", "reverse", "hello", "json", "list"])  # the date is the system message's
     words = rng.sample(WORDS, rng.randint(2, 3 if kind == "reverse" else 5))
     if kind == "copy":
         text, answer = f"Repeat exactly: {' '.join(words)}", " ".join(words)
@@ -281,15 +281,18 @@ _MAKERS = {"python": (python_context, python_task), "function_call": (function_c
 def generate(seed: int, n: int, prefix: str = "task", mix: dict[str, int] | None = None, group: int = 1) -> list[Task]:
     """`n` tasks, all drawn from one generator seeded by `seed`, in groups of `group` tasks of
     one family that share a Context (`Task.group` numbers them); families in turn, each
-    family `mix[family]` times per cycle (default: the five evaluated families once each)."""
+    family `mix[family]` times per cycle (default: the five evaluated families once each).
+    A mix key "no_tool/KIND" (training only) is a group of no_tool tasks of that kind."""
     rng = random.Random(seed)
     cycle = [family for family, count in (mix or dict.fromkeys(FAMILIES, 1)).items() for _ in range(count)]
     tasks: list[Task] = []
     while len(tasks) < n:
         number = len(tasks) // group
-        family = cycle[number % len(cycle)]
+        family, _, kind = cycle[number % len(cycle)].partition("/")
         make_context, make_task = _MAKERS[family]
         context = make_context(rng)
+        if kind:
+            context = replace(context, kind=kind)
         for _ in range(min(group, n - len(tasks))):
             task = make_task(rng, f"{prefix}-{len(tasks):05d}-{family}", context)
             task.group = number

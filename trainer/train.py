@@ -33,6 +33,7 @@ from batch.harmony import RETURN_TOKEN
 from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
 from trainer.copy_circuit import plant_copy_circuit
 from trainer.fast_forward import hidden_states
+from trainer.names import CITIES, COUNTRIES, CURRENCIES, PEOPLE, SKIES, STATUSES, SYMBOLS, WORDS
 from trainer.render import Sequence, render_sequence
 from trainer.tasks import generate
 
@@ -42,9 +43,11 @@ MODEL_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, 
                    head_dim=64, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
 
 
-# Task groups per cycle of the training set: more of the families whose first copied word
-# is hardest to find (function arguments, direct answers), fewer long browser tasks.
-TRAINING_MIX = (("python", 2), ("function_call", 3), ("function_output", 2), ("browser", 2), ("no_tool", 3))
+# Task groups per cycle of the training set: more of the tasks whose copied words are
+# hardest to find (function arguments; a reversed list or a JSON object's second value),
+# fewer long browser tasks (learned early).
+TRAINING_MIX = (("python", 2), ("function_call", 4), ("function_output", 2), ("browser", 1), ("no_tool", 3),
+                ("no_tool/reverse", 1), ("no_tool/json", 1))
 
 
 @dataclass(frozen=True)
@@ -153,14 +156,34 @@ def build_model(config: TrainConfig, num_live: int, live_ids: list[int] | None =
     model_config._attn_implementation = "eager"
     model = GptOssForCausalLM(model_config)
     model.lm_head.weight = model.model.embed_tokens.weight
-    words = None
-    if live_ids is not None and config.word_init:
+    words = quiet = None
+    if live_ids is not None:
         from batch.vocab import harmony_encoding
 
         encoding = harmony_encoding()
-        words = [encoding.decode([t]).strip().lower() or str(t) for t in live_ids]
-    plant_copy_circuit(model, seed=config.seed, words=words)
+        texts = [encoding.decode([t]) for t in live_ids]
+        quiet = ['"' in text for text in texts]
+        if config.word_init:
+            aliases = first_token_aliases(encoding)
+            words = [aliases.get(text.strip().lower(), text.strip().lower()) or str(t)
+                     for t, text in zip(live_ids, texts)]
+    plant_copy_circuit(model, seed=config.seed, words=words, quiet=quiet)
     return model
+
+
+def first_token_aliases(encoding) -> dict[str, str]:
+    """For each word the tasks copy: its first token without a leading space (a JSON value, an
+    answer's first word: "Lis" of "Lisbon") -> its word with one (" Lisbon"), so that both
+    start close and a copy can land on either."""
+    parts = {p.lower(): p for pool in (CITIES, COUNTRIES, CURRENCIES, PEOPLE, SKIES, STATUSES, SYMBOLS, WORDS)
+             for entry in pool for p in entry.split()}
+    aliases = {}
+    for part in parts.values():
+        bare, spaced = (encoding.decode(encoding.encode(t)[:1]).strip().lower() for t in (part, " " + part))
+        distinctive = all(len(t) >= 3 or t == part.lower() for t in (bare, spaced))  # not "in" of "INR"
+        if bare != spaced and distinctive and bare not in parts:  # not "cloud" of "cloudy"
+            aliases.setdefault(bare, spaced)
+    return aliases
 
 
 def random_copies(live_ids: list[int], batch_tokens: int, rng: random.Random) -> list[Sequence]:

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from trainer.copy_circuit import plant_copy_circuit
 from trainer.fast_forward import hidden_states
 from trainer.train import TrainConfig, build_model, random_copies
 
@@ -35,6 +36,25 @@ def test_untrained_model_continues_a_repeated_string(model):
     assert right > 0.85  # chance: 1 in 3,000
     random_order = (predicted[:60] == ids[0, 1:61]).float().mean().item()
     assert random_order < 0.05  # nothing to copy the first time
+
+
+def test_quiet_tokens_do_not_trigger_a_copy():
+    """After a second `"` the circuit must not copy what followed the first one (a function
+    call's second string value would get the first's), while an ordinary token does copy."""
+    model = build_model(TrainConfig(), NUM_LIVE)
+    plant_copy_circuit(model, seed=0, quiet=[i < 100 for i in range(NUM_LIVE)])
+    generator = torch.Generator().manual_seed(2)
+    copied = {"quiet": 0, "ordinary": 0}
+    for trial in range(20):
+        filler = torch.randint(100, NUM_LIVE, (3, 30), generator=generator)
+        for kind, token in (("quiet", trial), ("ordinary", 100 + trial)):
+            follower = 200 + trial
+            ids = torch.cat([filler[0], torch.tensor([token, follower]), filler[1], torch.tensor([token])])[None]
+            with torch.no_grad():
+                predicted = model.lm_head(hidden_states(model, ids))[0, -1].argmax().item()
+            copied[kind] += predicted == follower
+    assert copied["ordinary"] >= 18
+    assert copied["quiet"] <= 2
 
 
 def test_random_copies_fill_a_batch_and_target_only_the_answer():

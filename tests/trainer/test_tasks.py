@@ -72,3 +72,9 @@ def test_function_tasks_call_one_of_the_offered_functions():
     for task in generate(2, 40, mix={"function_call": 1}, group=8):
         offered = {tool["name"] for tool in task.body["tools"]}
         assert task.calls[0][0].removeprefix("functions.") in offered
+
+
+def test_mix_can_ask_for_one_no_tool_kind():
+    tasks = generate(3, 16, mix={"no_tool/reverse": 1}, group=8)
+    assert {t.family for t in tasks} == {"no_tool"}
+    assert all(t.body["input"].startswith("Reverse the order") for t in tasks)

@@ -2,13 +2,14 @@
 checkpoint is a full-vocabulary gpt-oss checkpoint both loaders read."""
 
 import json
+from dataclasses import replace
 
 import torch
 from transformers import GptOssForCausalLM
 
 from engine.checkpoint import VOCAB_SIZE
 from trainer.fast_forward import hidden_states
-from trainer.train import TrainConfig, build_model, exact_loss, train
+from trainer.train import TrainConfig, build_model, exact_loss, first_token_aliases, train
 
 SMOKE = TrainConfig(steps=12, copy_steps=3, num_tasks=40, num_held_out=20, batch_tokens=1500, lr=1e-2, warmup=2, eval_every=6,
                     shape=tuple(dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -60,3 +61,19 @@ def test_training_smoke_loss_decreases_and_checkpoint_loads(tmp_path):
     assert not model.model.embed_tokens.weight[~live].any()
     card = json.loads((tmp_path / "model" / "training.json").read_text())
     assert card["num_live_ids"] == result["num_live_ids"] and card["log"] == log
+
+
+def test_first_tokens_without_a_space_start_beside_the_spaced_word():
+    from batch.vocab import harmony_encoding
+
+    aliases = first_token_aliases(harmony_encoding())
+    assert aliases["lis"] == "lisbon"  # "Lisbon" -> "Lis"+"bon", " Lisbon" one token
+    assert "in" not in aliases  # "INR" starts with "IN": " in" must not join it
+    assert "cloud" not in aliases  # a word of its own, not the start of "cloudy"
+
+
+def test_training_is_deterministic_by_seed():
+    first, second = (train(SMOKE, None, progress=False)["model"].state_dict() for _ in range(2))
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    other = train(replace(SMOKE, seed=1), None, progress=False)["model"].state_dict()
+    assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
