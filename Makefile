@@ -36,7 +36,7 @@ test: $(VENV)/.installed
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -m ''
 
-# Train the embedded tiny model from scratch (seed 0, ~29 min on 2 CPU cores) and measure
+# Train the embedded tiny model from scratch (seed 0, ~19 min on 2 CPU cores) and measure
 # it on 200 held-out tasks through `batchrun submit` (see trainer/).
 train-model: $(VENV)/.installed
 	$(PY) -m trainer.train --out $(TINY_MODEL)
