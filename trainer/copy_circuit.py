@@ -62,8 +62,7 @@ def plant_copy_circuit(model: GptOssForCausalLM, *, seed: int, words: list[str] 
         flipped = torch.arange(2) * len(match) % dims  # each induction head's quiet coordinate
         if quiet is not None:
             rows = torch.tensor(quiet, dtype=torch.bool)
-            own[~rows.unsqueeze(1) & (every == flipped[:, None, None]).any(0)] = 0
-            own[rows.unsqueeze(1) & (every == flipped[:, None, None]).any(0)] = 2 * len(match) ** 0.5
+            own[:, flipped] = torch.where(rows[:, None], 2 * len(match) ** 0.5, 0.0)
             own[rows] *= dims ** 0.5 / own[rows].norm(dim=1, keepdim=True)  # the usual norm
         embedding[:, :dims] = own * sigma
         for layer in inner.layers:
