@@ -23,3 +23,6 @@ WORDS = ("apple", "river", "stone", "cloud", "garden", "silver", "window", "fore
          "orange", "planet", "rocket", "castle", "mirror", "pencil", "violin", "harbor", "desert", "island",
          "tiger", "falcon", "meadow", "summer", "winter", "copper", "marble", "lantern", "anchor", "velvet",
          "batch", "engine", "signal", "puzzle", "canyon", "glacier", "thunder", "basket", "ribbon", "compass")
+
+# Every pool a task copies words from (into arguments, answers and JSON).
+POOLS = (CITIES, COUNTRIES, CURRENCIES, PEOPLE, SKIES, STATUSES, SYMBOLS, WORDS)

@@ -33,7 +33,7 @@ from batch.harmony import RETURN_TOKEN
 from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
 from trainer.copy_circuit import plant_copy_circuit
 from trainer.fast_forward import hidden_states
-from trainer.names import CITIES, COUNTRIES, CURRENCIES, PEOPLE, SKIES, STATUSES, SYMBOLS, WORDS
+from trainer.names import POOLS
 from trainer.render import Sequence, render_sequence
 from trainer.tasks import generate
 
@@ -98,12 +98,13 @@ def batches(sequences: list[Sequence], batch_tokens: int, rng: random.Random,
     counts once, split so that prefix + padded rest fits `batch_tokens`."""
     if groups is None:
         groups = [0] * len(sequences)
+    share_prefixes = len(set(groups)) > 1
     members: dict[int, list[int]] = {}
     for i, group in enumerate(groups):
         members.setdefault(group, []).append(i)
     result = []
     for indices in members.values():
-        prefix = shared_prefix([sequences[i] for i in indices]) if len(set(groups)) > 1 else 0
+        prefix = shared_prefix([sequences[i] for i in indices]) if share_prefixes else 0
         indices.sort(key=lambda i: (len(sequences[i].token_ids), rng.random()))
         current: list[int] = []
         for i in indices:
@@ -175,8 +176,7 @@ def first_token_aliases(encoding) -> dict[str, str]:
     """For each word the tasks copy: its first token without a leading space (a JSON value, an
     answer's first word: "Lis" of "Lisbon") -> its word with one (" Lisbon"), so that both
     start close and a copy can land on either."""
-    parts = {p.lower(): p for pool in (CITIES, COUNTRIES, CURRENCIES, PEOPLE, SKIES, STATUSES, SYMBOLS, WORDS)
-             for entry in pool for p in entry.split()}
+    parts = {p.lower(): p for pool in POOLS for entry in pool for p in entry.split()}
     aliases = {}
     for part in parts.values():
         bare, spaced = (encoding.decode(encoding.encode(t)[:1]).strip().lower() for t in (part, " " + part))
