@@ -21,7 +21,7 @@ from batch.reader import InputLine
 from batch.results import request_row
 from batch.session import Session, SessionOptions
 from batch.store import RequestResult, Store
-from engine.sampler import derive_seed
+from engine.api import derive_seed
 from tools.client import Listing
 from tools.registry import ToolChoiceError, ToolRegistry
 from tools.servers import ServerCatalog

@@ -74,7 +74,7 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def submit(input_path: Path, db: str, model_dir: Path | None, backend: str, **kw) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
-    from engine.backend import ModelLoadError, check_model_dir, load_backend
+    from engine.factory import ModelLoadError, check_model_dir, load_backend
 
     model_dir = model_dir or (DEFAULT_MODEL if (DEFAULT_MODEL / "config.json").exists() else None)
     if model_dir is None:
@@ -233,7 +233,7 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine."""
     from engine import bench as benchmark
 
-    from engine.backend import read_config_json
+    from engine.config import read_config_json
 
     model_dir = model_dir or _bench_model(preset)
     _set_threads(None, read_config_json(model_dir))  # the same thread policy as submit

@@ -31,7 +31,7 @@ from batch.reader import InputLine, read_requests
 from batch.results import request_row, result_of
 from batch.session import PendingToolCall, Session, SessionOptions
 from batch.store import RequestResult, Store
-from engine.backend import Backend
+from engine.api import Backend
 from tools.dispatch import ToolDispatcher, rejection
 from tools.servers import ServerCatalog, ServerSpec
 

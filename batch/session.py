@@ -16,7 +16,7 @@ from batch.events import ItemKind, ResponseEvents
 from batch.reader import InputLine
 from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, HarmonyError, TokenParser, render_tool_output
 from batch.response import TurnMetrics, build_response, usage_from_turns
-from engine.backend import RequestOutput, SamplingParams
+from engine.api import RequestOutput, SamplingParams
 from tools.dispatch import web_search_action
 from tools.registry import ToolRegistry, ToolTarget
 

@@ -14,7 +14,7 @@ from transformers import GenerationConfig, GptOssForCausalLM
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
-from engine.bench import BenchResult, Workload, peak_rss_mb
+from engine.workloads import BenchResult, Workload, peak_rss_mb
 from engine.checkpoint import PAD_TOKEN_ID
 
 

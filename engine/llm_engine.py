@@ -3,7 +3,7 @@
 Each step reads as schedule -> run -> postprocess: the scheduler picks decode
 rows and prefill chunks under the token budget, the model runner forwards them
 over the paged KV cache and samples, the scheduler appends tokens, finishes and
-frees sequences. Implements `engine.backend.Backend`.
+frees sequences. Implements `engine.api.Backend`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from engine.backend import RequestOutput, SamplingParams
+from engine.api import RequestOutput, SamplingParams
 from engine.config import EngineConfig
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model

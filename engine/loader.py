@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from engine.backend import ModelLoadError, check_model_dir
-from engine.config import EngineConfig, ModelConfig
+from engine.api import ModelLoadError
+from engine.config import EngineConfig, ModelConfig, check_model_dir
 from engine.model import GptOssModel
 
 # e2m1 (FP4) code -> value: sign bit, 2 exponent bits, 1 mantissa bit.

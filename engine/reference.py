@@ -22,9 +22,9 @@ import transformers
 from transformers import DynamicCache, GptOssForCausalLM
 from transformers.utils import logging as hf_logging
 
-from engine.backend import ModelLoadError, RequestOutput, SamplingParams, check_model_dir
-from engine.config import DTYPES
-from engine.sampler import derive_seed, sample_one as sample  # one sampling implementation, shared with the engine
+from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams, derive_seed
+from engine.config import DTYPES, check_model_dir
+from engine.sampler import sample_one as sample  # one sampling implementation, shared with the engine
 
 
 @dataclass
@@ -47,7 +47,7 @@ class _Request:
 
 
 class TransformersBackend:
-    """`engine.backend.Backend` on transformers' eager gpt-oss, bs-1 forwards per request.
+    """`engine.api.Backend` on transformers' eager gpt-oss, bs-1 forwards per request.
 
     Options: `dtype` ("auto": the checkpoint's; or "bfloat16", "float32", a torch.dtype),
     `device` ("cpu"), `seed` (derives per-request seeds when a request has none),
@@ -85,7 +85,7 @@ class TransformersBackend:
         outputs = []
         for request in list(self.requests.values()):
             if request.is_aborted:
-                outputs.append(_output(request, [], "abort", None))
+                outputs.append(_output(request, [], FinishReason.ABORT, None))
             else:
                 outputs.append(self._advance(request))
             if outputs[-1].finish_reason is not None:
@@ -161,17 +161,17 @@ class TransformersBackend:
         request.cache = out.past_key_values
         return out.logits[0, -1].float().cpu()
 
-    def _finish_reason(self, request: _Request, token_id: int) -> str | None:
+    def _finish_reason(self, request: _Request, token_id: int) -> FinishReason | None:
         # A stop token sampled on the last allowed step is "stop": the answer is complete.
         params = request.sampling
         if not params.ignore_eos and token_id in params.stop_token_ids:
-            return "stop"
+            return FinishReason.STOP
         if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
 
-def _output(request: _Request, new_token_ids: list[int], finish_reason: str | None,
+def _output(request: _Request, new_token_ids: list[int], finish_reason: FinishReason | None,
             logprobs: list[float] | None) -> RequestOutput:
     return RequestOutput(
         request_id=request.request_id, new_token_ids=new_token_ids, finish_reason=finish_reason,

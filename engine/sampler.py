@@ -8,17 +8,9 @@ generator, so a request's tokens do not depend on what else is in the batch.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
-from engine.backend import SamplingParams
-
-
-def derive_seed(backend_seed: int, request_id: str) -> int:
-    """A request's seed from the backend seed and its id: stable across runs and processes."""
-    digest = hashlib.sha256(f"{backend_seed}:{request_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+from engine.api import SamplingParams, derive_seed
 
 
 def make_generator(params: SamplingParams, backend_seed: int, request_id: str) -> torch.Generator:

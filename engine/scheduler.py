@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from engine.backend import RequestOutput
+from engine.api import FinishReason, RequestOutput
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
@@ -75,7 +75,7 @@ class StepOutput(NamedTuple):
 
     seq: Sequence
     new_token_ids: list[int]
-    finish_reason: str | None  # as of this step
+    finish_reason: FinishReason | None  # as of this step
     logprobs: list[float] | None = None
 
     def to_request_output(self) -> RequestOutput:
@@ -135,7 +135,7 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
-        self._finish(seq, "abort")
+        self._finish(seq, FinishReason.ABORT)
         self.aborted.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -220,7 +220,7 @@ class Scheduler:
         if len(sampled_token_ids) != num_sampled or (logprobs is not None and len(logprobs) != num_sampled):
             raise ValueError(f"the batch samples {num_sampled} tokens; got {len(sampled_token_ids)} token ids"
                              + ("" if logprobs is None else f" and {len(logprobs)} logprobs"))
-        outputs = [StepOutput(seq, [], "abort") for seq in self.aborted]
+        outputs = [StepOutput(seq, [], FinishReason.ABORT) for seq in self.aborted]
         for seq in self.aborted:
             del self.seqs[seq.request_id]
         self.aborted = []
@@ -244,15 +244,15 @@ class Scheduler:
             outputs.append(StepOutput(seq, [token_id], reason, None if logprobs is None else [logprobs[row]]))
         return outputs
 
-    def _finish_reason(self, seq: Sequence, token_id: int) -> str | None:
+    def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.sampling
         if not params.ignore_eos and token_id in params.stop_token_ids:
-            return "stop"  # the answer is complete, even on the last allowed token
+            return FinishReason.STOP  # the answer is complete, even on the last allowed token
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

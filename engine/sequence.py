@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
-from engine.backend import SamplingParams
+from engine.api import FinishReason, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +45,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.is_admitted = False  # True once the block manager has allocated for it
         self.block_table: list[int] = []
-        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.finish_reason: FinishReason | None = None
         self.arrival_index = -1  # set by the scheduler: order of `add`
         self.num_preemptions = 0
         self.prefill_s = 0.0  # seconds of steps that computed this sequence's prefill

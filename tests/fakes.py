@@ -1,6 +1,6 @@
 """A scripted decoding backend: each turn's completion is harmony text a test chooses.
 
-`ScriptedBackend(script)` implements `engine.backend.Backend`. For every request it
+`ScriptedBackend(script)` implements `engine.api.Backend`. For every request it
 calls `script(prompt_text, turn)` (the decoded prompt; the turn from the engine
 request id `<response_id>/<turn>`) and streams that text's tokens a few per step.
 A request finishes "stop" on one of its stop tokens, "length" at `max_tokens`, at
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from batch.vocab import harmony_encoding
-from engine.backend import RequestOutput, SamplingParams
+from engine.api import RequestOutput, SamplingParams
 
 
 @dataclass

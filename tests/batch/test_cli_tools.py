@@ -11,7 +11,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-import engine.backend
+import engine.factory
 from batch.cli import main
 from tests.fakes import ScriptedBackend
 from tests.mcp_servers import REPO, echo_http
@@ -40,8 +40,8 @@ def script(prompt_text: str, turn: int) -> str:
 @pytest.fixture
 def scripted(monkeypatch):
     """`batchrun submit` decodes with the scripted backend (any --model directory will do)."""
-    monkeypatch.setattr(engine.backend, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.backend, "load_backend", lambda *a, **kw: ScriptedBackend(script))
+    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
+    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(script))
 
 
 def rows(db, query):

@@ -10,7 +10,7 @@ from batch.reader import InputLine
 from batch.request import parse_request
 from batch.session import Session, SessionOptions
 from batch.vocab import harmony_encoding
-from engine.backend import RequestOutput
+from engine.api import RequestOutput
 from tools.registry import ToolRegistry
 
 SAMPLE_BODY = {  # the request of shared/reference/vllm-pr-mcp-streaming-sample.txt

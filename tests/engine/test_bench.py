@@ -1,6 +1,7 @@
 """The benchmark harness: workloads are seeded, every system decodes the same tokens' worth."""
 
-from engine.bench import make_workloads, multi_turn_mix, run_system, sharegpt_mix
+from engine.bench import run_system
+from engine.workloads import make_workloads, multi_turn_mix, sharegpt_mix
 
 
 def test_workloads_are_seeded_and_shaped():

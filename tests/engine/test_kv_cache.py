@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.backend import SamplingParams
+from engine.api import SamplingParams
 from engine.kv_cache import BlockManager, bytes_per_block, num_blocks_for_budget
 from engine.sequence import Sequence
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from engine.backend import Backend, SamplingParams, load_backend
+from engine.api import Backend, SamplingParams
+from engine.factory import load_backend
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 

@@ -10,7 +10,7 @@ from transformers import GptOssForCausalLM
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
 from engine.attention import AttentionMetadata
-from engine.backend import ModelLoadError
+from engine.api import ModelLoadError
 from engine.checkpoint import make_random_checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.loader import dequantize_mxfp4, load_model

@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import GenerationConfig, GptOssForCausalLM
 
-from engine.backend import Backend, ModelLoadError, RequestOutput, SamplingParams, load_backend
+from engine.api import Backend, ModelLoadError, RequestOutput, SamplingParams, derive_seed
 from engine.checkpoint import make_random_checkpoint
-from engine.reference import TransformersBackend, derive_seed, sample
+from engine.factory import load_backend
+from engine.reference import TransformersBackend, sample
 
 GREEDY = dict(temperature=0.0)
 

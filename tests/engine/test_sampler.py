@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.backend import SamplingParams
-from engine.sampler import Sampler, derive_seed, keep_top_k, keep_top_p, make_generator, sample_one
+from engine.api import SamplingParams, derive_seed
+from engine.sampler import Sampler, keep_top_k, keep_top_p, make_generator, sample_one
 
 VOCAB = 500
 

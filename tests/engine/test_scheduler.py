@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from engine.backend import SamplingParams
+from engine.api import SamplingParams
 from engine.kv_cache import BlockManager
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus

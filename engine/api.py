@@ -1,10 +1,10 @@
-"""The decoding interface the runner drives, and the factory that loads one.
+"""The token contract between the runner and a decoder (stdlib only: no torch here).
 
 A backend holds many requests in flight. The runner adds requests, calls `step()`
 until nothing is unfinished, and reads each step's `RequestOutput`s (streaming:
-new tokens only). Backends: "engine" (`engine.llm_engine`, the project's
-continuous-batching paged engine, the default) and "transformers"
-(`engine.reference`, the exact, slow baseline).
+new tokens only). Backends (built by `engine.factory.load_backend`): "engine"
+(`engine.llm_engine`, the project's continuous-batching paged engine, the
+default) and "transformers" (`engine.reference`, the exact, slow baseline).
 
 Length policy, shared by all backends: `add_request` raises ValueError when the
 prompt leaves no room for one new token (`len(prompt) >= max_model_len`); a
@@ -14,13 +14,20 @@ finishes with "length" when the context is full.
 
 from __future__ import annotations
 
-import json
+import enum
+import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
-BACKENDS = ("engine", "transformers")  # the first is `batchrun submit`'s default
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request finished; each member is the plain string ("stop" == FinishReason.STOP)."""
+
+    STOP = "stop"  # sampled a stop token (included in the output)
+    LENGTH = "length"  # max_tokens reached, or the context (max_model_len) is full
+    ABORT = "abort"  # `Backend.abort`
 
 
 class ModelLoadError(Exception):
@@ -70,7 +77,7 @@ class RequestOutput:
 
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+    finish_reason: str | None  # None while running; a FinishReason ("stop" | "length" | "abort")
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from a prefix cache (reference: always 0)
     prefill_s: float  # seconds spent on this request's prefill so far
@@ -110,47 +117,7 @@ class Backend(Protocol):
         ...
 
 
-def read_config_json(model_dir: str | Path) -> dict:
-    """The gpt-oss config.json of `model_dir`; ModelLoadError if missing, not JSON or not gpt-oss."""
-    model_dir = Path(model_dir)
-    where = f"--model {model_dir}"
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"{where}: not a directory")
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise ModelLoadError(f"{where}: no config.json in {model_dir} (expected a local HF gpt-oss checkpoint)")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{where}: config.json is not valid JSON: {exc}") from exc
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type != "gpt_oss":
-        raise ModelLoadError(f"{where}: config.json has model_type {model_type!r}, expected 'gpt_oss'")
-    return config
-
-
-def check_model_dir(model_dir: str | Path) -> dict:
-    """Raise ModelLoadError unless `model_dir` looks like an HF gpt-oss checkpoint; returns its config."""
-    config = read_config_json(model_dir)
-    if not any(Path(model_dir).glob("*.safetensors")):
-        raise ModelLoadError(f"--model {model_dir}: no *.safetensors weights in {model_dir}")
-    return config
-
-
-def load_backend(name: str, model_dir: str | Path, **options) -> Backend:
-    """Load the backend `name` on the checkpoint in `model_dir`; options go to its constructor.
-
-    Raises ModelLoadError for a directory that is not a loadable gpt-oss checkpoint,
-    ValueError for an unknown backend name.
-    """
-    if name == "engine":
-        from engine.config import EngineConfig
-        from engine.llm_engine import LLMEngine
-
-        check_model_dir(model_dir)
-        return LLMEngine(EngineConfig(model_dir, **options))
-    if name == "transformers":
-        from engine.reference import TransformersBackend
-
-        return TransformersBackend(model_dir, **options)
-    raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+def derive_seed(backend_seed: int, request_id: str) -> int:
+    """A request's seed from the backend seed and its id: stable across runs and processes."""
+    digest = hashlib.sha256(f"{backend_seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
