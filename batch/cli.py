@@ -194,13 +194,13 @@ def sql(query: str, db: str) -> None:
 
     with _open_store(db, read_only=True) as store:
         try:
-            relation = store.con.sql(query)
+            result = store.query(query)
         except duckdb.Error as exc:
             _fail(str(exc).splitlines()[0])
-        if relation is None:
+        if result is None:
             return
-        table = relation.to_arrow_table()
-        click.echo(display.table(table.to_pylist(), table.column_names))
+        columns, rows = result
+        click.echo(display.table(rows, columns))
 
 
 @main.command("make-random-model")

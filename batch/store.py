@@ -310,6 +310,118 @@ class Store:
                             params=[run_id]).fetchall()
         return dict(rows)
 
+    def request_outcomes(self, run_id: str) -> list[dict]:
+        """Every request line of a run in line order, for comparing runs.
+
+        Each dict has custom_id, status, and its response's response (decoded),
+        output_tokens and latency_s (all None for a line without a response).
+        """
+        rows = self._rows("""
+            SELECT q.custom_id, q.status, s.response, s.output_tokens, s.latency_s
+            FROM requests q LEFT JOIN responses s
+              ON s.run_id = q.run_id AND s.response_id = q.response_id
+            WHERE q.run_id = ? ORDER BY q.line_no""", [run_id])
+        for row in rows:
+            row["response"] = _loads(row["response"])
+        return rows
+
+    def request_status_counts(self, run_id: str) -> dict[str, int]:
+        """Request status -> number of requests rows of a run, by status."""
+        rows = self._rows("SELECT status, n_requests FROM request_status_counts "
+                          "WHERE run_id = ? ORDER BY status", [run_id])
+        return {row["status"]: row["n_requests"] for row in rows}
+
+    def latencies(self, run_id: str) -> list[float]:
+        """``latency_s`` of every response of a run that has one (no order)."""
+        rows = self._rows("SELECT latency_s FROM responses WHERE run_id = ? "
+                          "AND latency_s IS NOT NULL", [run_id])
+        return [row["latency_s"] for row in rows]
+
+    def ttfts(self, run_id: str) -> list[float]:
+        """``ttft_s`` (time to first token) of every response of a run that has one."""
+        rows = self._rows("SELECT ttft_s FROM responses WHERE run_id = ? "
+                          "AND ttft_s IS NOT NULL", [run_id])
+        return [row["ttft_s"] for row in rows]
+
+    def turn_output_tokens(self, run_id: str) -> list[int]:
+        """``output_tokens`` of every model turn of a run that has them."""
+        rows = self._rows("SELECT output_tokens FROM turns WHERE run_id = ? "
+                          "AND output_tokens IS NOT NULL", [run_id])
+        return [row["output_tokens"] for row in rows]
+
+    def tool_calls_per_response(self, run_id: str) -> dict[int, int]:
+        """Number of tool-call output items -> responses of a run with that many.
+
+        Counts function, MCP, code interpreter and web search call items of each
+        stored Response's output.
+        """
+        rows = self._rows("""
+            SELECT n, count(*) AS responses FROM (
+                SELECT len(list_filter(json_extract_string(response, '$.output[*].type'),
+                                       lambda x: list_contains(['function_call', 'mcp_call',
+                                           'code_interpreter_call', 'web_search_call'], x))) AS n
+                FROM responses WHERE run_id = ?)
+            GROUP BY n ORDER BY n""", [run_id])
+        return {int(row["n"]): int(row["responses"]) for row in rows}
+
+    def throughput(self, run_id: str) -> list[tuple[float, int, int]]:
+        """(seconds since the run started, responses, output tokens), cumulative, by the
+        time each batch of responses was written."""
+        rows = self._rows("""
+            SELECT epoch(s.created_at - r.started_at) AS t,
+                   sum(count(*)) OVER (ORDER BY t) AS responses,
+                   sum(sum(s.output_tokens)) OVER (ORDER BY t) AS tokens
+            FROM responses s JOIN runs r USING (run_id)
+            WHERE s.run_id = ? GROUP BY t ORDER BY t""", [run_id])
+        return [(float(row["t"]), int(row["responses"]), int(row["tokens"] or 0)) for row in rows]
+
+    def usage(self, run_id: str) -> dict:
+        """The ``usage_per_run`` row of a run (token sums, response counts), or {}."""
+        rows = self._rows("SELECT * FROM usage_per_run WHERE run_id = ?", [run_id])
+        return rows[0] if rows else {}
+
+    def pass_rates_per_grader(self, run_id: str) -> list[dict]:
+        """grader, n_graded, n_passed, pass_rate (0..1), mean_score (rounded to 3 places)
+        of a run, by grader."""
+        return self._rows("""
+            SELECT grader, n_graded, n_passed, pass_rate, round(mean_score, 3) AS mean_score
+            FROM pass_rate_per_grader WHERE run_id = ? ORDER BY grader""", [run_id])
+
+    def pass_rates_per_tag(self, run_id: str) -> list[dict]:
+        """tag, n_requests, n_passed, pass_rate (0..1) of a run, by tag."""
+        return self._rows("""
+            SELECT tag, n_requests, n_passed, pass_rate FROM pass_rate_per_tag
+            WHERE run_id = ? ORDER BY tag""", [run_id])
+
+    def request_totals(self, run_id: str) -> tuple[int, int]:
+        """(graded requests, requests that passed every grader) of a run."""
+        row = self._rows("""SELECT count(*) AS total, count(*) FILTER (WHERE passed) AS passed
+                            FROM request_grades WHERE run_id = ?""", [run_id])[0]
+        return row["total"], row["passed"]
+
+    def event_type_counts(self, run_id: str) -> list[tuple[str, int]]:
+        """(event type, events) of a run, most frequent first."""
+        rows = self._rows("SELECT type, n_events FROM event_type_counts WHERE run_id = ? "
+                          "ORDER BY n_events DESC, type", [run_id])
+        return [(row["type"], row["n_events"]) for row in rows]
+
+    def list_tool_calls(self, run_id: str) -> list[dict]:
+        """The tool_calls rows of a run in the order they started, each as custom_id
+        (of its request), tool_type, name, arguments."""
+        return self._rows("""
+            SELECT q.custom_id, c.tool_type, c.name, c.arguments FROM tool_calls c
+            JOIN requests q ON q.run_id = c.run_id AND q.response_id = c.response_id
+            WHERE c.run_id = ? ORDER BY c.started_at""", [run_id])
+
+    def query(self, sql: str) -> tuple[list[str], list[dict]] | None:
+        """Run any SQL (the user's, for ``batchrun sql``): (column names, rows as dicts),
+        or None for a statement without a result. Raises duckdb.Error for a bad query."""
+        relation = self.con.sql(sql)
+        if relation is None:
+            return None
+        data = relation.to_arrow_table()
+        return data.column_names, data.to_pylist()
+
     def iter_run_events(self, run_id: str) -> Iterator[tuple[str, list[dict]]]:
         """Yield (response_id, event payloads in order) for every response of a run.
 

@@ -9,7 +9,6 @@ completed response no longer completes), ``missing`` (only in run A),
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 
@@ -42,16 +41,12 @@ class RequestChange:
 
 def load_side(store: Store, run_id: str) -> dict[str, RequestSide]:
     """custom_id -> RequestSide for every request line of a run (first line per custom_id)."""
-    rows = store.con.sql("""
-        SELECT q.custom_id, q.status, s.response, s.output_tokens, s.latency_s
-        FROM requests q LEFT JOIN responses s
-          ON s.run_id = q.run_id AND s.response_id = q.response_id
-        WHERE q.run_id = ? ORDER BY q.line_no""", params=[run_id]).fetchall()
     sides: dict[str, RequestSide] = {}
-    for custom_id, status, response, output_tokens, latency_s in rows:
-        if custom_id not in sides:
-            output = Output(custom_id, status, json.loads(response) if response else None)
-            sides[custom_id] = RequestSide(status, output.text, output_tokens, latency_s)
+    for row in store.request_outcomes(run_id):
+        if row["custom_id"] not in sides:
+            output = Output(row["custom_id"], row["status"], row["response"])
+            sides[row["custom_id"]] = RequestSide(row["status"], output.text,
+                                                  row["output_tokens"], row["latency_s"])
     for row in store.grades(run_id):
         side = sides.get(row["custom_id"])
         if side is not None:

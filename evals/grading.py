@@ -62,14 +62,10 @@ def _percent(row: dict) -> dict:
 
 def summary_text(store: Store, run_id: str) -> str:
     """Pass rates of a run per grader and per tag, and the share of requests passing all."""
-    query = store.con.sql
-    graders = query("""SELECT grader, n_graded, n_passed, pass_rate, round(mean_score, 3) AS mean_score
-                       FROM pass_rate_per_grader WHERE run_id = ? ORDER BY grader""",
-                    params=[run_id]).to_arrow_table().to_pylist()
+    graders = store.pass_rates_per_grader(run_id)
     if not graders:
         return f"run {run_id} has no grades"
-    tags = query("""SELECT tag, n_requests, n_passed, pass_rate FROM pass_rate_per_tag
-                    WHERE run_id = ? ORDER BY tag""", params=[run_id]).to_arrow_table().to_pylist()
+    tags = store.pass_rates_per_tag(run_id)
     total, passed = request_totals(store, run_id)
     return "\n".join([
         f"run {run_id}: {passed}/{total} requests passed every grader "
@@ -81,5 +77,4 @@ def summary_text(store: Store, run_id: str) -> str:
 
 def request_totals(store: Store, run_id: str) -> tuple[int, int]:
     """(graded requests, requests that passed every grader) of a run."""
-    return store.con.sql("""SELECT count(*), count(*) FILTER (WHERE passed)
-                            FROM request_grades WHERE run_id = ?""", params=[run_id]).fetchall()[0]
+    return store.request_totals(run_id)

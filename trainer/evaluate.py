@@ -66,11 +66,9 @@ def grade(tasks: list[Task], db: Path, run_id: str) -> list[dict]:
     with Store(db, read_only=True) as store:
         outputs = run_outputs(store, run_id, {t.custom_id for t in tasks})
         hosted = defaultdict(list)
-        for custom_id, tool_type, name, arguments in store.con.execute(
-                """SELECT q.custom_id, c.tool_type, c.name, c.arguments FROM tool_calls c
-                   JOIN requests q ON q.run_id = c.run_id AND q.response_id = c.response_id
-                   WHERE c.run_id = ? ORDER BY c.started_at""", [run_id]).fetchall():
-            hosted[custom_id].append((_recipient(tool_type, name), arguments or ""))
+        for call in store.list_tool_calls(run_id):
+            hosted[call["custom_id"]].append((_recipient(call["tool_type"], call["name"]),
+                                              call["arguments"] or ""))
     rows = []
     for task in tasks:
         output = outputs.get(task.custom_id)

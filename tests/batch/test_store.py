@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -407,3 +408,96 @@ def test_read_only_open_while_nothing_writes(tmp_path):
             reader.write_results([make_result("r1", 2)])
     with pytest.raises(FileNotFoundError):
         Store(tmp_path / "missing.duckdb", read_only=True)
+
+
+# -- reads for evals, reports and the trainer ----------------------------------
+
+def test_request_outcomes_in_line_order(store):
+    store.write_results([make_result("r1", 2, output_tokens=7, latency_s=2.5),
+                         make_result("r1", 1, status="invalid")])
+    rows = store.request_outcomes("r1")
+    assert [(r["custom_id"], r["status"], r["output_tokens"], r["latency_s"]) for r in rows] == [
+        ("c1", "invalid", None, None), ("c2", "completed", 7, 2.5)]
+    assert rows[0]["response"] is None and rows[1]["response"]["id"] == "resp_r1_2"
+    assert store.request_outcomes("missing") == []
+
+
+def test_report_lookups(store):
+    one = make_result("r1", 1, n_events=2, ttft_s=0.1, reasoning_tokens=2)
+    two = make_result("r1", 2, status="incomplete", n_events=1, latency_s=None, ttft_s=None)
+    store.write_results([one, two, make_result("r1", 3, status="invalid")])
+    assert store.request_status_counts("r1") == {"completed": 1, "incomplete": 1, "invalid": 1}
+    assert store.latencies("r1") == [1.0] and store.ttfts("r1") == [0.1]
+    assert store.turn_output_tokens("r1") == [5, 5]
+    assert store.tool_calls_per_response("r1") == {0: 2}
+    throughput = store.throughput("r1")
+    assert len(throughput) == 1 and throughput[0][1:] == (2, 10)
+    assert isinstance(throughput[0][0], float)
+    usage = store.usage("r1")
+    assert (usage["n_responses"], usage["output_tokens"], usage["reasoning_tokens"]) == (2, 10, 2)
+    assert store.usage("missing") == {}
+    assert store.event_type_counts("r1") == [("response.e0", 2), ("response.e1", 1)]
+
+
+def test_grade_lookups(store):
+    assert store.pass_rates_per_grader("r1") == [] and store.request_totals("r1") == (0, 0)
+    store.write_grades("r1", [
+        {"custom_id": "a", "grader": "exact", "score": 1.0, "passed": True, "tags": ["x"]},
+        {"custom_id": "a", "grader": "len", "score": 0.0, "passed": False, "tags": ["x"]},
+        {"custom_id": "b", "grader": "exact", "score": 2 / 3, "passed": True, "tags": ["x", "y"]}])
+    assert store.pass_rates_per_grader("r1") == [
+        {"grader": "exact", "n_graded": 2, "n_passed": 2, "pass_rate": 1.0, "mean_score": 0.833},
+        {"grader": "len", "n_graded": 1, "n_passed": 0, "pass_rate": 0.0, "mean_score": 0.0}]
+    assert store.pass_rates_per_tag("r1") == [
+        {"tag": "x", "n_requests": 2, "n_passed": 1, "pass_rate": 0.5},
+        {"tag": "y", "n_requests": 1, "n_passed": 1, "pass_rate": 1.0}]
+    assert store.request_totals("r1") == (2, 1)
+
+
+def test_list_tool_calls_by_start(store):
+    late, early = make_result("r1", 1), make_result("r1", 2)
+    late.tool_calls[0].update(started_at=T0 + timedelta(seconds=5), arguments='{"q": 1}')
+    early.tool_calls[0].update(started_at=T0, tool_type="web_search", name="search")
+    store.write_results([late, early])
+    assert store.list_tool_calls("r1") == [
+        {"custom_id": "c2", "tool_type": "web_search", "name": "search", "arguments": None},
+        {"custom_id": "c1", "tool_type": "mcp", "name": "lookup", "arguments": '{"q": 1}'}]
+
+
+def test_query_runs_any_sql(store):
+    store.write_results([make_result("r1", 1), make_result("r1", 2)])
+    columns, rows = store.query("SELECT custom_id, started_at FROM requests JOIN runs USING (run_id) "
+                                "ORDER BY line_no")
+    assert columns == ["custom_id", "started_at"]
+    assert rows == [{"custom_id": "c1", "started_at": T0}, {"custom_id": "c2", "started_at": T0}]
+    assert store.query("-- a comment, no statement") is None
+    with pytest.raises(duckdb.Error):
+        store.query("SELECT * FROM no_such_table")
+
+
+SOURCE_PACKAGES = ("batch", "engine", "evals", "tools", "trainer")
+CONNECTION_OWNERS = {"batch/store.py", "batch/migrations.py"}
+
+
+def _connection_uses(path: Path) -> list[int]:
+    """Lines of ``path`` that read an attribute named ``con`` (``x.con``, ``getattr(x, "con")``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "con":
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value == "con"):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_store_touches_its_connection():
+    """Every read of the database goes through Store methods: the schema lives in one place."""
+    offenders = []
+    for package in SOURCE_PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            relative = path.relative_to(REPO).as_posix()
+            if relative not in CONNECTION_OWNERS:
+                offenders += [f"{relative}:{line}" for line in _connection_uses(path)]
+    assert offenders == [], f"query through a Store method instead of .con: {offenders}"
