@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from batch.events import new_id
 from batch.harmony import PromptOptions, RenderError, render_forced_header, render_prompt
 from batch.reader import InputLine
-from batch.results import request_row
+from batch.results import line_result
+from batch.rows import RequestResult
 from batch.session import Session, SessionOptions
-from batch.store import RequestResult, Store
+from batch.store import Store
 from engine.api import derive_seed
 from tools.client import Listing
 from tools.registry import ToolChoiceError, ToolRegistry
@@ -76,7 +77,7 @@ def _check_servers(body: dict, registry: ToolRegistry, catalog: ServerCatalog) -
 
 
 def _invalid(run_id: str, line: InputLine, message: str) -> Admission:
-    return Admission(result=RequestResult(request_row(run_id, line, "invalid", message)))
+    return Admission(result=line_result(run_id, line, "invalid", message))
 
 
 def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Admission:

@@ -15,9 +15,14 @@ tool answered -> ... -> DONE after the terminal event. An `mcp_list_tools` item
 from __future__ import annotations
 
 import enum
+import json
+import time
 import uuid
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
+
+from batch.rows import EventColumns, dumps
 
 
 class ItemKind(enum.Enum):
@@ -83,6 +88,23 @@ _TERMINAL = {
 }
 
 
+_DELTA_CONTENT_INDEX = {ItemKind.REASONING: 0, ItemKind.MESSAGE: 0}
+
+
+def _delta_template(item: "OpenItem") -> tuple[str, tuple[str, str]] | None:
+    """The JSON text of the item's delta event around its sequence number and delta text.
+
+    Key order and spacing are those of `dumps(event)`, so a delta payload equals the
+    one `_emit` would write (a test compares them).
+    """
+    if item.kind not in _DELTA:
+        return None
+    head = f'{{"type":"{_DELTA[item.kind]}","sequence_number":'
+    ids = f',"item_id":{encode_basestring_ascii(item.item_id)},"output_index":{item.output_index},"delta":'
+    extra = {ItemKind.REASONING: ',"content_index":0', ItemKind.MESSAGE: ',"content_index":0,"logprobs":[]'}
+    return head, (ids, extra.get(item.kind, "") + "}")
+
+
 class EventOrderError(RuntimeError):
     """The session drove the state machine out of order (a bug, not bad model output)."""
 
@@ -105,11 +127,16 @@ class OpenItem:
     kind: ItemKind
     output_index: int
     item_id: str
-    text: str = ""
     name: str | None = None
     server_label: str | None = None
     call_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    parts: list[str] = field(default_factory=list)  # joined once, when the item closes
+    delta_json: tuple[str, tuple[str, str]] | None = None  # the delta event's JSON around its sequence number and text
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
 def _part(kind: ItemKind, text: str) -> dict:
@@ -142,19 +169,48 @@ def item_body(item: OpenItem, status: str) -> dict:
 
 
 class ResponseEvents:
-    """Builds the event sequence and output items of one response."""
+    """Builds the event sequence and output items of one response.
+
+    Events are stored as `EventColumns` with their payloads serialised as they are
+    emitted (a delta event from a prebuilt template), so no event is built twice
+    and nothing per token grows with the message. `turn` is set by the session.
+    """
 
     def __init__(self, response_id: str):
         self.response_id = response_id
-        self.events: list[dict] = []
+        self.columns = EventColumns()
         self.output: list[dict] = []
         self.state = State.IDLE
         self.current: OpenItem | None = None
+        self.turn = 0
+        self._started = time.monotonic()
+
+    @property
+    def events(self) -> list[dict]:
+        """The events as dicts (decoded from their payloads: for tests and tools, not the hot path)."""
+        return [json.loads(payload) for payload in self.columns.payload]
+
+    def __len__(self) -> int:
+        return len(self.columns)
 
     # -- low level --------------------------------------------------------
+    def _append(self, type_: str, output_index: int | None, content_index: int | None,
+                item_id: str | None, payload: str) -> None:
+        columns = self.columns
+        columns.sequence_number.append(len(columns.payload))
+        columns.type.append(type_)
+        columns.output_index.append(output_index)
+        columns.content_index.append(content_index)
+        columns.item_id.append(item_id)
+        columns.payload.append(payload)
+        columns.turn.append(self.turn)
+        columns.t_ms.append((time.monotonic() - self._started) * 1e3)
+
     def _emit(self, type_: str, **fields: Any) -> dict:
-        event = {"type": type_, "sequence_number": len(self.events), **fields}
-        self.events.append(event)
+        event = {"type": type_, "sequence_number": len(self.columns), **fields}
+        item_id = fields.get("item_id") or (fields.get("item") or {}).get("id")
+        self._append(type_, fields.get("output_index"), fields.get("content_index"), item_id,
+                     dumps(event))
         return event
 
     def _require(self, *states: State) -> None:
@@ -179,6 +235,7 @@ class ResponseEvents:
         item = OpenItem(kind, len(self.output), new_id(_ID_PREFIX[kind]), name=name,
                         server_label=server_label,
                         call_id=new_id("call") if kind is ItemKind.FUNCTION_CALL else None)
+        item.delta_json = _delta_template(item)
         self.output.append(item_body(item, "in_progress"))
         self.current, self.state = item, State.STREAMING
         self._emit("response.output_item.added", output_index=item.output_index,
@@ -208,20 +265,19 @@ class ResponseEvents:
         return body
 
     def add_delta(self, text: str) -> None:
-        """Text the model added to the open item."""
-        self._require(State.STREAMING)
+        """Text the model added to the open item (the per-token hot path)."""
+        if self.state is not State.STREAMING:
+            self._require(State.STREAMING)
         if not text:
             return
         item = self.current
-        item.text += text
-        if item.kind not in _DELTA:
+        item.parts.append(text)
+        template = item.delta_json
+        if template is None:
             return  # web_search_call has no argument deltas in the spec
-        extra: dict[str, Any] = {}
-        if item.kind in (ItemKind.REASONING, ItemKind.MESSAGE):
-            extra["content_index"] = 0
-        if item.kind is ItemKind.MESSAGE:
-            extra["logprobs"] = []
-        self._emit(_DELTA[item.kind], **self._ids(item), delta=text, **extra)
+        head, tail = template
+        self._append(_DELTA[item.kind], item.output_index, _DELTA_CONTENT_INDEX.get(item.kind), item.item_id,
+                     f"{head}{len(self.columns)}{tail[0]}{encode_basestring_ascii(text)}{tail[1]}")
 
     def close_item(self, status: str = "completed") -> OpenItem:
         """The harmony message ended. Hosted tool calls then wait for `tool_result`."""

@@ -7,6 +7,7 @@ never the wall clock, so the same request always renders the same tokens.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 
@@ -19,7 +20,6 @@ from openai_harmony import (
     ReasoningEffort,
     Role,
     StreamableParser,
-    StreamState,
     SystemContent,
 )
 
@@ -37,7 +37,8 @@ _EFFORT = {
     "high": ReasoningEffort.HIGH,
 }
 
-__all__ = ["HarmonyError", "RenderError", "PromptOptions", "render_prompt", "TokenParser"]
+__all__ = ["HarmonyError", "RenderError", "PromptOptions", "render_prompt", "TokenParser", "Boundary",
+           "ParsedMessage"]
 
 
 class RenderError(ValueError):
@@ -190,42 +191,83 @@ def render_forced_header(channel: str, recipient: str) -> list[int]:
     return harmony_encoding().encode(f"<|channel|>{channel} to={recipient}", allowed_special="all")
 
 
-@dataclass(frozen=True)
-class ParserStep:
-    """What one completion token did to the harmony message stream."""
+START_TOKEN = 200006
+MESSAGE_TOKEN = 200008
+END_TOKEN = 200007
+# Tokens that end a message's content; any other token inside content is text.
+CONTENT_END_TOKENS = frozenset((END_TOKEN, CALL_TOKEN, RETURN_TOKEN))
 
-    opened: tuple[str | None, str | None, str | None] | None  # (channel, recipient, content_type)
-    delta: str
-    closed: bool
+
+class Boundary(enum.Enum):
+    """A token that starts or ends a message's content."""
+
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class ParsedMessage:
+    """A complete harmony message of the completion: its header and its text."""
+
     channel: str | None
+    recipient: str | None
+    content_type: str | None
+    text: str
+    end_token: int
 
 
 class TokenParser:
-    """Incremental harmony parsing of one turn's completion tokens."""
+    """Incremental harmony parsing of one turn's completion tokens, O(1) per token.
+
+    openai-harmony's `StreamableParser` validates every token, but its `state` and
+    `messages` serialise everything parsed so far to JSON on each read. This class
+    reads neither per token: the token ids say when content starts (`<|message|>`
+    in a header) and ends (`<|end|>`, `<|call|>`, `<|return|>` in content), and the
+    header fields are read once per message, when its content opens.
+    """
+
+    __slots__ = ("_parser", "in_content", "channel", "recipient", "content_type", "_parts",
+                 "last_message")
 
     def __init__(self) -> None:
         self._parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
-        self._num_messages = 0
+        self.in_content = False
+        self.channel: str | None = None  # of the open message (or the last one, once closed)
+        self.recipient: str | None = None
+        self.content_type: str | None = None
+        self._parts: list[str] = []
+        self.last_message: ParsedMessage | None = None
 
-    def feed(self, token_id: int) -> ParserStep:
-        """Parse one token; raises HarmonyError on malformed harmony."""
+    def feed(self, token_id: int) -> str | Boundary | None:
+        """Parse one token; raises HarmonyError on malformed harmony.
+
+        Returns the content text the token added ("" while a character is still
+        incomplete), `Boundary.OPENED` when a message's content starts (the header
+        fields are set), `Boundary.CLOSED` when it ends (`last_message` is set), or
+        None for any other header token.
+        """
         parser = self._parser
-        was_content = parser.state == StreamState.CONTENT
         parser.process(token_id)
-        in_content = parser.state == StreamState.CONTENT
-        opened = None
-        if in_content and not was_content:
-            opened = (parser.current_channel, parser.current_recipient, parser.current_content_type)
-        closed = len(parser.messages) > self._num_messages
-        self._num_messages = len(parser.messages)
-        delta = (parser.last_content_delta or "") if in_content else ""
-        if in_content:
-            channel = parser.current_channel
-        else:
-            channel = parser.messages[-1].channel if closed else None
-        return ParserStep(opened, delta, closed, channel)
+        if self.in_content:
+            if token_id in CONTENT_END_TOKENS:
+                self.in_content = False
+                self.last_message = ParsedMessage(self.channel, self.recipient, self.content_type,
+                                                  "".join(self._parts), token_id)
+                return Boundary.CLOSED
+            delta = parser.last_content_delta or ""
+            if delta:
+                self._parts.append(delta)
+            return delta
+        if token_id == MESSAGE_TOKEN:
+            self.in_content = True
+            self.channel = parser.current_channel
+            self.recipient = parser.current_recipient
+            self.content_type = parser.current_content_type
+            self._parts = []
+            return Boundary.OPENED
+        return None
 
     @property
-    def messages(self) -> list[Message]:
-        return self._parser.messages
-
+    def text(self) -> str:
+        """The text of the open message so far."""
+        return "".join(self._parts)

@@ -2,8 +2,8 @@
 
 Migrations follow simonw/llm: each is a function ``mNNN_name(con)``, applied once,
 in order, and recorded in ``schema_migrations``. Never edit a released migration;
-add a new one. ``SCHEMAS`` describes the tables *after* all migrations and is the
-one place insert tables are built from; a test checks the two agree.
+add a new one. ``batch.rows.SCHEMAS`` (derived from the row types) describes the
+tables *after* all migrations; a test checks the two agree.
 """
 
 from __future__ import annotations
@@ -15,91 +15,13 @@ from datetime import datetime, timezone
 import duckdb
 import pyarrow as pa
 
-# Columns stored with DuckDB's JSON type travel through Arrow as strings;
-# this field metadata marks them so the store json-dumps their values.
-_JSON = {b"duckdb_type": b"JSON"}
-
-
-def _json(name: str) -> pa.Field:
-    return pa.field(name, pa.string(), metadata=_JSON)
-
-
-def _ts(name: str) -> pa.Field:
-    return pa.field(name, pa.timestamp("us", tz="UTC"))
-
-
-SCHEMAS: dict[str, pa.Schema] = {
-    "runs": pa.schema([
-        ("run_id", pa.string()), _ts("started_at"), _ts("finished_at"),
-        ("input_path", pa.string()), ("input_sha256", pa.string()), ("model", pa.string()),
-        _json("engine_config"), _json("options"), ("status", pa.string()),
-        ("n_requests", pa.int64()), _json("notes"), ("batchrun_version", pa.string()),
-    ]),
-    "requests": pa.schema([
-        ("run_id", pa.string()), ("custom_id", pa.string()), ("line_no", pa.int64()),
-        ("request_hash", pa.string()), _json("body"), ("status", pa.string()),
-        ("error", pa.string()), ("response_id", pa.string()), _ts("written_at"),
-    ]),
-    "responses": pa.schema([
-        ("run_id", pa.string()), ("custom_id", pa.string()), ("response_id", pa.string()),
-        ("status", pa.string()), _json("response"), _json("input_items"),
-        ("input_tokens", pa.int64()), ("cached_tokens", pa.int64()),
-        ("output_tokens", pa.int64()), ("reasoning_tokens", pa.int64()),
-        ("tool_output_tokens", pa.int64()), ("total_tokens", pa.int64()),
-        ("num_turns", pa.int32()), ("latency_s", pa.float64()), ("ttft_s", pa.float64()),
-        _ts("created_at"),
-    ]),
-    "events": pa.schema([
-        ("run_id", pa.string()), ("response_id", pa.string()),
-        ("sequence_number", pa.int32()), ("type", pa.string()),
-        ("output_index", pa.int32()), ("content_index", pa.int32()),
-        ("item_id", pa.string()), _json("payload"),
-    ]),
-    "turns": pa.schema([
-        ("run_id", pa.string()), ("response_id", pa.string()), ("turn", pa.int32()),
-        ("prompt_tokens", pa.int64()), ("cached_tokens", pa.int64()),
-        ("output_tokens", pa.int64()), ("tool_output_tokens", pa.int64()),
-        ("prefill_s", pa.float64()), ("decode_s", pa.float64()),
-        ("finish_reason", pa.string()),
-    ]),
-    "tool_calls": pa.schema([
-        ("run_id", pa.string()), ("response_id", pa.string()), ("call_id", pa.string()),
-        ("tool_type", pa.string()), ("server_label", pa.string()), ("name", pa.string()),
-        ("arguments", pa.string()), ("output", pa.string()), ("status", pa.string()),
-        ("error", pa.string()), _ts("started_at"), ("duration_s", pa.float64()),
-        ("error_kind", pa.string()),
-    ]),
-    "tokens": pa.schema([
-        ("run_id", pa.string()), ("response_id", pa.string()), ("turn", pa.int32()),
-        ("prompt_token_ids", pa.list_(pa.int32())),
-        ("completion_token_ids", pa.list_(pa.int32())),
-    ]),
-    "grades": pa.schema([
-        ("run_id", pa.string()), ("custom_id", pa.string()), ("response_id", pa.string()),
-        ("grader", pa.string()), ("score", pa.float64()), ("passed", pa.bool_()),
-        ("explanation", pa.string()), ("tags", pa.list_(pa.string())), _json("options"),
-        ("suite", pa.string()), _ts("graded_at"),
-    ]),
-    "bench": pa.schema([
-        ("bench_id", pa.string()), _ts("started_at"), ("model", pa.string()),
-        ("workload", pa.string()), ("system", pa.string()), ("num_requests", pa.int64()),
-        ("prompt_tokens", pa.int64()), ("prefill_tokens", pa.int64()),
-        ("output_tokens", pa.int64()), ("wall_s", pa.float64()), ("ttft_s", pa.float64()),
-        ("output_tok_s", pa.float64()), ("total_tok_s", pa.float64()),
-        ("peak_rss_mb", pa.float64()), _json("stats"),
-    ]),
-}
+from batch.rows import SCHEMAS, is_json
 
 _DUCKDB_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
     pa.float64(): "DOUBLE", pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
     pa.list_(pa.int32()): "INTEGER[]", pa.bool_(): "BOOLEAN", pa.list_(pa.string()): "VARCHAR[]",
 }
-
-
-def is_json(field: pa.Field) -> bool:
-    """True when the field is stored in a DuckDB JSON column."""
-    return (field.metadata or {}).get(b"duckdb_type") == b"JSON"
 
 
 def duckdb_type(field: pa.Field) -> str:
@@ -276,8 +198,16 @@ def m005_bench(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+def m006_event_timeline(con: duckdb.DuckDBPyConnection) -> None:
+    """Each event's model turn and its time since the response started (events join turns)."""
+    con.execute("""
+    ALTER TABLE events ADD COLUMN turn INTEGER;
+    ALTER TABLE events ADD COLUMN t_ms DOUBLE;
+    """)
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
-    m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench]
+    m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline]
 
 
 def _version(migration: Callable) -> int:

@@ -1,4 +1,4 @@
-"""The Response object as the API returns it, and its usage from per-turn metrics."""
+"""The Response object as the API returns it, and how a response ended."""
 
 from __future__ import annotations
 
@@ -8,33 +8,12 @@ from batch.request import redact_secrets
 
 
 @dataclass
-class TurnMetrics:
-    """One model turn of a response (a `turns` row)."""
+class Outcome:
+    """How a response ended: completed, incomplete (with its reason) or failed (with the error)."""
 
-    turn: int
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    tool_output_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    finish_reason: str | None = None
-
-
-def usage_from_turns(turns: list[TurnMetrics]) -> dict:
-    """openai ResponseUsage: prompt tokens are summed over turns, as the seeds do."""
-    input_tokens = sum(t.prompt_tokens for t in turns)
-    output_tokens = sum(t.output_tokens for t in turns)
-    return {
-        "input_tokens": input_tokens,
-        # Nothing is written to a hosted prompt cache offline: cache_write_tokens is 0.
-        "input_tokens_details": {"cached_tokens": sum(t.cached_tokens for t in turns),
-                                 "cache_write_tokens": 0},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": sum(t.reasoning_tokens for t in turns)},
-        "total_tokens": input_tokens + output_tokens,
-    }
+    status: str
+    error: str | None = None
+    incomplete_reason: str | None = None
 
 
 def _echo_tool(tool: dict) -> dict:

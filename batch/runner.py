@@ -28,14 +28,17 @@ from typing import Iterator
 from batch.admission import Prepared, admit, prepare
 from batch.harmony import PromptOptions
 from batch.reader import InputLine, read_requests
-from batch.results import request_row, result_of
-from batch.session import PendingToolCall, Session, SessionOptions
-from batch.store import RequestResult, Store
+from batch.results import line_result, result_of
+from batch.rows import RequestResult, RunRow
+from batch.session import Session, SessionOptions
+from batch.store import Store
+from batch.tool_policy import PendingToolCall
 from engine.api import Backend
 from tools.dispatch import ToolDispatcher, rejection
 from tools.servers import ServerCatalog, ServerSpec
 
 TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)
+FLUSH_S = 1.0  # finished results wait at most this long for their batch to be written
 
 
 # Settings a plain rerun must share with an unfinished run to continue it.
@@ -104,6 +107,9 @@ class Runner:
         self.awaiting: dict[Future, Session] = {}  # waiting on a hosted tool call
         self.listing: list[tuple[Prepared, dict[str, Future]]] = []  # waiting on MCP listings
         self.pending: list[RequestResult] = []
+        self.writer = store.background_writer()
+        self._flushed_at = time.monotonic()
+        self._num_reported = 0
         self.catalog = ServerCatalog(options.tools.servers)
         self.tools = ToolDispatcher(self.catalog, call_timeout_s=options.tools.call_timeout_s,
                                     errlog_path=options.tools.log_path)
@@ -146,27 +152,26 @@ class Runner:
             return None
         stored = self.store.get_run(run_id)
         ours = self._run_row(run_id, input_sha)
-        same = stored["model"] == ours["model"] and all(
-            (stored["options"] or {}).get(key) == ours["options"][key] for key in RESUME_KEYS)
+        same = stored["model"] == ours.model and all(
+            (stored["options"] or {}).get(key) == ours.options[key] for key in RESUME_KEYS)
         return run_id if same else None
 
-    def _run_row(self, run_id: str, input_sha: str) -> dict:
+    def _run_row(self, run_id: str, input_sha: str) -> RunRow:
         opts = self.options
-        return {
-            "run_id": run_id, "started_at": _now(), "input_path": str(opts.input_path),
-            "input_sha256": input_sha, "model": opts.session.model,
-            "engine_config": opts.engine_config, "status": "running", "n_requests": 0,
-            "options": {"max_output_tokens": opts.session.max_output_tokens,
-                        "seed": opts.session.seed, "temperature": opts.session.temperature,
-                        "top_p": opts.session.top_p, "max_inflight": opts.max_inflight,
-                        "conversation_date": opts.prompt.conversation_date,
-                        "reasoning_effort": opts.prompt.reasoning_effort,
-                        "keep_tokens": opts.session.keep_tokens, "max_turns": opts.session.max_turns,
-                        "tool_timeout_s": opts.tools.call_timeout_s,
-                        "mcp_config": opts.tools.config_path,
-                        "mcp_servers": sorted(opts.tools.servers)},  # labels only: no secrets
-            "notes": {}, "batchrun_version": _version(),
-        }
+        return RunRow(
+            run_id=run_id, started_at=_now(), input_path=str(opts.input_path),
+            input_sha256=input_sha, model=opts.session.model,
+            engine_config=opts.engine_config, status="running", n_requests=0,
+            options={"max_output_tokens": opts.session.max_output_tokens,
+                     "seed": opts.session.seed, "temperature": opts.session.temperature,
+                     "top_p": opts.session.top_p, "max_inflight": opts.max_inflight,
+                     "conversation_date": opts.prompt.conversation_date,
+                     "reasoning_effort": opts.prompt.reasoning_effort,
+                     "keep_tokens": opts.session.keep_tokens, "max_turns": opts.session.max_turns,
+                     "tool_timeout_s": opts.tools.call_timeout_s,
+                     "mcp_config": opts.tools.config_path,
+                     "mcp_servers": sorted(opts.tools.servers)},  # labels only: no secrets
+            notes={}, batchrun_version=_version())
 
     # -- the loop ---------------------------------------------------------
     def run(self) -> RunSummary:
@@ -192,22 +197,41 @@ class Runner:
                 if self.sessions:
                     self._step()
                 self._resume_tool_calls(block=not self.sessions)
-                self._flush()
+                idle = not (self.sessions or self.awaiting or self.listing)
+                self._flush(force=idle)
+                if idle and not exhausted:
+                    self.writer.wait_idle()  # only unwritten results hold the reader back
             # A --limit run stops early on purpose: a plain rerun continues it.
             status = "partial" if self.stopped_at_limit else "completed"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
         finally:
-            self._flush()
-            self.tools.close()
-            notes = {**(self.store.get_run(self.run_id)["notes"] or {}),
-                     "ignored_fields": dict(self.ignored),
-                     "tool_errors": self.store.tool_error_counts(self.run_id)}
-            self.store.update_run(self.run_id, status=status, finished_at=_now(),
-                                  n_requests=self.skipped + n_lines, notes=notes)
+            status = self._close(status, n_lines)
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored)
+
+    def _close(self, status: str, n_lines: int) -> str:
+        """Write what is left, stop the tools, record the run's end; returns the final status.
+
+        A write error fails the run (and is raised, after the runs row says so).
+        """
+        error = None
+        try:
+            self._flush(force=True)
+            self.writer.close()
+        except Exception as exc:
+            error, status = exc, "failed"
+        self._report_written()
+        self.tools.close()
+        notes = {**(self.store.get_run(self.run_id)["notes"] or {}),
+                 "ignored_fields": dict(self.ignored),
+                 "tool_errors": self.store.tool_error_counts(self.run_id)}
+        self.store.update_run(self.run_id, status=status, finished_at=_now(),
+                              n_requests=self.skipped + n_lines, notes=notes)
+        if error is not None:
+            raise error
+        return status
 
     def _lines(self, done: set[int]) -> Iterator[InputLine]:
         for count, line in enumerate(read_requests(self.options.input_path,
@@ -220,13 +244,14 @@ class Runner:
                 yield line
 
     def _num_inflight(self) -> int:
-        return len(self.sessions) + len(self.awaiting) + len(self.listing) + len(self.pending)
+        return (len(self.sessions) + len(self.awaiting) + len(self.listing) + len(self.pending)
+                + self.writer.num_unwritten)
 
     def _read(self, line: InputLine) -> None:
         try:
             admission = prepare(line, self.store, self.run_id, self.catalog)
         except Exception as exc:  # a bug must cost one line, not the run (and every resume)
-            self._finished(RequestResult(request_row(self.run_id, line, "failed", _internal(line, exc))))
+            self._finished(line_result(self.run_id, line, "failed", _internal(line, exc)))
             return
         if admission.result is not None:
             self._finished(admission.result)
@@ -245,7 +270,7 @@ class Runner:
                 admission = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
             except Exception as exc:
                 line = prepared.line
-                self._finished(RequestResult(request_row(self.run_id, line, "failed", _internal(line, exc))))
+                self._finished(line_result(self.run_id, line, "failed", _internal(line, exc)))
                 continue
             if admission.result is not None:
                 self._finished(admission.result)
@@ -284,7 +309,7 @@ class Runner:
             self._complete(session)
         except Exception:  # the session itself is broken: record the line without a response
             self.tools.release(session.response_id)
-            self._finished(RequestResult(request_row(self.run_id, session.line, "failed", message)))
+            self._finished(line_result(self.run_id, session.line, "failed", message))
 
     def _advance(self, session: Session, out) -> None:
         """Feed one engine output to its session; at a turn's end, finish or call its tool."""
@@ -305,7 +330,7 @@ class Runner:
     def _start_tool_call(self, session: Session, call: PendingToolCall) -> None:
         refused = None
         if call.over_limit:
-            refused = rejection("max_tool_calls", f"max_tool_calls ({session.body['max_tool_calls']}) "
+            refused = rejection("max_tool_calls", f"max_tool_calls ({session.tools.max_tool_calls}) "
                                                   "reached: answer without calling more tools")
         future = self.tools.submit(session.response_id, call.target, call.recipient, call.arguments,
                                    session.registry, refused)
@@ -320,9 +345,9 @@ class Runner:
         for future in [f for f in self.awaiting if f.done()]:
             session = self.awaiting.pop(future)
             outcome = future.result()
-            session.add_tool_result(outcome.output, outcome.error, error_kind=outcome.error_kind,
-                                    error_code=outcome.error_code, started_at=outcome.started_at or _now(),
-                                    duration_s=outcome.duration_s)
+            if outcome.started_at is None:
+                outcome.started_at = _now()
+            session.add_tool_result(outcome)
             if session.outcome is None:
                 self._submit_turn(session)
             else:
@@ -336,16 +361,33 @@ class Runner:
         self._finished(result_of(session, self.run_id, response))
 
     def _finished(self, result: RequestResult) -> None:
-        self.statuses[result.request["status"]] += 1
+        self.statuses[result.request.status] += 1
         self.pending.append(result)
 
-    def _flush(self) -> None:
-        """Write finished requests; the progress bar counts only what is written."""
-        if self.pending:
-            self.store.write_results(self.pending)
-            if self.progress is not None:
-                self.progress(self, len(self.pending))
-            self.pending = []
+    def _flush(self, force: bool = False) -> None:
+        """Hand finished requests to the writer in batches; the progress bar counts what is written.
+
+        A batch goes out when a quarter of `max_inflight` is waiting (the reader is
+        held back by unwritten results too), FLUSH_S after the last one, or when
+        nothing is decoding: one transaction per result would cost more than decoding.
+        """
+        self._report_written()
+        if not self.pending:
+            return
+        due = (force or len(self.pending) >= max(1, self.options.max_inflight // 4)
+               or time.monotonic() - self._flushed_at >= FLUSH_S)
+        if not due:
+            return
+        # Only --retry-failed writes lines that may already have rows.
+        batch, self.pending = self.pending, []
+        self.writer.submit(batch, replace_lines=self.options.retry_failed is not None)
+        self._flushed_at = time.monotonic()
+
+    def _report_written(self) -> None:
+        written = self.writer.num_written - self._num_reported
+        if written and self.progress is not None:
+            self.progress(self, written)
+        self._num_reported += written
 
 
 def _internal(line: InputLine, exc: Exception) -> str:

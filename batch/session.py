@@ -1,31 +1,31 @@
-"""One request across its model turns: prompt, parsed output, tool calls, TurnMetrics.
+"""One request across its model turns: prompt, parsed output, tool calls, metrics.
 
 The runner drives a session: `start()`, then for each engine output `on_output()`;
 when a turn finishes, `end_turn()` says whether the response is done or waits on a
 hosted tool call; `add_tool_result()` renders the tool's answer into the next
 turn's prompt, which extends the previous prompt and completion token for token,
 so the engine's prefix cache serves it.
+
+The concerns live in their own objects: `OutputParser` (tokens -> items and
+events), `ToolCallPolicy` (what a call leads to, the calls made), `ResponseMetrics`
+(turns, clocks); the session holds the prompt and decides the outcome.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from batch.events import ItemKind, ResponseEvents
+from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, render_tool_output
+from batch.metrics import ResponseMetrics, TurnMetrics
+from batch.output_parser import OutputParser
 from batch.reader import InputLine
-from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, HarmonyError, TokenParser, render_tool_output
-from batch.response import TurnMetrics, build_response, usage_from_turns
+from batch.response import Outcome, build_response
+from batch.tool_policy import PendingToolCall, ToolCallPolicy
 from engine.api import RequestOutput, SamplingParams
+from tools.client import CallOutcome
 from tools.dispatch import web_search_action
-from tools.registry import ToolRegistry, ToolTarget
-
-_KIND_OF_TOOL = {
-    "function": ItemKind.FUNCTION_CALL,
-    "code_interpreter": ItemKind.CODE_INTERPRETER_CALL,
-    "web_search": ItemKind.WEB_SEARCH_CALL,
-    "mcp": ItemKind.MCP_CALL,
-}
+from tools.registry import ToolRegistry
 
 
 @dataclass(frozen=True)
@@ -41,67 +41,47 @@ class SessionOptions:
     keep_tokens: bool = False
 
 
-@dataclass
-class PendingToolCall:
-    """A hosted tool call the model made; the runner executes it."""
-
-    target: ToolTarget | None  # None: the recipient names no enabled tool
-    recipient: str
-    arguments: str
-    over_limit: bool = False  # the response already made `max_tool_calls` calls: not run
-
-
-@dataclass
-class Outcome:
-    """How the response ended."""
-
-    status: str  # completed | incomplete | failed
-    error: str | None = None
-    incomplete_reason: str | None = None
-
-
-@dataclass
 class Session:
     """State of one response while the runner decodes it."""
 
-    response_id: str
-    body: dict
-    prompt_token_ids: list[int]
-    registry: ToolRegistry
-    options: SessionOptions
-    seed: int
-    line: InputLine
-    input_items: list[dict]
-    turns: list[TurnMetrics] = field(default_factory=list)
-    token_log: list[dict] = field(default_factory=list)
-    tool_calls: list[dict] = field(default_factory=list)
-    outcome: Outcome | None = None
-    pending: PendingToolCall | None = None
-    forced_prefix: list[int] = field(default_factory=list)  # tool_choice: the header the prompt ends with
-
-    def __post_init__(self) -> None:
-        self.events = ResponseEvents(self.response_id)
+    def __init__(self, *, response_id: str, body: dict, prompt_token_ids: list[int],
+                 registry: ToolRegistry, options: SessionOptions, seed: int, line: InputLine,
+                 input_items: list[dict], forced_prefix: list[int] | None = None):
+        self.response_id, self.body, self.line, self.input_items = response_id, body, line, input_items
+        self.registry, self.options, self.seed = registry, options, seed
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.forced_prefix = list(forced_prefix or [])  # tool_choice: the header the prompt ends with
+        self.output = OutputParser(response_id, registry)
+        self.tools = ToolCallPolicy(registry, options.max_turns, body.get("max_tool_calls"))
+        self.metrics = ResponseMetrics()
+        self.outcome: Outcome | None = None
+        self.token_log: list[dict] = []
         self.created_at = int(time.time())
-        self.started = time.monotonic()
-        self.first_token_at: float | None = None
-        self.finished_at: float | None = None
         self._completion: list[int] = []
-        self._parser = TokenParser()
 
-    # -- turn lifecycle ---------------------------------------------------
+    # -- views ------------------------------------------------------------
+    @property
+    def events(self):
+        return self.output.events
+
+    @property
+    def turns(self) -> list[TurnMetrics]:
+        return self.metrics.turns
+
+    @property
+    def tool_calls(self):
+        return self.tools.calls
+
     @property
     def engine_request_id(self) -> str:
         """`<response_id>/<turn>` of the current turn (the turn number of its turns row)."""
         return f"{self.response_id}/{len(self.turns) - 1}"
 
     @property
-    def output_tokens(self) -> int:
-        return sum(t.output_tokens for t in self.turns)
-
-    @property
     def max_output_tokens(self) -> int:
         return self.body.get("max_output_tokens") or self.options.max_output_tokens
 
+    # -- turn lifecycle ---------------------------------------------------
     def start(self) -> None:
         self.events.start(self._response("in_progress"))
         for listing in self.registry.listings:
@@ -109,17 +89,11 @@ class Session:
         self._begin_turn()
 
     def _begin_turn(self) -> None:
-        previous = self.turns[-1] if self.turns else None
-        turn = TurnMetrics(turn=len(self.turns), prompt_tokens=len(self.prompt_token_ids))
-        if previous is not None:
-            turn.tool_output_tokens = max(
-                0, turn.prompt_tokens - previous.prompt_tokens - previous.output_tokens)
-        self.turns.append(turn)
+        first = not self.turns
+        self.metrics.begin_turn(len(self.prompt_token_ids))
         self._completion = []
-        self._parser = TokenParser()
-        if previous is None:  # the prompt ends inside the forced assistant header
-            for token_id in self.forced_prefix:
-                self._parser.feed(token_id)
+        # The first prompt may end inside the forced assistant header.
+        self.output.begin_turn(len(self.turns) - 1, self.forced_prefix if first else ())
 
     def sampling(self) -> SamplingParams:
         """Sampling for the current turn: the output budget left, harmony's stop tokens."""
@@ -133,46 +107,12 @@ class Session:
 
     def on_output(self, out: RequestOutput) -> None:
         """New tokens of the current turn: parse them into items and events."""
-        turn = self.turns[-1]
-        turn.cached_tokens, turn.prefill_s, turn.decode_s = (
-            out.num_cached_tokens, out.prefill_s, out.decode_s)
-        turn.finish_reason = out.finish_reason
-        if out.new_token_ids and self.first_token_at is None:
-            self.first_token_at = time.monotonic()
-        for token_id in out.new_token_ids:
-            self._completion.append(token_id)
-            turn.output_tokens += 1
-            if self.outcome is None:
-                self._parse(token_id, turn)
-
-    def _parse(self, token_id: int, turn: TurnMetrics) -> None:
-        try:
-            step = self._parser.feed(token_id)
-        except HarmonyError as exc:
-            self.outcome = Outcome("failed", f"model output is not valid harmony: {exc}")
-            return
-        if step.channel == "analysis":
-            turn.reasoning_tokens += 1
-        if step.opened is not None:
-            self._open_item(*step.opened)
-        if step.delta:
-            self.events.add_delta(step.delta)
-        if step.closed:
-            # A message to a hosted tool runs the tool only when it ends with <|call|>.
-            hosted = self.events.current is not None and self.events.current.kind.is_hosted_tool
-            self.events.close_item("incomplete" if hosted and token_id != CALL_TOKEN else "completed")
-
-    def _open_item(self, channel: str | None, recipient: str | None, content_type: str | None) -> None:
-        if recipient is None:
-            kind = ItemKind.REASONING if channel == "analysis" else ItemKind.MESSAGE
-            self.events.open_item(kind)
-            return
-        target = self.registry.resolve(recipient)
-        if target is None:  # shown as reasoning: the model's attempt, answered with an error
-            self.events.open_item(ItemKind.REASONING)
-            return
-        self.events.open_item(_KIND_OF_TOOL[target.tool_type], name=target.name,
-                              server_label=target.server_label)
+        self.metrics.on_output(out)
+        self._completion.extend(out.new_token_ids)
+        if self.outcome is None:
+            error = self.output.feed(out.new_token_ids, self.metrics.current)
+            if error is not None:
+                self.outcome = Outcome("failed", error)
 
     def end_turn(self) -> PendingToolCall | None:
         """The engine finished this turn: decide the outcome or the tool call to run."""
@@ -182,69 +122,44 @@ class Session:
                                    "completion_token_ids": list(self._completion)})
         if self.outcome is not None:
             return None
-        turn = self.turns[-1]
-        if turn.finish_reason == "stop" and self._completion[-1:] == [CALL_TOKEN]:
-            return self._tool_call()
-        if turn.finish_reason == "stop":
+        finish_reason = self.metrics.current.finish_reason
+        if finish_reason == "stop" and self._completion[-1:] == [CALL_TOKEN]:
+            decision = self.tools.on_call(self.output.last_message, len(self.turns))
+            if isinstance(decision, Outcome):
+                self.outcome = decision
+                return None
+            return decision
+        if finish_reason == "stop":
             self.outcome = Outcome("completed")
-        elif turn.finish_reason == "length":
+        elif finish_reason == "length":
             self.outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
         else:
-            self.outcome = Outcome("failed", f"decoding stopped: {turn.finish_reason}")
+            self.outcome = Outcome("failed", f"decoding stopped: {finish_reason}")
         return None
 
-    def _tool_call(self) -> PendingToolCall | None:
-        message = self._parser.messages[-1] if self._parser.messages else None
-        if message is None or not message.recipient:
-            self.outcome = Outcome("failed", "model ended a turn with <|call|> but named no recipient")
-            return None
-        target = self.registry.resolve(message.recipient)
-        if target is not None and target.tool_type == "function":
-            self.outcome = Outcome("completed")  # the caller runs it and sends function_call_output
-            return None
-        if len(self.turns) >= self.options.max_turns:
-            self.outcome = Outcome("failed", f"response exceeded {self.options.max_turns} model turns")
-            return None
-        text = "".join(getattr(c, "text", "") for c in message.content)
-        limit = self.body.get("max_tool_calls")
-        num_calls = sum(1 for call in self.tool_calls if call["error_kind"] != "max_tool_calls")
-        self.pending = PendingToolCall(target, message.recipient, text,
-                                       over_limit=limit is not None and num_calls >= limit)
-        return self.pending
-
-    def add_tool_result(self, output: str | None, error: str | None, *, error_kind: str | None = None,
-                        error_code: int | None = None, started_at=None, duration_s: float = 0.0) -> None:
+    def add_tool_result(self, result: CallOutcome) -> None:
         """The tool answered: complete its item and extend the prompt for the next turn."""
-        call = self.pending
+        call = self.tools.pending
         if call is None:
             raise RuntimeError("add_tool_result without a pending tool call")
-        item_id = None
-        if call.target is not None:
-            item_id = self._complete_tool_item(call, output, error, error_kind, error_code)
-        self.tool_calls.append({
-            "call_id": item_id, "tool_type": call.target.tool_type if call.target else None,
-            "server_label": call.target.server_label if call.target else None,
-            "name": call.target.name if call.target else call.recipient,
-            "arguments": call.arguments, "output": output,
-            "status": "failed" if error else "completed", "error": error,
-            "started_at": started_at, "duration_s": duration_s,
-            "error_kind": (error_kind or "tool_error") if error else None})
-        answer = output if error is None else f"Error: {error}"
+        item_id = self._complete_tool_item(call, result) if call.target is not None else None
+        self.tools.record(result, item_id)
+        answer = result.output if result.error is None else f"Error: {result.error}"
         self.prompt_token_ids = (self.prompt_token_ids + self._completion
                                  + render_tool_output(call.recipient, answer or ""))
-        self.pending = None
-        if self.output_tokens >= self.max_output_tokens:
+        if self.metrics.output_tokens >= self.max_output_tokens:
             self.outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
             return
         self._begin_turn()
 
-    def _complete_tool_item(self, call: PendingToolCall, output, error, error_kind, error_code) -> str:
+    def _complete_tool_item(self, call: PendingToolCall, result: CallOutcome) -> str:
         extra = {}
         if call.target.tool_type == "web_search":
             extra["action"] = web_search_action(call.target.name, call.arguments)
-        if call.target.tool_type == "mcp" and error and error_kind != "tool_error":
-            error = {"type": "mcp_protocol_error", "code": error_code or -32603, "message": error}
-        return self.events.tool_result(output=output, error=error, **extra)["id"]
+        error: str | dict | None = result.error
+        if call.target.tool_type == "mcp" and error and result.error_kind != "tool_error":
+            error = {"type": "mcp_protocol_error", "code": result.error_code or -32603, "message": error}
+        return self.events.tool_result(output=result.output, error=error, **extra)["id"]
 
     # -- the end ----------------------------------------------------------
     def fail(self, message: str) -> None:
@@ -254,11 +169,11 @@ class Session:
     def finish(self) -> dict:
         """Close open items, emit the terminal event; returns the final response."""
         self.events.abandon()
-        self.finished_at = time.monotonic()
+        self.metrics.finish()
         outcome = self.outcome or Outcome("failed", "response ended without an outcome")
         error = {"code": "server_error", "message": outcome.error} if outcome.status == "failed" else None
         response = self._response(
-            outcome.status, output=self.events.output, usage=usage_from_turns(self.turns),
+            outcome.status, output=self.events.output, usage=self.metrics.usage(),
             completed_at=int(time.time()) if outcome.status == "completed" else None,
             error=error, incomplete_reason=outcome.incomplete_reason)
         self.events.finish(response)
@@ -277,11 +192,3 @@ class Session:
     def _top_p(self) -> float:
         value = self.body.get("top_p")
         return self.options.top_p if value is None else value
-
-    @property
-    def latency_s(self) -> float:
-        return (self.finished_at or time.monotonic()) - self.started
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token_at is None else self.first_token_at - self.started

@@ -9,11 +9,12 @@ needs pytz, which is not a dependency.
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
+import queue
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
@@ -22,7 +23,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from batch.migrations import SCHEMAS, is_json, migrate
+from batch.migrations import migrate
+from batch.rows import (SCHEMAS, BenchRow, GradeRow, RequestResult, RequestRow, RunRow, dumps, events_to_arrow,
+                        json_columns, to_arrow)
 
 # Tables that hang off a response and are replaced with it.
 _TRACE_TABLES = ("events", "turns", "tool_calls", "tokens")
@@ -34,49 +37,12 @@ class StoreLockedError(RuntimeError):
     """Another process holds the DuckDB file (DuckDB allows one writer)."""
 
 
-@dataclass
-class RequestResult:
-    """Everything one input line produced, written together by ``Store.write_results``.
-
-    Rows are dicts keyed by column name. ``run_id`` and ``response_id`` may be left
-    out of trace rows: they are taken from ``request`` and ``response``.
-    """
-
-    request: dict
-    response: dict | None = None
-    events: list[dict] = field(default_factory=list)
-    turns: list[dict] = field(default_factory=list)
-    tool_calls: list[dict] = field(default_factory=list)
-    tokens: list[dict] = field(default_factory=list)
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
-
-
 def _loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def arrow_table(table: str, rows: list[dict]) -> pa.Table:
-    """Build the Arrow table for ``rows`` of ``table``, json-dumping JSON columns.
-
-    Raises ValueError for unknown columns; pyarrow raises (ArrowInvalid /
-    ArrowTypeError) for values that do not fit a column's type.
-    """
-    schema = SCHEMAS[table]
-    unknown = {key for row in rows for key in row} - set(schema.names)
-    if unknown:
-        raise ValueError(f"unknown {table} column(s): {sorted(unknown)}")
-    columns = {}
-    for fld in schema:
-        values = [row.get(fld.name) for row in rows]
-        columns[fld.name] = [_dumps(v) for v in values] if is_json(fld) else values
-    return pa.table(columns, schema=schema)
 
 
 def _is_lock_error(error: duckdb.Error) -> bool:
@@ -144,10 +110,11 @@ class Store:
 
     # -- runs --------------------------------------------------------------
 
-    def create_run(self, run: dict) -> None:
-        """Insert a runs row; ``engine_config``, ``options``, ``notes`` are python objects."""
-        run = {"started_at": _now(), **run}
-        self._insert("runs", arrow_table("runs", [run]))
+    def create_run(self, run: RunRow) -> None:
+        """Insert a runs row (``started_at`` defaults to now)."""
+        if run.started_at is None:
+            run = replace(run, started_at=_now())
+        self._insert("runs", to_arrow("runs", [run]))
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         """Set columns of one run, e.g. ``status``, ``finished_at``, ``n_requests``, ``notes``.
@@ -160,7 +127,7 @@ class Store:
             raise ValueError(f"cannot update runs column(s): {sorted(unknown)}")
         if not fields:
             return
-        values = [_dumps(v) if is_json(schema.field(k)) else v for k, v in fields.items()]
+        values = [dumps(v) if k in json_columns("runs") else v for k, v in fields.items()]
         assignments = ", ".join(f"{key} = ?" for key in fields)
         updated = self.con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?",
                                    [*values, run_id]).fetchall()
@@ -207,52 +174,24 @@ class Store:
             params.append(list(statuses))
         return {row["line_no"] for row in self._rows(query, params)}
 
-    def write_results(self, results: list[RequestResult]) -> None:
+    def write_results(self, results: list[RequestResult], *, replace_lines: bool = True) -> None:
         """Write all results in one transaction, replacing rows of the same (run_id, line_no).
 
         A replaced line loses its previous response and that response's events,
-        turns, tool calls and tokens. If anything fails, nothing of the batch is
-        written.
+        turns, tool calls and tokens. ``replace_lines=False`` skips that lookup for
+        lines known to be new (a duplicate then fails the batch on the primary key).
+        If anything fails, nothing of the batch is written.
         """
-        if not results:
-            return
-        tables = _result_tables(results)
-        # Registered outside the transaction: unregistering inside an aborted
-        # one fails and would hide the original error.
-        names = {table: self._register(data) for table, data in tables.items()}
-        try:
-            with self._transaction():
-                self._delete_lines(names["requests"])
-                for table, name in names.items():
-                    if tables[table].num_rows:
-                        self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
-        finally:
-            for name in names.values():
-                self.con.unregister(name)
+        _write_results(self.con, results, replace_lines)
+
+    def background_writer(self) -> ResultWriter:
+        """A `ResultWriter` on its own cursor: results are written while the caller goes on."""
+        return ResultWriter(self.con.cursor())
 
     @contextlib.contextmanager
     def _transaction(self):
-        """Commit what the block did, or roll all of it back (Ctrl-C included)."""
-        self.con.begin()
-        try:
+        with _transaction(self.con):
             yield
-            self.con.commit()
-        except BaseException:
-            self.con.rollback()
-            raise
-
-    def _delete_lines(self, new_requests: str) -> None:
-        """Delete requests rows on the lines of ``new_requests`` and what hangs off them."""
-        # The requests rows go last: they say which responses are old.
-        old = f"""(SELECT q.run_id, q.response_id FROM requests q
-                   JOIN {new_requests} k USING (run_id, line_no)
-                   WHERE q.response_id IS NOT NULL) o"""
-        for table in ("responses", *_TRACE_TABLES):
-            self.con.execute(f"""DELETE FROM {table} t USING {old}
-                WHERE t.run_id = o.run_id AND t.response_id = o.response_id""")
-        self.con.execute(f"""
-            DELETE FROM requests q USING {new_requests} k
-            WHERE q.run_id = k.run_id AND q.line_no = k.line_no""")
 
     # -- lookups -----------------------------------------------------------
 
@@ -445,15 +384,22 @@ class Store:
         finally:
             cursor.close()
 
+    def num_rows(self, table: str, run_id: str) -> int:
+        """How many rows of ``table`` belong to ``run_id``."""
+        if table not in SCHEMAS:
+            raise ValueError(f"unknown table {table!r}")
+        return self.con.sql(f"SELECT count(*) FROM {table} WHERE run_id = ?", params=[run_id]).fetchall()[0][0]
+
     # -- grades ------------------------------------------------------------
 
     def write_grades(self, run_id: str, rows: list[dict]) -> None:
         """Replace every grades row of ``run_id`` with ``rows``, in one transaction.
 
-        ``options`` is a python object; ``run_id`` and ``graded_at`` are filled in.
+        Each row has the `GradeRow` fields but ``run_id`` and ``graded_at``, which are
+        filled in; ``options`` is a python object.
         """
         now = _now()
-        data = arrow_table("grades", [{"graded_at": now, **row, "run_id": run_id} for row in rows])
+        data = to_arrow("grades", [GradeRow(**{"graded_at": now, **row, "run_id": run_id}) for row in rows])
         name = self._register(data)
         try:
             with self._transaction():
@@ -462,9 +408,9 @@ class Store:
         finally:
             self.con.unregister(name)
 
-    def write_bench(self, rows: list[dict]) -> None:
-        """Append benchmark result rows (``stats`` as a python object)."""
-        self._insert("bench", arrow_table("bench", rows))
+    def write_bench(self, rows: list[BenchRow]) -> None:
+        """Append benchmark result rows."""
+        self._insert("bench", to_arrow("bench", rows))
 
     def grades(self, run_id: str) -> list[dict]:
         """The grades rows of a run (``options`` decoded), in the order they were written."""
@@ -486,25 +432,142 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
     Building them before the transaction starts means a value Arrow cannot
     convert fails the batch before anything is touched.
     """
-    rows: dict[str, list[dict]] = {name: [] for name in ("requests", "responses",
-                                                        *_TRACE_TABLES)}
     seen: set[tuple] = set()
     now = _now()
+    requests, responses, owners, events = [], [], [], []
+    traces: dict[str, list] = {"turns": [], "tool_calls": [], "tokens": []}
     for result in results:
-        request = {"written_at": now, **result.request}
-        key = (request.get("run_id"), request.get("line_no"))
-        if None in key:
-            raise ValueError(f"request row needs run_id and line_no, got {key}")
+        request = result.request
+        if not isinstance(request, RequestRow):
+            raise TypeError(f"requests rows must be RequestRow, got {type(request).__name__}")
+        key = (request.run_id, request.line_no)
         if key in seen:
             raise ValueError(f"run {key[0]} line {key[1]} appears twice in one batch")
         seen.add(key)
-        owner = {"run_id": key[0], "response_id": request.get("response_id")}
+        request.written_at = now
+        requests.append(request)
         if result.response is not None:
-            response = {**owner, "custom_id": request.get("custom_id"),
-                        "created_at": now, **result.response}
-            owner["response_id"] = request["response_id"] = response.get("response_id")
-            rows["responses"].append(response)
-        rows["requests"].append(request)
-        for name in _TRACE_TABLES:
-            rows[name].extend({**owner, **row} for row in getattr(result, name))
-    return {name: arrow_table(name, table_rows) for name, table_rows in rows.items()}
+            if result.response.response_id != request.response_id:
+                raise ValueError(f"line {request.line_no}: request and response rows name other responses")
+            result.response.created_at = now
+            responses.append(result.response)
+        if result.events is not None:
+            owners.append((request.run_id, request.response_id))
+            events.append(result.events)
+        for name, rows in traces.items():
+            rows.extend(getattr(result, name))
+    return {"requests": to_arrow("requests", requests), "responses": to_arrow("responses", responses),
+            "events": events_to_arrow(owners, events),
+            **{name: to_arrow(name, rows) for name, rows in traces.items()}}
+
+
+def _delete_lines(con: duckdb.DuckDBPyConnection, new_requests: str) -> None:
+    """Delete requests rows on the lines of ``new_requests`` and what hangs off them."""
+    # The requests rows go last: they say which responses are old.
+    old = f"""(SELECT q.run_id, q.response_id FROM requests q
+               JOIN {new_requests} k USING (run_id, line_no)
+               WHERE q.response_id IS NOT NULL) o"""
+    for table in ("responses", *_TRACE_TABLES):
+        con.execute(f"""DELETE FROM {table} t USING {old}
+            WHERE t.run_id = o.run_id AND t.response_id = o.response_id""")
+    con.execute(f"""
+        DELETE FROM requests q USING {new_requests} k
+        WHERE q.run_id = k.run_id AND q.line_no = k.line_no""")
+
+
+@contextlib.contextmanager
+def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Commit what the block did, or roll all of it back (Ctrl-C included)."""
+    con.begin()
+    try:
+        yield
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+
+
+def _write_results(con: duckdb.DuckDBPyConnection, results: list[RequestResult], replace_lines: bool) -> None:
+    if not results:
+        return
+    tables = _result_tables(results)
+    # Registered outside the transaction: unregistering inside an aborted
+    # one fails and would hide the original error.
+    names = {}
+    for table, data in tables.items():
+        if data.num_rows:
+            names[table] = f"_batchrun_arrow_{next(_register_ids)}"
+            con.register(names[table], data)
+    try:
+        with _transaction(con):
+            if replace_lines:
+                _delete_lines(con, names["requests"])
+            for table, name in names.items():
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
+    finally:
+        for name in names.values():
+            con.unregister(name)
+
+
+class ResultWriter:
+    """Writes batches of results in order on a thread of its own, through its own cursor.
+
+    DuckDB runs an insert without holding the GIL, so on a second core the writes
+    overlap the parsing of the next tokens. `submit` blocks while `MAX_QUEUED`
+    batches wait (memory stays bounded); `num_unwritten` counts results handed over
+    but not yet committed; an error of the thread is raised again by the next
+    `submit` or by `close`, and nothing after it is written.
+    """
+
+    MAX_QUEUED = 4
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self._con = con
+        self._queue: queue.Queue = queue.Queue(maxsize=self.MAX_QUEUED)
+        self._lock = threading.Lock()
+        self.num_unwritten = 0
+        self.num_written = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="batchrun-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, results: list[RequestResult], *, replace_lines: bool) -> None:
+        """Queue a batch (``replace_lines`` as in `Store.write_results`)."""
+        self._raise_error()
+        with self._lock:
+            self.num_unwritten += len(results)
+        self._queue.put((results, replace_lines))
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            results, replace_lines = batch
+            try:
+                if self.error is None:
+                    _write_results(self._con, results, replace_lines)
+                    self.num_written += len(results)
+            except BaseException as exc:  # handed to the caller's thread
+                self.error = exc
+            finally:
+                with self._lock:
+                    self.num_unwritten -= len(results)
+                self._queue.task_done()
+
+    def wait_idle(self) -> None:
+        """Block until every queued batch is written; raises the thread's error, if any."""
+        self._queue.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Write everything queued, stop the thread; raises the thread's error, if any."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+            self._con.close()
+        self._raise_error()

@@ -1,8 +1,13 @@
 """Rendering requests into harmony tokens, and parsing completions token by token."""
 
+import time
+
 import pytest
 
-from batch.harmony import PromptOptions, RenderError, TokenParser, render_prompt, render_tool_output
+from openai_harmony import Role, StreamableParser, StreamState
+
+from batch.harmony import (Boundary, HarmonyError, ParsedMessage, PromptOptions, RenderError, TokenParser,
+                           render_prompt, render_tool_output)
 from batch.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
@@ -78,12 +83,105 @@ def test_token_parser_reports_opens_deltas_closes_and_channels():
                         "<|channel|>commentary to=python <|constrain|>json<|message|>1+1<|call|>",
                         allowed_special="all")
     parser = TokenParser()
-    steps = [parser.feed(t) for t in tokens]
-    opened = [s.opened for s in steps if s.opened]
+    opened, closed, deltas = [], [], []
+    for token_id in tokens:
+        step = parser.feed(token_id)
+        if step is Boundary.OPENED:
+            opened.append((parser.channel, parser.recipient, parser.content_type))
+        elif step is Boundary.CLOSED:
+            closed.append(parser.last_message)
+        elif step is not None:
+            deltas.append(step)
     assert opened == [("analysis", None, None), ("commentary", "python", "<|constrain|>json")]
-    assert "".join(s.delta for s in steps) == "Think.1+1"
-    assert sum(s.closed for s in steps) == 2
-    assert steps[-1].closed and parser.messages[-1].recipient == "python"
+    assert "".join(deltas) == "Think.1+1"
+    assert [m.text for m in closed] == ["Think.", "1+1"]
+    assert closed[-1] == ParsedMessage("commentary", "python", "<|constrain|>json", "1+1", 200012)
+
+
+def _steps_from_parser_state(tokens):
+    """The oracle: what harmony's own parser state says each token did (slow: JSON per read)."""
+    parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
+    steps = []
+    for token_id in tokens:
+        was_content = parser.state == StreamState.CONTENT
+        num_messages = len(parser.messages)
+        parser.process(token_id)
+        in_content = parser.state == StreamState.CONTENT
+        if in_content and not was_content:
+            steps.append(("opened", parser.current_channel, parser.current_recipient, parser.current_content_type))
+        elif len(parser.messages) > num_messages:
+            message = parser.messages[-1]
+            steps.append(("closed", message.channel, message.recipient, message.content_type,
+                          "".join(c.text for c in message.content)))
+        elif in_content:
+            steps.append(("delta", parser.last_content_delta or ""))
+        else:
+            steps.append(None)
+    return steps
+
+
+def _steps_from_token_parser(tokens):
+    parser = TokenParser()
+    steps = []
+    for token_id in tokens:
+        step = parser.feed(token_id)
+        if step is Boundary.OPENED:
+            steps.append(("opened", parser.channel, parser.recipient, parser.content_type))
+        elif step is Boundary.CLOSED:
+            message = parser.last_message
+            steps.append(("closed", message.channel, message.recipient, message.content_type, message.text))
+        elif step is not None:
+            steps.append(("delta", step))
+        else:
+            steps.append(None)
+    return steps
+
+
+@pytest.mark.parametrize("text", [
+    "<|channel|>analysis<|message|>Let me think about 123*456 — café 😀.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>It is 56088.<|return|>",
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+    "<|channel|>analysis to=python code<|message|>print(1)<|call|>",
+    "<|channel|>final<|message|>a<|start|>b<|channel|>c<|message|>d<|end|>",  # specials inside content are text
+    "<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|><|return|>",
+])
+def test_token_parser_agrees_with_harmonys_parser_state(text):
+    tokens = harmony_encoding().encode(text, allowed_special="all")
+    assert _steps_from_token_parser(tokens) == _steps_from_parser_state(tokens)
+
+
+def test_token_parser_raises_on_malformed_harmony():
+    tokens = harmony_encoding().encode("<|channel|>final<|message|>x<|end|>garbage", allowed_special="all")
+    parser = TokenParser()
+    with pytest.raises(HarmonyError):
+        for token_id in tokens:
+            parser.feed(token_id)
+
+
+def _seconds_per_token(tokens, repeats=3):
+    best = float("inf")
+    for _ in range(repeats):
+        parser = TokenParser()
+        started = time.perf_counter()
+        for token_id in tokens:
+            parser.feed(token_id)
+        best = min(best, time.perf_counter() - started)
+    return best / len(tokens)
+
+
+def test_token_parser_cost_per_token_does_not_grow_with_the_message():
+    """A 20,000-token message costs about what a short one does per token (a ratio, not a time)."""
+    enc = harmony_encoding()
+    word_ids = enc.encode(" word")
+
+    def message(num_tokens):
+        return (enc.encode("<|channel|>analysis<|message|>", allowed_special="all") + word_ids * num_tokens
+                + enc.encode("<|end|>", allowed_special="all"))
+
+    start = enc.encode("<|start|>assistant", allowed_special="all")
+    short = _seconds_per_token(message(200) + (start + message(200)) * 9)  # ten short messages
+    long = _seconds_per_token(message(20_000))
+    assert long < 3 * short, f"{long * 1e6:.2f} us/token for 20,000 tokens vs {short * 1e6:.2f} for 200"
 
 
 def test_tool_output_tokens_continue_the_prompt():

@@ -130,7 +130,8 @@ def test_invalid_lines_do_not_let_the_reader_run_ahead(tmp_path, store, count_re
     assert len(count_reads) == 20 and max(count_reads) == 2
 
 
-def test_results_are_written_as_requests_finish(tmp_path, store):
+def test_results_are_written_as_requests_finish(tmp_path, store, monkeypatch):
+    monkeypatch.setattr(runner_module, "FLUSH_S", 0.0)  # no batching by time: each loop writes
     path = write_input(tmp_path / "in.jsonl",
                        [request("c1", "short"), request("c2", "long"), request("c3", "long")])
     seen = []

@@ -11,6 +11,7 @@ from batch.request import parse_request
 from batch.session import Session, SessionOptions
 from batch.vocab import harmony_encoding
 from engine.api import RequestOutput
+from tools.client import CallOutcome
 from tools.registry import ToolRegistry
 
 SAMPLE_BODY = {  # the request of shared/reference/vllm-pr-mcp-streaming-sample.txt
@@ -62,7 +63,7 @@ def test_reasoning_then_mcp_python_call_then_message_like_the_sample():
                           "<|start|>assistant<|channel|>analysis to=python code<|message|>print(123*456)<|call|>")
     call = session.end_turn()
     assert call is not None and call.target.tool_type == "mcp" and call.arguments == "print(123*456)"
-    session.add_tool_result("56088\n", None)
+    session.add_tool_result(CallOutcome(output="56088\n"))
     assert session.prompt_token_ids[-2:] == [200006, 173781]
     second = feed(session, "<|channel|>final<|message|>The product is 56088.<|return|>")
     assert session.end_turn() is None
@@ -92,7 +93,7 @@ def test_reasoning_then_mcp_python_call_then_message_like_the_sample():
     assert usage["input_tokens"] == turn0.prompt_tokens + turn1.prompt_tokens
     assert usage["output_tokens"] == len(first) + len(second)
     assert 0 < usage["output_tokens_details"]["reasoning_tokens"] < len(first)
-    assert session.tool_calls[0]["status"] == "completed"
+    assert session.tool_calls[0].status == "completed"
 
 
 def test_function_call_ends_the_response_completed():
@@ -144,7 +145,7 @@ def test_unknown_recipient_is_answered_with_an_error_and_the_loop_goes_on():
     feed(session, "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}<|call|>")
     call = session.end_turn()
     assert call is not None and call.target is None
-    session.add_tool_result(None, "no tool named 'functions.nope'")
+    session.add_tool_result(CallOutcome(error="no tool named 'functions.nope'"))
     text = harmony_encoding().decode_utf8(session.prompt_token_ids)
     assert "<|start|>functions.nope to=assistant<|channel|>commentary<|message|>Error: no tool" in text
     feed(session, "<|channel|>final<|message|>Sorry.<|return|>")
@@ -167,7 +168,7 @@ def test_each_turn_samples_within_the_remaining_budget():
     session = make_session({**SAMPLE_BODY, "max_output_tokens": 100})
     tokens = feed(session, "<|channel|>analysis to=python code<|message|>1<|call|>")
     session.end_turn()
-    session.add_tool_result("1\n", None)
+    session.add_tool_result(CallOutcome(output="1\n"))
     assert session.sampling().max_tokens == 100 - len(tokens)
 
 
@@ -175,7 +176,7 @@ def test_tool_answer_after_the_budget_is_spent_ends_incomplete():
     session = make_session({**SAMPLE_BODY, "max_output_tokens": 8})
     feed(session, "<|channel|>analysis to=python code<|message|>1<|call|>")
     session.end_turn()
-    session.add_tool_result("1\n", None)
+    session.add_tool_result(CallOutcome(output="1\n"))
     assert session.outcome.status == "incomplete" and len(session.turns) == 1
     response = session.finish()
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -14,8 +15,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from batch.migrations import MIGRATIONS, SCHEMAS, duckdb_type, migrate
-from batch.store import RequestResult, Store, StoreLockedError
+from batch.migrations import MIGRATIONS, duckdb_type, migrate
+from batch.rows import (SCHEMAS, EventColumns, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
+                        ToolCallRow, TurnRow, dumps)
+from batch.store import Store, StoreLockedError
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -35,7 +38,8 @@ EXPECTED_DDL = {
                  "tool_output_tokens BIGINT, total_tokens BIGINT, num_turns INTEGER, "
                  "latency_s DOUBLE, ttft_s DOUBLE, created_at TSTZ",
     "events": "run_id VARCHAR, response_id VARCHAR, sequence_number INTEGER, type VARCHAR, "
-              "output_index INTEGER, content_index INTEGER, item_id VARCHAR, payload JSON",
+              "output_index INTEGER, content_index INTEGER, item_id VARCHAR, payload JSON, "
+              "turn INTEGER, t_ms DOUBLE",
     "turns": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, prompt_tokens BIGINT, "
              "cached_tokens BIGINT, output_tokens BIGINT, tool_output_tokens BIGINT, "
              "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR",
@@ -63,41 +67,56 @@ VIEWS = ["event_type_counts", "latency_percentiles", "pass_rate_per_grader",
 
 # -- factories ---------------------------------------------------------------
 
+def make_events(response_id: str, n_events: int) -> EventColumns:
+    events = EventColumns()
+    for k in range(n_events):
+        payload = {"type": f"response.e{k}", "sequence_number": k, "response_id": response_id,
+                   "nested": [1, {"a": None}]}
+        for name, value in (("sequence_number", k), ("type", f"response.e{k}"), ("output_index", 0),
+                            ("content_index", None), ("item_id", f"msg_{response_id}"),
+                            ("payload", dumps(payload)), ("turn", 0), ("t_ms", 1.5 * k)):
+            getattr(events, name).append(value)
+    return events
+
+
+def tool_call(run_id: str, response_id: str, call_id: str, **fields) -> ToolCallRow:
+    row = ToolCallRow(run_id, response_id, call_id, tool_type="mcp", server_label="srv", name="lookup",
+                      arguments=None, output=None, status="completed", error=None, started_at=None,
+                      duration_s=0.0)
+    for key, value in fields.items():
+        setattr(row, key, value)
+    return row
+
+
 def make_result(run_id: str, line_no: int, *, response_id: str | None = None,
                 status: str = "completed", n_events: int = 3, **response_fields):
     """A RequestResult for one line; no response when status is 'invalid'."""
     custom_id = f"c{line_no}"
-    request = {"run_id": run_id, "custom_id": custom_id, "line_no": line_no,
-               "request_hash": f"h{line_no}", "body": {"input": f"q{line_no}"},
-               "status": status, "error": "bad field 'input'" if status == "invalid" else None}
+    request = RequestRow(run_id=run_id, custom_id=custom_id, line_no=line_no,
+                         request_hash=f"h{line_no}", body={"input": f"q{line_no}"}, status=status,
+                         error="bad field 'input'" if status == "invalid" else None)
     if status == "invalid":
         return RequestResult(request=request)
     response_id = response_id or f"resp_{run_id}_{line_no}"
-    response = {"response_id": response_id, "status": status,
-                "response": {"id": response_id, "status": status, "output": [
-                    {"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]},
-                "input_items": [{"role": "user", "content": f"q{line_no}"}],
-                "input_tokens": 10, "output_tokens": 5, "latency_s": 1.0, "ttft_s": 0.1,
-                **response_fields}
-    events = [{"sequence_number": k, "type": f"response.e{k}", "output_index": 0,
-               "content_index": None, "item_id": f"msg_{response_id}",
-               "payload": {"type": f"response.e{k}", "sequence_number": k,
-                           "response_id": response_id, "nested": [1, {"a": None}]}}
-              for k in range(n_events)]
+    request.response_id = response_id
+    response = ResponseRow(**{
+        "run_id": run_id, "custom_id": custom_id, "response_id": response_id, "status": status,
+        "response": {"id": response_id, "status": status, "output": [
+            {"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]},
+        "input_items": [{"role": "user", "content": f"q{line_no}"}],
+        "input_tokens": 10, "output_tokens": 5, "latency_s": 1.0, "ttft_s": 0.1, **response_fields})
     return RequestResult(
-        request=request, response=response, events=events,
-        turns=[{"turn": 0, "prompt_tokens": 10, "output_tokens": 5, "finish_reason": "stop"}],
-        tool_calls=[{"call_id": f"call_{response_id}", "tool_type": "mcp",
-                     "server_label": "srv", "name": "lookup", "status": "completed"}],
-        tokens=[{"turn": 0, "prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5]}])
+        request=request, response=response, events=make_events(response_id, n_events),
+        turns=[TurnRow(run_id, response_id, 0, prompt_tokens=10, output_tokens=5, finish_reason="stop")],
+        tool_calls=[tool_call(run_id, response_id, f"call_{response_id}")],
+        tokens=[TokenRow(run_id, response_id, 0, [1, 2, 3], [4, 5])])
 
 
 def make_run(run_id: str, *, sha: str = "sha", status: str = "running",
-             started_at: datetime = T0) -> dict:
-    return {"run_id": run_id, "started_at": started_at, "input_path": "in.jsonl",
-            "input_sha256": sha, "model": "gpt-oss-tiny", "status": status,
-            "engine_config": {"block_size": 16}, "options": {"keep_tokens": False},
-            "batchrun_version": "0.1.0"}
+             started_at: datetime = T0) -> RunRow:
+    return RunRow(run_id=run_id, started_at=started_at, input_path="in.jsonl", input_sha256=sha,
+                  model="gpt-oss-tiny", status=status, engine_config={"block_size": 16},
+                  options={"keep_tokens": False}, batchrun_version="0.1.0")
 
 
 @pytest.fixture
@@ -146,7 +165,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
         versions = store.con.sql("SELECT version, name FROM schema_migrations "
                                  "ORDER BY version").fetchall()
         assert versions == [(1, "m001_initial"), (2, "m002_views"), (3, "m003_grades"),
-                            (4, "m004_tool_error_kind"), (5, "m005_bench")]
+                            (4, "m004_tool_error_kind"), (5, "m005_bench"),
+                            (6, "m006_event_timeline")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -169,12 +189,11 @@ def test_views_compute_on_small_data(store):
     one = make_result("r1", 1, n_events=2, latency_s=1.0, ttft_s=0.1, reasoning_tokens=2)
     two = make_result("r1", 2, status="incomplete", n_events=3, latency_s=3.0,
                       ttft_s=0.3, input_tokens=20, cached_tokens=4)
+    rid = two.response.response_id
     two.tool_calls += [
-        {"call_id": "x", "tool_type": "mcp", "server_label": "srv", "name": "lookup",
-         "status": "failed", "error": "boom"},
-        {"call_id": "y", "tool_type": "mcp", "server_label": "srv", "name": "lookup",
-         "status": "failed"},
-        {"call_id": "z", "tool_type": "function", "name": "f", "status": "completed"}]
+        tool_call("r1", rid, "x", status="failed", error="boom"),
+        tool_call("r1", rid, "y", status="failed"),
+        tool_call("r1", rid, "z", tool_type="function", server_label=None, name="f")]
     store.write_results([one, two, make_result("r1", 3, status="invalid")])
     con = store.con
     usage = con.sql("SELECT n_responses, input_tokens, cached_tokens, output_tokens, "
@@ -202,11 +221,12 @@ def test_write_results_round_trip(store):
     store.write_results([result])
     got = store.get_response("resp_r1_7")
     assert got == {"run_id": "r1", "custom_id": "c7", "status": "completed",
-                   "response": result.response["response"],
-                   "input_items": result.response["input_items"]}
+                   "response": result.response.response,
+                   "input_items": result.response.input_items}
     assert store.find_response("r1", "c7") == got
     events = store.events("resp_r1_7")
-    assert [e["payload"] for e in events] == [e["payload"] for e in result.events]
+    assert [e["payload"] for e in events] == [json.loads(p) for p in result.events.payload]
+    assert [e["t_ms"] for e in events] == [0.0, 1.5, 3.0, 4.5] and events[0]["turn"] == 0
     assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
     assert events[0]["run_id"] == "r1" and events[0]["content_index"] is None
     body = store.con.sql("SELECT body, response_id FROM requests").fetchall()
@@ -235,7 +255,7 @@ def test_same_line_is_replaced_with_its_traces(store):
 
 def test_arrow_conversion_error_writes_nothing(store):
     bad = make_result("r1", 2)
-    bad.turns[0]["prompt_tokens"] = "many"
+    bad.turns[0].prompt_tokens = "many"
     with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError)):
         store.write_results([make_result("r1", 1), bad])
     assert count(store.con, "SELECT * FROM requests") == 0
@@ -288,12 +308,14 @@ def test_interrupt_mid_batch_rolls_back(store):
 def test_bad_rows_raise_clear_errors(store):
     with pytest.raises(ValueError, match="appears twice"):
         store.write_results([make_result("r1", 1), make_result("r1", 1)])
-    typo = make_result("r1", 1)
-    typo.events[0]["sequence_nubmer"] = 0
-    with pytest.raises(ValueError, match="sequence_nubmer"):
-        store.write_results([typo])
-    with pytest.raises(ValueError, match="line_no"):
+    with pytest.raises(TypeError, match="sequence_nubmer"):
+        TurnRow("r1", "resp", 0, sequence_nubmer=0)
+    with pytest.raises(TypeError, match="RequestRow"):
         store.write_results([RequestResult(request={"run_id": "r1"})])
+    mismatch = make_result("r1", 2)
+    mismatch.request.response_id = "resp_other"
+    with pytest.raises(ValueError, match="other responses"):
+        store.write_results([mismatch])
 
 
 # -- runs ---------------------------------------------------------------------
@@ -456,8 +478,9 @@ def test_grade_lookups(store):
 
 def test_list_tool_calls_by_start(store):
     late, early = make_result("r1", 1), make_result("r1", 2)
-    late.tool_calls[0].update(started_at=T0 + timedelta(seconds=5), arguments='{"q": 1}')
-    early.tool_calls[0].update(started_at=T0, tool_type="web_search", name="search")
+    late.tool_calls[0].started_at, late.tool_calls[0].arguments = T0 + timedelta(seconds=5), '{"q": 1}'
+    early.tool_calls[0].started_at, early.tool_calls[0].tool_type = T0, "web_search"
+    early.tool_calls[0].name = "search"
     store.write_results([late, early])
     assert store.list_tool_calls("r1") == [
         {"custom_id": "c2", "tool_type": "web_search", "name": "search", "arguments": None},

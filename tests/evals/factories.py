@@ -8,8 +8,7 @@ import uuid
 
 from batch.events import ItemKind, ResponseEvents
 from batch.response import build_response
-from batch.results import event_rows
-from batch.store import RequestResult
+from batch.rows import RequestResult, RequestRow, ResponseRow, RunRow, TurnRow
 from evals.output import Output
 
 _created = itertools.count(1_700_000_000)
@@ -36,13 +35,19 @@ def _chunks(text: str, chunk: int) -> list[str]:
     return [text[i:i + chunk] for i in range(0, len(text), chunk)] or [""]
 
 
-def make_trace(items: list[tuple] = (), *, status: str = "completed", chunk: int = 3,
-               response_id: str | None = None, body: dict | None = None) -> tuple[dict, list[dict]]:
+def make_trace(items: list[tuple] = (), **kw) -> tuple[dict, list[dict]]:
     """(final response, events) of a response whose output is ``items``.
 
     ``chunk`` is how many characters each delta carries: two traces that differ only
     in ``chunk`` (and ids and clocks) must normalize to the same snapshot.
     """
+    final, events = make_events(items, **kw)
+    return final, events.events
+
+
+def make_events(items: list[tuple] = (), *, status: str = "completed", chunk: int = 3,
+                response_id: str | None = None, body: dict | None = None) -> tuple[dict, ResponseEvents]:
+    """(final response, its ResponseEvents), as ``make_trace`` builds them."""
     response_id = response_id or f"resp_{uuid.uuid4().hex}"
     body = body or {"input": "hi"}
     created_at = next(_created)
@@ -75,7 +80,7 @@ def make_trace(items: list[tuple] = (), *, status: str = "completed", chunk: int
                      completed_at=created_at + 1 if status == "completed" else None,
                      incomplete_reason="max_output_tokens" if status == "incomplete" else None)
     events.finish(final)
-    return final, events.events
+    return final, events
 
 
 def make_output(items: list[tuple] = (), *, status: str = "completed", custom_id: str = "c1",
@@ -88,20 +93,21 @@ def make_output(items: list[tuple] = (), *, status: str = "completed", custom_id
 def make_result(run_id: str, line_no: int, custom_id: str, items: list[tuple] = (), *,
                 status: str = "completed", **kw) -> RequestResult:
     """A RequestResult for Store.write_results; ``status="invalid"`` has no response."""
-    request = {"run_id": run_id, "custom_id": custom_id, "line_no": line_no,
-               "status": status, "body": {"input": "hi"},
-               "error": f"line {line_no}: input: required" if status == "invalid" else None}
+    request = RequestRow(run_id=run_id, custom_id=custom_id, line_no=line_no, status=status,
+                         body={"input": "hi"},
+                         error=f"line {line_no}: input: required" if status == "invalid" else None)
     if status == "invalid":
         return RequestResult(request=request)
-    response, events = make_trace(items, status=status, **kw)
+    response, events = make_events(items, status=status, **kw)
+    request.response_id = response["id"]
     return RequestResult(
         request=request,
-        response={"response_id": response["id"], "status": status, "response": response,
-                  "output_tokens": 5, "latency_s": 0.5 + line_no / 10, "ttft_s": 0.1},
-        events=event_rows(run_id, response["id"], events),
-        turns=[{"turn": 0, "prompt_tokens": 10, "output_tokens": 5}])
+        response=ResponseRow(run_id=run_id, custom_id=custom_id, response_id=response["id"], status=status,
+                             response=response, output_tokens=5, latency_s=0.5 + line_no / 10, ttft_s=0.1),
+        events=events.columns,
+        turns=[TurnRow(run_id, response["id"], 0, prompt_tokens=10, output_tokens=5)])
 
 
-def make_run(run_id: str) -> dict:
-    return {"run_id": run_id, "input_path": "suite.jsonl", "input_sha256": run_id,
-            "model": "tiny", "status": "completed", "engine_config": {}, "options": {}}
+def make_run(run_id: str) -> RunRow:
+    return RunRow(run_id=run_id, input_path="suite.jsonl", input_sha256=run_id, model="tiny",
+                  status="completed", engine_config={}, options={})

@@ -1,0 +1,93 @@
+"""Per-turn usage and timing of one response: TurnMetrics, clocks, the usage object."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.api import RequestOutput
+
+
+@dataclass
+class TurnMetrics:
+    """One model turn of a response (a `turns` row)."""
+
+    turn: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    tool_output_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    finish_reason: str | None = None
+
+
+def usage_from_turns(turns: list[TurnMetrics]) -> dict:
+    """openai ResponseUsage: prompt tokens are summed over turns, as the seeds do."""
+    input_tokens = sum(t.prompt_tokens for t in turns)
+    output_tokens = sum(t.output_tokens for t in turns)
+    return {
+        "input_tokens": input_tokens,
+        # Nothing is written to a hosted prompt cache offline: cache_write_tokens is 0.
+        "input_tokens_details": {"cached_tokens": sum(t.cached_tokens for t in turns),
+                                 "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": sum(t.reasoning_tokens for t in turns)},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+@dataclass
+class ResponseMetrics:
+    """The turns of one response and its clocks (latency, time to first token)."""
+
+    turns: list[TurnMetrics] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def current(self) -> TurnMetrics:
+        return self.turns[-1]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(t.output_tokens for t in self.turns)
+
+    def begin_turn(self, prompt_tokens: int) -> TurnMetrics:
+        """A new turn; the prompt's growth past the last turn's prompt and output is tool output."""
+        turn = TurnMetrics(turn=len(self.turns), prompt_tokens=prompt_tokens)
+        if self.turns:
+            previous = self.turns[-1]
+            turn.tool_output_tokens = max(0, prompt_tokens - previous.prompt_tokens - previous.output_tokens)
+        self.turns.append(turn)
+        return turn
+
+    def on_output(self, out: RequestOutput) -> None:
+        """Counters of the current turn from one engine output."""
+        turn = self.turns[-1]
+        turn.cached_tokens, turn.prefill_s, turn.decode_s = (
+            out.num_cached_tokens, out.prefill_s, out.decode_s)
+        turn.finish_reason = out.finish_reason
+        turn.output_tokens += len(out.new_token_ids)
+        if out.new_token_ids and self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+
+    def finish(self) -> None:
+        self.finished_at = time.monotonic()
+
+    def usage(self) -> dict:
+        return usage_from_turns(self.turns)
+
+    @property
+    def tool_output_tokens(self) -> int:
+        return sum(t.tool_output_tokens for t in self.turns)
+
+    @property
+    def latency_s(self) -> float:
+        return (self.finished_at or time.monotonic()) - self.started
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started

@@ -1,0 +1,76 @@
+"""A response's completion tokens -> output items and streaming events, turn after turn.
+
+The per-token hot path: each token goes through harmony's parser (`TokenParser`,
+O(1) per token) and, inside a message, becomes one delta event; a message's start
+resolves its recipient to an item kind once, through the request's tool registry.
+"""
+
+from __future__ import annotations
+
+from batch.events import ItemKind, ResponseEvents
+from batch.harmony import CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser
+from batch.metrics import TurnMetrics
+from tools.registry import ToolRegistry
+
+_KIND_OF_TOOL = {
+    "function": ItemKind.FUNCTION_CALL,
+    "code_interpreter": ItemKind.CODE_INTERPRETER_CALL,
+    "web_search": ItemKind.WEB_SEARCH_CALL,
+    "mcp": ItemKind.MCP_CALL,
+}
+
+
+class OutputParser:
+    """Harmony tokens of every turn of one response -> its `ResponseEvents`."""
+
+    def __init__(self, response_id: str, registry: ToolRegistry):
+        self.events = ResponseEvents(response_id)
+        self.registry = registry
+        self._tokens = TokenParser()
+
+    def begin_turn(self, turn: int, forced_prefix: list[int] | tuple[int, ...] = ()) -> None:
+        """A new completion; `forced_prefix`: the header tokens its prompt ends with."""
+        self._tokens = TokenParser()
+        self.events.turn = turn
+        for token_id in forced_prefix:
+            self._tokens.feed(token_id)
+
+    @property
+    def last_message(self) -> ParsedMessage | None:
+        """The last complete message of this turn."""
+        return self._tokens.last_message
+
+    def feed(self, token_ids: list[int], turn: TurnMetrics) -> str | None:
+        """Parse new tokens of the current turn; an error message if they are not harmony."""
+        tokens, events = self._tokens, self.events
+        for token_id in token_ids:
+            try:
+                step = tokens.feed(token_id)
+            except HarmonyError as exc:
+                return f"model output is not valid harmony: {exc}"
+            if step is None:
+                continue  # a header token
+            if tokens.channel == "analysis":
+                turn.reasoning_tokens += 1
+            if step.__class__ is str:
+                if step:
+                    events.add_delta(step)
+            elif step is Boundary.OPENED:
+                self._open_item(tokens.channel, tokens.recipient)
+            else:
+                # A message to a hosted tool runs the tool only when it ends with <|call|>.
+                current = events.current
+                hosted = current is not None and current.kind.is_hosted_tool
+                events.close_item("incomplete" if hosted and token_id != CALL_TOKEN else "completed")
+        return None
+
+    def _open_item(self, channel: str | None, recipient: str | None) -> None:
+        if recipient is None:
+            self.events.open_item(ItemKind.REASONING if channel == "analysis" else ItemKind.MESSAGE)
+            return
+        target = self.registry.resolve(recipient)
+        if target is None:  # shown as reasoning: the model's attempt, answered with an error
+            self.events.open_item(ItemKind.REASONING)
+            return
+        self.events.open_item(_KIND_OF_TOOL[target.tool_type], name=target.name,
+                              server_label=target.server_label)
