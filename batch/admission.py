@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from batch.events import new_id
 from batch.harmony import PromptOptions, RenderError, render_forced_header, render_prompt
 from batch.reader import InputLine
+from batch.request import ResponsesRequest
 from batch.results import line_result
 from batch.rows import RequestResult
 from batch.session import Session, SessionOptions
@@ -33,7 +34,7 @@ class Prepared:
     """A line that passed every check that needs no tool server."""
 
     line: InputLine
-    body: dict
+    request: ResponsesRequest
     items: list[dict]
     registry: ToolRegistry
 
@@ -49,16 +50,10 @@ class AdmissionError(ValueError):
     """The line is valid JSON and schema but cannot be run (names the field)."""
 
 
-def normalized_items(value: str | list) -> list[dict]:
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return list(value)
-
-
-def conversation_items(body: dict, store: Store) -> list[dict]:
+def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
     """This request's input, after the stored conversation it continues (if any)."""
-    items = normalized_items(body["input"])
-    previous_id = body.get("previous_response_id")
+    items = request.input_items()
+    previous_id = request.previous_response_id
     if not previous_id:
         return items
     previous = store.get_response(previous_id)
@@ -67,8 +62,8 @@ def conversation_items(body: dict, store: Store) -> list[dict]:
     return list(previous["input_items"] or []) + list(previous["response"]["output"]) + items
 
 
-def _check_servers(body: dict, registry: ToolRegistry, catalog: ServerCatalog) -> None:
-    for index, tool in enumerate(body.get("tools") or []):
+def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCatalog) -> None:
+    for index, tool in enumerate(tools):
         if tool["type"] == "mcp" and tool["server_label"] in registry.mcp_definitions:
             try:
                 catalog.for_tool(tool)
@@ -84,14 +79,15 @@ def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) 
     """Check a line: `prepared` to list its servers and admit, or an `invalid` result."""
     if not line.is_valid:
         return _invalid(run_id, line, line.error)
-    body = line.request.model_dump(mode="json", exclude_none=True)
+    request = line.request
     try:
-        items = conversation_items(body, store)
-        registry = ToolRegistry.from_tools(body.get("tools"), body.get("tool_choice", "auto"))
-        _check_servers(body, registry, catalog)
+        items = conversation_items(request, store)
+        tools = request.tool_dicts()
+        registry = ToolRegistry.from_tools(tools, request.tool_choice_json())
+        _check_servers(tools, registry, catalog)
     except AdmissionError as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
-    return Admission(prepared=Prepared(line, body, items, registry))
+    return Admission(prepared=Prepared(line, request, items, registry))
 
 
 def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
@@ -99,18 +95,16 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     """Render a prepared line with its servers' listings: a Session, or an `invalid` result."""
     line, registry = prepared.line, prepared.registry
     # The response echoes the effort the prompt was rendered with (a run default included).
-    reasoning = prepared.body.get("reasoning") or {}
-    body = {**prepared.body, "reasoning": {**reasoning,
-                                           "effort": reasoning.get("effort") or prompt.reasoning_effort}}
+    request = prepared.request.with_effort(prompt.reasoning_effort)
     for label, listing in listings.items():
         registry.add_listing(label, listing.tools, listing.error)
     try:
-        prompt_ids = render_prompt(body, prepared.items, registry, prompt)
+        prompt_ids = render_prompt(request, prepared.items, registry, prompt)
         forced = registry.forced_recipient()
     except (RenderError, ToolChoiceError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
     forced_prefix = render_forced_header(*forced) if forced else []
-    session = Session(response_id=new_id("resp"), body=body, prompt_token_ids=prompt_ids + forced_prefix,
+    session = Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids + forced_prefix,
                       registry=registry, options=options, seed=derive_seed(options.seed, line.custom_id),
                       line=line, input_items=prepared.items, forced_prefix=forced_prefix)
     return Admission(session=session)

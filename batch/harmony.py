@@ -23,6 +23,7 @@ from openai_harmony import (
     SystemContent,
 )
 
+from batch.request import ResponsesRequest
 from batch.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
@@ -64,9 +65,9 @@ def _text_of(content: object) -> str:
     return "".join(part.get("text", "") for part in content or [])
 
 
-def _system_message(body: dict, registry: ToolRegistry, options: PromptOptions) -> Message:
-    effort = ((body.get("reasoning") or {}).get("effort")) or options.reasoning_effort
-    date = (body.get("metadata") or {}).get("conversation_date") or options.conversation_date
+def _system_message(request: ResponsesRequest, registry: ToolRegistry, options: PromptOptions) -> Message:
+    effort = (request.reasoning and request.reasoning.effort) or options.reasoning_effort
+    date = (request.metadata or {}).get("conversation_date") or options.conversation_date
     content = SystemContent.new().with_reasoning_effort(_EFFORT[effort]).with_knowledge_cutoff(
         options.knowledge_cutoff)
     if date:
@@ -74,8 +75,8 @@ def _system_message(body: dict, registry: ToolRegistry, options: PromptOptions) 
     return Message.from_role_and_content(Role.SYSTEM, registry.add_to_system(content))
 
 
-def _developer_message(body: dict, registry: ToolRegistry) -> Message | None:
-    instructions = body.get("instructions")
+def _developer_message(request: ResponsesRequest, registry: ToolRegistry) -> Message | None:
+    instructions = request.instructions
     if not instructions and not registry.has_developer_tools:
         return None
     content = DeveloperContent.new()
@@ -166,11 +167,11 @@ def input_messages(items: str | list[dict]) -> list[Message]:
     return messages
 
 
-def render_prompt(body: dict, items: str | list[dict], registry: ToolRegistry,
+def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
                   options: PromptOptions) -> list[int]:
-    """Prompt tokens for a request body whose conversation input is `items`."""
-    messages = [_system_message(body, registry, options)]
-    developer = _developer_message(body, registry)
+    """Prompt tokens for a request whose conversation input is `items`."""
+    messages = [_system_message(request, registry, options)]
+    developer = _developer_message(request, registry)
     if developer is not None:
         messages.append(developer)
     messages.extend(input_messages(items))

@@ -280,6 +280,28 @@ class ResponsesRequest(_Strict):
     # Not honoured either, but echoed in the Response object as the API does.
     user: str | None = None
 
+    def input_items(self) -> list[dict]:
+        """`input` as a list of JSON items (a string is one user message)."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return [item.model_dump(mode="json", exclude_none=True) for item in self.input]
+
+    def tool_dicts(self) -> list[dict]:
+        """`tools` as JSON objects (as the registry reads and the response echoes them)."""
+        return [tool.model_dump(mode="json", exclude_none=True) for tool in self.tools or []]
+
+    def tool_choice_json(self) -> str | dict:
+        """`tool_choice` as JSON: a mode string or a choice object."""
+        choice = self.tool_choice
+        return choice if isinstance(choice, str) else choice.model_dump(mode="json", exclude_none=True)
+
+    def with_effort(self, default: str) -> ResponsesRequest:
+        """This request with `reasoning.effort` set (to `default` when it names none)."""
+        reasoning = self.reasoning or Reasoning()
+        if reasoning.effort:
+            return self
+        return self.model_copy(update={"reasoning": reasoning.model_copy(update={"effort": default})})
+
 
 def parse_request(body: dict) -> tuple[ResponsesRequest, list[str]]:
     """Validate a request body: (request, names of ignored fields present, in body order).

@@ -20,6 +20,7 @@ from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, render_tool_output
 from batch.metrics import ResponseMetrics, TurnMetrics
 from batch.output_parser import OutputParser
 from batch.reader import InputLine
+from batch.request import ResponsesRequest
 from batch.response import Outcome, build_response
 from batch.tool_policy import PendingToolCall, ToolCallPolicy
 from engine.api import RequestOutput, SamplingParams
@@ -44,15 +45,15 @@ class SessionOptions:
 class Session:
     """State of one response while the runner decodes it."""
 
-    def __init__(self, *, response_id: str, body: dict, prompt_token_ids: list[int],
+    def __init__(self, *, response_id: str, request: ResponsesRequest, prompt_token_ids: list[int],
                  registry: ToolRegistry, options: SessionOptions, seed: int, line: InputLine,
                  input_items: list[dict], forced_prefix: list[int] | None = None):
-        self.response_id, self.body, self.line, self.input_items = response_id, body, line, input_items
+        self.response_id, self.request, self.line, self.input_items = response_id, request, line, input_items
         self.registry, self.options, self.seed = registry, options, seed
         self.prompt_token_ids = list(prompt_token_ids)
         self.forced_prefix = list(forced_prefix or [])  # tool_choice: the header the prompt ends with
         self.output = OutputParser(response_id, registry)
-        self.tools = ToolCallPolicy(registry, options.max_turns, body.get("max_tool_calls"))
+        self.tools = ToolCallPolicy(registry, options.max_turns, request.max_tool_calls)
         self.metrics = ResponseMetrics()
         self.outcome: Outcome | None = None
         self.token_log: list[dict] = []
@@ -79,7 +80,7 @@ class Session:
 
     @property
     def max_output_tokens(self) -> int:
-        return self.body.get("max_output_tokens") or self.options.max_output_tokens
+        return self.request.max_output_tokens or self.options.max_output_tokens
 
     # -- turn lifecycle ---------------------------------------------------
     def start(self) -> None:
@@ -181,14 +182,14 @@ class Session:
 
     def _response(self, status: str, **fields) -> dict:
         return build_response(
-            self.body, response_id=self.response_id, created_at=self.created_at,
+            self.request, response_id=self.response_id, created_at=self.created_at,
             model=self.options.model, max_output_tokens=self.max_output_tokens,
             temperature=self._temperature(), top_p=self._top_p(), status=status, **fields)
 
     def _temperature(self) -> float:
-        value = self.body.get("temperature")
+        value = self.request.temperature
         return self.options.temperature if value is None else value
 
     def _top_p(self) -> float:
-        value = self.body.get("top_p")
+        value = self.request.top_p
         return self.options.top_p if value is None else value

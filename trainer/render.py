@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from openai_harmony import Message, Role
 
 from batch.harmony import RETURN_TOKEN, PromptOptions, render_prompt, render_tool_output
+from batch.request import parse_request
 from batch.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
@@ -58,10 +59,9 @@ def function_call(name: str, arguments: str) -> Message:
 
 def request_prompt(body: dict) -> list[int]:
     """The first prompt batchrun renders for `body` (built-in and function tools need no listing)."""
-    registry = ToolRegistry.from_tools(body.get("tools"), body.get("tool_choice", "auto"))
-    items = body["input"] if isinstance(body["input"], list) else [
-        {"type": "message", "role": "user", "content": body["input"]}]
-    return render_prompt(body, items, registry, RENDER_OPTIONS)
+    request, _ = parse_request({key: value for key, value in body.items() if key != "custom_id"})
+    registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
+    return render_prompt(request, request.input_items(), registry, RENDER_OPTIONS)
 
 
 def completion_ids(messages: tuple[Message, ...]) -> list[int]:

@@ -8,6 +8,7 @@ from openai_harmony import Role, StreamableParser, StreamState
 
 from batch.harmony import (Boundary, HarmonyError, ParsedMessage, PromptOptions, RenderError, TokenParser,
                            render_prompt, render_tool_output)
+from batch.request import parse_request
 from batch.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
@@ -16,8 +17,9 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather.",
 
 
 def render(body, options=PromptOptions()):
-    registry = ToolRegistry.from_tools(body.get("tools"), body.get("tool_choice", "auto"))
-    tokens = render_prompt(body, body["input"], registry, options)
+    request, _ = parse_request(body)
+    registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
+    tokens = render_prompt(request, request.input_items(), registry, options)
     return harmony_encoding().decode_utf8(tokens), tokens
 
 

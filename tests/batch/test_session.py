@@ -23,12 +23,11 @@ SAMPLE_BODY = {  # the request of shared/reference/vllm-pr-mcp-streaming-sample.
 
 def make_session(body, **options):
     request, ignored = parse_request(body)
-    body = request.model_dump(mode="json", exclude_none=True)
-    registry = ToolRegistry.from_tools(body.get("tools"), body.get("tool_choice", "auto"))
+    registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
     line = InputLine(line_no=1, custom_id="c1", body=body, request=request,
                      ignored_fields=ignored, error=None)
-    prompt = render_prompt(body, body["input"], registry, PromptOptions())
-    session = Session(response_id="resp_test", body=body, prompt_token_ids=prompt,
+    prompt = render_prompt(request, request.input_items(), registry, PromptOptions())
+    session = Session(response_id="resp_test", request=request, prompt_token_ids=prompt,
                       registry=registry, options=SessionOptions(model="tiny", **options),
                       seed=1, line=line, input_items=[])
     session.start()

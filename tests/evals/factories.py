@@ -7,6 +7,7 @@ import itertools
 import uuid
 
 from batch.events import ItemKind, ResponseEvents
+from batch.request import parse_request
 from batch.response import build_response
 from batch.rows import RequestResult, RequestRow, ResponseRow, RunRow, TurnRow
 from evals.output import Output
@@ -53,7 +54,7 @@ def make_events(items: list[tuple] = (), *, status: str = "completed", chunk: in
     created_at = next(_created)
 
     def response(state: str, **fields) -> dict:
-        return build_response(body, response_id=response_id, created_at=created_at,
+        return build_response(parse_request(body)[0], response_id=response_id, created_at=created_at,
                               model="tiny", max_output_tokens=64, temperature=1.0, top_p=1.0,
                               status=state, **fields)
 
