@@ -1,7 +1,7 @@
 """`batchrun eval|grade|snapshot|check|compare|report`: thin commands over evals/.
 
-Registered on the main group at the end of batch/cli.py. This module imports
-batch.cli only inside functions, so either module may be imported first.
+Registered on the root group in batch/cli.py; `eval` runs its suite through
+batch/submit.py's functions, the same ones `batchrun submit` calls.
 Exit codes as everywhere in batchrun: 0 done, 1 could not (or a check or
 threshold failed), 2 usage errors.
 """
@@ -18,6 +18,7 @@ import click
 
 from batch.cliutil import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
 from batch.store import Store
+from batch.submit import run_submit, submit_options, submit_plan
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
 from evals.suite import Suite, SuiteError, load_suite
@@ -52,37 +53,29 @@ _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metava
                            help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
 
 
-@click.command("eval", context_settings={"ignore_unknown_options": True})
+@click.command("eval")
 @click.argument("suite_name", metavar="SUITE")
 @_db_option
 @click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).")
 @click.option("--resume", metavar="RUN_ID", help="Continue an interrupted eval run, then grade it.")
 @_fail_under
-@click.argument("submit_options", nargs=-1, type=click.UNPROCESSED)
-@click.pass_context
-def eval_command(ctx: click.Context, suite_name: str, db: str, run_id: str | None,
-                 resume: str | None, fail_under: float | None, submit_options: tuple[str, ...]) -> None:
+@submit_options
+def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | None,
+                 fail_under: float | None, **values) -> None:
     """Run the eval SUITE (a suite file, or a built-in suite's name) as a new run and grade it.
 
-    Every other option is passed to `batchrun submit` (--model, --max-output-tokens,
-    --seed, --temperature, --backend, ...; see `batchrun submit --help`).
+    It takes every option of `batchrun submit` (--model, --max-output-tokens, --seed,
+    --temperature, --backend, ...).
     """
-    from batch.cli import submit
-
     suite = _suite(suite_name)
     if resume and run_id:
         raise click.UsageError("--resume and --run-id are exclusive")
     run_id = resume or run_id or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
         requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
-        args = [str(requests), "--db", db, "--resume" if resume else "--run-id", run_id,
-                *submit_options]
-        try:
-            submit_ctx = submit.make_context("submit", args, parent=ctx)
-        except click.UsageError as exc:  # report it against `eval`, not the inner submit
-            raise click.UsageError(exc.message, ctx) from None
-        with submit_ctx:
-            submit.invoke(submit_ctx)
+        options, backend = submit_plan(requests, db, {**values, "run_id": None if resume else run_id,
+                                                      "resume": resume})
+        run_submit(options, backend, db=db, quiet=values["quiet"])
     with _open_store(db) as store:
         notes = store.get_run(run_id)["notes"] or {}
         store.update_run(run_id, input_path=str(suite.path),
@@ -192,6 +185,3 @@ def report_command(run: str, db: str, output: Path | None) -> None:
     click.echo(terminal_summary(data))
     click.echo(f"report: {output}")
 
-
-COMMANDS = [eval_command, grade_command, snapshot_command, check_command, compare_command,
-            report_command]

@@ -18,13 +18,7 @@ PACKAGES = ("batch", "engine", "tools", "evals", "trainer")
 
 # Known cycles outside engine/, each the exact set of modules of one strongly
 # connected component. Do not add to this list: break the cycle instead.
-KNOWN_CYCLES = {
-    # batch/cli.py registers the eval commands of evals/cli.py on its `main` group
-    # (an import at the end of the module), and `batchrun eval` in evals/cli.py
-    # imports batch.cli's `submit` inside the function. To go when the CLI is
-    # restructured (one module assembles the command groups).
-    frozenset({"batch.cli", "evals.cli"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def project_modules() -> dict[str, Path]:

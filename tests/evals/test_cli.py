@@ -85,6 +85,22 @@ def test_eval_decodes_grades_and_prints_pass_rates(runs):
     assert run == (str(runs["suite"]), "mini")
 
 
+def test_eval_takes_every_submit_option_and_rejects_others(tmp_path):
+    submit_help = batchrun("submit", "--help").output
+    eval_help = batchrun("eval", "--help")
+    assert eval_help.exit_code == 0
+    options = set(re.findall(r"^  (--[a-z-]+)", submit_help, re.M))
+    assert {"--model", "--max-output-tokens", "--retry-failed", "--mcp-config", "--quiet"} <= options
+    assert options <= set(re.findall(r"^  (--[a-z-]+)", eval_help.output, re.M))
+    suite = write_suite(tmp_path / "mini.jsonl", SUITE[:1])
+    unknown = batchrun("eval", suite, "--db", tmp_path / "x.duckdb", "--bogus-flag")
+    assert unknown.exit_code == 2 and "No such option '--bogus-flag'" in unknown.output
+    assert "Usage: main eval" in unknown.output  # reported against `eval`
+    both = batchrun("eval", suite, "--db", tmp_path / "x.duckdb", "--run-id", "a", "--resume", "a")
+    assert both.exit_code == 2 and "--resume and --run-id are exclusive" in both.output
+    assert not (tmp_path / "x.duckdb").exists()
+
+
 def test_builtin_suite_runs_by_name(runs, tiny_model_dir, db_copy):
     result = batchrun("eval", "quickstart", "--db", db_copy, "--model", tiny_model_dir,
                       "--max-output-tokens", 2, "--quiet")

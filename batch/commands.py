@@ -1,0 +1,165 @@
+"""The run commands of `batchrun`: submit, runs, show, export, sql, make-random-model, bench.
+
+Each is a thin function over the runner and the store; batch/cli.py registers them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import click
+
+from batch import display
+from batch.cliutil import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.submit import run_submit, set_threads as _set_threads, submit_options, submit_plan
+
+
+@click.command()
+@click.argument("input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
+@click.option("--run-id", help="Id for a new run (default: generated).")
+@click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
+@submit_options
+def submit(input_path: Path, db: str, **values) -> None:
+    """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
+    options, backend = submit_plan(input_path, db, values)
+    run_submit(options, backend, db=db, quiet=values["quiet"])
+
+
+@click.command()
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+def runs(db: str) -> None:
+    """List the runs in the database, newest first."""
+    with _open_store(db, read_only=True) as store:
+        click.echo(display.runs_table(store.list_runs()))
+
+
+@click.command()
+@click.argument("response_or_custom_id")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+@click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
+def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
+    """One response: its items, usage and event types."""
+    with _open_store(db, read_only=True) as store:
+        found = store.get_response(response_or_custom_id)
+        if found is None:
+            runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.list_runs()]
+            found = next((f for r in runs_ if (f := store.find_response(r, response_or_custom_id))), None)
+        if found is None:
+            _fail(f"no response with id or custom_id {response_or_custom_id!r} in {db}")
+        events = store.events(found["response"]["id"])
+        click.echo(display.response_text(found, events))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="JSONL file to write in the OpenAI Batch output format.")
+def export(run_id: str, db: str, output: Path) -> None:
+    """Write a run's results as OpenAI Batch output JSONL."""
+    with _open_store(db, read_only=True) as store:
+        run_id = resolve_run(store, run_id)
+        count = 0
+        with open(output, "w", encoding="utf-8") as handle:
+            for row in store.iter_responses(run_id):
+                handle.write(json.dumps(display.batch_output_line(run_id, row)) + "\n")
+                count += 1
+    click.echo(f"wrote {count} lines to {output}")
+
+
+@click.command()
+@click.argument("query")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+def sql(query: str, db: str) -> None:
+    """Run a SQL query on the run database and print the result as a table."""
+    import duckdb
+
+    with _open_store(db, read_only=True) as store:
+        try:
+            result = store.query(query)
+        except duckdb.Error as exc:
+            _fail(str(exc).splitlines()[0])
+        if result is None:
+            return
+        columns, rows = result
+        click.echo(display.table(rows, columns))
+
+
+@click.command("make-random-model")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True)
+def make_random_model(directory: Path, seed: int) -> None:
+    """Write a tiny randomly initialised gpt-oss checkpoint (emits garbage; for tests and demos)."""
+    from engine.checkpoint import make_random_checkpoint
+
+    make_random_checkpoint(directory, seed=seed)
+    click.echo(f"wrote a random tiny gpt-oss checkpoint to {directory}")
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoint to benchmark (default: a random model of --preset, made once).")
+@click.option("--preset", type=click.Choice(["tiny", "medium"]), default="medium", show_default=True,
+              help="Random model shape when no --model is given.")
+@click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
+@click.option("--systems", default="engine,hf_generate,hf_generate_batch", show_default=True,
+              help="Comma list of engine, hf_generate, hf_generate_batch, reference.")
+@click.option("--num-requests", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Static batch size of hf_generate.")
+@click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table.")
+def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw) -> None:
+    """Same workloads on batchrun's engine and on transformers, with ratios to the engine."""
+    from engine import bench as benchmark
+
+    from engine.config import read_config_json
+
+    model_dir = model_dir or _bench_model(preset)
+    _set_threads(None, read_config_json(model_dir))  # the same thread policy as submit
+    try:
+        loads = benchmark.make_workloads(workloads.split(","), kw["num_requests"], kw["seed"])
+    except ValueError as exc:
+        raise click.UsageError(str(exc))
+    started, bench_id, results, rows = _now_utc(), f"bench_{uuid.uuid4().hex[:8]}", [], []
+    engine_options = {"kv_cache_gb": kw["kv_cache_gb"], "max_num_seqs": kw["max_num_seqs"]}
+    for workload in loads:
+        for system in systems.split(","):
+            click.echo(f"{workload.name}: {system} ...", err=True)
+            result, stats = benchmark.run_system(system, model_dir, workload, batch_size=kw["batch_size"],
+                                                 engine_options=engine_options)
+            results.append(result)
+            rows.append({"bench_id": bench_id, "started_at": started, "model": str(model_dir),
+                         **result.row(), "stats": stats})
+    click.echo(benchmark.format_table(results))
+    for row in rows:
+        if row["stats"]:
+            click.echo(f"{row['workload']} engine: " + ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row["stats"].items()))
+    with _open_store(db) as store:
+        store.write_bench(rows)
+    click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB; results in {db} (bench_id {bench_id})")
+
+
+def _bench_model(preset: str) -> Path:
+    import torch
+
+    from engine.bench import MEDIUM_CONFIG
+    from engine.checkpoint import make_random_checkpoint
+
+    directory = Path(".cache") / "models" / f"bench-{preset}"
+    if not (directory / "config.json").exists():
+        make_random_checkpoint(directory, seed=0, dtype=torch.bfloat16,
+                               **(MEDIUM_CONFIG if preset == "medium" else {}))
+    return directory
+
+
+def _now_utc():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)

@@ -1,0 +1,173 @@
+"""One `batchrun submit` run as functions: its options, what they ask for, the run itself.
+
+`batchrun submit` (batch/commands.py) and `batchrun eval` (evals/cli.py) both take
+`submit_options`, turn the values into a plan with `submit_plan`, and call
+`run_submit`; neither command calls the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from batch import display
+from batch.cliutil import fail, open_store
+from batch.harmony import PromptOptions
+from batch.reader import InputFormatError
+from batch.runner import RunError, RunOptions, RunSummary, Runner, ToolOptions
+from batch.session import SessionOptions
+from engine.api import Backend
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
+TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Every option of `batchrun submit` but INPUT, --db, --run-id and --resume, which each
+# command declares in its own words.
+SUBMIT_OPTIONS = [
+    click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
+                 envvar="BATCHRUN_MODEL", help="Local HF gpt-oss checkpoint directory [env BATCHRUN_MODEL; "
+                                               "default: the shipped tiny model, data/models/batchrun-tiny]."),
+    click.option("--backend", default="engine", show_default=True,
+                 type=click.Choice(["engine", "transformers"]),
+                 help="Decoder: batchrun's paged continuous-batching engine, or the transformers reference."),
+    click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True,
+                 help="Memory for the engine's paged KV cache (bounds the context length too)."),
+    click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Sequences the engine decodes in one step."),
+    click.option("--retry-failed", metavar="RUN_ID", help="Re-run only the failed/incomplete lines of a run."),
+    click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input."),
+    click.option("--max-output-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+                 help="Default output budget for requests that do not set max_output_tokens."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="Run seed; per-request seeds derive from it."),
+    click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
+                 help="Default temperature for requests that do not set one (0: greedy)."),
+    click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Requests decoded at once; the reader never runs further ahead."),
+    click.option("--max-line-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024,
+                 show_default=True, help="Longer input lines are recorded invalid."),
+    click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),
+    click.option("--conversation-date", metavar="YYYY-MM-DD",
+                 help="Date in the system message (a request's metadata.conversation_date wins)."),
+    click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default="medium",
+                 show_default=True, help="Default for requests without reasoning.effort."),
+    click.option("--threads", type=click.IntRange(min=1),
+                 help="CPU threads for torch (default: 1 for tiny models, where more only add "
+                      "synchronisation cost; otherwise torch's default)."),
+    click.option("--mcp-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help='MCP servers by label, JSON {"mcpServers": {LABEL: {"command", "args", "env"} | '
+                      '{"url", "headers"}}}; values may name ${ENV_VARS}. Stdio servers log to DB.tools.log.'),
+    click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+                 show_default=True, help="Seconds one hosted tool call may take before it fails."),
+    click.option("--max-turns", type=click.IntRange(min=1), default=32, show_default=True,
+                 help="Model turns per response at most (each tool call starts a turn)."),
+    click.option("--quiet", is_flag=True, help="No progress bar."),
+]
+
+
+def submit_options(command: F) -> F:
+    """Decorate a command with SUBMIT_OPTIONS, in that order in its --help."""
+    for option in reversed(SUBMIT_OPTIONS):
+        command = option(command)
+    return command
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """The decoder to load and how; run_submit loads it once the database is open,
+    so a locked database fails before a slow model load."""
+
+    name: str
+    model_dir: Path
+    threads: int | None = None
+    options: dict = field(default_factory=dict)
+
+    def load(self) -> Backend:
+        from engine.factory import ModelLoadError, check_model_dir, load_backend
+
+        try:
+            set_threads(self.threads, check_model_dir(self.model_dir))
+            return load_backend(self.name, self.model_dir, **self.options)
+        except (ModelLoadError, ValueError) as exc:  # ValueError: engine options that cannot work
+            fail(str(exc))
+
+
+def submit_plan(input_path: Path, db: str, values: dict) -> tuple[RunOptions, BackendSpec]:
+    """What submit's option values (SUBMIT_OPTIONS plus run_id and resume) ask for."""
+    model_dir = values["model_dir"] or (DEFAULT_MODEL if (DEFAULT_MODEL / "config.json").exists() else None)
+    if model_dir is None:
+        fail("no model: pass --model DIR (a local HF gpt-oss checkpoint) or set BATCHRUN_MODEL")
+    options = dataclasses.replace(_run_options(input_path, model_dir, values), tools=_tool_options(values, db))
+    backend = BackendSpec(values["backend"], model_dir, values["threads"], _backend_options(values))
+    return options, backend
+
+
+def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
+    """Decode options.input_path into `db` with a progress bar and print the summary.
+
+    Exits 1 when the run cannot start or go on, 130 on Ctrl-C (what finished is saved)."""
+    store = open_store(db)
+    try:
+        engine = backend.load()
+        options = dataclasses.replace(options, engine_config=engine.describe())
+        with display.progress_bar(options.input_path, quiet=quiet) as progress:
+            summary = Runner(store, engine, options, progress=progress).run()
+    except (RunError, InputFormatError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: finished requests are saved; run the same command again to resume",
+                   err=True)
+        sys.exit(130)
+    finally:
+        store.close()
+    click.echo(display.summary_text(summary, db))
+    return summary
+
+
+def set_threads(threads: int | None, config: dict) -> None:
+    """torch's thread count: `threads`, else 1 for a tiny model (config.json's hidden_size)."""
+    import torch
+
+    if threads is None and config.get("hidden_size", 0) <= TINY_HIDDEN_SIZE:
+        threads = 1
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def _backend_options(values: dict) -> dict:
+    options = {"seed": values["seed"]}
+    if values["backend"] == "engine":
+        options.update(kv_cache_gb=values["kv_cache_gb"], max_num_seqs=values["max_num_seqs"])
+    return options
+
+
+def _tool_options(values: dict, db: str) -> ToolOptions:
+    from tools.servers import McpConfigError, load_mcp_config
+
+    try:
+        servers = load_mcp_config(values["mcp_config"]) if values["mcp_config"] else {}
+    except McpConfigError as exc:
+        fail(str(exc))
+    return ToolOptions(servers=servers, config_path=values["mcp_config"] and str(values["mcp_config"]),
+                       call_timeout_s=values["tool_timeout"], log_path=Path(f"{db}.tools.log"))
+
+
+def _run_options(input_path: Path, model_dir: Path, values: dict) -> RunOptions:
+    if values["resume"] and values["retry_failed"]:
+        raise click.UsageError("--resume and --retry-failed are exclusive")
+    return RunOptions(
+        input_path=input_path, run_id=values["run_id"], resume=values["resume"],
+        retry_failed=values["retry_failed"], limit=values["limit"], max_inflight=values["max_inflight"],
+        max_line_bytes=values["max_line_bytes"],
+        prompt=PromptOptions(conversation_date=values["conversation_date"],
+                             reasoning_effort=values["reasoning_effort"]),
+        session=SessionOptions(model=model_dir.name, max_output_tokens=values["max_output_tokens"],
+                               seed=values["seed"], temperature=values["temperature"],
+                               keep_tokens=values["keep_tokens"], max_turns=values["max_turns"]))
