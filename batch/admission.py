@@ -22,6 +22,7 @@ from batch.request import ResponsesRequest
 from batch.results import line_result
 from batch.rows import RequestResult
 from batch.session import Session, SessionOptions
+from batch.status import RequestStatus
 from batch.store import Store
 from engine.api import derive_seed
 from tools.client import Listing
@@ -72,7 +73,7 @@ def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCat
 
 
 def _invalid(run_id: str, line: InputLine, message: str) -> Admission:
-    return Admission(result=line_result(run_id, line, "invalid", message))
+    return Admission(result=line_result(run_id, line, RequestStatus.INVALID, message))
 
 
 def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Admission:

@@ -106,44 +106,78 @@ def make_random_model(directory: Path, seed: int) -> None:
               help="Random model shape when no --model is given.")
 @click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
 @click.option("--systems", default="engine,hf_generate,hf_generate_batch", show_default=True,
-              help="Comma list of engine, hf_generate, hf_generate_batch, reference.")
+              help="Comma list of engine, hf_generate, hf_generate_batch, reference, and host (the host "
+                   "path alone: reader, sessions, harmony, events, DuckDB, over an instant backend).")
 @click.option("--num-requests", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Static batch size of hf_generate.")
 @click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="Requests of the host system's seeded mix (~280 output tokens each).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table.")
 def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw) -> None:
-    """Same workloads on batchrun's engine and on transformers, with ratios to the engine."""
-    from engine import bench as benchmark
+    """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
+    `host` measures the host path alone."""
+    from batch.rows import BenchRow
 
+    names = systems.split(",")
+    started, bench_id = _now_utc(), f"bench_{uuid.uuid4().hex[:8]}"
+    rows = _engine_bench(model_dir, preset, workloads, [s for s in names if s != "host"], kw)
+    if "host" in names:
+        rows.append(_host_bench(kw["host_requests"], kw["seed"]))
+    rows = [BenchRow(bench_id=bench_id, started_at=started, **row) for row in rows]
+    with _open_store(db) as store:
+        store.write_bench(rows)
+    click.echo(f"results in {db} (bench_id {bench_id})")
+
+
+def _engine_bench(model_dir: Path | None, preset: str, workloads: str, systems: list[str], kw: dict) -> list[dict]:
+    from engine import bench as benchmark
     from engine.config import read_config_json
 
+    if not systems:
+        return []
     model_dir = model_dir or _bench_model(preset)
     _set_threads(None, read_config_json(model_dir))  # the same thread policy as submit
     try:
         loads = benchmark.make_workloads(workloads.split(","), kw["num_requests"], kw["seed"])
     except ValueError as exc:
         raise click.UsageError(str(exc))
-    started, bench_id, results, rows = _now_utc(), f"bench_{uuid.uuid4().hex[:8]}", [], []
+    results, rows = [], []
     engine_options = {"kv_cache_gb": kw["kv_cache_gb"], "max_num_seqs": kw["max_num_seqs"]}
     for workload in loads:
-        for system in systems.split(","):
+        for system in systems:
             click.echo(f"{workload.name}: {system} ...", err=True)
             result, stats = benchmark.run_system(system, model_dir, workload, batch_size=kw["batch_size"],
                                                  engine_options=engine_options)
             results.append(result)
-            rows.append({"bench_id": bench_id, "started_at": started, "model": str(model_dir),
-                         **result.row(), "stats": stats})
+            rows.append({"model": str(model_dir), **result.row(), "stats": stats})
     click.echo(benchmark.format_table(results))
     for row in rows:
         if row["stats"]:
             click.echo(f"{row['workload']} engine: " + ", ".join(
                 f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row["stats"].items()))
-    with _open_store(db) as store:
-        store.write_bench(rows)
-    click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB; results in {db} (bench_id {bench_id})")
+    click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB")
+    return rows
+
+
+def _host_bench(num_requests: int, seed: int) -> dict:
+    from batch.host_bench import make_host_workload, run_host_bench
+
+    workload = make_host_workload(num_requests, seed=seed)
+    click.echo(f"{workload.name}: host ({num_requests} requests) ...", err=True)
+    result = run_host_bench(workload)
+    click.echo(f"host path: {result.output_tok_s:,.0f} output tok/s, {result.events_per_s:,.0f} events/s, "
+               f"{result.us_per_token:.2f} us per output token ({result.output_tokens:,} tokens, "
+               f"{result.events:,} events, {result.wall_s:.2f} s)")
+    return {"model": None, "workload": workload.name, "system": "host", "num_requests": result.num_requests,
+            "prompt_tokens": None, "prefill_tokens": None, "output_tokens": result.output_tokens,
+            "wall_s": result.wall_s, "ttft_s": None, "output_tok_s": result.output_tok_s,
+            "total_tok_s": None, "peak_rss_mb": None,
+            "stats": {"events": result.events, "events_per_s": result.events_per_s,
+                      "us_per_token": result.us_per_token}}
 
 
 def _bench_model(preset: str) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gzip
 import sys
 import time
 from collections import Counter
@@ -11,18 +10,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-STATUSES = ("completed", "incomplete", "failed", "invalid")
+from batch.status import RequestStatus, ResponseStatus
 
-
-def count_lines(path: Path) -> int | None:
-    """Non-blank lines (JSONL) or rows (Parquet): the progress bar's total."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).metadata.num_rows
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        return sum(1 for line in handle if line.strip())
+STATUSES = tuple(RequestStatus)
 
 
 @contextlib.contextmanager
@@ -31,17 +21,19 @@ def progress_bar(path: Path, *, quiet: bool = False):
     if quiet:
         yield None
         return
-    bar = tqdm(total=count_lines(path), unit="req", file=sys.stderr, dynamic_ncols=True,
-               desc="requests")
+    # The total comes from the runner's one scan of the input, not from another read of it.
+    bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="requests")
     start = time.monotonic()
 
     def update(runner, written: int) -> None:
+        if bar.total is None and runner.num_input_requests is not None:
+            bar.total = runner.num_input_requests
         if bar.n == 0 and runner.skipped:
             bar.update(runner.skipped)
         bar.update(written)
         elapsed = max(time.monotonic() - start, 1e-9)
         bar.set_postfix(tok_s=f"{runner.tokens['output'] / elapsed:.1f}",
-                        failed=runner.statuses["failed"], invalid=runner.statuses["invalid"],
+                        failed=runner.statuses[RequestStatus.FAILED], invalid=runner.statuses[RequestStatus.INVALID],
                         refresh=False)
 
     try:
@@ -136,7 +128,7 @@ def batch_output_line(run_id: str, row: dict) -> dict:
     error = None
     if response is None:
         error = {"code": "invalid_request", "message": row.get("error")}
-    elif response["status"] == "failed":
+    elif response["status"] == ResponseStatus.FAILED:
         error = {"code": "response_failed", "message": row.get("error")}
     return {
         "id": f"batch_req_{run_id}_{row['line_no']}",

@@ -20,9 +20,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Any, NamedTuple
 
 from batch.rows import EventColumns, dumps
+from batch.status import ItemStatus, ResponseStatus
 
 
 class ItemKind(enum.Enum):
@@ -82,27 +83,32 @@ _TOOL_DONE = {
     ItemKind.MCP_CALL: ("response.mcp_call.completed", "response.mcp_call.failed"),
 }
 _TERMINAL = {
-    "completed": "response.completed",
-    "incomplete": "response.incomplete",
-    "failed": "response.failed",
+    ResponseStatus.COMPLETED: "response.completed",
+    ResponseStatus.INCOMPLETE: "response.incomplete",
+    ResponseStatus.FAILED: "response.failed",
 }
 
 
-_DELTA_CONTENT_INDEX = {ItemKind.REASONING: 0, ItemKind.MESSAGE: 0}
+class DeltaTemplate(NamedTuple):
+    """An item's delta event, ready but for its sequence number and text (the per-token hot path)."""
+
+    type: str
+    content_index: int | None
+    head: str    # JSON up to the sequence number
+    middle: str  # from the sequence number to the delta text
+    tail: str    # after the delta text
 
 
-def _delta_template(item: "OpenItem") -> tuple[str, tuple[str, str]] | None:
-    """The JSON text of the item's delta event around its sequence number and delta text.
-
-    Key order and spacing are those of `dumps(event)`, so a delta payload equals the
-    one `_emit` would write (a test compares them).
-    """
+def _delta_template(item: OpenItem) -> DeltaTemplate | None:
+    """The item's delta event; its payload is the JSON `dumps(event)` would write (a test compares)."""
     if item.kind not in _DELTA:
         return None
-    head = f'{{"type":"{_DELTA[item.kind]}","sequence_number":'
-    ids = f',"item_id":{encode_basestring_ascii(item.item_id)},"output_index":{item.output_index},"delta":'
-    extra = {ItemKind.REASONING: ',"content_index":0', ItemKind.MESSAGE: ',"content_index":0,"logprobs":[]'}
-    return head, (ids, extra.get(item.kind, "") + "}")
+    type_ = _DELTA[item.kind]
+    content_index = 0 if item.kind in (ItemKind.REASONING, ItemKind.MESSAGE) else None
+    middle = f',"item_id":{encode_basestring_ascii(item.item_id)},"output_index":{item.output_index},"delta":'
+    tail = {ItemKind.REASONING: ',"content_index":0}',
+            ItemKind.MESSAGE: ',"content_index":0,"logprobs":[]}'}.get(item.kind, "}")
+    return DeltaTemplate(type_, content_index, f'{{"type":"{type_}","sequence_number":', middle, tail)
 
 
 class EventOrderError(RuntimeError):
@@ -132,7 +138,7 @@ class OpenItem:
     call_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     parts: list[str] = field(default_factory=list)  # joined once, when the item closes
-    delta_json: tuple[str, tuple[str, str]] | None = None  # the delta event's JSON around its sequence number and text
+    delta: DeltaTemplate | None = None
 
     @property
     def text(self) -> str:
@@ -145,13 +151,13 @@ def _part(kind: ItemKind, text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def item_body(item: OpenItem, status: str) -> dict:
+def item_body(item: OpenItem, status: ItemStatus) -> dict:
     """The output item as it appears in `output_item.*` events and the final response."""
     base = {"id": item.item_id, "type": item.kind.value}
     if item.kind is ItemKind.REASONING:
-        body = {"summary": [], "content": [_part(item.kind, item.text)] if status != "in_progress" else []}
+        body = {"summary": [], "content": [_part(item.kind, item.text)] if status != ItemStatus.IN_PROGRESS else []}
     elif item.kind is ItemKind.MESSAGE:
-        body = {"role": "assistant", "content": [_part(item.kind, item.text)] if status != "in_progress" else []}
+        body = {"role": "assistant", "content": [_part(item.kind, item.text)] if status != ItemStatus.IN_PROGRESS else []}
     elif item.kind is ItemKind.FUNCTION_CALL:
         body = {"call_id": item.call_id, "name": item.name, "arguments": item.text}
     elif item.kind is ItemKind.CODE_INTERPRETER_CALL:
@@ -235,11 +241,11 @@ class ResponseEvents:
         item = OpenItem(kind, len(self.output), new_id(_ID_PREFIX[kind]), name=name,
                         server_label=server_label,
                         call_id=new_id("call") if kind is ItemKind.FUNCTION_CALL else None)
-        item.delta_json = _delta_template(item)
-        self.output.append(item_body(item, "in_progress"))
+        item.delta = _delta_template(item)
+        self.output.append(item_body(item, ItemStatus.IN_PROGRESS))
         self.current, self.state = item, State.STREAMING
         self._emit("response.output_item.added", output_index=item.output_index,
-                   item=item_body(item, "in_progress"))
+                   item=item_body(item, ItemStatus.IN_PROGRESS))
         if kind in (ItemKind.REASONING, ItemKind.MESSAGE):
             self._emit("response.content_part.added", **self._ids(item), content_index=0,
                        part=_part(kind, ""))
@@ -252,14 +258,14 @@ class ResponseEvents:
         self._require(State.IDLE)
         item = OpenItem(ItemKind.MCP_LIST_TOOLS, len(self.output), new_id(_ID_PREFIX[ItemKind.MCP_LIST_TOOLS]),
                         server_label=server_label)
-        self.output.append(item_body(item, "in_progress"))
+        self.output.append(item_body(item, ItemStatus.IN_PROGRESS))
         self._emit("response.output_item.added", output_index=item.output_index,
-                   item=item_body(item, "in_progress"))
+                   item=item_body(item, ItemStatus.IN_PROGRESS))
         self._emit("response.mcp_list_tools.in_progress", **self._ids(item))
         item.extra.update(tools=tools, error=error)
         self._emit("response.mcp_list_tools.failed" if error else "response.mcp_list_tools.completed",
                    **self._ids(item))
-        body = item_body(item, "completed")
+        body = item_body(item, ItemStatus.COMPLETED)
         self.output[item.output_index] = body
         self._emit("response.output_item.done", output_index=item.output_index, item=body)
         return body
@@ -272,19 +278,19 @@ class ResponseEvents:
             return
         item = self.current
         item.parts.append(text)
-        template = item.delta_json
-        if template is None:
+        delta = item.delta
+        if delta is None:
             return  # web_search_call has no argument deltas in the spec
-        head, tail = template
-        self._append(_DELTA[item.kind], item.output_index, _DELTA_CONTENT_INDEX.get(item.kind), item.item_id,
-                     f"{head}{len(self.columns)}{tail[0]}{encode_basestring_ascii(text)}{tail[1]}")
+        self._append(delta.type, item.output_index, delta.content_index, item.item_id,
+                     f"{delta.head}{len(self.columns.payload)}{delta.middle}"
+                     f"{encode_basestring_ascii(text)}{delta.tail}")
 
-    def close_item(self, status: str = "completed") -> OpenItem:
+    def close_item(self, status: ItemStatus = ItemStatus.COMPLETED) -> OpenItem:
         """The harmony message ended. Hosted tool calls then wait for `tool_result`."""
         self._require(State.STREAMING)
         item = self.current
         self._emit_text_done(item)
-        if item.kind.is_hosted_tool and status == "completed":
+        if item.kind.is_hosted_tool and status == ItemStatus.COMPLETED:
             if item.kind in _TOOL_RUNNING:
                 self._emit(_TOOL_RUNNING[item.kind], **self._ids(item))
             self.state = State.AWAITING_TOOL
@@ -306,7 +312,7 @@ class ResponseEvents:
         elif item.kind is ItemKind.MCP_CALL:
             self._emit(_TEXT_DONE[item.kind], **ids, arguments=item.text)
 
-    def _finish_item(self, item: OpenItem, status: str) -> None:
+    def _finish_item(self, item: OpenItem, status: ItemStatus) -> None:
         body = item_body(item, status)
         self.output[item.output_index] = body
         self._emit("response.output_item.done", output_index=item.output_index, item=body)
@@ -331,16 +337,16 @@ class ResponseEvents:
             item.extra["outputs"] = [{"type": "logs", "logs": output or error or ""}]
         ok_event, failed_event = _TOOL_DONE[item.kind]
         self._emit(failed_event if error else ok_event, **self._ids(item))
-        status = "failed" if error and item.kind is not ItemKind.WEB_SEARCH_CALL else "completed"
+        status = ItemStatus.FAILED if error and item.kind is not ItemKind.WEB_SEARCH_CALL else ItemStatus.COMPLETED
         self._finish_item(item, status)
         return self.output[item.output_index]
 
     def abandon(self) -> None:
         """Close whatever is open as `incomplete` (the response ends mid-item)."""
         if self.state is State.STREAMING:
-            self.close_item("incomplete")
+            self.close_item(ItemStatus.INCOMPLETE)
         if self.state is State.AWAITING_TOOL:
-            self._finish_item(self.current, "incomplete")
+            self._finish_item(self.current, ItemStatus.INCOMPLETE)
 
     def finish(self, response: dict) -> dict:
         """Emit the one terminal event for `response["status"]`; returns the event."""

@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batch.harmony import PromptOptions
+from batch.harmony import STOP_TOKEN_IDS, PromptOptions
 from batch.runner import RunOptions, Runner
 from batch.session import SessionOptions
 from batch.store import Store
 from batch.vocab import harmony_encoding
-from engine.api import RequestOutput, SamplingParams
+from engine.api import FinishReason, RequestOutput, SamplingParams
 
 KINDS = ("plain", "reasoning", "function_call", "function_output")
 _TAG = re.compile(r"case-(\d+)")
@@ -131,8 +131,8 @@ class InstantBackend:
             request.position += 1
             finish = None
             if done:
-                finish = "abort" if request.is_aborted else (
-                    "stop" if new and new[0] in (200002, 200012) else "length")
+                finish = FinishReason.ABORT if request.is_aborted else (
+                    FinishReason.STOP if new and new[0] in STOP_TOKEN_IDS else FinishReason.LENGTH)
                 del self.running[request.request_id]
             outputs.append(RequestOutput(request.request_id, new, finish, request.num_prompt_tokens,
                                          0, 0.0, 0.0))

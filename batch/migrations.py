@@ -16,6 +16,8 @@ import duckdb
 import pyarrow as pa
 
 from batch.rows import SCHEMAS, is_json
+from batch.status import ResponseStatus, ToolCallStatus
+from tools.kinds import MODEL_ERROR_KINDS
 
 _DUCKDB_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
@@ -206,8 +208,49 @@ def m006_event_timeline(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+def _sql_list(values) -> str:
+    return ", ".join(f"'{value}'" for value in values)
+
+
+def m007_views_from_enums(con: duckdb.DuckDBPyConnection) -> None:
+    """Views whose status and error-kind lists come from the enums (batch.status, tools.kinds)."""
+    finished = [status for status in ResponseStatus if status is not ResponseStatus.IN_PROGRESS]
+    counts = ",\n".join(f"count(*) FILTER (WHERE s.status = '{status}') AS n_{status}" for status in finished)
+    con.execute(f"""
+    CREATE OR REPLACE VIEW usage_per_run AS
+    SELECT r.run_id,
+           count(s.response_id) AS n_responses,
+           coalesce(sum(s.input_tokens), 0) AS input_tokens,
+           coalesce(sum(s.cached_tokens), 0) AS cached_tokens,
+           coalesce(sum(s.output_tokens), 0) AS output_tokens,
+           coalesce(sum(s.reasoning_tokens), 0) AS reasoning_tokens,
+           coalesce(sum(s.tool_output_tokens), 0) AS tool_output_tokens,
+           coalesce(sum(s.total_tokens), 0) AS total_tokens,
+           {counts}
+    FROM runs r LEFT JOIN responses s USING (run_id)
+    GROUP BY r.run_id;
+
+    CREATE OR REPLACE VIEW tool_error_rates AS
+    SELECT run_id, tool_type, server_label, name,
+           count(*) AS calls,
+           count(*) FILTER (WHERE status = '{ToolCallStatus.FAILED}' OR error IS NOT NULL) AS errors,
+           errors / calls AS error_rate
+    FROM tool_calls
+    GROUP BY run_id, tool_type, server_label, name;
+
+    CREATE OR REPLACE VIEW tool_errors_by_kind AS
+    SELECT run_id, error_kind,
+           error_kind IN ({_sql_list(sorted(MODEL_ERROR_KINDS))}) AS is_model_error,
+           count(*) AS n_calls
+    FROM tool_calls
+    WHERE error_kind IS NOT NULL
+    GROUP BY run_id, error_kind;
+    """)
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
-    m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline]
+    m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
+    m007_views_from_enums]
 
 
 def _version(migration: Callable) -> int:

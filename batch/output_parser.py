@@ -10,13 +10,15 @@ from __future__ import annotations
 from batch.events import ItemKind, ResponseEvents
 from batch.harmony import CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser
 from batch.metrics import TurnMetrics
+from batch.status import ItemStatus
+from tools.kinds import ToolType
 from tools.registry import ToolRegistry
 
 _KIND_OF_TOOL = {
-    "function": ItemKind.FUNCTION_CALL,
-    "code_interpreter": ItemKind.CODE_INTERPRETER_CALL,
-    "web_search": ItemKind.WEB_SEARCH_CALL,
-    "mcp": ItemKind.MCP_CALL,
+    ToolType.FUNCTION: ItemKind.FUNCTION_CALL,
+    ToolType.CODE_INTERPRETER: ItemKind.CODE_INTERPRETER_CALL,
+    ToolType.WEB_SEARCH: ItemKind.WEB_SEARCH_CALL,
+    ToolType.MCP: ItemKind.MCP_CALL,
 }
 
 
@@ -61,7 +63,7 @@ class OutputParser:
                 # A message to a hosted tool runs the tool only when it ends with <|call|>.
                 current = events.current
                 hosted = current is not None and current.kind.is_hosted_tool
-                events.close_item("incomplete" if hosted and token_id != CALL_TOKEN else "completed")
+                events.close_item(ItemStatus.INCOMPLETE if hosted and token_id != CALL_TOKEN else ItemStatus.COMPLETED)
         return None
 
     def _open_item(self, channel: str | None, recipient: str | None) -> None:

@@ -9,7 +9,9 @@ unknown extension, a missing file, a Parquet file it cannot open) raises
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -21,6 +23,7 @@ from batch.request import RequestError, ResponsesRequest, json_type, parse_reque
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _CHUNK_BYTES = 1 << 16
+_SCAN_CHUNK_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
 _ROUTE = {"method": "POST", "url": "/v1/responses"}
@@ -69,6 +72,64 @@ def read_requests(path: str | Path, *,
         raise InputFormatError(f"{path}: unknown input format (expected .jsonl, .ndjson, .json, "
                                f"one of those with .gz, or .parquet)")
     return _read_jsonl_file(path, compressed, max_line_bytes)
+
+
+@dataclass(frozen=True)
+class InputScan:
+    """What one pass over the input file's bytes tells before decoding starts."""
+
+    sha256: str          # of the file as stored (compressed, for .gz)
+    num_requests: int    # non-blank JSONL lines, or Parquet rows
+
+
+def scan_input(path: str | Path) -> InputScan:
+    """The input's sha256 and request count in one read of its bytes (Parquet: rows from the footer)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    name = path.name.lower()
+    counter = None if name.endswith(".parquet") else _LineCounter(gzipped=name.endswith(".gz"))
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(_SCAN_CHUNK_BYTES), b""):
+            digest.update(chunk)
+            if counter is not None:
+                counter.feed(chunk)
+    if counter is None:
+        try:
+            num_rows = pq.ParquetFile(path).metadata.num_rows
+        except Exception as exc:  # pyarrow raises several types for "not Parquet"
+            raise InputFormatError(f"{path}: cannot read as Parquet: {exc}") from None
+        return InputScan(digest.hexdigest(), num_rows)
+    return InputScan(digest.hexdigest(), counter.finish())
+
+
+class _LineCounter:
+    """Counts non-blank lines of a byte stream fed in chunks (gunzipping it on the way)."""
+
+    def __init__(self, gzipped: bool):
+        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+        self.count = 0
+        self._open_line_has_text = False
+
+    def feed(self, chunk: bytes) -> None:
+        while self._inflate is not None:
+            data = self._inflate.decompress(chunk)
+            self._count(data)
+            if not (self._inflate.eof and self._inflate.unused_data):
+                return
+            chunk = self._inflate.unused_data  # a gzip file may hold several members
+            self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._count(chunk)
+
+    def _count(self, data: bytes) -> None:
+        parts = data.split(b"\n")
+        self._open_line_has_text = self._open_line_has_text or bool(parts[0].strip())
+        if len(parts) == 1:
+            return
+        self.count += self._open_line_has_text + sum(1 for part in parts[1:-1] if part.strip())
+        self._open_line_has_text = bool(parts[-1].strip())
+
+    def finish(self) -> int:
+        return self.count + self._open_line_has_text
 
 
 def _read_jsonl_file(path: Path, compressed: bool, max_line_bytes: int) -> Iterator[InputLine]:

@@ -15,7 +15,6 @@ tools are pending, the loop blocks on their futures instead of spinning.
 
 from __future__ import annotations
 
-import hashlib
 import time
 import uuid
 from collections import Counter
@@ -27,14 +26,16 @@ from typing import Iterator
 
 from batch.admission import Prepared, admit, prepare
 from batch.harmony import PromptOptions
-from batch.reader import InputLine, read_requests
+from batch.reader import InputLine, read_requests, scan_input
 from batch.results import line_result, result_of
 from batch.rows import RequestResult, RunRow
 from batch.session import Session, SessionOptions
+from batch.status import RequestStatus, RunStatus
 from batch.store import Store
 from batch.tool_policy import PendingToolCall
-from engine.api import Backend
+from engine.api import Backend, FinishReason
 from tools.dispatch import ToolDispatcher, rejection
+from tools.kinds import ToolErrorKind
 from tools.servers import ServerCatalog, ServerSpec
 
 TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)
@@ -89,14 +90,6 @@ class RunSummary:
     ignored_fields: Counter
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class Runner:
     """One `batchrun submit` invocation over a store and a decoding backend."""
 
@@ -117,6 +110,7 @@ class Runner:
         self.ignored: Counter = Counter()
         self.tokens = Counter()
         self.skipped = 0
+        self.num_input_requests: int | None = None  # known once run() has scanned the input
         self.stopped_at_limit = False
 
     # -- run bookkeeping --------------------------------------------------
@@ -137,8 +131,8 @@ class Runner:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
         done = self.store.finished_line_numbers(run_id)
         if opts.retry_failed:
-            done -= self.store.finished_line_numbers(run_id, statuses=("failed", "incomplete"))
-        self.store.update_run(run_id, status="running", finished_at=None)
+            done -= self.store.finished_line_numbers(run_id, statuses=(RequestStatus.FAILED, RequestStatus.INCOMPLETE))
+        self.store.update_run(run_id, status=RunStatus.RUNNING, finished_at=None)
         return run_id, True, done
 
     def _matching_unfinished_run(self, input_sha: str) -> str | None:
@@ -161,7 +155,7 @@ class Runner:
         return RunRow(
             run_id=run_id, started_at=_now(), input_path=str(opts.input_path),
             input_sha256=input_sha, model=opts.session.model,
-            engine_config=opts.engine_config, status="running", n_requests=0,
+            engine_config=opts.engine_config, status=RunStatus.RUNNING, n_requests=0,
             options={"max_output_tokens": opts.session.max_output_tokens,
                      "seed": opts.session.seed, "temperature": opts.session.temperature,
                      "top_p": opts.session.top_p, "max_inflight": opts.max_inflight,
@@ -177,11 +171,13 @@ class Runner:
     def run(self) -> RunSummary:
         """Decode every line not yet finished in this run; returns the summary."""
         start = time.monotonic()
-        input_sha = file_sha256(self.options.input_path)
-        self.run_id, resumed, done = self._open_run(input_sha)
+        # The one pass over the input before decoding: its hash (resume) and size (progress).
+        scan = scan_input(self.options.input_path)
+        self.num_input_requests = scan.num_requests
+        self.run_id, resumed, done = self._open_run(scan.sha256)
         lines = self._lines(done)
         n_lines, self.skipped = 0, len(done)
-        status = "failed"
+        status = RunStatus.FAILED
         try:
             exhausted = False
             while not exhausted or self.sessions or self.awaiting or self.listing:
@@ -202,9 +198,9 @@ class Runner:
                 if idle and not exhausted:
                     self.writer.wait_idle()  # only unwritten results hold the reader back
             # A --limit run stops early on purpose: a plain rerun continues it.
-            status = "partial" if self.stopped_at_limit else "completed"
+            status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
         except KeyboardInterrupt:
-            status = "interrupted"
+            status = RunStatus.INTERRUPTED
             raise
         finally:
             status = self._close(status, n_lines)
@@ -221,7 +217,7 @@ class Runner:
             self._flush(force=True)
             self.writer.close()
         except Exception as exc:
-            error, status = exc, "failed"
+            error, status = exc, RunStatus.FAILED
         self._report_written()
         self.tools.close()
         notes = {**(self.store.get_run(self.run_id)["notes"] or {}),
@@ -251,7 +247,7 @@ class Runner:
         try:
             admission = prepare(line, self.store, self.run_id, self.catalog)
         except Exception as exc:  # a bug must cost one line, not the run (and every resume)
-            self._finished(line_result(self.run_id, line, "failed", _internal(line, exc)))
+            self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
             return
         if admission.result is not None:
             self._finished(admission.result)
@@ -270,7 +266,7 @@ class Runner:
                 admission = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
             except Exception as exc:
                 line = prepared.line
-                self._finished(line_result(self.run_id, line, "failed", _internal(line, exc)))
+                self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
                 continue
             if admission.result is not None:
                 self._finished(admission.result)
@@ -309,7 +305,7 @@ class Runner:
             self._complete(session)
         except Exception:  # the session itself is broken: record the line without a response
             self.tools.release(session.response_id)
-            self._finished(line_result(self.run_id, session.line, "failed", message))
+            self._finished(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
 
     def _advance(self, session: Session, out) -> None:
         """Feed one engine output to its session; at a turn's end, finish or call its tool."""
@@ -319,7 +315,7 @@ class Runner:
         del self.sessions[out.request_id]
         if out.finish_reason is None:  # parse failure mid-turn: stop decoding it
             self.backend.abort(out.request_id)
-            session.turns[-1].finish_reason = "abort"
+            session.turns[-1].finish_reason = FinishReason.ABORT
         call = session.end_turn()
         if call is None:
             self._complete(session)
@@ -330,7 +326,7 @@ class Runner:
     def _start_tool_call(self, session: Session, call: PendingToolCall) -> None:
         refused = None
         if call.over_limit:
-            refused = rejection("max_tool_calls", f"max_tool_calls ({session.tools.max_tool_calls}) "
+            refused = rejection(ToolErrorKind.MAX_TOOL_CALLS, f"max_tool_calls ({session.tools.max_tool_calls}) "
                                                   "reached: answer without calling more tools")
         future = self.tools.submit(session.response_id, call.target, call.recipient, call.arguments,
                                    session.registry, refused)

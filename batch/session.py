@@ -23,9 +23,11 @@ from batch.reader import InputLine
 from batch.request import ResponsesRequest
 from batch.response import Outcome, build_response
 from batch.tool_policy import PendingToolCall, ToolCallPolicy
-from engine.api import RequestOutput, SamplingParams
+from batch.status import ResponseStatus
+from engine.api import FinishReason, RequestOutput, SamplingParams
 from tools.client import CallOutcome
 from tools.dispatch import web_search_action
+from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry
 
 
@@ -84,7 +86,7 @@ class Session:
 
     # -- turn lifecycle ---------------------------------------------------
     def start(self) -> None:
-        self.events.start(self._response("in_progress"))
+        self.events.start(self._response(ResponseStatus.IN_PROGRESS))
         for listing in self.registry.listings:
             self.events.list_tools(listing.server_label, listing.tools, listing.error)
         self._begin_turn()
@@ -113,7 +115,7 @@ class Session:
         if self.outcome is None:
             error = self.output.feed(out.new_token_ids, self.metrics.current)
             if error is not None:
-                self.outcome = Outcome("failed", error)
+                self.outcome = Outcome(ResponseStatus.FAILED, error)
 
     def end_turn(self) -> PendingToolCall | None:
         """The engine finished this turn: decide the outcome or the tool call to run."""
@@ -124,18 +126,18 @@ class Session:
         if self.outcome is not None:
             return None
         finish_reason = self.metrics.current.finish_reason
-        if finish_reason == "stop" and self._completion[-1:] == [CALL_TOKEN]:
+        if finish_reason == FinishReason.STOP and self._completion[-1:] == [CALL_TOKEN]:
             decision = self.tools.on_call(self.output.last_message, len(self.turns))
             if isinstance(decision, Outcome):
                 self.outcome = decision
                 return None
             return decision
-        if finish_reason == "stop":
-            self.outcome = Outcome("completed")
-        elif finish_reason == "length":
-            self.outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
+        if finish_reason == FinishReason.STOP:
+            self.outcome = Outcome(ResponseStatus.COMPLETED)
+        elif finish_reason == FinishReason.LENGTH:
+            self.outcome = Outcome(ResponseStatus.INCOMPLETE, incomplete_reason="max_output_tokens")
         else:
-            self.outcome = Outcome("failed", f"decoding stopped: {finish_reason}")
+            self.outcome = Outcome(ResponseStatus.FAILED, f"decoding stopped: {finish_reason}")
         return None
 
     def add_tool_result(self, result: CallOutcome) -> None:
@@ -149,33 +151,33 @@ class Session:
         self.prompt_token_ids = (self.prompt_token_ids + self._completion
                                  + render_tool_output(call.recipient, answer or ""))
         if self.metrics.output_tokens >= self.max_output_tokens:
-            self.outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
+            self.outcome = Outcome(ResponseStatus.INCOMPLETE, incomplete_reason="max_output_tokens")
             return
         self._begin_turn()
 
     def _complete_tool_item(self, call: PendingToolCall, result: CallOutcome) -> str:
         extra = {}
-        if call.target.tool_type == "web_search":
+        if call.target.tool_type is ToolType.WEB_SEARCH:
             extra["action"] = web_search_action(call.target.name, call.arguments)
         error: str | dict | None = result.error
-        if call.target.tool_type == "mcp" and error and result.error_kind != "tool_error":
+        if call.target.tool_type is ToolType.MCP and error and result.error_kind != ToolErrorKind.TOOL_ERROR:
             error = {"type": "mcp_protocol_error", "code": result.error_code or -32603, "message": error}
         return self.events.tool_result(output=result.output, error=error, **extra)["id"]
 
     # -- the end ----------------------------------------------------------
     def fail(self, message: str) -> None:
         """End the response as failed (the engine refused or lost the request)."""
-        self.outcome = Outcome("failed", message)
+        self.outcome = Outcome(ResponseStatus.FAILED, message)
 
     def finish(self) -> dict:
         """Close open items, emit the terminal event; returns the final response."""
         self.events.abandon()
         self.metrics.finish()
-        outcome = self.outcome or Outcome("failed", "response ended without an outcome")
-        error = {"code": "server_error", "message": outcome.error} if outcome.status == "failed" else None
+        outcome = self.outcome or Outcome(ResponseStatus.FAILED, "response ended without an outcome")
+        error = {"code": "server_error", "message": outcome.error} if outcome.status == ResponseStatus.FAILED else None
         response = self._response(
             outcome.status, output=self.events.output, usage=self.metrics.usage(),
-            completed_at=int(time.time()) if outcome.status == "completed" else None,
+            completed_at=int(time.time()) if outcome.status == ResponseStatus.COMPLETED else None,
             error=error, incomplete_reason=outcome.incomplete_reason)
         self.events.finish(response)
         return response

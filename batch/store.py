@@ -26,6 +26,7 @@ import pyarrow as pa
 from batch.migrations import migrate
 from batch.rows import (SCHEMAS, BenchRow, GradeRow, RequestResult, RequestRow, RunRow, dumps, events_to_arrow,
                         json_columns, to_arrow)
+from batch.status import RequestStatus
 
 # Tables that hang off a response and are replaced with it.
 _TRACE_TABLES = ("events", "turns", "tool_calls", "tokens")
@@ -142,15 +143,13 @@ class Store:
     def list_runs(self) -> list[dict]:
         """All runs, newest first, each with per-status counts of its requests rows.
 
-        Count keys are the request statuses (``completed``, ``incomplete``,
-        ``failed``, ``invalid``) plus ``n_written`` for all rows.
+        Count keys are the request statuses (`RequestStatus`: ``completed``,
+        ``incomplete``, ``failed``, ``invalid``) plus ``n_written`` for all rows.
         """
-        rows = self._rows("""
-            SELECT r.*, count(q.line_no) AS n_written,
-                   count(*) FILTER (WHERE q.status = 'completed') AS completed,
-                   count(*) FILTER (WHERE q.status = 'incomplete') AS incomplete,
-                   count(*) FILTER (WHERE q.status = 'failed') AS failed,
-                   count(*) FILTER (WHERE q.status = 'invalid') AS invalid
+        counts = ",\n".join(f"count(*) FILTER (WHERE q.status = '{status}') AS {status}"
+                             for status in RequestStatus)
+        rows = self._rows(f"""
+            SELECT r.*, count(q.line_no) AS n_written, {counts}
             FROM runs r LEFT JOIN requests q USING (run_id)
             GROUP BY ALL ORDER BY r.started_at DESC, r.run_id DESC""")
         return [self._decode_run(row) for row in rows]

@@ -13,7 +13,9 @@ from datetime import datetime
 
 from batch.harmony import ParsedMessage
 from batch.response import Outcome
+from batch.status import ResponseStatus, ToolCallStatus
 from tools.client import CallOutcome
+from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry, ToolTarget
 
 
@@ -32,16 +34,16 @@ class ToolCallRecord:
     """One hosted call as the `tool_calls` table stores it."""
 
     call_id: str | None
-    tool_type: str | None
+    tool_type: ToolType | None
     server_label: str | None
     name: str
     arguments: str
     output: str | None
-    status: str
+    status: ToolCallStatus
     error: str | None
     started_at: datetime | None
     duration_s: float
-    error_kind: str | None
+    error_kind: ToolErrorKind | None
 
 
 @dataclass
@@ -57,13 +59,13 @@ class ToolCallPolicy:
     def on_call(self, message: ParsedMessage | None, num_turns: int) -> Outcome | PendingToolCall:
         """The turn ended with `<|call|>` after `message`: the outcome, or the call to run."""
         if message is None or not message.recipient:
-            return Outcome("failed", "model ended a turn with <|call|> but named no recipient")
+            return Outcome(ResponseStatus.FAILED, "model ended a turn with <|call|> but named no recipient")
         target = self.registry.resolve(message.recipient)
-        if target is not None and target.tool_type == "function":
-            return Outcome("completed")  # the caller runs it and sends function_call_output
+        if target is not None and target.tool_type is ToolType.FUNCTION:
+            return Outcome(ResponseStatus.COMPLETED)  # the caller runs it and sends function_call_output
         if num_turns >= self.max_turns:
-            return Outcome("failed", f"response exceeded {self.max_turns} model turns")
-        num_calls = sum(1 for call in self.calls if call.error_kind != "max_tool_calls")
+            return Outcome(ResponseStatus.FAILED, f"response exceeded {self.max_turns} model turns")
+        num_calls = sum(1 for call in self.calls if call.error_kind != ToolErrorKind.MAX_TOOL_CALLS)
         over_limit = self.max_tool_calls is not None and num_calls >= self.max_tool_calls
         self.pending = PendingToolCall(target, message.recipient, message.text, over_limit=over_limit)
         return self.pending
@@ -78,8 +80,9 @@ class ToolCallPolicy:
             call_id=item_id, tool_type=target.tool_type if target else None,
             server_label=target.server_label if target else None,
             name=target.name if target else call.recipient, arguments=call.arguments,
-            output=outcome.output, status="failed" if outcome.error else "completed",
+            output=outcome.output,
+            status=ToolCallStatus.FAILED if outcome.error else ToolCallStatus.COMPLETED,
             error=outcome.error, started_at=outcome.started_at, duration_s=outcome.duration_s,
-            error_kind=(outcome.error_kind or "tool_error") if outcome.error else None))
+            error_kind=(outcome.error_kind or ToolErrorKind.TOOL_ERROR) if outcome.error else None))
         self.pending = None
         return call

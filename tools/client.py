@@ -23,7 +23,7 @@ import time
 from concurrent.futures import Future
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +34,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool
 
+from tools.kinds import ToolErrorKind
 from tools.servers import ServerSpec
 
 CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
@@ -54,7 +55,7 @@ class CallOutcome:
 
     output: str | None = None
     error: str | None = None
-    error_kind: str | None = None  # see tools/dispatch.py MODEL_ERROR_KINDS, TOOL_ERROR_KINDS
+    error_kind: ToolErrorKind | None = None
     error_code: int | None = None  # an MCP/JSON-RPC error code, when there is one
     started_at: datetime | None = None
     duration_s: float = 0.0
@@ -110,7 +111,7 @@ class _Connection:
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - closing: nothing to report to
+            except (TimeoutError, Exception):  # noqa: BLE001 - closing: nothing to report to
                 self._task.cancel()
         self.client = None
 
@@ -131,7 +132,7 @@ class ToolClient:
         self._listings: dict[ServerSpec, Future] = {}
         self._closed = False
 
-    def __enter__(self) -> "ToolClient":
+    def __enter__(self) -> ToolClient:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -201,7 +202,7 @@ class ToolClient:
                                  f"{describe_error(exc, spec)}")
 
     async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float) -> CallOutcome:
-        started_at, clock = datetime.now(timezone.utc), time.monotonic()
+        started_at, clock = datetime.now(UTC), time.monotonic()
         outcome = await self._call_outcome(spec, name, arguments, timeout_s)
         outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
         return outcome
@@ -215,19 +216,19 @@ class ToolClient:
                 result = await client.call_tool(name, arguments)
         except TimeoutError:
             return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s",
-                               error_kind="timeout", error_code=REQUEST_TIMEOUT)
+                               error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 await self._drop(spec, client)
                 return CallOutcome(error=f"MCP server {spec.label!r} closed the connection "
                                          f"(it will be restarted): {exc}",
-                                   error_kind="connection_lost", error_code=exc.code)
-            return CallOutcome(error=describe_error(exc, spec), error_kind="protocol_error",
+                                   error_kind=ToolErrorKind.CONNECTION_LOST, error_code=exc.code)
+            return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
                                error_code=exc.code)
         except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, transport errors
             await self._drop(spec, client)
             return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
-                               error_kind="unreachable", error_code=CONNECTION_CLOSED)
+                               error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED)
         return outcome_of(result)
 
     async def _close_all(self) -> None:
@@ -243,7 +244,7 @@ def outcome_of(result: CallToolResult) -> CallOutcome:
 
         text = json.dumps(result.structured_content)
     if result.is_error:
-        return CallOutcome(error=text or "the tool reported an error", error_kind="tool_error")
+        return CallOutcome(error=text or "the tool reported an error", error_kind=ToolErrorKind.TOOL_ERROR)
     return CallOutcome(output=text)
 
 

@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.client import CallOutcome, ToolClient
+from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry, ToolTarget
 from tools.servers import ServerCatalog, ServerSpec, builtin_kind
 
-# Errors the model caused (the call never ran) and errors of the tool or its server.
-MODEL_ERROR_KINDS = ("invalid_arguments", "unknown_recipient", "not_enabled", "max_tool_calls")
-TOOL_ERROR_KINDS = ("tool_error", "timeout", "unreachable", "connection_lost", "protocol_error")
 INVALID_PARAMS = -32602  # JSON-RPC: the model's arguments or tool name are wrong
 
 
@@ -37,7 +35,7 @@ class PlannedCall:
     arguments: dict
 
 
-def rejection(kind: str, message: str) -> CallOutcome:
+def rejection(kind: ToolErrorKind, message: str) -> CallOutcome:
     """The outcome of a call the model got wrong (it is not run)."""
     return CallOutcome(error=message, error_kind=kind, error_code=INVALID_PARAMS)
 
@@ -47,16 +45,16 @@ def plan_call(target: ToolTarget | None, recipient: str, text: str, registry: To
     """Where a hosted call goes, or the rejection the model reads."""
     if target is None:
         if registry.names_a_disabled_tool(recipient):
-            return rejection("not_enabled", f"the tool {recipient!r} is not enabled for this request")
-        return rejection("unknown_recipient", f"no tool named {recipient!r} is available to this request")
+            return rejection(ToolErrorKind.NOT_ENABLED, f"the tool {recipient!r} is not enabled for this request")
+        return rejection(ToolErrorKind.UNKNOWN_RECIPIENT, f"no tool named {recipient!r} is available to this request")
     label = target.server_label
-    kind = {"code_interpreter": "python", "web_search": "browser"}.get(target.tool_type) or builtin_kind(label or "")
+    kind = {ToolType.CODE_INTERPRETER: "python", ToolType.WEB_SEARCH: "browser"}.get(target.tool_type) or builtin_kind(label or "")
     if label is not None:
         if not registry.allows(label, target.name):
-            return rejection("not_enabled", f"the tool {target.name!r} of MCP server {label!r} is not allowed")
+            return rejection(ToolErrorKind.NOT_ENABLED, f"the tool {target.name!r} of MCP server {label!r} is not allowed")
         names = registry.listed_names(label)  # None: built-in, or the listing failed
         if names is not None and target.name not in names:
-            return rejection("unknown_recipient", f"MCP server {label!r} has no tool {target.name!r}")
+            return rejection(ToolErrorKind.UNKNOWN_RECIPIENT, f"MCP server {label!r} has no tool {target.name!r}")
     if kind == "python":
         return PlannedCall(catalog.builtin("python"), "python", {"code": text, "session_id": session_id})
     arguments = parse_arguments(text)
@@ -74,10 +72,10 @@ def parse_arguments(text: str) -> dict | CallOutcome:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        return rejection("invalid_arguments", f"the arguments are not valid JSON ({exc}); "
+        return rejection(ToolErrorKind.INVALID_ARGUMENTS, f"the arguments are not valid JSON ({exc}); "
                                               "send one JSON object")
     if not isinstance(value, dict):
-        return rejection("invalid_arguments", "the arguments must be a JSON object")
+        return rejection(ToolErrorKind.INVALID_ARGUMENTS, "the arguments must be a JSON object")
     return value
 
 

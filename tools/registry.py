@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
+from tools.kinds import ToolType
 from tools.servers import BROWSER_LABELS, PYTHON_LABELS
 
 BROWSER_ACTIONS = ("search", "open", "find")
@@ -33,7 +34,7 @@ class ToolChoiceError(ValueError):
 class ToolTarget:
     """What a recipient resolved to: the Responses tool type and its names."""
 
-    tool_type: str  # function | code_interpreter | web_search | mcp
+    tool_type: ToolType
     name: str
     server_label: str | None = None
 
@@ -61,7 +62,7 @@ class ToolRegistry:
     tool_choice: object = "auto"
 
     @classmethod
-    def from_tools(cls, tools: list[dict] | None, tool_choice: object = "auto") -> "ToolRegistry":
+    def from_tools(cls, tools: list[dict] | None, tool_choice: object = "auto") -> ToolRegistry:
         """Registry for a request's `tools` (plain dicts); `tool_choice: none` enables nothing."""
         registry = cls(tool_choice=tool_choice)
         if tool_choice == "none":
@@ -195,13 +196,13 @@ class ToolRegistry:
         """The tool a harmony recipient names, or None when no enabled tool has that name."""
         namespace, _, name = recipient.partition(".")
         if namespace == "functions" and name in self.functions:
-            return ToolTarget("function", name)
+            return ToolTarget(ToolType.FUNCTION, name)
         if recipient == "python" and self.python_label is not None:
-            return self._builtin("code_interpreter", "python", self.python_label)
+            return self._builtin(ToolType.CODE_INTERPRETER, "python", self.python_label)
         if namespace == "browser" and name in BROWSER_ACTIONS and self.browser_label is not None:
-            return self._builtin("web_search", name, self.browser_label)
+            return self._builtin(ToolType.WEB_SEARCH, name, self.browser_label)
         if namespace in self.mcp_servers and name:
-            return ToolTarget("mcp", name, namespace)
+            return ToolTarget(ToolType.MCP, name, namespace)
         return None
 
     def names_a_disabled_tool(self, recipient: str) -> bool:
@@ -211,8 +212,8 @@ class ToolRegistry:
                 or (namespace == "browser" and name in BROWSER_ACTIONS and self.browser_label is None))
 
     @staticmethod
-    def _builtin(tool_type: str, name: str, label: str) -> ToolTarget:
-        return ToolTarget("mcp", name, label) if label else ToolTarget(tool_type, name)
+    def _builtin(tool_type: ToolType, name: str, label: str) -> ToolTarget:
+        return ToolTarget(ToolType.MCP, name, label) if label else ToolTarget(tool_type, name)
 
 
 def _listed(tool) -> dict:

@@ -5,6 +5,7 @@ import pytest
 from tests.oracles import validate_event
 
 from batch.events import EventOrderError, ItemKind, ResponseEvents
+from batch.rows import dumps
 
 RESPONSE = {"id": "resp_1", "object": "response", "created_at": 0, "status": "in_progress",
             "model": "m", "output": [], "tools": [], "tool_choice": "auto",
@@ -121,3 +122,23 @@ def test_delta_without_open_item_is_an_order_error():
     events.start(RESPONSE)
     with pytest.raises(EventOrderError):
         events.add_delta("x")
+
+
+@pytest.mark.parametrize("kind", [ItemKind.REASONING, ItemKind.MESSAGE, ItemKind.FUNCTION_CALL,
+                                  ItemKind.CODE_INTERPRETER_CALL, ItemKind.MCP_CALL])
+def test_delta_payloads_are_the_json_of_the_event(kind):
+    """Deltas are formatted from a template on the hot path; the text must be what dumps() writes."""
+    events = ResponseEvents("resp_1")
+    events.start(RESPONSE)
+    item = events.open_item(kind, name="f", server_label="srv")
+    text = 'caf\u00e9 "quoted" \\ \n\U0001F600'
+    events.add_delta(text)
+    expected = {"type": events.columns.type[-1], "sequence_number": len(events) - 1,
+                "item_id": item.item_id, "output_index": item.output_index, "delta": text}
+    if kind in (ItemKind.REASONING, ItemKind.MESSAGE):
+        expected["content_index"] = 0
+    if kind is ItemKind.MESSAGE:
+        expected["logprobs"] = []
+    assert events.columns.payload[-1] == dumps(expected)
+    assert events.columns.content_index[-1] == expected.get("content_index")
+    validate_event(events.events[-1])

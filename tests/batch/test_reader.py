@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch.reader import InputFormatError, iter_jsonl, read_requests
+from batch.reader import InputFormatError, InputScan, iter_jsonl, read_requests, scan_input
 from batch.request import (IGNORED_FIELDS, REDACTED, RequestError, parse_request, redact_secrets,
                            request_hash)
 
@@ -392,3 +392,37 @@ def test_secrets_are_redacted_whatever_the_shape_of_tools():
     assert "sk-1" not in json.dumps(redacted) and "sk-2" not in json.dumps(redacted)
     assert redacted["tools"]["nested"][0][0]["headers"] == {"X-Key": REDACTED}
     assert body["tools"]["authorization"] == "sk-1"  # a copy
+
+
+# -- one scan before decoding ----------------------------------------------------
+
+def test_scan_counts_requests_and_hashes_the_stored_bytes(tmp_path):
+    text = '{"input": "a"}\n\n   \n{"input": "b"}\r\n{"input": "c"}'  # blank lines are layout
+    plain = tmp_path / "in.jsonl"
+    plain.write_text(text)
+    scan = scan_input(plain)
+    assert scan == InputScan(hashlib.sha256(plain.read_bytes()).hexdigest(), 3)
+    assert scan.num_requests == sum(1 for _ in read_requests(plain))
+
+
+def test_scan_counts_lines_split_across_chunks_and_gzip_members(tmp_path, monkeypatch):
+    import batch.reader as reader
+
+    monkeypatch.setattr(reader, "_SCAN_CHUNK_BYTES", 7)  # lines and blanks straddle chunks
+    lines = ['{"input": "%d"}' % i for i in range(40)]
+    packed = tmp_path / "in.jsonl.gz"
+    first, second = "\n".join(lines[:25]) + "\n\n  \n", "\n".join(lines[25:]) + "\n"
+    packed.write_bytes(gzip.compress(first.encode()) + gzip.compress(second.encode()))  # two members
+    scan = scan_input(packed)
+    assert scan.num_requests == 40 == sum(1 for _ in read_requests(packed))
+    assert scan.sha256 == hashlib.sha256(packed.read_bytes()).hexdigest()
+
+
+def test_scan_takes_parquet_rows_from_the_footer(tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"custom_id": ["a", "b"], "input": ["x", "y"]}), path)
+    assert scan_input(path).num_requests == 2
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet")
+    with pytest.raises(InputFormatError, match="cannot read as Parquet"):
+        scan_input(broken)

@@ -166,7 +166,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                                  "ORDER BY version").fetchall()
         assert versions == [(1, "m001_initial"), (2, "m002_views"), (3, "m003_grades"),
                             (4, "m004_tool_error_kind"), (5, "m005_bench"),
-                            (6, "m006_event_timeline")]
+                            (6, "m006_event_timeline"), (7, "m007_views_from_enums")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -524,3 +524,20 @@ def test_only_the_store_touches_its_connection():
             if relative not in CONNECTION_OWNERS:
                 offenders += [f"{relative}:{line}" for line in _connection_uses(path)]
     assert offenders == [], f"query through a Store method instead of .con: {offenders}"
+
+
+def test_error_kind_and_status_views_follow_the_enums(store):
+    from batch.status import RequestStatus
+    from tools.kinds import ToolErrorKind
+
+    result = make_result("r1", 1)
+    rid = result.response.response_id
+    result.tool_calls = [tool_call("r1", rid, kind, status="failed", error_kind=kind) for kind in ToolErrorKind]
+    store.write_results([result])
+    rows = store.query("SELECT error_kind, is_model_error FROM tool_errors_by_kind")[1]
+    assert {row["error_kind"]: row["is_model_error"] for row in rows} == {
+        kind.value: kind.is_model_error for kind in ToolErrorKind}
+    assert sum(kind.is_model_error for kind in ToolErrorKind) == 4
+    run = store.list_runs()[0]
+    assert {status.value: run[status] for status in RequestStatus} == {
+        "completed": 1, "incomplete": 0, "failed": 0, "invalid": 0}
