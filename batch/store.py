@@ -31,6 +31,8 @@ from batch.status import RequestStatus
 # Tables that hang off a response and are replaced with it.
 _TRACE_TABLES = ("events", "turns", "tool_calls", "tokens")
 _RUN_JSON = ("engine_config", "options", "notes")
+# A hosted tool call's answer event (groups: the tool type, its status).
+_TOOL_ANSWER = r"response\.(code_interpreter|web_search|mcp)_call\.(completed|failed)"
 _register_ids = count()
 
 
@@ -86,7 +88,7 @@ class Store:
 
     # -- helpers -----------------------------------------------------------
 
-    def _rows(self, query: str, params: list | None = None) -> list[dict]:
+    def _rows(self, query: str, params: list | dict | None = None) -> list[dict]:
         return self.con.sql(query, params=params).to_arrow_table().to_pylist()
 
     def _register(self, data: pa.Table) -> str:
@@ -350,6 +352,82 @@ class Store:
             SELECT q.custom_id, c.tool_type, c.name, c.arguments FROM tool_calls c
             JOIN requests q ON q.run_id = c.run_id AND q.response_id = c.response_id
             WHERE c.run_id = ? ORDER BY c.started_at""", [run_id])
+
+    def response_timelines(self, run_id: str, limit: int = 5) -> list[dict]:
+        """The ``limit`` slowest responses of a run (by latency_s), each on its own time line.
+
+        Each dict has custom_id, response_id, status, latency_s, num_turns, end_ms (the
+        last event: the terminal one), tool_ms (the tool spans' total) and ``spans`` in
+        the order they start. Every time is an event's ``t_ms`` (ms since the response
+        started), so the spans share one clock:
+
+        - ``kind="turn"``, one per model turn that wrote output: ``start_ms`` is when the
+          turn could start (0 for turn 0, else the last event of the turn before, i.e.
+          the tool's answer), ``first_ms`` / ``end_ms`` its first and last model event.
+          Model events are those of the output items the model wrote: events with an
+          item id, less mcp_list_tools items and a hosted call's answer (see below).
+          start..first is the wait for the first output (queue, prefill, headers),
+          first..end the decoding.
+        - ``kind="tool"``, one per hosted tool call that was answered: ``start_ms`` is the
+          call item's last event before the answer (``*.interpreting``, ``*.searching``
+          or ``mcp_call_arguments.done``: the model closed the call), ``end_ms`` its
+          ``response.<tool>_call.completed|failed`` event. ``name`` (the tool_calls
+          row's, or the tool type) and ``status``; ``turn`` is the calling turn.
+        Function calls end the response, so they have no span; events written before
+        migration m006 have no t_ms, so their responses have no spans.
+        """
+        slow = self._rows("""
+            SELECT custom_id, response_id, status, latency_s, num_turns,
+                   (SELECT max(e.t_ms) FROM events e
+                    WHERE e.run_id = s.run_id AND e.response_id = s.response_id) AS end_ms
+            FROM responses s WHERE run_id = ? AND latency_s IS NOT NULL
+            ORDER BY latency_s DESC, custom_id LIMIT ?""", [run_id, limit])
+        if not slow:
+            return []
+        spans = self._rows("""
+            WITH e AS (
+                SELECT response_id, sequence_number, type, item_id, turn, t_ms,
+                       lag(type) OVER w AS prev_type, lag(t_ms) OVER w AS prev_ms,
+                       bool_or(type LIKE 'response.mcp_list_tools.%')
+                           OVER (PARTITION BY response_id, item_id) AS listing
+                FROM events WHERE run_id = $run AND list_contains($ids, response_id)
+                WINDOW w AS (PARTITION BY response_id ORDER BY sequence_number)),
+            c AS (
+                SELECT *, regexp_full_match(type, $answer) AS is_answer,
+                       item_id IS NOT NULL AND NOT listing AND NOT regexp_full_match(type, $answer)
+                       AND NOT (type = 'response.output_item.done'
+                                AND regexp_full_match(coalesce(prev_type, ''), $answer)) AS is_model
+                FROM e),
+            t AS (
+                SELECT response_id, turn, max(t_ms) AS last_ms,
+                       min(t_ms) FILTER (WHERE is_model) AS first_ms,
+                       max(t_ms) FILTER (WHERE is_model) AS end_ms
+                FROM c GROUP BY response_id, turn),
+            turns AS (
+                SELECT response_id, turn, first_ms, end_ms,
+                       coalesce(lag(last_ms) OVER (PARTITION BY response_id ORDER BY turn), 0.0) AS start_ms
+                FROM t)
+            SELECT response_id, 'turn' AS kind, turn, start_ms, first_ms, end_ms,
+                   NULL AS name, NULL AS status, -1 AS sequence_number
+            FROM turns WHERE first_ms IS NOT NULL
+            UNION ALL
+            SELECT c.response_id, 'tool', c.turn, c.prev_ms, NULL, c.t_ms,
+                   coalesce(k.name, regexp_extract(c.type, $answer, 1)),
+                   coalesce(k.status, regexp_extract(c.type, $answer, 2)), c.sequence_number
+            FROM c LEFT JOIN tool_calls k
+              ON k.run_id = $run AND k.response_id = c.response_id AND k.call_id = c.item_id
+            WHERE c.is_answer AND c.prev_ms IS NOT NULL AND c.t_ms IS NOT NULL
+            ORDER BY response_id, start_ms, sequence_number""",
+                           {"run": run_id, "ids": [row["response_id"] for row in slow],
+                            "answer": _TOOL_ANSWER})
+        by_response: dict[str, list[dict]] = {row["response_id"]: [] for row in slow}
+        for span in spans:
+            del span["sequence_number"]
+            by_response[span.pop("response_id")].append(span)
+        for row in slow:
+            row["spans"] = by_response[row["response_id"]]
+            row["tool_ms"] = sum((s["end_ms"] - s["start_ms"] for s in row["spans"] if s["kind"] == "tool"), 0.0)
+        return slow
 
     def query(self, sql: str) -> tuple[list[str], list[dict]] | None:
         """Run any SQL (the user's, for ``batchrun sql``): (column names, rows as dicts),

@@ -60,10 +60,57 @@ def summary_facts(data: ReportData) -> list[tuple[str, str]]:
     return facts
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def slowest_facts(data: ReportData) -> list[tuple[str, str]]:
+    """One (label, value) line per response on the timeline: custom_id, latency, turns,
+    time in tool calls."""
+    lines = []
+    for i, response in enumerate(data.timelines):
+        calls = sum(span["kind"] == "tool" for span in response["spans"])
+        tools = (f"tool calls {_seconds(response['tool_ms'] / 1e3)} ({calls})" if calls
+                 else "no tool calls")
+        lines.append(("slowest" if i == 0 else "",
+                      f"{response['custom_id']}: {_seconds(response['latency_s'])}, "
+                      f"{_plural(response['num_turns'], 'turn')}, {tools}"))
+    return lines
+
+
 def terminal_summary(data: ReportData) -> str:
     """A few lines for the terminal."""
-    width = max(len(label) for label, _ in summary_facts(data))
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in summary_facts(data))
+    facts = summary_facts(data) + slowest_facts(data)
+    width = max(len(label) for label, _ in facts)
+    return "\n".join(f"{label:<{width}}  {value}".rstrip() for label, value in facts)
+
+
+TIMELINE_TITLE = "Slowest responses: model turns and tool calls"
+TIMELINE_LEGEND = {"wait": "turn: until its first output", "turn": "turn: output",
+                   "tool": "tool call"}
+
+
+def _timeline_row(response: dict) -> tuple[str, str, float, list[tuple[float, float, str, str]]]:
+    """svg.timeline's row for one of Store.response_timelines (milliseconds -> seconds)."""
+    bars = []
+    for span in response["spans"]:
+        start, end = span["start_ms"] / 1e3, span["end_ms"] / 1e3
+        if span["kind"] == "tool":
+            bars.append((start, end, "tool", f"{span['name']} ({span['status']}), called in turn "
+                                             f"{span['turn']}: {end - start:.3f}s"))
+            continue
+        first, turn = span["first_ms"] / 1e3, span["turn"]
+        if first > start:
+            bars.append((start, first, "wait", f"turn {turn}: {first - start:.3f}s until its first output"))
+        bars.append((first, end, "turn", f"turn {turn}: {end - first:.3f}s of output"))
+    end = max(response["latency_s"], (response["end_ms"] or 0.0) / 1e3)
+    return response["custom_id"], _seconds(response["latency_s"]), end, bars
+
+
+def timeline(data: ReportData) -> str:
+    """The slowest responses on a time line: their turns and tool calls."""
+    return svg.timeline([_timeline_row(r) for r in data.timelines], TIMELINE_TITLE,
+                        "seconds since the response started", TIMELINE_LEGEND)
 
 
 def plots(data: ReportData) -> list[str]:
@@ -105,6 +152,7 @@ def render_html(data: ReportData) -> str:
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
             f"<h1>{escape(title)}</h1><table>{facts}</table>"
             f'<h2>Plots</h2><div class="plots">{figures}</div>'
+            f"<h2>Slowest responses</h2><figure>{timeline(data)}</figure>"
             f'<p class="muted">input {escape(str(data.run.get("input_path")))}; '
             f"started {escape(str(data.run.get('started_at'))[:19])}; "
             f"batchrun {escape(str(data.run.get('batchrun_version')))}</p></body></html>\n")

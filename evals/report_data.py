@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from batch.store import Store
 
+TIMELINE_RESPONSES = 5  # the slowest responses drawn on a time line
+
 
 @dataclass
 class ReportData:
@@ -22,6 +24,7 @@ class ReportData:
     pass_rates_per_tag: list[dict] = field(default_factory=list)
     pass_rates_per_grader: list[dict] = field(default_factory=list)
     event_types: list[tuple[str, int]] = field(default_factory=list)
+    timelines: list[dict] = field(default_factory=list)  # Store.response_timelines, slowest first
 
 
 def load_report_data(store: Store, run_id: str) -> ReportData:
@@ -37,4 +40,5 @@ def load_report_data(store: Store, run_id: str) -> ReportData:
         pass_rates_per_tag=store.pass_rates_per_tag(run_id),
         pass_rates_per_grader=store.pass_rates_per_grader(run_id),
         event_types=store.event_type_counts(run_id),
+        timelines=store.response_timelines(run_id, limit=TIMELINE_RESPONSES),
     )

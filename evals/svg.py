@@ -1,4 +1,4 @@
-"""Hand-written inline SVG plots for the HTML report: histogram, bar chart, line chart.
+"""Hand-written inline SVG plots for the HTML report: histogram, bar chart, line chart, timeline.
 
 Each function returns one ``<svg>`` element as a string, with a title, axes and
 tick labels, and no scripts or external resources. Text is escaped.
@@ -12,6 +12,8 @@ from html import escape
 WIDTH, HEIGHT = 560, 260
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 28, 40  # margins around the plot area
 COLOR = "#3b6ea8"
+# Bar kinds of a timeline, and their colors.
+TIMELINE_COLORS = {"wait": "#b9cde5", "turn": COLOR, "tool": "#d9822b"}
 
 
 def _fmt(value: float) -> str:
@@ -54,14 +56,15 @@ def _y_axis(ticks: list[float], scale, label: str) -> list[str]:
     return parts
 
 
-def _x_axis(ticks: list[float], scale, label: str) -> list[str]:
-    base = HEIGHT - BOTTOM
-    parts = [f'<line x1="{LEFT}" y1="{base}" x2="{WIDTH - RIGHT}" y2="{base}" stroke="#444"/>']
+def _x_axis(ticks: list[float], scale, label: str, *, left: float = LEFT, right: float = WIDTH - RIGHT,
+            height: int = HEIGHT) -> list[str]:
+    base = height - BOTTOM
+    parts = [f'<line x1="{left}" y1="{base}" x2="{right}" y2="{base}" stroke="#444"/>']
     for tick in ticks:
         x = scale(tick)
         parts.append(f'<line x1="{x:.1f}" y1="{base}" x2="{x:.1f}" y2="{base + 4}" stroke="#444"/>'
                      f'<text x="{x:.1f}" y="{base + 16}" text-anchor="middle">{_fmt(tick)}</text>')
-    parts.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2}" y="{HEIGHT - 6}" '
+    parts.append(f'<text x="{(left + right) / 2}" y="{height - 6}" '
                  f'text-anchor="middle">{escape(label)}</text>')
     return parts
 
@@ -148,3 +151,53 @@ def line_chart(xs: list[float], ys: list[float], title: str, xlabel: str, ylabel
             for a, b in zip(xs, ys)] if len(xs) <= 200 else []
     line = f'<polyline points="{points}" fill="none" stroke="{COLOR}" stroke-width="2"/>'
     return _frame(title, _y_axis(y_ticks, y, ylabel) + _x_axis(x_ticks, x, xlabel) + [line] + dots)
+
+
+def _short(label: str, limit: int = 22) -> str:
+    return label if len(label) <= limit else label[:limit - 1] + "\u2026"
+
+
+def _legend(legend: dict[str, str], left: float, y: float) -> list[str]:
+    parts, x = [], left
+    for kind, meaning in legend.items():
+        parts.append(f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" '
+                     f'fill="{TIMELINE_COLORS[kind]}"/><text x="{x + 14:.1f}" y="{y}">{escape(meaning)}</text>')
+        x += 14 + len(meaning) * 6 + 16
+    return parts
+
+
+def timeline(rows: list[tuple[str, str, float, list[tuple[float, float, str, str]]]], title: str,
+             xlabel: str, legend: dict[str, str]) -> str:
+    """One time line per row on a shared axis from 0.
+
+    A row is (label, note, end, bars): a gray track from 0 to ``end``, the note
+    after it, and bars (start, end, kind, tooltip) on it, ``kind`` a key of
+    ``TIMELINE_COLORS``. ``legend`` maps the kinds drawn to what they mean.
+    """
+    if not rows:
+        return empty(title)
+    row, top = 22, TOP + 18
+    label_width = min(max(len(_short(label)) for label, *_ in rows) * 6.5 + 8, WIDTH / 3)
+    height = top + row * len(rows) + BOTTOM
+    high = max([end for _, _, end, _ in rows] + [b[1] for *_, bars in rows for b in bars])
+    ticks = nice_ticks(0, high)
+    right = WIDTH - RIGHT - 50  # room for the notes
+    x = _linear(0, ticks[-1], label_width, right)
+    parts = _legend(legend, label_width, TOP + 4)
+    for tick in ticks:
+        parts.append(f'<line x1="{x(tick):.1f}" y1="{top}" x2="{x(tick):.1f}" y2="{height - BOTTOM}" '
+                     f'stroke="#eee"/>')
+    for i, (label, note, end, bars) in enumerate(rows):
+        y0 = top + i * row
+        parts.append(f'<g class="timeline-row"><text x="{label_width - 6}" y="{y0 + 15}" '
+                     f'text-anchor="end">{escape(_short(label))}<title>{escape(label)}</title></text>'
+                     f'<rect x="{label_width}" y="{y0 + 10}" width="{x(end) - label_width:.1f}" '
+                     f'height="2" fill="#ccc"/>')
+        for start, stop, kind, tooltip in bars:
+            parts.append(f'<rect x="{x(start):.1f}" y="{y0 + 4}" width="{max(x(stop) - x(start), 1):.1f}" '
+                         f'height="{row - 8}" fill="{TIMELINE_COLORS[kind]}">'
+                         f'<title>{escape(tooltip)}</title></rect>')
+        parts.append(f'<text x="{x(max([end] + [b[1] for b in bars])) + 4:.1f}" y="{y0 + 15}">'
+                     f'{escape(note)}</text></g>')
+    axis = _x_axis(ticks, x, xlabel, left=label_width, right=right, height=height)
+    return _frame(title, parts + axis, height=height)

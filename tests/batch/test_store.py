@@ -461,6 +461,62 @@ def test_report_lookups(store):
     assert store.event_type_counts("r1") == [("response.e0", 2), ("response.e1", 1)]
 
 
+def timeline_events(events: list[tuple[str, str | None, int, float]]) -> EventColumns:
+    """EventColumns of (type, item_id, turn, t_ms) in order."""
+    columns = EventColumns()
+    for k, (type_, item_id, turn, t_ms) in enumerate(events):
+        for name, value in (("sequence_number", k), ("type", type_), ("output_index", None),
+                            ("content_index", None), ("item_id", item_id),
+                            ("payload", dumps({"type": type_, "sequence_number": k})), ("turn", turn),
+                            ("t_ms", t_ms)):
+            getattr(columns, name).append(value)
+    return columns
+
+
+def test_response_timelines_place_turns_and_tool_calls_on_the_event_clock(store):
+    slow = make_result("r1", 1, latency_s=0.5)
+    slow.events = timeline_events([
+        ("response.created", None, 0, 0.1), ("response.in_progress", None, 0, 0.2),
+        # listed before the first turn: not model output
+        ("response.output_item.added", "mcpl_1", 0, 1.0), ("response.mcp_list_tools.in_progress", "mcpl_1", 0, 1.1),
+        ("response.mcp_list_tools.completed", "mcpl_1", 0, 1.2), ("response.output_item.done", "mcpl_1", 0, 1.3),
+        ("response.output_item.added", "rs_1", 0, 10.0), ("response.reasoning_text.delta", "rs_1", 0, 12.0),
+        ("response.output_item.done", "rs_1", 0, 14.0),
+        ("response.output_item.added", "mcp_1", 0, 15.0), ("response.mcp_call_arguments.done", "mcp_1", 0, 20.0),
+        ("response.mcp_call.failed", "mcp_1", 0, 120.0), ("response.output_item.done", "mcp_1", 0, 121.0),
+        ("response.output_item.added", "ci_1", 1, 130.0),
+        ("response.code_interpreter_call_code.done", "ci_1", 1, 140.0),
+        ("response.code_interpreter_call.interpreting", "ci_1", 1, 141.0),
+        ("response.code_interpreter_call.completed", "ci_1", 1, 341.0),
+        ("response.output_item.done", "ci_1", 1, 342.0),
+        ("response.output_item.added", "msg_1", 2, 350.0), ("response.output_text.delta", "msg_1", 2, 352.0),
+        ("response.output_item.done", "msg_1", 2, 360.0), ("response.completed", None, 2, 361.0)])
+    slow.tool_calls = [tool_call("r1", slow.response.response_id, "mcp_1", status="failed", name="lookup")]
+    slow.response.num_turns = 3
+    fast = make_result("r1", 2, latency_s=0.2)
+    fast.events = timeline_events([("response.created", None, 0, 0.1), ("response.output_item.added", "msg_2", 0, 3.0),
+                                   ("response.output_item.done", "msg_2", 0, 5.0),
+                                   ("response.completed", None, 0, 6.0)])
+    store.write_results([fast, slow, make_result("r1", 3, latency_s=0.3, n_events=0),
+                         make_result("r1", 4, status="invalid")])
+
+    first, second, third = store.response_timelines("r1")
+    assert [r["custom_id"] for r in (first, second, third)] == ["c1", "c3", "c2"]
+    assert (first["latency_s"], first["num_turns"], first["end_ms"], first["tool_ms"]) == (0.5, 3, 361.0, 300.0)
+    spans = [(s["kind"], s["turn"], s["start_ms"], s["first_ms"], s["end_ms"], s["name"], s["status"])
+             for s in first["spans"]]
+    assert spans == [("turn", 0, 0.0, 10.0, 20.0, None, None),
+                     ("tool", 0, 20.0, None, 120.0, "lookup", "failed"),
+                     ("turn", 1, 121.0, 130.0, 141.0, None, None),
+                     ("tool", 1, 141.0, None, 341.0, "code_interpreter", "completed"),
+                     ("turn", 2, 342.0, 350.0, 360.0, None, None)]
+    assert second["spans"] == [] and second["end_ms"] is None  # no events
+    assert [(s["start_ms"], s["first_ms"], s["end_ms"]) for s in third["spans"]] == [(0.0, 3.0, 5.0)]
+    assert third["tool_ms"] == 0.0
+    assert [r["custom_id"] for r in store.response_timelines("r1", limit=1)] == ["c1"]
+    assert store.response_timelines("missing") == []
+
+
 def test_grade_lookups(store):
     assert store.pass_rates_per_grader("r1") == [] and store.request_totals("r1") == (0, 0)
     store.write_grades("r1", [

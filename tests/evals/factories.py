@@ -104,7 +104,8 @@ def make_result(run_id: str, line_no: int, custom_id: str, items: list[tuple] = 
     return RequestResult(
         request=request,
         response=ResponseRow(run_id=run_id, custom_id=custom_id, response_id=response["id"], status=status,
-                             response=response, output_tokens=5, latency_s=0.5 + line_no / 10, ttft_s=0.1),
+                             response=response, output_tokens=5, num_turns=1, latency_s=0.5 + line_no / 10,
+                             ttft_s=0.1),
         events=events.columns,
         turns=[TurnRow(run_id, response["id"], 0, prompt_tokens=10, output_tokens=5)])
 

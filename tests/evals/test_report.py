@@ -1,14 +1,19 @@
 """The HTML report: the data behind it, self-contained output, the terminal summary."""
 
+import json
 import re
 from html.parser import HTMLParser
 
 import pytest
 
+from batch.harmony import PromptOptions
+from batch.runner import RunOptions, Runner
+from batch.session import SessionOptions
 from batch.store import Store
-from evals.report import render_html, terminal_summary
+from evals.report import TIMELINE_TITLE, render_html, terminal_summary, timeline
 from evals.report_data import load_report_data
-from tests.evals.factories import function_call, make_result, make_run, message
+from tests.evals.factories import function_call, make_result, make_run, mcp_call, message
+from tests.fakes import ScriptedBackend
 
 
 @pytest.fixture
@@ -17,7 +22,8 @@ def data(tmp_path):
         store.create_run(make_run("r1"))
         store.write_results([
             make_result("r1", 1, "a", [message("hi")]),
-            make_result("r1", 2, "b", [function_call("f", "{}"), function_call("g", "{}")]),
+            make_result("r1", 2, "b", [mcp_call("srv", "lookup", "{}", output="x"),
+                                       function_call("f", "{}"), function_call("g", "{}")]),
             make_result("r1", 3, "c", [message("x")], status="incomplete"),
             make_result("r1", 4, "d", status="invalid")])
         store.write_grades("r1", [
@@ -31,7 +37,7 @@ def data(tmp_path):
 def test_report_data(data):
     assert data.statuses == {"completed": 2, "incomplete": 1, "invalid": 1}
     assert data.latencies == pytest.approx([0.6, 0.7, 0.8])
-    assert data.tool_calls_per_response == {0: 2, 2: 1}
+    assert data.tool_calls_per_response == {0: 2, 3: 1}
     assert data.tokens_per_turn == [5, 5, 5]
     assert data.throughput[-1][1:] == (3, 15)
     assert [(r["tag"], r["pass_rate"]) for r in data.pass_rates_per_tag] == [
@@ -62,7 +68,7 @@ def test_html_is_self_contained_with_every_plot(data):
     assert titles == ["Latency per response", "Output tokens per turn",
                       "Tool calls per response (responses)", "Responses finished over the run",
                       "Output tokens over the run", "Pass rate per tag (%)",
-                      "Pass rate per grader (%)", "Events per type"]
+                      "Pass rate per grader (%)", "Events per type", TIMELINE_TITLE]
     assert "<th>grades</th><td>2/3 passed (66.7%)</td>" in html
 
 
@@ -71,4 +77,58 @@ def test_terminal_summary(data):
     assert lines[0] == "run                  r1 (completed, model tiny)"
     assert lines[1] == "requests             4 (2 completed, 1 incomplete, 0 failed, 1 invalid)"
     assert lines[3].startswith("latency              p50 0.700s, p90 0.780s")
-    assert lines[-1] == "grades               2/3 passed (66.7%)"
+    assert lines[-4] == "grades               2/3 passed (66.7%)"
+    assert lines[-3] == "slowest              c: 0.800s, 1 turn, no tool calls"
+    assert re.fullmatch(r" {21}b: 0\.700s, 1 turn, tool calls 0\.\d{3}s \(1\)", lines[-2])
+    assert lines[-1] == "                     a: 0.600s, 1 turn, no tool calls"
+
+
+def timeline_rows(svg: str) -> list[tuple[str, str, list[str]]]:
+    """(label, note, bar colors) of every row of the timeline."""
+    rows = re.findall(r'<g class="timeline-row">(.*?)</g>', svg)
+    return [(re.search(r">([^<]*)<title>", row).group(1), re.findall(r">([^<>]*)</text>", row)[-1],
+             re.findall(r'<rect [^>]*fill="([^"]+)"><title>', row)) for row in rows]
+
+
+def test_timeline_has_one_row_per_slow_response(data):
+    assert [t["custom_id"] for t in data.timelines] == ["c", "b", "a"]
+    assert [s["kind"] for s in data.timelines[1]["spans"]] == ["turn", "tool"]
+    html = render_html(data)
+    [figure] = re.findall(r"<h2>Slowest responses</h2><figure>(<svg.*?</svg>)</figure>", html)
+    assert figure == timeline(data)
+    rows = timeline_rows(figure)
+    assert [(label, note) for label, note, _ in rows] == [("c", "0.800s"), ("b", "0.700s"), ("a", "0.600s")]
+    assert "#d9822b" in rows[1][2] and "#d9822b" not in rows[0][2]  # b's MCP call
+
+
+def final(text):
+    return f"<|channel|>final<|message|>{text}<|return|>"
+
+
+def test_timeline_of_a_real_run_with_a_hosted_tool_call(tmp_path):
+    """The runner writes events with turn and t_ms; the python call sits between two turns."""
+    python = ["<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>analysis "
+              "to=python code<|message|>print(1)<|call|>", final("It printed 1.")]
+    backend = ScriptedBackend(lambda prompt, turn: python[turn] if "python" in prompt else final("ok"))
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"custom_id": "calc", "input": "python please",
+                                "tools": [{"type": "code_interpreter"}]}) + "\n"
+                    + json.dumps({"custom_id": "chat", "input": "hello"}) + "\n")
+    with Store(tmp_path / "b.duckdb") as store:
+        options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                             prompt=PromptOptions(conversation_date="2025-01-01"))
+        summary = Runner(store, backend, options).run()
+        data = load_report_data(store, summary.run_id)
+    calc, chat = data.timelines
+    assert (calc["custom_id"], calc["num_turns"], chat["custom_id"]) == ("calc", 2, "chat")
+    turn0, tool, turn1 = calc["spans"]
+    assert [(s["kind"], s["turn"]) for s in calc["spans"]] == [("turn", 0), ("tool", 0), ("turn", 1)]
+    assert tool["name"] == "python" and tool["status"] == "completed"
+    times = [turn0["start_ms"], turn0["first_ms"], turn0["end_ms"], tool["start_ms"], tool["end_ms"],
+             turn1["start_ms"], turn1["first_ms"], turn1["end_ms"], calc["end_ms"]]
+    assert times == sorted(times) and tool["end_ms"] > tool["start_ms"]
+    assert calc["tool_ms"] == pytest.approx(tool["end_ms"] - tool["start_ms"])
+    assert calc["end_ms"] <= 1e3 * calc["latency_s"] + 50
+    assert [s["kind"] for s in chat["spans"]] == ["turn"]
+    assert [label for label, _, _ in timeline_rows(timeline(data))] == ["calc", "chat"]
+    assert re.search(r"calc: \d\.\d{3}s, 2 turns, tool calls \d\.\d{3}s \(1\)", terminal_summary(data))

@@ -62,3 +62,23 @@ def test_line_chart_and_empty_plots():
 ])
 def test_nice_ticks(low, high, integer, expected):
     assert svg.nice_ticks(low, high, integer=integer) == pytest.approx(expected)
+
+
+def test_timeline_rows_share_one_axis_and_escape_labels():
+    root = parse(svg.timeline(
+        [("<slow>", "2.000s", 2.0, [(0.0, 0.5, "turn", "turn 0"), (0.5, 1.5, "tool", "python"),
+                                    (1.5, 1.6, "wait", "turn 1"), (1.6, 1.9, "turn", "turn 1")]),
+         ("fast", "0.100s", 0.1, [])],
+        "Slowest", "seconds", {"turn": "model", "tool": "tool call"}))
+    rows = [g for g in root.iter(f"{NS}g") if g.get("class") == "timeline-row"]
+    assert [r.find(f"{NS}text").text for r in rows] == ["<slow>", "fast"]
+    bars = [(r.get("fill"), r.find(f"{NS}title").text, float(r.get("x")), float(r.get("width")))
+            for r in rows[0].iter(f"{NS}rect") if r.find(f"{NS}title") is not None]
+    assert [(fill, title) for fill, title, _, _ in bars] == [
+        (svg.TIMELINE_COLORS[kind], title) for kind, title in
+        [("turn", "turn 0"), ("tool", "python"), ("wait", "turn 1"), ("turn", "turn 1")]]
+    assert all(a[2] + a[3] == pytest.approx(b[2], abs=0.11) for a, b in zip(bars, bars[1:]))  # end to end
+    assert bars[1][3] == pytest.approx(2 * bars[0][3], abs=0.11)  # 1 s is twice 0.5 s
+    assert "0.100s" in [t.text for t in rows[1].iter(f"{NS}text")]
+    assert "2" in [t.text for t in root.iter(f"{NS}text")]  # the axis reaches the longest row
+    assert svg.timeline([], "Slowest", "seconds", {}).count("no data") == 1
