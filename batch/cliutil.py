@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -12,7 +13,7 @@ from batch.store import Store, StoreLockedError
 DEFAULT_DB = "batchrun.duckdb"
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Print `error: message` on stderr and exit 1 (the command could not do its work)."""
     click.echo(f"error: {message}", err=True)
     sys.exit(1)

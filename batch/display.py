@@ -6,7 +6,6 @@ import contextlib
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -16,7 +15,7 @@ STATUSES = tuple(RequestStatus)
 
 
 @contextlib.contextmanager
-def progress_bar(path: Path, *, quiet: bool = False):
+def progress_bar(*, quiet: bool = False):
     """Yields a callback for the runner: requests written so far, tokens/s."""
     if quiet:
         yield None

@@ -9,7 +9,7 @@ tables *after* all migrations; a test checks the two agree.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
 import duckdb
@@ -208,7 +208,7 @@ def m006_event_timeline(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
-def _sql_list(values) -> str:
+def _sql_list(values: Iterable[str]) -> str:
     return ", ".join(f"'{value}'" for value in values)
 
 

@@ -31,7 +31,7 @@ from batch.results import line_result, result_of
 from batch.rows import RequestResult, RunRow
 from batch.session import Session, SessionOptions
 from batch.status import RequestStatus, RunStatus
-from batch.store import Store
+from batch.store import ResultWriter, Store
 from batch.tool_policy import PendingToolCall
 from engine.api import Backend, FinishReason
 from tools.dispatch import ToolDispatcher, rejection
@@ -100,7 +100,7 @@ class Runner:
         self.awaiting: dict[Future, Session] = {}  # waiting on a hosted tool call
         self.listing: list[tuple[Prepared, dict[str, Future]]] = []  # waiting on MCP listings
         self.pending: list[RequestResult] = []
-        self.writer = store.background_writer()
+        self.writer: ResultWriter | None = None  # started by run(), once the run is open
         self._flushed_at = time.monotonic()
         self._num_reported = 0
         self.catalog = ServerCatalog(options.tools.servers)
@@ -178,6 +178,7 @@ class Runner:
         lines = self._lines(done)
         n_lines, self.skipped = 0, len(done)
         status = RunStatus.FAILED
+        self.writer = self.store.background_writer()
         try:
             exhausted = False
             while not exhausted or self.sessions or self.awaiting or self.listing:

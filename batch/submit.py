@@ -117,7 +117,7 @@ def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: boo
     try:
         engine = backend.load()
         options = dataclasses.replace(options, engine_config=engine.describe())
-        with display.progress_bar(options.input_path, quiet=quiet) as progress:
+        with display.progress_bar(quiet=quiet) as progress:
             summary = Runner(store, engine, options, progress=progress).run()
     except (RunError, InputFormatError) as exc:
         fail(str(exc))

@@ -255,3 +255,27 @@ def test_bench_prints_ratios_and_fills_the_bench_table(tmp_path, tiny_model_dir)
     engine_line = next(line for line in result.output.splitlines()
                        if re.match(r"sharegpt\s+engine\s", line))
     assert engine_line.split()[-3:-1] == ["1.00", "1.00"]  # the baseline's own ratios
+
+
+def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path, tiny_model_dir, monkeypatch):
+    """One scan (hash and request count, for resume and the progress bar), then the reader."""
+    import builtins
+    import io
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"r{i}", "input": "hi"}) + "\n" for i in range(3)))
+    opened = []
+    real_open = io.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file) == str(source):
+            opened.append(args[0] if args else kwargs.get("mode", "r"))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "o.duckdb"),
+                                       "--model", str(tiny_model_dir), "--max-output-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert opened == ["rb", "rb"]
+    assert "3/3" in result.output  # the progress bar's total came from the scan

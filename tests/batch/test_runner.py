@@ -131,14 +131,21 @@ def test_invalid_lines_do_not_let_the_reader_run_ahead(tmp_path, store, count_re
 
 
 def test_results_are_written_as_requests_finish(tmp_path, store, monkeypatch):
-    monkeypatch.setattr(runner_module, "FLUSH_S", 0.0)  # no batching by time: each loop writes
+    monkeypatch.setattr(runner_module, "FLUSH_S", 0.0)  # no batching by time: each loop hands results over
+    writers = []
+    start_writer = Store.background_writer
+    monkeypatch.setattr(Store, "background_writer", lambda self: writers.append(start_writer(self)) or writers[-1])
     path = write_input(tmp_path / "in.jsonl",
                        [request("c1", "short"), request("c2", "long"), request("c3", "long")])
     seen = []
-    backend = backend_for(on_step=lambda b: seen.append(
-        (len(b.running), rows(store, "SELECT q.custom_id, s.status FROM requests q "
-                                     "JOIN responses s USING (run_id, response_id)"))))
-    run(store, backend, path, max_inflight=8)
+
+    def on_step(backend):
+        if writers:
+            writers[0].wait_idle()  # what was handed over is committed by the writer thread
+        seen.append((len(backend.running), rows(store, "SELECT q.custom_id, s.status FROM requests q "
+                                                       "JOIN responses s USING (run_id, response_id)")))
+
+    run(store, backend_for(on_step=on_step), path, max_inflight=8)
     assert seen[0] == (3, [])
     assert seen[-1] == (2, [("c1", "completed")])  # the long ones are still decoding
     assert statuses(store) == {"c1": "completed", "c2": "completed", "c3": "completed"}
