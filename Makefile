@@ -7,7 +7,7 @@ TINY_MODEL ?= data/models/batchrun-tiny
 DEMO_MODEL ?= $(if $(wildcard $(TINY_MODEL)/config.json),$(TINY_MODEL),.cache/models/tiny-random)
 DEMO_DB    ?= demo.duckdb
 
-.PHONY: setup demo test test-all train-model eval-model clean
+.PHONY: setup demo test test-all lint train-model eval-model clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: $(VENV)/.installed
 
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -m ''
+
+# ruff over the whole repo; mypy over engine/ and batch/ (every def annotated; see pyproject.toml).
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Train the embedded tiny model from scratch (seed 0, ~19 min on 2 CPU cores) and measure
 # it on 200 held-out tasks through `batchrun submit` (see trainer/).

@@ -9,11 +9,14 @@ tokens ignored) so a random-weight model gives the real shape of a run.
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-import torch
-
-from engine.api import Backend, SamplingParams
+from engine.api import Backend, RequestOutput, SamplingParams
 from engine.workloads import WORKLOADS, BenchResult, Workload, make_workloads, peak_rss_mb
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 
 class _TurnTracker:
@@ -37,7 +40,7 @@ class _TurnTracker:
         self.prompt_tokens += len(prompt)
         self.turns += 1
 
-    def on_output(self, out) -> None:
+    def on_output(self, out: RequestOutput) -> None:
         tokens = self.outputs[out.request_id]
         if not tokens and out.new_token_ids:
             self.ttfts.append(time.perf_counter() - self.submitted[out.request_id])
@@ -73,13 +76,13 @@ MEDIUM_CONFIG = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=8
                      head_dim=48, intermediate_size=384, num_local_experts=8, num_experts_per_tok=2)
 
 
-def run_system(system: str, model_dir, workload: Workload, *, batch_size: int,
-               engine_options: dict) -> tuple[BenchResult, dict]:
+def run_system(system: str, model_dir: str | Path, workload: Workload, *, batch_size: int,
+               engine_options: dict[str, Any]) -> tuple[BenchResult, dict]:
     """One system on one workload, freshly loaded (no cache carried between runs)."""
     from engine.factory import load_backend
 
     if system == "engine":
-        backend = load_backend("engine", model_dir, **engine_options)
+        backend = cast("LLMEngine", load_backend("engine", model_dir, **engine_options))
         result = run_backend("engine", backend, workload)
         return result, backend.stats()
     if system == "reference":
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    results = []
+    results: list[BenchResult] = []
     for workload in make_workloads(args.workloads.split(","), args.num_requests, args.seed):
         for system in args.systems.split(","):
             result, stats = run_system(system, args.model_dir, workload, batch_size=args.batch_size,

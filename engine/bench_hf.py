@@ -8,18 +8,18 @@ each batch; only the tokens each request asked for count as output tokens.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, GptOssForCausalLM
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
-from engine.workloads import BenchResult, Workload, peak_rss_mb
 from engine.checkpoint import PAD_TOKEN_ID
+from engine.workloads import BenchResult, Workload, peak_rss_mb
 
 
-
-def load_hf_model(model_dir, attn_implementation: str = "eager") -> GptOssForCausalLM:
+def load_hf_model(model_dir: str | Path, attn_implementation: str = "eager") -> GptOssForCausalLM:
     return GptOssForCausalLM.from_pretrained(
         model_dir, attn_implementation=attn_implementation, experts_implementation="eager").eval()
 
@@ -28,9 +28,10 @@ class _FirstTokenClock(BaseStreamer):
     """generate() calls put() with the prompt, then with each step's tokens."""
 
     def __init__(self) -> None:
-        self.calls, self.first_token_at = 0, None
+        self.calls = 0
+        self.first_token_at: float | None = None
 
-    def put(self, value) -> None:
+    def put(self, value: torch.Tensor) -> None:
         self.calls += 1
         if self.calls == 2:
             self.first_token_at = time.perf_counter()
@@ -39,7 +40,8 @@ class _FirstTokenClock(BaseStreamer):
         pass
 
 
-def _generate_padded(model, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
+def _generate_padded(model: GptOssForCausalLM, prompts: list[list[int]],
+                     new_tokens: int) -> tuple[list[list[int]], float]:
     """One static batch, left-padded; returns each row's new tokens and the first-token time."""
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), PAD_TOKEN_ID, dtype=torch.long)
@@ -52,14 +54,16 @@ def _generate_padded(model, prompts: list[list[int]], new_tokens: int) -> tuple[
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=PAD_TOKEN_ID,
                              eos_token_id=None, streamer=clock)
+    assert clock.first_token_at is not None  # new_tokens >= 1: generate() streamed at least one step
     return out[:, width:].tolist(), clock.first_token_at
 
 
-def run_generate(model, workload: Workload, batch_size: int = 16) -> BenchResult:
+def run_generate(model: GptOssForCausalLM, workload: Workload, batch_size: int = 16) -> BenchResult:
     """transformers `generate` over static batches; tool-loop turns advance in lockstep."""
     convs = workload.conversations
     prompts = [list(c.prompt_token_ids) for c in convs]
-    ttfts, prompt_tokens, output_tokens, turns = [], 0, 0, 0
+    ttfts: list[float] = []
+    prompt_tokens = output_tokens = turns = 0
     start = time.perf_counter()
     for turn in range(max(c.num_turns for c in convs)):
         active = [i for i, c in enumerate(convs) if turn < c.num_turns]
@@ -88,14 +92,15 @@ def run_generate(model, workload: Workload, batch_size: int = 16) -> BenchResult
 GENERATE_BATCH_KV_GB = 0.05
 
 
-def _cache_config(model, kv_cache_gb: float, page_size: int = 256) -> ContinuousBatchingConfig:
+def _cache_config(model: GptOssForCausalLM, kv_cache_gb: float, page_size: int = 256) -> ContinuousBatchingConfig:
     c = model.config
     page_bytes = 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * model.dtype.itemsize
     return ContinuousBatchingConfig(page_size=page_size, num_blocks=max(1, int(kv_cache_gb * 2**30 // page_bytes)),
                                     max_batch_tokens=2048)
 
 
-def run_generate_batch(model, workload: Workload, kv_cache_gb: float = GENERATE_BATCH_KV_GB) -> BenchResult:
+def run_generate_batch(model: GptOssForCausalLM, workload: Workload,
+                       kv_cache_gb: float = GENERATE_BATCH_KV_GB) -> BenchResult:
     """transformers' continuous batching manager (`generate_batch`'s engine), turn by turn."""
     convs = workload.conversations
     config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD_TOKEN_ID,
@@ -103,7 +108,9 @@ def run_generate_batch(model, workload: Workload, kv_cache_gb: float = GENERATE_
     manager = model.init_continuous_batching(generation_config=config,
                                              continuous_batching_config=_cache_config(model, kv_cache_gb))
     manager.start()
-    prompts, submitted, ttfts = {}, {}, []
+    prompts: dict[str, list[int]] = {}
+    submitted: dict[str, float] = {}
+    ttfts: list[float] = []
     prompt_tokens = output_tokens = turns = 0
 
     def submit(index: int, turn: int, prompt: list[int]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -54,7 +55,7 @@ TINY_CONFIG = dict(
 LOGIT_STD = 4.0
 
 
-def tiny_config(**overrides) -> GptOssConfig:
+def tiny_config(**overrides: Any) -> GptOssConfig:
     """The tiny gpt-oss config, with `overrides` applied (any GptOssConfig field)."""
     fields = {**TINY_CONFIG, **overrides}
     if "layer_types" not in overrides:
@@ -71,7 +72,7 @@ def make_random_checkpoint(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     live_token_ids: list[int] | None = None,
-    **config_overrides,
+    **config_overrides: Any,
 ) -> Path:
     """Write a tiny random gpt-oss checkpoint to `path` (created if needed); returns it.
 
@@ -110,7 +111,8 @@ def _parameter_specs(c: GptOssConfig) -> dict[str, tuple[tuple[int, ...], float,
     """name -> (shape, std, mean), in a fixed order (the draw order)."""
     h, d, e, i = c.hidden_size, c.head_dim, c.num_local_experts, c.intermediate_size
     q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
-    specs = {"model.embed_tokens.weight": ((c.vocab_size, h), 1.0, 0.0)}
+    specs: dict[str, tuple[tuple[int, ...], float, float]] = {
+        "model.embed_tokens.weight": ((c.vocab_size, h), 1.0, 0.0)}
     for n in range(c.num_hidden_layers):
         p = f"model.layers.{n}."
         specs.update({

@@ -102,7 +102,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: GptOssConfig) -> ModelConfig:
         """Copy the fields of a transformers `GptOssConfig`."""
-        rope = dict(hf.rope_parameters)
+        rope = dict(hf.rope_parameters or {})
         eos = hf.eos_token_id
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
         quant = getattr(hf, "quantization_config", None) or {}
@@ -111,7 +111,7 @@ class ModelConfig:
             num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads,
             head_dim=hf.head_dim, intermediate_size=hf.intermediate_size,
             num_local_experts=hf.num_local_experts, num_experts_per_tok=hf.num_experts_per_tok,
-            sliding_window=hf.sliding_window, layer_types=tuple(hf.layer_types),
+            sliding_window=hf.sliding_window, layer_types=tuple(hf.layer_types or ()),
             rope_theta=float(rope.get("rope_theta", 150000.0)), rope_parameters=rope,
             rms_norm_eps=hf.rms_norm_eps, swiglu_alpha=hf.swiglu_alpha, swiglu_limit=hf.swiglu_limit,
             max_position_embeddings=hf.max_position_embeddings, eos_token_ids=eos_ids,
@@ -176,7 +176,7 @@ class EngineConfig:
 
 
 
-def _checkpoint_dtype(dtype) -> torch.dtype:
+def _checkpoint_dtype(dtype: object) -> torch.dtype:
     """The config's dtype as a torch.dtype; bf16 when absent (the published checkpoints omit it)."""
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -7,6 +7,7 @@ a cycle): they read config.json through `engine.config`, which it re-uses.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from engine.api import Backend, ModelLoadError
 from engine.config import EngineConfig, check_model_dir
@@ -16,7 +17,7 @@ BACKENDS = ("engine", "transformers")  # the first is `batchrun submit`'s defaul
 __all__ = ["BACKENDS", "ModelLoadError", "check_model_dir", "load_backend"]
 
 
-def load_backend(name: str, model_dir: str | Path, **options) -> Backend:
+def load_backend(name: str, model_dir: str | Path, **options: Any) -> Backend:
     """Load the backend `name` on the checkpoint in `model_dir`; options go to its constructor.
 
     Raises ModelLoadError for a directory that is not a loadable gpt-oss checkpoint,
@@ -26,7 +27,7 @@ def load_backend(name: str, model_dir: str | Path, **options) -> Backend:
         from engine.llm_engine import LLMEngine
 
         check_model_dir(model_dir)
-        return LLMEngine(EngineConfig(model_dir, **options))
+        return LLMEngine(EngineConfig(Path(model_dir), **options))
     if name == "transformers":
         from engine.reference import TransformersBackend
 

@@ -126,7 +126,7 @@ def _split_mxfp4(key: str) -> tuple[str, str | None]:
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

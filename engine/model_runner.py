@@ -32,7 +32,10 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
         """Flat input ids, attention metadata, and the row of each sampled item's last token."""
         bs = self.block_size
-        input_ids, positions, slots, starts, seq_lens, tables, logit_rows = [], [], [], [0], [], [], []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts, seq_lens, tables, logit_rows = [0], [], [], []
         for item in batch.items:
             seq, start, end = item.seq, item.start, item.end
             input_ids += seq.token_ids[start:end]

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 import transformers
@@ -191,21 +193,22 @@ def _load_model(model_dir: Path, dtype: str | torch.dtype, device: torch.device)
     check_model_dir(model_dir)
     try:
         with _no_progress_bar():
-            model, info = GptOssForCausalLM.from_pretrained(
+            loaded = GptOssForCausalLM.from_pretrained(
                 model_dir, dtype=dtype, attn_implementation="eager", experts_implementation="eager",
                 output_loading_info=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"--model {model_dir}: cannot load the checkpoint: {exc}") from exc
+    model, info = cast(tuple[GptOssForCausalLM, dict], loaded)  # output_loading_info: a (model, info) pair
     # transformers fills missing weights with random values and only warns: a reference must not.
     missing = sorted(info.get("missing_keys", ()))
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ModelLoadError(f"--model {model_dir}: weights missing from the checkpoint: {shown}")
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # transformers types `to` as unbound
 
 
 @contextlib.contextmanager
-def _no_progress_bar():
+def _no_progress_bar() -> Iterator[None]:
     """transformers draws a "Loading weights" bar over the runner's own; hide it, then restore."""
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()

@@ -241,7 +241,8 @@ class Scheduler:
                 self.running.remove(seq)
                 self._finish(seq, reason)
                 del self.seqs[seq.request_id]
-            outputs.append(StepOutput(seq, [token_id], reason, None if logprobs is None else [logprobs[row]]))
+            logprob = None if logprobs is None else logprobs[row]  # None: this request asked for none
+            outputs.append(StepOutput(seq, [token_id], reason, None if logprob is None else [logprob]))
         return outputs
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import resource
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 TOKEN_RANGE = (1_000, 60_000)  # ordinary text tokens of o200k
@@ -69,7 +70,8 @@ def multi_turn_mix(n: int, seed: int = 0, turns: int = 4, system_len: int = 512,
                      [_tokens(rng, tool_len) for _ in range(turns - 1)]) for _ in range(n)])
 
 
-WORKLOADS = {"sharegpt": sharegpt_mix, "shared_prefix": shared_prefix_mix, "multi_turn": multi_turn_mix}
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "sharegpt": sharegpt_mix, "shared_prefix": shared_prefix_mix, "multi_turn": multi_turn_mix}
 
 
 @dataclass

@@ -10,8 +10,8 @@ the next step, as the protocol says. Every call is recorded for assertions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from batch.vocab import harmony_encoding
 from engine.api import RequestOutput, SamplingParams
@@ -38,7 +38,7 @@ class ScriptedBackend:
     model_name = "scripted"
 
     def __init__(self, script: Callable[[str, int], str], *, max_model_len: int = 8192,
-                 tokens_per_step: int = 3, on_step: Callable[["ScriptedBackend"], None] | None = None):
+                 tokens_per_step: int = 3, on_step: Callable[[ScriptedBackend], None] | None = None):
         self.script = script
         self.max_model_len = max_model_len
         self.tokens_per_step = tokens_per_step

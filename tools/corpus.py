@@ -101,7 +101,7 @@ class Corpus:
         self._index(documents)
 
     @classmethod
-    def from_directories(cls, directories: list[Path] | None = None) -> "Corpus":
+    def from_directories(cls, directories: list[Path] | None = None) -> Corpus:
         """The given directories, or the shipped sample (urls `corpus://sample/<id>`) when none is given."""
         if not directories:
             return cls(load_directory(SAMPLE_DIR, "sample"))
@@ -111,7 +111,8 @@ class Corpus:
         return len(self.documents)
 
     def _index(self, documents: list[Document]) -> None:
-        bodies = pa.table({"doc": list(range(len(documents))),
+        # `bodies` is read by name in the SQL below (a DuckDB replacement scan).
+        bodies = pa.table({"doc": list(range(len(documents))),  # noqa: F841
                           "body": [f"{d.title}\n{d.text}" for d in documents]})
         con = self._con
         con.sql(f"CREATE TABLE terms AS SELECT doc, term, count(*)::DOUBLE AS tf FROM "

@@ -48,10 +48,12 @@ def plan_call(target: ToolTarget | None, recipient: str, text: str, registry: To
             return rejection(ToolErrorKind.NOT_ENABLED, f"the tool {recipient!r} is not enabled for this request")
         return rejection(ToolErrorKind.UNKNOWN_RECIPIENT, f"no tool named {recipient!r} is available to this request")
     label = target.server_label
-    kind = {ToolType.CODE_INTERPRETER: "python", ToolType.WEB_SEARCH: "browser"}.get(target.tool_type) or builtin_kind(label or "")
+    kind = ({ToolType.CODE_INTERPRETER: "python", ToolType.WEB_SEARCH: "browser"}.get(target.tool_type)
+            or builtin_kind(label or ""))
     if label is not None:
         if not registry.allows(label, target.name):
-            return rejection(ToolErrorKind.NOT_ENABLED, f"the tool {target.name!r} of MCP server {label!r} is not allowed")
+            return rejection(ToolErrorKind.NOT_ENABLED,
+                             f"the tool {target.name!r} of MCP server {label!r} is not allowed")
         names = registry.listed_names(label)  # None: built-in, or the listing failed
         if names is not None and target.name not in names:
             return rejection(ToolErrorKind.UNKNOWN_RECIPIENT, f"MCP server {label!r} has no tool {target.name!r}")

@@ -70,7 +70,7 @@ class ServerSpec:
         where = self.url if self.url else " ".join(self.command)
         return f"{self.label} ({where})"
 
-    def with_headers(self, headers: dict[str, str]) -> "ServerSpec":
+    def with_headers(self, headers: dict[str, str]) -> ServerSpec:
         if not headers or self.is_stdio:
             return self
         merged = dict(self.headers) | headers

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from trainer.facts import FACTS
 from trainer.names import CITIES, COUNTRIES, CURRENCIES, PEOPLE, SKIES, STATUSES, SYMBOLS, WORDS
@@ -73,7 +73,8 @@ _OPS = {"*": ("Multiply {a}*{b}", "Multiply {a} by {b}", "What is {a}*{b}?", "Co
         "**": ("What is {a}**{b}?", "Compute {a}**{b}", "Raise {a} to the power {b}")}
 _PY_SUFFIX = {"mcp": (" using the mcp.code_interpreter tool.", " Use the mcp.code_interpreter tool.",
                       " using the code_interpreter tool."),
-              "builtin": (" Use python.", " using python.", " with the code_interpreter tool.", " Use the python tool.")}
+              "builtin": (" Use python.", " using python.", " with the code_interpreter tool.",
+                          " Use the python tool.")}
 
 
 def _python_tools(rng: random.Random, kind: str) -> list[dict]:
@@ -215,7 +216,7 @@ def _browser():
     return Browser(Corpus.from_directories())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _search_and_open(query: str) -> tuple[str, str]:
     """What the browser shows a fresh session for search(query, topn 3), then open(0)."""
     browser, session = _browser(), "trainer"

@@ -246,7 +246,8 @@ def evaluate(model, sequences, families, to_live, num_dead, batch_tokens) -> tup
     return sum(losses) / len(losses), shares
 
 
-def sequences_for(seed: int, n: int, prefix: str, mix=None, group: int = 1) -> tuple[list[Sequence], list[str], list[int]]:
+def sequences_for(seed: int, n: int, prefix: str, mix=None,
+                  group: int = 1) -> tuple[list[Sequence], list[str], list[int]]:
     """Rendered tasks, their families and their groups."""
     tasks = generate(seed, n, prefix, dict(mix) if mix else None, group)
     return [render_sequence(t.body, t.steps) for t in tasks], [t.family for t in tasks], [t.group for t in tasks]

@@ -1,7 +1,6 @@
 """The engine end to end on a real tiny checkpoint, against the transformers reference."""
 
 import pytest
-import torch
 
 from engine.api import Backend, SamplingParams
 from engine.factory import load_backend

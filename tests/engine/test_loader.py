@@ -11,7 +11,6 @@ from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tenso
 
 from engine.attention import AttentionMetadata
 from engine.api import ModelLoadError
-from engine.checkpoint import make_random_checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.loader import dequantize_mxfp4, load_model
 from engine.model import GptOssModel, allocate_kv_cache, kv_cache_bytes_per_block

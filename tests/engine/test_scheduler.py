@@ -224,6 +224,16 @@ def test_abort_between_schedule_and_postprocess_drops_the_sampled_token():
     assert_all_blocks_free(scheduler)
 
 
+def test_only_requests_that_ask_for_logprobs_get_them_in_a_shared_batch():
+    scheduler = make_scheduler()
+    add(scheduler, "asks", prompt(5, seed=1), greedy(2, logprobs=0))
+    add(scheduler, "plain", prompt(5, seed=2), greedy(2))
+    batch = scheduler.schedule()
+    sampled = FakeModel(scheduler.block_manager).step(batch)
+    outputs = scheduler.postprocess(batch, sampled, [-0.5, None])  # as Sampler.logprobs returns them
+    assert {out.seq.request_id: out.logprobs for out in outputs} == {"asks": [-0.5], "plain": None}
+
+
 # -- finishing -------------------------------------------------------------------
 def test_a_stop_token_finishes_with_stop_and_is_part_of_the_output():
     ids = prompt(7, seed=3)

@@ -11,7 +11,8 @@ from engine.checkpoint import VOCAB_SIZE
 from trainer.fast_forward import hidden_states
 from trainer.train import TrainConfig, build_model, exact_loss, first_token_aliases, train
 
-SMOKE = TrainConfig(steps=12, copy_steps=3, num_tasks=40, num_held_out=20, batch_tokens=1500, lr=1e-2, warmup=2, eval_every=6,
+SMOKE = TrainConfig(steps=12, copy_steps=3, num_tasks=40, num_held_out=20, batch_tokens=1500, lr=1e-2,
+                    warmup=2, eval_every=6,
                     shape=tuple(dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                      num_key_value_heads=2, head_dim=16, intermediate_size=32,
                                      num_local_experts=2, num_experts_per_tok=1).items()))
