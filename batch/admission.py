@@ -72,15 +72,15 @@ def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCat
                 raise AdmissionError(f"tools[{index}].server_label: {exc}") from None
 
 
-def _invalid(run_id: str, line: InputLine, message: str) -> Admission:
+def _invalid(run_id: str, line: InputLine, message: str | None) -> Admission:
     return Admission(result=line_result(run_id, line, RequestStatus.INVALID, message))
 
 
 def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Admission:
     """Check a line: `prepared` to list its servers and admit, or an `invalid` result."""
-    if not line.is_valid:
-        return _invalid(run_id, line, line.error)
     request = line.request
+    if not line.is_valid or request is None:  # is_valid: no error and a request
+        return _invalid(run_id, line, line.error)
     try:
         items = conversation_items(request, store)
         tools = request.tool_dicts()

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,7 +24,7 @@ from batch.submit import run_submit, set_threads as _set_threads, submit_options
 @click.option("--run-id", help="Id for a new run (default: generated).")
 @click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
 @submit_options
-def submit(input_path: Path, db: str, **values) -> None:
+def submit(input_path: Path, db: str, **values: Any) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
     options, backend = submit_plan(input_path, db, values)
     run_submit(options, backend, db=db, quiet=values["quiet"])
@@ -117,7 +119,7 @@ def make_random_model(directory: Path, seed: int) -> None:
               help="Requests of the host system's seeded mix (~280 output tokens each).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table.")
-def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw) -> None:
+def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw: Any) -> None:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
     `host` measures the host path alone."""
     from batch.rows import BenchRow
@@ -127,9 +129,9 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
     rows = _engine_bench(model_dir, preset, workloads, [s for s in names if s != "host"], kw)
     if "host" in names:
         rows.append(_host_bench(kw["host_requests"], kw["seed"]))
-    rows = [BenchRow(bench_id=bench_id, started_at=started, **row) for row in rows]
+    bench_rows = [BenchRow(bench_id=bench_id, started_at=started, **row) for row in rows]
     with _open_store(db) as store:
-        store.write_bench(rows)
+        store.write_bench(bench_rows)
     click.echo(f"results in {db} (bench_id {bench_id})")
 
 
@@ -144,7 +146,7 @@ def _engine_bench(model_dir: Path | None, preset: str, workloads: str, systems: 
     try:
         loads = benchmark.make_workloads(workloads.split(","), kw["num_requests"], kw["seed"])
     except ValueError as exc:
-        raise click.UsageError(str(exc))
+        raise click.UsageError(str(exc)) from exc
     results, rows = [], []
     engine_options = {"kv_cache_gb": kw["kv_cache_gb"], "max_num_seqs": kw["max_num_seqs"]}
     for workload in loads:
@@ -188,12 +190,10 @@ def _bench_model(preset: str) -> Path:
 
     directory = Path(".cache") / "models" / f"bench-{preset}"
     if not (directory / "config.json").exists():
-        make_random_checkpoint(directory, seed=0, dtype=torch.bfloat16,
-                               **(MEDIUM_CONFIG if preset == "medium" else {}))
+        overrides: dict[str, Any] = MEDIUM_CONFIG if preset == "medium" else {}
+        make_random_checkpoint(directory, seed=0, dtype=torch.bfloat16, **overrides)
     return directory
 
 
-def _now_utc():
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)
+def _now_utc() -> datetime:
+    return datetime.now(UTC)

@@ -6,16 +6,24 @@ import contextlib
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from batch.status import RequestStatus, ResponseStatus
 
+if TYPE_CHECKING:
+    from batch.runner import Runner, RunSummary
+
 STATUSES = tuple(RequestStatus)
+
+# What the runner calls after each write: (the runner, requests just written).
+Progress = Callable[["Runner", int], None]
 
 
 @contextlib.contextmanager
-def progress_bar(*, quiet: bool = False):
+def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
     """Yields a callback for the runner: requests written so far, tokens/s."""
     if quiet:
         yield None
@@ -24,7 +32,7 @@ def progress_bar(*, quiet: bool = False):
     bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="requests")
     start = time.monotonic()
 
-    def update(runner, written: int) -> None:
+    def update(runner: Runner, written: int) -> None:
         if bar.total is None and runner.num_input_requests is not None:
             bar.total = runner.num_input_requests
         if bar.n == 0 and runner.skipped:
@@ -41,7 +49,7 @@ def progress_bar(*, quiet: bool = False):
         bar.close()
 
 
-def summary_text(summary, db: str) -> str:
+def summary_text(summary: RunSummary, db: str) -> str:
     """The end-of-run summary: counts per status, tokens, time, ignored fields."""
     verb = "resumed" if summary.resumed else "finished"
     counts = ", ".join(f"{summary.statuses.get(s, 0)} {s}" for s in STATUSES)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from openai_harmony import (
     Author,
@@ -59,7 +60,7 @@ class PromptOptions:
     knowledge_cutoff: str = KNOWLEDGE_CUTOFF
 
 
-def _text_of(content: object) -> str:
+def _text_of(content: str | list[dict[str, Any]] | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content or [])

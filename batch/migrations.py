@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import duckdb
 import pyarrow as pa
 
-from batch.rows import SCHEMAS, is_json
+from batch.rows import is_json
 from batch.status import ResponseStatus, ToolCallStatus
 from tools.kinds import MODEL_ERROR_KINDS
 
@@ -284,7 +284,7 @@ def migrate(con: duckdb.DuckDBPyConnection, *, upto: int | None = None) -> list[
         try:
             migration(con)
             con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
-                        [version, migration.__name__, datetime.now(timezone.utc)])
+                        [version, migration.__name__, datetime.now(UTC)])
             con.commit()
         except BaseException:
             con.rollback()

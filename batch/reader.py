@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, TypeAlias
 
 import pyarrow.parquet as pq
 
@@ -27,6 +29,8 @@ _SCAN_CHUNK_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
 _ROUTE = {"method": "POST", "url": "/v1/responses"}
+# A binary stream read line by line: an open file, a GzipFile, a BufferedReader.
+ByteStream: TypeAlias = BinaryIO | io.BufferedIOBase
 
 
 class InputFormatError(ValueError):
@@ -137,7 +141,7 @@ def _read_jsonl_file(path: Path, compressed: bool, max_line_bytes: int) -> Itera
         yield from iter_jsonl(handle, max_line_bytes=max_line_bytes)
 
 
-def iter_jsonl(handle: BinaryIO, *,
+def iter_jsonl(handle: ByteStream, *,
                max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[InputLine]:
     """InputLines from a binary JSONL stream, read one line at a time."""
     lines = LineParser()
@@ -156,7 +160,7 @@ def iter_jsonl(handle: BinaryIO, *,
         yield lines.parse(line_no, value)
 
 
-def _physical_lines(handle: BinaryIO,
+def _physical_lines(handle: ByteStream,
                     max_line_bytes: int) -> Iterator[tuple[int, bytes | None, int]]:
     """(line_no, bytes without the newline, size); bytes is None past the limit.
 
@@ -177,7 +181,7 @@ def _physical_lines(handle: BinaryIO,
             yield line_no, None, _skip_rest(handle, len(data))
 
 
-def _skip_rest(handle: BinaryIO, size: int) -> int:
+def _skip_rest(handle: ByteStream, size: int) -> int:
     """Read to the end of the current line; its total size without the newline."""
     while True:
         chunk = handle.readline(_CHUNK_BYTES)
@@ -298,7 +302,8 @@ class LineParser:
         problem = problem or duplicate
         if problem is None and envelope:
             problem = _envelope_problem(value, route_required=not wrapped)
-        request, ignored = None, []
+        request: ResponsesRequest | None = None
+        ignored: list[str] = []
         if problem is None:
             try:
                 request, ignored = parse_request(body)

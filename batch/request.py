@@ -11,10 +11,13 @@ import copy
 import hashlib
 import json
 import re
-from typing import Annotated, Any, Callable, Literal, Union
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag,
                       ValidationError)
+from pydantic_core import ErrorDetails
 
 # Accepted so that requests written for the API run unchanged, but with no
 # effect here: there is no streaming to a client, no server-side store, etc.
@@ -25,8 +28,9 @@ IGNORED_FIELDS = frozenset({
 })
 REDACTED = "[redacted]"
 SUPPORTED_TOOL_TYPES = ("function", "code_interpreter", "web_search", "web_search_preview", "mcp")
-_WEB_SEARCH_TYPES = ("web_search", "web_search_preview", "web_search_2025_08_26",
-                     "web_search_preview_2025_03_11")
+WebSearchType = Literal["web_search", "web_search_preview", "web_search_2025_08_26",
+                        "web_search_preview_2025_03_11"]
+_WEB_SEARCH_TYPES: tuple[str, ...] = typing.get_args(WebSearchType)
 
 
 class RequestError(ValueError):
@@ -59,16 +63,23 @@ def _tagged(*choices: tuple[str, Any], tag: Callable[[Any], str | None]) -> Any:
     return Annotated[Union[members], Discriminator(tag)]  # noqa: UP007 - built from a tuple
 
 
+_SHAPES: dict[type, str] = {str: "str", list: "list", dict: "dict"}
+
+
 def _shape(value: Any) -> str | None:
-    return {str: "str", list: "list", dict: "dict"}.get(type(value))
+    return _SHAPES.get(type(value))
 
 
 def _str_or(other: Any, message: str, shape: str = "list") -> Any:
     """`str | other`, picked by the input's JSON shape, with one error if neither."""
-    return Annotated[Union[(Annotated[str, Tag("str")], Annotated[other, Tag(shape)])],
+    return Annotated[Annotated[str, Tag("str")] | Annotated[other, Tag(shape)],
                      Discriminator(_shape, custom_error_type="invalid_shape",
                                    custom_error_message=message)]
 
+
+# The unions below are built at runtime (`_tagged`, `_str_or`) for pydantic, which a
+# type checker cannot read as types: under TYPE_CHECKING each is spelt as the plain
+# union it validates to. Keep the two spellings of each alias in step.
 
 # --- content parts ---------------------------------------------------------
 
@@ -99,8 +110,17 @@ class ReasoningText(_Strict):
     text: str
 
 
-MessagePart = _tagged(("input_text", InputText), ("output_text", OutputText), ("text", PlainText),
-                      tag=_tag_of())
+if TYPE_CHECKING:
+    MessagePart: TypeAlias = InputText | OutputText | PlainText
+    MessageContent: TypeAlias = str | list[MessagePart]
+    CallOutput: TypeAlias = str | list[InputText]
+    StrOrObject: TypeAlias = str | dict[str, Any]
+else:
+    MessagePart = _tagged(("input_text", InputText), ("output_text", OutputText), ("text", PlainText),
+                          tag=_tag_of())
+    MessageContent = _str_or(list[MessagePart], "expected a string or a list of content parts")
+    CallOutput = _str_or(list[InputText], "expected a string or a list of input_text parts")
+    StrOrObject = _str_or(dict[str, Any], "expected a string or an object", "dict")
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
@@ -109,7 +129,7 @@ ItemStatus = Literal["in_progress", "completed", "incomplete"]
 class MessageItem(_Strict):
     type: Literal["message"] | None = None
     role: Literal["user", "system", "developer", "assistant"]
-    content: _str_or(list[MessagePart], "expected a string or a list of content parts")
+    content: MessageContent
     id: str | None = None
     status: ItemStatus | None = None
 
@@ -126,7 +146,7 @@ class FunctionCallItem(_Strict):
 class FunctionCallOutputItem(_Strict):
     type: Literal["function_call_output"]
     call_id: str
-    output: _str_or(list[InputText], "expected a string or a list of input_text parts")
+    output: CallOutput
     id: str | None = None
     status: ItemStatus | None = None
 
@@ -140,16 +160,21 @@ class ReasoningItem(_Strict):
     status: ItemStatus | None = None
 
 
-class HostedItem(BaseModel):
-    """An output item of a previous response pasted back; the renderer decides."""
-
+class _Hosted(BaseModel):
+    # The fields of HostedItem and McpCallItem; each narrows `type` to its own tags.
     model_config = ConfigDict(extra="allow", strict=True)
 
-    type: Literal["mcp_list_tools", "code_interpreter_call", "web_search_call"]
+    type: str
     id: str | None = None
 
 
-class McpCallItem(HostedItem):
+class HostedItem(_Hosted):
+    """An output item of a previous response pasted back; the renderer decides."""
+
+    type: Literal["mcp_list_tools", "code_interpreter_call", "web_search_call"]
+
+
+class McpCallItem(_Hosted):
     type: Literal["mcp_call"]
     # The renderer addresses the call as `<server_label>.<name>`.
     server_label: str
@@ -163,12 +188,18 @@ def _item_tag(value: Any) -> str | None:
     return _tag_of()(value)
 
 
-InputItem = _tagged(
-    ("message", MessageItem), ("function_call", FunctionCallItem),
-    ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem),
-    ("mcp_call", McpCallItem), ("mcp_list_tools", HostedItem),
-    ("code_interpreter_call", HostedItem), ("web_search_call", HostedItem),
-    tag=_item_tag)
+if TYPE_CHECKING:
+    InputItem: TypeAlias = (MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+                            | McpCallItem | HostedItem)
+    RequestInput: TypeAlias = str | list[InputItem]
+else:
+    InputItem = _tagged(
+        ("message", MessageItem), ("function_call", FunctionCallItem),
+        ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem),
+        ("mcp_call", McpCallItem), ("mcp_list_tools", HostedItem),
+        ("code_interpreter_call", HostedItem), ("web_search_call", HostedItem),
+        tag=_item_tag)
+    RequestInput = _str_or(list[InputItem], "expected a string or a list of input items")
 
 
 # --- tools -----------------------------------------------------------------
@@ -184,11 +215,11 @@ class FunctionTool(_Strict):
 
 class CodeInterpreterTool(_Strict):
     type: Literal["code_interpreter"]
-    container: _str_or(dict[str, Any], "expected a string or an object", "dict") | None = None
+    container: StrOrObject | None = None
 
 
 class WebSearchTool(_Strict):
-    type: Literal[_WEB_SEARCH_TYPES]
+    type: WebSearchType
     search_context_size: Literal["low", "medium", "high"] | None = None
     user_location: dict[str, Any] | None = None
     filters: dict[str, Any] | None = None
@@ -207,16 +238,19 @@ class McpTool(_Strict):
     headers: dict[str, str] | None = None
     authorization: str | None = None
     allowed_tools: Annotated[
-        Union[(Annotated[list[str], Tag("list")], Annotated[McpToolFilter, Tag("dict")])],
+        Annotated[list[str], Tag("list")] | Annotated[McpToolFilter, Tag("dict")],
         Discriminator(_shape, custom_error_type="invalid_shape",
                       custom_error_message="expected a list of names or an object")] | None = None
-    require_approval: _str_or(dict[str, Any], "expected a string or an object", "dict") | None = None
+    require_approval: StrOrObject | None = None
     server_description: str | None = None
 
 
-Tool = _tagged(("function", FunctionTool), ("code_interpreter", CodeInterpreterTool),
-               ("web_search", WebSearchTool), ("mcp", McpTool),
-               tag=_tag_of({kind: "web_search" for kind in _WEB_SEARCH_TYPES}))
+if TYPE_CHECKING:
+    Tool: TypeAlias = FunctionTool | CodeInterpreterTool | WebSearchTool | McpTool
+else:
+    Tool = _tagged(("function", FunctionTool), ("code_interpreter", CodeInterpreterTool),
+                   ("web_search", WebSearchTool), ("mcp", McpTool),
+                   tag=_tag_of({kind: "web_search" for kind in _WEB_SEARCH_TYPES}))
 
 
 # --- tool_choice -----------------------------------------------------------
@@ -243,8 +277,12 @@ def _choice_tag(value: Any) -> str | None:
                     "web_search_preview": "hosted"})(value)
 
 
-ToolChoice = _tagged(("mode", Literal["auto", "none", "required"]), ("function", FunctionChoice),
-                     ("mcp", McpChoice), ("hosted", HostedChoice), tag=_choice_tag)
+ToolMode = Literal["auto", "none", "required"]
+if TYPE_CHECKING:
+    ToolChoice: TypeAlias = ToolMode | FunctionChoice | McpChoice | HostedChoice
+else:
+    ToolChoice = _tagged(("mode", ToolMode), ("function", FunctionChoice),
+                         ("mcp", McpChoice), ("hosted", HostedChoice), tag=_choice_tag)
 
 
 # --- the request -----------------------------------------------------------
@@ -264,7 +302,7 @@ Metadata = Annotated[
 class ResponsesRequest(_Strict):
     """The supported part of a Responses API request body (ignored fields removed)."""
 
-    input: _str_or(list[InputItem], "expected a string or a list of input items")
+    input: RequestInput
     instructions: str | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice = "auto"
@@ -372,7 +410,7 @@ def _readable(exc: ValidationError, data: dict) -> RequestError:
     return RequestError(field, message)
 
 
-def _one_error(error: dict, data: dict) -> tuple[str, str]:
+def _one_error(error: ErrorDetails, data: dict) -> tuple[str, str]:
     kind, ctx = error["type"], error.get("ctx") or {}
     path, value = _path_of(error["loc"], data, keep_last=kind == "missing")
     if kind == "missing":

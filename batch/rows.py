@@ -200,7 +200,7 @@ def _arrow_field(name: str, hint: Any) -> pa.Field:
         hint = next(arg for arg in args if arg is not type(None))
         args = typing.get_args(hint)
     if typing.get_origin(hint) is Annotated:
-        base, mark = args[0], args[1]
+        mark = args[1]
         if mark in (_JsonValue, _JsonText):
             return pa.field(name, pa.string(), metadata=JSON_METADATA)
         return pa.field(name, mark)
@@ -269,7 +269,7 @@ class EventColumns:
         return len(self.sequence_number)  # type: ignore[attr-defined]
 
 
-def events_to_arrow(owners: list[tuple[str, str]], columns: list[EventColumns]) -> pa.Table:
+def events_to_arrow(owners: list[tuple[str, str | None]], columns: list[EventColumns]) -> pa.Table:
     """One Arrow table of the events of several responses: (run_id, response_id) each."""
     data: dict[str, list] = {"run_id": [], "response_id": []}
     data.update({name: [] for name in EVENT_COLUMNS})

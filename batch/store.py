@@ -15,7 +15,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ def _loads(value: str | None) -> Any:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _is_lock_error(error: duckdb.Error) -> bool:
@@ -83,7 +83,7 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- helpers -----------------------------------------------------------
@@ -169,7 +169,8 @@ class Store:
     def finished_line_numbers(self, run_id: str, *,
                               statuses: tuple[str, ...] | None = None) -> set[int]:
         """Line numbers that have a requests row in this run (only ``statuses`` if given)."""
-        query, params = "SELECT line_no FROM requests WHERE run_id = ?", [run_id]
+        query = "SELECT line_no FROM requests WHERE run_id = ?"
+        params: list[str | list[str]] = [run_id]
         if statuses is not None:
             query += " AND list_contains(?, status)"
             params.append(list(statuses))
@@ -190,7 +191,7 @@ class Store:
         return ResultWriter(self.con.cursor())
 
     @contextlib.contextmanager
-    def _transaction(self):
+    def _transaction(self) -> Iterator[None]:
         with _transaction(self.con):
             yield
 

@@ -8,6 +8,10 @@ import hashlib
 import os
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from openai_harmony import HarmonyEncoding
 
 O200K_FILE = "o200k_base.tiktoken"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -57,7 +61,7 @@ def ensure_vocabulary(cache_dir: Path | None = None) -> Path:
 
 
 @functools.cache
-def harmony_encoding():
+def harmony_encoding() -> HarmonyEncoding:
     """The gpt-oss harmony encoding, loaded offline."""
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 

@@ -60,7 +60,8 @@ def test_input_items_map_to_harmony_messages():
     text, _ = render({"input": items, "tools": [WEATHER]})
     assert "<|start|>developer<|message|>Use metric.<|end|>" in text
     assert "<|start|>assistant<|channel|>analysis<|message|>Call it.<|end|>" in text
-    assert "to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>" in text
+    assert ("to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>"
+            in text)
     assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"t\":18}<|end|>" in text
 
 

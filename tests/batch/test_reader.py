@@ -409,7 +409,7 @@ def test_scan_counts_lines_split_across_chunks_and_gzip_members(tmp_path, monkey
     import batch.reader as reader
 
     monkeypatch.setattr(reader, "_SCAN_CHUNK_BYTES", 7)  # lines and blanks straddle chunks
-    lines = ['{"input": "%d"}' % i for i in range(40)]
+    lines = [f'{{"input": "{i}"}}' for i in range(40)]
     packed = tmp_path / "in.jsonl.gz"
     first, second = "\n".join(lines[:25]) + "\n\n  \n", "\n".join(lines[25:]) + "\n"
     packed.write_bytes(gzip.compress(first.encode()) + gzip.compress(second.encode()))  # two members

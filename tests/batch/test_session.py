@@ -1,7 +1,5 @@
 """A session driven by hand-written completion tokens: items, events, turns, usage."""
 
-import pytest
-
 from tests.oracles import validate_event
 from openai.types.responses import Response
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -18,10 +18,10 @@ import pytest
 from batch.migrations import MIGRATIONS, duckdb_type, migrate
 from batch.rows import (SCHEMAS, EventColumns, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
                         ToolCallRow, TurnRow, dumps)
-from batch.store import Store, StoreLockedError
+from batch.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 # Exact DESCRIBE output after all migrations; TSTZ = TIMESTAMP WITH TIME ZONE.
 EXPECTED_DDL = {

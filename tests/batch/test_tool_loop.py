@@ -173,7 +173,8 @@ def test_model_errors_are_answered_and_counted(tmp_path, store):
     last_prompt = max((a for a in backend.added if "mistakes" in harmony_encoding().decode_utf8(
         a.prompt_token_ids)), key=lambda a: len(a.prompt_token_ids))
     text = harmony_encoding().decode_utf8(last_prompt.prompt_token_ids)
-    assert "<|start|>echo.add to=assistant<|channel|>commentary<|message|>Error: the arguments are not valid JSON" in text
+    assert ("<|start|>echo.add to=assistant<|channel|>commentary<|message|>Error: the arguments are not valid JSON"
+            in text)
     assert "Error: the tool 'python' is not enabled for this request" in text
     assert "Error: no tool named 'nowhere.tool' is available to this request" in text
     notes = store.get_run(summary.run_id)["notes"]["tool_errors"]

@@ -9,7 +9,7 @@ from batch import vocab
 
 def test_unpacks_verifies_and_points_harmony_at_the_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
-    directory = vocab.ensure_vocabulary(tmp_path)
+    assert vocab.ensure_vocabulary(tmp_path) == tmp_path
     assert (tmp_path / vocab.O200K_FILE).exists()
     assert os.environ["TIKTOKEN_ENCODINGS_BASE"] == str(tmp_path)
 
