@@ -178,7 +178,7 @@ class Runner:
         lines = self._lines(done)
         n_lines, self.skipped = 0, len(done)
         status = RunStatus.FAILED
-        self.writer = self.store.background_writer()
+        self.writer = self.store.background_writer(max_unwritten=self.options.max_inflight)
         try:
             exhausted = False
             while not exhausted or self.sessions or self.awaiting or self.listing:
@@ -194,10 +194,7 @@ class Runner:
                 if self.sessions:
                     self._step()
                 self._resume_tool_calls(block=not self.sessions)
-                idle = not (self.sessions or self.awaiting or self.listing)
-                self._flush(force=idle)
-                if idle and not exhausted:
-                    self.writer.wait_idle()  # only unwritten results hold the reader back
+                self._flush(force=not (self.sessions or self.awaiting or self.listing))
             # A --limit run stops early on purpose: a plain rerun continues it.
             status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
         except KeyboardInterrupt:
@@ -241,8 +238,8 @@ class Runner:
                 yield line
 
     def _num_inflight(self) -> int:
-        return (len(self.sessions) + len(self.awaiting) + len(self.listing) + len(self.pending)
-                + self.writer.num_unwritten)
+        # Results handed to the writer are bounded by the writer (submit waits for room).
+        return len(self.sessions) + len(self.awaiting) + len(self.listing) + len(self.pending)
 
     def _read(self, line: InputLine) -> None:
         try:

@@ -34,6 +34,7 @@ _RUN_JSON = ("engine_config", "options", "notes")
 # A hosted tool call's answer event (groups: the tool type, its status).
 _TOOL_ANSWER = r"response\.(code_interpreter|web_search|mcp)_call\.(completed|failed)"
 _register_ids = count()
+CHECKPOINT_THRESHOLD = "256MB"
 
 
 class StoreLockedError(RuntimeError):
@@ -75,6 +76,10 @@ class Store:
             raise
         if not read_only:
             migrate(self.con)
+            # DuckDB checkpoints every 16 MB of WAL by default: on a run that writes events
+            # per token that costs more than the inserts, and the many small checkpoints
+            # leave a file ~1.8x larger. Uncheckpointed data is held in memory until then.
+            self.con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
 
     def close(self) -> None:
         """Close the connection (committed data is already durable)."""
@@ -186,9 +191,9 @@ class Store:
         """
         _write_results(self.con, results, replace_lines)
 
-    def background_writer(self) -> ResultWriter:
+    def background_writer(self, max_unwritten: int = 256) -> ResultWriter:
         """A `ResultWriter` on its own cursor: results are written while the caller goes on."""
-        return ResultWriter(self.con.cursor())
+        return ResultWriter(self.con.cursor(), max_unwritten)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -539,18 +544,17 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
             **{name: to_arrow(name, rows) for name, rows in traces.items()}}
 
 
-def _delete_lines(con: duckdb.DuckDBPyConnection, new_requests: str) -> None:
-    """Delete requests rows on the lines of ``new_requests`` and what hangs off them."""
+def _delete_statements(new_requests: str) -> list[str]:
+    """Statements deleting the requests rows on the lines of ``new_requests`` and what hangs off them."""
     # The requests rows go last: they say which responses are old.
     old = f"""(SELECT q.run_id, q.response_id FROM requests q
                JOIN {new_requests} k USING (run_id, line_no)
                WHERE q.response_id IS NOT NULL) o"""
-    for table in ("responses", *_TRACE_TABLES):
-        con.execute(f"""DELETE FROM {table} t USING {old}
-            WHERE t.run_id = o.run_id AND t.response_id = o.response_id""")
-    con.execute(f"""
-        DELETE FROM requests q USING {new_requests} k
-        WHERE q.run_id = k.run_id AND q.line_no = k.line_no""")
+    statements = [f"""DELETE FROM {table} t USING {old}
+                      WHERE t.run_id = o.run_id AND t.response_id = o.response_id"""
+                  for table in ("responses", *_TRACE_TABLES)]
+    return [*statements, f"""DELETE FROM requests q USING {new_requests} k
+                             WHERE q.run_id = k.run_id AND q.line_no = k.line_no"""]
 
 
 @contextlib.contextmanager
@@ -576,12 +580,13 @@ def _write_results(con: duckdb.DuckDBPyConnection, results: list[RequestResult],
         if data.num_rows:
             names[table] = f"_batchrun_arrow_{next(_register_ids)}"
             con.register(names[table], data)
+    statements = _delete_statements(names["requests"]) if replace_lines else []
+    statements += [f"INSERT INTO {table} BY NAME SELECT * FROM {name}" for table, name in names.items()]
     try:
+        # One call for the whole transaction: each call hands the GIL over and back, and
+        # the writer thread may wait a switch interval for it each time.
         with _transaction(con):
-            if replace_lines:
-                _delete_lines(con, names["requests"])
-            for table, name in names.items():
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
+            con.execute(";\n".join(statements))
     finally:
         for name in names.values():
             con.unregister(name)
@@ -590,19 +595,19 @@ def _write_results(con: duckdb.DuckDBPyConnection, results: list[RequestResult],
 class ResultWriter:
     """Writes batches of results in order on a thread of its own, through its own cursor.
 
-    DuckDB runs an insert without holding the GIL, so on a second core the writes
-    overlap the parsing of the next tokens. `submit` blocks while `MAX_QUEUED`
-    batches wait (memory stays bounded); `num_unwritten` counts results handed over
-    but not yet committed; an error of the thread is raised again by the next
-    `submit` or by `close`, and nothing after it is written.
+    The decode loop hands a batch over and goes on; batches that queue up while one
+    is written go out together, in one transaction. (Measured here: DuckDB 2.0's
+    Python client holds the GIL for most of an insert, so on CPU the writes and the
+    parsing still take turns; the thread saves the loop the waits, not the work.) `submit` blocks while the writer
+    holds `max_unwritten` results (memory stays bounded); an error of the thread is
+    raised again by the next `submit` or by `close`, and nothing after it is written.
     """
 
-    MAX_QUEUED = 4
-
-    def __init__(self, con: duckdb.DuckDBPyConnection):
+    def __init__(self, con: duckdb.DuckDBPyConnection, max_unwritten: int):
         self._con = con
-        self._queue: queue.Queue = queue.Queue(maxsize=self.MAX_QUEUED)
-        self._lock = threading.Lock()
+        self.max_unwritten = max_unwritten
+        self._queue: queue.Queue = queue.Queue()
+        self._space = threading.Condition()
         self.num_unwritten = 0
         self.num_written = 0
         self.error: BaseException | None = None
@@ -611,27 +616,47 @@ class ResultWriter:
 
     def submit(self, results: list[RequestResult], *, replace_lines: bool) -> None:
         """Queue a batch (``replace_lines`` as in `Store.write_results`)."""
-        self._raise_error()
-        with self._lock:
+        with self._space:
+            while (self.num_unwritten and self.num_unwritten + len(results) > self.max_unwritten
+                   and self.error is None):
+                self._space.wait()
+            self._raise_error()
             self.num_unwritten += len(results)
         self._queue.put((results, replace_lines))
 
+    def _take(self) -> tuple[list[RequestResult], bool, int, bool]:
+        """The next batch merged with any queued behind it: (results, replace, batches, stop)."""
+        first = self._queue.get()
+        if first is None:
+            return [], False, 1, True
+        results, replace_lines = list(first[0]), first[1]
+        taken, stop = 1, False
+        while not self._queue.empty():
+            more = self._queue.get_nowait()
+            taken += 1
+            if more is None:
+                stop = True
+                break
+            results.extend(more[0])
+            replace_lines = replace_lines or more[1]
+        return results, replace_lines, taken, stop
+
     def _loop(self) -> None:
-        while True:
-            batch = self._queue.get()
-            if batch is None:
-                return
-            results, replace_lines = batch
+        stop = False
+        while not stop:
+            results, replace_lines, taken, stop = self._take()
             try:
-                if self.error is None:
+                if self.error is None and results:
                     _write_results(self._con, results, replace_lines)
                     self.num_written += len(results)
             except BaseException as exc:  # handed to the caller's thread
                 self.error = exc
             finally:
-                with self._lock:
+                with self._space:
                     self.num_unwritten -= len(results)
-                self._queue.task_done()
+                    self._space.notify_all()
+                for _ in range(taken):
+                    self._queue.task_done()
 
     def wait_idle(self) -> None:
         """Block until every queued batch is written; raises the thread's error, if any."""

@@ -115,9 +115,10 @@ def test_read_ahead_and_requests_in_flight_stay_within_max_inflight(tmp_path, st
                                                             - num_written(store))))
     summary = run(store, backend, path, max_inflight=2)
     assert summary.statuses == Counter(completed=20)
-    assert len(count_reads) == 20 and max(count_reads) == 2
+    # Two decoding, and at most two finished ones waiting for the writer.
+    assert len(count_reads) == 20 and max(count_reads) <= 2 * 2
     assert backend.max_num_running == 2 and max(running for running, _ in at_step) == 2
-    assert max(ahead for _, ahead in at_step) == 2
+    assert max(ahead for _, ahead in at_step) <= 2 * 2
     assert added_custom_ids(backend) == [f"c{n}" for n in range(1, 21)]
 
 
@@ -127,14 +128,18 @@ def test_invalid_lines_do_not_let_the_reader_run_ahead(tmp_path, store, count_re
              + [request(f"c{n}", "short") for n in range(13, 21)])
     summary = run(store, backend_for(), write_input(tmp_path / "in.jsonl", lines), max_inflight=2)
     assert summary.statuses == Counter(completed=10, invalid=10)
-    assert len(count_reads) == 20 and max(count_reads) == 2
+    assert len(count_reads) == 20 and max(count_reads) <= 2 * 2
 
 
 def test_results_are_written_as_requests_finish(tmp_path, store, monkeypatch):
     monkeypatch.setattr(runner_module, "FLUSH_S", 0.0)  # no batching by time: each loop hands results over
     writers = []
     start_writer = Store.background_writer
-    monkeypatch.setattr(Store, "background_writer", lambda self: writers.append(start_writer(self)) or writers[-1])
+    def keep_writer(self, **kw):
+        writers.append(start_writer(self, **kw))
+        return writers[-1]
+
+    monkeypatch.setattr(Store, "background_writer", keep_writer)
     path = write_input(tmp_path / "in.jsonl",
                        [request("c1", "short"), request("c2", "long"), request("c3", "long")])
     seen = []
