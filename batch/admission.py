@@ -40,13 +40,6 @@ class Prepared:
     registry: ToolRegistry
 
 
-@dataclass
-class Admission:
-    session: Session | None = None
-    result: RequestResult | None = None
-    prepared: Prepared | None = None
-
-
 class AdmissionError(ValueError):
     """The line is valid JSON and schema but cannot be run (names the field)."""
 
@@ -72,11 +65,11 @@ def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCat
                 raise AdmissionError(f"tools[{index}].server_label: {exc}") from None
 
 
-def _invalid(run_id: str, line: InputLine, message: str | None) -> Admission:
-    return Admission(result=line_result(run_id, line, RequestStatus.INVALID, message))
+def _invalid(run_id: str, line: InputLine, message: str | None) -> RequestResult:
+    return line_result(run_id, line, RequestStatus.INVALID, message)
 
 
-def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Admission:
+def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Prepared | RequestResult:
     """Check a line: `prepared` to list its servers and admit, or an `invalid` result."""
     request = line.request
     if not line.is_valid or request is None:  # is_valid: no error and a request
@@ -88,11 +81,11 @@ def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) 
         _check_servers(tools, registry, catalog)
     except AdmissionError as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
-    return Admission(prepared=Prepared(line, request, items, registry))
+    return Prepared(line, request, items, registry)
 
 
 def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
-          options: SessionOptions, run_id: str) -> Admission:
+          options: SessionOptions, run_id: str) -> Session | RequestResult:
     """Render a prepared line with its servers' listings: a Session, or an `invalid` result."""
     line, registry = prepared.line, prepared.registry
     # The response echoes the effort the prompt was rendered with (a run default included).
@@ -108,4 +101,4 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     session = Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids + forced_prefix,
                       registry=registry, options=options, seed=derive_seed(options.seed, line.custom_id),
                       line=line, input_items=prepared.items, forced_prefix=forced_prefix)
-    return Admission(session=session)
+    return session

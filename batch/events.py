@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
-from batch.rows import EventColumns, dumps
+from batch.rows import EventColumns, json_text
 from batch.status import ItemStatus, ResponseStatus
 
 
@@ -154,10 +154,12 @@ def _part(kind: ItemKind, text: str) -> dict:
 def item_body(item: OpenItem, status: ItemStatus) -> dict:
     """The output item as it appears in `output_item.*` events and the final response."""
     base = {"id": item.item_id, "type": item.kind.value}
+    content = [_part(item.kind, item.text)] if status != ItemStatus.IN_PROGRESS else []
+    body: dict[str, Any]
     if item.kind is ItemKind.REASONING:
-        body = {"summary": [], "content": [_part(item.kind, item.text)] if status != ItemStatus.IN_PROGRESS else []}
+        body = {"summary": [], "content": content}
     elif item.kind is ItemKind.MESSAGE:
-        body = {"role": "assistant", "content": [_part(item.kind, item.text)] if status != ItemStatus.IN_PROGRESS else []}
+        body = {"role": "assistant", "content": content}
     elif item.kind is ItemKind.FUNCTION_CALL:
         body = {"call_id": item.call_id, "name": item.name, "arguments": item.text}
     elif item.kind is ItemKind.CODE_INTERPRETER_CALL:
@@ -216,12 +218,19 @@ class ResponseEvents:
         event = {"type": type_, "sequence_number": len(self.columns), **fields}
         item_id = fields.get("item_id") or (fields.get("item") or {}).get("id")
         self._append(type_, fields.get("output_index"), fields.get("content_index"), item_id,
-                     dumps(event))
+                     json_text(event))
         return event
 
     def _require(self, *states: State) -> None:
         if self.state not in states:
             raise EventOrderError(f"event state is {self.state.value}, expected {[s.value for s in states]}")
+
+    def _current(self, state: State) -> OpenItem:
+        """The open item, in `state`."""
+        self._require(state)
+        if self.current is None:
+            raise EventOrderError(f"event state is {state.value} with no open item")
+        return self.current
 
     def _ids(self, item: OpenItem) -> dict:
         return {"item_id": item.item_id, "output_index": item.output_index}
@@ -277,6 +286,8 @@ class ResponseEvents:
         if not text:
             return
         item = self.current
+        if item is None:
+            raise EventOrderError("streaming with no open item")
         item.parts.append(text)
         delta = item.delta
         if delta is None:
@@ -287,8 +298,7 @@ class ResponseEvents:
 
     def close_item(self, status: ItemStatus = ItemStatus.COMPLETED) -> OpenItem:
         """The harmony message ended. Hosted tool calls then wait for `tool_result`."""
-        self._require(State.STREAMING)
-        item = self.current
+        item = self._current(State.STREAMING)
         self._emit_text_done(item)
         if item.kind.is_hosted_tool and status == ItemStatus.COMPLETED:
             if item.kind in _TOOL_RUNNING:
@@ -301,7 +311,7 @@ class ResponseEvents:
     def _emit_text_done(self, item: OpenItem) -> None:
         ids = self._ids(item)
         if item.kind in (ItemKind.REASONING, ItemKind.MESSAGE):
-            extra = {"logprobs": []} if item.kind is ItemKind.MESSAGE else {}
+            extra: dict[str, list] = {"logprobs": []} if item.kind is ItemKind.MESSAGE else {}
             self._emit(_TEXT_DONE[item.kind], **ids, content_index=0, text=item.text, **extra)
             self._emit("response.content_part.done", **ids, content_index=0,
                        part=_part(item.kind, item.text))
@@ -325,8 +335,7 @@ class ResponseEvents:
         An MCP error string becomes the SDK's `mcp_tool_execution_error` object; pass a
         dict for the other error types (protocol, http).
         """
-        self._require(State.AWAITING_TOOL)
-        item = self.current
+        item = self._current(State.AWAITING_TOOL)
         item.extra.update(extra)
         if item.kind is ItemKind.MCP_CALL:
             if isinstance(error, str):
@@ -346,7 +355,7 @@ class ResponseEvents:
         if self.state is State.STREAMING:
             self.close_item(ItemStatus.INCOMPLETE)
         if self.state is State.AWAITING_TOOL:
-            self._finish_item(self.current, ItemStatus.INCOMPLETE)
+            self._finish_item(self._current(State.AWAITING_TOOL), ItemStatus.INCOMPLETE)
 
     def finish(self, response: dict) -> dict:
         """Emit the one terminal event for `response["status"]`; returns the event."""

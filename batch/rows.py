@@ -227,9 +227,14 @@ def is_json(arrow_field: pa.Field) -> bool:
     return (arrow_field.metadata or {}).get(b"duckdb_type") == b"JSON"
 
 
+def json_text(value: Any) -> str:
+    """The JSON text of a value, compact as every stored JSON column is."""
+    return json.dumps(value, separators=(",", ":"))
+
+
 def dumps(value: Any) -> str | None:
-    """The JSON text of a value (None stays NULL), compact as every stored JSON column is."""
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    """Like `json_text`, but None stays NULL."""
+    return None if value is None else json_text(value)
 
 
 def to_arrow(table: str, rows: list) -> pa.Table:
@@ -257,16 +262,27 @@ EVENT_COLUMNS = tuple(name for name in SCHEMAS["events"].names if name not in ("
 
 
 class EventColumns:
-    """The events rows of one response as lists, one per column of `EventRow`."""
+    """The events rows of one response as lists, one per column of `EventRow` (but the owners)."""
 
     __slots__ = EVENT_COLUMNS
 
     def __init__(self) -> None:
-        for name in EVENT_COLUMNS:
-            setattr(self, name, [])
+        self.sequence_number: list[int] = []
+        self.type: list[str] = []
+        self.output_index: list[int | None] = []
+        self.content_index: list[int | None] = []
+        self.item_id: list[str | None] = []
+        self.payload: list[str] = []
+        self.turn: list[int] = []
+        self.t_ms: list[float] = []
 
     def __len__(self) -> int:
-        return len(self.sequence_number)  # type: ignore[attr-defined]
+        return len(self.payload)
+
+
+# The slots come from EventRow, so a column added there and not here fails at import.
+if not all(hasattr(EventColumns(), name) for name in EVENT_COLUMNS):
+    raise TypeError(f"EventColumns must hold every events column: {EVENT_COLUMNS}")
 
 
 def events_to_arrow(owners: list[tuple[str, str | None]], columns: list[EventColumns]) -> pa.Table:

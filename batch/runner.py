@@ -22,7 +22,8 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 from batch.admission import Prepared, admit, prepare
 from batch.harmony import PromptOptions
@@ -33,7 +34,7 @@ from batch.session import Session, SessionOptions
 from batch.status import RequestStatus, RunStatus
 from batch.store import ResultWriter, Store
 from batch.tool_policy import PendingToolCall
-from engine.api import Backend, FinishReason
+from engine.api import Backend, FinishReason, RequestOutput
 from tools.dispatch import ToolDispatcher, rejection
 from tools.kinds import ToolErrorKind
 from tools.servers import ServerCatalog, ServerSpec
@@ -93,14 +94,15 @@ class RunSummary:
 class Runner:
     """One `batchrun submit` invocation over a store and a decoding backend."""
 
-    def __init__(self, store: Store, backend: Backend, options: RunOptions, progress=None):
+    def __init__(self, store: Store, backend: Backend, options: RunOptions,
+                 progress: Callable[[Runner, int], None] | None = None):
         self.store, self.backend, self.options = store, backend, options
         self.progress = progress
         self.sessions: dict[str, Session] = {}  # decoding, by engine request id
         self.awaiting: dict[Future, Session] = {}  # waiting on a hosted tool call
         self.listing: list[tuple[Prepared, dict[str, Future]]] = []  # waiting on MCP listings
         self.pending: list[RequestResult] = []
-        self.writer: ResultWriter | None = None  # started by run(), once the run is open
+        self.writer: ResultWriter  # started by run(), once the run is open
         self._flushed_at = time.monotonic()
         self._num_reported = 0
         self.catalog = ServerCatalog(options.tools.servers)
@@ -108,7 +110,7 @@ class Runner:
                                     errlog_path=options.tools.log_path)
         self.statuses: Counter = Counter()
         self.ignored: Counter = Counter()
-        self.tokens = Counter()
+        self.tokens: Counter[str] = Counter()
         self.skipped = 0
         self.num_input_requests: int | None = None  # known once run() has scanned the input
         self.stopped_at_limit = False
@@ -127,7 +129,7 @@ class Runner:
                 raise RunError(f"--run-id {run_id}: a run with that id exists; use --resume {run_id}")
             self.store.create_run(self._run_row(run_id, input_sha))
             return run_id, False, set()
-        if self.store.get_run(run_id)["input_sha256"] != input_sha:
+        if self._run(run_id)["input_sha256"] != input_sha:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
         done = self.store.finished_line_numbers(run_id)
         if opts.retry_failed:
@@ -144,11 +146,17 @@ class Runner:
         run_id = self.store.find_unfinished_run(input_sha)
         if run_id is None:
             return None
-        stored = self.store.get_run(run_id)
+        stored = self._run(run_id)
         ours = self._run_row(run_id, input_sha)
         same = stored["model"] == ours.model and all(
             (stored["options"] or {}).get(key) == ours.options[key] for key in RESUME_KEYS)
         return run_id if same else None
+
+    def _run(self, run_id: str) -> dict:
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise RunError(f"run {run_id}: no such run in this database")
+        return run
 
     def _run_row(self, run_id: str, input_sha: str) -> RunRow:
         opts = self.options
@@ -205,7 +213,7 @@ class Runner:
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored)
 
-    def _close(self, status: str, n_lines: int) -> str:
+    def _close(self, status: RunStatus, n_lines: int) -> RunStatus:
         """Write what is left, stop the tools, record the run's end; returns the final status.
 
         A write error fails the run (and is raised, after the runs row says so).
@@ -218,7 +226,7 @@ class Runner:
             error, status = exc, RunStatus.FAILED
         self._report_written()
         self.tools.close()
-        notes = {**(self.store.get_run(self.run_id)["notes"] or {}),
+        notes = {**(self._run(self.run_id)["notes"] or {}),
                  "ignored_fields": dict(self.ignored),
                  "tool_errors": self.store.tool_error_counts(self.run_id)}
         self.store.update_run(self.run_id, status=status, finished_at=_now(),
@@ -243,14 +251,14 @@ class Runner:
 
     def _read(self, line: InputLine) -> None:
         try:
-            admission = prepare(line, self.store, self.run_id, self.catalog)
+            prepared = prepare(line, self.store, self.run_id, self.catalog)
         except Exception as exc:  # a bug must cost one line, not the run (and every resume)
             self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
             return
-        if admission.result is not None:
-            self._finished(admission.result)
+        if isinstance(prepared, RequestResult):  # invalid
+            self._finished(prepared)
             return
-        self.listing.append((admission.prepared, self.tools.listings(admission.prepared.registry)))
+        self.listing.append((prepared, self.tools.listings(prepared.registry)))
 
     def _admit_listed(self) -> None:
         """Admit the lines whose MCP servers are listed (at once for lines without any)."""
@@ -261,16 +269,16 @@ class Runner:
                 continue
             listings = {label: future.result() for label, future in futures.items()}
             try:
-                admission = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
+                session = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
             except Exception as exc:
                 line = prepared.line
                 self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
                 continue
-            if admission.result is not None:
-                self._finished(admission.result)
+            if isinstance(session, RequestResult):  # invalid
+                self._finished(session)
                 continue
-            admission.session.start()
-            self._submit_turn(admission.session)
+            session.start()
+            self._submit_turn(session)
         self.listing = waiting
 
     def _submit_turn(self, session: Session) -> None:
@@ -293,7 +301,7 @@ class Runner:
             except Exception as exc:
                 self._fail_session(session, out, exc)
 
-    def _fail_session(self, session: Session, out, exc: Exception) -> None:
+    def _fail_session(self, session: Session, out: RequestOutput, exc: Exception) -> None:
         """An internal error in one session ends that response `failed`; the run goes on."""
         if self.sessions.pop(out.request_id, None) is not None and out.finish_reason is None:
             self.backend.abort(out.request_id)
@@ -305,7 +313,7 @@ class Runner:
             self.tools.release(session.response_id)
             self._finished(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
 
-    def _advance(self, session: Session, out) -> None:
+    def _advance(self, session: Session, out: RequestOutput) -> None:
         """Feed one engine output to its session; at a turn's end, finish or call its tool."""
         session.on_output(out)
         if out.finish_reason is None and session.outcome is None:
@@ -388,10 +396,8 @@ def _internal(line: InputLine, exc: Exception) -> str:
     return f"line {line.line_no}: internal error: {type(exc).__name__}: {exc}"
 
 
-def _now():
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 def _version() -> str:

@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from batch.events import ResponseEvents
 from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, render_tool_output
 from batch.metrics import ResponseMetrics, TurnMetrics
 from batch.output_parser import OutputParser
 from batch.reader import InputLine
 from batch.request import ResponsesRequest
 from batch.response import Outcome, build_response
-from batch.tool_policy import PendingToolCall, ToolCallPolicy
 from batch.status import ResponseStatus
+from batch.tool_policy import PendingToolCall, ToolCallPolicy, ToolCallRecord
 from engine.api import FinishReason, RequestOutput, SamplingParams
 from tools.client import CallOutcome
 from tools.dispatch import web_search_action
 from tools.kinds import ToolErrorKind, ToolType
-from tools.registry import ToolRegistry
+from tools.registry import ToolRegistry, ToolTarget
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class Session:
 
     # -- views ------------------------------------------------------------
     @property
-    def events(self):
+    def events(self) -> ResponseEvents:
         return self.output.events
 
     @property
@@ -72,7 +74,7 @@ class Session:
         return self.metrics.turns
 
     @property
-    def tool_calls(self):
+    def tool_calls(self) -> list[ToolCallRecord]:
         return self.tools.calls
 
     @property
@@ -145,7 +147,7 @@ class Session:
         call = self.tools.pending
         if call is None:
             raise RuntimeError("add_tool_result without a pending tool call")
-        item_id = self._complete_tool_item(call, result) if call.target is not None else None
+        item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
         self.tools.record(result, item_id)
         answer = result.output if result.error is None else f"Error: {result.error}"
         self.prompt_token_ids = (self.prompt_token_ids + self._completion
@@ -155,12 +157,12 @@ class Session:
             return
         self._begin_turn()
 
-    def _complete_tool_item(self, call: PendingToolCall, result: CallOutcome) -> str:
+    def _complete_tool_item(self, target: ToolTarget, arguments: str, result: CallOutcome) -> str:
         extra = {}
-        if call.target.tool_type is ToolType.WEB_SEARCH:
-            extra["action"] = web_search_action(call.target.name, call.arguments)
+        if target.tool_type is ToolType.WEB_SEARCH:
+            extra["action"] = web_search_action(target.name, arguments)
         error: str | dict | None = result.error
-        if call.target.tool_type is ToolType.MCP and error and result.error_kind != ToolErrorKind.TOOL_ERROR:
+        if target.tool_type is ToolType.MCP and error and result.error_kind != ToolErrorKind.TOOL_ERROR:
             error = {"type": "mcp_protocol_error", "code": result.error_code or -32603, "message": error}
         return self.events.tool_result(output=result.output, error=error, **extra)["id"]
 
@@ -182,7 +184,7 @@ class Session:
         self.events.finish(response)
         return response
 
-    def _response(self, status: str, **fields) -> dict:
+    def _response(self, status: str, **fields: Any) -> dict:
         return build_response(
             self.request, response_id=self.response_id, created_at=self.created_at,
             model=self.options.model, max_output_tokens=self.max_output_tokens,
