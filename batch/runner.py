@@ -15,6 +15,7 @@ tools are pending, the loop blocks on their futures instead of spinning.
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from collections import Counter
@@ -40,6 +41,7 @@ from tools.kinds import ToolErrorKind
 from tools.servers import ServerCatalog, ServerSpec
 
 TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)
+WRITER_SWITCH_INTERVAL_S = 0.001
 FLUSH_S = 1.0  # finished results wait at most this long for their batch to be written
 
 
@@ -187,6 +189,10 @@ class Runner:
         n_lines, self.skipped = 0, len(done)
         status = RunStatus.FAILED
         self.writer = self.store.background_writer(max_unwritten=self.options.max_inflight)
+        # The writer thread needs the GIL back after each DuckDB call; at the default 5 ms
+        # switch interval it waits on the decode loop far longer than it writes.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch_interval, WRITER_SWITCH_INTERVAL_S))
         try:
             exhausted = False
             while not exhausted or self.sessions or self.awaiting or self.listing:
@@ -209,6 +215,7 @@ class Runner:
             status = RunStatus.INTERRUPTED
             raise
         finally:
+            sys.setswitchinterval(switch_interval)
             status = self._close(status, n_lines)
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored)

@@ -573,23 +573,21 @@ def _write_results(con: duckdb.DuckDBPyConnection, results: list[RequestResult],
     if not results:
         return
     tables = _result_tables(results)
-    # Registered outside the transaction: unregistering inside an aborted
-    # one fails and would hide the original error.
-    names = {}
-    for table, data in tables.items():
-        if data.num_rows:
-            names[table] = f"_batchrun_arrow_{next(_register_ids)}"
-            con.register(names[table], data)
-    statements = _delete_statements(names["requests"]) if replace_lines else []
-    statements += [f"INSERT INTO {table} BY NAME SELECT * FROM {name}" for table, name in names.items()]
-    try:
-        # One call for the whole transaction: each call hands the GIL over and back, and
-        # the writer thread may wait a switch interval for it each time.
-        with _transaction(con):
-            con.execute(";\n".join(statements))
-    finally:
-        for name in names.values():
-            con.unregister(name)
+    # The statements read these locals by name (DuckDB's replacement scan finds them in
+    # this frame): no register/unregister calls, and the whole transaction is one call.
+    # Every DuckDB call hands the GIL over and back, and a thread waits a switch
+    # interval for it each time while the decode loop runs.
+    batch_requests = tables["requests"]  # noqa: F841 - read by name in the SQL
+    batch_responses = tables["responses"]  # noqa: F841
+    batch_events = tables["events"]  # noqa: F841
+    batch_turns = tables["turns"]  # noqa: F841
+    batch_tool_calls = tables["tool_calls"]  # noqa: F841
+    batch_tokens = tables["tokens"]  # noqa: F841
+    statements = _delete_statements("batch_requests") if replace_lines else []
+    statements += [f"INSERT INTO {table} BY NAME SELECT * FROM batch_{table}"
+                   for table, data in tables.items() if data.num_rows]
+    with _transaction(con):
+        con.execute(";\n".join(statements))
 
 
 class ResultWriter:
