@@ -248,9 +248,17 @@ def m007_views_from_enums(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+def m008_tool_output_size(con: duckdb.DuckDBPyConnection) -> None:
+    """How long a tool's output was, and whether it was cut before the model read it."""
+    con.execute("""
+    ALTER TABLE tool_calls ADD COLUMN output_bytes BIGINT;
+    ALTER TABLE tool_calls ADD COLUMN output_truncated BOOLEAN;
+    """)
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
-    m007_views_from_enums]
+    m007_views_from_enums, m008_tool_output_size]
 
 
 def _version(migration: Callable) -> int:

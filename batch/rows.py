@@ -140,6 +140,8 @@ class ToolCallRow:
     started_at: datetime | None
     duration_s: float
     error_kind: str | None = None  # a ToolErrorKind
+    output_bytes: int | None = None  # of the output before it was cut for the model
+    output_truncated: bool = False
 
 
 @dataclass(slots=True)

@@ -308,10 +308,14 @@ class Runner:
             except Exception as exc:
                 self._fail_session(session, out, exc)
 
-    def _fail_session(self, session: Session, out: RequestOutput, exc: Exception) -> None:
+    def _fail_session(self, session: Session, out: RequestOutput, exc: BaseException) -> None:
         """An internal error in one session ends that response `failed`; the run goes on."""
         if self.sessions.pop(out.request_id, None) is not None and out.finish_reason is None:
             self.backend.abort(out.request_id)
+        self._fail_response(session, exc)
+
+    def _fail_response(self, session: Session, exc: BaseException) -> None:
+        """The response fails with an internal error (e.g. a tokenizer panic); the run goes on."""
         message = _internal(session.line, exc)
         try:
             session.fail(message.split(": ", 1)[1])
@@ -356,7 +360,13 @@ class Runner:
             outcome = future.result()
             if outcome.started_at is None:
                 outcome.started_at = _now()
-            session.add_tool_result(outcome)
+            try:
+                session.add_tool_result(outcome)
+            except BaseException as exc:  # a panic in a dependency (pyo3) is a BaseException
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                self._fail_response(session, exc)
+                continue
             if session.outcome is None:
                 self._submit_turn(session)
             else:
@@ -399,7 +409,7 @@ class Runner:
         self._num_reported += written
 
 
-def _internal(line: InputLine, exc: Exception) -> str:
+def _internal(line: InputLine, exc: BaseException) -> str:
     return f"line {line.line_no}: internal error: {type(exc).__name__}: {exc}"
 
 

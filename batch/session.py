@@ -25,7 +25,8 @@ from batch.reader import InputLine
 from batch.request import ResponsesRequest
 from batch.response import Outcome, build_response
 from batch.status import ResponseStatus
-from batch.tool_policy import PendingToolCall, ToolCallPolicy, ToolCallRecord
+from batch.tool_policy import (DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, ToolCallRecord,
+                               cap_output)
 from engine.api import FinishReason, RequestOutput, SamplingParams
 from tools.client import CallOutcome
 from tools.dispatch import web_search_action
@@ -44,6 +45,7 @@ class SessionOptions:
     temperature: float = 1.0
     top_p: float = 1.0
     keep_tokens: bool = False
+    max_tool_output_bytes: int = DEFAULT_MAX_TOOL_OUTPUT_BYTES
 
 
 class Session:
@@ -143,12 +145,18 @@ class Session:
         return None
 
     def add_tool_result(self, result: CallOutcome) -> None:
-        """The tool answered: complete its item and extend the prompt for the next turn."""
+        """The tool answered: complete its item and extend the prompt for the next turn.
+
+        The answer is cut to `max_tool_output_bytes` first: the item, the tool_calls row and
+        the model all see the same cut text.
+        """
         call = self.tools.pending
         if call is None:
             raise RuntimeError("add_tool_result without a pending tool call")
+        capped = cap_output(result, self.options.max_tool_output_bytes)
+        result = capped.outcome
         item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
-        self.tools.record(result, item_id)
+        self.tools.record(capped, item_id)
         answer = result.output if result.error is None else f"Error: {result.error}"
         self.prompt_token_ids = (self.prompt_token_ids + self._completion
                                  + render_tool_output(call.recipient, answer or ""))

@@ -22,6 +22,7 @@ from batch.harmony import PromptOptions
 from batch.reader import InputFormatError
 from batch.runner import RunError, RunOptions, RunSummary, Runner, ToolOptions
 from batch.session import SessionOptions
+from batch.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
@@ -68,6 +69,9 @@ SUBMIT_OPTIONS = [
                  show_default=True, help="Seconds one hosted tool call may take before it fails."),
     click.option("--max-turns", type=click.IntRange(min=1), default=32, show_default=True,
                  help="Model turns per response at most (each tool call starts a turn)."),
+    click.option("--max-tool-output-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_TOOL_OUTPUT_BYTES,
+                 show_default=True, help="Longer tool outputs are cut (with a note the model reads) "
+                                         "before they are tokenized."),
     click.option("--quiet", is_flag=True, help="No progress bar."),
 ]
 
@@ -170,4 +174,5 @@ def _run_options(input_path: Path, model_dir: Path, values: dict) -> RunOptions:
                              reasoning_effort=values["reasoning_effort"]),
         session=SessionOptions(model=model_dir.name, max_output_tokens=values["max_output_tokens"],
                                seed=values["seed"], temperature=values["temperature"],
-                               keep_tokens=values["keep_tokens"], max_turns=values["max_turns"]))
+                               keep_tokens=values["keep_tokens"], max_turns=values["max_turns"],
+                               max_tool_output_bytes=values["max_tool_output_bytes"]))

@@ -8,7 +8,7 @@ of being run. Every hosted call, run or refused, is recorded as a `tool_calls` r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from batch.harmony import ParsedMessage
@@ -17,6 +17,39 @@ from batch.status import ResponseStatus, ToolCallStatus
 from tools.client import CallOutcome
 from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry, ToolTarget
+
+
+# Tokenizing costs grow faster than linearly on long runs of one character (64 KiB of
+# spaces: ~1.6 s here; 1 MB made harmony's tokenizer panic): outputs are cut first.
+DEFAULT_MAX_TOOL_OUTPUT_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True)
+class CappedOutput:
+    """A tool's answer as the model reads it, and how long it was."""
+
+    outcome: CallOutcome
+    num_bytes: int | None  # of the output (or error) text before the cut
+    is_truncated: bool
+
+
+def _cut(text: str, max_bytes: int) -> tuple[str, int, bool]:
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= max_bytes:
+        return text, len(data), False
+    kept = data[:max_bytes].decode("utf-8", errors="ignore")  # never half a character
+    return f"{kept}\n[output truncated: {max_bytes:,} of {len(data):,} bytes shown]", len(data), True
+
+
+def cap_output(outcome: CallOutcome, max_bytes: int) -> CappedOutput:
+    """The outcome with its output and error text cut to `max_bytes` each (a note says so)."""
+    output, error, num_bytes, is_truncated = outcome.output, outcome.error, None, False
+    if output is not None:
+        output, num_bytes, is_truncated = _cut(output, max_bytes)
+    if error is not None:
+        error, error_bytes, error_truncated = _cut(error, max_bytes)
+        num_bytes, is_truncated = (num_bytes or 0) + error_bytes, is_truncated or error_truncated
+    return CappedOutput(replace(outcome, output=output, error=error), num_bytes, is_truncated)
 
 
 @dataclass
@@ -44,6 +77,8 @@ class ToolCallRecord:
     started_at: datetime | None
     duration_s: float
     error_kind: ToolErrorKind | None
+    output_bytes: int | None = None  # before the cut
+    output_truncated: bool = False
 
 
 @dataclass
@@ -70,8 +105,9 @@ class ToolCallPolicy:
         self.pending = PendingToolCall(target, message.recipient, message.text, over_limit=over_limit)
         return self.pending
 
-    def record(self, outcome: CallOutcome, item_id: str | None) -> PendingToolCall:
+    def record(self, capped: CappedOutput, item_id: str | None) -> PendingToolCall:
         """The pending call answered (its item is `item_id`): record it, clear it, return it."""
+        outcome = capped.outcome
         call = self.pending
         if call is None:
             raise RuntimeError("a tool result came without a pending tool call")
@@ -83,6 +119,7 @@ class ToolCallPolicy:
             output=outcome.output,
             status=ToolCallStatus.FAILED if outcome.error else ToolCallStatus.COMPLETED,
             error=outcome.error, started_at=outcome.started_at, duration_s=outcome.duration_s,
-            error_kind=(outcome.error_kind or ToolErrorKind.TOOL_ERROR) if outcome.error else None))
+            error_kind=(outcome.error_kind or ToolErrorKind.TOOL_ERROR) if outcome.error else None,
+            output_bytes=capped.num_bytes, output_truncated=capped.is_truncated))
         self.pending = None
         return call

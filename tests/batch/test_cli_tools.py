@@ -29,6 +29,9 @@ def completion(user: str, turn: int) -> str:
         return think + "<|channel|>analysis to=python code<|message|>print(6 * 7)<|call|>"
     label = "echo" if "stdio" in user else "web"
     name, arguments = ("header", '{"name": "x-token"}') if "header" in user else ("add", '{"a": 1, "b": 2}')
+    if "big" in user:  # "stdio big <char> <size>"
+        _, _, char, size = user.split(" ")
+        name, arguments = "big", json.dumps({"char": {"space": " "}.get(char, char), "size": int(size)})
     return think + f"<|channel|>commentary to={label}.{name} <|constrain|>json<|message|>{arguments}<|call|>"
 
 
@@ -106,3 +109,58 @@ def test_bad_mcp_config_exits_1(tmp_path, scripted):
                                        "--model", str(tmp_path), "--mcp-config", str(config)])
     assert result.exit_code == 1
     assert "mcpServers.x: environment variable NOPE_UNSET is not set" in result.output
+
+
+def test_huge_tool_outputs_are_capped_before_tokenizing_and_fail_nothing(tmp_path, scripted):
+    """1 MB of spaces and 5 MB of one letter once made harmony's tokenizer panic and the run fail forever."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"echo": {
+        "command": sys.executable, "args": ["-m", "tests.tools.echo_server"], "cwd": str(REPO)}}}))
+    echo = [{"type": "mcp", "server_label": "echo"}]
+    lines = [{"custom_id": "spaces", "input": "stdio big space 1000000", "tools": echo},
+             {"custom_id": "letters", "input": "stdio big x 5000000", "tools": echo},
+             {"custom_id": "small", "input": "stdio add", "tools": echo}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    db = tmp_path / "out.duckdb"
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(db), "--model", str(tmp_path),
+                                       "--mcp-config", str(config), "--max-tool-output-bytes", "4096",
+                                       "--tool-timeout", "60", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT status FROM runs") == [("completed",)]
+    assert rows(db, "SELECT custom_id, status FROM requests ORDER BY line_no") == [
+        ("spaces", "completed"), ("letters", "completed"), ("small", "completed")]
+    calls = rows(db, "SELECT r.custom_id, t.output_bytes, t.output_truncated, length(t.output), t.output "
+                     "FROM tool_calls t JOIN responses r USING (response_id) ORDER BY r.custom_id")
+    by_id = {custom_id: rest for custom_id, *rest in calls}
+    assert by_id["small"][:2] == [1, False] and by_id["small"][3] == "3"
+    for custom_id, size in (("spaces", 1_000_000), ("letters", 5_000_000)):
+        output_bytes, truncated, length, output = by_id[custom_id]
+        assert (output_bytes, truncated) == (size, True)
+        assert length < 4096 + 100 and f"[output truncated: 4,096 of {size:,} bytes shown]" in output
+    # The model read the cut output: its second turn's prompt holds the marker.
+    [(prompt_tokens,)] = rows(db, "SELECT max(prompt_tokens) FROM turns")
+    assert prompt_tokens < 3000
+
+
+def test_a_tokenizer_panic_fails_that_request_alone(tmp_path, scripted):
+    """With the cap lifted, 1 MB of spaces still panics inside harmony: only that line fails."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"echo": {
+        "command": sys.executable, "args": ["-m", "tests.tools.echo_server"], "cwd": str(REPO)}}}))
+    echo = [{"type": "mcp", "server_label": "echo"}]
+    lines = [{"custom_id": "spaces", "input": "stdio big space 1000000", "tools": echo},
+             {"custom_id": "small", "input": "stdio add", "tools": echo}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    db = tmp_path / "out.duckdb"
+    args = ["submit", str(source), "--db", str(db), "--model", str(tmp_path), "--mcp-config", str(config),
+            "--max-tool-output-bytes", "2000000", "--quiet"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT status FROM runs") == [("completed",)]
+    statuses = dict(rows(db, "SELECT custom_id, status FROM requests"))
+    assert statuses == {"spaces": "failed", "small": "completed"}
+    [(error,)] = rows(db, "SELECT error FROM requests WHERE custom_id = 'spaces'")
+    assert error.startswith("line 1: internal error: PanicException")
+    assert CliRunner().invoke(main, args).exit_code == 0  # a rerun of the finished run is fine too

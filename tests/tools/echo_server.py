@@ -5,7 +5,8 @@
 Tools: `add(a, b)`, `sleep(seconds)` (answers "slept"), `fail(message)` (an is_error
 result), `crash()` (the process exits: the client must restart it), `header(name)`
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
-without storing it; "absent" when missing or over stdio), `pid()` (the server's pid).
+without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
+output), `pid()` (the server's pid).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def header(name: str, ctx: Context) -> str:
     request = ctx.request_context.request
     value = None if request is None else request.headers.get(name)
     return "absent" if value is None else hashlib.sha256(value.encode()).hexdigest()
+
+
+@server.tool()
+def big(char: str, size: int) -> str:
+    """`char` repeated `size` times (a huge output)."""
+    return char * size
 
 
 @server.tool()
