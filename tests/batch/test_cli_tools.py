@@ -111,12 +111,17 @@ def test_bad_mcp_config_exits_1(tmp_path, scripted):
     assert "mcpServers.x: environment variable NOPE_UNSET is not set" in result.output
 
 
-def test_huge_tool_outputs_are_capped_before_tokenizing_and_fail_nothing(tmp_path, scripted):
-    """1 MB of spaces and 5 MB of one letter once made harmony's tokenizer panic and the run fail forever."""
+def echo_config(tmp_path):
+    """An --mcp-config file naming the echo server (stdio) as `echo`."""
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"echo": {
         "command": sys.executable, "args": ["-m", "tests.tools.echo_server"], "cwd": str(REPO)}}}))
-    echo = [{"type": "mcp", "server_label": "echo"}]
+    return config
+
+
+def test_huge_tool_outputs_are_capped_before_tokenizing_and_fail_nothing(tmp_path, scripted):
+    """1 MB of spaces and 5 MB of one letter once made harmony's tokenizer panic and the run fail forever."""
+    config, echo = echo_config(tmp_path), [{"type": "mcp", "server_label": "echo"}]
     lines = [{"custom_id": "spaces", "input": "stdio big space 1000000", "tools": echo},
              {"custom_id": "letters", "input": "stdio big x 5000000", "tools": echo},
              {"custom_id": "small", "input": "stdio add", "tools": echo}]
@@ -145,10 +150,7 @@ def test_huge_tool_outputs_are_capped_before_tokenizing_and_fail_nothing(tmp_pat
 
 def test_a_tokenizer_panic_fails_that_request_alone(tmp_path, scripted):
     """With the cap lifted, 1 MB of spaces still panics inside harmony: only that line fails."""
-    config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"echo": {
-        "command": sys.executable, "args": ["-m", "tests.tools.echo_server"], "cwd": str(REPO)}}}))
-    echo = [{"type": "mcp", "server_label": "echo"}]
+    config, echo = echo_config(tmp_path), [{"type": "mcp", "server_label": "echo"}]
     lines = [{"custom_id": "spaces", "input": "stdio big space 1000000", "tools": echo},
              {"custom_id": "small", "input": "stdio add", "tools": echo}]
     source = tmp_path / "in.jsonl"
