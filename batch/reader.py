@@ -91,19 +91,23 @@ def scan_input(path: str | Path) -> InputScan:
     path = Path(path)
     digest = hashlib.sha256()
     name = path.name.lower()
-    counter = None if name.endswith(".parquet") else _LineCounter(gzipped=name.endswith(".gz"))
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(_SCAN_CHUNK_BYTES), b""):
-            digest.update(chunk)
-            if counter is not None:
-                counter.feed(chunk)
-    if counter is None:
+    if name.endswith(".parquet"):
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(_SCAN_CHUNK_BYTES), b""):
+                digest.update(chunk)
         try:
-            num_rows = pq.ParquetFile(path).metadata.num_rows
+            return InputScan(digest.hexdigest(), pq.ParquetFile(path).metadata.num_rows)
         except Exception as exc:  # pyarrow raises several types for "not Parquet"
             raise InputFormatError(f"{path}: cannot read as Parquet: {exc}") from None
-        return InputScan(digest.hexdigest(), num_rows)
-    return InputScan(digest.hexdigest(), counter.finish())
+    counter = _LineCounter(gzipped=name.endswith(".gz"))
+    try:
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(_SCAN_CHUNK_BYTES), b""):
+                digest.update(chunk)
+                counter.feed(chunk)
+        return InputScan(digest.hexdigest(), counter.finish())
+    except zlib.error as exc:
+        raise InputFormatError(f"{path}: cannot read as gzip: {exc}") from None
 
 
 class _LineCounter:
@@ -112,14 +116,16 @@ class _LineCounter:
     def __init__(self, gzipped: bool):
         self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
         self.count = 0
+        self._fed = False
         self._open_line_has_text = False
 
     def feed(self, chunk: bytes) -> None:
+        self._fed = True
         while self._inflate is not None:
             data = self._inflate.decompress(chunk)
             self._count(data)
-            if not (self._inflate.eof and self._inflate.unused_data):
-                return
+            if not (self._inflate.eof and self._inflate.unused_data.strip(b"\0")):
+                return  # (zero padding after the last member is allowed, as gzip.open does)
             chunk = self._inflate.unused_data  # a gzip file may hold several members
             self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
         self._count(chunk)
@@ -133,6 +139,8 @@ class _LineCounter:
         self._open_line_has_text = bool(parts[-1].strip())
 
     def finish(self) -> int:
+        if self._inflate is not None and self._fed and not self._inflate.eof:
+            raise zlib.error("the compressed stream ends early")
         return self.count + self._open_line_has_text
 
 
@@ -198,11 +206,22 @@ def _decode(data: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise LineError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise LineError(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise LineError("invalid JSON: nested too deeply") from None
+    if "\\u" in text:  # an escape may be half a surrogate pair: not Unicode, and no store can hold it
+        _reject_lone_surrogates(value)
+    return value
+
+
+def _reject_lone_surrogates(value: Any) -> None:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LineError(f"invalid JSON: {exc.object[exc.start:exc.end]!a} is half of a surrogate pair "
+                        "(not valid Unicode)") from None
 
 
 def _reject_constant(name: str) -> Any:

@@ -47,7 +47,7 @@ FLUSH_S = 1.0  # finished results wait at most this long for their batch to be w
 
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
-               "reasoning_effort", "max_turns")
+               "reasoning_effort", "max_turns", "max_tool_output_bytes")
 
 
 class RunError(RuntimeError):
@@ -174,7 +174,8 @@ class Runner:
                      "keep_tokens": opts.session.keep_tokens, "max_turns": opts.session.max_turns,
                      "tool_timeout_s": opts.tools.call_timeout_s,
                      "mcp_config": opts.tools.config_path,
-                     "mcp_servers": sorted(opts.tools.servers)},  # labels only: no secrets
+                     "mcp_servers": sorted(opts.tools.servers),  # labels only: no secrets
+                     "max_tool_output_bytes": opts.session.max_tool_output_bytes},
             notes={}, batchrun_version=_version())
 
     # -- the loop ---------------------------------------------------------
@@ -227,17 +228,20 @@ class Runner:
         """
         error = None
         try:
-            self._flush(force=True)
-            self.writer.close()
+            try:
+                self._flush(force=True)
+            finally:
+                self.writer.close()  # writes what it holds, even when the flush failed
         except Exception as exc:
             error, status = exc, RunStatus.FAILED
-        self._report_written()
-        self.tools.close()
-        notes = {**(self._run(self.run_id)["notes"] or {}),
-                 "ignored_fields": dict(self.ignored),
-                 "tool_errors": self.store.tool_error_counts(self.run_id)}
-        self.store.update_run(self.run_id, status=status, finished_at=_now(),
-                              n_requests=self.skipped + n_lines, notes=notes)
+        finally:
+            self._report_written()
+            self.tools.close()
+            notes = {**(self._run(self.run_id)["notes"] or {}),
+                     "ignored_fields": dict(self.ignored),
+                     "tool_errors": self.store.tool_error_counts(self.run_id)}
+            self.store.update_run(self.run_id, status=status, finished_at=_now(),
+                                  n_requests=self.skipped + n_lines, notes=notes)
         if error is not None:
             raise error
         return status
@@ -259,7 +263,8 @@ class Runner:
     def _read(self, line: InputLine) -> None:
         try:
             prepared = prepare(line, self.store, self.run_id, self.catalog)
-        except Exception as exc:  # a bug must cost one line, not the run (and every resume)
+        except BaseException as exc:  # a bug or a dependency's panic costs one line, not the run
+            _reraise_interrupts(exc)
             self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
             return
         if isinstance(prepared, RequestResult):  # invalid
@@ -277,7 +282,8 @@ class Runner:
             listings = {label: future.result() for label, future in futures.items()}
             try:
                 session = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
-            except Exception as exc:
+            except BaseException as exc:  # e.g. harmony panics on a prompt of 2 MB of spaces
+                _reraise_interrupts(exc)
                 line = prepared.line
                 self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
                 continue
@@ -305,7 +311,8 @@ class Runner:
                 continue  # an aborted turn's last output
             try:
                 self._advance(session, out)
-            except Exception as exc:
+            except BaseException as exc:
+                _reraise_interrupts(exc)
                 self._fail_session(session, out, exc)
 
     def _fail_session(self, session: Session, out: RequestOutput, exc: BaseException) -> None:
@@ -320,7 +327,8 @@ class Runner:
         try:
             session.fail(message.split(": ", 1)[1])
             self._complete(session)
-        except Exception:  # the session itself is broken: record the line without a response
+        except BaseException as broken:  # the session itself is broken: record the line without a response
+            _reraise_interrupts(broken)
             self.tools.release(session.response_id)
             self._finished(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
 
@@ -363,8 +371,7 @@ class Runner:
             try:
                 session.add_tool_result(outcome)
             except BaseException as exc:  # a panic in a dependency (pyo3) is a BaseException
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
+                _reraise_interrupts(exc)
                 self._fail_response(session, exc)
                 continue
             if session.outcome is None:
@@ -397,9 +404,10 @@ class Runner:
                or time.monotonic() - self._flushed_at >= FLUSH_S)
         if not due:
             return
-        # Only --retry-failed writes lines that may already have rows.
-        batch, self.pending = self.pending, []
-        self.writer.submit(batch, replace_lines=self.options.retry_failed is not None)
+        # Only --retry-failed writes lines that may already have rows. The results leave
+        # `pending` once the writer holds them: an interrupt while submit waits loses none.
+        self.writer.submit(self.pending, replace_lines=self.options.retry_failed is not None)
+        self.pending = []
         self._flushed_at = time.monotonic()
 
     def _report_written(self) -> None:
@@ -407,6 +415,12 @@ class Runner:
         if written and self.progress is not None:
             self.progress(self, written)
         self._num_reported += written
+
+
+def _reraise_interrupts(exc: BaseException) -> None:
+    """Ctrl-C and exit stop the run; anything else (pyo3 panics are BaseExceptions) stops one line."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        raise exc
 
 
 def _internal(line: InputLine, exc: BaseException) -> str:

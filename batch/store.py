@@ -515,7 +515,7 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
     Building them before the transaction starts means a value Arrow cannot
     convert fails the batch before anything is touched.
     """
-    seen: set[tuple] = set()
+    seen: dict[tuple, RequestResult] = {}
     now = _now()
     requests, responses, owners, events = [], [], [], []
     traces: dict[str, list] = {"turns": [], "tool_calls": [], "tokens": []}
@@ -525,8 +525,10 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
             raise TypeError(f"requests rows must be RequestRow, got {type(request).__name__}")
         key = (request.run_id, request.line_no)
         if key in seen:
+            if seen[key] is result:
+                continue  # handed over twice (an interrupt between submit and its bookkeeping)
             raise ValueError(f"run {key[0]} line {key[1]} appears twice in one batch")
-        seen.add(key)
+        seen[key] = result
         request.written_at = now
         requests.append(request)
         if result.response is not None:
@@ -577,14 +579,15 @@ def _write_results(con: duckdb.DuckDBPyConnection, results: list[RequestResult],
     # this frame): no register/unregister calls, and the whole transaction is one call.
     # Every DuckDB call hands the GIL over and back, and a thread waits a switch
     # interval for it each time while the decode loop runs.
-    batch_requests = tables["requests"]  # noqa: F841 - read by name in the SQL
-    batch_responses = tables["responses"]  # noqa: F841
-    batch_events = tables["events"]  # noqa: F841
-    batch_turns = tables["turns"]  # noqa: F841
-    batch_tool_calls = tables["tool_calls"]  # noqa: F841
-    batch_tokens = tables["tokens"]  # noqa: F841
-    statements = _delete_statements("batch_requests") if replace_lines else []
-    statements += [f"INSERT INTO {table} BY NAME SELECT * FROM batch_{table}"
+    # DuckDB looks up tables before Python locals: these names must not be a user's table.
+    _batchrun_batch_requests = tables["requests"]  # noqa: F841 - read by name in the SQL
+    _batchrun_batch_responses = tables["responses"]  # noqa: F841
+    _batchrun_batch_events = tables["events"]  # noqa: F841
+    _batchrun_batch_turns = tables["turns"]  # noqa: F841
+    _batchrun_batch_tool_calls = tables["tool_calls"]  # noqa: F841
+    _batchrun_batch_tokens = tables["tokens"]  # noqa: F841
+    statements = _delete_statements("_batchrun_batch_requests") if replace_lines else []
+    statements += [f"INSERT INTO {table} BY NAME SELECT * FROM _batchrun_batch_{table}"
                    for table, data in tables.items() if data.num_rows]
     with _transaction(con):
         con.execute(";\n".join(statements))

@@ -426,3 +426,20 @@ def test_scan_takes_parquet_rows_from_the_footer(tmp_path):
     broken.write_bytes(b"not parquet")
     with pytest.raises(InputFormatError, match="cannot read as Parquet"):
         scan_input(broken)
+
+
+def test_scan_accepts_zero_padded_gzip_and_names_a_broken_one(tmp_path):
+    padded = tmp_path / "padded.jsonl.gz"
+    padded.write_bytes(gzip.compress(b'{"input": "a"}\n{"input": "b"}\n') + b"\0" * 512)
+    assert scan_input(padded).num_requests == 2 == sum(1 for _ in read_requests(padded))
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(b'{"input": "a"}\n')[:12] + b"garbage" * 10)
+    with pytest.raises(InputFormatError, match="cannot read as gzip"):
+        scan_input(broken)
+
+
+def test_half_a_surrogate_pair_is_a_line_error_not_a_run_failure():
+    data = b'{"custom_id": "x\\ud800", "input": "hi"}\n{"custom_id": "ok", "input": "\\ud83d\\ude00"}\n'
+    first, second = iter_jsonl(io.BytesIO(data))
+    assert first.error == "line 1: invalid JSON: '\\ud800' is half of a surrogate pair (not valid Unicode)"
+    assert second.is_valid and second.request.input == "\U0001F600"

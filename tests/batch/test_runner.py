@@ -416,3 +416,15 @@ def test_response_echoes_the_effort_and_model_that_decoded_it(tmp_path, store):
     echoes = [json.loads(r) for (r,) in rows(store, "SELECT response FROM responses ORDER BY custom_id")]
     assert [(e["model"], e["reasoning"]["effort"]) for e in echoes] == [("scripted", "low"),
                                                                         ("scripted", "high")]
+
+
+def test_a_panic_while_rendering_a_prompt_fails_that_line_alone(tmp_path, store):
+    """harmony's tokenizer panics (a BaseException) on 2 MB of one character: one line fails, not the run."""
+    path = write_input(tmp_path / "in.jsonl", [{"custom_id": "huge", "input": " " * 2_000_000},
+                                               request("c2", "short")])
+    summary = run(store, backend_for(), path)
+    assert summary.statuses == Counter(completed=1, failed=1)
+    assert statuses(store) == {"huge": "failed", "c2": "completed"}
+    [(error,)] = rows(store, "SELECT error FROM requests WHERE custom_id = 'huge'")
+    assert error.startswith("line 1: internal error: PanicException")
+    assert rows(store, "SELECT status FROM runs") == [("completed",)]

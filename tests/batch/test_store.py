@@ -598,3 +598,9 @@ def test_error_kind_and_status_views_follow_the_enums(store):
     run = store.list_runs()[0]
     assert {status.value: run[status] for status in RequestStatus} == {
         "completed": 1, "incomplete": 0, "failed": 0, "invalid": 0}
+
+
+def test_a_user_table_named_like_a_batch_changes_nothing(store):
+    store.query("CREATE TABLE batch_requests AS SELECT * FROM requests")  # e.g. made with `batchrun sql`
+    store.write_results([make_result("r1", 1)])
+    assert store.finished_line_numbers("r1") == {1}
