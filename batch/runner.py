@@ -34,7 +34,7 @@ from batch.rows import RequestResult, RunRow
 from batch.session import Session, SessionOptions
 from batch.status import RequestStatus, RunStatus
 from batch.store import ResultWriter, Store
-from batch.tool_policy import PendingToolCall
+from batch.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall
 from engine.api import Backend, FinishReason, RequestOutput
 from tools.dispatch import ToolDispatcher, rejection
 from tools.kinds import ToolErrorKind
@@ -48,6 +48,8 @@ FLUSH_S = 1.0  # finished results wait at most this long for their batch to be w
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
                "reasoning_effort", "max_turns", "max_tool_output_bytes")
+# What a run recorded before a key existed ran with (so a rerun still continues it).
+RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES}
 
 
 class RunError(RuntimeError):
@@ -151,7 +153,8 @@ class Runner:
         stored = self._run(run_id)
         ours = self._run_row(run_id, input_sha)
         same = stored["model"] == ours.model and all(
-            (stored["options"] or {}).get(key) == ours.options[key] for key in RESUME_KEYS)
+            (stored["options"] or {}).get(key, RESUME_DEFAULTS.get(key)) == ours.options[key]
+            for key in RESUME_KEYS)
         return run_id if same else None
 
     def _run(self, run_id: str) -> dict:

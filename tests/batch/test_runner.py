@@ -428,3 +428,13 @@ def test_a_panic_while_rendering_a_prompt_fails_that_line_alone(tmp_path, store)
     [(error,)] = rows(store, "SELECT error FROM requests WHERE custom_id = 'huge'")
     assert error.startswith("line 1: internal error: PanicException")
     assert rows(store, "SELECT status FROM runs") == [("completed",)]
+
+
+def test_a_run_recorded_before_the_tool_output_cap_existed_is_continued(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "short")])
+    first = run(store, backend_for(), path, limit=1)
+    options = store.get_run(first.run_id)["options"]
+    del options["max_tool_output_bytes"]  # as an older batchrun wrote it
+    store.update_run(first.run_id, options=options)
+    again = run(store, backend_for(), path)
+    assert again.run_id == first.run_id and again.resumed
