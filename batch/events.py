@@ -142,7 +142,10 @@ class OpenItem:
 
     @property
     def text(self) -> str:
-        return "".join(self.parts)
+        """The text so far; the parts are joined once (closing an item reads it several times)."""
+        if len(self.parts) > 1:
+            self.parts[:] = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
 
 
 def _part(kind: ItemKind, text: str) -> dict:
