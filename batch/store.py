@@ -9,7 +9,6 @@ needs pytz, which is not a dependency.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -191,11 +190,6 @@ class Store(ReportQueries):
         """A `ResultWriter` on its own cursor: results are written while the caller goes on."""
         return ResultWriter(self.con.cursor(), max_unwritten)
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        with transaction(self.con):
-            yield
-
     # -- lookups -----------------------------------------------------------
 
     def get_response(self, response_id: str) -> dict | None:
@@ -317,7 +311,7 @@ class Store(ReportQueries):
         data = to_arrow("grades", [GradeRow(**{"graded_at": now, **row, "run_id": run_id}) for row in rows])
         name = self._register(data)
         try:
-            with self._transaction():
+            with transaction(self.con):
                 self.con.execute("DELETE FROM grades WHERE run_id = ?", [run_id])
                 self.con.execute(f"INSERT INTO grades BY NAME SELECT * FROM {name}")
         finally:
