@@ -137,6 +137,9 @@ class ModelConfig:
         return 2 * self.vocab_size * h + self.num_hidden_layers * (attn + moe + 2 * h) + h
 
 
+KERNELS = ("torch", "triton")
+
+
 @dataclass
 class EngineConfig:
     """Engine knobs; the scheduler side reads these too."""
@@ -151,9 +154,14 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     enable_prefix_caching: bool = True
+    # "torch": plain torch ops (any device). "triton": the Triton kernels of engine/kernels
+    # (attention, MoE); on CPU tensors they run in Triton's interpreter (TRITON_INTERPRET=1).
+    kernels: str = "torch"
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
+        if self.kernels not in KERNELS:
+            raise ValueError(f"unknown kernels {self.kernels!r}; use one of {', '.join(KERNELS)}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
