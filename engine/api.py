@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
 
@@ -28,6 +28,26 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # sampled a stop token (included in the output)
     LENGTH = "length"  # max_tokens reached, or the context (max_model_len) is full
     ABORT = "abort"  # `Backend.abort`
+
+
+@runtime_checkable
+class TokenConstraint(Protocol):
+    """Which tokens a request may sample next: a grammar's state, kept by the caller.
+
+    The engine knows tokens only. Before it samples a token for a constrained
+    request it asks for that request's row of an int32 bitmask (token t is
+    allowed when bit t % 32 of word t // 32 is set; the row comes in all ones),
+    and after sampling it reports the token. It may call `fill_bitmask` on a
+    worker thread while the model runs: implementations release the GIL there.
+    """
+
+    def fill_bitmask(self, bitmask: Any, row: int) -> None:
+        """Write the allowed next tokens into row `row` of `bitmask` (a CPU int32 tensor)."""
+        ...
+
+    def accept(self, token_id: int) -> None:
+        """The engine sampled `token_id` for this request."""
+        ...
 
 
 class ModelLoadError(Exception):
@@ -50,8 +70,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # True: stop_token_ids are ignored (benchmarks force output length)
     # Not None: also return the log-probability of each sampled token under the
-    # model's raw distribution (before temperature/top-k/top-p). Top-n: not yet.
+    # model's distribution before temperature/top-k/top-p (after a constraint's mask). Top-n: not yet.
     logprobs: int | None = None
+    # Not None: only tokens the constraint allows are sampled (structured outputs).
+    constraint: TokenConstraint | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

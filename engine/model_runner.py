@@ -13,7 +13,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.model import GptOssModel, allocate_kv_cache
-from engine.sampler import Sampler
+from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
 
 
@@ -27,6 +27,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.kv_caches = allocate_kv_cache(model_config, num_blocks, self.block_size, dtype, self.device)
         self.sampler = Sampler()
+        self.masks = ConstraintMasks(model_config.vocab_size)
         self.forward_s = 0.0  # model time, for the engine-overhead figure
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
@@ -58,6 +59,9 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float | None] | None]:
         """Forward the batch; sample a token for every item that needs one (in batch.sampled order)."""
         input_ids, meta, logit_rows = self.prepare(batch)
+        sampled = batch.sampled
+        params = [item.seq.sampling for item in sampled]
+        masks = self.masks.start(params)  # grammar masks, computed while the model runs
         start = time.perf_counter()
         hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
         if not logit_rows:
@@ -65,9 +69,10 @@ class ModelRunner:
             return [], None
         logits = self.model.compute_logits(hidden[logit_rows]).float()  # [N, vocab]
         self.forward_s += time.perf_counter() - start
-        sampled = batch.sampled
-        params = [item.seq.sampling for item in sampled]
+        if masks is not None:
+            apply_bitmask(logits, *masks.result())
         token_ids = self.sampler.sample(logits, params, [item.seq.generator for item in sampled])
+        self.masks.accept(params, token_ids)
         logprobs = None
         if any(p.logprobs is not None for p in params):
             logprobs = self.sampler.logprobs(logits, token_ids, params)

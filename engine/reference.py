@@ -26,6 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams, derive_seed
 from engine.config import DTYPES, check_model_dir
+from engine.sampler import apply_bitmask, bitmask_words
 from engine.sampler import sample_one as sample  # one sampling implementation, shared with the engine
 
 
@@ -137,7 +138,16 @@ class TransformersBackend:
         start = time.perf_counter()
         is_prefill = request.cache is None
         logits = self._next_logits(request)
+        constraint = request.sampling.constraint
+        if constraint is not None:
+            bitmask = torch.full((1, bitmask_words(logits.shape[-1])), -1, dtype=torch.int32)
+            constraint.fill_bitmask(bitmask, 0)
+            logits = logits[None].clone()
+            apply_bitmask(logits, [0], bitmask)
+            logits = logits[0]
         token_id = sample(logits, request.sampling, request.generator)
+        if constraint is not None:
+            constraint.accept(token_id)
         logprobs = None
         if request.sampling.logprobs is not None:
             logprobs = [torch.log_softmax(logits, dim=-1)[token_id].item()]

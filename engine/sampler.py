@@ -1,16 +1,83 @@
-"""Next-token sampling: greedy, temperature, top-k, top-p, per-request generators.
+"""Next-token sampling: greedy, temperature, top-k, top-p, per-request generators, token masks.
 
 `sample_one` is the single implementation of one draw; the reference backend
 uses it too, so both backends draw the same token from the same logits and seed.
 Each non-greedy row draws exactly one multinomial sample from its own
 generator, so a request's tokens do not depend on what else is in the batch.
+A request with a `TokenConstraint` samples only the tokens its bitmask allows
+(`ConstraintMasks` fills the masks on a worker thread while the model runs).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
 import torch
 
-from engine.api import SamplingParams, derive_seed
+from engine.api import SamplingParams, TokenConstraint, derive_seed
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """int32 words in one row of a token bitmask."""
+    return (vocab_size + 31) // 32
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[N, words] int32 bitmask -> [N, vocab_size] bool (bit t % 32 of word t // 32: token t)."""
+    if bitmask.device.type == "cpu":  # numpy unpacks bits ~10x faster than shifting int32 tensors
+        bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=-1, bitorder="little")
+        return torch.from_numpy(bits[:, :vocab_size]).bool()
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """Set to -inf, in place, the logits of tokens that row `rows[i]` may not sample (bitmask row i).
+
+    A row that allows no token at all is left as it is: its constraint is broken
+    (its owner sees the error when the token is accepted), and an all -inf row
+    would make sampling fail for the whole batch.
+    """
+    allowed = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device, non_blocking=True)
+    allowed |= ~allowed.any(dim=-1, keepdim=True)
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+
+
+class ConstraintMasks:
+    """Fills the bitmask rows of a step's constrained requests on a worker thread.
+
+    `start()` is called before the model's forward and `result()` after it, so
+    the grammar work (which releases the GIL) overlaps the forward pass.
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, params: list[SamplingParams]) -> Future[tuple[list[int], torch.Tensor]] | None:
+        """Begin filling the masks of the rows whose params carry a constraint (None: no such row)."""
+        constrained = [(row, p.constraint) for row, p in enumerate(params) if p.constraint is not None]
+        if not constrained:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="token-masks")
+        return self._pool.submit(self._fill, constrained)
+
+    def _fill(self, constrained: list[tuple[int, TokenConstraint]]) -> tuple[list[int], torch.Tensor]:
+        bitmask = torch.full((len(constrained), bitmask_words(self.vocab_size)), -1, dtype=torch.int32)
+        for index, (_, constraint) in enumerate(constrained):
+            constraint.fill_bitmask(bitmask, index)
+        return [row for row, _ in constrained], bitmask
+
+    @staticmethod
+    def accept(params: list[SamplingParams], token_ids: list[int]) -> None:
+        """Tell each constrained row's constraint the token it sampled."""
+        for p, token_id in zip(params, token_ids):
+            if p.constraint is not None:
+                p.constraint.accept(token_id)
 
 
 def make_generator(params: SamplingParams, backend_seed: int, request_id: str) -> torch.Generator:

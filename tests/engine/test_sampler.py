@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from engine.api import SamplingParams, derive_seed
-from engine.sampler import Sampler, keep_top_k, keep_top_p, make_generator, sample_one
+from engine.sampler import (Sampler, allowed_tokens, apply_bitmask, bitmask_words, keep_top_k, keep_top_p,
+                            make_generator, sample_one)
 
 VOCAB = 500
 
@@ -14,7 +15,7 @@ def logits_for(step: int, rows: int = 1) -> torch.Tensor:
 
 
 def params(**kwargs) -> SamplingParams:
-    return SamplingParams(max_tokens=1, **kwargs)
+    return SamplingParams(**{"max_tokens": 1, **kwargs})
 
 
 def test_greedy_rows_are_argmax_and_draw_no_randomness():
@@ -142,3 +143,65 @@ def test_a_vanishing_temperature_is_greedy_not_a_nan():
     tiny = [params(temperature=1e-40), params(temperature=1e-6)]
     generators = [torch.Generator().manual_seed(i) for i in range(2)]
     assert Sampler().sample(logits, tiny, generators) == logits.argmax(dim=-1).tolist()
+
+
+# --- token masks (TokenConstraint) -----------------------------------------
+
+class ScriptedConstraint:
+    """Allows exactly the next token of a script; records what the engine sampled."""
+
+    def __init__(self, script: list[int]):
+        self.script, self.accepted = script, []
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = 0
+        token = self.script[len(self.accepted) % len(self.script)]
+        bitmask[row, token // 32] = torch.tensor(1 << (token % 32), dtype=torch.int64).to(torch.int32)
+
+    def accept(self, token_id: int) -> None:
+        self.accepted.append(token_id)
+
+
+def test_allowed_tokens_reads_bit_t_of_word_t_over_32_on_both_paths():
+    vocab = 100
+    allowed = torch.rand(3, vocab) < 0.3
+    allowed[1, 31] = allowed[1, 95] = True  # the sign bit of a word, and the last partial word
+    words = torch.zeros(3, bitmask_words(vocab), dtype=torch.int64)
+    for row, token in allowed.nonzero().tolist():
+        words[row, token // 32] |= 1 << (token % 32)
+    bitmask = words.to(torch.int32)  # wraps bit 31 to the sign, as llguidance writes it
+    assert torch.equal(allowed_tokens(bitmask, vocab), allowed)
+    shifts = torch.arange(32, dtype=torch.int32)  # the device path, checked on CPU
+    by_shift = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(3, -1)[:, :vocab].bool()
+    assert torch.equal(by_shift, allowed)
+
+
+def test_apply_bitmask_masks_only_the_listed_rows_and_spares_a_row_that_allows_nothing():
+    logits = torch.randn(3, 64)
+    before = logits.clone()
+    bitmask = torch.zeros(2, 2, dtype=torch.int32)
+    bitmask[0, 0] = 1 << 5  # row 0 may only sample token 5
+    apply_bitmask(logits, [0, 2], bitmask)  # mask row 1 (bitmask row 1: nothing allowed) is row 2
+    assert torch.argmax(logits[0]) == 5 and torch.isinf(logits[0]).sum() == 63
+    assert torch.equal(logits[1], before[1]) and torch.equal(logits[2], before[2])
+
+
+@pytest.mark.parametrize("backend_name", ["engine", "transformers"])
+def test_a_constrained_request_samples_only_what_its_constraint_allows(tiny_model_dir, backend_name):
+    from engine.factory import load_backend
+
+    backend = load_backend(backend_name, tiny_model_dir, **({"kv_cache_gb": 0.05} if backend_name == "engine" else {}))
+    script = [4000, 17, 200005, 9]
+    constraints = {"greedy": ScriptedConstraint(script), "hot": ScriptedConstraint(script)}
+    backend.add_request("greedy", [1, 2, 3], params(max_tokens=6, temperature=0.0, constraint=constraints["greedy"]))
+    backend.add_request("hot", [1, 2, 3], params(max_tokens=6, temperature=1.8, seed=3,
+                                                 constraint=constraints["hot"]))
+    backend.add_request("free", [1, 2, 3], params(max_tokens=6, temperature=0.0))
+    out = {"greedy": [], "hot": [], "free": []}
+    while backend.has_unfinished_requests():
+        for o in backend.step():
+            out[o.request_id] += o.new_token_ids
+    expected = (script * 2)[:6]
+    assert out["greedy"] == out["hot"] == expected
+    assert constraints["greedy"].accepted == constraints["hot"].accepted == expected
+    assert out["free"] != expected
