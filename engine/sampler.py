@@ -26,8 +26,8 @@ def bitmask_words(vocab_size: int) -> int:
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[N, words] int32 bitmask -> [N, vocab_size] bool (bit t % 32 of word t // 32: token t)."""
     if bitmask.device.type == "cpu":  # numpy unpacks bits ~10x faster than shifting int32 tensors
-        bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=-1, bitorder="little")
-        return torch.from_numpy(bits[:, :vocab_size]).bool()
+        unpacked = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=-1, bitorder="little")
+        return torch.from_numpy(unpacked[:, :vocab_size]).bool()
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
