@@ -1,0 +1,266 @@
+# mypy: allow-untyped-defs
+# (@triton.jit kernels take untyped arguments: Triton reads annotations as constexpr markers.)
+"""Triton MoE: (token, expert) pairs grouped by expert, one grouped GEMM per projection.
+
+`route` sorts the pairs by expert and builds a tile schedule on the device (no
+host sync): tile t covers up to BLOCK_M sorted rows of one expert; the number
+of tiles has a static upper bound, and the tiles past the real ones are marked
+with expert id E and return at once. Both kernels run over (tile, column block):
+- gate_up: x rows gathered by token, times the expert's gate_up weight, plus
+  bias, then the clamped SwiGLU of the interleaved gate/up columns -> [P, I];
+- down: those rows times the expert's down weight, plus bias, times the router
+  weight, written per pair -> [P, hidden], summed over top_k in torch (so the
+  result is deterministic: no atomics).
+
+Expert weights come dense ([E, in, out], any float dtype) or MXFP4
+(engine.mxfp4: blocks [E, out, in/32, 16], scales [E, out, in/32]), dequantised
+in the K loop: each byte holds inputs 2j and 2j+1, so the activation tile is
+read as its even and odd columns and each meets one nibble's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engine.kernels import require_triton
+from engine.mxfp4 import MXFP4_BLOCK, check_packed
+
+# Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
+require_triton("cuda" if torch.cuda.is_available() else "cpu")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+MXFP4_GROUP_BYTES: tl.constexpr = tl.constexpr(MXFP4_BLOCK // 2)  # bytes sharing one scale
+
+
+@dataclass(frozen=True)
+class ExpertWeight:
+    """One projection of all experts: `dense` [E, in, out], or MXFP4 `blocks` + `scales`."""
+
+    dense: Tensor | None = None
+    blocks: Tensor | None = None  # [E, out, in / 32, 16] uint8
+    scales: Tensor | None = None  # [E, out, in / 32] uint8
+
+    def __post_init__(self) -> None:
+        if (self.dense is None) == (self.blocks is None) or (self.blocks is None) != (self.scales is None):
+            raise ValueError("ExpertWeight takes either dense or blocks and scales")
+        if self.blocks is not None and self.scales is not None:
+            check_packed(self.blocks, self.scales)
+            if self.blocks.stride(-1) != 1 or self.blocks.stride(-2) != MXFP4_BLOCK // 2:
+                raise ValueError("MXFP4 blocks must be contiguous along their last two dims")
+
+    @property
+    def is_mxfp4(self) -> bool:
+        return self.blocks is not None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(experts, in, out)."""
+        if self.dense is not None:
+            e, k, n = self.dense.shape
+            return e, k, n
+        assert self.blocks is not None  # for mypy: __post_init__ guarantees it
+        e, n, g, _ = self.blocks.shape
+        return e, g * MXFP4_BLOCK, n
+
+
+@dataclass(frozen=True)
+class Routing:
+    """(token, expert) pairs in expert order and the tile schedule over them, all on the device."""
+
+    sorted_pairs: Tensor  # [P] int32: pair index (token * top_k + slot), grouped by expert
+    expert_offsets: Tensor  # [E + 1] int32: expert e's rows are sorted_pairs[offsets[e]:offsets[e + 1]]
+    tile_expert: Tensor  # [max_tiles] int32: each tile's expert; E for the unused tail
+    tile_row_start: Tensor  # [max_tiles] int32: each tile's first sorted row
+    block_m: int
+
+
+def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Static bound on sum over experts of ceil(count / block_m): each hit expert adds at most one partial tile."""
+    return num_pairs // block_m + min(num_experts, num_pairs)
+
+
+def route(expert_ids: Tensor, num_experts: int, block_m: int) -> Routing:
+    """expert_ids [T, top_k] -> the pairs sorted by expert and a tile schedule, without reading anything back."""
+    flat = expert_ids.reshape(-1)
+    num_pairs, device = flat.numel(), flat.device
+    sorted_ids, order = torch.sort(flat, stable=True)
+    offsets = torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=device, dtype=sorted_ids.dtype))
+    tiles = (offsets[1:] - offsets[:-1] + block_m - 1) // block_m  # [E]
+    tile_ends = torch.cumsum(tiles, 0)
+    t = torch.arange(max_tiles(num_pairs, num_experts, block_m), device=device)
+    tile_expert = torch.searchsorted(tile_ends, t, right=True)  # E past the last real tile
+    e = tile_expert.clamp(max=num_experts - 1)
+    row_start = offsets[e] + (t - (tile_ends[e] - tiles[e])) * block_m
+    return Routing(order.int(), offsets.int(), tile_expert.int(), row_start.int(), block_m)
+
+
+def block_m_for(num_pairs: int, num_experts: int) -> int:
+    """Rows per tile from the shapes alone (no data): about the mean rows per expert, 16 to 64."""
+    mean = max(1, num_pairs // num_experts)
+    return min(64, max(16, triton.next_power_of_2(mean)))
+
+
+def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
+                  down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float) -> Tensor:
+    """The gpt-oss MoE: x [T, hidden], expert_ids / weights [T, top_k] -> [T, hidden] in x's dtype."""
+    num_tokens, top_k = expert_ids.shape
+    num_experts, hidden, two_inter = gate_up.shape
+    if down.shape != (num_experts, two_inter // 2, hidden) or x.shape != (num_tokens, hidden):
+        raise ValueError(f"MoE shapes do not match: x {tuple(x.shape)}, gate_up {gate_up.shape}, down {down.shape}")
+    if hidden % 2 or two_inter % 4:
+        raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
+    num_pairs = num_tokens * top_k
+    routing = route(expert_ids, num_experts, block_m_for(num_pairs, num_experts))
+    activated = torch.empty(num_pairs, two_inter // 2, dtype=x.dtype, device=x.device)
+    _launch(_gate_up_swiglu_kernel, x, gate_up, gate_up_bias, activated, routing, top_k,
+            pair_weights=x, alpha=alpha, limit=limit)
+    per_pair = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
+    _launch(_down_kernel, activated, down, down_bias, per_pair, routing, top_k,
+            pair_weights=weights.reshape(-1).contiguous(), alpha=alpha, limit=limit)
+    return per_pair.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+
+
+def _launch(kernel: triton.JITFunction, a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Routing,
+            top_k: int, *, pair_weights: Tensor, alpha: float, limit: float) -> None:
+    num_experts, k, n = w.shape
+    block_n, block_k = 64, 64
+    if w.dense is not None:
+        w_ptr, scales = w.dense, w.dense  # scales unused
+        w_strides = (w.dense.stride(0), w.dense.stride(1), w.dense.stride(2))
+        s_strides = (0, 0, 0)
+    else:
+        assert w.blocks is not None and w.scales is not None  # for mypy
+        w_ptr, scales = w.blocks, w.scales
+        w_strides = (w.blocks.stride(0), 1, w.blocks.stride(1))  # (expert, byte along in, out)
+        s_strides = (w.scales.stride(0), w.scales.stride(2), w.scales.stride(1))  # (expert, group, out)
+    grid = (routing.tile_expert.numel(), triton.cdiv(n, block_n))
+    kernel[grid](
+        a, w_ptr, scales, bias, out, pair_weights,
+        routing.sorted_pairs, routing.tile_expert, routing.tile_row_start, routing.expert_offsets,
+        k, n, num_experts, top_k, alpha, limit,
+        a.stride(0), a.stride(1), *w_strides, *s_strides, bias.stride(0), bias.stride(1), out.stride(0),
+        MXFP4=w.is_mxfp4, PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_M=routing.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+
+
+@triton.jit
+def _e2m1_times_scale(code, scale):
+    """FP4 codes (int32 0..15) times e8m0 scales (int32 0..255) -> fp32, built from their bits (exact)."""
+    exponent = (code >> 1) & 3
+    mantissa = code & 1
+    # exponent 0 is subnormal: 0 or 0.5; otherwise 2^(exponent - 1) * (1 + mantissa / 2).
+    bits = tl.where(exponent == 0, mantissa * (126 << 23), ((exponent + 126) << 23) | (mantissa << 22))
+    magnitude = bits.to(tl.float32, bitcast=True)
+    value = tl.where(code >= 8, -magnitude, magnitude)
+    # 2^(scale - 127) as fp32 bits; scale 0 (2^-127) is subnormal, so take 2^-126 and halve.
+    factor = (tl.maximum(scale, 1) << 23).to(tl.float32, bitcast=True)
+    value = value * factor
+    return tl.where(scale == 0, value * 0.5, value)
+
+
+@triton.jit
+def _tile_rows(tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr, BLOCK_M: tl.constexpr):
+    """This program's expert, its sorted rows [BLOCK_M] and their mask."""
+    tile = tl.program_id(0)
+    expert = tl.load(tile_expert_ptr + tile)
+    rows = tl.load(tile_row_start_ptr + tile) + tl.arange(0, BLOCK_M)
+    row_end = tl.load(expert_offsets_ptr + expert + 1)
+    return expert, rows, rows < row_end
+
+
+@triton.jit
+def _expert_matmul(a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, expert, offs_n, K, N,
+                   stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
+                   MXFP4: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] fp32: rows at a_rows_ptr [BLOCK_M, 1] times columns offs_n of expert's weight."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    mask_n = offs_n < N
+    w_ptr += expert.to(tl.int64) * stride_we
+    if MXFP4:
+        s_ptr += expert.to(tl.int64) * stride_se
+        for k0 in range(0, K, BLOCK_K):
+            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds inputs 2j (low nibble) and 2j + 1
+            mask_j = j < K // 2
+            a_mask = row_mask[:, None] & mask_j[None, :]
+            a_even = tl.load(a_rows_ptr + (2 * j)[None, :] * stride_ak, mask=a_mask, other=0.0)
+            a_odd = tl.load(a_rows_ptr + (2 * j + 1)[None, :] * stride_ak, mask=a_mask, other=0.0)
+            w_mask = mask_j[:, None] & mask_n[None, :]
+            packed = tl.load(w_ptr + j[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=w_mask, other=0)
+            scale = tl.load(s_ptr + (j // MXFP4_GROUP_BYTES)[:, None] * stride_sg + offs_n[None, :] * stride_sn,
+                            mask=w_mask, other=127).to(tl.int32)
+            packed = packed.to(tl.int32)
+            w_even = _e2m1_times_scale(packed & 15, scale).to(a_even.dtype)
+            w_odd = _e2m1_times_scale(packed >> 4, scale).to(a_even.dtype)
+            acc = tl.dot(a_even, w_even, acc, input_precision=PRECISION)
+            acc = tl.dot(a_odd, w_odd, acc, input_precision=PRECISION)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            a = tl.load(a_rows_ptr + offs_k[None, :] * stride_ak, mask=row_mask[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                        mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _gate_up_swiglu_kernel(
+    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, unused_ptr,
+    sorted_pairs_ptr, tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr,
+    K, N, num_experts, top_k, alpha, limit,
+    stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
+    stride_be, stride_bn, stride_om,
+    MXFP4: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[row, j] = swiglu(gate, up) of x[token(row)] @ W[expert] + bias, columns 2j (gate) and 2j + 1 (up)."""
+    expert, rows, row_mask = _tile_rows(tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr, BLOCK_M)
+    if expert >= num_experts:
+        return
+    tokens = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // top_k
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _expert_matmul(x_ptr + tokens.to(tl.int64)[:, None] * stride_xm, row_mask, stride_xk, w_ptr, s_ptr,
+                         expert, offs_n, K, N, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
+                         MXFP4, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=offs_n < N, other=0.0)
+    gate, up = tl.split(tl.reshape(acc + bias.to(tl.float32)[None, :], (BLOCK_M, BLOCK_N // 2, 2)))
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    activated = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+    offs_j = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_j[None, :]
+    tl.store(out, activated.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_j < N // 2)[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, pair_weights_ptr,
+    sorted_pairs_ptr, tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr,
+    K, N, num_experts, top_k, alpha, limit,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
+    stride_be, stride_bn, stride_om,
+    MXFP4: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[pair(row)] = router_weight(pair) * (a[row] @ W[expert] + bias), fp32."""
+    expert, rows, row_mask = _tile_rows(tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr, BLOCK_M)
+    if expert >= num_experts:
+        return
+    pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _expert_matmul(a_ptr + rows.to(tl.int64)[:, None] * stride_am, row_mask, stride_ak, w_ptr, s_ptr,
+                         expert, offs_n, K, N, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
+                         MXFP4, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    mask_n = offs_n < N
+    bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=mask_n, other=0.0)
+    router_weight = tl.load(pair_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
+    y = (acc + bias.to(tl.float32)[None, :]) * router_weight[:, None]
+    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, y, mask=row_mask[:, None] & mask_n[None, :])
