@@ -1,8 +1,9 @@
 """The Open Responses spec (OpenAPI, version 2026-04-24) as a second oracle.
 
-Loads `openresponses-openapi.json` from $OPENRESPONSES_SPEC, else from
-`<repo root>/../shared/reference/`. When the file is absent, `SPEC_MISSING` holds
-the reason and the validators raise; tests call `require_spec()` to skip.
+Loads `openresponses-openapi.json` from $OPENRESPONSES_SPEC, else the copy vendored in
+tests/data/openresponses/ (Apache-2.0, see the NOTICE there), so a fresh clone runs
+every conformance test. When the file is absent, `SPEC_MISSING` holds the reason and
+the validators raise; tests call `require_spec()` to skip.
 `$ref`s resolve against the whole spec document (a `referencing` registry).
 """
 
@@ -14,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 SPEC_URI = "urn:openresponses-openapi"
-DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "openresponses-openapi.json"
+DEFAULT_SPEC_PATH = Path(__file__).resolve().parent / "data" / "openresponses" / "openresponses-openapi.json"
 
 # The spec of 2026-04-24 names the reasoning text events `response.reasoning.delta/done`;
 # batchrun keeps the openai SDK's `response.reasoning_text.delta/done` (the names the
@@ -35,7 +36,7 @@ def _missing_reason() -> str | None:
     if path.is_file():
         return None
     return (f"Open Responses spec not found at {path} (set OPENRESPONSES_SPEC to "
-            f"openresponses-openapi.json; a clean clone has no shared/reference folder)")
+            f"openresponses-openapi.json, or restore tests/data/openresponses/)")
 
 
 SPEC_MISSING: str | None = _missing_reason()

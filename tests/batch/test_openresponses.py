@@ -1,9 +1,9 @@
-"""Open Responses (shared/reference/openresponses-openapi.json) as the second oracle.
+"""Open Responses (tests/data/openresponses/openresponses-openapi.json) as the second oracle.
 
 For requests whose tools are function tools only, the stored response and every event
 must validate against the spec's schemas. Fact-based checks (what DESIGN.md "Events"
-lists as satisfying both the SDK and the spec) always run; full-schema validation skips
-when the spec file is absent (a clean clone has no shared/ folder).
+lists as satisfying both the SDK and the spec) always run; full-schema validation uses the
+spec copy vendored under tests/data (it skips only if that copy is removed).
 """
 
 import copy
@@ -183,11 +183,25 @@ def test_spec_missing_gives_a_skip_reason(tmp_path, monkeypatch):
         module.require_spec()
     with pytest.raises(FileNotFoundError):
         module.validate_response({})
-    default = Path(openresponses.__file__).resolve().parents[2] / "shared" / "reference"
-    assert module.DEFAULT_SPEC_PATH == default / "openresponses-openapi.json"
+    vendored = Path(openresponses.__file__).resolve().parent / "data" / "openresponses"
+    assert module.DEFAULT_SPEC_PATH == vendored / "openresponses-openapi.json"
 
 
-# -- full schema: skips without the spec -------------------------------------------
+def test_a_fresh_clone_has_the_spec_and_its_licence_notice(monkeypatch):
+    monkeypatch.delenv("OPENRESPONSES_SPEC", raising=False)
+    spec = importlib.util.spec_from_file_location("openresponses_vendored", openresponses.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SPEC_MISSING is None
+    assert json.loads(module.DEFAULT_SPEC_PATH.read_text())["info"] == {"title": "Open Responses",
+                                                                        "version": "2026-04-24"}
+    folder = module.DEFAULT_SPEC_PATH.parent
+    notice = (folder / "NOTICE").read_text()
+    assert "Apache License" in notice and "github.com/openresponses/openresponses" in notice
+    assert "Apache License" in (folder / "LICENSE").read_text()
+
+
+# -- full schema (the vendored spec) -------------------------------------------------
 
 def test_hard_coded_required_fields_match_the_spec():
     openresponses.require_spec()
