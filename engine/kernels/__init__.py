@@ -1,0 +1,33 @@
+"""Triton kernels behind `EngineConfig.kernels == "triton"` (attention here; the MoE beside it).
+
+triton is an optional extra (`batchrun[gpu]`): nothing here imports it until a
+kernel module is imported. On CPU tensors the kernels run in Triton's
+interpreter, which `TRITON_INTERPRET=1` selects when the `@triton.jit`
+decorators run, i.e. before a kernel module is first imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+INSTALL_HINT = "pip install 'batchrun[gpu]'"
+
+
+def triton_available() -> bool:
+    """True if triton can be imported."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def require_triton(device: torch.device | str) -> None:
+    """Get ready to import a kernel module for tensors on `device`; ImportError naming the extra if triton is missing.
+
+    For CPU tensors it selects the interpreter (unless the caller already chose): that only
+    takes effect if no kernel module has been imported yet in this process.
+    """
+    if not triton_available():
+        raise ImportError(f"kernels='triton' needs triton, which is not installed: {INSTALL_HINT}")
+    if torch.device(device).type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,263 @@
+# mypy: allow-untyped-defs
+# (@triton.jit kernels take untyped arguments: Triton reads annotations as constexpr markers.)
+"""Triton paged attention with learned sinks and sliding windows: the device path of engine.attention.
+
+`triton_paged_attention` has the signature and result of `engine.attention.paged_attention`
+(the torch reference). Keys are read in place from the paged cache through each
+sequence's block table, so prefix-cache hits and earlier prefill chunks cost nothing extra.
+
+Two kernels cover one flat batch, each launched over every sequence and each
+ignoring the sequences the other one owns (so no host read decides who is who):
+
+- decode (sequences with one new token), split-K: each (sequence, KV head,
+  partition) program attends the group's query heads to PARTITION_SIZE keys and
+  writes a partial max, sum and unnormalised output; a reduce kernel rescales
+  the partitions to a common max, adds the sink once and normalises.
+- prefill (sequences with several new tokens, prompt chunks): each (sequence,
+  query tile, KV head) program runs an online softmax over the keys its tile
+  sees (causal, windowed), the sink seeding the running max and sum.
+
+GQA: a program packs the query heads of one KV head (and, in prefill, BLOCK_M
+queries) into the rows of one tile, so each key tile is loaded once per group.
+Scores, softmax and accumulation are fp32 whatever the cache dtype.
+
+Host syncs: none per layer. Grid sizes need the longest new-token count and the
+longest sequence of the step; the model runner puts them on the metadata as host
+ints (`max_query_len`, `max_seq_len`). Metadata built without them (tests, other
+callers) costs one device read per call to find them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from engine.attention import AttentionMetadata
+from engine.kernels import require_triton
+
+# Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
+require_triton("cuda" if torch.cuda.is_available() else "cpu")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read by triton when the decorators below ran
+
+PARTITION_SIZE = 512  # keys per decode partition (split-K); a multiple of DECODE_BLOCK_N
+DECODE_BLOCK_N = 64  # keys per tile in the decode kernel
+PREFILL_BLOCK_N = 64  # keys per tile in the prefill kernel
+PREFILL_ROWS = 64  # query rows (queries x heads of a group) per prefill tile
+MIN_DOT = 16  # tl.dot wants every dimension >= 16 on GPUs
+
+
+@triton.jit
+def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, key_lo, key_hi, window,
+                 block_size, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
+    """Online softmax of the rows of q over keys key_lo .. key_hi - 1, read through the block table.
+
+    q: [R, BLOCK_D] in the cache dtype; q_pos: [R] positions (a key is seen if at or before
+    its row's position, and inside the window); m_i, l_i: [R] running max / sum, acc: [R, BLOCK_D] fp32.
+    """
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    for start in range(key_lo, key_hi, BLOCK_N):
+        k_pos = start + tl.arange(0, BLOCK_N)
+        k_in = k_pos < key_hi
+        block = tl.load(table_row + k_pos // block_size, mask=k_in, other=0)
+        k_in = k_in & (block >= 0)  # a -1 (missing) block is never read
+        slot = k_pos % block_size
+        kv_mask = k_in[:, None] & d_ok[None, :]
+        k = tl.load(k_cache + (block * stride_kb + slot * stride_ks + kv_head * stride_kh)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BLOCK_N] fp32
+        seen = k_in[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if SLIDING:
+            seen = seen & (k_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at zero
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _decode_partition_kernel(
+        q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_m, part_l, part_acc,
+        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+        block_size, window, scale, num_heads, num_parts,
+        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_N: tl.constexpr, PARTITION: tl.constexpr, SLIDING: tl.constexpr):
+    """Program (sequence, KV head, partition): one partition of a decode sequence's keys, unnormalised."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    q_start = tl.load(query_start_loc + seq)
+    is_decode = tl.load(query_start_loc + seq + 1) - q_start == 1
+    seq_len = tl.load(seq_lens + seq)
+    q_pos = seq_len - 1
+    first_key = 0
+    if SLIDING:
+        first_key = tl.maximum(q_pos - window + 1, 0)
+    key_lo = first_key + part * PARTITION
+    key_hi = tl.minimum(key_lo + PARTITION, seq_len)
+    key_hi = tl.where(is_decode, key_hi, key_lo)  # a prefill sequence's programs read nothing
+
+    rows = tl.arange(0, BLOCK_G)
+    # Masks fold scalar conditions into a bound (the interpreter rejects scalar & tensor masks).
+    row_ok = rows < tl.where(is_decode, GROUP, 0)
+    head = kv_head * GROUP + rows
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(q_ptr + q_start * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    q_rows_pos = tl.zeros([BLOCK_G], tl.int64) + q_pos
+    m_i, l_i, acc = _attend_keys(q, q_rows_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
+                                 kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
+                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING)
+    part_row = (seq * num_heads + head) * num_parts + part  # [S, H, P] layout
+    tl.store(part_m + part_row, m_i, mask=row_ok)
+    tl.store(part_l + part_row, l_i, mask=row_ok)
+    tl.store(part_acc + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+        out_ptr, sinks, query_start_loc, part_m, part_l, part_acc, stride_ot, stride_oh, num_heads, num_parts,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Program (sequence, head): combine a decode sequence's partitions, adding the sink once."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(query_start_loc + seq)
+    is_decode = tl.load(query_start_loc + seq + 1) - q_start == 1
+    p = tl.arange(0, BLOCK_P)
+    p_ok = p < tl.where(is_decode, num_parts, 0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    d_out = d < tl.where(is_decode, HEAD_DIM, 0)
+    row = (seq * num_heads + head) * num_parts + p
+    m = tl.load(part_m + row, mask=p_ok, other=float("-inf"))
+    l_p = tl.load(part_l + row, mask=p_ok, other=0.0)
+    acc = tl.load(part_acc + row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
+    sink = tl.load(sinks + head).to(tl.float32)
+    m_all = tl.maximum(tl.max(m, 0), sink)  # finite: the sink is
+    w = tl.exp(m - m_all)  # 0 for an empty partition (m = -inf)
+    denom = tl.sum(l_p * w, 0) + tl.exp(sink - m_all)
+    o = tl.sum(acc * w[:, None], 0) / denom
+    tl.store(out_ptr + q_start * stride_ot + head * stride_oh + d, o.to(out_ptr.dtype.element_ty),
+             mask=d_out)
+
+
+@triton.jit
+def _prefill_kernel(
+        q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+        stride_vh, stride_bt, block_size, window, scale,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
+    """Program (sequence, query tile, KV head): BLOCK_M queries x the group's heads of a prefill sequence."""
+    seq = tl.program_id(0)
+    tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc + seq)
+    q_len = tl.load(query_start_loc + seq + 1) - q_start
+    seq_len = tl.load(seq_lens + seq)
+    first_pos = seq_len - q_len  # position of the sequence's first new token
+
+    rows = tl.arange(0, BLOCK_M * GROUP_PAD)
+    qi = tile * BLOCK_M + rows // GROUP_PAD  # query index within the sequence
+    hi = rows % GROUP_PAD  # head within the group
+    row_ok = (qi < tl.where(q_len > 1, q_len, 0)) & (hi < GROUP)
+    head = kv_head * GROUP + hi
+    q_pos = first_pos + qi
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    io_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=io_mask, other=0.0)
+    # The sink is a key with logit `sink` and no value: it seeds the running max and sum.
+    m_i = tl.load(sinks + head, mask=row_ok, other=0.0).to(tl.float32)
+    l_i = tl.full([BLOCK_M * GROUP_PAD], 1.0, tl.float32)
+    acc = tl.zeros([BLOCK_M * GROUP_PAD, BLOCK_D], tl.float32)
+
+    tile_first = first_pos + tile * BLOCK_M
+    key_hi = tl.minimum(tile_first + BLOCK_M, seq_len)
+    key_lo = 0
+    if SLIDING:
+        key_lo = tl.maximum(tile_first - window + 1, 0)
+    key_hi = tl.where((q_len > 1) & (tile * BLOCK_M < q_len), key_hi, key_lo)  # not ours, or past the end
+    m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
+                                 kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
+                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING)
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
+                           sinks: Tensor, sliding_window: int | None, scale: float) -> Tensor:
+    """`engine.attention.paged_attention` in Triton: same arguments, same result (see there)."""
+    if q.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before "
+                           "engine.kernels.attention is imported")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_seqs = meta.num_seqs
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    max_query_len, max_seq_len = _host_bounds(meta)
+    sliding = sliding_window is not None
+    window = sliding_window or 0
+    block_d = max(MIN_DOT, triton.next_power_of_2(head_dim))
+    common = dict(stride_kb=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
+                  stride_vb=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
+                  stride_bt=meta.block_tables.stride(0), block_size=meta.block_size, window=window, scale=scale)
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
+        raise ValueError("paged attention wants q and the caches contiguous in head_dim")
+
+    # Decode rows: split-K over partitions, then a reduce. Sliding layers read at most `window` keys.
+    span = min(max_seq_len, window) if sliding else max_seq_len
+    num_parts = triton.cdiv(max(span, 1), PARTITION_SIZE)
+    part_m = torch.empty(num_seqs, num_heads, num_parts, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(num_seqs, num_heads, num_parts, head_dim, dtype=torch.float32, device=q.device)
+    _decode_partition_kernel[(num_seqs, num_kv_heads, num_parts)](
+        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, part_m, part_l, part_acc,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), num_heads=num_heads, num_parts=num_parts,
+        GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_N=DECODE_BLOCK_N, PARTITION=PARTITION_SIZE, SLIDING=sliding, **common)
+    _decode_reduce_kernel[(num_seqs, num_heads)](
+        out, sinks, meta.query_start_loc, part_m, part_l, part_acc, out.stride(0), out.stride(1),
+        num_heads, num_parts, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_parts))
+
+    if max_query_len > 1:  # prefill rows
+        group_pad = triton.next_power_of_2(group)
+        block_m = max(1, PREFILL_ROWS // group_pad, triton.cdiv(MIN_DOT, group_pad))
+        _prefill_kernel[(num_seqs, triton.cdiv(max_query_len, block_m), num_kv_heads)](
+            q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks,
+            stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+            GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_N=PREFILL_BLOCK_N, SLIDING=sliding, **common)
+    return out
+
+
+def _host_bounds(meta: AttentionMetadata) -> tuple[int, int]:
+    """(longest new-token count, longest sequence) of the step: the runner's host ints, else one device read."""
+    max_query_len = getattr(meta, "max_query_len", None)
+    max_seq_len = getattr(meta, "max_seq_len", None)
+    if max_query_len is None or max_seq_len is None:
+        bounds = torch.stack([meta.query_start_loc.diff().max(), meta.seq_lens.max()]).tolist()
+        max_query_len, max_seq_len = int(bounds[0]), int(bounds[1])
+    return max_query_len, max_seq_len
