@@ -9,6 +9,7 @@ serves, over stdio:
   and returns stdout and stderr together, a traceback included. A sandbox limit (CPU,
   wall clock, memory, processes) or a crashed interpreter returns `is_error` with text
   the model can read; after a crash or a kill the next call starts a fresh interpreter.
+  Processes the cell started do not outlive the call, and its output is only its own.
 - `reset(session_id="default")`: ends that session's interpreter and deletes its files.
 
 Sessions are keyed by `session_id` alone, not by the MCP connection: the runner passes

@@ -3,8 +3,10 @@
 A `Worker` starts `sandbox_worker.py` in its own process group with a clean environment
 and a private temporary directory, sends it code cells, and enforces what the worker
 cannot enforce on itself: the wall-clock limit (SIGINT, then SIGKILL), the output cap
-(head and tail kept, the middle cut with a marker), and cleanup of every process the
-cell left behind. Its methods block; the server calls them from a thread.
+(head and tail kept, the middle cut with a marker), and cleanup of every process a cell
+started: when a call returns, none is alive (the worker kills them first; the server
+kills whatever descendant of the interpreter is left), and a cell's output holds only
+what was written while it ran. Its methods block; the server calls them from a thread.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tools.process_tree import children, kill_descendants, kill_group, kill_tree, kill_uid, parent
 
 WORKER_SCRIPT = Path(__file__).with_name("sandbox_worker.py")
 _UID_BASE = 1_000_000_000  # private uids for workers started by root; see sandbox_worker.drop_privileges
@@ -83,6 +87,7 @@ class Worker:
         self.report: dict[str, str] = {}
         self.last_used = time.monotonic()
         self._proc: subprocess.Popen | None = None
+        self._interpreter_pid: int | None = None  # the relay's child when in a PID namespace
 
     @property
     def is_alive(self) -> bool:
@@ -115,6 +120,8 @@ class Worker:
             self.close()
             raise RuntimeError(f"the python sandbox failed to start: {output.text().strip()[-2000:]}")
         self.report = reply["report"]
+        in_namespace = self.report["process tree"].startswith("enforced")
+        self._interpreter_pid = next(iter(children(self._proc.pid)), None) if in_namespace else self._proc.pid
 
     def _environment(self) -> dict[str, str]:
         """A clean environment: nothing of the server's (tokens, proxies) reaches the cell."""
@@ -126,6 +133,7 @@ class Worker:
         """Run one cell. User exceptions are ordinary output; limits and crashes set `error`."""
         self.last_used = time.monotonic()
         output = OutputBuffer(self.limits.output_bytes)
+        self._drain(OutputBuffer(1 << 10), budget_s=0.1)  # between cells (a thread's prints): not this cell's
         try:
             self._send({"code": code, "cpu_s": self.limits.cpu_s})
         except OSError:
@@ -138,7 +146,22 @@ class Worker:
             self.last_used = time.monotonic()
         if reply is None:
             return self._died(output)
+        self._end_cell_processes(output)
         return CellResult(output.text(), self._status_error(reply.get("status", "ok")))
+
+    def _end_cell_processes(self, output: OutputBuffer) -> None:
+        """Kill what the cell left running (the worker's own cleanup has done so in a PID
+        namespace; without one this is the cleanup), then read what it wrote before it died."""
+        if (interpreter := self._live_interpreter()) is not None:
+            kill_descendants(interpreter)
+        self._drain(output)
+
+    def _live_interpreter(self) -> int | None:
+        """The interpreter's pid while it surely is the interpreter: a pid someone reaped may be reused."""
+        pid, proc = self._interpreter_pid, self._proc
+        if pid is None or proc is None or proc.returncode is not None:
+            return None
+        return pid if pid == proc.pid or parent(pid) == proc.pid else None  # the relay forks nothing else
 
     def _status_error(self, status: str) -> str | None:
         limits = self.limits
@@ -158,6 +181,7 @@ class Worker:
         self._proc.send_signal(signal.SIGINT)
         try:
             if self._wait(output, time.monotonic() + self.limits.interrupt_grace_s) is not None:
+                self._end_cell_processes(output)
                 return CellResult(output.text(), note + " and was interrupted (variables are kept).")
         except TimeoutError:
             pass
@@ -221,14 +245,16 @@ class Worker:
     def close(self) -> None:
         """Kill the interpreter and everything it started; remove its directory."""
         if self._proc is not None:
+            if (interpreter := self._live_interpreter()) is not None:  # first, while orphans come back to it
+                kill_tree(interpreter)
             self._proc.terminate()  # the PID namespace's parent kills and reaps the interpreter
             try:
                 self._proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
-            _kill_group(self._proc.pid)  # without a PID namespace: the cell's processes
+            kill_group(self._proc.pid)  # without a PID namespace: the cell's processes
             if self.uid is not None:
-                _kill_uid(self.uid)
+                kill_uid(self.uid)
             self._proc.wait()
             for fd in (self._req_w, self._reply_r, self._out_r):
                 os.close(fd)
@@ -245,40 +271,6 @@ def _claim_uid() -> int:
         raise RuntimeError(f"more than {_UIDS_PER_SERVER} live python sandboxes in one server")
     _uids_in_use.add(uid)
     return uid
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _kill_uid(uid: int, rounds: int = 50) -> None:
-    """SIGKILL every process of a private uid, again until none is left (a fork bomb races us)."""
-    for _ in range(rounds):
-        pids = [pid for pid in _pids() if _live_uid(pid) == uid]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _live_uid(pid: int) -> int | None:
-    """The real uid of a live process (None for zombies, which only their parent can remove)."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-        return None if fields["State"].split()[0] == "Z" else int(fields["Uid"].split()[0])
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 def _size(num_bytes: int) -> str:

@@ -8,7 +8,9 @@ report, then one status per cell). fd 1 and fd 2 are one pipe the parent reads a
 Confinement, strongest available first; each step reports what it did, and nothing
 that fails is skipped silently (the report says so):
 - network and process tree: new network and PID namespaces (as root directly, otherwise
-  inside a new user namespace); Landlock's TCP rules (ABI >= 4) as well;
+  inside a new user namespace); Landlock's TCP rules (ABI >= 4) as well. The processes a
+  cell starts end with the cell: killed and reaped before its status is sent
+  (`end_cell_processes`); the server kills any that are left (tools/process_tree.py);
 - files: Landlock — read/execute only the Python installation and system libraries,
   read/write only the private working directory;
 - processes and memory: rlimits (address space, file size, processes, core dumps), and
@@ -32,6 +34,7 @@ import resource
 import signal
 import sys
 import sysconfig
+import time
 import traceback
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -75,8 +78,8 @@ def isolate_namespaces() -> tuple[dict[str, str], int]:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
-    tree = ("enforced: private PID namespace, every process ends with the interpreter" if flag & _CLONE_NEWPID
-            else "not enforced: no PID namespace; processes are killed by group (and uid as root)")
+    tree = ("enforced: private PID namespace, every process a cell starts ends with the cell" if flag & _CLONE_NEWPID
+            else "not enforced: no PID namespace; the server kills the processes a cell leaves behind")
     return {"network": f"enforced: private {names} (no interfaces up)", "process tree": tree}, flag
 
 
@@ -243,17 +246,40 @@ def _limit_status(exc: BaseException) -> str:
     return next((status for kind, status in kinds.items() if isinstance(exc, kind)), "ok")
 
 
-def _reap_children() -> None:
+def _reap_children() -> bool:
     """Collect exited children (a fork bomb leaves many), which would otherwise count against
-    the process limit. A background `Popen` finished meanwhile then reads returncode 0."""
+    the process limit; True while live children remain. A `Popen` of the cell whose process
+    was reaped here reads returncode 0."""
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
     except ChildProcessError:
-        pass
+        return False
+    return True
 
 
-def run_cell(code: str, cpu_s: float, namespace: dict, filename: str) -> str:
+def end_cell_processes(in_pid_namespace: bool) -> None:
+    """Kill and reap every process the cell started, before its status is sent: none outlives
+    the cell or writes into the next one's output.
+
+    In its own PID namespace the interpreter is process 1, so kill(-1) reaches exactly the
+    cell's processes (setsid'd and double-forked ones included) and spares the caller; a fork
+    racing it fails. Without a namespace this process cannot list them (Landlock hides /proc):
+    the server kills its descendants from outside (tools/process_tree.py) after the reply.
+    """
+    deadline = time.monotonic() + 5.0
+    while in_pid_namespace and time.monotonic() < deadline:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not _reap_children():
+            return
+        time.sleep(0.001)  # killed, not yet exited
+    _reap_children()
+
+
+def run_cell(code: str, cpu_s: float, namespace: dict, filename: str, in_pid_namespace: bool = False) -> str:
     """Run one cell in `namespace`; returns the status (see `_limit_status`)."""
     main_pid = os.getpid()
     _reap_children()  # orphans that exited since the last cell
@@ -278,7 +304,7 @@ def run_cell(code: str, cpu_s: float, namespace: dict, filename: str) -> str:
         if os.getpid() != main_pid:
             os._exit(0)
         signal.setitimer(signal.ITIMER_PROF, 0)
-        _reap_children()
+        end_cell_processes(in_pid_namespace)
         resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     return status
 
@@ -287,7 +313,9 @@ def main() -> None:
     requests = os.fdopen(int(sys.argv[1]), "r", encoding="utf-8")
     replies = os.fdopen(int(sys.argv[2]), "w", encoding="utf-8", buffering=1)
     cfg = json.loads(requests.readline())
-    replies.write(json.dumps({"report": confine(cfg, (requests.fileno(), replies.fileno()))}) + "\n")
+    report = confine(cfg, (requests.fileno(), replies.fileno()))
+    in_pid_namespace = report["process tree"].startswith("enforced")
+    replies.write(json.dumps({"report": report}) + "\n")
     faulthandler.enable()  # a segfault prints the cell's Python traceback before the process dies
     for signum in (signal.SIGXCPU, signal.SIGPROF):
         signal.signal(signum, _on_cpu_limit)
@@ -296,7 +324,7 @@ def main() -> None:
     while line := _next_request(requests):  # ends when the parent closes the pipe
         number += 1
         request = json.loads(line)
-        status = run_cell(request["code"], request["cpu_s"], namespace, f"<cell {number}>")
+        status = run_cell(request["code"], request["cpu_s"], namespace, f"<cell {number}>", in_pid_namespace)
         replies.write(json.dumps({"status": status}) + "\n")
 
 

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 import engine.factory
 from batch.cli import main
 from tests.fakes import ScriptedBackend
+from tests.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
 from tests.mcp_servers import REPO, echo_http
 from tests.oracles import validate_event, validate_response
 
@@ -166,3 +167,33 @@ def test_a_tokenizer_panic_fails_that_request_alone(tmp_path, scripted):
     [(error,)] = rows(db, "SELECT error FROM requests WHERE custom_id = 'spaces'")
     assert error.startswith("line 1: internal error: PanicException")
     assert CliRunner().invoke(main, args).exit_code == 0  # a rerun of the finished run is fine too
+
+
+def test_a_cells_process_tree_is_gone_when_the_call_returns(tmp_path, monkeypatch):
+    """A cell starts 16 chattering processes (setsid'd ones and double-forked daemons among them)
+    and returns: none is alive when the model's next turn starts, and the next cell's output is
+    its own, not their "LEAK" lines."""
+    marker, alive_at_turn = new_marker(), {}
+    cells = [fork_tree_code(marker), "print('second')"]
+
+    def fork_tree_script(prompt_text: str, turn: int) -> str:
+        alive_at_turn[turn] = live_marked_pids(marker)  # the previous call has just returned
+        if turn == len(cells):
+            return "<|channel|>final<|message|>Done.<|return|>"
+        return f"<|channel|>analysis to=python code<|message|>{cells[turn]}<|call|>"
+
+    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
+    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(fork_tree_script))
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "tree", "input": "fork", "tools": [{"type": "code_interpreter"}]}))
+    db = tmp_path / "out.duckdb"
+    try:
+        result = CliRunner().invoke(main, ["submit", str(source), "--db", str(db), "--model", str(tmp_path),
+                                           "--tool-timeout", "30", "--quiet"])
+    finally:
+        kill_marked(marker)
+    assert result.exit_code == 0, result.output
+    outputs = rows(db, "SELECT output, status FROM tool_calls ORDER BY started_at")
+    assert len(outputs) == 2 and "spawned" in outputs[0][0] and "LEAK" in outputs[0][0]  # alive in their cell
+    assert outputs[1] == ("second\n", "completed")
+    assert alive_at_turn == {0: [], 1: [], 2: []}

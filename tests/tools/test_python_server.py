@@ -11,6 +11,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from tests.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
 from tools.python_server import PythonSessions, build_server
 from tools.sandbox import Limits, OutputBuffer
 
@@ -254,3 +255,22 @@ async def test_over_stdio_in_its_own_process():
         looping = await client.call_tool("python", {"code": "while True: pass", "session_id": "r1"})
     assert first.content[0].text == "" and second.content[0].text == "56088\n"
     assert looping.is_error and "CPU time limit exceeded" in looping.content[0].text
+
+
+@pytest.fixture
+def marker():
+    marker = new_marker()
+    yield marker
+    kill_marked(marker)
+
+
+async def test_processes_a_cell_started_are_gone_when_the_call_returns(server, sessions, session_id, marker):
+    """Children, setsid'd children and double-forked daemons alike: none outlives its cell,
+    and none writes into the next cell's output."""
+    await run(server, "kept = 4", session_id)
+    is_error, text = await run(server, fork_tree_code(marker), session_id)
+    assert not is_error and "spawned" in text and "LEAK" in text, text  # they were alive in the cell
+    assert live_marked_pids(marker) == []
+    time.sleep(0.3)  # anything that escaped would have written by now
+    assert await run(server, "kept", session_id) == (False, "4\n")
+    assert live_marked_pids(marker) == []
