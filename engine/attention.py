@@ -45,6 +45,9 @@ class AttentionMetadata:
     seq_lens: Tensor  # [S] long, tokens of each sequence after this step (cached + new)
     block_tables: Tensor  # [S, max_blocks] long, physical blocks of each sequence in order, -1 padded
     block_size: int
+    # Host-side bounds of this step, set by the model runner so a device kernel's launch reads nothing back.
+    max_query_len: int | None = None  # most new tokens of one sequence
+    max_seq_len: int | None = None  # longest seq_lens entry
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property

@@ -98,6 +98,7 @@ class GptOssAttention(nn.Module):
         self.sinks = nn.Parameter(torch.empty(self.num_heads))
         self.sliding_window = config.window(layer_idx)
         self.scale = d**-0.5
+        self.paged_attention = paged_attention  # the torch path; engine.kernels.attention swaps in Triton's
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache first."""
@@ -107,8 +108,8 @@ class GptOssAttention(nn.Module):
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        o = paged_attention(q, k_cache, v_cache, meta, sinks=self.sinks, sliding_window=self.sliding_window,
-                            scale=self.scale)  # [T, heads, head_dim]
+        o = self.paged_attention(q, k_cache, v_cache, meta, sinks=self.sinks, sliding_window=self.sliding_window,
+                                 scale=self.scale)  # [T, heads, head_dim]
         return self.o_proj(o.reshape(num_tokens, -1))
 
 

@@ -52,7 +52,9 @@ class ModelRunner:
         as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
         meta = AttentionMetadata(positions=as_long(positions), slot_mapping=as_long(slots),
                                  query_start_loc=as_long(starts), seq_lens=as_long(seq_lens),
-                                 block_tables=as_long(padded), block_size=bs)
+                                 block_tables=as_long(padded), block_size=bs,
+                                 max_query_len=max(item.num_new_tokens for item in batch.items),
+                                 max_seq_len=max(seq_lens))
         return as_long(input_ids), meta, logit_rows
 
     @torch.inference_mode()

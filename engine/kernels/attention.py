@@ -32,9 +32,10 @@ from __future__ import annotations
 import os
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from engine.attention import AttentionMetadata
+from engine.model import GptOssAttention
 from engine.kernels import require_triton
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
@@ -43,6 +44,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read by triton when the decorators below ran
+# The interpreter's tl.dot multiplies 16-bit floats as raw integers (triton 3.9): interpreted kernels
+# upcast the operands to fp32 first, which gives what a 16-bit MMA with fp32 accumulation gives.
+UPCAST_DOT_OPERANDS = INTERPRETED
 
 PARTITION_SIZE = 512  # keys per decode partition (split-K); a multiple of DECODE_BLOCK_N
 DECODE_BLOCK_N = 64  # keys per tile in the decode kernel
@@ -54,10 +58,11 @@ MIN_DOT = 16  # tl.dot wants every dimension >= 16 on GPUs
 @triton.jit
 def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, key_lo, key_hi, window,
                  block_size, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
+                 UPCAST: tl.constexpr):
     """Online softmax of the rows of q over keys key_lo .. key_hi - 1, read through the block table.
 
-    q: [R, BLOCK_D] in the cache dtype; q_pos: [R] positions (a key is seen if at or before
+    q: [R, BLOCK_D] in the cache dtype (fp32 if UPCAST); q_pos: [R] positions (a key is seen if at or before
     its row's position, and inside the window); m_i, l_i: [R] running max / sum, acc: [R, BLOCK_D] fp32.
     """
     d = tl.arange(0, BLOCK_D)
@@ -71,6 +76,8 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
         kv_mask = k_in[:, None] & d_ok[None, :]
         k = tl.load(k_cache + (block * stride_kb + slot * stride_ks + kv_head * stride_kh)[:, None] + d[None, :],
                     mask=kv_mask, other=0.0)
+        if UPCAST:  # the same products as a 16-bit MMA with fp32 accumulation
+            k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BLOCK_N] fp32
         seen = k_in[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if SLIDING:
@@ -83,7 +90,11 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + d[None, :],
                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        p = p.to(v.dtype)  # probabilities rounded to the cache dtype, as a 16-bit MMA takes them
+        if UPCAST:
+            p = p.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
     return m_i, l_i, acc
 
@@ -94,7 +105,7 @@ def _decode_partition_kernel(
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         block_size, window, scale, num_heads, num_parts,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_N: tl.constexpr, PARTITION: tl.constexpr, SLIDING: tl.constexpr):
+        BLOCK_N: tl.constexpr, PARTITION: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr):
     """Program (sequence, KV head, partition): one partition of a decode sequence's keys, unnormalised."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -118,13 +129,15 @@ def _decode_partition_kernel(
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + q_start * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     q_rows_pos = tl.zeros([BLOCK_G], tl.int64) + q_pos
     m_i, l_i, acc = _attend_keys(q, q_rows_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
-                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING)
+                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST)
     part_row = (seq * num_heads + head) * num_parts + part  # [S, H, P] layout
     tl.store(part_m + part_row, m_i, mask=row_ok)
     tl.store(part_l + part_row, l_i, mask=row_ok)
@@ -164,7 +177,7 @@ def _prefill_kernel(
         stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
         stride_vh, stride_bt, block_size, window, scale,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
+        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr):
     """Program (sequence, query tile, KV head): BLOCK_M queries x the group's heads of a prefill sequence."""
     seq = tl.program_id(0)
     tile = tl.program_id(1)
@@ -185,6 +198,8 @@ def _prefill_kernel(
     io_mask = row_ok[:, None] & d_ok[None, :]
     q = tl.load(q_ptr + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=io_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     # The sink is a key with logit `sink` and no value: it seeds the running max and sum.
     m_i = tl.load(sinks + head, mask=row_ok, other=0.0).to(tl.float32)
     l_i = tl.full([BLOCK_M * GROUP_PAD], 1.0, tl.float32)
@@ -198,7 +213,7 @@ def _prefill_kernel(
     key_hi = tl.where((q_len > 1) & (tile * BLOCK_M < q_len), key_hi, key_lo)  # not ours, or past the end
     m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
-                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING)
+                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST)
     o = acc / l_i[:, None]
     tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -237,7 +252,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, part_m, part_l, part_acc,
         stride_qt=q.stride(0), stride_qh=q.stride(1), num_heads=num_heads, num_parts=num_parts,
         GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_N=DECODE_BLOCK_N, PARTITION=PARTITION_SIZE, SLIDING=sliding, **common)
+        BLOCK_N=DECODE_BLOCK_N, PARTITION=PARTITION_SIZE, SLIDING=sliding, UPCAST=UPCAST_DOT_OPERANDS, **common)
     _decode_reduce_kernel[(num_seqs, num_heads)](
         out, sinks, meta.query_start_loc, part_m, part_l, part_acc, out.stride(0), out.stride(1),
         num_heads, num_parts, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_parts))
@@ -249,7 +264,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
             q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks,
             stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
             GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            BLOCK_N=PREFILL_BLOCK_N, SLIDING=sliding, **common)
+            BLOCK_N=PREFILL_BLOCK_N, SLIDING=sliding, UPCAST=UPCAST_DOT_OPERANDS, **common)
     return out
 
 
@@ -261,3 +276,10 @@ def _host_bounds(meta: AttentionMetadata) -> tuple[int, int]:
         bounds = torch.stack([meta.query_start_loc.diff().max(), meta.seq_lens.max()]).tolist()
         max_query_len, max_seq_len = int(bounds[0]), int(bounds[1])
     return max_query_len, max_seq_len
+
+
+def use_triton_attention(model: nn.Module) -> None:
+    """Make every attention layer of `model` (a GptOssModel) run `triton_paged_attention`."""
+    for module in model.modules():
+        if isinstance(module, GptOssAttention):
+            module.paged_attention = triton_paged_attention
