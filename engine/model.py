@@ -8,6 +8,8 @@ Parameter names are the HF checkpoint's, so loading is one loop (engine.loader).
 from __future__ import annotations
 
 import math
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,10 @@ from torch import Tensor, nn
 from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
+from engine.mxfp4 import MXFP4_BLOCK
+
+if TYPE_CHECKING:
+    from engine.kernels.moe import ExpertWeight
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -127,25 +133,65 @@ class GptOssRouter(nn.Module):
 
 
 class GptOssExperts(nn.Module):
-    """Per-expert SwiGLU MLPs; gate/up columns interleaved as in the checkpoint."""
+    """Per-expert SwiGLU MLPs; gate/up columns interleaved as in the checkpoint.
 
-    def __init__(self, config: ModelConfig) -> None:
+    kernels="triton" runs the Triton grouped GEMMs of engine.kernels.moe; an MXFP4 checkpoint
+    (config.quant_method) then keeps its packed `*_blocks` / `*_scales` (engine.mxfp4),
+    dequantised inside the kernel, instead of `gate_up_proj` / `down_proj`.
+    """
+
+    def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
         e, h, i = config.num_local_experts, config.hidden_size, config.intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i))
+        self.is_mxfp4 = kernels == "triton" and config.quant_method == "mxfp4"
+        if self.is_mxfp4:
+            self.gate_up_proj_blocks, self.gate_up_proj_scales = _packed_mxfp4(e, h, 2 * i)
+            self.down_proj_blocks, self.down_proj_scales = _packed_mxfp4(e, i, h)
+        else:
+            self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i))
+            self.down_proj = nn.Parameter(torch.empty(e, i, h))
         self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
-        self.down_proj = nn.Parameter(torch.empty(e, i, h))
         self.down_proj_bias = nn.Parameter(torch.empty(e, h))
         self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+        self.triton_moe: ModuleType | None = None
+        if kernels == "triton":
+            from engine.kernels import moe  # triton is an optional extra: imported only when asked for
+
+            self.triton_moe = moe
 
     def forward(self, x: Tensor, expert_ids: Tensor, weights: Tensor) -> Tensor:
-        """x: [T, hidden]; expert_ids, weights: [T, top_k] -> [T, hidden]. One matmul pair per hit expert."""
+        """x: [T, hidden]; expert_ids, weights: [T, top_k] -> [T, hidden]."""
+        moe = self.triton_moe
+        if moe is not None:
+            return moe.fused_experts(x, expert_ids, weights, self._triton_weight(moe, "gate_up_proj"),
+                                     self.gate_up_proj_bias, self._triton_weight(moe, "down_proj"),
+                                     self.down_proj_bias, self.alpha, self.limit)
         top_k = expert_ids.shape[1]
         flat_ids = expert_ids.reshape(-1)  # [T * top_k]
-        order = torch.argsort(flat_ids, stable=True)
+        sorted_ids, order = torch.sort(flat_ids, stable=True)
         token_idx = order // top_k  # the token of each (token, expert) pair, grouped by expert
-        counts = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
         x_sorted = x[token_idx]
+        if self._can_group(x):
+            # One grouped matmul per projection: the expert boundaries stay on the device (no host sync).
+            ends = torch.searchsorted(sorted_ids, torch.arange(1, self.gate_up_proj.shape[0] + 1, device=x.device))
+            gate_up = torch._grouped_mm(x_sorted, self.gate_up_proj, offs=ends.int()) \
+                + self.gate_up_proj_bias[sorted_ids]
+            y = torch._grouped_mm(self._swiglu(gate_up), self.down_proj, offs=ends.int()) \
+                + self.down_proj_bias[sorted_ids]
+        else:
+            y = self._per_expert(x_sorted, flat_ids)
+        y *= weights.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token_idx, y)
+
+    def _can_group(self, x: Tensor) -> bool:
+        # torch's grouped matmul: checked on CPU only; it wants rows of 16-byte multiples.
+        widths = (self.gate_up_proj.shape[1], self.gate_up_proj.shape[2], self.down_proj.shape[2])
+        return x.device.type == "cpu" and hasattr(torch, "_grouped_mm") \
+            and all(w * x.element_size() % 16 == 0 for w in widths)
+
+    def _per_expert(self, x_sorted: Tensor, flat_ids: Tensor) -> Tensor:
+        """One matmul pair per hit expert; reads the expert counts back to the host."""
+        counts = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
         y = torch.empty_like(x_sorted)
         start = 0
         for expert, count in enumerate(counts):
@@ -154,20 +200,32 @@ class GptOssExperts(nn.Module):
                 gate_up = x_sorted[rows] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
                 y[rows] = self._swiglu(gate_up) @ self.down_proj[expert] + self.down_proj_bias[expert]
                 start += count
-        y *= weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token_idx, y)
+        return y
 
     def _swiglu(self, gate_up: Tensor) -> Tensor:
         gate = gate_up[..., ::2].clamp(max=self.limit)
         up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
         return (up + 1) * gate * torch.sigmoid(gate * self.alpha)
 
+    def _triton_weight(self, moe: ModuleType, name: str) -> ExpertWeight:
+        if self.is_mxfp4:
+            return moe.ExpertWeight(blocks=getattr(self, name + "_blocks"), scales=getattr(self, name + "_scales"))
+        return moe.ExpertWeight(dense=getattr(self, name))
+
+
+def _packed_mxfp4(num_experts: int, num_in: int, num_out: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """Uninitialised MXFP4 (blocks, scales) parameters for a [E, in, out] weight (layout: engine.mxfp4)."""
+    groups = num_in // MXFP4_BLOCK
+    blocks = torch.empty(num_experts, num_out, groups, MXFP4_BLOCK // 2, dtype=torch.uint8)
+    scales = torch.empty(num_experts, num_out, groups, dtype=torch.uint8)
+    return nn.Parameter(blocks, requires_grad=False), nn.Parameter(scales, requires_grad=False)
+
 
 class GptOssMLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
         self.router = GptOssRouter(config)
-        self.experts = GptOssExperts(config)
+        self.experts = GptOssExperts(config, kernels)
 
     def forward(self, x: Tensor) -> Tensor:
         expert_ids, weights = self.router(x)
@@ -175,12 +233,12 @@ class GptOssMLP(nn.Module):
 
 
 class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, kernels: str = "torch") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = GptOssAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GptOssMLP(config)
+        self.mlp = GptOssMLP(config, kernels)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
@@ -190,21 +248,24 @@ class GptOssDecoderLayer(nn.Module):
 class GptOssDecoder(nn.Module):
     """Embedding, decoder layers, final norm (the checkpoint's `model.*`)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, kernels) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
 
 class GptOssModel(nn.Module):
-    """gpt-oss for causal LM: `forward` gives hidden states, `compute_logits` the logits."""
+    """gpt-oss for causal LM: `forward` gives hidden states, `compute_logits` the logits.
 
-    def __init__(self, config: ModelConfig) -> None:
+    kernels: "torch" (plain torch ops) or "triton" (engine.kernels; EngineConfig.kernels).
+    """
+
+    def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
         self.config = config
-        self.model = GptOssDecoder(config)
+        self.model = GptOssDecoder(config, kernels)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]) -> Tensor:

@@ -113,15 +113,29 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
         raise ValueError(f"MoE shapes do not match: x {tuple(x.shape)}, gate_up {gate_up.shape}, down {down.shape}")
     if hidden % 2 or two_inter % 4:
         raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
-    num_pairs = num_tokens * top_k
-    routing = route(expert_ids, num_experts, block_m_for(num_pairs, num_experts))
-    activated = torch.empty(num_pairs, two_inter // 2, dtype=x.dtype, device=x.device)
-    _launch(_gate_up_swiglu_kernel, x, gate_up, gate_up_bias, activated, routing, top_k,
-            pair_weights=x, alpha=alpha, limit=limit)
-    per_pair = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
-    _launch(_down_kernel, activated, down, down_bias, per_pair, routing, top_k,
-            pair_weights=weights.reshape(-1).contiguous(), alpha=alpha, limit=limit)
+    routing = route(expert_ids, num_experts, block_m_for(num_tokens * top_k, num_experts))
+    activated = gate_up_swiglu(x, routing, top_k, gate_up, gate_up_bias, alpha, limit)
+    per_pair = down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous())
     return per_pair.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+
+
+def gate_up_swiglu(x: Tensor, routing: Routing, top_k: int, gate_up: ExpertWeight, bias: Tensor,
+                   alpha: float, limit: float) -> Tensor:
+    """x [T, hidden] -> [T * top_k, intermediate] in sorted-row order: swiglu(x[token] @ gate_up[e] + bias[e])."""
+    num_pairs = routing.sorted_pairs.numel()
+    activated = torch.empty(num_pairs, gate_up.shape[2] // 2, dtype=x.dtype, device=x.device)
+    _launch(_gate_up_swiglu_kernel, x, gate_up, bias, activated, routing, top_k, pair_weights=x, alpha=alpha,
+            limit=limit)
+    return activated
+
+
+def down_weighted(activated: Tensor, routing: Routing, down: ExpertWeight, bias: Tensor,
+                  pair_weights: Tensor) -> Tensor:
+    """activated [P, intermediate] (sorted rows) -> fp32 [P, hidden] by pair: w[pair] * (a @ down[e] + bias[e])."""
+    per_pair = torch.empty(activated.shape[0], down.shape[2], dtype=torch.float32, device=activated.device)
+    _launch(_down_kernel, activated, down, bias, per_pair, routing, 1, pair_weights=pair_weights, alpha=0.0,
+            limit=0.0)
+    return per_pair
 
 
 def _launch(kernel: triton.JITFunction, a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Routing,
