@@ -256,9 +256,14 @@ def m008_tool_output_size(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+def m009_tool_call_attempts(con: duckdb.DuckDBPyConnection) -> None:
+    """How many times a call ran: 2 when its MCP server crashed while it ran and it was retried."""
+    con.execute("ALTER TABLE tool_calls ADD COLUMN attempts INTEGER DEFAULT 1")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
-    m007_views_from_enums, m008_tool_output_size]
+    m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts]
 
 
 def _version(migration: Callable) -> int:

@@ -142,6 +142,7 @@ class ToolCallRow:
     error_kind: str | None = None  # a ToolErrorKind
     output_bytes: int | None = None  # of the output before it was cut for the model
     output_truncated: bool = False
+    attempts: Int32 = 1  # 2: retried after its MCP server crashed
 
 
 @dataclass(slots=True)

@@ -79,6 +79,7 @@ class ToolCallRecord:
     error_kind: ToolErrorKind | None
     output_bytes: int | None = None  # before the cut
     output_truncated: bool = False
+    attempts: int = 1
 
 
 @dataclass
@@ -120,6 +121,6 @@ class ToolCallPolicy:
             status=ToolCallStatus.FAILED if outcome.error else ToolCallStatus.COMPLETED,
             error=outcome.error, started_at=outcome.started_at, duration_s=outcome.duration_s,
             error_kind=(outcome.error_kind or ToolErrorKind.TOOL_ERROR) if outcome.error else None,
-            output_bytes=capped.num_bytes, output_truncated=capped.is_truncated))
+            output_bytes=capped.num_bytes, output_truncated=capped.is_truncated, attempts=outcome.attempts))
         self.pending = None
         return call

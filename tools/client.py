@@ -6,9 +6,13 @@ thread-safe and return `concurrent.futures.Future`s, so the runner's thread keep
 stepping the engine while any number of calls run at once. A call never raises:
 its `CallOutcome` carries the output or the error and its kind.
 
-Faults: a server whose connection breaks (a crashed stdio process, a dropped HTTP
-session) fails the calls in flight on it; the next call starts a fresh connection
-(a new process). A server that cannot be reached fails each call to it, not the run.
+Faults: when a server's connection breaks (a crashed stdio process, a dropped HTTP
+session), the next call starts a fresh connection (a new process), and every call
+that was in flight on it is retried once, alone on the restarted server (see
+tools/crash_gate.py: with calls running at once, which one crashed it cannot be
+known). A retried call that meets a second crash is its cause: it fails with kind
+`connection_lost`, and the others complete. `CallOutcome.attempts` says 2 for a
+retried call. A server that cannot be reached fails each call to it, not the run.
 A call that runs past the per-call timeout fails with kind `timeout`.
 Listings are cached per run, failures included, so every response of a run sees the
 same tools.
@@ -34,6 +38,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool
 
+from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
 from tools.servers import ServerSpec
 
@@ -59,6 +64,7 @@ class CallOutcome:
     error_code: int | None = None  # an MCP/JSON-RPC error code, when there is one
     started_at: datetime | None = None
     duration_s: float = 0.0
+    attempts: int = 1  # 2: the server crashed while the call ran, and it was run again
 
 
 class _Connection:
@@ -129,6 +135,7 @@ class ToolClient:
         self._thread.start()
         self._connections: dict[ServerSpec, _Connection] = {}
         self._locks: dict[ServerSpec, asyncio.Lock] = {}
+        self._gates: dict[ServerSpec, CrashGate] = {}
         self._listings: dict[ServerSpec, Future] = {}
         self._closed = False
 
@@ -170,70 +177,111 @@ class ToolClient:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     # -- the loop's side ----------------------------------------------------
-    async def _client(self, spec: ServerSpec) -> Client:
+    async def _connection(self, spec: ServerSpec) -> _Connection:
         async with self._locks.setdefault(spec, asyncio.Lock()):
             connection = self._connections.get(spec)
             if connection is None or not connection.is_open:
                 connection = _Connection(spec, self._errlog, self.connect_timeout_s)
                 self._connections[spec] = connection
                 await connection.open()
-            return connection.client
+            return connection
 
-    async def _drop(self, spec: ServerSpec, client: Client | None) -> None:
-        """Forget a broken connection (if still the current one): the next call reconnects."""
-        connection = self._connections.get(spec)
-        if connection is not None and (client is None or connection.client in (client, None)):
+    async def _drop(self, spec: ServerSpec, connection: _Connection) -> None:
+        """Forget a broken connection if it is still the current one: the next call reconnects."""
+        if self._connections.get(spec) is connection:
             del self._connections[spec]
-            await connection.close()
+        await connection.close()
 
-    async def _list(self, spec: ServerSpec) -> Listing:
+    async def _list(self, spec: ServerSpec, may_retry: bool = True) -> Listing:
+        """The server's tools; a listing in flight at a crash is listed once more on the restarted server."""
         try:
-            client = await self._client(spec)
-            tools, cursor = [], None
-            while True:
-                page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
-                tools.extend(page.tools)
-                cursor = page.next_cursor
-                if not cursor:
-                    return Listing(tools)
+            connection = await self._connection(spec)
         except Exception as exc:  # noqa: BLE001 - every failure is a listing error
-            await self._drop(spec, None)
-            return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: "
-                                 f"{describe_error(exc, spec)}")
+            return _listing_error(spec, exc)
+        try:
+            return Listing(await self._list_pages(connection.client))
+        except Exception as exc:  # noqa: BLE001
+            await self._drop(spec, connection)
+            if may_retry and _is_connection_lost(exc):
+                return await self._list(spec, may_retry=False)
+            return _listing_error(spec, exc)
+
+    async def _list_pages(self, client: Client) -> list[Tool]:
+        tools, cursor = [], None
+        while True:
+            page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
 
     async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float) -> CallOutcome:
         started_at, clock = datetime.now(UTC), time.monotonic()
-        outcome = await self._call_outcome(spec, name, arguments, timeout_s)
+        outcome = await self._call_with_retry(spec, name, arguments, timeout_s)
         outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
         return outcome
 
-    async def _call_outcome(self, spec: ServerSpec, name: str, arguments: dict,
-                            timeout_s: float) -> CallOutcome:
-        client = None
+    async def _call_with_retry(self, spec: ServerSpec, name: str, arguments: dict,
+                               timeout_s: float) -> CallOutcome:
+        """Run the call beside others; if the server's connection is lost meanwhile, run it once
+        more, alone on the restarted server, and fail it if the server is lost again."""
+        gate = self._gates.setdefault(spec, CrashGate())
+        async with gate.shared():
+            outcome, lost = await self._attempt(spec, name, arguments, timeout_s)
+            if not lost:
+                return outcome
+            gate.queue_alone()  # before leaving shared use: no new call slips in ahead of the retry
+        async with gate.alone():
+            outcome, lost = await self._attempt(spec, name, arguments, timeout_s)
+        outcome.attempts = 2
+        if lost:
+            outcome.error = (f"MCP server {spec.label!r} closed the connection while this call ran, and again "
+                             "when it was retried alone on the restarted server: the call is taken to be what "
+                             f"crashes it and is not retried again ({outcome.error})")
+        return outcome
+
+    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict,
+                       timeout_s: float) -> tuple[CallOutcome, bool]:
+        """One try: (its outcome, whether the server's connection was lost while it ran)."""
         try:
-            client = await self._client(spec)  # (re)starting a server is bounded by connect_timeout_s
+            connection = await self._connection(spec)  # (re)starting a server is bounded by connect_timeout_s
+        except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
+            return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
+                               error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED), False
+        try:
             async with asyncio.timeout(timeout_s):
-                result = await client.call_tool(name, arguments)
+                result = await connection.client.call_tool(name, arguments)
         except TimeoutError:
             return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s",
-                               error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT)
+                               error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT), False
         except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                await self._drop(spec, client)
-                return CallOutcome(error=f"MCP server {spec.label!r} closed the connection "
-                                         f"(it will be restarted): {exc}",
-                                   error_kind=ToolErrorKind.CONNECTION_LOST, error_code=exc.code)
-            return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
-                               error_code=exc.code)
-        except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, transport errors
-            await self._drop(spec, client)
-            return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
-                               error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED)
-        return outcome_of(result)
+            if exc.code != CONNECTION_CLOSED:
+                return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
+                                   error_code=exc.code), False
+            lost: Exception = exc
+        except Exception as exc:  # noqa: BLE001 - a transport error: the connection is gone
+            lost = exc
+        else:
+            return outcome_of(result), False
+        await self._drop(spec, connection)
+        return CallOutcome(error=f"MCP server {spec.label!r} closed the connection (it is restarted): "
+                                 f"{describe_error(lost, spec)}",
+                           error_kind=ToolErrorKind.CONNECTION_LOST, error_code=CONNECTION_CLOSED), True
 
     async def _close_all(self) -> None:
         connections, self._connections = list(self._connections.values()), {}
         await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
+
+def _is_connection_lost(exc: Exception) -> bool:
+    """A closed connection or a transport error; not a timeout, nor an MCP error the server answered."""
+    if isinstance(exc, MCPError):
+        return exc.code == CONNECTION_CLOSED
+    return not isinstance(exc, TimeoutError)
+
+
+def _listing_error(spec: ServerSpec, exc: BaseException) -> Listing:
+    return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: {describe_error(exc, spec)}")
 
 
 def outcome_of(result: CallToolResult) -> CallOutcome:

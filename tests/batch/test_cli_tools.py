@@ -197,3 +197,38 @@ def test_a_cells_process_tree_is_gone_when_the_call_returns(tmp_path, monkeypatc
     assert len(outputs) == 2 and "spawned" in outputs[0][0] and "LEAK" in outputs[0][0]  # alive in their cell
     assert outputs[1] == ("second\n", "completed")
     assert alive_at_turn == {0: [], 1: [], 2: []}
+
+
+def crash_script(prompt_text: str, turn: int) -> str:
+    """`sleep`: a call that is in flight when `crash` brings the echo server down."""
+    user = prompt_text.rsplit("<|start|>user<|message|>", 1)[1].split("<|end|>", 1)[0]
+    if turn == 1:
+        return "<|channel|>final<|message|>Done.<|return|>"
+    name, arguments = ("crash", '{"delay_s": 0.3}') if user == "crash" else ("sleep", '{"seconds": 1}')
+    return f"<|channel|>commentary to=echo.{name} <|constrain|>json<|message|>{arguments}<|call|>"
+
+
+def test_a_crash_fails_only_the_call_that_crashes_the_server_twice(tmp_path, monkeypatch):
+    """Calls in flight when one call crashes the server are retried once, alone on the restarted
+    server: the bystanders complete; the crashing call crashes it again and fails."""
+    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
+    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(crash_script))
+    echo = [{"type": "mcp", "server_label": "echo"}]
+    lines = [{"custom_id": custom_id, "input": custom_id.rstrip("12"), "tools": echo}
+             for custom_id in ("sleep1", "crash", "sleep2")]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    db = tmp_path / "out.duckdb"
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(db), "--model", str(tmp_path),
+                                       "--mcp-config", str(echo_config(tmp_path)), "--tool-timeout", "20",
+                                       "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT custom_id, status FROM requests ORDER BY line_no") == [
+        ("sleep1", "completed"), ("crash", "completed"), ("sleep2", "completed")]
+    calls = rows(db, "SELECT r.custom_id, t.name, t.status, t.error_kind, t.output, t.attempts, t.error "
+                     "FROM tool_calls t JOIN responses r USING (response_id) ORDER BY r.custom_id")
+    assert [row[:6] for row in calls] == [
+        ("crash", "crash", "failed", "connection_lost", None, 2),
+        ("sleep1", "sleep", "completed", None, "slept", 2),
+        ("sleep2", "sleep", "completed", None, "slept", 2)]
+    assert "again when it was retried alone on the restarted server" in calls[0][6]

@@ -3,7 +3,7 @@
     python -m tests.tools.echo_server [--http PORT]
 
 Tools: `add(a, b)`, `sleep(seconds)` (answers "slept"), `fail(message)` (an is_error
-result), `crash()` (the process exits: the client must restart it), `header(name)`
+result), `crash(delay_s)` (the process exits: the client must restart it), `header(name)`
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
 without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
 output), `pid()` (the server's pid).
@@ -41,8 +41,9 @@ def fail(message: str) -> str:
 
 
 @server.tool()
-def crash() -> str:
-    """The server process dies."""
+async def crash(delay_s: float = 0.0) -> str:
+    """The server process dies, after `delay_s` (so that other calls are in flight)."""
+    await asyncio.sleep(delay_s)
     os._exit(3)
 
 

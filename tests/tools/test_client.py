@@ -112,3 +112,20 @@ def _alive(pid: int) -> bool:
             return handle.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_crash_retries_the_calls_in_flight_alone_and_fails_the_call_that_crashes_again():
+    """Three calls are in flight when a fourth crashes the server: each is retried once on the
+    restarted server, alone; the bystanders complete, the crashing call fails on its second crash."""
+    with ToolClient(call_timeout_s=10) as client:
+        spec = echo_stdio()
+        first_pid = call(client, spec, "pid").output
+        bystanders = [client.call(spec, "sleep", {"seconds": 0.5}) for _ in range(3)]
+        crasher = client.call(spec, "crash", {"delay_s": 0.2})
+        outcomes = [future.result(timeout=60) for future in bystanders]
+        assert [(o.output, o.error, o.attempts) for o in outcomes] == [("slept", None, 2)] * 3
+        crashed = crasher.result(timeout=60)
+        assert (crashed.output, crashed.error_kind, crashed.attempts) == (None, "connection_lost", 2)
+        assert "again" in crashed.error and "not retried" in crashed.error
+        after = call(client, spec, "pid")  # a third server process serves the next call
+        assert (after.attempts, after.error) == (1, None) and after.output != first_pid
