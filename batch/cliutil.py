@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import click
 
-from batch.store import Store, StoreLockedError
+from batch.store import Store, StoreOpenError
 
 DEFAULT_DB = "batchrun.duckdb"
 
@@ -20,12 +20,13 @@ def fail(message: str) -> NoReturn:
 
 
 def open_store(db: str, read_only: bool = False) -> Store:
-    """The database, or a clean exit when it is missing (read-only) or locked by another batchrun."""
+    """The database, or a one-line `error:` exit when it is missing (read-only), locked by another
+    process, not a whole DuckDB file, or (for writing) cannot be written."""
     if read_only and not Path(db).exists():
         fail(f"{db}: no such database (run `batchrun submit` first or pass --db)")
     try:
         return Store(db, read_only=read_only)
-    except StoreLockedError as exc:
+    except StoreOpenError as exc:
         fail(str(exc))
 
 

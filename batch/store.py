@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -32,8 +33,20 @@ _register_ids = count()
 CHECKPOINT_THRESHOLD = "256MB"
 
 
-class StoreLockedError(RuntimeError):
-    """Another process holds the DuckDB file (DuckDB allows one writer)."""
+# A DuckDB file starts with its main header and two database headers, 4 KiB each; then
+# come `total_blocks` blocks. A file shorter than that lost its end (a cut copy).
+_DUCKDB_HEADER_BYTES = 3 * 4096
+_PROBE_TABLE = "_batchrun_write_probe"
+_ELSEWHERE = "or pass another --db"
+
+
+class StoreOpenError(RuntimeError):
+    """The file cannot be used as a batchrun database; the message is one line that names
+    the file and what to do."""
+
+
+class StoreLockedError(StoreOpenError):
+    """Another process holds DuckDB's lock on the file (DuckDB allows one writer)."""
 
 
 def _loads(value: str | None) -> Any:
@@ -44,8 +57,45 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _is_lock_error(error: duckdb.Error) -> bool:
-    return isinstance(error, duckdb.IOException) and "lock" in str(error).lower()
+def _reason(error: duckdb.Error) -> str:
+    """DuckDB's message, first line, without its "IO Error: "-style prefix."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return re.sub(r"^[A-Za-z ]*Error: ", "", first)
+
+
+def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(os.fspath(path), read_only=read_only)
+    except duckdb.Error as error:
+        message = str(error)
+        if "Could not set lock" in message:
+            # DuckDB names the holder's PID; whether it is batchrun, nobody knows.
+            pid = re.search(r"\(PID (\d+)\)", message)
+            holder = f"another process (PID {pid.group(1)})" if pid else "another process"
+            raise StoreLockedError(f"{path}: {holder} holds DuckDB's lock on this file (one writer at a "
+                                   f"time); wait for it to finish {_ELSEWHERE}") from error
+        if "not a valid DuckDB database file" in message:
+            raise StoreOpenError(f"{path}: not a DuckDB database file; check the path, {_ELSEWHERE}") from error
+        if "Could not read enough bytes" in message:
+            raise StoreOpenError(f"{path}: the database file is truncated (a cut copy?); restore it "
+                                 f"from a whole copy, {_ELSEWHERE}") from error
+        raise StoreOpenError(f"{path}: cannot open the database ({_reason(error)}); check the path, "
+                             f"{_ELSEWHERE}") from error
+
+
+def _check_whole(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Raise StoreOpenError when the file is shorter than the blocks its header counts."""
+    try:
+        block_size, total_blocks = con.sql("""
+            SELECT block_size, total_blocks FROM pragma_database_size()
+            WHERE database_name = current_database()""").fetchall()[0]
+        size = path.stat().st_size
+    except (duckdb.Error, OSError, IndexError) as error:
+        raise StoreOpenError(f"{path}: cannot read the database's size ({error}); {_ELSEWHERE}") from error
+    expected = _DUCKDB_HEADER_BYTES + block_size * total_blocks
+    if size < expected:
+        raise StoreOpenError(f"{path}: the database file is truncated ({size:,} of the {expected:,} bytes its "
+                             f"header counts: a cut copy?); restore it from a whole copy, {_ELSEWHERE}")
 
 
 class Store(ReportQueries):
@@ -54,27 +104,44 @@ class Store(ReportQueries):
     def __init__(self, path: str | Path, *, read_only: bool = False):
         """Open (or create) the file at ``path`` and bring its schema up to date.
 
-        ``read_only`` opens an existing file without migrating it. Raises
-        StoreLockedError when another process holds the file, FileNotFoundError
-        for a read-only open of a missing file.
+        ``read_only`` opens an existing file without migrating it. A writable open
+        also writes and checkpoints once, so a database that cannot take the run's
+        writes fails here, before anything is decoded. Raises StoreOpenError (one
+        line, naming the file) for a file that is not a whole DuckDB database or
+        cannot be written, its subclass StoreLockedError when another process holds
+        the file, FileNotFoundError for a read-only open of a missing file.
         """
         self.path = Path(path)
         if read_only and not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no batchrun database there")
+        self.con = _connect(self.path, read_only)
         try:
-            self.con = duckdb.connect(os.fspath(self.path), read_only=read_only)
-        except duckdb.Error as error:
-            if _is_lock_error(error):
-                raise StoreLockedError(
-                    f"{self.path} is in use by another batchrun process (DuckDB allows "
-                    "one writer); wait for it to finish or use another --db") from error
+            _check_whole(self.con, self.path)
+            if not read_only:
+                self._prepare_for_writes()
+        except BaseException:
+            self.con.close()
             raise
-        if not read_only:
+
+    def _prepare_for_writes(self) -> None:
+        try:
             migrate(self.con)
-            # DuckDB checkpoints every 16 MB of WAL by default: on a run that writes events
-            # per token that costs more than the inserts, and the many small checkpoints
-            # leave a file ~1.8x larger. Uncheckpointed data is held in memory until then.
-            self.con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
+        except duckdb.Error as error:
+            raise StoreOpenError(f"{self.path}: cannot bring the database up to date ({_reason(error)}); "
+                                 f"is it a batchrun database? {_ELSEWHERE}") from error
+        try:
+            # A real write (to the WAL) and a checkpoint (to the file itself): a full disk,
+            # a read-only folder (DuckDB creates the WAL next to the file) fail now.
+            self.con.execute(f"CREATE TABLE {_PROBE_TABLE} (x INTEGER)")
+            self.con.execute(f"DROP TABLE {_PROBE_TABLE}")
+            self.con.execute("CHECKPOINT")
+        except duckdb.Error as error:
+            raise StoreOpenError(f"{self.path}: cannot write the database ({_reason(error)}); free disk space "
+                                 f"or make its folder writable, {_ELSEWHERE}") from error
+        # DuckDB checkpoints every 16 MB of WAL by default: on a run that writes events
+        # per token that costs more than the inserts, and the many small checkpoints
+        # leave a file ~1.8x larger. Uncheckpointed data is held in memory until then.
+        self.con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
 
     def close(self) -> None:
         """Close the connection (committed data is already durable)."""

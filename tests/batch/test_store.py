@@ -18,7 +18,7 @@ import pytest
 from batch.migrations import MIGRATIONS, duckdb_type, migrate
 from batch.rows import (SCHEMAS, EventColumns, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
                         ToolCallRow, TurnRow, dumps)
-from batch.store import Store
+from batch.store import Store, StoreOpenError
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -412,8 +412,8 @@ def test_second_writer_gets_store_locked_error(tmp_path):
             probe = run_python(LOCK_PROBE.format(path=path, read_only=read_only))
             assert probe.returncode == 0, probe.stderr
             assert probe.stdout.strip() == (
-                f"LOCKED {path} is in use by another batchrun process (DuckDB allows "
-                "one writer); wait for it to finish or use another --db")
+                f"LOCKED {path}: another process (PID {os.getpid()}) holds DuckDB's lock on this file "
+                "(one writer at a time); wait for it to finish or pass another --db")
     probe = run_python(LOCK_PROBE.format(path=path, read_only=False))
     assert probe.stdout.strip() == "OPENED", probe.stderr
 
@@ -431,6 +431,41 @@ def test_read_only_open_while_nothing_writes(tmp_path):
             reader.write_results([make_result("r1", 2)])
     with pytest.raises(FileNotFoundError):
         Store(tmp_path / "missing.duckdb", read_only=True)
+
+
+def test_a_file_shorter_than_its_blocks_is_truncated_even_when_duckdb_opens_it(tmp_path):
+    path = tmp_path / "b.duckdb"
+    with Store(path) as store:
+        store.create_run(make_run("r1"))
+        store.write_results([make_result("r1", n) for n in range(1, 4)])
+    data = path.read_bytes()
+    cut = tmp_path / "cut.duckdb"
+    cut.write_bytes(data[:-4096])  # within the last block: DuckDB itself opens this
+    duckdb.connect(str(cut), read_only=True).close()
+    for read_only in (True, False):
+        with pytest.raises(StoreOpenError, match=r"truncated \(.* of the .* bytes its header counts"):
+            Store(cut, read_only=read_only)
+    with Store(path, read_only=True) as whole:
+        assert whole.get_run("r1")["run_id"] == "r1"
+
+
+def test_a_writable_open_leaves_no_trace_of_its_write_probe(tmp_path):
+    path = tmp_path / "b.duckdb"
+    for _ in range(2):
+        with Store(path) as store:
+            tables = {t for (t,) in store.con.sql("SELECT table_name FROM duckdb_tables()").fetchall()}
+            assert tables == set(EXPECTED_COLUMNS)
+
+
+def test_open_errors_are_one_line_naming_the_file(tmp_path):
+    not_duckdb = tmp_path / "notes.duckdb"
+    not_duckdb.write_text("not a database\n")
+    for path, words in ((not_duckdb, "not a DuckDB database file"), (tmp_path, "cannot open the database"),
+                        (tmp_path / "missing" / "b.duckdb", "No such file or directory")):
+        with pytest.raises(StoreOpenError) as caught:
+            Store(path)
+        message = str(caught.value)
+        assert message.startswith(f"{path}: ") and words in message and "\n" not in message
 
 
 # -- reads for evals, reports and the trainer ----------------------------------
