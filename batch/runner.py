@@ -190,7 +190,7 @@ class Runner:
         self.num_input_requests = scan.num_requests
         self.run_id, resumed, done = self._open_run(scan.sha256)
         lines = self._lines(done)
-        n_lines, self.skipped = 0, len(done)
+        self.skipped = len(done)
         status = RunStatus.FAILED
         self.writer = self.store.background_writer(max_unwritten=self.options.max_inflight)
         # The writer thread needs the GIL back after each DuckDB call; at the default 5 ms
@@ -206,7 +206,6 @@ class Runner:
                     if line is None:
                         exhausted = True
                         break
-                    n_lines += 1
                     self._read(line)
                 self._admit_listed()
                 if self.sessions:
@@ -220,11 +219,11 @@ class Runner:
             raise
         finally:
             sys.setswitchinterval(switch_interval)
-            status = self._close(status, n_lines)
+            status = self._close(status)
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored)
 
-    def _close(self, status: RunStatus, n_lines: int) -> RunStatus:
+    def _close(self, status: RunStatus) -> RunStatus:
         """Write what is left, stop the tools, record the run's end; returns the final status.
 
         A write error fails the run (and is raised, after the runs row says so).
@@ -243,8 +242,9 @@ class Runner:
             notes = {**(self._run(self.run_id)["notes"] or {}),
                      "ignored_fields": dict(self.ignored),
                      "tool_errors": self.store.tool_error_counts(self.run_id)}
+            # The rows there are, not the lines read: requests in flight at an interrupt get none.
             self.store.update_run(self.run_id, status=status, finished_at=_now(),
-                                  n_requests=self.skipped + n_lines, notes=notes)
+                                  n_requests=self.store.num_rows("requests", self.run_id), notes=notes)
         if error is not None:
             raise error
         return status

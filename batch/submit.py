@@ -7,14 +7,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import duckdb
 
 from batch import display
 from batch.cliutil import fail, open_store
@@ -26,6 +30,8 @@ from batch.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
+EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
+EXIT_SIGTERM = 143  # 128 + SIGTERM
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -113,26 +119,59 @@ def submit_plan(input_path: Path, db: str, values: dict) -> tuple[RunOptions, Ba
     return options, backend
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that it stops a run exactly as Ctrl-C does."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises `Terminated` (a KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (and only it gets signals)
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
     """Decode options.input_path into `db` with a progress bar and print the summary.
 
-    Exits 1 when the run cannot start or go on, 130 on Ctrl-C (what finished is saved)."""
-    store = open_store(db)
+    Exits 1 when the run cannot start or go on; on Ctrl-C 130 and on SIGTERM 143 (128 + the
+    signal), the run recorded `interrupted` and every finished request saved."""
+    with _sigterm_as_interrupt():
+        try:
+            summary = _run(options, backend, db=db, quiet=quiet)
+        except KeyboardInterrupt as exc:
+            stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            click.echo(f"\n{stopped}: finished requests are saved; run the same command again to resume",
+                       err=True)
+            sys.exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
+    click.echo(display.summary_text(summary, db))
+    return summary
+
+
+def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
+    store = open_store(db)  # before the model loads: a database that cannot be used fails at once
     try:
         engine = backend.load()
         options = dataclasses.replace(options, engine_config=engine.describe())
         with display.progress_bar(quiet=quiet) as progress:
-            summary = Runner(store, engine, options, progress=progress).run()
+            return Runner(store, engine, options, progress=progress).run()
     except (RunError, InputFormatError) as exc:
         fail(str(exc))
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: finished requests are saved; run the same command again to resume",
-                   err=True)
-        sys.exit(130)
+    except duckdb.Error as exc:  # e.g. the disk filled up during the run
+        fail(f"{db}: the database failed during the run ({str(exc).strip().splitlines()[0]}); what was "
+             "written is kept: free disk space and run the same command again to resume")
     finally:
         store.close()
-    click.echo(display.summary_text(summary, db))
-    return summary
 
 
 def set_threads(threads: int | None, config: dict) -> None:

@@ -112,10 +112,10 @@ def test_export_is_openai_batch_output(tmp_path, tiny_model_dir, malformed):
             Response.model_validate(line["response"]["body"])
 
 
-def start_and_signal(source, db, model, sig, after):
+def start_and_signal(source, db, model, sig, after, max_inflight=2):
     """Run `batchrun submit` in a process; send `sig` once `after` requests are written."""
     command = [sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db),
-               "--model", str(model), "--max-output-tokens", "24", "--max-inflight", "2"]
+               "--model", str(model), "--max-output-tokens", "24", "--max-inflight", str(max_inflight)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     seen, done = b"", 0
     deadline = time.monotonic() + 120
@@ -144,6 +144,30 @@ def test_ctrl_c_saves_what_finished_and_says_how_to_resume(tmp_path, tiny_model_
     assert code == 130 and b"run the same command again to resume" in stderr
     assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
     assert rows(db, "SELECT count(*) > 0 FROM requests") == [(True,)]
+
+
+def run_counts(db):
+    """(runs.n_requests, requests rows) of the only run."""
+    return rows(db, "SELECT n_requests, (SELECT count(*) FROM requests) FROM runs")[0]
+
+
+def test_sigterm_ends_the_run_interrupted_and_the_counts_stay_true(tmp_path, tiny_model_dir, thirty):
+    db = tmp_path / "term.duckdb"
+    # Many requests in flight when the signal comes: they get no row, and must not be counted.
+    code, stderr = start_and_signal(thirty, db, tiny_model_dir, signal.SIGTERM, after=1, max_inflight=12)
+    assert code == 143, stderr[-500:]
+    assert b"terminated" in stderr and b"run the same command again to resume" in stderr
+    assert b"Traceback" not in stderr
+    assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
+    n_requests, written = run_counts(db)
+    assert 1 <= written < 30 and n_requests == written
+    listing = CliRunner().invoke(main, ["runs", "--db", str(db)])
+    assert re.search(rf"interrupted .* {written} ", listing.output), listing.output
+    result = submit(thirty, "--db", db, "--max-output-tokens", "24", model=tiny_model_dir)
+    assert result.exit_code == 0 and "resumed" in result.output, result.output
+    assert rows(db, "SELECT status FROM runs") == [("completed",)]
+    assert run_counts(db) == (30, 30)
+    assert rows(db, "SELECT count(DISTINCT line_no) FROM requests") == [(30,)]
 
 
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path, tiny_model_dir, thirty):
@@ -222,7 +246,7 @@ def test_could_not_run_exits_1_usage_errors_exit_2(tmp_path, tiny_model_dir):
     try:
         assert holder.stdout.readline().strip() == b"ready"
         locked = submit(source, "--db", db, model=tiny_model_dir)
-        assert locked.exit_code == 1 and "in use by another batchrun" in locked.output
+        assert locked.exit_code == 1 and f"another process (PID {holder.pid}) holds DuckDB's lock" in locked.output
     finally:
         holder.kill()
 
