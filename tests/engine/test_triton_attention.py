@@ -1,0 +1,143 @@
+"""The Triton paged attention (engine.kernels.attention) equals the torch path (engine.attention).
+
+Without CUDA the kernels run in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, chosen
+before the kernel module is imported), so shapes stay tiny; with CUDA the same tests run natively
+(marked gpu), and a larger gpt-oss-20b-shaped case runs too.
+"""
+
+import math
+
+import pytest
+import torch
+
+from engine.attention import AttentionMetadata, paged_attention
+from engine.kernels import require_triton, triton_available
+
+if not triton_available():
+    pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+require_triton(DEVICE)  # CPU: the interpreter, set before the decorators in the kernel module run
+import engine.kernels.attention as kernels  # noqa: E402
+from engine.kernels.attention import triton_paged_attention  # noqa: E402
+
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []
+needs_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA")
+
+
+def make_step(seqs, *, block_size, num_heads=8, num_kv_heads=2, head_dim=16, shared_blocks=0,
+              dtype=torch.float32, seed=0, host_bounds=True):
+    """A step of sequences given as (num_cached, num_new) over a random cache with shuffled blocks.
+
+    Every slot of the cache holds random values (earlier steps' K/V, and stale garbage the kernels
+    must not read); the first `shared_blocks` blocks of every sequence are the same physical blocks,
+    as after a prefix-cache hit. Returns (q, k_cache, v_cache, meta, sinks).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(math.ceil((c + n) / block_size) for c, n in seqs) + 4
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    shared = [pool.pop() for _ in range(shared_blocks)]
+    width = max(math.ceil((c + n) / block_size) for c, n in seqs) + 2  # extra -1 padding columns
+    tables = []
+    for num_cached, num_new in seqs:
+        assert num_cached >= shared_blocks * block_size, "a prefix hit covers cached tokens only"
+        own = [pool.pop() for _ in range(math.ceil((num_cached + num_new) / block_size) - shared_blocks)]
+        tables.append(shared + own + [-1] * (width - shared_blocks - len(own)))
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    new = [n for _, n in seqs]
+    q = torch.randn(sum(new), num_heads, head_dim, generator=gen)
+    sinks = 2 * torch.randn(num_heads, generator=gen)  # some heads put most weight on the sink
+    seq_lens = [c + n for c, n in seqs]
+    positions = torch.cat([torch.arange(c, c + n) for c, n in seqs])
+    meta = AttentionMetadata(
+        positions=positions, slot_mapping=torch.zeros_like(positions),  # unused by attention
+        query_start_loc=torch.tensor([0, *new]).cumsum(0), seq_lens=torch.tensor(seq_lens),
+        block_tables=torch.tensor(tables), block_size=block_size,
+        max_query_len=max(new) if host_bounds else None, max_seq_len=max(seq_lens) if host_bounds else None)
+    to = dict(device=DEVICE)
+    meta.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables = (
+        t.to(**to) for t in (meta.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables))
+    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to), meta,
+            sinks.to(dtype=dtype, **to))
+
+
+def check(seqs, *, window, atol=1e-5, **step):
+    q, k_cache, v_cache, meta, sinks = make_step(seqs, **step)
+    scale = q.shape[-1] ** -0.5
+    want = paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale)
+    got = triton_paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    starts = meta.query_start_loc.tolist()
+    for i, seq in enumerate(seqs):
+        rows = slice(starts[i], starts[i + 1])
+        torch.testing.assert_close(got[rows].float(), want[rows].float(), atol=atol, rtol=0,
+                                   msg=lambda m, i=i, seq=seq: f"sequence {i} {seq}: {m}")
+
+
+# (num_cached, num_new): fresh prompts, a chunk after cached tokens, decodes at and past block edges.
+RAGGED = [(0, 9), (20, 1), (7, 1), (0, 1), (15, 1), (16, 1), (21, 12), (40, 1), (3, 4)]
+
+
+@pytest.mark.parametrize(("window", "block_size"), [(None, 16), (8, 5), (13, 8)])
+def test_a_ragged_batch_of_decode_and_prefill_rows_matches(window, block_size):
+    # windows of 8 and 13 over blocks of 5 and 8: windows start mid-block and span block edges
+    check(RAGGED, window=window, block_size=block_size)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_decode_only_and_prefill_only_batches_match(window):
+    check([(30, 1), (0, 1), (11, 1)], window=window, block_size=4)
+    check([(0, 19), (9, 7)], window=window, block_size=4)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_split_k_decode_over_several_partitions_matches(window, monkeypatch):
+    monkeypatch.setattr(kernels, "PARTITION_SIZE", 16)  # up to 7 partitions a sequence, 4 within a window
+    monkeypatch.setattr(kernels, "DECODE_BLOCK_N", 16)
+    check([(99, 1), (16, 1), (0, 1), (47, 1), (63, 1), (30, 5)], window=window, block_size=8)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_sequences_sharing_prefix_blocks_read_them_in_place(window):
+    # three sequences over the same 3 physical blocks: two decode, one prefills a chunk after the hit
+    check([(40, 1), (24, 1), (24, 9)], window=window, block_size=8, shared_blocks=3)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 4, 64), (6, 2, 24), (8, 1, 16)])
+def test_gqa_groups_and_head_dims(num_heads, num_kv_heads, head_dim):
+    # groups of 1, 3 (padded to 4) and 8; head_dim 24 is padded to 32 inside the kernels
+    check([(0, 6), (10, 1), (5, 3)], window=4, block_size=4, num_heads=num_heads, num_kv_heads=num_kv_heads,
+          head_dim=head_dim)
+
+
+def test_metadata_without_host_bounds_is_read_from_the_tensors():
+    check([(0, 7), (12, 1)], window=None, block_size=4, host_bounds=False)
+
+
+def test_bf16_matches_within_bf16_rounding():
+    # the torch path rounds scores to bf16 before its softmax; the kernels keep them in fp32
+    check(RAGGED, window=8, block_size=5, dtype=torch.bfloat16, atol=3e-2)
+
+
+def test_the_wrapper_reads_nothing_back_to_the_host_when_the_runner_gives_the_bounds(monkeypatch):
+    q, k_cache, v_cache, meta, sinks = make_step(RAGGED, block_size=8)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a host read in the attention wrapper")
+
+    for name in ("item", "tolist", "__int__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    out = triton_paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=8, scale=0.25)
+    monkeypatch.undo()
+    want = paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=8, scale=0.25)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("window", [None, 128])
+def test_gpt_oss_20b_shapes_on_the_gpu(window):
+    # 64 query heads over 8 KV heads, head_dim 64, bf16; contexts of several default-size partitions
+    seqs = [(4000, 1), (700, 1), (127, 1), (128, 1), (1000, 300), (0, 513), (2047, 1)]
+    check(seqs, window=window, block_size=16, num_heads=64, num_kv_heads=8, head_dim=64, dtype=torch.bfloat16,
+          atol=3e-2)
