@@ -141,3 +141,28 @@ def test_gpt_oss_20b_shapes_on_the_gpu(window):
     seqs = [(4000, 1), (700, 1), (127, 1), (128, 1), (1000, 300), (0, 513), (2047, 1)]
     check(seqs, window=window, block_size=16, num_heads=64, num_kv_heads=8, head_dim=64, dtype=torch.bfloat16,
           atol=3e-2)
+
+
+def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model():
+    from pathlib import Path
+
+    from engine.api import SamplingParams
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from tests.engine.test_llm_engine import decode, prompt
+
+    model_dir = Path(__file__).parents[2] / "data" / "models" / "batchrun-tiny"
+    if not (model_dir / "config.json").is_file():
+        pytest.skip(f"no shipped model at {model_dir}")
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    long = prompt(1, 140)  # past the model's 128-token window; prefilled in 64-token chunks
+    # fp32: in bf16 the torch path rounds scores to bf16 before the softmax, the kernels do not
+    tokens, hits = {}, {}
+    for choice in ("torch", "triton"):
+        llm = LLMEngine(EngineConfig(model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01,
+                                     max_num_batched_tokens=64, kernels=choice))
+        first = decode(llm, {"long": long, "short": prompt(3, 5)}, greedy)  # short decodes between long's chunks
+        second = decode(llm, {"hit": long[:130] + prompt(2, 9)}, greedy)  # its first 8 blocks are long's
+        tokens[choice], hits[choice] = {**first, **second}, llm.block_manager.num_hit_tokens
+    assert hits["triton"] == 128
+    assert tokens["triton"] == tokens["torch"]
