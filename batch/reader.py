@@ -1,7 +1,8 @@
 """JSONL/Parquet input -> a stream of `InputLine`s, one per request line.
 
 Bad lines never stop the read: each becomes an `InputLine` whose `error`
-names the line and the field. Only a file batchrun cannot read at all (an
+names the line and the field; an empty or whitespace-only line is one too
+(every line is one row). Only a file batchrun cannot read at all (an
 unknown extension, a missing file, a Parquet file it cannot open) raises
 `InputFormatError`, at once.
 """
@@ -83,7 +84,7 @@ class InputScan:
     """What one pass over the input file's bytes tells before decoding starts."""
 
     sha256: str          # of the file as stored (compressed, for .gz)
-    num_requests: int    # non-blank JSONL lines, or Parquet rows
+    num_requests: int    # JSONL lines (empty ones too: each is a row), or Parquet rows
 
 
 def scan_input(path: str | Path) -> InputScan:
@@ -111,13 +112,15 @@ def scan_input(path: str | Path) -> InputScan:
 
 
 class _LineCounter:
-    """Counts non-blank lines of a byte stream fed in chunks (gunzipping it on the way)."""
+    """Counts the lines of a byte stream fed in chunks (gunzipping it on the way), as
+    `_physical_lines` reads them: every newline ends one, and bytes after the last one
+    are one more."""
 
     def __init__(self, gzipped: bool):
         self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
         self.count = 0
         self._fed = False
-        self._open_line_has_text = False
+        self._open_line = False  # bytes since the last newline
 
     def feed(self, chunk: bytes) -> None:
         self._fed = True
@@ -131,17 +134,15 @@ class _LineCounter:
         self._count(chunk)
 
     def _count(self, data: bytes) -> None:
-        parts = data.split(b"\n")
-        self._open_line_has_text = self._open_line_has_text or bool(parts[0].strip())
-        if len(parts) == 1:
+        if not data:
             return
-        self.count += self._open_line_has_text + sum(1 for part in parts[1:-1] if part.strip())
-        self._open_line_has_text = bool(parts[-1].strip())
+        self.count += data.count(b"\n")
+        self._open_line = not data.endswith(b"\n")
 
     def finish(self) -> int:
         if self._inflate is not None and self._fed and not self._inflate.eof:
             raise zlib.error("the compressed stream ends early")
-        return self.count + self._open_line_has_text
+        return self.count + self._open_line
 
 
 def _read_jsonl_file(path: Path, compressed: bool, max_line_bytes: int) -> Iterator[InputLine]:
@@ -158,10 +159,13 @@ def iter_jsonl(handle: ByteStream, *,
             yield lines.failed(line_no, f"line is {size:,} bytes, over the {max_line_bytes:,}-byte "
                                         f"limit (--max-line-bytes)")
             continue
-        if not data.strip():
-            continue  # blank lines are layout, not requests
+        if line_no == 1 and data.startswith(_BOM):
+            data = data[len(_BOM):]
+        if not data.strip():  # every line is one row: an empty line is an invalid one
+            yield lines.failed(line_no, "empty line" if not data else "empty line (whitespace only)")
+            continue
         try:
-            value = _decode(data[len(_BOM):] if line_no == 1 and data.startswith(_BOM) else data)
+            value = _decode(data)
         except LineError as exc:
             yield lines.failed(line_no, str(exc))
             continue

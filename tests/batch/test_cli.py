@@ -62,6 +62,26 @@ def test_every_line_ends_as_one_row_with_the_right_status(tmp_path, tiny_model_d
     assert all(error == f"line {n}: incomplete: max_output_tokens" for n, error in reasons.items())
 
 
+def test_empty_lines_are_invalid_rows_and_a_resume_adds_none_twice(tmp_path, tiny_model_dir):
+    source, db = tmp_path / "gaps.jsonl", tmp_path / "out.duckdb"
+    request = json.dumps({"input": "Hi"})
+    source.write_text(f"{request}\n\n{request}\n \t \n{request}\n{' ' * 200}\n{request}\n\n")
+    partial = submit(source, "--db", db, "--limit", "3", "--max-output-tokens", "2", "--max-line-bytes", "100",
+                     model=tiny_model_dir)
+    assert partial.exit_code == 0, partial.output
+    assert rows(db, "SELECT line_no, status FROM requests ORDER BY 1")[1] == (2, "invalid")
+    result = submit(source, "--db", db, "--max-output-tokens", "2", "--max-line-bytes", "100", model=tiny_model_dir)
+    assert result.exit_code == 0 and "resumed" in result.output, result.output
+    assert "5 requests this time" in result.output and "3 invalid" in result.output  # lines 4-8
+    invalid = dict(rows(db, "SELECT line_no, error FROM requests WHERE status = 'invalid'"))
+    assert invalid == {2: "line 2: empty line", 4: "line 4: empty line (whitespace only)",
+                       6: "line 6: line is 200 bytes, over the 100-byte limit (--max-line-bytes)",
+                       8: "line 8: empty line"}
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no), min(line_no), max(line_no) FROM requests") == \
+        [(8, 8, 1, 8)]
+    assert rows(db, "SELECT count(*), min(status), min(n_requests) FROM runs") == [(1, "completed", 8)]
+
+
 def test_stored_events_validate_and_end_with_one_terminal_event(tmp_path, tiny_model_dir):
     db = tmp_path / "out.duckdb"
     result = submit(EXAMPLES / "quickstart.jsonl", "--db", db, "--max-output-tokens", "24",

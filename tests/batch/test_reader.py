@@ -60,11 +60,21 @@ def test_bare_bodies_envelopes_and_a_mix(tmp_path):
     assert all(line.error is None and line.ignored_fields == [] for line in lines)
 
 
-def test_blank_lines_are_skipped_but_counted(tmp_path):
+def test_empty_and_whitespace_only_lines_are_invalid_lines(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"input": "one"}\n\n   \t\r\n{"input": "two"}\n\n')
     lines = read_all(path)
-    assert [(line.line_no, line.custom_id) for line in lines] == [(1, "line-1"), (4, "line-4")]
+    assert [(line.line_no, line.custom_id, line.error) for line in lines] == [
+        (1, "line-1", None), (2, "line-2", "line 2: empty line"),
+        (3, "line-3", "line 3: empty line (whitespace only)"), (4, "line-4", None),
+        (5, "line-5", "line 5: empty line")]
+    assert [line.is_valid for line in lines] == [True, False, False, True, False]
+
+
+def test_a_line_that_is_only_a_byte_order_mark_is_empty(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf\n{"input": "one"}\n')
+    assert [line.error for line in read_all(path)] == ["line 1: empty line", None]
 
 
 def test_last_line_without_newline_crlf_and_bom(tmp_path):
@@ -191,14 +201,15 @@ def test_errors_do_not_stop_the_run_and_keep_line_numbers(tmp_path):
     ])
     lines = read_all(path)
     assert [(line.line_no, line.custom_id, line.is_valid) for line in lines] == [
-        (1, "abc", True), (2, "line-2", False), (4, "line-4", False), (5, "abc", False),
+        (1, "abc", True), (2, "line-2", False), (3, "line-3", False), (4, "line-4", False), (5, "abc", False),
         (6, "x", False), (7, "last", True)]
-    assert lines[1].body is None and lines[2].body is None
-    assert lines[3].error == "line 5: custom_id: duplicate 'abc' (first seen on line 1)"
-    assert lines[3].body == {"input": "again"}
-    assert lines[4].error.startswith("line 6: tools[0].type: unsupported tool type "
+    assert lines[1].body is None and lines[2].body is None and lines[3].body is None
+    assert lines[2].error == "line 3: empty line"
+    assert lines[4].error == "line 5: custom_id: duplicate 'abc' (first seen on line 1)"
+    assert lines[4].body == {"input": "again"}
+    assert lines[5].error.startswith("line 6: tools[0].type: unsupported tool type "
                                      "'image_generation'")
-    assert lines[4].body["tools"] == [{"type": "image_generation"}]
+    assert lines[5].body["tools"] == [{"type": "image_generation"}]
 
 
 def test_every_later_duplicate_names_the_first_line(tmp_path):
@@ -397,11 +408,11 @@ def test_secrets_are_redacted_whatever_the_shape_of_tools():
 # -- one scan before decoding ----------------------------------------------------
 
 def test_scan_counts_requests_and_hashes_the_stored_bytes(tmp_path):
-    text = '{"input": "a"}\n\n   \n{"input": "b"}\r\n{"input": "c"}'  # blank lines are layout
+    text = '{"input": "a"}\n\n   \n{"input": "b"}\r\n{"input": "c"}'  # empty lines are lines too
     plain = tmp_path / "in.jsonl"
     plain.write_text(text)
     scan = scan_input(plain)
-    assert scan == InputScan(hashlib.sha256(plain.read_bytes()).hexdigest(), 3)
+    assert scan == InputScan(hashlib.sha256(plain.read_bytes()).hexdigest(), 5)
     assert scan.num_requests == sum(1 for _ in read_requests(plain))
 
 
@@ -414,8 +425,35 @@ def test_scan_counts_lines_split_across_chunks_and_gzip_members(tmp_path, monkey
     first, second = "\n".join(lines[:25]) + "\n\n  \n", "\n".join(lines[25:]) + "\n"
     packed.write_bytes(gzip.compress(first.encode()) + gzip.compress(second.encode()))  # two members
     scan = scan_input(packed)
-    assert scan.num_requests == 40 == sum(1 for _ in read_requests(packed))
+    assert scan.num_requests == 42 == sum(1 for _ in read_requests(packed))  # 40 requests, 2 empty lines
     assert scan.sha256 == hashlib.sha256(packed.read_bytes()).hexdigest()
+
+
+AWKWARD_INPUTS = {
+    "empty file": b"",
+    "one newline": b"\n",
+    "newlines only": b"\n\n\n",
+    "no final newline": b'{"input": "a"}\n{"input": "b"}',
+    "final whitespace, no newline": b'{"input": "a"}\n   ',
+    "crlf and tabs": b'{"input": "a"}\r\n\t\r\n\r\n{"input": "b"}\r\n',
+    "long whitespace line": b'{"input": "a"}\n' + b" " * 300 + b"\n" + b'{"input": "b"}\n',
+    "long whitespace last line": b'{"input": "a"}\n' + b" " * 300,
+    "bom then empty": b"\xef\xbb\xbf\n\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(AWKWARD_INPUTS))
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_scan_and_reader_agree_line_for_line(tmp_path, monkeypatch, name, gzipped):
+    import batch.reader as reader
+
+    monkeypatch.setattr(reader, "_SCAN_CHUNK_BYTES", 5)  # lines straddle chunks
+    data = AWKWARD_INPUTS[name]
+    path = tmp_path / ("in.jsonl.gz" if gzipped else "in.jsonl")
+    path.write_bytes(gzip.compress(data) if gzipped else data)
+    lines = read_all(path, max_line_bytes=64)  # the 300-space lines are over the limit
+    assert [line.line_no for line in lines] == list(range(1, len(lines) + 1))
+    assert scan_input(path).num_requests == len(lines) == len(data.splitlines())
 
 
 def test_scan_takes_parquet_rows_from_the_footer(tmp_path):
