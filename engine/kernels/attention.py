@@ -13,18 +13,24 @@ ignoring the sequences the other one owns (so no host read decides who is who):
   partition) program attends the group's query heads to PARTITION_SIZE keys and
   writes a partial max, sum and unnormalised output; a reduce kernel rescales
   the partitions to a common max, adds the sink once and normalises.
-- prefill (sequences with several new tokens, prompt chunks): each (sequence,
-  query tile, KV head) program runs an online softmax over the keys its tile
-  sees (causal, windowed), the sink seeding the running max and sum.
+- prefill (sequences with several new tokens, prompt chunks): each (query tile,
+  KV head) program runs an online softmax over the keys its tile sees (causal,
+  windowed), the sink seeding the running max and sum. Tiles are numbered over
+  the flat batch (T // BLOCK_M + S of them) and each finds its sequence by a
+  binary search of query_start_loc, so one long chunk among many decodes does
+  not make every sequence pay for its length.
 
 GQA: a program packs the query heads of one KV head (and, in prefill, BLOCK_M
 queries) into the rows of one tile, so each key tile is loaded once per group.
 Scores, softmax and accumulation are fp32 whatever the cache dtype.
 
-Host syncs: none per layer. Grid sizes need the longest new-token count and the
-longest sequence of the step; the model runner puts them on the metadata as host
-ints (`max_query_len`, `max_seq_len`). Metadata built without them (tests, other
-callers) costs one device read per call to find them.
+Host syncs: none per layer. The decode grid needs the longest sequence of the
+step (its number of partitions), and a step whose rows are all decodes skips the
+prefill launch; the model runner puts both bounds on the metadata as host ints
+(`max_seq_len`, `max_query_len`). Metadata built without them (tests, other
+callers) costs one device read per call to find them. Nothing is validated on
+the device: a -1 (missing) block in a table reads as masked keys, where the
+torch path raises.
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ def _decode_partition_kernel(
     m_i, l_i, acc = _attend_keys(q, q_rows_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
                                  stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST)
-    part_row = (seq * num_heads + head) * num_parts + part  # [S, H, P] layout
+    part_row = (seq.to(tl.int64) * num_heads + head) * num_parts + part  # [S, H, P] layout
     tl.store(part_m + part_row, m_i, mask=row_ok)
     tl.store(part_l + part_row, l_i, mask=row_ok)
     tl.store(part_acc + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
@@ -158,7 +164,7 @@ def _decode_reduce_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     d_out = d < tl.where(is_decode, HEAD_DIM, 0)
-    row = (seq * num_heads + head) * num_parts + p
+    row = (seq.to(tl.int64) * num_heads + head) * num_parts + p
     m = tl.load(part_m + row, mask=p_ok, other=float("-inf"))
     l_p = tl.load(part_l + row, mask=p_ok, other=0.0)
     acc = tl.load(part_acc + row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
@@ -172,16 +178,34 @@ def _decode_reduce_kernel(
 
 
 @triton.jit
+def _tile_sequence(query_start_loc, num_seqs, tile, BLOCK_M: tl.constexpr):
+    """The sequence of flat query tile `tile` and its tile index within that sequence.
+
+    Sequence i owns tiles first(i) .. first(i + 1) - 1, first(i) = query_start_loc[i] // BLOCK_M + i:
+    at least the ceil(q_len / BLOCK_M) it needs, and T // BLOCK_M + S tiles in all, so the grid
+    size comes from the batch's shape alone. Binary search for the last i with first(i) <= tile.
+    """
+    lo = 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.load(query_start_loc + mid) // BLOCK_M + mid <= tile:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, tile - (tl.load(query_start_loc + lo) // BLOCK_M + lo)
+
+
+@triton.jit
 def _prefill_kernel(
-        q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks,
+        q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks, num_seqs,
         stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
         stride_vh, stride_bt, block_size, window, scale,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (sequence, query tile, KV head): BLOCK_M queries x the group's heads of a prefill sequence."""
-    seq = tl.program_id(0)
-    tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    """Program (flat query tile, KV head): BLOCK_M queries x the group's heads of a prefill sequence."""
+    seq, tile = _tile_sequence(query_start_loc, num_seqs, tl.program_id(0), BLOCK_M)
+    kv_head = tl.program_id(1)
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
     seq_len = tl.load(seq_lens + seq)
@@ -255,13 +279,13 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
         BLOCK_N=DECODE_BLOCK_N, PARTITION=PARTITION_SIZE, SLIDING=sliding, UPCAST=UPCAST_DOT_OPERANDS, **common)
     _decode_reduce_kernel[(num_seqs, num_heads)](
         out, sinks, meta.query_start_loc, part_m, part_l, part_acc, out.stride(0), out.stride(1),
-        num_heads, num_parts, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_parts))
+        num_heads, num_parts, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=max(2, triton.next_power_of_2(num_parts)))
 
     if max_query_len > 1:  # prefill rows
         group_pad = triton.next_power_of_2(group)
         block_m = max(1, PREFILL_ROWS // group_pad, triton.cdiv(MIN_DOT, group_pad))
-        _prefill_kernel[(num_seqs, triton.cdiv(max_query_len, block_m), num_kv_heads)](
-            q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks,
+        _prefill_kernel[(num_tokens // block_m + num_seqs, num_kv_heads)](
+            q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks, num_seqs,
             stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
             GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=block_d,
             BLOCK_N=PREFILL_BLOCK_N, SLIDING=sliding, UPCAST=UPCAST_DOT_OPERANDS, **common)

@@ -166,3 +166,10 @@ def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model():
         tokens[choice], hits[choice] = {**first, **second}, llm.block_manager.num_hit_tokens
     assert hits["triton"] == 128
     assert tokens["triton"] == tokens["torch"]
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_flat_query_tiles_find_their_sequences(window, monkeypatch):
+    monkeypatch.setattr(kernels, "PREFILL_ROWS", 16)  # 4 queries x 4 heads a tile: many tiles, many edges
+    # chunks of 3..9 new tokens that start and end on and off tile edges, decodes in between
+    check([(0, 4), (6, 5), (9, 1), (0, 9), (2, 3), (13, 1), (4, 8), (0, 7)], window=window, block_size=4)
