@@ -20,6 +20,7 @@ read as its even and odd columns and each meets one nibble's weights.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,12 +29,21 @@ from torch import Tensor
 from engine.kernels import require_triton
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
 
-# Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
+# Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run. The kernels
+# call no @triton.jit function of triton.language.standard (tl.zeros, tl.sigmoid, tl.sum, ...): those are
+# decorated when triton.language is first imported (transformers' model classes import it), so they stay
+# compiled-mode functions, which the interpreter cannot call, if that import came first.
 require_triton("cuda" if torch.cuda.is_available() else "cpu")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+# The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
+# first, which gives the products a 16-bit MMA with fp32 accumulation gives.
+UPCAST_DOT_OPERANDS = os.environ.get("TRITON_INTERPRET") == "1"
 MXFP4_GROUP_BYTES: tl.constexpr = tl.constexpr(MXFP4_BLOCK // 2)  # bytes sharing one scale
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,8 @@ def _launch(kernel: triton.JITFunction, a: Tensor, w: ExpertWeight, bias: Tensor
         routing.sorted_pairs, routing.tile_expert, routing.tile_row_start, routing.expert_offsets,
         k, n, num_experts, top_k, alpha, limit,
         a.stride(0), a.stride(1), *w_strides, *s_strides, bias.stride(0), bias.stride(1), out.stride(0),
-        MXFP4=w.is_mxfp4, PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        MXFP4=w.is_mxfp4, PRECISION="ieee" if a.dtype == torch.float32 or UPCAST_DOT_OPERANDS else "tf32",
+        DOT_DTYPE=tl.float32 if UPCAST_DOT_OPERANDS else _TL_DTYPES[a.dtype],
         BLOCK_M=routing.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )
 
@@ -190,10 +201,10 @@ def _tile_rows(tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr, BLOCK_M:
 @triton.jit
 def _expert_matmul(a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, expert, offs_n, K, N,
                    stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-                   MXFP4: tl.constexpr, PRECISION: tl.constexpr,
+                   MXFP4: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_M, BLOCK_N] fp32: rows at a_rows_ptr [BLOCK_M, 1] times columns offs_n of expert's weight."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     mask_n = offs_n < N
     w_ptr += expert.to(tl.int64) * stride_we
     if MXFP4:
@@ -209,10 +220,10 @@ def _expert_matmul(a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, expert, offs_n
             scale = tl.load(s_ptr + (j // MXFP4_GROUP_BYTES)[:, None] * stride_sg + offs_n[None, :] * stride_sn,
                             mask=w_mask, other=127).to(tl.int32)
             packed = packed.to(tl.int32)
-            w_even = _e2m1_times_scale(packed & 15, scale).to(a_even.dtype)
-            w_odd = _e2m1_times_scale(packed >> 4, scale).to(a_even.dtype)
-            acc = tl.dot(a_even, w_even, acc, input_precision=PRECISION)
-            acc = tl.dot(a_odd, w_odd, acc, input_precision=PRECISION)
+            w_even = _e2m1_times_scale(packed & 15, scale).to(a_even.dtype).to(DOT_DTYPE)
+            w_odd = _e2m1_times_scale(packed >> 4, scale).to(a_even.dtype).to(DOT_DTYPE)
+            acc = tl.dot(a_even.to(DOT_DTYPE), w_even, acc, input_precision=PRECISION)
+            acc = tl.dot(a_odd.to(DOT_DTYPE), w_odd, acc, input_precision=PRECISION)
     else:
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -220,7 +231,7 @@ def _expert_matmul(a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, expert, offs_n
             a = tl.load(a_rows_ptr + offs_k[None, :] * stride_ak, mask=row_mask[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
                         mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)
+            acc = tl.dot(a.to(DOT_DTYPE), w.to(a.dtype).to(DOT_DTYPE), acc, input_precision=PRECISION)
     return acc
 
 
@@ -231,7 +242,7 @@ def _gate_up_swiglu_kernel(
     K, N, num_experts, top_k, alpha, limit,
     stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
     stride_be, stride_bn, stride_om,
-    MXFP4: tl.constexpr, PRECISION: tl.constexpr,
+    MXFP4: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out[row, j] = swiglu(gate, up) of x[token(row)] @ W[expert] + bias, columns 2j (gate) and 2j + 1 (up)."""
@@ -242,12 +253,12 @@ def _gate_up_swiglu_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _expert_matmul(x_ptr + tokens.to(tl.int64)[:, None] * stride_xm, row_mask, stride_xk, w_ptr, s_ptr,
                          expert, offs_n, K, N, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-                         MXFP4, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                         MXFP4, PRECISION, DOT_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K)
     bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=offs_n < N, other=0.0)
     gate, up = tl.split(tl.reshape(acc + bias.to(tl.float32)[None, :], (BLOCK_M, BLOCK_N // 2, 2)))
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
-    activated = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+    activated = (up + 1.0) * gate / (1.0 + tl.exp(-gate * alpha))  # (up + 1) * gate * sigmoid(alpha * gate)
     offs_j = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_j[None, :]
     tl.store(out, activated.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_j < N // 2)[None, :])
@@ -260,7 +271,7 @@ def _down_kernel(
     K, N, num_experts, top_k, alpha, limit,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
     stride_be, stride_bn, stride_om,
-    MXFP4: tl.constexpr, PRECISION: tl.constexpr,
+    MXFP4: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out[pair(row)] = router_weight(pair) * (a[row] @ W[expert] + bias), fp32."""
@@ -271,7 +282,7 @@ def _down_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _expert_matmul(a_ptr + rows.to(tl.int64)[:, None] * stride_am, row_mask, stride_ak, w_ptr, s_ptr,
                          expert, offs_n, K, N, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-                         MXFP4, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                         MXFP4, PRECISION, DOT_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K)
     mask_n = offs_n < N
     bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=mask_n, other=0.0)
     router_weight = tl.load(pair_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)

@@ -1,0 +1,214 @@
+"""The Triton MoE (engine.kernels.moe) against the torch GptOssExperts and transformers' MXFP4 dequantisation.
+
+Without CUDA the kernels run in Triton's interpreter (small shapes); with CUDA the same tests run natively.
+"""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+from engine import mxfp4
+from engine.checkpoint import tiny_config
+from engine.config import EngineConfig, ModelConfig
+from engine.kernels import require_triton, triton_available
+from engine.model import GptOssExperts
+
+if not triton_available():
+    pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+require_triton(DEVICE)  # CPU: the interpreter, chosen before triton is first imported
+from engine.kernels import moe  # noqa: E402
+
+CONFIG = ModelConfig.from_hf(tiny_config())  # 4 experts, hidden 64, intermediate 64, top_k 2
+
+
+def routed(num_tokens, *, seed=0, experts=(0, 1, 3), top_k=2):
+    """expert_ids [T, top_k] drawn from `experts` only (the others get no tokens) and softmaxed weights."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(experts)
+    ids = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:top_k]] for _ in range(num_tokens)])
+    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen), -1)
+    return ids.to(DEVICE), weights.to(DEVICE)
+
+
+def random_experts(config=CONFIG, kernels="torch", dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    experts = GptOssExperts(config, kernels)
+    for name, param in experts.named_parameters():
+        param.data.normal_(0, 0.1 if name.endswith("bias") else config.hidden_size**-0.5)
+    return experts.to(DEVICE, dtype)
+
+
+# -- routing --------------------------------------------------------------------------
+@pytest.mark.parametrize("num_tokens,block_m", [(1, 16), (13, 16), (40, 16), (40, 32)])
+def test_route_offsets_equal_bincount_and_tiles_cover_each_expert_once(num_tokens, block_m):
+    ids, _ = routed(num_tokens)
+    routing = moe.route(ids, 4, block_m)
+    flat = ids.reshape(-1).cpu()
+    offsets, pairs = routing.expert_offsets.cpu(), routing.sorted_pairs.cpu().long()
+    assert torch.equal(offsets.diff(), torch.bincount(flat, minlength=4).int())
+    assert torch.equal(pairs.sort().values, torch.arange(flat.numel()))  # a permutation of the pairs
+    assert torch.equal(flat[pairs], flat.sort().values)  # grouped by expert
+    covered = torch.zeros(flat.numel(), dtype=torch.int)
+    assert routing.tile_expert.numel() == moe.max_tiles(flat.numel(), 4, block_m)
+    for expert, start in zip(routing.tile_expert.tolist(), routing.tile_row_start.tolist()):
+        if expert == 4:  # the unused tail
+            continue
+        end = min(start + block_m, offsets[expert + 1].item())
+        assert offsets[expert] <= start < end
+        covered[start:end] += 1
+    assert torch.equal(covered, torch.ones_like(covered))
+
+
+def test_route_traces_without_host_sync():
+    ids, _ = routed(9)
+    traced = torch.compile(moe.route, fullgraph=True, backend="eager")(ids, 4, 16)
+    eager = moe.route(ids, 4, 16)
+    for name in ("sorted_pairs", "expert_offsets", "tile_expert", "tile_row_start"):
+        assert torch.equal(getattr(traced, name), getattr(eager, name)), name
+
+
+# -- dense expert weights ------------------------------------------------------------------
+@pytest.mark.parametrize("num_tokens", [1, 7, 40])
+def test_triton_experts_equal_torch_experts_fp32(num_tokens):
+    reference = random_experts()
+    triton_experts = random_experts(kernels="triton")
+    triton_experts.load_state_dict(reference.state_dict())
+    x = 4 * torch.randn(num_tokens, 64, device=DEVICE)  # wide enough that the SwiGLU clamps some of it
+    ids, weights = routed(num_tokens, seed=num_tokens)
+    with torch.inference_mode():
+        want, got = reference(x, ids, weights), triton_experts(x, ids, weights)
+    assert (x @ reference.gate_up_proj[0]).abs().max() > CONFIG.swiglu_limit
+    assert got.dtype == torch.float32 and want.abs().max() > 0.1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_experts_equal_torch_experts_bf16_every_expert_hit():
+    reference = random_experts(dtype=torch.bfloat16)
+    triton_experts = random_experts(kernels="triton", dtype=torch.bfloat16)
+    triton_experts.load_state_dict(reference.state_dict())
+    x = torch.randn(24, 64, device=DEVICE, dtype=torch.bfloat16)
+    ids, weights = routed(24, experts=(0, 1, 2, 3))
+    fp32 = random_experts()
+    fp32.load_state_dict({k: v.float() for k, v in reference.state_dict().items()})
+    with torch.inference_mode():
+        want = fp32(x.float(), ids, weights)
+        got, torch_bf16 = triton_experts(x, ids, weights.bfloat16()), reference(x, ids, weights.bfloat16())
+    # bf16 rounds in different places on the two paths: each must be as close to fp32 as the other.
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - want).abs().max() <= 2 * (torch_bf16.float() - want).abs().max() + 1e-2
+
+
+# -- MXFP4 expert weights ------------------------------------------------------------------
+def packed_experts(reference):
+    """A kernels='triton' MXFP4 GptOssExperts holding `reference`'s weights quantised; `reference` gets
+    transformers' dequantisation of them."""
+    config = ModelConfig.from_hf(tiny_config(quantization_config={"quant_method": "mxfp4"}))
+    packed = GptOssExperts(config, "triton").to(DEVICE)
+    assert packed.is_mxfp4 and not hasattr(packed, "gate_up_proj")
+    for name in ("gate_up_proj", "down_proj"):
+        blocks, scales = mxfp4.quantize(getattr(reference, name).detach().cpu())
+        getattr(packed, name + "_blocks").copy_(blocks)
+        getattr(packed, name + "_scales").copy_(scales)
+        getattr(reference, name).data.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+        getattr(packed, name + "_bias").data.copy_(getattr(reference, name + "_bias"))
+    return packed
+
+
+@pytest.mark.parametrize("num_tokens", [3, 40])
+def test_mxfp4_triton_experts_equal_torch_experts_on_transformers_dequantised_weights(num_tokens):
+    reference = random_experts()
+    packed = packed_experts(reference)
+    x = torch.randn(num_tokens, 64, device=DEVICE)
+    ids, weights = routed(num_tokens, seed=num_tokens)
+    with torch.inference_mode():
+        want, got = reference(x, ids, weights), packed(x, ids, weights)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_in_kernel_mxfp4_dequantisation_equals_transformers():
+    # Identity activations through the down kernel: each output row is one weight row, as dequantised in the kernel.
+    num_experts, k, n = 3, 64, 96
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (num_experts, n, k // 32, 16), dtype=torch.uint8, generator=gen)
+    # Every code and a wide range of scales; 0 and 1 give subnormals, which GPUs may flush, so CPU only.
+    lowest = 0 if DEVICE == "cpu" else 2
+    scales = torch.randint(lowest, 200, (num_experts, n, k // 32), dtype=torch.uint8, generator=gen)
+    ids = torch.arange(num_experts).repeat_interleave(k)[:, None].to(DEVICE)
+    routing = moe.route(ids, num_experts, 16)
+    eye = torch.eye(k, device=DEVICE).repeat(num_experts, 1)
+    weight = moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE))
+    out = moe.down_weighted(eye, routing, weight, torch.zeros(num_experts, n, device=DEVICE),
+                            torch.ones(num_experts * k, device=DEVICE))
+    want = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    assert torch.equal(out.view(num_experts, k, n).cpu(), want)
+
+
+# -- the model --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mxfp4_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny checkpoint with its expert weights in MXFP4, as the published checkpoints ship them."""
+    from tests.engine.test_loader import copy_checkpoint
+
+    tensors = {}
+    for name, tensor in load_file(tiny_model_dir / "model.safetensors").items():
+        if name.endswith(("gate_up_proj", "down_proj")):
+            tensors[name + "_blocks"], tensors[name + "_scales"] = mxfp4.quantize(tensor)
+        else:
+            tensors[name] = tensor
+    quant = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                 "model.layers.*.mlp.router", "model.embed_tokens",
+                                                                 "lm_head"]}
+    path = copy_checkpoint(tiny_model_dir, tmp_path_factory.mktemp("mxfp4") / "model", config_update={
+        "quantization_config": quant})
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def test_triton_model_keeps_mxfp4_experts_packed_and_matches_the_torch_model(mxfp4_model_dir):
+    from engine.attention import AttentionMetadata
+    from engine.loader import load_model
+    from engine.model import allocate_kv_cache
+
+    packed, config = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE, kernels="triton"))
+    dequantised, _ = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE))
+    params = dict(packed.named_parameters())
+    assert params["model.layers.0.mlp.experts.down_proj_blocks"].dtype == torch.uint8
+    assert not any(name.endswith(("gate_up_proj", "down_proj")) for name in params)
+    num_tokens = 20  # one sequence over two cache blocks
+    ids = torch.randint(0, config.vocab_size, (num_tokens,), generator=torch.Generator().manual_seed(0))
+    meta = AttentionMetadata(
+        positions=torch.arange(num_tokens, device=DEVICE), slot_mapping=torch.arange(num_tokens, device=DEVICE),
+        query_start_loc=torch.tensor([0, num_tokens], device=DEVICE),
+        seq_lens=torch.tensor([num_tokens], device=DEVICE), block_tables=torch.tensor([[0, 1]], device=DEVICE),
+        block_size=16)
+    with torch.inference_mode():
+        logits = [model.compute_logits(model(ids.to(DEVICE), meta, allocate_kv_cache(config, 2, 16, torch.float32,
+                                                                                     DEVICE)))
+                  for model in (packed, dequantised)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+# -- the 20b shape, natively -------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mxfp4_moe_at_the_20b_shape_on_gpu():
+    config = ModelConfig.from_hf(tiny_config(hidden_size=2880, intermediate_size=2880, num_local_experts=32,
+                                             num_experts_per_tok=4))
+    reference = random_experts(config, dtype=torch.bfloat16)
+    quantised = ModelConfig.from_hf(tiny_config(hidden_size=2880, intermediate_size=2880, num_local_experts=32,
+                                                num_experts_per_tok=4, quantization_config={"quant_method": "mxfp4"}))
+    packed = GptOssExperts(quantised, "triton").to(DEVICE)
+    for name in ("gate_up_proj", "down_proj"):
+        blocks, scales = mxfp4.quantize(getattr(reference, name).detach().float())
+        getattr(packed, name + "_blocks").copy_(blocks)
+        getattr(packed, name + "_scales").copy_(scales)
+        getattr(reference, name).data.copy_(mxfp4.dequantize(blocks, scales, torch.bfloat16))
+        getattr(packed, name + "_bias").data.copy_(getattr(reference, name + "_bias"))
+    for num_tokens in (1, 64, 2048):
+        x = torch.randn(num_tokens, 2880, device=DEVICE, dtype=torch.bfloat16)
+        ids, weights = routed(num_tokens, experts=tuple(range(0, 32, 2)), top_k=4)
+        with torch.inference_mode():
+            want, got = reference(x, ids, weights.bfloat16()), packed(x, ids, weights.bfloat16())
+        assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max() + 0.02
