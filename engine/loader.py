@@ -20,6 +20,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.api import ModelLoadError
 from engine.config import EngineConfig, ModelConfig, check_model_dir
+from engine.kernels import require_triton
 from engine.model import GptOssModel
 from engine.mxfp4 import dequantize
 
@@ -53,6 +54,11 @@ def load_model(config: EngineConfig) -> tuple[GptOssModel, ModelConfig]:
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ModelLoadError(f"--model {model_dir}: weights missing from the checkpoint: {shown}")
+    if config.kernels == "triton":
+        require_triton(device)
+        from engine.kernels.attention import use_triton_attention
+
+        use_triton_attention(model)
     return model, model_config
 
 
