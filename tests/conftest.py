@@ -1,9 +1,15 @@
 """Fixtures shared by the whole test suite."""
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without CUDA the Triton kernels run in Triton's interpreter, which must be chosen before triton.language
+# is first imported (importing transformers' model classes does it, at collection), so it is chosen here.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The test models are tiny: on small CPU ops a second thread costs more in
 # synchronisation than it gains (10x slower on a busy 2-core machine).
