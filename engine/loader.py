@@ -35,6 +35,8 @@ def load_model(config: EngineConfig) -> tuple[GptOssModel, ModelConfig]:
     check_model_dir(model_dir)
     model_config = ModelConfig.from_pretrained(model_dir)
     dtype, device = config.resolve_dtype(model_config), torch.device(config.device)
+    if config.kernels == "triton":
+        require_triton(device)  # before a kernel module loads: names the extra if missing, the interpreter on CPU
     with _default_dtype(dtype), torch.device("meta"):
         model = GptOssModel(model_config, kernels=config.kernels)
     model = model.to_empty(device=device).eval().requires_grad_(False)
@@ -54,11 +56,6 @@ def load_model(config: EngineConfig) -> tuple[GptOssModel, ModelConfig]:
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ModelLoadError(f"--model {model_dir}: weights missing from the checkpoint: {shown}")
-    if config.kernels == "triton":
-        require_triton(device)
-        from engine.kernels.attention import use_triton_attention
-
-        use_triton_attention(model)
     return model, model_config
 
 

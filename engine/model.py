@@ -93,7 +93,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class GptOssAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    """kernels="triton" runs the paged attention on the Triton kernels of engine.kernels.attention."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, kernels: str = "torch") -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
@@ -104,7 +106,11 @@ class GptOssAttention(nn.Module):
         self.sinks = nn.Parameter(torch.empty(self.num_heads))
         self.sliding_window = config.window(layer_idx)
         self.scale = d**-0.5
-        self.paged_attention = paged_attention  # the torch path; engine.kernels.attention swaps in Triton's
+        self.paged_attention = paged_attention
+        if kernels == "triton":
+            from engine.kernels.attention import triton_paged_attention  # triton is an optional extra
+
+            self.paged_attention = triton_paged_attention
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache first."""
@@ -236,7 +242,7 @@ class GptOssDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, kernels: str = "torch") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = GptOssAttention(config, layer_idx)
+        self.self_attn = GptOssAttention(config, layer_idx, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GptOssMLP(config, kernels)
 

@@ -38,10 +38,9 @@ from __future__ import annotations
 import os
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from engine.attention import AttentionMetadata
-from engine.model import GptOssAttention
 from engine.kernels import require_triton
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
@@ -300,10 +299,3 @@ def _host_bounds(meta: AttentionMetadata) -> tuple[int, int]:
         bounds = torch.stack([meta.query_start_loc.diff().max(), meta.seq_lens.max()]).tolist()
         max_query_len, max_seq_len = int(bounds[0]), int(bounds[1])
     return max_query_len, max_seq_len
-
-
-def use_triton_attention(model: nn.Module) -> None:
-    """Make every attention layer of `model` (a GptOssModel) run `triton_paged_attention`."""
-    for module in model.modules():
-        if isinstance(module, GptOssAttention):
-            module.paged_attention = triton_paged_attention

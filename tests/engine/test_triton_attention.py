@@ -164,6 +164,8 @@ def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model():
         first = decode(llm, {"long": long, "short": prompt(3, 5)}, greedy)  # short decodes between long's chunks
         second = decode(llm, {"hit": long[:130] + prompt(2, 9)}, greedy)  # its first 8 blocks are long's
         tokens[choice], hits[choice] = {**first, **second}, llm.block_manager.num_hit_tokens
+        attention = llm.runner.model.model.layers[0].self_attn.paged_attention
+        assert (attention is triton_paged_attention) == (choice == "triton")
     assert hits["triton"] == 128
     assert tokens["triton"] == tokens["torch"]
 
