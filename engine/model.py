@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +18,6 @@ from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
 from engine.mxfp4 import MXFP4_BLOCK
-
-if TYPE_CHECKING:
-    from engine.kernels.moe import ExpertWeight
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -169,9 +165,9 @@ class GptOssExperts(nn.Module):
         """x: [T, hidden]; expert_ids, weights: [T, top_k] -> [T, hidden]."""
         moe = self.triton_moe
         if moe is not None:
-            return moe.fused_experts(x, expert_ids, weights, self._triton_weight(moe, "gate_up_proj"),
-                                     self.gate_up_proj_bias, self._triton_weight(moe, "down_proj"),
-                                     self.down_proj_bias, self.alpha, self.limit)
+            return moe.moe_experts(x, expert_ids, weights, *self._weight_and_scales("gate_up_proj"),
+                                   self.gate_up_proj_bias, *self._weight_and_scales("down_proj"), self.down_proj_bias,
+                                   self.alpha, self.limit)
         top_k = expert_ids.shape[1]
         flat_ids = expert_ids.reshape(-1)  # [T * top_k]
         sorted_ids, order = torch.sort(flat_ids, stable=True)
@@ -213,10 +209,11 @@ class GptOssExperts(nn.Module):
         up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
         return (up + 1) * gate * torch.sigmoid(gate * self.alpha)
 
-    def _triton_weight(self, moe: ModuleType, name: str) -> ExpertWeight:
+    def _weight_and_scales(self, name: str) -> tuple[Tensor, Tensor | None]:
+        """The Triton path's view of a projection: MXFP4 blocks and scales, or the dense weight and None."""
         if self.is_mxfp4:
-            return moe.ExpertWeight(blocks=getattr(self, name + "_blocks"), scales=getattr(self, name + "_scales"))
-        return moe.ExpertWeight(dense=getattr(self, name))
+            return getattr(self, name + "_blocks"), getattr(self, name + "_scales")
+        return getattr(self, name), None
 
 
 def _packed_mxfp4(num_experts: int, num_in: int, num_out: int) -> tuple[nn.Parameter, nn.Parameter]:

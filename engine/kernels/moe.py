@@ -129,6 +129,29 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
     return per_pair.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
 
 
+@torch.library.custom_op("batchrun::moe_experts", mutates_args=())
+def moe_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Tensor, gate_up_scales: Tensor | None,
+                gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
+                alpha: float, limit: float) -> Tensor:
+    """`fused_experts` as one opaque op, so torch.compile traces over it (the kernels' launches stay inside).
+
+    A weight with scales is MXFP4 blocks; without, dense.
+    """
+    return fused_experts(x, expert_ids, weights, _expert_weight(gate_up, gate_up_scales), gate_up_bias,
+                         _expert_weight(down, down_scales), down_bias, alpha, limit)
+
+
+@moe_experts.register_fake
+def _moe_experts_fake(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Tensor, gate_up_scales: Tensor | None,
+                      gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
+                      alpha: float, limit: float) -> Tensor:
+    return torch.empty_like(x)
+
+
+def _expert_weight(weight: Tensor, scales: Tensor | None) -> ExpertWeight:
+    return ExpertWeight(dense=weight) if scales is None else ExpertWeight(blocks=weight, scales=scales)
+
+
 def gate_up_swiglu(x: Tensor, routing: Routing, top_k: int, gate_up: ExpertWeight, bias: Tensor,
                    alpha: float, limit: float) -> Tensor:
     """x [T, hidden] -> [T * top_k, intermediate] in sorted-row order: swiglu(x[token] @ gate_up[e] + bias[e])."""

@@ -212,3 +212,13 @@ def test_mxfp4_moe_at_the_20b_shape_on_gpu():
         with torch.inference_mode():
             want, got = reference(x, ids, weights.bfloat16()), packed(x, ids, weights.bfloat16())
         assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max() + 0.02
+
+
+def test_triton_experts_trace_in_one_graph():
+    # moe_experts is one custom op: a decode forward with the Triton MoE can be captured whole.
+    triton_experts = random_experts(kernels="triton")
+    x = torch.randn(5, 64, device=DEVICE)
+    ids, weights = routed(5)
+    with torch.inference_mode():
+        traced = torch.compile(triton_experts.forward, fullgraph=True, backend="eager")(x, ids, weights)
+        torch.testing.assert_close(traced, triton_experts(x, ids, weights), rtol=0, atol=0)
