@@ -6,6 +6,7 @@ before the kernel module is imported), so shapes stay tiny; with CUDA the same t
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,8 +145,6 @@ def test_gpt_oss_20b_shapes_on_the_gpu(window):
 
 
 def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model():
-    from pathlib import Path
-
     from engine.api import SamplingParams
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
@@ -175,3 +174,38 @@ def test_flat_query_tiles_find_their_sequences(window, monkeypatch):
     monkeypatch.setattr(kernels, "PREFILL_ROWS", 16)  # 4 queries x 4 heads a tile: many tiles, many edges
     # chunks of 3..9 new tokens that start and end on and off tile edges, decodes in between
     check([(0, 4), (6, 5), (9, 1), (0, 9), (2, 3), (13, 1), (4, 8), (0, 7)], window=window, block_size=4)
+
+
+COMPILE_FOR_H100 = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource, compile
+import engine.kernels.attention as kernels
+
+assert not kernels.INTERPRETED
+types = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_cache": "*bf16", "v_cache": "*bf16", "sinks": "*bf16",
+         "block_tables": "*i64", "seq_lens": "*i64", "query_start_loc": "*i64", "part_m": "*fp32",
+         "part_l": "*fp32", "part_acc": "*fp32", "scale": "fp32"}
+shape = dict(HEAD_DIM=64, BLOCK_D=64)
+for fn, constants in [
+        (kernels._decode_partition_kernel, dict(GROUP=8, BLOCK_G=16, BLOCK_N=64, PARTITION=512, SLIDING=True)),
+        (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=True)),
+        (kernels._decode_reduce_kernel, dict(BLOCK_P=16))]:
+    constants = {**shape, **constants, "UPCAST": False} if "UPCAST" in fn.arg_names else {**shape, **constants}
+    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in fn.arg_names}
+    source = ASTSource(fn, signature, {(fn.arg_names.index(k),): v for k, v in constants.items()})
+    assert compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="with CUDA the kernels are compiled and run by the tests above")
+def test_the_kernels_compile_for_an_h100_without_one():
+    # The interpreter accepts programs the compiler rejects: compile bf16 gpt-oss-shaped kernels for sm_90.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], env=env, capture_output=True, text=True,
+                            cwd=Path(__file__).parents[2], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
