@@ -12,7 +12,9 @@ ignoring the sequences the other one owns (so no host read decides who is who):
 - decode (sequences with one new token), split-K: each (sequence, KV head,
   partition) program attends the group's query heads to PARTITION_SIZE keys and
   writes a partial max, sum and unnormalised output; a reduce kernel rescales
-  the partitions to a common max, adds the sink once and normalises.
+  the partitions to a common max, adds the sink once and normalises. When one
+  partition covers the step (sliding layers, short contexts) the decode kernel
+  finishes the softmax itself and the reduce is not launched.
 - prefill (sequences with several new tokens, prompt chunks): each (query tile,
   KV head) program runs an online softmax over the keys its tile sees (causal,
   windowed), the sink seeding the running max and sum. Tiles are numbered over
@@ -106,12 +108,18 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
 
 @triton.jit
 def _decode_partition_kernel(
-        q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_m, part_l, part_acc,
-        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-        block_size, window, scale, num_heads, num_parts,
+        q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks, part_m, part_l, part_acc,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+        stride_vh, stride_bt, block_size, window, scale, num_heads, num_parts,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_N: tl.constexpr, PARTITION: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (sequence, KV head, partition): one partition of a decode sequence's keys, unnormalised."""
+        BLOCK_N: tl.constexpr, PARTITION: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr,
+        SINGLE: tl.constexpr):
+    """Program (sequence, KV head, partition): one partition of a decode sequence's keys, unnormalised.
+
+    SINGLE (one partition covers every sequence): the sink seeds the softmax and the program writes
+    the normalised output itself, with no partials and no reduce launch (every sliding layer whose
+    window fits a partition, and short contexts).
+    """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -136,17 +144,25 @@ def _decode_partition_kernel(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
+    if SINGLE:
+        m_i = tl.load(sinks + head, mask=row_ok, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_G], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     q_rows_pos = tl.zeros([BLOCK_G], tl.int64) + q_pos
     m_i, l_i, acc = _attend_keys(q, q_rows_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
                                  stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST)
-    part_row = (seq.to(tl.int64) * num_heads + head) * num_parts + part  # [S, H, P] layout
-    tl.store(part_m + part_row, m_i, mask=row_ok)
-    tl.store(part_l + part_row, l_i, mask=row_ok)
-    tl.store(part_acc + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    if SINGLE:
+        tl.store(out_ptr + q_start * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        part_row = (seq.to(tl.int64) * num_heads + head) * num_parts + part  # [S, H, P] layout
+        tl.store(part_m + part_row, m_i, mask=row_ok)
+        tl.store(part_l + part_row, l_i, mask=row_ok)
+        tl.store(part_acc + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -265,20 +281,27 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("paged attention wants q and the caches contiguous in head_dim")
 
-    # Decode rows: split-K over partitions, then a reduce. Sliding layers read at most `window` keys.
+    # Decode rows: split-K over partitions, then a reduce (one partition: neither). Sliding layers read at
+    # most `window` keys.
     span = min(max_seq_len, window) if sliding else max_seq_len
     num_parts = triton.cdiv(max(span, 1), PARTITION_SIZE)
-    part_m = torch.empty(num_seqs, num_heads, num_parts, dtype=torch.float32, device=q.device)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(num_seqs, num_heads, num_parts, head_dim, dtype=torch.float32, device=q.device)
+    single = num_parts == 1
+    if single:
+        part_m = part_l = part_acc = out  # not read or written: the kernel writes `out` itself
+    else:
+        part_m = torch.empty(num_seqs, num_heads, num_parts, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(num_seqs, num_heads, num_parts, head_dim, dtype=torch.float32, device=q.device)
     _decode_partition_kernel[(num_seqs, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, part_m, part_l, part_acc,
-        stride_qt=q.stride(0), stride_qh=q.stride(1), num_heads=num_heads, num_parts=num_parts,
-        GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_N=DECODE_BLOCK_N, PARTITION=PARTITION_SIZE, SLIDING=sliding, UPCAST=UPCAST_DOT_OPERANDS, **common)
-    _decode_reduce_kernel[(num_seqs, num_heads)](
-        out, sinks, meta.query_start_loc, part_m, part_l, part_acc, out.stride(0), out.stride(1),
-        num_heads, num_parts, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=max(2, triton.next_power_of_2(num_parts)))
+        q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks, part_m, part_l,
+        part_acc, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        num_heads=num_heads, num_parts=num_parts, GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N, PARTITION=PARTITION_SIZE, SLIDING=sliding,
+        UPCAST=UPCAST_DOT_OPERANDS, SINGLE=single, **common)
+    if not single:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            out, sinks, meta.query_start_loc, part_m, part_l, part_acc, out.stride(0), out.stride(1), num_heads,
+            num_parts, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_parts))
 
     if max_query_len > 1:  # prefill rows
         group_pad = triton.next_power_of_2(group)

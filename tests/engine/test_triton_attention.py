@@ -188,13 +188,17 @@ types = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_cache": "*bf16", "v_cache": "*
          "part_l": "*fp32", "part_acc": "*fp32", "scale": "fp32"}
 shape = dict(HEAD_DIM=64, BLOCK_D=64)
 for fn, constants in [
-        (kernels._decode_partition_kernel, dict(GROUP=8, BLOCK_G=16, BLOCK_N=64, PARTITION=512, SLIDING=True)),
+        (kernels._decode_partition_kernel, dict(GROUP=8, BLOCK_G=16, BLOCK_N=64, PARTITION=512, SLIDING=True,
+                                                SINGLE=True)),
+        (kernels._decode_partition_kernel, dict(GROUP=8, BLOCK_G=16, BLOCK_N=64, PARTITION=512, SLIDING=False,
+                                                SINGLE=False)),
         (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=True)),
         (kernels._decode_reduce_kernel, dict(BLOCK_P=16))]:
     constants = {**shape, **constants, "UPCAST": False} if "UPCAST" in fn.arg_names else {**shape, **constants}
     signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in fn.arg_names}
     source = ASTSource(fn, signature, {(fn.arg_names.index(k),): v for k, v in constants.items()})
     assert compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+    assert all(signature[name] == "constexpr" for name in fn.arg_names if name.isupper()), fn.arg_names
 """
 
 
