@@ -55,7 +55,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read by triton when t
 # upcast the operands to fp32 first, which gives what a 16-bit MMA with fp32 accumulation gives.
 UPCAST_DOT_OPERANDS = INTERPRETED
 
-PARTITION_SIZE = 512  # keys per decode partition (split-K); a multiple of DECODE_BLOCK_N
+PARTITION_SIZE = 512  # keys per decode partition (split-K); best a multiple of DECODE_BLOCK_N
 DECODE_BLOCK_N = 64  # keys per tile in the decode kernel
 PREFILL_BLOCK_N = 64  # keys per tile in the prefill kernel
 PREFILL_ROWS = 64  # query rows (queries x heads of a group) per prefill tile
@@ -271,6 +271,8 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     out = torch.empty_like(q)
     if num_tokens == 0:
         return out
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
+        raise ValueError("paged attention wants q and the caches contiguous in head_dim")
     max_query_len, max_seq_len = _host_bounds(meta)
     sliding = sliding_window is not None
     window = sliding_window or 0
@@ -278,8 +280,6 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     common = dict(stride_kb=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
                   stride_vb=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
                   stride_bt=meta.block_tables.stride(0), block_size=meta.block_size, window=window, scale=scale)
-    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
-        raise ValueError("paged attention wants q and the caches contiguous in head_dim")
 
     # Decode rows: split-K over partitions, then a reduce (one partition: neither). Sliding layers read at
     # most `window` keys.
@@ -316,8 +316,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
 
 def _host_bounds(meta: AttentionMetadata) -> tuple[int, int]:
     """(longest new-token count, longest sequence) of the step: the runner's host ints, else one device read."""
-    max_query_len = getattr(meta, "max_query_len", None)
-    max_seq_len = getattr(meta, "max_seq_len", None)
+    max_query_len, max_seq_len = meta.max_query_len, meta.max_seq_len
     if max_query_len is None or max_seq_len is None:
         bounds = torch.stack([meta.query_start_loc.diff().max(), meta.seq_lens.max()]).tolist()
         max_query_len, max_seq_len = int(bounds[0]), int(bounds[1])
