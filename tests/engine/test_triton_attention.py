@@ -156,16 +156,27 @@ def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model():
     greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     long = prompt(1, 140)  # past the model's 128-token window; prefilled in 64-token chunks
     # fp32: in bf16 the torch path rounds scores to bf16 before the softmax, the kernels do not
-    tokens, hits = {}, {}
+    tokens, hits, bounds = {}, {}, set()
+
+    def recording_bounds(q, k_cache, v_cache, meta, **options):
+        # the runner's host ints, as the tensors would give them
+        bounds.add(((meta.max_query_len, meta.max_seq_len),
+                    (int(meta.query_start_loc.diff().max()), int(meta.seq_lens.max()))))
+        return triton_paged_attention(q, k_cache, v_cache, meta, **options)
+
     for choice in ("torch", "triton"):
         llm = LLMEngine(EngineConfig(model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01,
                                      max_num_batched_tokens=64, kernels=choice))
+        layers = [layer.self_attn for layer in llm.runner.model.model.layers]
+        assert all((attn.paged_attention is triton_paged_attention) == (choice == "triton") for attn in layers)
+        if choice == "triton":
+            for attn in layers:
+                attn.paged_attention = recording_bounds
         first = decode(llm, {"long": long, "short": prompt(3, 5)}, greedy)  # short decodes between long's chunks
         second = decode(llm, {"hit": long[:130] + prompt(2, 9)}, greedy)  # its first 8 blocks are long's
         tokens[choice], hits[choice] = {**first, **second}, llm.block_manager.num_hit_tokens
-        attention = llm.runner.model.model.layers[0].self_attn.paged_attention
-        assert (attention is triton_paged_attention) == (choice == "triton")
     assert hits["triton"] == 128
+    assert len(bounds) > 3 and all(given == read for given, read in bounds), bounds
     assert tokens["triton"] == tokens["torch"]
 
 
