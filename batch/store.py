@@ -34,7 +34,8 @@ CHECKPOINT_THRESHOLD = "256MB"
 
 
 # A DuckDB file starts with its main header and two database headers, 4 KiB each; then
-# come `total_blocks` blocks. A file shorter than that lost its end (a cut copy).
+# come its blocks, block i at _DUCKDB_HEADER_BYTES + i * block_size. DuckDB may leave free
+# blocks off the file's end, so a whole file reaches at least to the last block in use.
 _DUCKDB_HEADER_BYTES = 3 * 4096
 _PROBE_TABLE = "_batchrun_write_probe"
 _ELSEWHERE = "or pass another --db"
@@ -84,18 +85,34 @@ def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
 
 
 def _check_whole(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Raise StoreOpenError when the file is shorter than the blocks its header counts."""
+    """Raise StoreOpenError when the file ends before the last block its tables or metadata use."""
     try:
-        block_size, total_blocks = con.sql("""
-            SELECT block_size, total_blocks FROM pragma_database_size()
-            WHERE database_name = current_database()""").fetchall()[0]
+        block_size = con.sql("""SELECT block_size FROM pragma_database_size()
+                                WHERE database_name = current_database()""").fetchall()[0][0]
+        needed = _DUCKDB_HEADER_BYTES + block_size * (_last_block_in_use(con) + 1)
         size = path.stat().st_size
     except (duckdb.Error, OSError, IndexError) as error:
-        raise StoreOpenError(f"{path}: cannot read the database's size ({error}); {_ELSEWHERE}") from error
-    expected = _DUCKDB_HEADER_BYTES + block_size * total_blocks
-    if size < expected:
-        raise StoreOpenError(f"{path}: the database file is truncated ({size:,} of the {expected:,} bytes its "
-                             f"header counts: a cut copy?); restore it from a whole copy, {_ELSEWHERE}")
+        raise StoreOpenError(f"{path}: the database file is damaged or truncated ({error}); restore it "
+                             f"from a whole copy, {_ELSEWHERE}") from error
+    if size < needed:
+        raise StoreOpenError(f"{path}: the database file is truncated ({size:,} bytes, its blocks in use "
+                             f"need {needed:,}: a cut copy?); restore it from a whole copy, {_ELSEWHERE}")
+
+
+def _last_block_in_use(con: duckdb.DuckDBPyConnection) -> int:
+    """The highest block id the metadata or a table's data segments use (-1 for none).
+
+    Index blocks are not listed, so this may be lower than the truth: never higher.
+    """
+    last = con.sql("SELECT coalesce(max(block_id), -1) FROM pragma_metadata_info()").fetchall()[0][0]
+    tables = con.sql("""SELECT schema_name, table_name FROM duckdb_tables()
+                        WHERE database_name = current_database()""").fetchall()
+    for schema, table in tables:
+        name = ".".join('"' + part.replace('"', '""') + '"' for part in (schema, table))
+        (block,), = con.sql("""SELECT max(greatest(block_id, coalesce(list_max(additional_block_ids), -1)))
+                               FROM pragma_storage_info(?) WHERE persistent""", params=[name]).fetchall()
+        last = max(last, -1 if block is None else block)
+    return last
 
 
 class Store(ReportQueries):
