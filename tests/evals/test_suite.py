@@ -82,6 +82,6 @@ def test_requests_file_keeps_line_numbers_and_reads_as_valid_requests(tmp_path):
                  {"custom_id": "b", "input": "y", "metadata": {"k": "v"}})
     requests = load_suite(str(path)).write_requests(tmp_path / "requests.jsonl")
     lines = list(read_requests(requests))
-    assert [(line.line_no, line.custom_id, line.error) for line in lines] == [
-        (1, "a", None), (3, "b", None)]
+    assert [(line.line_no, line.custom_id, line.error) for line in lines] == [  # every line is one row
+        (1, "a", None), (2, "line-2", "line 2: empty line"), (3, "b", None)]
     assert lines[0].body == {"input": "x"}
