@@ -135,6 +135,7 @@ def test_the_wrapper_reads_nothing_back_to_the_host_when_the_runner_gives_the_bo
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("window", [None, 128])
 def test_gpt_oss_20b_shapes_on_the_gpu(window):
