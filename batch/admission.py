@@ -16,12 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batch.events import new_id
-from batch.harmony import PromptOptions, RenderError, render_forced_header, render_prompt
+from batch.constraint import ConstraintError, GrammarConstraint
+from batch.harmony import PromptOptions, RenderError, render_prompt
 from batch.reader import InputLine
 from batch.request import ResponsesRequest
 from batch.results import line_result
 from batch.rows import RequestResult
 from batch.session import Session, SessionOptions
+from batch.turn_grammar import turn_grammar
 from batch.status import RequestStatus
 from batch.store import Store
 from engine.api import derive_seed
@@ -92,13 +94,17 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     request = prepared.request.with_effort(prompt.reasoning_effort)
     for label, listing in listings.items():
         registry.add_listing(label, listing.tools, listing.error)
+    text_format = request.text_format_json()
     try:
         prompt_ids = render_prompt(request, prepared.items, registry, prompt)
-        forced = registry.forced_recipient()
-    except (RenderError, ToolChoiceError) as exc:
+        # The first turn's grammar (tool_choice holds) and every later turn's (auto).
+        grammars = (turn_grammar(registry, text_format, first_turn=True),
+                    turn_grammar(registry, text_format, first_turn=False))
+        for grammar in grammars:  # compile errors (an unsupported schema) reject the line now
+            if grammar is not None:
+                GrammarConstraint(grammar)
+    except (RenderError, ToolChoiceError, ConstraintError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
-    forced_prefix = render_forced_header(*forced) if forced else []
-    session = Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids + forced_prefix,
-                      registry=registry, options=options, seed=derive_seed(options.seed, line.custom_id),
-                      line=line, input_items=prepared.items, forced_prefix=forced_prefix)
-    return session
+    return Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,
+                   registry=registry, options=options, seed=derive_seed(options.seed, line.custom_id),
+                   line=line, input_items=prepared.items, grammars=grammars)

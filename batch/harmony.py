@@ -187,12 +187,7 @@ def render_tool_output(author: str, text: str) -> list[int]:
         "<|start|>assistant", allowed_special="all")
 
 
-def render_forced_header(channel: str, recipient: str) -> list[int]:
-    """Tokens that end a prompt inside the assistant's header: its next message goes to `recipient`
-    (a prefix such as `browser.`, or "" to only require some recipient)."""
-    return harmony_encoding().encode(f"<|channel|>{channel} to={recipient}", allowed_special="all")
-
-
+FIRST_SPECIAL_TOKEN = 199998  # o200k_harmony's special tokens are the ids from here on
 START_TOKEN = 200006
 MESSAGE_TOKEN = 200008
 END_TOKEN = 200007
@@ -259,6 +254,8 @@ class TokenParser:
                 self.last_message = ParsedMessage(self.channel, self.recipient, self.content_type,
                                                   "".join(self._parts), token_id)
                 return Boundary.CLOSED
+            if token_id >= FIRST_SPECIAL_TOKEN:  # harmony would keep `<|channel|>` etc. as text
+                raise HarmonyError(f"control token {harmony_encoding().decode([token_id])} inside a message")
             delta = parser.last_content_delta or ""
             if delta:
                 self._parts.append(delta)

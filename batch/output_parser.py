@@ -29,13 +29,18 @@ class OutputParser:
         self.events = ResponseEvents(response_id)
         self.registry = registry
         self._tokens = TokenParser()
+        self._last_step: str | Boundary | None = None
 
-    def begin_turn(self, turn: int, forced_prefix: list[int] | tuple[int, ...] = ()) -> None:
-        """A new completion; `forced_prefix`: the header tokens its prompt ends with."""
+    def begin_turn(self, turn: int) -> None:
+        """A new completion."""
         self._tokens = TokenParser()
+        self._last_step = None
         self.events.turn = turn
-        for token_id in forced_prefix:
-            self._tokens.feed(token_id)
+
+    @property
+    def ended_on_a_message(self) -> bool:
+        """Whether the last token fed closed a message (a turn must not end inside a header)."""
+        return self._last_step is Boundary.CLOSED
 
     @property
     def last_message(self) -> ParsedMessage | None:
@@ -45,6 +50,7 @@ class OutputParser:
     def feed(self, token_ids: list[int], turn: TurnMetrics) -> str | None:
         """Parse new tokens of the current turn; an error message if they are not harmony."""
         tokens, events = self._tokens, self.events
+        step: str | Boundary | None = None
         for token_id in token_ids:
             try:
                 step = tokens.feed(token_id)
@@ -64,6 +70,8 @@ class OutputParser:
                 current = events.current
                 hosted = current is not None and current.kind.is_hosted_tool
                 events.close_item(ItemStatus.INCOMPLETE if hosted and token_id != CALL_TOKEN else ItemStatus.COMPLETED)
+        if token_ids:
+            self._last_step = step
         return None
 
     def _open_item(self, channel: str | None, recipient: str | None) -> None:

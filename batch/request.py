@@ -23,7 +23,7 @@ from pydantic_core import ErrorDetails
 # effect here: there is no streaming to a client, no server-side store, etc.
 IGNORED_FIELDS = frozenset({
     "background", "stream", "stream_options", "store", "service_tier", "truncation", "include",
-    "text", "top_logprobs", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+    "top_logprobs", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
     "prompt", "conversation",
 })
 REDACTED = "[redacted]"
@@ -285,6 +285,38 @@ else:
                          ("mcp", McpChoice), ("hosted", HostedChoice), tag=_choice_tag)
 
 
+# --- text.format -----------------------------------------------------------
+
+class TextFormatText(_Strict):
+    type: Literal["text"]
+
+
+class TextFormatJsonObject(_Strict):
+    type: Literal["json_object"]
+
+
+class TextFormatJsonSchema(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    type: Literal["json_schema"]
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    # `schema` would shadow a BaseModel attribute: stored as json_schema, read and written as "schema".
+    json_schema: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+if TYPE_CHECKING:
+    TextFormat: TypeAlias = TextFormatText | TextFormatJsonObject | TextFormatJsonSchema
+else:
+    TextFormat = _tagged(("text", TextFormatText), ("json_object", TextFormatJsonObject),
+                         ("json_schema", TextFormatJsonSchema), tag=_tag_of())
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
 # --- the request -----------------------------------------------------------
 
 class Reasoning(_Strict):
@@ -311,6 +343,7 @@ class ResponsesRequest(_Strict):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     reasoning: Reasoning | None = None
+    text: TextConfig | None = None  # text.format constrains the final answer (batch.turn_grammar)
     metadata: Metadata | None = None
     parallel_tool_calls: bool | None = None
     model: str | None = None
@@ -332,6 +365,13 @@ class ResponsesRequest(_Strict):
         """`tool_choice` as JSON: a mode string or a choice object."""
         choice = self.tool_choice
         return choice if isinstance(choice, str) else choice.model_dump(mode="json", exclude_none=True)
+
+    def text_format_json(self) -> dict:
+        """`text.format` as JSON (`{"type": "text"}` when absent), as the response echoes it."""
+        text_format = self.text and self.text.format
+        if text_format is None:
+            return {"type": "text"}
+        return text_format.model_dump(mode="json", exclude_none=True, by_alias=True)
 
     def with_effort(self, default: str) -> ResponsesRequest:
         """This request with `reasoning.effort` set (to `default` when it names none)."""

@@ -46,7 +46,7 @@ def build_response(request: ResponsesRequest, *, response_id: str, created_at: i
         "tool_choice": request.tool_choice_json(),
         "truncation": "disabled",
         "parallel_tool_calls": request.parallel_tool_calls is not False,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": request.text_format_json()},
         "top_p": top_p,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,

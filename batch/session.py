@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from batch.constraint import GrammarConstraint
 from batch.events import ResponseEvents
 from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, render_tool_output
 from batch.metrics import ResponseMetrics, TurnMetrics
@@ -25,6 +26,7 @@ from batch.reader import InputLine
 from batch.request import ResponsesRequest
 from batch.response import Outcome, build_response
 from batch.status import ResponseStatus
+from batch.turn_grammar import TurnGrammar
 from batch.tool_policy import (DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, ToolCallRecord,
                                cap_output)
 from engine.api import FinishReason, RequestOutput, SamplingParams
@@ -53,11 +55,13 @@ class Session:
 
     def __init__(self, *, response_id: str, request: ResponsesRequest, prompt_token_ids: list[int],
                  registry: ToolRegistry, options: SessionOptions, seed: int, line: InputLine,
-                 input_items: list[dict], forced_prefix: list[int] | None = None):
+                 input_items: list[dict],
+                 grammars: tuple[TurnGrammar | None, TurnGrammar | None] = (None, None)):
         self.response_id, self.request, self.line, self.input_items = response_id, request, line, input_items
         self.registry, self.options, self.seed = registry, options, seed
         self.prompt_token_ids = list(prompt_token_ids)
-        self.forced_prefix = list(forced_prefix or [])  # tool_choice: the header the prompt ends with
+        self.grammars = grammars  # (first turn's, later turns'): None where nothing constrains a turn
+        self.constraint: GrammarConstraint | None = None  # the current turn's grammar state
         self.output = OutputParser(response_id, registry)
         self.tools = ToolCallPolicy(registry, options.max_turns, request.max_tool_calls)
         self.metrics = ResponseMetrics()
@@ -96,11 +100,11 @@ class Session:
         self._begin_turn()
 
     def _begin_turn(self) -> None:
-        first = not self.turns
+        grammar = self.grammars[0] if not self.turns else self.grammars[1]
+        self.constraint = GrammarConstraint(grammar) if grammar is not None else None
         self.metrics.begin_turn(len(self.prompt_token_ids))
         self._completion = []
-        # The first prompt may end inside the forced assistant header.
-        self.output.begin_turn(len(self.turns) - 1, self.forced_prefix if first else ())
+        self.output.begin_turn(len(self.turns) - 1)
 
     def sampling(self) -> SamplingParams:
         """Sampling for the current turn: the output budget left, harmony's stop tokens."""
@@ -110,6 +114,7 @@ class Session:
             top_p=self._top_p(),
             seed=self.seed + 7919 * (len(self.turns) - 1),
             stop_token_ids=STOP_TOKEN_IDS,
+            constraint=self.constraint,
         )
 
     def on_output(self, out: RequestOutput) -> None:
@@ -118,6 +123,8 @@ class Session:
         self._completion.extend(out.new_token_ids)
         if self.outcome is None:
             error = self.output.feed(out.new_token_ids, self.metrics.current)
+            if error is None and self.constraint is not None and self.constraint.error is not None:
+                error = f"the output broke the turn's grammar: {self.constraint.error}"
             if error is not None:
                 self.outcome = Outcome(ResponseStatus.FAILED, error)
 
@@ -130,6 +137,9 @@ class Session:
         if self.outcome is not None:
             return None
         finish_reason = self.metrics.current.finish_reason
+        if finish_reason == FinishReason.STOP and not self.output.ended_on_a_message:
+            self.outcome = Outcome(ResponseStatus.FAILED, "the model ended its turn inside a message header")
+            return None
         if finish_reason == FinishReason.STOP and self._completion[-1:] == [CALL_TOKEN]:
             decision = self.tools.on_call(self.output.last_message, len(self.turns))
             if isinstance(decision, Outcome):

@@ -33,13 +33,21 @@ class _Running:
 
 
 class ScriptedBackend:
-    """A Backend whose completions come from `script(prompt_text, turn) -> harmony text`."""
+    """A Backend whose completions come from `script(prompt_text, turn) -> harmony text`.
+
+    A request's TokenConstraint is told every scripted token, as the engine tells it
+    the sampled ones, but nothing is masked: a script that breaks the grammar shows
+    how a session handles a broken constraint. `tells_constraints=False` plays a
+    backend without constraint support, to reach what a grammar would prevent.
+    """
 
     model_name = "scripted"
 
     def __init__(self, script: Callable[[str, int], str], *, max_model_len: int = 8192,
-                 tokens_per_step: int = 3, on_step: Callable[[ScriptedBackend], None] | None = None):
+                 tokens_per_step: int = 3, on_step: Callable[[ScriptedBackend], None] | None = None,
+                 tells_constraints: bool = True):
         self.script = script
+        self.tells_constraints = tells_constraints  # False: a backend that ignores TokenConstraints
         self.max_model_len = max_model_len
         self.tokens_per_step = tokens_per_step
         self.on_step = on_step  # called at the start of every step (may raise to simulate a crash)
@@ -79,6 +87,8 @@ class ScriptedBackend:
         for _ in range(self.tokens_per_step):
             token_id = request.script_ids[len(request.output_ids)]
             request.output_ids.append(token_id)
+            if self.tells_constraints and request.added.sampling.constraint is not None:  # no masking here
+                request.added.sampling.constraint.accept(token_id)
             new_ids.append(token_id)
             finish = self._finish_reason(request, token_id)
             if finish is not None:

@@ -9,8 +9,8 @@ live in the `functions` namespace, MCP servers in a namespace named by their
 
 An MCP server's tools are known only once it is listed: `add_listing()` (filtered by
 the tool's `allowed_tools`) must come before the prompt is rendered. `tool_choice`
-other than auto/none is turned into a forced recipient (`forced_recipient()`): the
-prompt then ends with the assistant header that names it.
+other than auto/none names the recipients the first turn must call
+(`forced_recipients()`); batch.turn_grammar makes the decoding hold to it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tools.kinds import ToolType
 from tools.servers import BROWSER_LABELS, PYTHON_LABELS
 
 BROWSER_ACTIONS = ("search", "open", "find")
+ANY_OBJECT: dict = {"type": "object"}
 _HARMONY_NAMES = {"python": ("python",), "browser": BROWSER_ACTIONS}
 
 
@@ -146,29 +147,50 @@ class ToolRegistry:
         return bool(self.functions or self.mcp_tools)
 
     # -- tool_choice ------------------------------------------------------
-    def forced_recipient(self) -> tuple[str, str] | None:
-        """(channel, recipient prefix) the first turn must address, or None to let the model choose.
+    def callable_recipients(self) -> list[tuple[str, str]]:
+        """(recipient, channel) of every tool the model may call: functions and MCP tools on
+        `commentary`, the built-in python and browser on `analysis`."""
+        recipients = [(f"functions.{name}", "commentary") for name in self.functions]
+        recipients += [(f"{label}.{tool.name}", "commentary") for label, tools in self.mcp_tools.items()
+                       for tool in tools]
+        if self.python_label is not None:
+            recipients.append(("python", "analysis"))
+        if self.browser_label is not None:
+            recipients += [(f"browser.{action}", "analysis") for action in BROWSER_ACTIONS]
+        return recipients
 
-        A named function/mcp/hosted tool is forced by name (an mcp choice without a
-        name forces the server's namespace). `required` forces the one callable
-        recipient when there is just one, else only that some recipient follows.
+    def forced_recipients(self) -> list[str] | None:
+        """The recipients `tool_choice` lets the first turn call (it must call one), or None
+        when the model may also answer without a call (auto, none).
+
+        A named function/mcp/hosted tool allows that tool (an mcp choice without a name,
+        any tool of the server; web_search, any browser action); `required`, every tool.
         """
         choice = self.tool_choice
         if choice in ("auto", "none"):
             return None
+        every = [recipient for recipient, _ in self.callable_recipients()]
         if choice == "required":
-            return self._required()
+            if not every:
+                raise ToolChoiceError("tool_choice: required, but the request enables no tools")
+            return every
         kind = choice["type"]
         if kind == "function":
             if choice["name"] not in self.functions:
                 raise ToolChoiceError(f"tool_choice: no function tool named {choice['name']!r} in tools")
-            return "commentary", f"functions.{choice['name']}"
+            return [f"functions.{choice['name']}"]
         if kind == "mcp":
-            return "commentary", self._mcp_choice(choice["server_label"], choice.get("name"))
+            prefix = self._mcp_choice(choice["server_label"], choice.get("name"))
+            chosen = [r for r in every if r == prefix or (prefix.endswith(".") and r.startswith(prefix))]
+            if not chosen:
+                named = f" named {choice['name']!r}" if choice.get("name") else ""
+                raise ToolChoiceError(f"tool_choice: server {choice['server_label']!r} lists no tool{named} "
+                                      "the model can call")
+            return chosen
         label = self.python_label if kind == "code_interpreter" else self.browser_label
         if label is None:
             raise ToolChoiceError(f"tool_choice: {kind} is not among the request's tools")
-        return "analysis", "python" if kind == "code_interpreter" else "browser."
+        return ["python"] if kind == "code_interpreter" else [f"browser.{a}" for a in BROWSER_ACTIONS]
 
     def _mcp_choice(self, label: str, name: str | None) -> str:
         if label not in self.mcp_definitions:
@@ -180,16 +202,21 @@ class ToolRegistry:
             raise ToolChoiceError(f"tool_choice: tool {name!r} is not allowed on server {label!r}")
         return f"{namespace}.{name}" if name else f"{namespace}."
 
-    def _required(self) -> tuple[str, str]:
-        recipients = [f"functions.{name}" for name in self.functions]
-        recipients += [f"{label}.{tool.name}" for label, tools in self.mcp_tools.items() for tool in tools]
-        hosted = ["python"] if self.python_label is not None else []
-        hosted += [f"browser.{a}" for a in BROWSER_ACTIONS] if self.browser_label is not None else []
-        if not recipients and not hosted:
-            raise ToolChoiceError("tool_choice: required, but the request enables no tools")
-        if len(recipients) + len(hosted) == 1:
-            return ("commentary" if recipients else "analysis"), (recipients + hosted)[0]
-        return ("commentary" if recipients else "analysis"), ""
+    def arguments_schema(self, recipient: str) -> dict | None:
+        """The JSON Schema a call's arguments must match: a strict function's (or listed MCP
+        tool's) parameters, any object for a non-strict function or the browser, None for
+        python (free code)."""
+        namespace, _, name = recipient.partition(".")
+        if namespace == "functions":
+            tool = self.functions[name]
+            strict = tool.get("strict") is not False  # the Responses API's default is strict
+            return (tool.get("parameters") or ANY_OBJECT) if strict else ANY_OBJECT
+        if recipient == "python":
+            return None
+        for tool in self.mcp_tools.get(namespace, []):
+            if tool.name == name:
+                return tool.parameters or ANY_OBJECT
+        return ANY_OBJECT
 
     # -- resolving --------------------------------------------------------
     def resolve(self, recipient: str) -> ToolTarget | None:

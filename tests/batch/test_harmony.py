@@ -141,11 +141,22 @@ def _steps_from_token_parser(tokens):
 
 
 @pytest.mark.parametrize("text", [
+    "<|channel|>final<|message|>123*2<|channel|>final<|message|>492<|return|>",
+    "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": <|start|>1}<|call|>",
+])
+def test_a_control_token_inside_a_message_is_an_error_not_text(text):
+    tokens = harmony_encoding().encode(text, allowed_special="all")
+    parser = TokenParser()
+    with pytest.raises(HarmonyError, match="control token <\\|(channel|start)\\|> inside a message"):
+        for token_id in tokens:
+            parser.feed(token_id)
+
+
+@pytest.mark.parametrize("text", [
     "<|channel|>analysis<|message|>Let me think about 123*456 — café 😀.<|end|>"
     "<|start|>assistant<|channel|>final<|message|>It is 56088.<|return|>",
     "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
     "<|channel|>analysis to=python code<|message|>print(1)<|call|>",
-    "<|channel|>final<|message|>a<|start|>b<|channel|>c<|message|>d<|end|>",  # specials inside content are text
     "<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|><|return|>",
 ])
 def test_token_parser_agrees_with_harmonys_parser_state(text):

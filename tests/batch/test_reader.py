@@ -102,7 +102,8 @@ def test_ignored_fields_are_reported_and_not_in_the_request(tmp_path):
     dumped = line.request.model_dump(mode="json", exclude_none=True)
     assert dumped == {"input": "Hi", "tool_choice": "auto", "user": "u1"}
     assert line.body["stream"] is True  # the stored body keeps what the user sent
-    assert {"stream", "store", "background", "text", "prompt_cache_key"} <= IGNORED_FIELDS
+    assert {"stream", "store", "background", "prompt_cache_key"} <= IGNORED_FIELDS
+    assert "text" not in IGNORED_FIELDS  # text.format is honoured (batch/turn_grammar.py)
 
 
 def test_every_supported_item_tool_and_choice_validates():

@@ -157,7 +157,9 @@ def test_model_errors_are_answered_and_counted(tmp_path, store):
     lines = [request("m1", "mistakes", tools=[ECHO]),
              request("m2", "limited", tools=[ECHO], max_tool_calls=1),
              request("m3", "allowed", tools=[{**ECHO, "allowed_tools": ["add"]}])]
-    backend = backend_for(scripts)
+    # The grammar of a listed MCP server makes these mistakes impossible on the engine;
+    # a backend that ignores constraints still gets each answered as an error.
+    backend = backend_for(scripts, tells_constraints=False)
     summary = run(tmp_path, store, backend, lines)
     assert summary.statuses == Counter(completed=3)
     assert [(name, status, kind) for name, _, _, status, kind in tool_calls(store, "m1")] == [
@@ -259,26 +261,37 @@ WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "ob
 
 def test_tool_choice_forces_the_first_turn_and_bad_choices_are_invalid(tmp_path, store):
     def script(prompt_text, turn):
-        if prompt_text.endswith("to=functions.get_weather"):
-            return ' <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
-        if prompt_text.endswith("to=echo.add"):
-            return ' <|constrain|>json<|message|>{"a": 1, "b": 1}<|call|>'
+        if turn == 0 and "direct" in prompt_text:
+            return final("Two.")
+        if turn == 0 and "get_weather" in prompt_text:
+            return (' to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>'
+                    '{"city": "Paris"}<|call|>')
+        if turn == 0 and "add" in prompt_text:
+            return '<|channel|>commentary to=echo.add <|constrain|>json<|message|>{"a": 1, "b": 1}<|call|>'
         return final("Two.")
 
     lines = [request("f1", "x", tools=[WEATHER, ECHO], tool_choice={"type": "function", "name": "get_weather"}),
              request("f2", "x", tools=[ECHO], tool_choice={"type": "mcp", "server_label": "echo", "name": "add"}),
              request("f3", "x", tools=[WEATHER], tool_choice="required"),
              request("f4", "x", tools=[WEATHER], tool_choice={"type": "function", "name": "other"}),
-             request("f5", "x", tool_choice="required")]
-    summary = run(tmp_path, store, ScriptedBackend(script), lines)
-    assert summary.statuses == Counter(completed=3, invalid=2)
+             request("f5", "x", tool_choice="required"),
+             request("f6", "direct", tools=[WEATHER], tool_choice="required"),  # answers: breaks the grammar
+             request("f7", "direct", tools=[WEATHER], tool_choice="auto")]
+    backend = ScriptedBackend(script)
+    summary = run(tmp_path, store, backend, lines)
+    assert summary.statuses == Counter(completed=4, invalid=2, failed=1)
     [call_item] = [i for i in response_of(store, "f1")["output"] if i["type"] == "function_call"]
     assert (call_item["name"], call_item["arguments"]) == ("get_weather", '{"city": "Paris"}')
     assert [i["type"] for i in response_of(store, "f2")["output"]] == ["mcp_list_tools", "mcp_call", "message"]
-    assert response_of(store, "f3")["output"][0]["name"] == "get_weather"  # the only tool: forced
-    errors = dict(rows(store, "SELECT custom_id, error FROM requests WHERE status = 'invalid'"))
-    assert errors == {"f4": "line 4: tool_choice: no function tool named 'other' in tools",
-                      "f5": "line 5: tool_choice: required, but the request enables no tools"}
+    assert response_of(store, "f3")["output"][0]["name"] == "get_weather"
+    errors = dict(rows(store, "SELECT custom_id, error FROM requests WHERE status IN ('invalid', 'failed')"))
+    assert errors["f4"] == "line 4: tool_choice: no function tool named 'other' in tools"
+    assert errors["f5"] == "line 5: tool_choice: required, but the request enables no tools"
+    assert errors["f6"] == ("line 6: the output broke the turn's grammar: Parser Error: token \"final\" doesn't "
+                            "satisfy the grammar; byte 'f' fails parse")
+    # Only the first turn is forced; a later turn (and an auto choice) may answer.
+    constrained = {a.request_id.split("/")[1] for a in backend.added if a.sampling.constraint is not None}
+    assert constrained == {"0", "1"}  # function tools' arguments stay constrained on every turn
 
 
 def test_unknown_mcp_server_label_is_an_invalid_line(tmp_path, store):

@@ -1,0 +1,110 @@
+"""The grammar one turn's completion must match: structured outputs and tool_choice, as harmony text.
+
+A turn's completion continues the prompt's `<|start|>assistant`: messages that do
+not end the turn (reasoning on `analysis`, preambles on `commentary`), each followed
+by `<|start|>assistant`, then the message that ends it: the final answer
+(`<|return|>`) or a tool call (`<|call|>`). The grammar (llguidance's Lark dialect,
+where `<|name|>` is a harmony special token, never the same characters spelled
+out) pins that structure down, so:
+
+- `text.format` json_schema / json_object: the final message is JSON that matches;
+- a call's arguments match what `ToolRegistry.arguments_schema` says (a strict
+  function's parameters, a listed MCP tool's inputSchema, else a JSON object;
+  python code is free text);
+- `tool_choice` on the first turn: `required` or a named tool -> the turn ends
+  with a call to one of `ToolRegistry.forced_recipients()`, after any reasoning;
+  `none` -> no call (the registry then enables no tool); later turns are `auto`;
+- no text, recipient or argument holds a harmony control token.
+
+A call's header is accepted where harmony renders the recipient, after the role
+(` to=functions.f<|channel|>commentary`), and where gpt-oss models often write
+it, after the channel (`<|channel|>commentary to=functions.f`). A turn that
+nothing constrains (free text, python only, tool_choice auto) gets no grammar:
+decoding it costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from tools.registry import ANY_OBJECT, ToolRegistry
+
+# Whitespace between JSON tokens: at most one space, so random weights cannot wander
+# into endless whitespace, and both `{"a":1}` and `{"a": 1}` are accepted.
+JSON_OPTIONS = {"whitespace_pattern": "[ ]?"}
+
+_COMMON_RULES = (
+    'analysis: <|channel|> "analysis" <|message|> TEXT <|end|>',
+    'preamble: <|channel|> "commentary" <|message|> TEXT <|end|>',
+    # Not a bare " json": harmony's parser reads `<|channel|>final json` as a message *to* `json`.
+    'json_type: " " <|constrain|> "json"',
+    "TEXT: /(?s:.*)/",
+)
+
+
+@dataclass(frozen=True)
+class TurnGrammar:
+    """A turn's Lark grammar and the JSON Schemas inside it, each with the request field it came from."""
+
+    lark: str
+    schemas: list[tuple[str, dict]] = field(default_factory=list)
+
+
+def turn_grammar(registry: ToolRegistry, text_format: dict | None, first_turn: bool) -> TurnGrammar | None:
+    """The grammar of this turn's completion, or None when nothing constrains it.
+
+    Raises ToolChoiceError (tools.registry) when tool_choice names nothing callable.
+    """
+    channels = dict(registry.callable_recipients())
+    forced = registry.forced_recipients() if first_turn else None
+    callable_now = forced if forced is not None else list(channels)
+    final_schema = _final_schema(text_format)
+    argument_schemas = {recipient: registry.arguments_schema(recipient) for recipient in callable_now}
+    if forced is None and final_schema is None and all(s is None for s in argument_schemas.values()):
+        return None
+    rules = list(_COMMON_RULES)
+    schemas: list[tuple[str, dict]] = []
+    if forced is not None:  # reasoning first, if the model wants, then the call
+        rules.insert(0, 'start: (analysis <|start|> "assistant")* call')
+    else:
+        ending = "final | call" if callable_now else "final"
+        rules.insert(0, f'start: ((analysis | preamble) <|start|> "assistant")* ({ending})')
+        body = "TEXT" if final_schema is None else "final_json"
+        rules.append(f'final: <|channel|> "final" json_type? <|message|> {body} <|return|>')
+        if final_schema is not None:
+            rules.append(f"final_json: %json {_json(final_schema)}")
+            schemas.append(("text.format.schema", final_schema))
+    if callable_now:
+        rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(callable_now))))
+    for i, recipient in enumerate(callable_now):
+        schema = argument_schemas[recipient]
+        to, channel = json.dumps(f" to={recipient}"), json.dumps(channels[recipient])
+        content_type, args = ('(" code")?', "TEXT") if schema is None else ("json_type?", f"args_{i}")
+        rules.append(f"call_{i}: ({to} <|channel|> {channel} | <|channel|> {channel} {to}) {content_type} "
+                     f"<|message|> {args} <|call|>")
+        if schema is not None:
+            rules.append(f"args_{i}: %json {_json(schema)}")
+            schemas.append((_schema_field(registry, recipient), schema))
+    return TurnGrammar("\n".join(rules) + "\n", schemas)
+
+
+def _final_schema(text_format: dict | None) -> dict | None:
+    kind = (text_format or {}).get("type", "text")
+    if kind == "json_schema" and text_format is not None:
+        return text_format["schema"]
+    if kind == "json_object":
+        return ANY_OBJECT
+    return None
+
+
+def _schema_field(registry: ToolRegistry, recipient: str) -> str:
+    namespace, _, name = recipient.partition(".")
+    if namespace == "functions":
+        return f"tools (function {name!r}).parameters"
+    return f"tools (mcp {namespace!r}, tool {name!r}).inputSchema"
+
+
+def _json(schema: dict) -> str:
+    options = {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}
+    return json.dumps({**schema, "x-guidance": options})

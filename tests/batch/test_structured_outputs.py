@@ -1,0 +1,88 @@
+"""Structured outputs and tool_choice end to end: `batchrun submit` on a random-weight model.
+
+No training helps random weights, so whatever holds here holds because of the
+grammar: no response is `completed` with a final answer that breaks its schema or
+a call that breaks its tool's parameters or the tool_choice, none fails on a
+harmony parse error, and the stored events replay through the openai SDK's own
+stream reader, given the request's tools, without an error.
+"""
+
+import json
+from collections import Counter
+
+import duckdb
+import jsonschema
+from click.testing import CliRunner
+from openai import omit
+from openai.lib.streaming.responses._responses import ResponseStreamState
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from batch.cli import main
+
+CITY = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 8},
+    "kind": {"enum": ["capital", "port", "village"]},
+    "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+    "required": ["city", "kind", "tags"], "additionalProperties": False}
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather at a point.", "parameters": {
+    "type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "enum": [1, 2, 3]}},
+    "required": ["unit", "days"], "additionalProperties": False}}
+CLOCK = {"type": "function", "name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "local"]}}, "required": ["zone"],
+    "additionalProperties": False}}
+EVENT = TypeAdapter(ResponseStreamEvent)
+
+
+def requests() -> list[dict]:
+    bodies = []
+    for i in range(6):
+        bodies.append({"custom_id": f"schema-{i}", "input": f"Describe city {i}.", "text": {"format": {
+            "type": "json_schema", "name": "city", "schema": CITY, "strict": True}}})
+        bodies.append({"custom_id": f"named-{i}", "input": f"Weather {i}?", "tools": [WEATHER, CLOCK],
+                       "tool_choice": {"type": "function", "name": "get_weather"}})
+        bodies.append({"custom_id": f"required-{i}", "input": f"Time {i}?", "tools": [WEATHER, CLOCK],
+                       "tool_choice": "required"})
+        bodies.append({"custom_id": f"none-{i}", "input": f"Nothing {i}.", "tools": [WEATHER],
+                       "tool_choice": "none", "text": {"format": {"type": "json_object"}}})
+    return bodies
+
+
+def test_random_weights_never_complete_invalid_output_and_events_replay_through_the_sdk(tmp_path, tiny_model_dir):
+    source, db = tmp_path / "in.jsonl", tmp_path / "out.duckdb"
+    bodies = {body["custom_id"]: body for body in requests()}
+    source.write_text("".join(json.dumps(body) + "\n" for body in bodies.values()))
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(db), "--model", str(tiny_model_dir),
+                                       "--quiet", "--max-output-tokens", "48", "--temperature", "1.0"])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        responses = {cid: json.loads(r) for cid, r in con.sql(
+            "SELECT q.custom_id, s.response FROM requests q JOIN responses s USING (response_id)").fetchall()}
+        events = {cid: [json.loads(p) for (p,) in con.sql(
+            "SELECT e.payload FROM events e JOIN requests q USING (response_id) WHERE q.custom_id = ? "
+            "ORDER BY e.sequence_number", params=[cid]).fetchall()] for cid in responses}
+    assert set(responses) == set(bodies)
+    statuses = Counter(response["status"] for response in responses.values())
+    assert set(statuses) <= {"completed", "incomplete"}, statuses  # never failed on a parse error
+    for cid, response in responses.items():
+        body = bodies[cid]
+        calls = [item for item in response["output"] if item["type"] == "function_call"]
+        messages = [item for item in response["output"] if item["type"] == "message"]
+        for call in calls:
+            tool = next(t for t in body["tools"] if t["name"] == call["name"])
+            jsonschema.validate(json.loads(call["arguments"]), tool["parameters"])
+        if response["status"] == "completed":
+            if cid.startswith(("named", "required")):
+                assert calls and not messages, cid  # a forced first turn ends with a call
+                assert cid.startswith("required") or calls[0]["name"] == "get_weather"
+            else:
+                assert not calls, cid
+                assert messages, (cid, response["output"])
+                answer = json.loads(messages[-1]["content"][0]["text"])
+                jsonschema.validate(answer, CITY if cid.startswith("schema") else {"type": "object"})
+        assert response["text"]["format"] == body.get("text", {}).get("format", {"type": "text"})
+        state = ResponseStreamState(input_tools=body.get("tools", []), text_format=omit)
+        for payload in events[cid]:
+            state.handle_event(EVENT.validate_python(payload))  # raises on arguments that are not JSON
+    # The forced calls are short and bounded: random weights complete some of them.
+    assert statuses["completed"] >= 1, statuses

@@ -1,0 +1,114 @@
+"""turn_grammar + GrammarConstraint: which harmony completions a turn may produce."""
+
+import pytest
+import torch
+
+from batch.constraint import VOCAB_SIZE, ConstraintError, GrammarConstraint
+from batch.turn_grammar import turn_grammar
+from batch.vocab import harmony_encoding
+from tools.registry import ToolChoiceError, ToolRegistry
+
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {
+    "type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+    "required": ["lat", "lon"], "additionalProperties": False}}
+LOOSE = {"type": "function", "name": "note", "strict": False,
+         "parameters": {"type": "object", "required": ["never"]}}
+SCHEMA = {"type": "json_schema", "name": "city", "schema": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}
+ANSWER = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>{}<|return|>"
+
+
+def accepts(grammar, text: str) -> bool:
+    """Whether the constraint lets every token of `text` through and ends complete."""
+    constraint = GrammarConstraint(grammar)
+    bitmask = torch.full((1, (VOCAB_SIZE + 31) // 32), -1, dtype=torch.int32)
+    for token_id in harmony_encoding().encode(text, allowed_special="all"):
+        constraint.fill_bitmask(bitmask, 0)
+        if not (int(bitmask[0, token_id // 32]) >> (token_id % 32)) & 1:
+            return False
+        constraint.accept(token_id)
+        assert constraint.error is None
+    return constraint.is_accepting
+
+
+def grammar(tools=(), tool_choice="auto", text_format=None, first_turn=True):
+    return turn_grammar(ToolRegistry.from_tools(list(tools), tool_choice), text_format, first_turn)
+
+
+def test_nothing_to_constrain_gives_no_grammar():
+    assert grammar() is None
+    assert grammar([{"type": "code_interpreter"}]) is None
+    assert grammar(text_format={"type": "text"}) is None
+
+
+def test_a_json_schema_final_answer_must_match_and_reasoning_stays_free():
+    g = grammar(text_format=SCHEMA)
+    assert accepts(g, ANSWER.replace("{}", '{"city": "Paris"}'))
+    assert accepts(g, '<|channel|>final<|message|>{"city":"Oslo"}<|return|>')
+    assert not accepts(g, ANSWER.replace("{}", '{"town": "Paris"}'))
+    assert not accepts(g, "<|channel|>final<|message|>Paris<|return|>")
+    assert not accepts(g, '<|channel|>final<|message|>{"city":   "Paris"}<|return|>')  # unbounded whitespace
+    json_object = grammar(text_format={"type": "json_object"})
+    assert accepts(json_object, ANSWER.replace("{}", '{"any": [1, 2]}'))
+    assert not accepts(json_object, ANSWER.replace("{}", "[1, 2]"))
+
+
+def test_strict_function_arguments_match_the_parameters_and_non_strict_ones_are_json():
+    g = grammar([WEATHER, LOOSE])
+    call = "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>"
+    assert accepts(g, call.format("get_weather", '{"lat": 1.5, "lon": 2}'))
+    assert accepts(g, ' to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>'
+                      '{"lat": 1, "lon": 2}<|call|>')  # harmony's own rendering of the header
+    assert not accepts(g, call.format("get_weather", '{"city": "Paris"}'))
+    assert accepts(g, call.format("note", '{"anything": true}'))
+    assert not accepts(g, call.format("note", "not json"))
+    assert not accepts(g, call.format("other", "{}"))
+    assert accepts(g, "<|channel|>final<|message|>No call needed.<|return|>")  # auto: may answer
+
+
+def test_control_tokens_never_enter_text_or_arguments():
+    g = grammar([WEATHER])
+    assert not accepts(g, "<|channel|>final<|message|>123*2<|channel|>final<|message|>x<|return|>")
+    assert not accepts(g, "<|channel|>analysis<|message|>a<|start|>b<|end|><|start|>assistant"
+                          "<|channel|>final<|message|>x<|return|>")
+
+
+@pytest.mark.parametrize("choice, recipient", [
+    ("required", "functions.get_weather"),
+    ({"type": "function", "name": "get_weather"}, "functions.get_weather"),
+])
+def test_a_forced_choice_must_call_after_any_reasoning_and_later_turns_are_auto(choice, recipient):
+    g = grammar([WEATHER, {"type": "code_interpreter"}], tool_choice=choice)
+    call = f"<|channel|>commentary to={recipient} <|constrain|>json<|message|>{{\"lat\": 1, \"lon\": 2}}<|call|>"
+    assert accepts(g, call)
+    assert accepts(g, "<|channel|>analysis<|message|>Let me look.<|end|><|start|>assistant" + call)
+    assert not accepts(g, "<|channel|>final<|message|>Sunny.<|return|>")
+    assert not accepts(g, "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant" + call)
+    python = " to=python<|channel|>analysis code<|message|>print(1)<|call|>"
+    assert accepts(g, python) == (choice == "required")
+    later = grammar([WEATHER, {"type": "code_interpreter"}], tool_choice=choice, first_turn=False)
+    assert accepts(later, "<|channel|>final<|message|>Sunny.<|return|>")
+
+
+def test_a_forced_hosted_tool_is_called_on_analysis():
+    g = grammar([{"type": "code_interpreter"}], tool_choice={"type": "code_interpreter"})
+    assert accepts(g, "<|channel|>analysis to=python code<|message|>print(6*7)<|call|>")
+    assert not accepts(g, "<|channel|>commentary to=python code<|message|>print(6*7)<|call|>")
+    search = grammar([{"type": "web_search"}], tool_choice={"type": "web_search"})
+    assert accepts(search, ' to=browser.search<|channel|>analysis <|constrain|>json<|message|>{"query": "x"}<|call|>')
+
+
+def test_none_allows_no_call_and_bad_choices_are_errors():
+    g = grammar([WEATHER], tool_choice="none", text_format=SCHEMA)
+    assert not accepts(g, '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                          '{"lat": 1, "lon": 2}<|call|>')
+    assert accepts(g, '<|channel|>final<|message|>{"city": "Rome"}<|return|>')
+    with pytest.raises(ToolChoiceError, match="required, but the request enables no tools"):
+        grammar(tool_choice="required")
+
+
+def test_a_schema_llguidance_cannot_enforce_names_its_field():
+    bad = {**WEATHER, "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}
+    with pytest.raises(ConstraintError, match=r"tools \(function 'get_weather'\)\.parameters: cannot be enforced"):
+        GrammarConstraint(grammar([bad]))
