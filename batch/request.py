@@ -371,7 +371,10 @@ class ResponsesRequest(_Strict):
         text_format = self.text and self.text.format
         if text_format is None:
             return {"type": "text"}
-        return text_format.model_dump(mode="json", exclude_none=True, by_alias=True)
+        echoed = text_format.model_dump(mode="json", exclude_none=True, by_alias=True)
+        if echoed["type"] == "json_schema":  # the API echoes these (strict defaults to false)
+            echoed = {"description": None, "strict": False, **echoed}
+        return echoed
 
     def with_effort(self, default: str) -> ResponsesRequest:
         """This request with `reasoning.effort` set (to `default` when it names none)."""
