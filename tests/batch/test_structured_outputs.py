@@ -9,9 +9,11 @@ stream reader, given the request's tools, without an error.
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import duckdb
 import jsonschema
+import pytest
 from click.testing import CliRunner
 from openai import omit
 from openai.lib.streaming.responses._responses import ResponseStreamState
@@ -103,3 +105,38 @@ def test_random_weights_never_complete_invalid_output_and_events_replay_through_
             state.handle_event(EVENT.validate_python(payload))  # raises on arguments that are not JSON
     # The forced calls are short and bounded: random weights complete some of them.
     assert statuses["completed"] >= 1, statuses
+
+
+SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"
+STRUCTURED = Path(__file__).resolve().parents[2] / "data" / "examples" / "structured.jsonl"
+
+
+@pytest.mark.skipif(not (SHIPPED_MODEL / "config.json").exists(), reason="the shipped model is not in this checkout")
+def test_the_shipped_model_completes_the_seeded_structured_set_valid(tmp_path):
+    db = tmp_path / "out.duckdb"
+    bodies = {json.loads(line)["custom_id"]: json.loads(line) for line in STRUCTURED.read_text().splitlines()}
+    result = CliRunner().invoke(main, ["submit", str(STRUCTURED), "--db", str(db), "--model", str(SHIPPED_MODEL),
+                                       "--quiet", "--max-output-tokens", "200", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        responses = {cid: json.loads(r) for cid, r in con.sql(
+            "SELECT q.custom_id, s.response FROM requests q JOIN responses s USING (response_id)").fetchall()}
+    valid = 0
+    for cid, response in responses.items():
+        body, last = bodies[cid], response["output"][-1]
+        if last["type"] == "function_call":
+            tool = next(t for t in body["tools"] if t["name"] == last["name"])
+            jsonschema.validate(json.loads(last["arguments"]), tool["parameters"])
+        if response["status"] != "completed":
+            continue
+        choice = body.get("tool_choice", "auto")
+        if "text" in body:
+            jsonschema.validate(json.loads(last["content"][0]["text"]), body["text"]["format"]["schema"])
+        elif choice == "none":
+            assert last["type"] == "message", cid
+        else:
+            assert last["type"] == "function_call", cid
+            assert choice == "required" or last["name"] == choice["name"], cid
+        valid += 1
+    assert len(responses) == len(bodies) == 70
+    assert valid >= 0.95 * len(bodies), f"{valid} of {len(bodies)} completed and valid"
