@@ -45,7 +45,14 @@ SUBMIT_OPTIONS = [
                  type=click.Choice(["engine", "transformers"]),
                  help="Decoder: batchrun's paged continuous-batching engine, or the transformers reference."),
     click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True,
-                 help="Memory for the engine's paged KV cache (bounds the context length too)."),
+                 help="Memory for the engine's paged KV cache on CPU (bounds the context length too)."),
+    click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                 help="Where the model runs (auto: CUDA when torch sees a GPU, else CPU)."),
+    click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
+                 help="Engine kernels (auto: Triton on CUDA when triton is installed, else plain torch)."),
+    click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+                 show_default=True, help="On CUDA, the fraction of GPU memory the engine may use; the KV cache "
+                                         "gets what the model and activations leave of it."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Sequences the engine decodes in one step."),
     click.option("--retry-failed", metavar="RUN_ID", help="Re-run only the failed/incomplete lines of a run."),
@@ -185,9 +192,10 @@ def set_threads(threads: int | None, config: dict) -> None:
 
 
 def _backend_options(values: dict) -> dict:
-    options = {"seed": values["seed"]}
+    options = {"seed": values["seed"], "device": values["device"]}
     if values["backend"] == "engine":
-        options.update(kv_cache_gb=values["kv_cache_gb"], max_num_seqs=values["max_num_seqs"])
+        options.update(kv_cache_gb=values["kv_cache_gb"], max_num_seqs=values["max_num_seqs"],
+                       kernels=values["kernels"], gpu_memory_utilization=values["gpu_memory_utilization"])
     return options
 
 

@@ -18,6 +18,7 @@ import torch
 from transformers import GptOssConfig
 
 from engine.api import ModelLoadError
+from engine.device import resolve_device, resolve_kernels
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -146,9 +147,10 @@ class EngineConfig:
 
     model_dir: Path
     dtype: torch.dtype | str = "auto"  # "auto": the checkpoint's dtype
-    device: str = "cpu"
+    device: str = "cpu"  # "cpu", "cuda[:N]" or "auto" (CUDA when present), resolved on construction
     block_size: int = 16
-    kv_cache_gb: float = 2.0
+    kv_cache_gb: float = 2.0  # the KV cache on CPU
+    gpu_memory_utilization: float = 0.9  # on CUDA: the KV cache takes what this fraction leaves (engine.device)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's max_position_embeddings
@@ -156,10 +158,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # "torch": plain torch ops (any device). "triton": the Triton kernels of engine/kernels
     # (attention, MoE); on CPU tensors they run in Triton's interpreter (TRITON_INTERPRET=1).
+    # "auto": triton on CUDA when it is importable, else torch.
     kernels: str = "torch"
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
+        self.device = resolve_device(self.device)
+        self.kernels = resolve_kernels(self.kernels, self.device)
         if self.kernels not in KERNELS:
             raise ValueError(f"unknown kernels {self.kernels!r}; use one of {', '.join(KERNELS)}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -167,6 +172,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.kv_cache_gb <= 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

@@ -14,6 +14,7 @@ import torch
 
 from engine.api import RequestOutput, SamplingParams
 from engine.config import EngineConfig
+from engine.device import activation_reserve_bytes, kv_cache_budget
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
 from engine.model import kv_cache_bytes_per_block
@@ -31,7 +32,11 @@ class LLMEngine:
         model, self.model_config = load_model(config)
         self.dtype = next(model.parameters()).dtype
         block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
-        self.num_blocks = num_blocks_for_budget(int(config.kv_cache_gb * 2**30), block_bytes)
+        # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.
+        reserve = activation_reserve_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)
+        budget = kv_cache_budget(config.device, config.kv_cache_gb, config.gpu_memory_utilization, reserve)
+        self.num_blocks = num_blocks_for_budget(budget, block_bytes)
+        self.kv_cache_bytes = self.num_blocks * block_bytes
         # A sequence can never outgrow the cache: clamp the context to what the budget holds.
         limit = min(config.max_model_len or self.model_config.max_position_embeddings,
                     self.model_config.max_position_embeddings, self.num_blocks * config.block_size)
@@ -89,9 +94,13 @@ class LLMEngine:
     def describe(self) -> dict:
         """Configuration for the runs table."""
         c = self.config
+        on_cuda = c.device.startswith("cuda")
         return {"backend": "engine", "model": str(c.model_dir), "model_name": self.model_name,
-                "dtype": str(self.dtype).removeprefix("torch."), "device": c.device,
-                "block_size": c.block_size, "num_blocks": self.num_blocks, "kv_cache_gb": c.kv_cache_gb,
+                "dtype": str(self.dtype).removeprefix("torch."), "device": c.device, "kernels": c.kernels,
+                "block_size": c.block_size, "num_blocks": self.num_blocks,
+                # on CUDA the cache is sized from free memory: record what it came to
+                "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,
+                "gpu_memory_utilization": c.gpu_memory_utilization if on_cuda else None,
                 "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
                 "max_model_len": self.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
                 "seed": c.seed, "torch_version": torch.__version__}

@@ -26,6 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams, derive_seed
 from engine.config import DTYPES, check_model_dir
+from engine.device import resolve_device
 from engine.sampler import apply_bitmask, bitmask_words
 from engine.sampler import sample_one as sample  # one sampling implementation, shared with the engine
 
@@ -53,7 +54,7 @@ class TransformersBackend:
     """`engine.api.Backend` on transformers' eager gpt-oss, bs-1 forwards per request.
 
     Options: `dtype` ("auto": the checkpoint's; or "bfloat16", "float32", a torch.dtype),
-    `device` ("cpu"), `seed` (derives per-request seeds when a request has none),
+    `device` ("cpu", "cuda" or "auto": engine.device), `seed` (derives per-request seeds when a request has none),
     `max_model_len` (default and upper bound: the config's max_position_embeddings).
 
     `abort(id)` marks the request; the next `step()` reports it once with no new
@@ -65,7 +66,7 @@ class TransformersBackend:
         self.model_dir = Path(model_dir)
         self.model_name = self.model_dir.name
         self.seed = seed
-        self.device = torch.device(device)
+        self.device = torch.device(resolve_device(device))
         self.model = _load_model(self.model_dir, _resolve_dtype(dtype), self.device)
         self.vocab_size = self.model.config.vocab_size
         limit = self.model.config.max_position_embeddings

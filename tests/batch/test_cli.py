@@ -323,3 +323,38 @@ def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path
     assert result.exit_code == 0, result.output
     assert opened == ["rb", "rb"]
     assert "3/3" in result.output  # the progress bar's total came from the scan
+
+
+def test_device_and_kernels_are_recorded_in_the_runs_engine_config(tmp_path, tiny_model_dir):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
+    db = tmp_path / "o.duckdb"
+    result = submit(source, "--db", db, "--device", "cpu", "--kernels", "auto", "--max-output-tokens", "2",
+                    model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    [(config,)] = rows(db, "SELECT engine_config FROM runs")
+    config = json.loads(config)
+    assert (config["device"], config["kernels"], config["gpu_memory_utilization"]) == ("cpu", "torch", None)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the error is for machines without CUDA")
+def test_device_cuda_without_a_gpu_fails_with_one_line(tmp_path, tiny_model_dir):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
+    db = tmp_path / "o.duckdb"
+    result = submit(source, "--db", db, "--device", "cuda", model=tiny_model_dir)
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: --device cuda:") and "sees no CUDA device" in line
+    assert rows(db, "SELECT count(*) FROM runs") == [(0,)]  # nothing started
+
+
+@pytest.mark.parametrize("command", ["submit", "eval", "bench"])
+def test_gpu_options_are_on_every_command_that_loads_a_model(command):
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0
+    for option in ("--device [auto|cpu|cuda]", "--kernels [auto|torch|triton]", "--gpu-memory-utilization"):
+        assert option in result.output, option
+    bad = CliRunner().invoke(main, [command, "x", "--gpu-memory-utilization", "1.5"])
+    assert bad.exit_code == 2 and "--gpu-memory-utilization" in bad.output
+
