@@ -58,7 +58,7 @@ class LLMEngine:
         if min(prompt) < 0 or max(prompt) >= self.model_config.vocab_size:
             raise ValueError(f"request {request_id!r}: prompt token ids must be in "
                              f"[0, {self.model_config.vocab_size})")
-        generator = make_generator(sampling, self.config.seed, request_id)
+        generator = make_generator(sampling, self.config.seed, request_id, self.config.device)
         self.scheduler.add(Sequence(request_id, prompt, sampling, generator))
 
     def step(self) -> list[RequestOutput]:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from engine.api import SamplingParams, TokenConstraint, derive_seed
+from engine.device_sampler import sample_on_device
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -80,10 +81,14 @@ class ConstraintMasks:
                 p.constraint.accept(token_id)
 
 
-def make_generator(params: SamplingParams, backend_seed: int, request_id: str) -> torch.Generator:
-    """The request's own CPU generator, seeded once: its seed, else one derived from the backend's."""
+def make_generator(params: SamplingParams, backend_seed: int, request_id: str,
+                   device: torch.device | str = "cpu") -> torch.Generator:
+    """The request's own generator, seeded once: its seed, else one derived from the backend's.
+
+    On CPU by default (the reproducible CPU path); on a GPU for the device sampler (engine.device_sampler).
+    """
     seed = params.seed if params.seed is not None else derive_seed(backend_seed, request_id)
-    return torch.Generator().manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+    return torch.Generator(device=device).manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -126,11 +131,13 @@ class Sampler:
                generators: list[torch.Generator | None]) -> list[int]:
         """One token per row of `logits` ([num_rows, vocab], any device).
 
-        Greedy rows take one batched argmax; the others are drawn row by row with
-        their own generator (a row moves to its generator's device, the CPU for
-        the reproducible CPU generators the engine uses).
+        On CPU, greedy rows take one batched argmax; the others are drawn row by row with
+        their own generator (a row moves to its generator's device). On a GPU the whole step
+        is sampled there and read back once (engine.device_sampler).
         """
         self._check(logits, params, generators)
+        if logits.device.type != "cpu":
+            return sample_on_device(logits, params, generators).tolist()
         token_ids = [0] * len(params)
         greedy_rows = [row for row, p in enumerate(params) if p.is_greedy]
         if greedy_rows:
