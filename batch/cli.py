@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from batch.commands import bench, export, make_random_model, runs, show, sql, submit
+from batch.distributed import merge
 from evals.cli import (check_command, compare_command, eval_command, grade_command, report_command,
                        snapshot_command)
 
@@ -22,7 +23,7 @@ def main() -> None:
     """Offline batch runner for OpenAI Responses API requests on gpt-oss models."""
 
 
-for _command in (submit, runs, show, export, sql, make_random_model, bench,
+for _command in (submit, merge, runs, show, export, sql, make_random_model, bench,
                  eval_command, grade_command, snapshot_command, check_command, compare_command,
                  report_command):
     main.add_command(_command)

@@ -15,7 +15,8 @@ import click
 
 from batch import display
 from batch.cliutil import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
-from batch.submit import run_submit, set_threads as _set_threads, submit_options, submit_plan
+from batch.distributed import distribution_options, submit_distributed
+from batch.submit import set_threads as _set_threads, submit_options, submit_plan
 
 
 @click.command()
@@ -23,11 +24,12 @@ from batch.submit import run_submit, set_threads as _set_threads, submit_options
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
 @click.option("--run-id", help="Id for a new run (default: generated).")
 @click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
+@distribution_options
 @submit_options
 def submit(input_path: Path, db: str, **values: Any) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
     options, backend = submit_plan(input_path, db, values)
-    run_submit(options, backend, db=db, quiet=values["quiet"])
+    submit_distributed(options, backend, db, values)
 
 
 @click.command()

@@ -14,6 +14,8 @@ from tqdm import tqdm
 from batch.status import RequestStatus, ResponseStatus
 
 if TYPE_CHECKING:
+    from batch.merge import MergePlan
+    from batch.rows import RunRow
     from batch.runner import Runner, RunSummary
 
 STATUSES = tuple(RequestStatus)
@@ -61,11 +63,36 @@ def summary_text(summary: RunSummary, db: str) -> str:
         f"tokens: {summary.input_tokens} input, {summary.output_tokens} output "
         f"({rate:.1f} output tok/s) in {summary.elapsed_s:.1f}s",
     ]
+    lines.extend(worker_lines(summary.workers))
     if summary.ignored_fields:
         fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
         lines.append(f"note: fields accepted but not honoured offline: {fields}")
     lines.append(f"results: {db}  (e.g. batchrun sql --db {db} \"SELECT status, count(*) "
                  f"FROM requests WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
+    return "\n".join(lines)
+
+
+def worker_lines(workers: list[dict]) -> list[str]:
+    """One line per shard or Ray worker of a run (worker_throughput rows): requests and output tok/s."""
+    return [f"  {row['worker'] or '(driver)'}: {row['n_requests']} requests, {row['n_output_tokens']} output "
+            f"tokens, {row['output_tokens_per_s'] or 0.0:.1f} output tok/s over {row['busy_s'] or 0.0:.1f}s busy"
+            for row in workers]
+
+
+def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> str:
+    """What `batchrun merge` did: the merged run, its parts, and what is missing."""
+    lines = [f"merged {len(plan.parts)} shard(s) of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
+             f"{run.n_requests} of {plan.num_lines} lines ({run.status})"]
+    lines += [f"  shard {part.shard.label}: {part.path} run {part.run['run_id']} ({part.run['status']}), "
+              f"{len(part.line_nos)} rows" for part in plan.parts]
+    lines += worker_lines(workers)
+    if plan.missing_shards:
+        lines.append("missing shards: " + ", ".join(shard.label for shard in plan.missing_shards)
+                     + " (run them with --shard K/N and merge again)")
+    if plan.missing_lines:
+        shown = ", ".join(map(str, plan.missing_lines[:10])) + (", ..." if len(plan.missing_lines) > 10 else "")
+        lines.append(f"missing lines of present shards: {len(plan.missing_lines)} ({shown}); rerun their "
+                     "shards' commands to resume them and merge again")
     return "\n".join(lines)
 
 

@@ -261,9 +261,27 @@ def m009_tool_call_attempts(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE tool_calls ADD COLUMN attempts INTEGER DEFAULT 1")
 
 
+def m010_request_worker(con: duckdb.DuckDBPyConnection) -> None:
+    """Which shard or Ray worker decoded each line, and throughput per worker."""
+    con.execute("""
+    ALTER TABLE requests ADD COLUMN worker VARCHAR;
+
+    -- A worker is busy from its first response's start to its last response's write.
+    CREATE VIEW worker_throughput AS
+    SELECT q.run_id, q.worker, count(*) AS n_requests, count(s.response_id) AS n_responses,
+           coalesce(sum(s.output_tokens), 0) AS n_output_tokens,
+           epoch(max(s.created_at) - min(s.created_at - to_microseconds(
+               CAST(coalesce(s.latency_s, 0) * 1e6 AS BIGINT)))) AS busy_s,
+           n_responses / nullif(busy_s, 0) AS responses_per_s,
+           n_output_tokens / nullif(busy_s, 0) AS output_tokens_per_s
+    FROM requests q LEFT JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
+    GROUP BY q.run_id, q.worker;
+    """)
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
-    m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts]
+    m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker]
 
 
 def _version(migration: Callable) -> int:

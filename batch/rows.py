@@ -75,6 +75,7 @@ class RequestRow:
     error: str | None = None
     response_id: str | None = None
     written_at: datetime | None = None
+    worker: str | None = None  # the shard or Ray worker that decoded it (None: a one-process run)
 
 
 @dataclass(slots=True)

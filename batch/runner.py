@@ -32,6 +32,7 @@ from batch.reader import InputLine, read_requests, scan_input
 from batch.results import line_result, result_of
 from batch.rows import RequestResult, RunRow
 from batch.session import Session, SessionOptions
+from batch.shards import Shard
 from batch.status import RequestStatus, RunStatus
 from batch.store import ResultWriter, Store
 from batch.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall
@@ -47,7 +48,7 @@ FLUSH_S = 1.0  # finished results wait at most this long for their batch to be w
 
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
-               "reasoning_effort", "max_turns", "max_tool_output_bytes")
+               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard")
 # What a run recorded before a key existed ran with (so a rerun still continues it).
 RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES}
 
@@ -81,6 +82,8 @@ class RunOptions:
     session: SessionOptions = SessionOptions(model="")
     tools: ToolOptions = ToolOptions()
     engine_config: dict = field(default_factory=dict)
+    shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
+    worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)
 
 
 @dataclass
@@ -93,6 +96,7 @@ class RunSummary:
     output_tokens: int
     elapsed_s: float
     ignored_fields: Counter
+    workers: list[dict] = field(default_factory=list)  # worker_throughput rows, when a worker is named
 
 
 class Runner:
@@ -178,7 +182,8 @@ class Runner:
                      "tool_timeout_s": opts.tools.call_timeout_s,
                      "mcp_config": opts.tools.config_path,
                      "mcp_servers": sorted(opts.tools.servers),  # labels only: no secrets
-                     "max_tool_output_bytes": opts.session.max_tool_output_bytes},
+                     "max_tool_output_bytes": opts.session.max_tool_output_bytes,
+                     "shard": opts.shard.label if opts.shard else None},
             notes={}, batchrun_version=_version())
 
     # -- the loop ---------------------------------------------------------
@@ -221,7 +226,12 @@ class Runner:
             sys.setswitchinterval(switch_interval)
             status = self._close(status)
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
-                          self.tokens["output"], time.monotonic() - start, self.ignored)
+                          self.tokens["output"], time.monotonic() - start, self.ignored,
+                          self._worker_rows())
+
+    def _worker_rows(self) -> list[dict]:
+        rows = self.store.worker_throughput(self.run_id)
+        return rows if any(row["worker"] for row in rows) else []
 
     def _close(self, status: RunStatus) -> RunStatus:
         """Write what is left, stop the tools, record the run's end; returns the final status.
@@ -240,7 +250,7 @@ class Runner:
             self._report_written()
             self.tools.close()
             notes = {**(self._run(self.run_id)["notes"] or {}),
-                     "ignored_fields": dict(self.ignored),
+                     "ignored_fields": dict(self.ignored), "input_lines": self.num_input_requests,
                      "tool_errors": self.store.tool_error_counts(self.run_id)}
             # The rows there are, not the lines read: requests in flight at an interrupt get none.
             self.store.update_run(self.run_id, status=status, finished_at=_now(),
@@ -255,6 +265,8 @@ class Runner:
             if self.options.limit is not None and count >= self.options.limit:
                 self.stopped_at_limit = True
                 return
+            if self.options.shard is not None and not self.options.shard.owns(line.line_no):
+                continue  # another shard's line: it gets its row there
             self.ignored.update(line.ignored_fields)  # every line of the run, resumed or not
             if line.line_no not in done:
                 yield line
@@ -390,6 +402,8 @@ class Runner:
         self._finished(result_of(session, self.run_id, response))
 
     def _finished(self, result: RequestResult) -> None:
+        if result.request.worker is None:
+            result.request.worker = self.options.worker
         self.statuses[result.request.status] += 1
         self.pending.append(result)
 

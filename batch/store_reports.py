@@ -23,6 +23,12 @@ class ReportQueries:
                           "WHERE run_id = ? ORDER BY status", [run_id])
         return {row["status"]: row["n_requests"] for row in rows}
 
+    def worker_throughput(self, run_id: str) -> list[dict]:
+        """Per shard or Ray worker of a run: n_requests, n_responses, n_output_tokens, busy_s,
+        responses_per_s, output_tokens_per_s (one row with worker None for a one-process run)."""
+        return self._rows("SELECT * EXCLUDE (run_id) FROM worker_throughput WHERE run_id = ? "
+                          "ORDER BY worker NULLS FIRST", [run_id])
+
     def latencies(self, run_id: str) -> list[float]:
         """``latency_s`` of every response of a run that has one (no order)."""
         rows = self._rows("SELECT latency_s FROM responses WHERE run_id = ? "

@@ -31,7 +31,7 @@ EXPECTED_DDL = {
             "status VARCHAR, n_requests BIGINT, notes JSON, batchrun_version VARCHAR",
     "requests": "run_id VARCHAR, custom_id VARCHAR, line_no BIGINT, request_hash VARCHAR, "
                 "body JSON, status VARCHAR, error VARCHAR, response_id VARCHAR, "
-                "written_at TSTZ",
+                "written_at TSTZ, worker VARCHAR",
     "responses": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, status VARCHAR, "
                  "response JSON, input_items JSON, input_tokens BIGINT, "
                  "cached_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, "
@@ -62,7 +62,7 @@ EXPECTED_COLUMNS = {
     for table, ddl in EXPECTED_DDL.items()}
 VIEWS = ["event_type_counts", "latency_percentiles", "pass_rate_per_grader",
          "pass_rate_per_tag", "request_grades", "request_status_counts", "run_throughput",
-         "tool_error_rates", "tool_errors_by_kind", "usage_per_run"]
+         "tool_error_rates", "tool_errors_by_kind", "usage_per_run", "worker_throughput"]
 
 
 # -- factories ---------------------------------------------------------------
@@ -167,7 +167,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
         assert versions == [(1, "m001_initial"), (2, "m002_views"), (3, "m003_grades"),
                             (4, "m004_tool_error_kind"), (5, "m005_bench"),
                             (6, "m006_event_timeline"), (7, "m007_views_from_enums"),
-                            (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts")]
+                            (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
+                            (10, "m010_request_worker")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 

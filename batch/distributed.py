@@ -1,0 +1,75 @@
+"""Beyond one process: `submit --shard K/N` and `batchrun merge`.
+
+`distribution_options` adds the options to `batchrun submit`; `submit_distributed`
+runs what they ask for (a shard or a plain run); `merge` joins shard
+databases into one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from batch import display
+from batch.cliutil import fail, open_store
+from batch.runner import RunOptions
+from batch.submit import BackendSpec, run_submit
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DISTRIBUTION_OPTIONS = [
+    click.option("--shard", metavar="K/N", help="Decode only shard K of N: lines L with (L-1) % N == K "
+                                                "(join the parts with `batchrun merge`)."),
+]
+
+
+def distribution_options(command: F) -> F:
+    """Decorate `submit` with DISTRIBUTION_OPTIONS."""
+    for option in reversed(DISTRIBUTION_OPTIONS):
+        command = option(command)
+    return command
+
+
+def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, values: dict) -> None:
+    """Run `submit` as its --shard / --ray values ask (a plain run without them)."""
+    from batch.shards import Shard, ShardSpecError
+
+    if values["shard"] is not None:
+        try:
+            shard = Shard.parse(values["shard"])
+        except ShardSpecError as exc:
+            raise click.UsageError(str(exc)) from None
+        options = dataclasses.replace(options, shard=shard, worker=shard.worker)
+    run_submit(options, backend, db=db, quiet=values["quiet"])
+
+
+@click.command()
+@click.argument("parts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, help="DuckDB file to write the merged run into.")
+@click.option("--run-id", help="Id of the merged run (default: generated).")
+def merge(parts: tuple[Path, ...], output: str, run_id: str | None) -> None:
+    """Join the shard databases of one `submit --shard K/N` split into one run in OUTPUT.
+
+    Exits 1 when shards or lines are missing (the merged run is then `partial`)."""
+    from batch.merge import MergeError, merge_parts, plan_merge
+
+    if any(part.resolve() == Path(output).resolve() for part in parts):
+        raise click.UsageError(f"-o {output} is one of the parts: write the merged run to another file")
+    try:
+        plan = plan_merge(list(parts))
+    except MergeError as exc:
+        fail(str(exc))
+    with open_store(output) as store:
+        try:
+            run = merge_parts(store, plan, run_id)
+        except MergeError as exc:
+            fail(str(exc))
+        workers = store.worker_throughput(run.run_id)
+    click.echo(display.merge_text(plan, run, workers, output))
+    if not plan.is_complete:
+        sys.exit(1)

@@ -1,0 +1,152 @@
+"""`submit --shard K/N` and `batchrun merge` end to end: real DuckDB files, the real engine
+on the random tiny model, the CLI through click's runner."""
+
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from batch.cli import main
+from batch.shards import Shard, ShardSpecError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"
+GREEDY = ["--temperature", "0", "--max-output-tokens", "8", "--conversation-date", "2026-01-01", "--quiet"]
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+def rows(db, query):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.sql(query).fetchall()
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """Valid requests, then every kind of invalid line (18 lines)."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes((EXAMPLES / "quickstart.jsonl").read_bytes() + (EXAMPLES / "malformed.jsonl").read_bytes())
+    return path
+
+
+@pytest.fixture
+def small(tmp_path):
+    """Four lines: enough to split in two, quick to decode."""
+    path = tmp_path / "small.jsonl"
+    path.write_text("".join((EXAMPLES / "quickstart.jsonl").read_text().splitlines(keepends=True)[:4]))
+    return path
+
+
+def run_shards(tmp_path, input_path, model, count, *, extra=()):
+    parts = []
+    for index in range(count):
+        part = tmp_path / f"part-{index}.duckdb"
+        result = cli("submit", input_path, "--shard", f"{index}/{count}", "--db", part, "--model", model,
+                     *GREEDY, *extra)
+        assert result.exit_code == 0, result.output
+        parts.append(part)
+    return parts
+
+
+def test_shard_owns_a_stable_third_of_the_lines():
+    owned = [[line for line in range(1, 11) if Shard(k, 3).owns(line)] for k in range(3)]
+    assert owned == [[1, 4, 7, 10], [2, 5, 8], [3, 6, 9]]
+    assert list(Shard(1, 3).line_numbers(10)) == owned[1]
+    assert Shard.parse(" 2/5 ") == Shard(2, 5)
+    for bad in ("3/3", "1", "-1/2", "a/b", "0/0"):
+        with pytest.raises(ShardSpecError, match="--shard"):
+            Shard.parse(bad)
+
+
+def test_three_shards_merged_equal_the_single_process_run(tmp_path, tiny_model_dir, mixed):
+    single = tmp_path / "single.duckdb"
+    assert cli("submit", mixed, "--db", single, "--run-id", "single", "--model", tiny_model_dir,
+               *GREEDY).exit_code == 0
+    parts = run_shards(tmp_path, mixed, tiny_model_dir, 3)
+    # Each part holds its own lines only, and records which shard decoded them.
+    assert rows(parts[1], "SELECT DISTINCT worker FROM requests") == [("shard-1/3",)]
+    assert {line for (line,) in rows(parts[1], "SELECT line_no FROM requests")} == {2, 5, 8, 11, 14, 17}
+    merged = tmp_path / "run.duckdb"
+    result = cli("merge", *parts, "-o", merged, "--run-id", "merged")
+    assert result.exit_code == 0, result.output
+    assert "18 of 18 lines (completed)" in result.output and "shard-2/3: 6 requests" in result.output
+    query = "SELECT line_no, custom_id, status, error IS NULL FROM requests ORDER BY line_no"
+    assert rows(merged, query) == rows(single, query)
+    assert rows(merged, "SELECT count(*), count(DISTINCT worker) FROM requests WHERE run_id = 'merged'") == [(18, 3)]
+    for table in ("events", "turns"):  # the traces came along, under the merged run's id
+        assert rows(merged, f"SELECT count(*) FROM {table} WHERE run_id = 'merged'") == \
+               rows(single, f"SELECT count(*) FROM {table}")
+    golden = tmp_path / "golden.jsonl"
+    assert cli("snapshot", "single", "--db", single, "-o", golden, "--level", "items").exit_code == 0
+    check = cli("check", "merged", "--db", merged, "--golden", golden)
+    assert check.exit_code == 0, check.output
+    assert "18 equal" in check.output
+    listing = cli("runs", "--db", merged)
+    assert "merged" in listing.output and "completed" in listing.output
+    report = cli("report", "merged", "--db", merged, "-o", tmp_path / "report.html")
+    assert report.exit_code == 0, report.output
+
+
+def test_merge_reports_a_missing_shard_and_a_plain_submit_decodes_it(tmp_path, tiny_model_dir, mixed):
+    parts = run_shards(tmp_path, mixed, tiny_model_dir, 3)
+    merged = tmp_path / "run.duckdb"
+    result = cli("merge", parts[0], parts[2], "-o", merged, "--run-id", "merged")
+    assert result.exit_code == 1
+    assert "missing shards: 1/3" in result.output and "12 of 18 lines (partial)" in result.output
+    assert rows(merged, "SELECT status FROM runs") == [("partial",)]
+    # The merged run is an unfinished run of this input and these settings: a rerun completes it.
+    resumed = cli("submit", mixed, "--db", merged, "--model", tiny_model_dir, *GREEDY)
+    assert resumed.exit_code == 0, resumed.output
+    assert "6 requests this time" in resumed.output and "12 already done" in resumed.output
+    assert rows(merged, "SELECT count(*), count(DISTINCT line_no), any_value(run_id) FROM requests") == \
+           [(18, 18, "merged")]
+
+
+def test_merge_reports_missing_lines_of_an_interrupted_shard(tmp_path, tiny_model_dir, mixed):
+    parts = run_shards(tmp_path, mixed, tiny_model_dir, 2)
+    with duckdb.connect(str(parts[1])) as con:  # as if shard 1 was killed before writing two lines
+        con.execute("DELETE FROM requests WHERE line_no IN (4, 10)")
+    result = cli("merge", *parts, "-o", tmp_path / "run.duckdb")
+    assert result.exit_code == 1
+    assert "missing lines of present shards: 2 (4, 10)" in result.output
+
+
+def test_merge_refuses_shards_of_other_settings(tmp_path, tiny_model_dir, small):
+    first = run_shards(tmp_path, small, tiny_model_dir, 2)[0]
+    for option, value, message in (("--seed", "7", "differ in seed (7 vs 0)"),
+                                   ("--max-turns", "3", "differ in max_turns (3 vs 32)")):
+        other = tmp_path / f"other{option}.duckdb"
+        assert cli("submit", small, "--shard", "1/2", "--db", other, "--model", tiny_model_dir, *GREEDY,
+                   option, value).exit_code == 0
+        result = cli("merge", first, other, "-o", tmp_path / "run.duckdb")
+        assert result.exit_code == 1 and message in result.output
+    assert not (tmp_path / "run.duckdb").exists()
+
+
+def test_merge_refuses_shards_of_another_input_or_split(tmp_path, tiny_model_dir, small):
+    first = run_shards(tmp_path, small, tiny_model_dir, 2)[0]
+    mixed = small
+    other_input = tmp_path / "other.jsonl"
+    other_input.write_text(mixed.read_text() + json.dumps({"custom_id": "extra", "body": {"input": "hi"}}) + "\n")
+    other = tmp_path / "other-1.duckdb"
+    assert cli("submit", other_input, "--shard", "1/2", "--db", other, "--model", tiny_model_dir,
+               *GREEDY).exit_code == 0
+    result = cli("merge", first, other, "-o", tmp_path / "run.duckdb")
+    assert result.exit_code == 1 and "different input files (sha256 differs)" in result.output
+    three = tmp_path / "three-1.duckdb"
+    assert cli("submit", mixed, "--shard", "1/3", "--db", three, "--model", tiny_model_dir,
+               *GREEDY).exit_code == 0
+    result = cli("merge", first, three, "-o", tmp_path / "run.duckdb")
+    assert result.exit_code == 1 and "split the input 3 and 2 ways" in result.output
+    twice = cli("merge", first, first, "-o", tmp_path / "run.duckdb")
+    assert twice.exit_code == 1 and "same shard" in twice.output
+    plain = tmp_path / "plain.duckdb"
+    shutil.copy(first, plain)
+    with duckdb.connect(str(plain)) as con:
+        con.execute("UPDATE runs SET options = json_object('seed', 0)")
+    result = cli("merge", plain, "-o", tmp_path / "run.duckdb")
+    assert result.exit_code == 1 and "no run made with --shard" in result.output
