@@ -88,6 +88,9 @@ class AttentionPlan:
 
     @classmethod
     def build(cls, meta: AttentionMetadata, window: int | None) -> AttentionPlan:
+        uniform = _uniform_decode_batch(meta, window)
+        if uniform is not None:
+            return cls([uniform], [])
         q_lens = meta.query_start_loc.diff().tolist()
         decode_seqs = [i for i, n in enumerate(q_lens) if n == 1]
         prefill_seqs = [i for i, n in enumerate(q_lens) if n > 1]
@@ -220,15 +223,37 @@ def _decode_batches(meta: AttentionMetadata, seqs: list[int], window: int | None
     return batches
 
 
+def _uniform_decode_batch(meta: AttentionMetadata, window: int | None) -> DecodeBatch | None:
+    """All sequences in one batch, sized from the runner's host bounds, reading nothing back (None if the step
+    has prefill rows, no host bounds, or would pass MAX_DECODE_KEYS).
+
+    When one batch fits the budget, _decode_batches would make this same batch (every row padded to the widest);
+    here the width comes from max_seq_len instead of the device, so a decode step traces with no host sync
+    (torch.compile(fullgraph=True), CUDA graphs). The block tables are trusted, as the Triton path trusts them.
+    """
+    if meta.max_query_len != 1 or meta.max_seq_len is None:
+        return None
+    bs, num_seqs = meta.block_size, meta.num_seqs
+    nb = (meta.max_seq_len + bs - 1) // bs
+    if window:
+        nb = min(nb, (window - 1) // bs + 2)  # `window` keys span at most this many blocks
+    if num_seqs * nb * bs > MAX_DECODE_KEYS:
+        return None
+    q_pos = meta.seq_lens - 1
+    first_key = (q_pos - window + 1).clamp(min=0) if window else torch.zeros_like(q_pos)
+    seq_idx = torch.arange(num_seqs, device=q_pos.device)
+    return _decode_batch(meta, seq_idx, q_pos, first_key, first_key // bs, nb, validate=False)
+
+
 def _decode_batch(meta: AttentionMetadata, seq_idx: Tensor, q_pos: Tensor, first_key: Tensor,
-                  first_block: Tensor, nb: int) -> DecodeBatch:
+                  first_block: Tensor, nb: int, validate: bool = True) -> DecodeBatch:
     bs = meta.block_size
     cols = first_block[:, None] + torch.arange(nb, device=seq_idx.device)  # [B, nb] logical blocks
     table = meta.block_tables[seq_idx]
     width = table.shape[1]
     block_ids = table.gather(1, cols.clamp(max=width - 1)).masked_fill(cols >= width, -1)
     needed = cols <= (q_pos // bs)[:, None]
-    if bool((block_ids[needed] < 0).any()):
+    if validate and bool((block_ids[needed] < 0).any()):
         raise ValueError("block_tables is missing blocks for the keys of a decode sequence")
     k_pos = first_block[:, None] * bs + torch.arange(nb * bs, device=seq_idx.device)  # [B, L]
     mask = (k_pos >= first_key[:, None]) & (k_pos <= q_pos[:, None])
