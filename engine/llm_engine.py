@@ -46,7 +46,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
                                    max_model_len=limit)
-        self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.dtype)
+        self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.dtype, limit)
         self.step_s = 0.0
         self.num_steps = 0
 
@@ -101,6 +101,7 @@ class LLMEngine:
                 # on CUDA the cache is sized from free memory: record what it came to
                 "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,
                 "gpu_memory_utilization": c.gpu_memory_utilization if on_cuda else None,
+                "cuda_graphs": self.runner.graphs is not None,
                 "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
                 "max_model_len": self.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
                 "seed": c.seed, "torch_version": torch.__version__}

@@ -12,6 +12,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
@@ -21,11 +22,20 @@ class ModelRunner:
     """Runs scheduled batches through the model over a preallocated paged cache."""
 
     def __init__(self, model: GptOssModel, model_config: ModelConfig, config: EngineConfig,
-                 num_blocks: int, dtype: torch.dtype):
+                 num_blocks: int, dtype: torch.dtype, max_model_len: int | None = None):
         self.model, self.model_config = model, model_config
         self.block_size = config.block_size
         self.device = torch.device(config.device)
-        self.kv_caches = allocate_kv_cache(model_config, num_blocks, self.block_size, dtype, self.device)
+        # CUDA graphs need the Triton path (the torch MoE reads expert counts back on CUDA) and one
+        # scratch block past the block manager's for their padding rows.
+        use_graphs = config.cuda_graphs and self.device.type == "cuda" and config.kernels == "triton"
+        self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, dtype, self.device)
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            self.graphs = DecodeGraphs(model, self.kv_caches, max_batch=config.max_num_seqs,
+                                       max_model_len=max_model_len or model_config.max_position_embeddings,
+                                       block_size=self.block_size, scratch_block=num_blocks)
+            self.graphs.capture()
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
         self.forward_s = 0.0  # model time, for the engine-overhead figure
@@ -65,7 +75,9 @@ class ModelRunner:
         params = [item.seq.sampling for item in sampled]
         masks = self.masks.start(params)  # grammar masks, computed while the model runs
         start = time.perf_counter()
-        hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
+        hidden = self.graphs.run(input_ids, meta) if self.graphs is not None else None  # decode steps
+        if hidden is None:
+            hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
         if not logit_rows:
             self.forward_s += time.perf_counter() - start
             return [], None
