@@ -6,8 +6,6 @@ Each is a thin function over the runner and the store; batch/cli.py registers th
 from __future__ import annotations
 
 import json
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +13,9 @@ import click
 
 from batch import display
 from batch.cliutil import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.benchmark import PRESETS, BenchPlan, run_bench
 from batch.distributed import distribution_options, submit_distributed
-from batch.submit import set_threads as _set_threads, submit_options, submit_plan
+from batch.submit import submit_options, submit_plan
 
 
 @click.command()
@@ -106,96 +105,34 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Checkpoint to benchmark (default: a random model of --preset, made once).")
-@click.option("--preset", type=click.Choice(["tiny", "medium"]), default="medium", show_default=True,
-              help="Random model shape when no --model is given.")
+@click.option("--preset", type=click.Choice(PRESETS), default="medium", show_default=True,
+              help="Random model shape when no --model is given (20b: gpt-oss-20b's shape with MXFP4 experts, "
+                   "built on the GPU; needs --device cuda).")
 @click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
-@click.option("--systems", default="engine,hf_generate,hf_generate_batch", show_default=True,
+@click.option("--systems", default="engine,hf_generate", show_default=True,
               help="Comma list of engine, hf_generate, hf_generate_batch, reference, and host (the host "
                    "path alone: reader, sessions, harmony, events, DuckDB, over an instant backend).")
-@click.option("--num-requests", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Static batch size of hf_generate.")
 @click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where every system runs (auto: CUDA when torch sees a GPU, else CPU).")
+@click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
+              help="The engine's kernels (auto: Triton on CUDA when triton is installed, else torch).")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+              show_default=True, help="On CUDA, the fraction of GPU memory the engine may use.")
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Requests of the host system's seeded mix (~280 output tokens each).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table.")
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table, each as it lands.")
 def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw: Any) -> None:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
     `host` measures the host path alone."""
-    from batch.rows import BenchRow
-
-    names = systems.split(",")
-    started, bench_id = _now_utc(), f"bench_{uuid.uuid4().hex[:8]}"
-    rows = _engine_bench(model_dir, preset, workloads, [s for s in names if s != "host"], kw)
-    if "host" in names:
-        rows.append(_host_bench(kw["host_requests"], kw["seed"]))
-    bench_rows = [BenchRow(bench_id=bench_id, started_at=started, **row) for row in rows]
-    with _open_store(db) as store:
-        store.write_bench(bench_rows)
+    engine_options = {name: kw[name] for name in ("kv_cache_gb", "max_num_seqs", "device", "kernels",
+                                                  "gpu_memory_utilization")}
+    plan = BenchPlan(model_dir, preset, workloads.split(","), systems.split(","), kw["num_requests"],
+                     kw["batch_size"], kw["seed"], kw["host_requests"], engine_options)
+    bench_id = run_bench(plan, db)
     click.echo(f"results in {db} (bench_id {bench_id})")
-
-
-def _engine_bench(model_dir: Path | None, preset: str, workloads: str, systems: list[str], kw: dict) -> list[dict]:
-    from engine import bench as benchmark
-    from engine.config import read_config_json
-
-    if not systems:
-        return []
-    model_dir = model_dir or _bench_model(preset)
-    _set_threads(None, read_config_json(model_dir))  # the same thread policy as submit
-    try:
-        loads = benchmark.make_workloads(workloads.split(","), kw["num_requests"], kw["seed"])
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    results, rows = [], []
-    engine_options = {"kv_cache_gb": kw["kv_cache_gb"], "max_num_seqs": kw["max_num_seqs"]}
-    for workload in loads:
-        for system in systems:
-            click.echo(f"{workload.name}: {system} ...", err=True)
-            result, stats = benchmark.run_system(system, model_dir, workload, batch_size=kw["batch_size"],
-                                                 engine_options=engine_options)
-            results.append(result)
-            rows.append({"model": str(model_dir), **result.row(), "stats": stats})
-    click.echo(benchmark.format_table(results))
-    for row in rows:
-        if row["stats"]:
-            click.echo(f"{row['workload']} engine: " + ", ".join(
-                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row["stats"].items()))
-    click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB")
-    return rows
-
-
-def _host_bench(num_requests: int, seed: int) -> dict:
-    from batch.host_bench import make_host_workload, run_host_bench
-
-    workload = make_host_workload(num_requests, seed=seed)
-    click.echo(f"{workload.name}: host ({num_requests} requests) ...", err=True)
-    result = run_host_bench(workload)
-    click.echo(f"host path: {result.output_tok_s:,.0f} output tok/s, {result.events_per_s:,.0f} events/s, "
-               f"{result.us_per_token:.2f} us per output token ({result.output_tokens:,} tokens, "
-               f"{result.events:,} events, {result.wall_s:.2f} s)")
-    return {"model": None, "workload": workload.name, "system": "host", "num_requests": result.num_requests,
-            "prompt_tokens": None, "prefill_tokens": None, "output_tokens": result.output_tokens,
-            "wall_s": result.wall_s, "ttft_s": None, "output_tok_s": result.output_tok_s,
-            "total_tok_s": None, "peak_rss_mb": None,
-            "stats": {"events": result.events, "events_per_s": result.events_per_s,
-                      "us_per_token": result.us_per_token}}
-
-
-def _bench_model(preset: str) -> Path:
-    import torch
-
-    from engine.bench import MEDIUM_CONFIG
-    from engine.checkpoint import make_random_checkpoint
-
-    directory = Path(".cache") / "models" / f"bench-{preset}"
-    if not (directory / "config.json").exists():
-        overrides: dict[str, Any] = MEDIUM_CONFIG if preset == "medium" else {}
-        make_random_checkpoint(directory, seed=0, dtype=torch.bfloat16, **overrides)
-    return directory
-
-
-def _now_utc() -> datetime:
-    return datetime.now(UTC)

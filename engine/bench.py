@@ -78,21 +78,26 @@ MEDIUM_CONFIG = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=8
 
 def run_system(system: str, model_dir: str | Path, workload: Workload, *, batch_size: int,
                engine_options: dict[str, Any]) -> tuple[BenchResult, dict]:
-    """One system on one workload, freshly loaded (no cache carried between runs)."""
+    """One system on one workload, freshly loaded (no cache carried between runs).
+
+    engine_options go to the engine; their `device` (default "cpu") places the transformers systems too.
+    """
+    from engine.device import resolve_device
     from engine.factory import load_backend
 
     if system == "engine":
         backend = cast("LLMEngine", load_backend("engine", model_dir, **engine_options))
         result = run_backend("engine", backend, workload)
         return result, backend.stats()
+    device = resolve_device(engine_options.get("device", "cpu"))
     if system == "reference":
-        return run_backend("reference", load_backend("transformers", model_dir), workload), {}
+        return run_backend("reference", load_backend("transformers", model_dir, device=device), workload), {}
     from engine.bench_hf import load_hf_model, run_generate, run_generate_batch
 
     if system == "hf_generate":
-        return run_generate(load_hf_model(model_dir), workload, batch_size), {}
+        return run_generate(load_hf_model(model_dir, device=device), workload, batch_size), {}
     if system == "hf_generate_batch":
-        return run_generate_batch(load_hf_model(model_dir, "paged|eager"), workload), {}
+        return run_generate_batch(load_hf_model(model_dir, "paged|eager", device=device), workload), {}
     raise ValueError(f"unknown system {system!r}; known: engine, reference, hf_generate, hf_generate_batch")
 
 

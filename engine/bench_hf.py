@@ -19,9 +19,11 @@ from engine.checkpoint import PAD_TOKEN_ID
 from engine.workloads import BenchResult, Workload, peak_rss_mb
 
 
-def load_hf_model(model_dir: str | Path, attn_implementation: str = "eager") -> GptOssForCausalLM:
-    return GptOssForCausalLM.from_pretrained(
-        model_dir, attn_implementation=attn_implementation, experts_implementation="eager").eval()
+def load_hf_model(model_dir: str | Path, attn_implementation: str = "eager", device: str = "cpu") -> GptOssForCausalLM:
+    """The checkpoint as transformers' eager gpt-oss, on `device`."""
+    model = GptOssForCausalLM.from_pretrained(
+        model_dir, attn_implementation=attn_implementation, experts_implementation="eager")
+    return model.to(device).eval()  # type: ignore[arg-type]  # transformers types `to` as unbound
 
 
 class _FirstTokenClock(BaseStreamer):
@@ -49,6 +51,7 @@ def _generate_padded(model: GptOssForCausalLM, prompts: list[list[int]],
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt):] = torch.tensor(prompt)
         mask[row, width - len(prompt):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
     clock = _FirstTokenClock()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,

@@ -101,14 +101,14 @@ def random_state_dict(config: GptOssConfig, *, seed: int, dtype: torch.dtype) ->
     """Checkpoint-named tensors for `config`, drawn from a generator seeded by `seed`."""
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, (shape, std, mean) in _parameter_specs(config).items():
+    for name, (shape, std, mean) in parameter_specs(config).items():
         # Drawn in fp32 whatever `dtype` is, so checkpoints of one seed agree across dtypes.
         tensors[name] = (torch.randn(shape, generator=gen) * std + mean).to(dtype).contiguous()
     return tensors
 
 
-def _parameter_specs(c: GptOssConfig) -> dict[str, tuple[tuple[int, ...], float, float]]:
-    """name -> (shape, std, mean), in a fixed order (the draw order)."""
+def parameter_specs(c: GptOssConfig) -> dict[str, tuple[tuple[int, ...], float, float]]:
+    """Checkpoint name -> (shape, std, mean) of each random weight, in a fixed order (the draw order)."""
     h, d, e, i = c.hidden_size, c.head_dim, c.num_local_experts, c.intermediate_size
     q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
     specs: dict[str, tuple[tuple[int, ...], float, float]] = {

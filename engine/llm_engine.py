@@ -13,11 +13,11 @@ import time
 import torch
 
 from engine.api import RequestOutput, SamplingParams
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.device import activation_reserve_bytes, kv_cache_budget
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
-from engine.model import kv_cache_bytes_per_block
+from engine.model import GptOssModel, kv_cache_bytes_per_block
 from engine.model_runner import ModelRunner
 from engine.sampler import make_generator
 from engine.scheduler import Scheduler
@@ -27,9 +27,10 @@ from engine.sequence import Sequence
 class LLMEngine:
     """Continuous-batching gpt-oss decoder with a paged, prefix-cached KV cache."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, built: tuple[GptOssModel, ModelConfig] | None = None):
+        """Load config.model_dir, or take the `built` model (the GPU benchmark makes one in memory)."""
         self.config = config
-        model, self.model_config = load_model(config)
+        model, self.model_config = built or load_model(config)
         self.dtype = next(model.parameters()).dtype
         block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
         # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.

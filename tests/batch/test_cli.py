@@ -12,6 +12,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import torch
 
 from tests.oracles import validate_event
 from click.testing import CliRunner
@@ -337,7 +338,7 @@ def test_device_and_kernels_are_recorded_in_the_runs_engine_config(tmp_path, tin
     assert (config["device"], config["kernels"], config["gpu_memory_utilization"]) == ("cpu", "torch", None)
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the error is for machines without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
 def test_device_cuda_without_a_gpu_fails_with_one_line(tmp_path, tiny_model_dir):
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
@@ -358,3 +359,64 @@ def test_gpu_options_are_on_every_command_that_loads_a_model(command):
     bad = CliRunner().invoke(main, [command, "x", "--gpu-memory-utilization", "1.5"])
     assert bad.exit_code == 2 and "--gpu-memory-utilization" in bad.output
 
+
+def test_bench_keeps_each_result_as_it_lands_when_stopped_midway(tmp_path, tiny_model_dir, monkeypatch):
+    import engine.bench
+
+    real_run_system = engine.bench.run_system
+
+    def stopped_at_the_second_system(system, *args, **kwargs):
+        if system == "reference":
+            raise KeyboardInterrupt  # as Ctrl-C midway through the benchmark
+        return real_run_system(system, *args, **kwargs)
+
+    monkeypatch.setattr(engine.bench, "run_system", stopped_at_the_second_system)
+    db = tmp_path / "bench.duckdb"
+    result = CliRunner().invoke(main, ["bench", "--model", str(tiny_model_dir), "--db", str(db),
+                                       "--workloads", "sharegpt", "--num-requests", "2",
+                                       "--systems", "engine,reference", "--kv-cache-gb", "0.05"])
+    assert result.exit_code == 1 and "Aborted" in result.output  # click's answer to Ctrl-C
+    assert rows(db, "SELECT system, workload, num_requests FROM bench") == [("engine", "sharegpt", 2)]
+    unknown = CliRunner().invoke(main, ["bench", "--db", str(db), "--systems", "engine,vllm"])
+    assert unknown.exit_code == 2 and "--systems: unknown vllm" in unknown.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_submit_on_cuda_runs_a_tool_loop_as_on_cpu(tmp_path):
+    """The shipped model calls the python tool and answers: the GPU run stores what the CPU run stores."""
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "m", "input": "Multiply 9953*424 using the code_interpreter tool.",
+                                  "tools": [{"type": "code_interpreter"}]}) + "\n")
+    outputs = {}
+    for device in ("cuda", "cpu"):
+        db = tmp_path / f"{device}.duckdb"
+        result = submit(source, "--db", db, "--device", device, "--temperature", "0")
+        assert result.exit_code == 0, result.output
+        [(config,)] = rows(db, "SELECT engine_config FROM runs")
+        assert json.loads(config)["device"] == device
+        outputs[device] = (rows(db, "SELECT name, arguments, output, status FROM tool_calls"),
+                           rows(db, "SELECT status, output_tokens FROM responses"))
+    assert outputs["cuda"] == outputs["cpu"]
+    assert outputs["cuda"][0] and outputs["cuda"][0][0][3] == "completed"
+
+
+def test_the_20b_preset_asks_for_a_gpu(tmp_path):
+    db = tmp_path / "bench.duckdb"
+    on_cpu = CliRunner().invoke(main, ["bench", "--preset", "20b", "--device", "cpu", "--db", str(db)])
+    assert on_cpu.exit_code == 1
+    assert on_cpu.output.strip() == "error: --preset 20b is built on the GPU: pass --device cuda"
+    if not torch.cuda.is_available():
+        auto = CliRunner().invoke(main, ["bench", "--preset", "20b", "--db", str(db)])
+        assert auto.exit_code == 1 and auto.output.startswith("error: --preset 20b: --device cuda:")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bench_at_the_20b_shape_on_the_gpu(tmp_path):
+    db = tmp_path / "bench.duckdb"
+    result = CliRunner().invoke(main, ["bench", "--device", "cuda", "--preset", "20b", "--db", str(db),
+                                       "--workloads", "sharegpt", "--num-requests", "8", "--systems", "engine"])
+    assert result.exit_code == 0, result.output
+    assert "batch-1 decode:" in result.output and "x the roofline" in result.output
+    assert rows(db, "SELECT system, model, num_requests FROM bench") == [("engine", "preset-20b", 8)]

@@ -1,0 +1,192 @@
+"""The GPU benchmark at gpt-oss-20b's shape: a random checkpoint built on the device, and its roofline.
+
+`batchrun bench --device cuda --preset 20b` decodes the workloads on a
+gpt-oss-20b-shaped model with random weights (MXFP4 experts, as the published
+checkpoint ships them) built directly in GPU memory: no 13 GB file is written.
+Our engine gets the packed experts (dequantised inside the Triton MoE kernel);
+transformers `generate` gets the same weights with the experts dequantised to
+bf16 (its eager path), on the same GPU, one system at a time.
+
+The engine's run also measures batch-1 decode, against the memory-bandwidth
+roofline: at batch 1 a step reads every attention weight, the router, the
+active experts' MXFP4 blocks, the lm_head and the KV cache once, and does
+little else, so bytes read per step / HBM bandwidth bounds its time from below.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GptOssConfig, GptOssForCausalLM
+
+from engine.api import SamplingParams
+from engine.checkpoint import parameter_specs, tiny_config
+from engine.config import EngineConfig, ModelConfig
+from engine.model import GptOssModel
+from engine.mxfp4 import MXFP4_BLOCK, dequantize, quantize
+from engine.workloads import BenchResult, Workload
+
+PRESET_20B = dict(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
+                  head_dim=64, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4,
+                  sliding_window=128, max_position_embeddings=131072)
+MXFP4_BITS = 4 + 8 / MXFP4_BLOCK  # a 4-bit code per weight and an 8-bit scale per 32
+# Peak HBM bandwidth by device name, for when torch does not report the memory clock and bus width.
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
+BATCH1_PROMPT, BATCH1_TOKENS = 1024, 256
+
+
+def preset_config(**overrides: Any) -> GptOssConfig:
+    """gpt-oss-20b's config (MXFP4 experts) with `overrides` applied."""
+    config = tiny_config(**{**PRESET_20B, **overrides})
+    config.quantization_config = {"quant_method": "mxfp4"}
+    return config
+
+
+def random_weights(config: GptOssConfig, device: torch.device | str, dtype: torch.dtype,
+                   seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) of a random model drawn on `device`, one tensor at a time; experts as MXFP4
+    `*_blocks`/`*_scales` pairs. The same seed on the same device gives the same weights."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, (shape, std, mean) in parameter_specs(config).items():
+        tensor = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).mul_(std).add_(mean)
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            # expert by expert: quantize's transients are ~8x the weight it is given
+            packed = [quantize(tensor[e:e + 1]) for e in range(shape[0])]
+            del tensor
+            yield name + "_blocks", torch.cat([blocks for blocks, _ in packed])
+            yield name + "_scales", torch.cat([scales for _, scales in packed])
+        else:
+            yield name, tensor.to(dtype)
+
+
+def build_engine_model(config: GptOssConfig, device: torch.device | str, dtype: torch.dtype, kernels: str,
+                       seed: int = 0) -> tuple[GptOssModel, ModelConfig]:
+    """Our model on `device` with random_weights (experts kept packed with kernels="triton")."""
+    model_config = ModelConfig.from_hf(config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = GptOssModel(model_config, kernels=kernels)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to_empty(device=device).eval().requires_grad_(False)
+    params = dict(model.named_parameters())
+    _fill(params, random_weights(config, device, dtype, seed), dtype)
+    return model, model_config
+
+
+def build_hf_model(config: GptOssConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
+                   attn_implementation: str = "eager") -> GptOssForCausalLM:
+    """transformers' gpt-oss on `device` with the same random_weights (experts dequantised to `dtype`)."""
+    config.dtype = dtype
+    with torch.device("meta"):
+        model = GptOssForCausalLM._from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                               experts_implementation="eager")
+    model = model.to_empty(device=device).eval().requires_grad_(False)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config).to(device)  # buffers, not weights: rebuilt
+    _fill(dict(model.named_parameters()), random_weights(config, device, dtype, seed), dtype)
+    return model
+
+
+def _fill(params: dict[str, torch.nn.Parameter], weights: Iterator[tuple[str, torch.Tensor]],
+          dtype: torch.dtype) -> None:
+    """Copy each weight into the parameter of its name; MXFP4 pairs are dequantised for a dense parameter."""
+    pending: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        if name in params:
+            params[name].copy_(tensor)
+        elif name.endswith("_blocks"):
+            pending[name.removesuffix("_blocks")] = tensor
+        elif name.endswith("_scales"):
+            base = name.removesuffix("_scales")
+            params[base].copy_(dequantize(pending.pop(base), tensor, dtype))
+        else:
+            raise KeyError(f"no parameter for {name}")
+
+
+def decode_bytes_per_step(config: ModelConfig, context_len: int, dtype_bytes: int = 2) -> int:
+    """Bytes a batch-1 decode step reads from memory at `context_len` tokens of context (see the module doc)."""
+    h, i, e, k = config.hidden_size, config.intermediate_size, config.num_local_experts, config.num_experts_per_tok
+    expert_weights = h * 2 * i + i * h
+    expert_biases = 2 * i + h
+    dense = config.num_params - config.num_hidden_layers * e * (expert_weights + expert_biases) \
+        - config.vocab_size * h  # every non-expert parameter but the embedding table (one row is read)
+    experts = config.num_hidden_layers * k * (expert_weights * MXFP4_BITS / 8 + expert_biases * dtype_bytes)
+    kv_per_token = 2 * config.num_key_value_heads * config.head_dim * dtype_bytes
+    kv = sum(min(context_len, config.window(layer) or context_len) for layer in range(config.num_hidden_layers))
+    return int((dense + h) * dtype_bytes + experts + kv * kv_per_token)
+
+
+def hbm_bytes_per_s(device: torch.device | str) -> float | None:
+    """Peak memory bandwidth of a CUDA device: from its memory clock and bus width, else by name, else None."""
+    props = torch.cuda.get_device_properties(device)
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    if clock_khz and bus_bits:
+        return 2 * clock_khz * 1e3 * bus_bits / 8  # double data rate
+    return next((rate for name, rate in HBM_BYTES_PER_S.items() if name in props.name), None)
+
+
+def run_preset_system(system: str, workload: Workload, *, batch_size: int,
+                      engine_options: dict[str, Any]) -> tuple[BenchResult, dict]:
+    """One system on one workload at the 20b shape, its model built fresh on the GPU and freed after."""
+    from engine.bench import run_backend
+    from engine.bench_hf import run_generate, run_generate_batch
+    from engine.llm_engine import LLMEngine
+
+    config, dtype = preset_config(), torch.bfloat16
+    engine_config = EngineConfig(Path("preset-20b"), dtype=dtype, **engine_options)
+    device = engine_config.device
+    try:
+        if system == "engine":
+            engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels))
+            result = run_backend("engine", engine, workload)
+            return result, {**engine.stats(), **batch1_decode(engine, hbm_bytes_per_s(device))}
+        if system in ("hf_generate", "hf_generate_batch"):
+            if system == "hf_generate":
+                return run_generate(build_hf_model(config, device, dtype), workload, batch_size), {}
+            model = build_hf_model(config, device, dtype, attn_implementation="paged|eager")
+            return run_generate_batch(model, workload, kv_cache_gb=8.0), {}
+        raise ValueError(f"--preset 20b runs engine, hf_generate and hf_generate_batch, not {system!r}")
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def batch1_decode(engine: Any, bandwidth: float | None, prompt_len: int = BATCH1_PROMPT,
+                  num_tokens: int = BATCH1_TOKENS) -> dict:
+    """Seconds per decoded token of one request alone (prefill excluded), and with the device's `bandwidth`
+    (bytes/s) the roofline's for its context."""
+    prompt = [1000 + t % 50000 for t in range(prompt_len)]
+    engine.add_request("batch1", prompt, SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True))
+    engine.step()  # the prefill, and the first token
+    start = time.perf_counter()
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    per_token = (time.perf_counter() - start) / max(steps, 1)
+    context = prompt_len + num_tokens // 2
+    stats: dict[str, Any] = {"batch1_s_per_token": per_token, "batch1_context": context}
+    if bandwidth:
+        step_bytes = decode_bytes_per_step(engine.model_config, context)
+        stats.update(roofline_bytes_per_step=step_bytes, hbm_bytes_per_s=bandwidth,
+                     roofline_s_per_token=step_bytes / bandwidth)
+    return stats
+
+
+def batch1_report(stats: dict) -> str:
+    """One line: batch-1 decode speed and how far it is from the roofline."""
+    line = (f"batch-1 decode: {stats['batch1_s_per_token'] * 1e3:.2f} ms/token "
+            f"({1 / stats['batch1_s_per_token']:.0f} tok/s) at ~{stats['batch1_context']} tokens of context")
+    if "roofline_s_per_token" in stats:
+        ratio = stats["batch1_s_per_token"] / stats["roofline_s_per_token"]
+        line += (f"; roofline {stats['roofline_s_per_token'] * 1e3:.2f} ms/token "
+                 f"({stats['roofline_bytes_per_step'] / 1e9:.2f} GB read per step at "
+                 f"{stats['hbm_bytes_per_s'] / 1e12:.2f} TB/s): {ratio:.2f}x the roofline")
+    return line

@@ -1,0 +1,84 @@
+"""The 20b GPU benchmark's parts, on CPU at a tiny shape: the in-memory random model, the roofline, bandwidth."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine import bench_gpu
+from engine.api import SamplingParams
+from engine.bench_gpu import (PRESET_20B, batch1_report, build_engine_model, build_hf_model, decode_bytes_per_step,
+                              hbm_bytes_per_s, preset_config)
+from engine.config import EngineConfig, ModelConfig
+from engine.llm_engine import LLMEngine
+from engine.model import GptOssModel
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=4096)
+PROMPT = [1000 + 37 * t % 3000 for t in range(20)]
+
+
+def engine_tokens(kernels: str) -> list[int]:
+    built = build_engine_model(preset_config(**TINY), "cpu", torch.float32, kernels, seed=3)
+    engine = LLMEngine(EngineConfig(Path("preset-tiny"), kernels=kernels, kv_cache_gb=0.01), built)
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens += out.new_token_ids
+    return tokens
+
+
+def test_the_in_memory_model_decodes_as_transformers_does_with_the_same_weights():
+    hf = build_hf_model(preset_config(**TINY), "cpu", torch.float32, seed=3)
+    with torch.inference_mode():
+        expected = hf.generate(torch.tensor([PROMPT]), max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert engine_tokens("torch") == expected
+    assert engine_tokens("triton") == expected  # MXFP4 experts kept packed, dequantised in the (interpreted) kernel
+
+
+def test_the_roofline_counts_the_bytes_the_20b_models_tensors_hold():
+    config = ModelConfig.from_hf(preset_config())
+    assert (config.hidden_size, config.num_local_experts, config.quant_method) == (2880, 32, "mxfp4")
+    with torch.device("meta"):
+        model = GptOssModel(config, kernels="triton")  # packed MXFP4 experts, as the engine holds them
+    expert_bytes = dense_bytes = 0
+    for name, param in model.named_parameters():
+        size = param.numel() * (1 if param.dtype == torch.uint8 else 2)  # bf16 on the GPU
+        if "experts." in name:
+            expert_bytes += size
+        elif name != "model.embed_tokens.weight":
+            dense_bytes += size
+    dense_bytes += config.hidden_size * 2  # one embedding row
+    active = expert_bytes * config.num_experts_per_tok / config.num_local_experts
+    kv = sum(min(4096, config.window(n) or 4096) for n in range(config.num_hidden_layers)) * 2 * 8 * 64 * 2
+    assert decode_bytes_per_step(config, 4096) == pytest.approx(dense_bytes + active + kv, rel=1e-3)
+    assert 3e9 < decode_bytes_per_step(config, 4096) < 5e9
+
+
+def test_bandwidth_comes_from_the_memory_clock_else_the_name(monkeypatch):
+    h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", memory_clock_rate=2_619_000, memory_bus_width=5120)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: h100)
+    assert hbm_bytes_per_s("cuda") == pytest.approx(3.35e12, rel=0.01)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(name="NVIDIA H200"))
+    assert hbm_bytes_per_s("cuda") == 4.8e12
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(name="Some GPU"))
+    assert hbm_bytes_per_s("cuda") is None
+
+
+def test_batch1_decode_reports_its_speed_against_the_roofline():
+    built = build_engine_model(preset_config(**TINY), "cpu", torch.float32, "torch")
+    engine = LLMEngine(EngineConfig(Path("preset-tiny"), kv_cache_gb=0.01), built)
+    stats = bench_gpu.batch1_decode(engine, 1e9, prompt_len=16, num_tokens=4)  # as if memory read 1 GB/s
+    assert stats["batch1_context"] == 18 and stats["batch1_s_per_token"] > 0
+    assert stats["roofline_s_per_token"] == stats["roofline_bytes_per_step"] / 1e9
+    line = batch1_report(stats)
+    ratio = stats["batch1_s_per_token"] / stats["roofline_s_per_token"]
+    assert line.startswith("batch-1 decode: ") and f"{ratio:.2f}x the roofline" in line
+
+
+def test_the_preset_is_gpt_oss_20b():
+    assert ModelConfig.from_hf(preset_config()).num_params == pytest.approx(20.9e9, rel=0.01)
+    assert PRESET_20B["num_hidden_layers"] == 24
