@@ -1,7 +1,7 @@
-"""Beyond one process: `submit --shard K/N` and `batchrun merge`.
+"""Beyond one process: `submit --shard K/N`, `submit --ray`, and `batchrun merge`.
 
 `distribution_options` adds the options to `batchrun submit`; `submit_distributed`
-runs what they ask for (a shard or a plain run); `merge` joins shard
+runs what they ask for (a shard, a Ray run, or a plain run); `merge` joins shard
 databases into one run.
 """
 
@@ -25,6 +25,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 DISTRIBUTION_OPTIONS = [
     click.option("--shard", metavar="K/N", help="Decode only shard K of N: lines L with (L-1) % N == K "
                                                 "(join the parts with `batchrun merge`)."),
+    click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+                 help="Decode on Ray workers: `--ray` starts a local cluster, `--ray auto` joins a running one, "
+                      "`--ray HOST:PORT` that one. Needs `pip install batchrun[ray]`."),
+    click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="With --ray: worker actors, each loading the model once."),
+    click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                 help="With --ray: GPUs each worker reserves."),
+    click.option("--cpus-per-worker", type=click.FloatRange(min=0), default=1.0, show_default=True,
+                 help="With --ray: CPUs each worker reserves."),
 ]
 
 
@@ -40,11 +49,21 @@ def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, value
     from batch.shards import Shard, ShardSpecError
 
     if values["shard"] is not None:
+        if values["ray_address"] is not None:
+            raise click.UsageError("--shard and --ray are exclusive: a Ray run already spreads the input")
         try:
             shard = Shard.parse(values["shard"])
         except ShardSpecError as exc:
             raise click.UsageError(str(exc)) from None
         options = dataclasses.replace(options, shard=shard, worker=shard.worker)
+    if values["ray_address"] is not None:
+        from batch.ray_runner import RayOptions, run_ray_submit
+
+        ray = RayOptions(address=None if values["ray_address"] == "local" else values["ray_address"],
+                         num_workers=values["workers"], gpus_per_worker=values["gpus_per_worker"],
+                         cpus_per_worker=values["cpus_per_worker"])
+        run_ray_submit(options, backend, ray, db=db, quiet=values["quiet"])
+        return
     run_submit(options, backend, db=db, quiet=values["quiet"])
 
 

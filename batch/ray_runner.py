@@ -1,0 +1,321 @@
+"""`batchrun submit --ray`: data-parallel decoding on Ray actors, one DuckDB writer.
+
+The driver does what a one-machine run does but decode: it scans the input, opens
+or resumes the run, reads and checks the lines (invalid ones are written at once),
+and writes every result. Valid lines go out in chunks of `--max-inflight` to worker
+actors (batch/ray_worker.py), at most two chunks per worker at a time, so the
+driver holds a bounded number of lines for any input size. Resume is by line, as
+on one machine: a rerun of the same command skips every line that has a row.
+
+Faults: a chunk whose worker died (killed, its node lost, out of memory) goes back
+to the front of the queue, split in halves, so a request that kills its worker
+ends up alone; alone, it is tried `MAX_ATTEMPTS` times and then fails with an
+error that says so. Results a worker returned are written and never redone. A dead
+worker gets no work until it answers again (Ray restarts it, reloading the model);
+one that cannot be restarted is dropped, and the run fails only when none is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from batch import display
+from batch.admission import Prepared, prepare
+from batch.cliutil import fail
+from batch.reader import InputLine, scan_input
+from batch.results import line_result
+from batch.rows import RequestResult
+from batch.runner import RunError, RunOptions, RunSummary, Runner, _internal, _reraise_interrupts
+from batch.status import RequestStatus, RunStatus
+from batch.store import Store
+from engine.api import Backend
+
+MAX_ATTEMPTS = 3  # a request alone in a chunk whose worker died this often fails
+CHUNKS_PER_WORKER = 2  # one decoding, one waiting in the actor's queue
+WAIT_S = 0.2
+# Ray keeps every node on 127.0.0.1 with these (it picks an external interface otherwise).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install 'ray>=2.40')"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide a Ray run is."""
+
+    address: str | None = None  # None: start a local cluster; "auto": join the running one
+    num_workers: int = 1
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: float = 1.0
+
+
+@dataclass
+class WorkerSlot:
+    """One worker actor and the chunks it holds."""
+
+    index: int
+    handle: Any
+    chunks: dict[Any, list[Prepared]] = field(default_factory=dict)  # ObjectRef -> chunk
+    probe: Any = None  # an ObjectRef of ping() while the worker is coming back
+    is_dead: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"ray-w{self.index}"
+
+    @property
+    def has_room(self) -> bool:
+        return not self.is_dead and self.probe is None and len(self.chunks) < CHUNKS_PER_WORKER
+
+
+def import_ray() -> Any:
+    """The ray module, or a one-line error saying how to install it."""
+    for name, value in LOOPBACK_ENV.items():  # read when ray is imported
+        os.environ.setdefault(name, value)
+    try:
+        import ray
+    except ImportError:
+        fail(INSTALL_HINT)
+    return ray
+
+
+def start_ray(ray: Any, options: RayOptions) -> bool:
+    """Join or start the cluster; True when this process started it (and shuts it down)."""
+    if ray.is_initialized():
+        return False
+    if options.address is not None:
+        ray.init(address=options.address, logging_level="WARNING", log_to_driver=True)
+        return False
+    num_cpus = max(os.cpu_count() or 1, math.ceil(options.num_workers * options.cpus_per_worker))
+    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
+             _node_ip_address="127.0.0.1")
+    return True
+
+
+class RayRunner(Runner):
+    """The driver of a Ray run: reads, checks, hands out and writes; workers decode."""
+
+    def __init__(self, store: Store, options: RunOptions, ray_options: RayOptions, backend: object,
+                 progress: display.Progress | None = None):
+        # The driver never decodes: the engine lives in the workers.
+        super().__init__(store, cast(Backend, None), options, progress=progress)
+        self.ray = import_ray()
+        self.ray_options, self.backend_spec = ray_options, backend
+        self.slots: list[WorkerSlot] = []
+        self.queue: deque[list[Prepared]] = deque()  # chunks waiting for a worker, retries first
+        self.filling: list[Prepared] = []
+        self.attempts: dict[int, int] = {}  # line_no -> times it was alone in a chunk whose worker died
+
+    @property
+    def chunk_size(self) -> int:
+        """--max-inflight lines, or fewer when the input would not give every worker two chunks."""
+        lines = self.num_input_requests or self.options.max_inflight
+        per_chunk = math.ceil(lines / (CHUNKS_PER_WORKER * max(1, len(self.slots))))
+        return max(1, min(self.options.max_inflight, per_chunk))
+
+    def start_workers(self) -> dict:
+        """Create the actors (each loads the model); returns the first one's engine config."""
+        opts = self.ray_options
+        actor = self.ray.remote(num_cpus=opts.cpus_per_worker, num_gpus=opts.gpus_per_worker,
+                                max_restarts=-1, max_task_retries=0)(_worker_class())
+        self.slots = [WorkerSlot(index, None) for index in range(opts.num_workers)]
+        for slot in self.slots:
+            slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
+        return cast(dict, self.ray.get(self.slots[0].handle.describe.remote()))
+
+    # -- the loop ---------------------------------------------------------
+    def run(self) -> RunSummary:
+        """Decode every line not yet finished in this run on the workers; returns the summary."""
+        start = time.monotonic()
+        scan = scan_input(self.options.input_path)
+        self.num_input_requests = scan.num_requests
+        self.run_id, resumed, done = self._open_run(scan.sha256)
+        lines = self._lines(done)
+        self.skipped = len(done)
+        status = RunStatus.FAILED
+        self.writer = self.store.background_writer(max_unwritten=self.options.max_inflight)
+        try:
+            exhausted = False
+            while not exhausted or self.queue or self.filling or self._num_out():
+                while not exhausted and self._num_held() < self._max_held():
+                    line = next(lines, None)
+                    if line is None:
+                        exhausted = True
+                    else:
+                        self._check(line)
+                if self.filling and exhausted:
+                    self.queue.append(self.filling)
+                    self.filling = []
+                self._dispatch()
+                self._collect()
+                self._flush(force=not self._num_out())
+            status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
+        except KeyboardInterrupt:
+            status = RunStatus.INTERRUPTED
+            raise
+        finally:
+            status = self._close(status)
+        return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
+                          self.tokens["output"], time.monotonic() - start, self.ignored, self._worker_rows())
+
+    def _max_held(self) -> int:
+        return CHUNKS_PER_WORKER * self.chunk_size * max(1, len(self.slots))
+
+    def _num_out(self) -> int:
+        return sum(len(chunk) for slot in self.slots for chunk in slot.chunks.values())
+
+    def _num_held(self) -> int:
+        return (len(self.filling) + sum(len(chunk) for chunk in self.queue) + self._num_out()
+                + len(self.pending))
+
+    def _check(self, line: InputLine) -> None:
+        """Check a line on the driver: invalid ones are finished here, the rest wait for a chunk."""
+        try:
+            prepared = prepare(line, self.store, self.run_id, self.catalog)
+        except BaseException as exc:
+            _reraise_interrupts(exc)
+            self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
+            return
+        if isinstance(prepared, RequestResult):
+            self._finished(prepared)
+        else:
+            self.filling.append(prepared)
+            if len(self.filling) >= self.chunk_size:
+                self.queue.append(self.filling)
+                self.filling = []
+
+    def _dispatch(self) -> None:
+        for slot in self.slots:
+            while self.queue and slot.has_room:
+                chunk = self.queue.popleft()
+                slot.chunks[slot.handle.decode.remote(chunk, self.run_id)] = chunk
+        if not any(not slot.is_dead for slot in self.slots):
+            raise RunError("every Ray worker died and none could be restarted; finished requests are "
+                           "saved: run the same command again to resume")
+
+    def _collect(self) -> None:
+        refs = [ref for slot in self.slots for ref in slot.chunks]
+        probes = [slot.probe for slot in self.slots if slot.probe is not None]
+        if not refs and not probes:
+            return
+        ready, _ = self.ray.wait(refs + probes, num_returns=1, timeout=WAIT_S)
+        if ready:  # and whatever else is done by now
+            ready, _ = self.ray.wait(refs + probes, num_returns=len(refs) + len(probes), timeout=0)
+        for ref in ready:
+            slot = next(s for s in self.slots if ref in s.chunks or ref == s.probe)
+            if ref == slot.probe:
+                self._probed(slot, ref)
+            else:
+                self._returned(slot, ref)
+
+    def _returned(self, slot: WorkerSlot, ref: Any) -> None:
+        chunk = slot.chunks.pop(ref)
+        try:
+            results = self.ray.get(ref)
+        except self.ray.exceptions.RayError:  # the worker died (or the task raised: a bug)
+            self._retry(chunk)
+            if slot.probe is None and not slot.is_dead:
+                slot.probe = slot.handle.ping.remote()
+            return
+        for result in results:
+            if result.response is not None:
+                self.tokens["input"] += result.response.input_tokens
+                self.tokens["output"] += result.response.output_tokens
+            self._finished(result)
+
+    def _probed(self, slot: WorkerSlot, ref: Any) -> None:
+        slot.probe = None
+        try:
+            self.ray.get(ref)
+        except self.ray.exceptions.ActorUnavailableError:  # restarting: ask again
+            slot.probe = slot.handle.ping.remote()
+        except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
+            slot.is_dead = True
+            for chunk in slot.chunks.values():  # calls made before it was known dead
+                self._retry(chunk)
+            slot.chunks.clear()
+
+    def _retry(self, chunk: list[Prepared]) -> None:
+        """A chunk its worker did not return: halves go first in the queue; a line alone counts a try."""
+        if len(chunk) > 1:
+            middle = len(chunk) // 2
+            self.queue.extendleft([chunk[middle:], chunk[:middle]])
+            return
+        line = chunk[0].line
+        self.attempts[line.line_no] = self.attempts.get(line.line_no, 0) + 1
+        if self.attempts[line.line_no] < MAX_ATTEMPTS:
+            self.queue.appendleft(chunk)
+            return
+        self._finished(line_result(self.run_id, line, RequestStatus.FAILED,
+                                   f"line {line.line_no}: a Ray worker died each of the {MAX_ATTEMPTS} times "
+                                   "it decoded this request alone; it is failed so the run can go on"))
+
+    def _close(self, status: RunStatus) -> RunStatus:
+        try:
+            return super()._close(status)
+        finally:
+            for slot in self.slots:
+                self.ray.kill(slot.handle)
+
+
+def _worker_class() -> type:
+    from batch.ray_worker import DecodeWorker
+
+    return DecodeWorker
+
+
+def run_ray_submit(options: RunOptions, backend: object, ray_options: RayOptions, *, db: str,
+                   quiet: bool) -> RunSummary:
+    """`submit --ray`: exits and prints as `run_submit` does (130/143 on Ctrl-C/SIGTERM, the summary)."""
+    import click
+
+    from batch.submit import EXIT_SIGINT, EXIT_SIGTERM, Terminated, _sigterm_as_interrupt
+
+    with _sigterm_as_interrupt():
+        try:
+            summary = _run(options, backend, ray_options, db=db, quiet=quiet)
+        except KeyboardInterrupt as exc:
+            stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            click.echo(f"\n{stopped}: finished requests are saved; run the same command again to resume",
+                       err=True)
+            sys.exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
+    click.echo(display.summary_text(summary, db))
+    return summary
+
+
+def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: str, quiet: bool) -> RunSummary:
+    import duckdb
+
+    from batch.cliutil import open_store
+    from batch.reader import InputFormatError
+
+    ray = import_ray()
+    store = open_store(db)  # before any worker loads a model: a database that cannot be used fails at once
+    started = start_ray(ray, ray_options)
+    try:
+        runner = RayRunner(store, options, ray_options, backend)
+        runner.options = _with_engine(options, runner.start_workers(), ray_options)
+        with display.progress_bar(quiet=quiet) as progress:
+            runner.progress = progress
+            return runner.run()
+    except (RunError, InputFormatError) as exc:
+        fail(str(exc))
+    except duckdb.Error as exc:
+        fail(f"{db}: the database failed during the run ({str(exc).strip().splitlines()[0]}); what was "
+             "written is kept: run the same command again to resume")
+    finally:
+        store.close()
+        if started:
+            ray.shutdown()
+
+
+def _with_engine(options: RunOptions, engine_config: dict, ray_options: RayOptions) -> RunOptions:
+    ray = {"workers": ray_options.num_workers, "gpus_per_worker": ray_options.gpus_per_worker,
+           "cpus_per_worker": ray_options.cpus_per_worker}
+    return dataclasses.replace(options, engine_config={**engine_config, "ray": ray})

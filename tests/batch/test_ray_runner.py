@@ -1,0 +1,186 @@
+"""`batchrun submit --ray` end to end on a simulated two-node Ray cluster (head + one node,
+one CPU each, all on 127.0.0.1): real actors, the real engine on the random tiny model
+(or the scripted backend, for tool loops and a request that kills its worker), a real
+DuckDB file written by the driver alone."""
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from batch.cli import main
+from batch.ray_runner import LOOPBACK_ENV
+
+# Ray reads these when it is imported: every node then listens on 127.0.0.1 only.
+os.environ.update(LOOPBACK_ENV)
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batchrun[ray]')")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from batch.ray_runner import RayOptions, RayRunner  # noqa: E402
+from batch.runner import RunOptions  # noqa: E402
+from batch.session import SessionOptions  # noqa: E402
+from batch.harmony import PromptOptions  # noqa: E402
+from batch.store import Store  # noqa: E402
+from tests.fakes import ScriptedBackend  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "data" / "examples"
+GREEDY = ["--temperature", "0", "--max-output-tokens", "8", "--conversation-date", "2026-01-01", "--quiet"]
+KILLER = "kill your worker"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head and one more node, one CPU each, every address on loopback."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    # The workers import this module (the scripted backend) like the driver does.
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+             logging_level="WARNING")
+    try:
+        assert cluster.address.startswith("127.0.0.1:")
+        assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+        assert len(ray.nodes()) == 2
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def rows(db, query):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.sql(query).fetchall()
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes((EXAMPLES / "quickstart.jsonl").read_bytes() + (EXAMPLES / "malformed.jsonl").read_bytes())
+    return path
+
+
+@pytest.mark.slow  # ~45 s on two busy cores: a single-process run, then the Ray run
+def test_two_workers_on_two_nodes_write_every_line_once_with_single_process_traces(
+        tmp_path, tiny_model_dir, mixed, cluster):
+    single = tmp_path / "single.duckdb"
+    assert cli("submit", mixed, "--db", single, "--run-id", "single", "--model", tiny_model_dir,
+               *GREEDY).exit_code == 0
+    db = tmp_path / "ray.duckdb"
+    result = cli("submit", mixed, "--db", db, "--run-id", "ray", "--model", tiny_model_dir, *GREEDY,
+                 "--ray", cluster.address, "--workers", "2", "--max-inflight", "2")
+    assert result.exit_code == 0, result.output
+    assert "ray-w0:" in result.output and "ray-w1:" in result.output, result.output
+    query = "SELECT line_no, custom_id, status FROM requests ORDER BY line_no"
+    assert rows(db, query) == rows(single, query)
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no) FROM requests") == [(18, 18)]
+    # Both workers decoded; invalid lines were written by the driver (no worker).
+    workers = dict(rows(db, "SELECT coalesce(worker, 'driver'), count(*) FROM requests GROUP BY ALL"))
+    assert set(workers) == {"driver", "ray-w0", "ray-w1"} and workers["driver"] == 9
+    golden = tmp_path / "golden.jsonl"
+    assert cli("snapshot", "single", "--db", single, "-o", golden, "--level", "items").exit_code == 0
+    check = cli("check", "ray", "--db", db, "--golden", golden)
+    assert check.exit_code == 0 and "18 equal" in check.output, check.output
+    assert rows(db, "SELECT engine_config->>'$.ray.workers' FROM runs") == [("2",)]
+    # A rerun of the same command finds nothing left to do.
+    again = cli("submit", mixed, "--db", db, "--model", tiny_model_dir, *GREEDY, "--ray", cluster.address,
+                "--workers", "2", "--resume", "ray")
+    assert again.exit_code == 0 and "0 requests this time" in again.output and "18 already done" in again.output
+
+
+# -- faults, with the scripted backend (tool loops; a request that kills its worker) -----
+
+def script(prompt_text: str, turn: int) -> str:
+    user = prompt_text.rsplit("<|start|>user<|message|>", 1)[1].split("<|end|>", 1)[0]
+    if KILLER in user:
+        os._exit(1)  # as an out-of-memory kill would
+    if "python" in user and turn == 0:
+        return ("<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant"
+                "<|channel|>analysis to=python code<|message|>print(6 * 7)<|call|>")
+    return f"<|channel|>final<|message|>Done {user[:12]}.<|return|>"
+
+
+@dataclass(frozen=True)
+class ScriptedSpec:
+    """Stands in for BackendSpec: each worker loads the scripted backend."""
+
+    def load(self) -> ScriptedBackend:
+        return ScriptedBackend(script)
+
+
+def requests_file(tmp_path, users):
+    path = tmp_path / "in.jsonl"
+    with path.open("w") as handle:
+        for index, user in enumerate(users):
+            tools = [{"type": "mcp", "server_label": "code_interpreter", "server_url": "IGNORED"}]
+            line = {"custom_id": f"r{index}", "input": user, **({"tools": tools} if "python" in user else {})}
+            handle.write(json.dumps(line) + "\n")
+    return path
+
+
+def run_options(path):
+    return RunOptions(input_path=path, max_inflight=2, prompt=PromptOptions(conversation_date="2026-01-01"),
+                      session=SessionOptions(model="scripted", temperature=0.0, max_output_tokens=64))
+
+
+class KillingRunner(RayRunner):
+    """Kills the other worker (ray.kill: no restart) when the first chunk comes back."""
+
+    killed: str | None = None
+
+    def _returned(self, slot, ref):
+        super()._returned(slot, ref)
+        if self.killed is None:
+            victim = next(s for s in self.slots if s is not slot)
+            ray.kill(victim.handle)
+            self.killed = victim.label
+
+
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
+    users = [f"python question {i}" if i % 3 == 0 else f"question {i}" for i in range(24)]
+    path = requests_file(tmp_path, users)
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = KillingRunner(store, run_options(path), RayOptions(num_workers=2), ScriptedSpec())
+        runner.start_workers()
+        summary = runner.run()
+        assert runner.killed is not None
+        assert [slot.is_dead for slot in runner.slots].count(True) == 1
+    assert summary.statuses == {"completed": 24}
+    db = tmp_path / "ray.duckdb"
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no), count(DISTINCT response_id) FROM requests") == \
+           [(24, 24, 24)]
+    # Every tool loop ran to its end: one python call and two turns per python line.
+    assert rows(db, "SELECT count(*) FROM tool_calls") == [(8,)]
+    assert rows(db, "SELECT count(*) FROM responses WHERE num_turns = 2") == [(8,)]
+    assert rows(db, "SELECT status FROM runs") == [("completed",)]
+
+
+def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
+    users = [f"question {i}" for i in range(6)]
+    users[3] = KILLER
+    path = requests_file(tmp_path, users)
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, run_options(path), RayOptions(num_workers=2), ScriptedSpec())
+        runner.start_workers()
+        summary = runner.run()
+    assert summary.statuses == {"completed": 5, "failed": 1}
+    db = tmp_path / "ray.duckdb"
+    failed = rows(db, "SELECT line_no, error FROM requests WHERE status = 'failed'")
+    assert len(failed) == 1 and failed[0][0] == 4
+    assert "a Ray worker died each of the 3 times" in failed[0][1]
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no) FROM requests") == [(6, 6)]
+
+
+def test_without_ray_the_option_says_how_to_install_it(tmp_path, monkeypatch, mixed):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", "--quiet")
+    assert result.exit_code == 1
+    assert "pip install 'batchrun[ray]'" in result.output
