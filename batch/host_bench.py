@@ -172,8 +172,11 @@ class HostBenchResult:
 
 
 def run_host_bench(workload: HostWorkload, *, max_inflight: int = 64,
-                   db_path: Path | None = None) -> HostBenchResult:
-    """Submit the workload through `Runner` into a fresh DuckDB file; time the whole run."""
+                   db_path: Path | None = None, live: bool = True) -> HostBenchResult:
+    """Submit the workload through `Runner` into a fresh DuckDB file; time the whole run.
+
+    ``live`` publishes live snapshots for readers as `submit` does (False: to measure their cost).
+    """
     with tempfile.TemporaryDirectory(prefix="batchrun-host-") as tmp:
         input_path = Path(tmp) / "host.jsonl"
         input_path.write_text("".join(json.dumps(line) + "\n" for line in workload.lines))
@@ -181,6 +184,8 @@ def run_host_bench(workload: HostWorkload, *, max_inflight: int = 64,
                              session=SessionOptions(model="instant", max_output_tokens=1 << 16),
                              prompt=PromptOptions(conversation_date="2026-01-01"))
         with Store(db_path or Path(tmp) / "host.duckdb") as store:
+            if live:
+                store.publish_live()
             backend = InstantBackend(workload.completions)
             started = time.perf_counter()
             summary = Runner(store, backend, options).run()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from batch.live import LivePublisher, snapshot_writer
 from batch.migrations import migrate
 from batch.rows import (SCHEMAS, BenchRow, GradeRow, RequestResult, RunRow, dumps, json_columns, to_arrow)
 from batch.status import RequestStatus
@@ -49,6 +51,10 @@ class StoreOpenError(RuntimeError):
 class StoreLockedError(StoreOpenError):
     """Another process holds DuckDB's lock on the file (DuckDB allows one writer)."""
 
+    def __init__(self, message: str, holder_pid: int | None = None):
+        super().__init__(message)
+        self.holder_pid = holder_pid  # as DuckDB names it
+
 
 def _loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
@@ -74,7 +80,8 @@ def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
             pid = re.search(r"\(PID (\d+)\)", message)
             holder = f"another process (PID {pid.group(1)})" if pid else "another process"
             raise StoreLockedError(f"{path}: {holder} holds DuckDB's lock on this file (one writer at a "
-                                   f"time); wait for it to finish {_ELSEWHERE}") from error
+                                   f"time); wait for it to finish {_ELSEWHERE}",
+                                   int(pid.group(1)) if pid else None) from error
         if "not a valid DuckDB database file" in message:
             raise StoreOpenError(f"{path}: not a DuckDB database file; check the path, {_ELSEWHERE}") from error
         if "Could not read enough bytes" in message:
@@ -129,6 +136,9 @@ class Store(ReportQueries):
         the file, FileNotFoundError for a read-only open of a missing file.
         """
         self.path = Path(path)
+        # Taken by every commit of this process: a live snapshot copies the file between commits.
+        self.write_lock = threading.Lock()
+        self._publisher: LivePublisher | None = None
         if read_only and not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no batchrun database there")
         self.con = _connect(self.path, read_only)
@@ -160,9 +170,27 @@ class Store(ReportQueries):
         # leave a file ~1.8x larger. Uncheckpointed data is held in memory until then.
         self.con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
 
+    def publish_live(self) -> LivePublisher:
+        """Publish live snapshots of this (writable) database for other processes' readers
+        until `close` (batch/live.py); returns the publisher."""
+        if self._publisher is None:
+            self._publisher = LivePublisher(self.path, self.write_lock)
+        return self._publisher
+
+    def live_snapshot_writer(self) -> tuple[int, datetime] | None:
+        """When this database is a live snapshot: (the pid that published it, when it was taken)."""
+        return snapshot_writer(self.con)
+
     def close(self) -> None:
-        """Close the connection (committed data is already durable)."""
-        self.con.close()
+        """Close the connection (committed data is already durable); a live snapshot goes with it."""
+        publisher, self._publisher = self._publisher, None
+        try:
+            if publisher is not None:
+                publisher.stop()
+        finally:
+            self.con.close()
+        if publisher is not None:  # after the file is free: a reader finding no snapshot finds the file
+            publisher.close()
 
     def __enter__(self) -> Store:
         return self
@@ -185,7 +213,8 @@ class Store(ReportQueries):
     def _insert(self, table: str, data: pa.Table) -> None:
         name = self._register(data)
         try:
-            self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
+            with self.write_lock:
+                self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
         finally:
             self.con.unregister(name)
 
@@ -216,8 +245,9 @@ class Store(ReportQueries):
             return
         values = [dumps(v) if k in json_columns("runs") else v for k, v in fields.items()]
         assignments = ", ".join(f"{key} = ?" for key in fields)
-        updated = self.con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?",
-                                   [*values, run_id]).fetchall()
+        with self.write_lock:
+            updated = self.con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?",
+                                       [*values, run_id]).fetchall()
         if updated[0][0] == 0:
             raise KeyError(f"no run {run_id!r} in {self.path}")
 
@@ -268,11 +298,12 @@ class Store(ReportQueries):
         lines known to be new (a duplicate then fails the batch on the primary key).
         If anything fails, nothing of the batch is written.
         """
-        write_results(self.con, results, replace_lines)
+        with self.write_lock:
+            write_results(self.con, results, replace_lines)
 
     def background_writer(self, max_unwritten: int = 256) -> ResultWriter:
         """A `ResultWriter` on its own cursor: results are written while the caller goes on."""
-        return ResultWriter(self.con.cursor(), max_unwritten)
+        return ResultWriter(self.con.cursor(), max_unwritten, self.write_lock)
 
     # -- lookups -----------------------------------------------------------
 
@@ -395,7 +426,7 @@ class Store(ReportQueries):
         data = to_arrow("grades", [GradeRow(**{"graded_at": now, **row, "run_id": run_id}) for row in rows])
         name = self._register(data)
         try:
-            with transaction(self.con):
+            with self.write_lock, transaction(self.con):
                 self.con.execute("DELETE FROM grades WHERE run_id = ?", [run_id])
                 self.con.execute(f"INSERT INTO grades BY NAME SELECT * FROM {name}")
         finally:

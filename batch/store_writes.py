@@ -117,8 +117,10 @@ class ResultWriter:
     raised again by the next `submit` or by `close`, and nothing after it is written.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, max_unwritten: int):
+    def __init__(self, con: duckdb.DuckDBPyConnection, max_unwritten: int,
+                 write_lock: threading.Lock | None = None):
         self._con = con
+        self._write_lock = write_lock or threading.Lock()  # the store's: live snapshots copy between commits
         self.max_unwritten = max_unwritten
         self._queue: queue.Queue = queue.Queue()
         self._space = threading.Condition()
@@ -161,7 +163,8 @@ class ResultWriter:
             results, replace_lines, taken, stop = self._take()
             try:
                 if self.error is None and results:
-                    write_results(self._con, results, replace_lines)
+                    with self._write_lock:
+                        write_results(self._con, results, replace_lines)
                     self.num_written += len(results)
             except BaseException as exc:  # handed to the caller's thread
                 self.error = exc

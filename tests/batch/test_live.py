@@ -1,0 +1,200 @@
+"""Reading a database while a batchrun process writes it: live snapshots (batch/live.py).
+
+The store-level tests publish from this process and read from a second one (DuckDB's lock
+is per process). The end-to-end tests run `batchrun submit` on the random tiny model in a
+subprocess and, while it runs, read with `batchrun sql`/`runs`/`show`/`report` and a plain
+duckdb connection, as a dashboard or notebook would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from batch.cli import main
+from batch.live import INFO_TABLE, LivePublisher, snapshot_path, snapshot_writer
+from batch.store import Store
+from tests.batch.test_store import make_result, make_run, run_python
+
+REPO = Path(__file__).resolve().parents[2]
+
+READ_BOTH = """
+    import duckdb
+    try:
+        duckdb.connect({db!r}, read_only=True)
+        print("MAIN OPENED")
+    except duckdb.IOException as error:
+        print("MAIN LOCKED" if "Could not set lock" in str(error) else error)
+    with duckdb.connect({snapshot!r}, read_only=True) as con:
+        print(con.sql("SELECT count(*) FROM requests").fetchall()[0][0])
+"""
+
+
+def read_both(db: Path) -> tuple[str, int]:
+    """From another process: whether the main file opens, and the snapshot's requests count."""
+    probe = run_python(READ_BOTH.format(db=str(db), snapshot=str(snapshot_path(db))))
+    assert probe.returncode == 0, probe.stderr
+    main_state, count = probe.stdout.split("\n")[:2]
+    return main_state, int(count)
+
+
+def test_snapshot_path_sits_beside_the_database():
+    assert snapshot_path("runs/batchrun.duckdb") == Path("runs/batchrun.live.duckdb")
+    assert snapshot_path("x.db") == Path("x.live.db")
+    assert snapshot_path("plain") == Path("plain.live.duckdb")
+
+
+def test_publisher_shows_committed_rows_to_another_process_and_keeps_the_lock(tmp_path):
+    db = tmp_path / "b.duckdb"
+    with Store(db) as store:
+        store.create_run(make_run("r1"))
+        store.write_results([make_result("r1", line) for line in range(3)])
+        publisher = LivePublisher(db, store.write_lock, first_after_s=3600)  # published by hand here
+        try:
+            assert publisher.publish()
+            # The copy read the file through a descriptor of its own: DuckDB's lock survived it.
+            assert read_both(db) == ("MAIN LOCKED", 3)
+            assert not publisher.publish()  # nothing new committed: nothing copied
+            store.write_results([make_result("r1", line) for line in range(3, 8)])  # to the WAL only
+            assert publisher.publish()
+            assert read_both(db) == ("MAIN LOCKED", 8)
+        finally:
+            publisher.stop()
+        with duckdb.connect(str(snapshot_path(db)), read_only=True) as con:
+            assert snapshot_writer(con)[0] == os.getpid()
+            assert con.sql(f"SELECT source FROM {INFO_TABLE}").fetchall() == [(str(db),)]
+        assert not Path(str(snapshot_path(db)) + ".wal").exists()  # one self-contained file
+    publisher.close()
+    assert not snapshot_path(db).exists()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.sql("SELECT count(*) FROM requests").fetchall() == [(8,)]
+
+
+def test_a_writable_store_publishes_until_closed(tmp_path):
+    db = tmp_path / "b.duckdb"
+    store = Store(db)
+    publisher = store.publish_live()
+    publisher.every_s = 0.05
+    store.create_run(make_run("r1"))
+    store.write_results([make_result("r1", 1)])
+    deadline = time.monotonic() + 10
+    while publisher.num_published == 0 or publisher._published_state is None:
+        assert time.monotonic() < deadline, publisher.error
+        time.sleep(0.05)
+    assert snapshot_path(db).exists() and publisher.error is None
+    store.close()
+    assert not snapshot_path(db).exists()  # readers read the file itself again
+
+
+def hold_with_plain_duckdb(db: Path) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('ready', flush=True); time.sleep(60)", str(db)], stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"ready"
+    return holder
+
+
+def test_a_snapshot_left_by_a_killed_run_is_not_read_for_another_holder(tmp_path):
+    db = tmp_path / "b.duckdb"
+    with Store(db) as store:
+        store.create_run(make_run("r1"))
+        publisher = LivePublisher(db, store.write_lock, first_after_s=3600)
+        publisher.publish()
+        publisher.stop()
+    stale = snapshot_path(db).read_bytes()  # as a kill -9 would leave it
+    publisher.close()
+    snapshot_path(db).write_bytes(stale)
+    holder = hold_with_plain_duckdb(db)
+    try:
+        result = CliRunner().invoke(main, ["runs", "--db", str(db)])
+        assert result.exit_code == 1
+        assert f"another process (PID {holder.pid}) holds DuckDB's lock" in result.output
+        assert "reading a snapshot" not in result.output and result.output.count("\n") == 1
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# -- end to end: `batchrun submit` in one process, readers in others ----------------
+
+def write_requests(path: Path, num_lines: int) -> None:
+    path.write_text("".join(json.dumps({"custom_id": f"c{i}", "input": f"hello {i}"}) + "\n"
+                            for i in range(num_lines)))
+
+
+def batchrun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batch.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def start_submit(tmp_path: Path, model: Path, num_lines: int, *extra: str) -> tuple[subprocess.Popen, Path]:
+    source, db = tmp_path / "in.jsonl", tmp_path / "live.duckdb"
+    write_requests(source, num_lines)
+    process = subprocess.Popen([sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db),
+                                "--model", str(model), "--quiet", "--max-output-tokens", "8", *extra],
+                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process, db
+
+
+def plain_count(path: Path) -> int | None:
+    """requests rows as a notebook sees them through the documented snapshot (None: none there)."""
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            return con.sql("SELECT count(*) FROM requests").fetchall()[0][0]
+    except duckdb.IOException:
+        return None  # between snapshots' renames on some systems, or none published yet
+
+
+def sql_count(db: Path) -> tuple[int, str]:
+    result = batchrun("sql", "--db", str(db), "SELECT count(*) AS n FROM requests")
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.split()[-1]), result.stderr
+
+
+def test_readers_in_other_processes_see_a_live_run_grow(tmp_path, tiny_model_dir):
+    num_lines = 60
+    process, db = start_submit(tmp_path, tiny_model_dir, num_lines, "--max-inflight", "2")
+    plain_counts, sql_reads, listed = [], [], None
+    try:
+        while process.poll() is None:
+            if count := plain_count(snapshot_path(db)):  # the run has rows: read them every way
+                plain_counts.append(count)
+                if not sql_reads:
+                    sql_reads.append((count, *sql_count(db)))
+                elif listed is None:
+                    listed = batchrun("runs", "--db", str(db))
+                    locked = CliRunner().invoke(main, ["submit", str(tmp_path / "in.jsonl"), "--db", str(db),
+                                                       "--model", str(tiny_model_dir), "--quiet"])
+                elif len(sql_reads) < 2:
+                    sql_reads.append((count, *sql_count(db)))
+            time.sleep(0.2)
+        out, err = process.communicate()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    # During the run: batchrun's readers said they read a snapshot, and how old it was.
+    assert len(sql_reads) == 2 and listed is not None, (plain_counts, sql_reads)
+    for seen_before, count, stderr in sql_reads:
+        assert seen_before <= count <= num_lines
+        assert "reading a snapshot of a live run, " in stderr and " s old" in stderr
+    assert listed.returncode == 0 and " running " in listed.stdout, listed.stderr
+    # A second writer is told a live batchrun run holds the file.
+    assert locked.exit_code == 1 and f"a live batchrun run (PID {process.pid}) is writing" in locked.output
+    # The plain reader saw the count grow, never shrink.
+    assert plain_counts == sorted(plain_counts) and plain_counts[-1] > plain_counts[0], plain_counts
+    # After the run: the file itself has everything and the snapshot is gone.
+    assert not snapshot_path(db).exists()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.sql("SELECT count(*), count(DISTINCT line_no) FROM requests").fetchall() == \
+            [(num_lines, num_lines)]
+        assert con.sql("SELECT status, n_requests FROM runs").fetchall() == [("completed", num_lines)]
