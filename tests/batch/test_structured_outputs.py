@@ -37,6 +37,16 @@ CLOCK = {"type": "function", "name": "get_time", "parameters": {
 EVENT = TypeAdapter(ResponseStreamEvent)
 
 
+def submit(source: Path, db: Path, model: Path, *options: str) -> dict[str, dict]:
+    """Run `batchrun submit`; each line's stored response, by custom_id."""
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(db), "--model", str(model), "--quiet",
+                                       *options])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        return {cid: json.loads(r) for cid, r in con.sql(
+            "SELECT q.custom_id, s.response FROM requests q JOIN responses s USING (response_id)").fetchall()}
+
+
 def spec_view(payload: dict) -> dict:
     """The payload with text.format.schema nulled: the spec of 2026-04-24 types the echoed schema
     as null (a defect of its generator; the API echoes the schema, and so does batchrun)."""
@@ -66,12 +76,8 @@ def test_random_weights_never_complete_invalid_output_and_events_replay_through_
     source, db = tmp_path / "in.jsonl", tmp_path / "out.duckdb"
     bodies = {body["custom_id"]: body for body in requests()}
     source.write_text("".join(json.dumps(body) + "\n" for body in bodies.values()))
-    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(db), "--model", str(tiny_model_dir),
-                                       "--quiet", "--max-output-tokens", "48", "--temperature", "1.0"])
-    assert result.exit_code == 0, result.output
+    responses = submit(source, db, tiny_model_dir, "--max-output-tokens", "48", "--temperature", "1.0")
     with duckdb.connect(str(db), read_only=True) as con:
-        responses = {cid: json.loads(r) for cid, r in con.sql(
-            "SELECT q.custom_id, s.response FROM requests q JOIN responses s USING (response_id)").fetchall()}
         events = {cid: [json.loads(p) for (p,) in con.sql(
             "SELECT e.payload FROM events e JOIN requests q USING (response_id) WHERE q.custom_id = ? "
             "ORDER BY e.sequence_number", params=[cid]).fetchall()] for cid in responses}
@@ -115,12 +121,7 @@ STRUCTURED = Path(__file__).resolve().parents[2] / "data" / "examples" / "struct
 def test_the_shipped_model_completes_the_seeded_structured_set_valid(tmp_path):
     db = tmp_path / "out.duckdb"
     bodies = {json.loads(line)["custom_id"]: json.loads(line) for line in STRUCTURED.read_text().splitlines()}
-    result = CliRunner().invoke(main, ["submit", str(STRUCTURED), "--db", str(db), "--model", str(SHIPPED_MODEL),
-                                       "--quiet", "--max-output-tokens", "200", "--temperature", "0"])
-    assert result.exit_code == 0, result.output
-    with duckdb.connect(str(db), read_only=True) as con:
-        responses = {cid: json.loads(r) for cid, r in con.sql(
-            "SELECT q.custom_id, s.response FROM requests q JOIN responses s USING (response_id)").fetchall()}
+    responses = submit(STRUCTURED, db, SHIPPED_MODEL, "--max-output-tokens", "200", "--temperature", "0")
     valid = 0
     for cid, response in responses.items():
         body, last = bodies[cid], response["output"][-1]
