@@ -117,25 +117,56 @@ def format_table(results: list[BenchResult], baseline: str = "engine") -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m engine.bench MODEL_DIR`: the benchmark with torch and transformers only."""
+    """`python -m engine.bench [MODEL_DIR | --preset 20b]`: the benchmark with torch and transformers only
+    (no DuckDB: results are printed), e.g. on a GPU machine with nothing else installed."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("model_dir")
+    parser.add_argument("model_dir", nargs="?")
+    parser.add_argument("--preset", choices=["20b"], help="gpt-oss-20b's shape, random, built on the GPU")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--systems", default="engine,hf_generate,hf_generate_batch")
-    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--systems", default="engine,hf_generate")
+    parser.add_argument("--num-requests", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--kernels", default="auto")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if (args.model_dir is None) == (args.preset is None):
+        parser.error("give MODEL_DIR or --preset 20b")
+    if args.preset:
+        from engine.device import resolve_device
+
+        try:
+            on_gpu = resolve_device(args.device).startswith("cuda")
+        except ValueError as exc:
+            parser.error(str(exc))
+        if not on_gpu:
+            parser.error("--preset 20b is built on the GPU: pass --device cuda")
+    engine_options = {"device": args.device, "kernels": args.kernels, "max_num_seqs": args.max_num_seqs,
+                      "gpu_memory_utilization": args.gpu_memory_utilization}
     results: list[BenchResult] = []
+    batch1: dict = {}
     for workload in make_workloads(args.workloads.split(","), args.num_requests, args.seed):
         for system in args.systems.split(","):
-            result, stats = run_system(system, args.model_dir, workload, batch_size=args.batch_size,
-                                       engine_options={})
+            if args.preset:
+                from engine.bench_gpu import run_preset_system
+
+                result, stats = run_preset_system(system, workload, batch_size=args.batch_size,
+                                                  engine_options=engine_options)
+            else:
+                result, stats = run_system(system, args.model_dir, workload, batch_size=args.batch_size,
+                                           engine_options=engine_options)
             results.append(result)
+            batch1 = batch1 or {k: v for k, v in stats.items() if k.startswith(("batch1", "roofline", "hbm"))}
             print(f"{workload.name} {system}: {result.output_tok_s:.1f} out tok/s {stats or ''}", flush=True)
     print(format_table(results))
+    if batch1:
+        from engine.bench_gpu import batch1_report
+
+        print(batch1_report(batch1))
 
 
 if __name__ == "__main__":

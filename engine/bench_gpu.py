@@ -142,6 +142,8 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int,
     config, dtype = preset_config(), torch.bfloat16
     engine_config = EngineConfig(Path("preset-20b"), dtype=dtype, **engine_options)
     device = engine_config.device
+    if not device.startswith("cuda"):
+        raise ValueError("--preset 20b is built on the GPU: pass --device cuda")
     try:
         if system == "engine":
             engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels))

@@ -25,3 +25,14 @@ def test_engine_and_transformers_decode_the_same_workload(tiny_model_dir):
     assert theirs.prompt_tokens == ours.prompt_tokens == theirs.prefill_tokens
     assert ours.prefill_tokens < ours.prompt_tokens  # turn 2 reused turn 1's cached blocks
     assert 0 <= stats["overhead_frac"] < 1
+
+
+def test_the_module_cli_builds_the_20b_preset_only_on_a_gpu(capsys):
+    import pytest
+
+    from engine.bench import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--preset", "20b", "--device", "cpu"])
+    assert stopped.value.code == 2
+    assert "--preset 20b is built on the GPU: pass --device cuda" in capsys.readouterr().err
