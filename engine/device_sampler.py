@@ -35,7 +35,7 @@ def sample_on_device(logits: Tensor, params: list[SamplingParams],
     rows = [row for row, p in enumerate(params) if not p.is_greedy]
     if not rows:
         return token_ids
-    index = torch.tensor(rows, device=logits.device)
+    index = _on(logits.device, rows)
     sampled = [params[row] for row in rows]
     probs = filtered_probs(logits[index].float(), sampled)  # [R, vocab]
     noise = torch.stack([_exponential(probs.shape[1], generators[row], logits.device) for row in rows])
@@ -47,9 +47,9 @@ def filtered_probs(logits: Tensor, params: list[SamplingParams]) -> Tensor:
     """Rows of fp32 logits -> probabilities after each row's temperature, top-k, then top-p (sample_one's order)."""
     num_rows, vocab = logits.shape
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
-    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k else vocab for p in params], device=device)[:, None]
-    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+    temperature = _on(device, [p.temperature for p in params])[:, None]
+    top_k = _on(device, [min(p.top_k, vocab) if p.top_k else vocab for p in params])[:, None]
+    top_p = _on(device, [p.top_p for p in params])[:, None]
     sorted_logits, order = torch.sort(logits / temperature, dim=-1, descending=True)
     kth = sorted_logits.gather(1, top_k - 1)
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
@@ -58,6 +58,12 @@ def filtered_probs(logits: Tensor, params: list[SamplingParams]) -> Tensor:
     sorted_logits = sorted_logits.masked_fill((mass_before >= top_p) & (top_p < 1.0), float("-inf"))
     filtered = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     return torch.softmax(filtered, dim=-1)
+
+
+def _on(device: torch.device, values: list) -> Tensor:
+    """A small host list on the device without waiting for the device: a pageable host-to-device copy is
+    staged at once, while `torch.tensor(values, device=...)` would first wait for the queued forward."""
+    return torch.tensor(values).to(device, non_blocking=True)
 
 
 def _exponential(vocab: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
