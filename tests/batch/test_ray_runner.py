@@ -5,6 +5,8 @@ DuckDB file written by the driver alone."""
 
 import json
 import os
+import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,3 +186,65 @@ def test_without_ray_the_option_says_how_to_install_it(tmp_path, monkeypatch, mi
     result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", "--quiet")
     assert result.exit_code == 1
     assert "pip install 'batchrun[ray]'" in result.output
+
+
+@pytest.mark.slow  # two Ray runs of the real engine in subprocesses (~40 s)
+def test_the_driver_killed_with_sigkill_is_resumed_by_the_same_command(tmp_path, tiny_model_dir, cluster):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": f"Story {i}."}) + "\n" for i in range(40)))
+    db = tmp_path / "ray.duckdb"
+    command = [sys.executable, "-m", "batch.cli", "submit", str(path), "--db", str(db), "--model",
+               str(tiny_model_dir), "--temperature", "0", "--max-output-tokens", "64", "--max-inflight", "4",
+               "--ray", cluster.address, "--workers", "2"]
+    env = {**os.environ, **LOOPBACK_ENV}
+    driver = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              text=True)
+    progress = ""
+    while max(map(int, re.findall(r"(\d+)/40", progress)), default=0) < 8:
+        chunk = driver.stderr.read(64)
+        assert chunk, f"the driver ended before writing 8 rows: {progress[-500:]}"
+        progress += chunk
+    driver.kill()  # SIGKILL: no cleanup at all
+    driver.wait()
+    written = rows(db, "SELECT count(*) FROM requests")[0][0]
+    assert 8 <= written < 40
+    resumed = subprocess.run([*command, "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{written} already done" in resumed.stdout
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no), count(DISTINCT run_id) FROM requests") == \
+           [(40, 40, 1)]
+
+
+def node_of(slot) -> str:
+    return ray.get(slot.handle.__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id()))
+
+
+class NodeRemovingRunner(RayRunner):
+    """Removes the node of a worker that is not on the head when the first chunk comes back."""
+
+    cluster: Cluster
+    removed: str | None = None
+
+    def _returned(self, slot, ref):
+        super()._returned(slot, ref)
+        if self.removed is None:
+            head = self.cluster.head_node.node_id
+            victim = next(s for s in self.slots if node_of(s) != head)
+            node = next(n for n in self.cluster.list_all_nodes() if n.node_id == node_of(victim))
+            self.cluster.remove_node(node)
+            self.removed = victim.label
+
+
+# Last in the module: it adds a node and removes another from the shared cluster.
+def test_a_node_removed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
+    cluster.add_node(num_cpus=1)  # where the lost worker can come back
+    users = [f"python question {i}" if i % 4 == 0 else f"question {i}" for i in range(24)]
+    path = requests_file(tmp_path, users)
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = NodeRemovingRunner(store, run_options(path), RayOptions(num_workers=2), ScriptedSpec())
+        runner.cluster = cluster
+        runner.start_workers()
+        summary = runner.run()
+    assert runner.removed is not None
+    assert summary.statuses == {"completed": 24}
+    assert rows(tmp_path / "ray.duckdb", "SELECT count(*), count(DISTINCT line_no) FROM requests") == [(24, 24)]
