@@ -23,7 +23,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from batch.live import LivePublisher, snapshot_writer
+from batch.live import LIVE_CHECKPOINT_THRESHOLD, LivePublisher, snapshot_writer
 from batch.migrations import migrate
 from batch.rows import (SCHEMAS, BenchRow, GradeRow, RequestResult, RunRow, dumps, json_columns, to_arrow)
 from batch.status import RequestStatus
@@ -174,6 +174,8 @@ class Store(ReportQueries):
         """Publish live snapshots of this (writable) database for other processes' readers
         until `close` (batch/live.py); returns the publisher."""
         if self._publisher is None:
+            with self.write_lock:
+                self.con.execute(f"SET checkpoint_threshold = '{LIVE_CHECKPOINT_THRESHOLD}'")
             self._publisher = LivePublisher(self.path, self.write_lock)
         return self._publisher
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -150,51 +152,115 @@ def plain_count(path: Path) -> int | None:
         with duckdb.connect(str(path), read_only=True) as con:
             return con.sql("SELECT count(*) FROM requests").fetchall()[0][0]
     except duckdb.IOException:
-        return None  # between snapshots' renames on some systems, or none published yet
+        return None  # none published yet, or the run ended and removed it
 
 
-def sql_count(db: Path) -> tuple[int, str]:
-    result = batchrun("sql", "--db", str(db), "SELECT count(*) AS n FROM requests")
-    assert result.returncode == 0, result.stderr
-    return int(result.stdout.split()[-1]), result.stderr
+def invoke(*args: str) -> tuple[object, bool]:
+    """`batchrun ARGS` in this process (a second one to the run's), and whether the run was
+    still going when it returned (a later read may have found the file itself free)."""
+    result = CliRunner().invoke(main, list(args))
+    return result, LIVE_RUN.poll() is None
 
 
-def test_readers_in_other_processes_see_a_live_run_grow(tmp_path, tiny_model_dir):
-    num_lines = 60
-    process, db = start_submit(tmp_path, tiny_model_dir, num_lines, "--max-inflight", "2")
-    plain_counts, sql_reads, listed = [], [], None
+LIVE_RUN: subprocess.Popen
+
+
+def read_while_running(tmp_path: Path, model: Path, num_lines: int,
+                       readers: dict[str, tuple[str, ...] | Callable[[Path], object]],
+                       ) -> tuple[subprocess.Popen, Path, list[int], dict]:
+    """Run `batchrun submit` in a subprocess; once it has rows, each reader (a `batchrun` command
+    line with {db} and {tmp} filled in, or a function of the database path) runs once, in order,
+    while the plain reader keeps counting rows. Each result is (rows seen before, result, whether
+    the run was still going after)."""
+    global LIVE_RUN
+    process, db = start_submit(tmp_path, model, num_lines, "--max-inflight", "2")
+    LIVE_RUN = process
+    pending = list(readers.items())
+    plain_counts, results = [], {}
     try:
         while process.poll() is None:
             if count := plain_count(snapshot_path(db)):  # the run has rows: read them every way
                 plain_counts.append(count)
-                if not sql_reads:
-                    sql_reads.append((count, *sql_count(db)))
-                elif listed is None:
-                    listed = batchrun("runs", "--db", str(db))
-                    locked = CliRunner().invoke(main, ["submit", str(tmp_path / "in.jsonl"), "--db", str(db),
-                                                       "--model", str(tiny_model_dir), "--quiet"])
-                elif len(sql_reads) < 2:
-                    sql_reads.append((count, *sql_count(db)))
+                if pending:
+                    name, reader = pending.pop(0)
+                    if callable(reader):
+                        results[name] = (count, reader(db), process.poll() is None)
+                    else:
+                        results[name] = (count, *invoke(*(arg.format(db=db, tmp=tmp_path) for arg in reader)))
             time.sleep(0.2)
-        out, err = process.communicate()
+        _, err = process.communicate()
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
     assert process.returncode == 0, err
-    # During the run: batchrun's readers said they read a snapshot, and how old it was.
-    assert len(sql_reads) == 2 and listed is not None, (plain_counts, sql_reads)
-    for seen_before, count, stderr in sql_reads:
-        assert seen_before <= count <= num_lines
-        assert "reading a snapshot of a live run, " in stderr and " s old" in stderr
-    assert listed.returncode == 0 and " running " in listed.stdout, listed.stderr
-    # A second writer is told a live batchrun run holds the file.
-    assert locked.exit_code == 1 and f"a live batchrun run (PID {process.pid}) is writing" in locked.output
-    # The plain reader saw the count grow, never shrink.
-    assert plain_counts == sorted(plain_counts) and plain_counts[-1] > plain_counts[0], plain_counts
-    # After the run: the file itself has everything and the snapshot is gone.
-    assert not snapshot_path(db).exists()
+    assert not pending, f"the run ended before {[name for name, _ in pending]} read it: make it longer"
+    return process, db, plain_counts, results
+
+
+def assert_final_file_complete(db: Path, num_lines: int) -> None:
+    assert not snapshot_path(db).exists()  # the run removed it: readers read the file itself now
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.sql("SELECT count(*), count(DISTINCT line_no) FROM requests").fetchall() == \
             [(num_lines, num_lines)]
         assert con.sql("SELECT status, n_requests FROM runs").fetchall() == [("completed", num_lines)]
+
+
+SNAPSHOT_NOTE = re.compile(r"note: reading a snapshot of a live run, \d+ s old")
+
+
+def test_readers_in_other_processes_see_a_live_run_grow(tmp_path, tiny_model_dir):
+    num_lines = 60
+    process, db, plain_counts, results = read_while_running(tmp_path, tiny_model_dir, num_lines, {
+        "sql": ("sql", "--db", "{db}", "SELECT count(*) AS n FROM requests"),
+        "runs": ("runs", "--db", "{db}"),
+        # A model that is not there: were the file free, this would fail on the model, decoding nothing.
+        "submit": ("submit", str(tmp_path / "in.jsonl"), "--db", "{db}", "--model", "{tmp}/no-model", "--quiet"),
+    })
+    seen_before, (sql, during_run) = results["sql"][0], results["sql"][1:]
+    assert sql.exit_code == 0 and seen_before <= int(sql.stdout.split()[-1]) <= num_lines, sql.output
+    assert during_run and SNAPSHOT_NOTE.search(sql.stderr), sql.stderr
+    runs, during_run = results["runs"][1:]
+    assert runs.exit_code == 0 and (not during_run or " running " in runs.stdout), runs.output
+    # A second writer is told what holds the file: a live batchrun run, by its PID.
+    submit, during_run = results["submit"][1:]
+    assert submit.exit_code == 1
+    assert not during_run or f"a live batchrun run (PID {process.pid}) is writing" in submit.stderr, submit.stderr
+    # The plain reader saw the count grow, never shrink; the file itself has everything.
+    assert plain_counts == sorted(plain_counts) and plain_counts[-1] > plain_counts[0], plain_counts
+    assert_final_file_complete(db, num_lines)
+
+
+ATTACH_READ_ONLY = """
+    import duckdb
+    con = duckdb.connect()
+    con.execute("ATTACH '{path}' AS live (READ_ONLY)")
+    print(con.sql("SELECT count(*) FROM live.requests").fetchall()[0][0])
+"""
+
+
+def attach_snapshot(db: Path) -> int:
+    """requests rows through ATTACH ... (READ_ONLY) of the snapshot, in a plain python process."""
+    probe = run_python(ATTACH_READ_ONLY.format(path=snapshot_path(db)))
+    assert probe.returncode == 0, probe.stderr
+    return int(probe.stdout)
+
+
+@pytest.mark.slow
+def test_every_read_command_and_an_attach_read_a_long_live_run(tmp_path, tiny_model_dir):
+    num_lines = 200
+    process, db, plain_counts, results = read_while_running(tmp_path, tiny_model_dir, num_lines, {
+        "show": ("show", "c0", "--db", "{db}"),
+        "report": ("report", "latest", "--db", "{db}", "-o", "{tmp}/report.html"),
+        "export": ("export", "latest", "--db", "{db}", "-o", "{tmp}/out.jsonl"),
+        "attach": attach_snapshot,
+    })
+    assert 0 < results["attach"][1] <= num_lines
+    for name in ("show", "report", "export"):
+        result, during_run = results[name][1:]
+        assert result.exit_code == 0, (name, result.output)
+        assert not during_run or SNAPSHOT_NOTE.search(result.stderr), (name, result.stderr)
+    assert "custom_id=c0" in results["show"][1].stdout
+    assert (tmp_path / "report.html").stat().st_size > 0
+    assert plain_counts == sorted(plain_counts) and plain_counts[-1] > plain_counts[0], plain_counts
+    assert_final_file_complete(db, num_lines)
