@@ -21,7 +21,8 @@ from batch.rows import BenchRow
 from batch.submit import set_threads
 
 PRESETS = ("tiny", "medium", "20b")
-SYSTEMS = ("engine", "hf_generate", "hf_generate_batch", "reference", "host")
+SYSTEMS = ("engine", "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
+_OWN_RUN = ("host", "constrained")  # systems that run their own workload, not --workloads
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,11 @@ def run_bench(plan: BenchPlan, db: str) -> str:
         with open_store(db) as store:
             store.write_bench([BenchRow(bench_id=bench_id, started_at=started, **row)])
 
-    model_systems = [s for s in plan.systems if s != "host"]
+    model_systems = [s for s in plan.systems if s not in _OWN_RUN]
     if model_systems:
         _model_bench(plan, model_systems, save)
+    if "constrained" in plan.systems:
+        save(_constrained_bench(plan))
     if "host" in plan.systems:
         save(_host_bench(plan.host_requests, plan.seed))
     return bench_id
@@ -122,6 +125,25 @@ def _model_source(plan: BenchPlan) -> _ModelSource:
     model_dir = plan.model_dir or bench_model(plan.preset)
     set_threads(None, read_config_json(model_dir))  # the same thread policy as submit
     return _ModelSource(str(model_dir), model_dir)
+
+
+def _constrained_bench(plan: BenchPlan) -> dict:
+    from batch.constraint_bench import run_constraint_bench
+
+    source = _model_source(plan)
+    if source.model_dir is None:
+        fail("--systems constrained needs a checkpoint: pass --model or a CPU --preset")
+    click.echo(f"constrained: {plan.num_requests} requests, free vs JSON-schema masks ...", err=True)
+    options = {k: v for k, v in plan.engine_options.items() if k != "max_num_seqs"}
+    result = run_constraint_bench(source.model_dir, concurrent=plan.num_requests, engine_options=options)
+    click.echo(result.line())
+    return {"model": source.name, "workload": "json_schema", "system": "constrained",
+            "num_requests": plan.num_requests, "prompt_tokens": None, "prefill_tokens": None,
+            "output_tokens": result.output_tokens, "wall_s": result.constrained_step_ms / 1000, "ttft_s": None,
+            "output_tok_s": None, "total_tok_s": None, "peak_rss_mb": None,
+            "stats": {"free_step_ms": result.free_step_ms, "free_forward_ms": result.free_forward_ms,
+                      "constrained_step_ms": result.constrained_step_ms,
+                      "constrained_forward_ms": result.constrained_forward_ms, "overhead": result.overhead}}
 
 
 def _host_bench(num_requests: int, seed: int) -> dict:

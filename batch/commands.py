@@ -110,8 +110,10 @@ def make_random_model(directory: Path, seed: int) -> None:
                    "built on the GPU; needs --device cuda).")
 @click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
 @click.option("--systems", default="engine,hf_generate", show_default=True,
-              help="Comma list of engine, hf_generate, hf_generate_batch, reference, and host (the host "
-                   "path alone: reader, sessions, harmony, events, DuckDB, over an instant backend).")
+              help="Comma list of engine, hf_generate, hf_generate_batch, reference, host (the host "
+                   "path alone: reader, sessions, harmony, events, DuckDB, over an instant backend), and "
+                   "constrained (the engine's step with and without JSON-schema token masks, "
+                   "--num-requests at once).")
 @click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Static batch size of hf_generate.")

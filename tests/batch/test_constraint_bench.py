@@ -26,3 +26,20 @@ def test_a_constrained_request_writes_the_final_json_answer(tiny_model_dir):
     while engine.has_unfinished_requests():
         tokens += [t for out in engine.step() for t in out.new_token_ids]
     assert harmony_encoding().decode(tokens).startswith('<|channel|>final<|message|>{"rows"')
+
+
+def test_batchrun_bench_constrained_prints_the_overhead_and_keeps_a_row(tmp_path, tiny_model_dir):
+    import duckdb
+    from click.testing import CliRunner
+
+    from batch.cli import main
+
+    db = tmp_path / "bench.duckdb"
+    result = CliRunner().invoke(main, ["bench", "--systems", "constrained", "--model", str(tiny_model_dir),
+                                       "--num-requests", "2", "--kv-cache-gb", "0.05", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "constrained decoding, 2 concurrent requests" in result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        [(system, tokens, overhead)] = con.sql(
+            "SELECT system, output_tokens, CAST(stats->>'overhead' AS DOUBLE) FROM bench").fetchall()
+    assert (system, tokens) == ("constrained", 2 * 64) and overhead == overhead  # a number, not NaN
