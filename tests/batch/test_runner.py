@@ -346,7 +346,7 @@ def test_bad_lines_are_invalid_and_ignored_fields_are_noted(tmp_path, store):
     assert (custom_id, status) == ("line-2", "invalid")
     assert error.startswith("line 2: invalid JSON at column 2")
     run_row = store.get_run(summary.run_id)
-    assert run_row["notes"] == {"ignored_fields": {"stream": 2, "store": 1}, "tool_errors": {}}
+    assert run_row["notes"] == {"ignored_fields": {"stream": 2, "store": 1}, "tool_errors": {}, "input_lines": 3}
     assert summary.ignored_fields == Counter(stream=2, store=1)
     assert run_row["n_requests"] == 3
 

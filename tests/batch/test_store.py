@@ -592,7 +592,7 @@ def test_query_runs_any_sql(store):
 
 
 SOURCE_PACKAGES = ("batch", "engine", "evals", "tools", "trainer")
-CONNECTION_OWNERS = {"batch/store.py", "batch/migrations.py"}
+CONNECTION_OWNERS = {"batch/store.py", "batch/migrations.py", "batch/store_merge.py"}
 
 
 def _connection_uses(path: Path) -> list[int]:
