@@ -264,3 +264,26 @@ def test_every_read_command_and_an_attach_read_a_long_live_run(tmp_path, tiny_mo
     assert (tmp_path / "report.html").stat().st_size > 0
     assert plain_counts == sorted(plain_counts) and plain_counts[-1] > plain_counts[0], plain_counts
     assert_final_file_complete(db, num_lines)
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_publishing_leaves_its_database_whole(tmp_path, tiny_model_dir):
+    num_lines = 60
+    process, db = start_submit(tmp_path, tiny_model_dir, num_lines, "--max-inflight", "2")
+    try:
+        deadline = time.monotonic() + 120
+        while not plain_count(snapshot_path(db)):
+            assert process.poll() is None and time.monotonic() < deadline, "no snapshot with rows"
+            time.sleep(0.1)
+        process.kill()  # kill -9, most likely while a snapshot is being taken or sealed
+    finally:
+        process.kill()
+        process.communicate()
+    # The database opens whole; readers read it, not the stale snapshot the run left.
+    listed = CliRunner().invoke(main, ["runs", "--db", str(db)])
+    assert listed.exit_code == 0 and "running" in listed.stdout and "snapshot" not in listed.stderr
+    # The same command resumes the run; it ends with every line once and no snapshot left.
+    process, db = start_submit(tmp_path, tiny_model_dir, num_lines, "--max-inflight", "2")
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert_final_file_complete(db, num_lines)
