@@ -53,6 +53,10 @@ def summary_facts(data: ReportData) -> list[tuple[str, str]]:
         ("throughput", f"{tokens / elapsed:.1f} output tok/s over {elapsed:.1f}s"
                        if elapsed else "-"),
     ]
+    for i, row in enumerate(data.workers):  # a shard or Ray run: which worker did how much
+        facts.append(("per worker" if i == 0 else "",
+                      f"{row['worker']}: {row['n_requests']} requests, "
+                      f"{row['output_tokens_per_s'] or 0.0:.1f} output tok/s over {row['busy_s'] or 0.0:.1f}s"))
     graded = sum(r["n_graded"] for r in data.pass_rates_per_grader)
     if graded:
         passed = sum(r["n_passed"] for r in data.pass_rates_per_grader)

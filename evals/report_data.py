@@ -25,6 +25,7 @@ class ReportData:
     pass_rates_per_grader: list[dict] = field(default_factory=list)
     event_types: list[tuple[str, int]] = field(default_factory=list)
     timelines: list[dict] = field(default_factory=list)  # Store.response_timelines, slowest first
+    workers: list[dict] = field(default_factory=list)  # Store.worker_throughput, for shard and Ray runs
 
 
 def load_report_data(store: Store, run_id: str) -> ReportData:
@@ -41,4 +42,5 @@ def load_report_data(store: Store, run_id: str) -> ReportData:
         pass_rates_per_grader=store.pass_rates_per_grader(run_id),
         event_types=store.event_type_counts(run_id),
         timelines=store.response_timelines(run_id, limit=TIMELINE_RESPONSES),
+        workers=[row for row in store.worker_throughput(run_id) if row["worker"] is not None],
     )

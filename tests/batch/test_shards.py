@@ -2,6 +2,7 @@
 on the random tiny model, the CLI through click's runner."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def test_three_shards_merged_equal_the_single_process_run(tmp_path, tiny_model_d
     assert "merged" in listing.output and "completed" in listing.output
     report = cli("report", "merged", "--db", merged, "-o", tmp_path / "report.html")
     assert report.exit_code == 0, report.output
+    assert re.search(r"per worker +shard-0/3: 6 requests", report.output) and "shard-2/3: 6 requests" in report.output
 
 
 def test_merge_reports_a_missing_shard_and_a_plain_submit_decodes_it(tmp_path, tiny_model_dir, mixed):
