@@ -48,6 +48,11 @@ def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, value
     """Run `submit` as its --shard / --ray values ask (a plain run without them)."""
     from batch.shards import Shard, ShardSpecError
 
+    if values["ray_address"] is None:
+        given = [name for name, default in (("workers", 1), ("gpus_per_worker", 0.0), ("cpus_per_worker", 1.0))
+                 if values[name] != default]
+        if given:
+            raise click.UsageError(f"--{given[0].replace('_', '-')} needs --ray")
     if values["shard"] is not None:
         if values["ray_address"] is not None:
             raise click.UsageError("--shard and --ray are exclusive: a Ray run already spreads the input")

@@ -40,6 +40,7 @@ from engine.api import Backend
 MAX_ATTEMPTS = 3  # a request alone in a chunk whose worker died this often fails
 CHUNKS_PER_WORKER = 2  # one decoding, one waiting in the actor's queue
 WAIT_S = 0.2
+RESTART_WAIT_S = 900.0  # a worker not back this long after it died (no room on any node?) is dropped
 # Ray keeps every node on 127.0.0.1 with these (it picks an external interface otherwise).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install 'ray>=2.40')"
@@ -63,6 +64,7 @@ class WorkerSlot:
     handle: Any
     chunks: dict[Any, list[Prepared]] = field(default_factory=dict)  # ObjectRef -> chunk
     probe: Any = None  # an ObjectRef of ping() while the worker is coming back
+    died_at: float = 0.0  # time.monotonic() of its last death
     is_dead: bool = False
 
     @property
@@ -200,6 +202,10 @@ class RayRunner(Runner):
                            "saved: run the same command again to resume")
 
     def _collect(self) -> None:
+        for slot in self.slots:
+            if slot.probe is not None and time.monotonic() - slot.died_at > RESTART_WAIT_S:
+                self.ray.kill(slot.handle)
+                slot.probe, slot.is_dead = None, True
         refs = [ref for slot in self.slots for ref in slot.chunks]
         probes = [slot.probe for slot in self.slots if slot.probe is not None]
         if not refs and not probes:
@@ -221,7 +227,7 @@ class RayRunner(Runner):
         except self.ray.exceptions.RayError:  # the worker died (or the task raised: a bug)
             self._retry(chunk)
             if slot.probe is None and not slot.is_dead:
-                slot.probe = slot.handle.ping.remote()
+                slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
             return
         for result in results:
             if result.response is not None:

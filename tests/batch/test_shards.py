@@ -63,6 +63,17 @@ def test_shard_owns_a_stable_third_of_the_lines():
             Shard.parse(bad)
 
 
+def test_ray_and_shard_options_are_checked_before_anything_runs(tmp_path, small):
+    db = tmp_path / "x.duckdb"
+    for args, message in ((["--workers", "2"], "--workers needs --ray"),
+                          (["--gpus-per-worker", "1"], "--gpus-per-worker needs --ray"),
+                          (["--shard", "1/2", "--ray"], "--shard and --ray are exclusive"),
+                          (["--shard", "2/2"], "K must be in 0..N-1")):
+        result = cli("submit", small, "--db", db, "--quiet", *args)
+        assert result.exit_code == 2 and message in result.output, result.output
+    assert not db.exists()
+
+
 def test_three_shards_merged_equal_the_single_process_run(tmp_path, tiny_model_dir, mixed):
     single = tmp_path / "single.duckdb"
     assert cli("submit", mixed, "--db", single, "--run-id", "single", "--model", tiny_model_dir,
