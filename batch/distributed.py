@@ -62,7 +62,8 @@ def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, value
             raise click.UsageError(str(exc)) from None
         options = dataclasses.replace(options, shard=shard, worker=shard.worker)
     if values["ray_address"] is not None:
-        from batch.ray_runner import RayOptions, run_ray_submit
+        from batch.ray_runner import RayOptions
+        from batch.ray_submit import run_ray_submit
 
         ray = RayOptions(address=None if values["ray_address"] == "local" else values["ray_address"],
                          num_workers=values["workers"], gpus_per_worker=values["gpus_per_worker"],
