@@ -29,7 +29,7 @@ from engine.checkpoint import parameter_specs, tiny_config
 from engine.config import EngineConfig, ModelConfig
 from engine.model import GptOssModel
 from engine.mxfp4 import MXFP4_BLOCK, dequantize, quantize
-from engine.workloads import BenchResult, Workload
+from engine.workloads import BenchResult, Workload, run_backend
 
 PRESET_20B = dict(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
                   head_dim=64, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4,
@@ -135,7 +135,6 @@ def hbm_bytes_per_s(device: torch.device | str) -> float | None:
 def run_preset_system(system: str, workload: Workload, *, batch_size: int,
                       engine_options: dict[str, Any]) -> tuple[BenchResult, dict]:
     """One system on one workload at the 20b shape, its model built fresh on the GPU and freed after."""
-    from engine.bench import run_backend
     from engine.bench_hf import run_generate, run_generate_batch
     from engine.llm_engine import LLMEngine
 

@@ -199,3 +199,12 @@ def _checkpoint_dtype(dtype: object) -> torch.dtype:
     if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
         return DTYPES[dtype.removeprefix("torch.")]
     return torch.bfloat16
+
+
+def activation_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """A bound on one step's transient memory: a few hidden-sized buffers per batched token, the MoE's
+    intermediate rows, and fp32 logits (plus a softmax copy) for every sequence sampled."""
+    hidden = max_num_batched_tokens * config.hidden_size * 4 * 8
+    moe = max_num_batched_tokens * config.num_experts_per_tok * config.intermediate_size * 2 * 4 * 2
+    logits = max_num_seqs * config.vocab_size * 4 * 3
+    return hidden + moe + logits

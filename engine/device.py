@@ -12,14 +12,9 @@ the cache is the fixed `--kv-cache-gb`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from engine.kernels import triton_available
-
-if TYPE_CHECKING:
-    from engine.config import ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_CHOICES = ("auto", "torch", "triton")
@@ -47,15 +42,6 @@ def resolve_kernels(name: str, device: str) -> str:
     if name == "auto":
         return "triton" if device.startswith("cuda") and triton_available() else "torch"
     return name
-
-
-def activation_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """A bound on one step's transient memory: a few hidden-sized buffers per batched token, the MoE's
-    intermediate rows, and fp32 logits (plus a softmax copy) for every sequence sampled."""
-    hidden = max_num_batched_tokens * config.hidden_size * 4 * 8
-    moe = max_num_batched_tokens * config.num_experts_per_tok * config.intermediate_size * 2 * 4 * 2
-    logits = max_num_seqs * config.vocab_size * 4 * 3
-    return hidden + moe + logits
 
 
 def gpu_kv_cache_budget(free_bytes: int, total_bytes: int, utilization: float, reserve_bytes: int) -> int:

@@ -13,8 +13,8 @@ import time
 import torch
 
 from engine.api import RequestOutput, SamplingParams
-from engine.config import EngineConfig, ModelConfig
-from engine.device import activation_reserve_bytes, kv_cache_budget
+from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
+from engine.device import kv_cache_budget
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
 from engine.model import GptOssModel, kv_cache_bytes_per_block

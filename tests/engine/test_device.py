@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from engine.checkpoint import tiny_config
-from engine.config import EngineConfig, ModelConfig
-from engine.device import (activation_reserve_bytes, gpu_kv_cache_budget, kv_cache_budget, resolve_device,
-                           resolve_kernels)
+from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
+from engine.device import gpu_kv_cache_budget, kv_cache_budget, resolve_device, resolve_kernels
 from engine.kernels import triton_available
 from engine.kv_cache import num_blocks_for_budget
 
