@@ -143,6 +143,7 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int,
     device = engine_config.device
     if not device.startswith("cuda"):
         raise ValueError("--preset 20b is built on the GPU: pass --device cuda")
+    _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
         if system == "engine":
             engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels))
@@ -155,8 +156,12 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int,
             return run_generate_batch(model, workload, kv_cache_gb=8.0), {}
         raise ValueError(f"--preset 20b runs engine, hf_generate and hf_generate_batch, not {system!r}")
     finally:
-        gc.collect()
-        torch.cuda.empty_cache()
+        _release_gpu_memory()
+
+
+def _release_gpu_memory() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def batch1_decode(engine: Any, bandwidth: float | None, prompt_len: int = BATCH1_PROMPT,
