@@ -161,7 +161,8 @@ def thirty(tmp_path):
 
 def test_ctrl_c_saves_what_finished_and_says_how_to_resume(tmp_path, tiny_model_dir, thirty):
     db = tmp_path / "int.duckdb"
-    code, stderr = start_and_signal(thirty, db, tiny_model_dir, signal.SIGINT, after=1)
+    # One request at a time: 29 left to decode, so the run cannot end between the progress read and the signal.
+    code, stderr = start_and_signal(thirty, db, tiny_model_dir, signal.SIGINT, after=1, max_inflight=1)
     assert code == 130 and b"run the same command again to resume" in stderr
     assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
     assert rows(db, "SELECT count(*) > 0 FROM requests") == [(True,)]
