@@ -317,6 +317,9 @@ def main() -> None:
     in_pid_namespace = report["process tree"].startswith("enforced")
     replies.write(json.dumps({"report": report}) + "\n")
     faulthandler.enable()  # a segfault prints the cell's Python traceback before the process dies
+    # The wall-clock limit interrupts a cell with SIGINT: honour it even when batchrun itself was
+    # started with SIGINT ignored (`batchrun submit ... &` from a script), which children inherit.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in (signal.SIGXCPU, signal.SIGPROF):
         signal.signal(signum, _on_cpu_limit)
     namespace = {"__name__": "__main__", "__builtins__": builtins}

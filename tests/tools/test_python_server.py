@@ -20,8 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Small CPU limits keep the tests quick; the wall-clock limit is roomy so that a busy machine
 # does not turn a CPU-limit test into a wall-clock one. Wall-clock tests use `short_wall`.
 LIMITS = Limits(cpu_s=0.5, wall_s=5.0, interrupt_grace_s=0.5)
-# A grace of 2 s: on a loaded 2-core CI machine the interpreter may need more than 0.5 s to answer SIGINT.
-SHORT_WALL = Limits(cpu_s=0.5, wall_s=1.0, interrupt_grace_s=2.0)
+SHORT_WALL = Limits(cpu_s=0.5, wall_s=1.0, interrupt_grace_s=0.5)
 
 
 @pytest.fixture(scope="module")
