@@ -7,9 +7,7 @@ or go on, 130/143 after Ctrl-C/SIGTERM with every finished request saved.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
-import click
 
 from batch import display
 from batch.cliutil import fail
@@ -20,18 +18,9 @@ from batch.runner import RunError, RunOptions, RunSummary
 def run_ray_submit(options: RunOptions, backend: object, ray_options: RayOptions, *, db: str,
                    quiet: bool) -> RunSummary:
     """`submit --ray`: exits and prints as `run_submit` does (130/143 on Ctrl-C/SIGTERM, the summary)."""
-    from batch.submit import EXIT_SIGINT, EXIT_SIGTERM, Terminated, _sigterm_as_interrupt
+    from batch.submit import report_run
 
-    with _sigterm_as_interrupt():
-        try:
-            summary = _run(options, backend, ray_options, db=db, quiet=quiet)
-        except KeyboardInterrupt as exc:
-            stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-            click.echo(f"\n{stopped}: finished requests are saved; run the same command again to resume",
-                       err=True)
-            sys.exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
-    click.echo(display.summary_text(summary, db))
-    return summary
+    return report_run(lambda: _run(options, backend, ray_options, db=db, quiet=quiet), db)
 
 
 def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: str, quiet: bool) -> RunSummary:

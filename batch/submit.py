@@ -136,7 +136,7 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[None]:
     """While the block runs, SIGTERM raises `Terminated` (a KeyboardInterrupt)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers (and only it gets signals)
@@ -153,9 +153,15 @@ def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: boo
 
     Exits 1 when the run cannot start or go on; on Ctrl-C 130 and on SIGTERM 143 (128 + the
     signal), the run recorded `interrupted` and every finished request saved."""
-    with _sigterm_as_interrupt():
+    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db)
+
+
+def report_run(run: Callable[[], RunSummary], db: str) -> RunSummary:
+    """Run a submit (one process or Ray) with SIGTERM as Ctrl-C; print its summary, or on either
+    signal say how to resume and exit 130 / 143."""
+    with sigterm_as_interrupt():
         try:
-            summary = _run(options, backend, db=db, quiet=quiet)
+            summary = run()
         except KeyboardInterrupt as exc:
             stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
             click.echo(f"\n{stopped}: finished requests are saved; run the same command again to resume",
