@@ -141,3 +141,50 @@ def test_the_shipped_model_completes_the_seeded_structured_set_valid(tmp_path):
         valid += 1
     assert len(responses) == len(bodies) == 70
     assert valid >= 0.95 * len(bodies), f"{valid} of {len(bodies)} completed and valid"
+
+
+BOUNDED = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 6},
+    "kind": {"enum": ["capital", "port"]},
+    "flags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    "note": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 4}]}},
+    "required": ["city", "kind", "flags", "note"], "additionalProperties": False}
+
+
+def test_bounded_turns_always_complete_and_validate_on_random_weights(tiny_model_dir):
+    """With the free parts bounded (a turn already in the final channel, or the forced call, and a schema
+    of short strings, enums and short arrays), random weights at temperature 1 finish every time, valid."""
+    from batch.constraint import GrammarConstraint
+    from batch.harmony import STOP_TOKEN_IDS
+    from batch.turn_grammar import turn_grammar
+    from batch.vocab import harmony_encoding
+    from engine.api import SamplingParams
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from tools.registry import ToolRegistry
+
+    tool = {"type": "function", "name": "locate", "parameters": BOUNDED}
+    forced = turn_grammar(ToolRegistry.from_tools([tool], {"type": "function", "name": "locate"}), None, True)
+    in_final = turn_grammar(ToolRegistry.from_tools([]), {"type": "json_schema", "name": "b", "schema": BOUNDED}, True)
+    # Skip the unbounded part, free reasoning: the turn starts at the call or in the final channel.
+    grammars = {"call": forced.lark.replace('start: (analysis <|start|> "assistant")* call', "start: call"),
+                "final": in_final.lark.replace('start: ((analysis | preamble) <|start|> "assistant")* (final)',
+                                               "start: final")}
+    assert all(not g.startswith("start: (") for g in grammars.values())
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.05))
+    for kind, lark in grammars.items():
+        for seed in range(8):
+            engine.add_request(f"{kind}-{seed}", [1, 2, 3], SamplingParams(
+                max_tokens=160, temperature=1.0, seed=seed, stop_token_ids=STOP_TOKEN_IDS,
+                constraint=GrammarConstraint(type(forced)(lark))))
+    outputs, finished = {}, {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+            finished[out.request_id] = out.finish_reason
+    assert set(finished.values()) == {"stop"}, finished  # every one ends on <|return|> or <|call|>
+    for request_id, tokens in outputs.items():
+        text = harmony_encoding().decode(tokens)
+        body = text.split("<|message|>", 1)[1].rsplit("<|", 1)[0]
+        jsonschema.validate(json.loads(body), BOUNDED)
+        assert text.endswith("<|call|>" if request_id.startswith("call") else "<|return|>")
