@@ -21,16 +21,17 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from batch import display
 from batch.admission import Prepared, prepare
 from batch.cliutil import fail
-from batch.reader import InputLine, scan_input
+from batch.reader import InputLine
 from batch.results import line_result
 from batch.rows import RequestResult
-from batch.runner import RunError, RunOptions, RunSummary, Runner, _internal, _reraise_interrupts
+from batch.runner import RunError, RunOptions, Runner, _internal, _reraise_interrupts
 from batch.status import RequestStatus, RunStatus
 from batch.store import Store
 from engine.api import Backend
@@ -129,40 +130,23 @@ class RayRunner(Runner):
             slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
         return cast(dict, self.ray.get(self.slots[0].handle.describe.remote()))
 
-    # -- the loop ---------------------------------------------------------
-    def run(self) -> RunSummary:
-        """Decode every line not yet finished in this run on the workers; returns the summary."""
-        start = time.monotonic()
-        scan = scan_input(self.options.input_path)
-        self.num_input_requests = scan.num_requests
-        self.run_id, resumed, done = self._open_run(scan.sha256)
-        lines = self._lines(done)
-        self.skipped = len(done)
-        status = RunStatus.FAILED
-        self.writer = self.store.background_writer(max_unwritten=self.options.max_inflight)
-        try:
-            exhausted = False
-            while not exhausted or self.queue or self.filling or self._num_out():
-                while not exhausted and self._num_held() < self._max_held():
-                    line = next(lines, None)
-                    if line is None:
-                        exhausted = True
-                    else:
-                        self._check(line)
-                if self.filling and exhausted:
-                    self.queue.append(self.filling)
-                    self.filling = []
-                self._dispatch()
-                self._collect()
-                self._flush(force=not self._num_out())
-            status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
-        except KeyboardInterrupt:
-            status = RunStatus.INTERRUPTED
-            raise
-        finally:
-            status = self._close(status)
-        return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
-                          self.tokens["output"], time.monotonic() - start, self.ignored, self._worker_rows())
+    # -- the loop (Runner.run opens and closes the run around it) ----------
+    def _decode(self, lines: Iterator[InputLine]) -> None:
+        """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
+        exhausted = False
+        while not exhausted or self.queue or self.filling or self._num_out():
+            while not exhausted and self._num_held() < self._max_held():
+                line = next(lines, None)
+                if line is None:
+                    exhausted = True
+                else:
+                    self._check(line)
+            if self.filling and exhausted:
+                self.queue.append(self.filling)
+                self.filling = []
+            self._dispatch()
+            self._collect()
+            self._flush(force=not self._num_out())
 
     def _max_held(self) -> int:
         return CHUNKS_PER_WORKER * self.chunk_size * max(1, len(self.slots))

@@ -198,6 +198,21 @@ class Runner:
         self.skipped = len(done)
         status = RunStatus.FAILED
         self.writer = self.store.background_writer(max_unwritten=self.options.max_inflight)
+        try:
+            self._decode(lines)
+            # A --limit run stops early on purpose: a plain rerun continues it.
+            status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
+        except KeyboardInterrupt:
+            status = RunStatus.INTERRUPTED
+            raise
+        finally:
+            status = self._close(status)
+        return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
+                          self.tokens["output"], time.monotonic() - start, self.ignored,
+                          self._worker_rows())
+
+    def _decode(self, lines: Iterator[InputLine]) -> None:
+        """Read, admit and decode the lines in this process until every one has its result."""
         # The writer thread needs the GIL back after each DuckDB call; at the default 5 ms
         # switch interval it waits on the decode loop far longer than it writes.
         switch_interval = sys.getswitchinterval()
@@ -217,17 +232,8 @@ class Runner:
                     self._step()
                 self._resume_tool_calls(block=not self.sessions)
                 self._flush(force=not (self.sessions or self.awaiting or self.listing))
-            # A --limit run stops early on purpose: a plain rerun continues it.
-            status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
-        except KeyboardInterrupt:
-            status = RunStatus.INTERRUPTED
-            raise
         finally:
             sys.setswitchinterval(switch_interval)
-            status = self._close(status)
-        return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
-                          self.tokens["output"], time.monotonic() - start, self.ignored,
-                          self._worker_rows())
 
     def _worker_rows(self) -> list[dict]:
         rows = self.store.worker_throughput(self.run_id)
