@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 import torch
 
@@ -19,6 +18,7 @@ from click.testing import CliRunner
 from openai.types.responses import Response
 
 from batch.cli import main
+from tests.db import rows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -28,11 +28,6 @@ def submit(*args, model=None):
     result = CliRunner().invoke(main, ["submit", *map(str, args), "--quiet",
                                        *(["--model", str(model)] if model else [])])
     return result
-
-
-def rows(db, query):
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.sql(query).fetchall()
 
 
 @pytest.fixture

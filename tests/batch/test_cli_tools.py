@@ -7,7 +7,6 @@ import hashlib
 import json
 import sys
 
-import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -17,6 +16,7 @@ from tests.fakes import ScriptedBackend
 from tests.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
 from tests.mcp_servers import REPO, echo_http
 from tests.oracles import validate_event, validate_response
+from tests.db import rows
 
 SECRET = "sk-never-stored-8e1f"
 TOKEN = "oauth-never-stored-77c2"
@@ -46,11 +46,6 @@ def scripted(monkeypatch):
     """`batchrun submit` decodes with the scripted backend (any --model directory will do)."""
     monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
     monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(script))
-
-
-def rows(db, query):
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.sql(query).fetchall()
 
 
 def test_submit_runs_stdio_http_and_builtin_tools(tmp_path, scripted, monkeypatch):

@@ -11,7 +11,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -29,6 +28,7 @@ from batch.session import SessionOptions  # noqa: E402
 from batch.harmony import PromptOptions  # noqa: E402
 from batch.store import Store  # noqa: E402
 from tests.fakes import ScriptedBackend  # noqa: E402
+from tests.db import rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "data" / "examples"
@@ -52,11 +52,6 @@ def cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
-
-
-def rows(db, query):
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.sql(query).fetchall()
 
 
 def cli(*args):

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from batch.cli import main
 from batch.shards import Shard, ShardSpecError
+from tests.db import rows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"
 GREEDY = ["--temperature", "0", "--max-output-tokens", "8", "--conversation-date", "2026-01-01", "--quiet"]
@@ -19,11 +20,6 @@ GREEDY = ["--temperature", "0", "--max-output-tokens", "8", "--conversation-date
 
 def cli(*args):
     return CliRunner().invoke(main, [str(arg) for arg in args])
-
-
-def rows(db, query):
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.sql(query).fetchall()
 
 
 @pytest.fixture
