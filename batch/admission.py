@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batch.events import new_id
-from batch.constraint import ConstraintError, GrammarConstraint
+from batch.constraint import ConstraintError, check_grammar
 from batch.harmony import PromptOptions, RenderError, render_prompt
 from batch.reader import InputLine
 from batch.request import ResponsesRequest
@@ -102,7 +102,7 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
                     turn_grammar(registry, text_format, first_turn=False))
         for grammar in grammars:  # compile errors (an unsupported schema) reject the line now
             if grammar is not None:
-                GrammarConstraint(grammar)
+                check_grammar(grammar)
     except (RenderError, ToolChoiceError, ConstraintError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
     return Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,

@@ -65,12 +65,13 @@ class _MatcherCache:
         self._matchers: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
-    def fresh(self, grammar: TurnGrammar) -> llguidance.LLMatcher:
+    def compiled(self, grammar: TurnGrammar) -> llguidance.LLMatcher:
+        """The grammar's compiled matcher, shared: copy it before consuming tokens."""
         with self._lock:
             compiled = self._matchers.get(grammar.lark)
             if compiled is not None:
                 self._matchers.move_to_end(grammar.lark)
-                return compiled.deep_copy()
+                return compiled
         compiled = llguidance.LLMatcher(harmony_tokenizer(), grammar.lark, log_level=0)
         if compiled.is_error():
             raise _explain(grammar, compiled.get_error())
@@ -78,7 +79,10 @@ class _MatcherCache:
             self._matchers[grammar.lark] = compiled
             while len(self._matchers) > self.size:
                 self._matchers.popitem(last=False)
-        return compiled.deep_copy()
+        return compiled
+
+    def fresh(self, grammar: TurnGrammar) -> llguidance.LLMatcher:
+        return self.compiled(grammar).deep_copy()
 
 
 _CACHE = _MatcherCache(_CACHE_SIZE)
@@ -92,6 +96,11 @@ def _explain(grammar: TurnGrammar, error: str) -> ConstraintError:
         if is_error:
             return ConstraintError(field, f"cannot be enforced: {messages[0]}")
     return ConstraintError("tools", f"cannot be enforced: {error}")
+
+
+def check_grammar(grammar: TurnGrammar) -> None:
+    """Compile the grammar now (cached for its turns); ConstraintError names the field it cannot enforce."""
+    _CACHE.compiled(grammar)
 
 
 class GrammarConstraint:
