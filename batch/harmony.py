@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,16 +169,47 @@ def input_messages(items: str | list[dict]) -> list[Message]:
     return messages
 
 
+class _HeadCache:
+    """Rendered system (+ developer) messages by their JSON: requests of a run mostly share them.
+
+    Harmony renders a conversation message by message. Only the system message
+    depends on the rest (its tool-routing line appears when a developer message
+    declares functions), and both sit in the head; the analysis messages a
+    conversation drops are assistant ones, all in the tail. So head + tail equals
+    the whole conversation's rendering (tests/batch/test_harmony.py checks it),
+    and the head, most of a prompt's rendering time, is rendered once.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._tokens: OrderedDict[str, list[int]] = OrderedDict()
+
+    def tokens(self, head: list[Message]) -> list[int]:
+        key = json.dumps([message.to_dict() for message in head])
+        tokens = self._tokens.get(key)
+        if tokens is None:
+            tokens = harmony_encoding().render_conversation(Conversation.from_messages(head))
+            self._tokens[key] = tokens
+            if len(self._tokens) > self.size:
+                self._tokens.popitem(last=False)
+        else:
+            self._tokens.move_to_end(key)
+        return tokens
+
+
+_HEADS = _HeadCache(256)
+
+
 def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
                   options: PromptOptions) -> list[int]:
     """Prompt tokens for a request whose conversation input is `items`."""
-    messages = [_system_message(request, registry, options)]
+    head = [_system_message(request, registry, options)]
     developer = _developer_message(request, registry)
     if developer is not None:
-        messages.append(developer)
-    messages.extend(input_messages(items))
-    conversation = Conversation.from_messages(messages)
-    return harmony_encoding().render_conversation_for_completion(conversation, Role.ASSISTANT)
+        head.append(developer)
+    tail = Conversation.from_messages(input_messages(items))
+    return [*_HEADS.tokens(head),
+            *harmony_encoding().render_conversation_for_completion(tail, Role.ASSISTANT)]
 
 
 def render_tool_output(author: str, text: str) -> list[int]:

@@ -212,3 +212,38 @@ def test_pasted_back_hosted_items_render_their_text_and_reject_wrong_types():
     with pytest.raises(RenderError) as info:
         render({"input": [{"type": "code_interpreter_call", "code": 5, "outputs": []}]})
     assert info.value.field == "input[0].code"
+
+
+def _whole_conversation(body, options=PromptOptions()):
+    """The prompt as harmony renders it in one call: the reference for the head cache."""
+    from openai_harmony import Conversation
+
+    from batch.harmony import _developer_message, _system_message, input_messages
+
+    request, _ = parse_request(body)
+    registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
+    messages = [_system_message(request, registry, options)]
+    developer = _developer_message(request, registry)
+    messages += [developer] if developer is not None else []
+    messages += input_messages(request.input_items())
+    return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
+
+
+@pytest.mark.parametrize("body", [
+    {"input": "Hi"},
+    {"input": "Hi", "instructions": "Be terse.", "reasoning": {"effort": "low"}},
+    {"input": "Hi", "tools": [WEATHER]},  # functions: the system message gains its routing line
+    {"input": "Hi", "tools": [{"type": "code_interpreter"}, {"type": "web_search_preview"}]},
+    {"input": [{"role": "system", "content": "Use metric."}, {"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "Which city?"},
+               {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Ask."}]},
+               {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+               {"type": "function_call_output", "call_id": "c1", "output": "18"},
+               {"role": "assistant", "content": "18 degrees."}, {"role": "user", "content": "Thanks"}],
+     "tools": [WEATHER]},  # analysis before the last final is dropped
+    {"input": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+               {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Kept."}]}]},
+])
+def test_prompts_rendered_with_a_cached_head_equal_the_whole_conversations(body):
+    first, second = render(body)[1], render(body)[1]  # a miss, then a hit of the head cache
+    assert first == second == _whole_conversation(body)
