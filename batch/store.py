@@ -303,9 +303,11 @@ class Store(ReportQueries):
         with self.write_lock:
             write_results(self.con, results, replace_lines)
 
-    def background_writer(self, max_unwritten: int = 256) -> ResultWriter:
+    def background_writer(self, max_unwritten: int = 256, *, min_rows: int = 0,
+                          max_wait_s: float = 0.0) -> ResultWriter:
         """A `ResultWriter` on its own cursor: results are written while the caller goes on."""
-        return ResultWriter(self.con.cursor(), max_unwritten, self.write_lock)
+        return ResultWriter(self.con.cursor(), max_unwritten, self.write_lock, min_rows=min_rows,
+                            max_wait_s=max_wait_s)
 
     # -- lookups -----------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -106,22 +107,29 @@ def write_results(con: duckdb.DuckDBPyConnection, results: list[RequestResult], 
         con.execute(";\n".join(statements))
 
 
+_FLUSH = object()  # queued by wait_idle: write what is queued now, without waiting for more
+
+
 class ResultWriter:
     """Writes batches of results in order on a thread of its own, through its own cursor.
 
-    The decode loop hands a batch over and goes on; batches that queue up while one
-    is written go out together, in one transaction. (Measured here: DuckDB 2.0's
-    Python client holds the GIL for most of an insert, so on CPU the writes and the
-    parsing still take turns; the thread saves the loop the waits, not the work.) `submit` blocks while the writer
-    holds `max_unwritten` results (memory stays bounded); an error of the thread is
-    raised again by the next `submit` or by `close`, and nothing after it is written.
+    The decode loop hands a batch over and goes on. The thread gathers what is queued
+    until it holds ``min_rows`` events or its oldest result has waited ``max_wait_s``,
+    then writes it all in one transaction: DuckDB's cost per row halves from ~5,000-row
+    to ~30,000-row inserts (measured here), and its time holds the GIL less than the
+    decode loop would pay for it. (DuckDB 2.0's Python client still holds the GIL for
+    part of an insert, so on CPU the writes and the parsing partly take turns.)
+    `submit` blocks while the writer holds `max_unwritten` results (memory stays
+    bounded; a full writer writes at once); an error of the thread is raised again by
+    the next `submit` or by `close`, and nothing after it is written.
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, max_unwritten: int,
-                 write_lock: threading.Lock | None = None):
+                 write_lock: threading.Lock | None = None, *, min_rows: int = 0, max_wait_s: float = 0.0):
         self._con = con
         self._write_lock = write_lock or threading.Lock()  # the store's: live snapshots copy between commits
         self.max_unwritten = max_unwritten
+        self.min_rows, self.max_wait_s = min_rows, max_wait_s
         self._queue: queue.Queue = queue.Queue()
         self._space = threading.Condition()
         self.num_unwritten = 0
@@ -133,29 +141,46 @@ class ResultWriter:
     def submit(self, results: list[RequestResult], *, replace_lines: bool) -> None:
         """Queue a batch (``replace_lines`` as in `Store.write_results`)."""
         with self._space:
-            while (self.num_unwritten and self.num_unwritten + len(results) > self.max_unwritten
-                   and self.error is None):
+            if self._is_full(len(results)):
+                self._queue.put(_FLUSH)  # the thread may be waiting for more: what it holds is enough
+            while self._is_full(len(results)):
                 self._space.wait()
             self._raise_error()
             self.num_unwritten += len(results)
         self._queue.put((results, replace_lines))
 
+    def _is_full(self, more: int) -> bool:
+        return bool(self.num_unwritten) and self.num_unwritten + more > self.max_unwritten and self.error is None
+
     def _take(self) -> tuple[list[RequestResult], bool, int, bool]:
-        """The next batch merged with any queued behind it: (results, replace, batches, stop)."""
-        first = self._queue.get()
-        if first is None:
-            return [], False, 1, True
-        results, replace_lines = list(first[0]), first[1]
-        taken, stop = 1, False
-        while not self._queue.empty():
-            more = self._queue.get_nowait()
+        """The next batch merged with those queued behind it: (results, replace, items taken, stop).
+
+        After the first batch it waits for more, up to ``max_wait_s`` from the first,
+        until the merged batch holds ``min_rows`` events; a stop, `wait_idle`, or a
+        `submit` blocked on a full writer ends the wait.
+        """
+        results: list[RequestResult] = []
+        replace_lines, taken, rows = False, 0, 0
+        deadline = None
+        while True:
+            try:
+                if deadline is None:
+                    item = self._queue.get()
+                    deadline = time.monotonic() + self.max_wait_s
+                else:
+                    wait = deadline - time.monotonic() if rows < self.min_rows else 0.0
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                return results, replace_lines, taken, False
             taken += 1
-            if more is None:
-                stop = True
-                break
-            results.extend(more[0])
-            replace_lines = replace_lines or more[1]
-        return results, replace_lines, taken, stop
+            if item is None:
+                return results, replace_lines, taken, True
+            if item is _FLUSH:
+                deadline = time.monotonic()  # take what is queued, wait for nothing more
+                continue
+            results.extend(item[0])
+            replace_lines = replace_lines or item[1]
+            rows += sum(len(result.events) for result in item[0] if result.events is not None)
 
     def _loop(self) -> None:
         stop = False
@@ -177,6 +202,7 @@ class ResultWriter:
 
     def wait_idle(self) -> None:
         """Block until every queued batch is written; raises the thread's error, if any."""
+        self._queue.put(_FLUSH)
         self._queue.join()
         self._raise_error()
 

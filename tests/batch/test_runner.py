@@ -115,10 +115,11 @@ def test_read_ahead_and_requests_in_flight_stay_within_max_inflight(tmp_path, st
                                                             - num_written(store))))
     summary = run(store, backend, path, max_inflight=2)
     assert summary.statuses == Counter(completed=20)
-    # Two decoding, and at most two finished ones waiting for the writer.
-    assert len(count_reads) == 20 and max(count_reads) <= 2 * 2
+    # Two decoding or waiting to be handed over, and at most WRITER_HOLDS * 2 finished ones in the writer.
+    ahead_at_most = (1 + runner_module.WRITER_HOLDS) * 2
+    assert len(count_reads) == 20 and max(count_reads) <= ahead_at_most
     assert backend.max_num_running == 2 and max(running for running, _ in at_step) == 2
-    assert max(ahead for _, ahead in at_step) <= 2 * 2
+    assert max(ahead for _, ahead in at_step) <= ahead_at_most
     assert added_custom_ids(backend) == [f"c{n}" for n in range(1, 21)]
 
 
@@ -128,7 +129,7 @@ def test_invalid_lines_do_not_let_the_reader_run_ahead(tmp_path, store, count_re
              + [request(f"c{n}", "short") for n in range(13, 21)])
     summary = run(store, backend_for(), write_input(tmp_path / "in.jsonl", lines), max_inflight=2)
     assert summary.statuses == Counter(completed=10, invalid=10)
-    assert len(count_reads) == 20 and max(count_reads) <= 2 * 2
+    assert len(count_reads) == 20 and max(count_reads) <= (1 + runner_module.WRITER_HOLDS) * 2
 
 
 def test_results_are_written_as_requests_finish(tmp_path, store, monkeypatch):

@@ -1,0 +1,71 @@
+"""The background writer: batches gathered into few transactions, without holding anyone up."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import batch.store_writes as store_writes
+from batch.store import Store
+from tests.batch.test_store import make_result, make_run
+
+LONG_S = 600.0  # a wait the writer must never sit out in these tests
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "w.duckdb") as opened:
+        opened.create_run(make_run("r1"))
+        yield opened
+
+
+@pytest.fixture
+def transactions(monkeypatch):
+    """The number of results in each write_results call the writer makes."""
+    sizes: list[int] = []
+    write = store_writes.write_results
+
+    def counting(con, results, replace_lines):
+        sizes.append(len(results))
+        write(con, results, replace_lines)
+
+    monkeypatch.setattr(store_writes, "write_results", counting)
+    return sizes
+
+
+def finishes(function, timeout_s: float = 30.0) -> bool:
+    """Whether `function()` returns within `timeout_s` (a hang fails the test instead of stalling it)."""
+    thread = threading.Thread(target=function, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return not thread.is_alive()
+
+
+def test_batches_handed_over_together_are_written_in_one_transaction(store, transactions):
+    writer = store.background_writer(max_unwritten=64, min_rows=10_000, max_wait_s=LONG_S)
+    for line_no in range(1, 7, 2):
+        writer.submit([make_result("r1", line_no), make_result("r1", line_no + 1)], replace_lines=False)
+    assert finishes(writer.wait_idle)  # a flush does not wait for min_rows
+    assert transactions == [6] and store.num_rows("requests", "r1") == 6
+    writer.close()
+
+
+def test_the_writer_writes_once_it_holds_min_rows_events(store, transactions):
+    writer = store.background_writer(max_unwritten=64, min_rows=6, max_wait_s=LONG_S)
+    writer.submit([make_result("r1", 1, n_events=3)], replace_lines=False)
+    writer.submit([make_result("r1", 2, n_events=3)], replace_lines=False)
+    deadline = time.monotonic() + 30
+    while writer.num_written < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.num_written == 2 and transactions == [2]
+    writer.close()
+
+
+def test_a_submit_blocked_on_a_full_writer_makes_it_write(store, transactions):
+    writer = store.background_writer(max_unwritten=2, min_rows=10_000, max_wait_s=LONG_S)
+    writer.submit([make_result("r1", 1), make_result("r1", 2)], replace_lines=False)
+    assert finishes(lambda: writer.submit([make_result("r1", 3)], replace_lines=False))
+    writer.close()
+    assert transactions[0] == 2 and sum(transactions) == 3 and store.num_rows("requests", "r1") == 3
