@@ -189,12 +189,23 @@ class ResponseEvents:
 
     def __init__(self, response_id: str):
         self.response_id = response_id
-        self.columns = EventColumns()
+        self._columns = EventColumns()
         self.output: list[dict] = []
         self.state = State.IDLE
         self.current: OpenItem | None = None
         self.turn = 0
         self._started = time.monotonic()
+        self._num_events = 0
+        # The open item's latest delta events: only their payloads and clocks, per token; the
+        # columns every one of them shares are filled in at once by _add_deltas.
+        self._delta_payloads: list[str] = []
+        self._delta_times: list[float] = []
+
+    @property
+    def columns(self) -> EventColumns:
+        """Every event so far, as the events table's columns."""
+        self._add_deltas()
+        return self._columns
 
     @property
     def events(self) -> list[dict]:
@@ -202,13 +213,33 @@ class ResponseEvents:
         return [json.loads(payload) for payload in self.columns.payload]
 
     def __len__(self) -> int:
-        return len(self.columns)
+        return self._num_events
 
     # -- low level --------------------------------------------------------
+    def _add_deltas(self) -> None:
+        """Move the open item's pending delta events into the columns."""
+        payloads = self._delta_payloads
+        if not payloads:
+            return
+        count, columns, item, started = len(payloads), self._columns, self.current, self._started
+        if item is None or item.delta is None:
+            raise EventOrderError("delta events with no open item")
+        first = len(columns.payload)
+        columns.sequence_number.extend(range(first, first + count))
+        columns.type.extend([item.delta.type] * count)
+        columns.output_index.extend([item.output_index] * count)
+        columns.content_index.extend([item.delta.content_index] * count)
+        columns.item_id.extend([item.item_id] * count)
+        columns.payload.extend(payloads)
+        columns.turn.extend([self.turn] * count)
+        columns.t_ms.extend([(at - started) * 1e3 for at in self._delta_times])
+        self._delta_payloads, self._delta_times = [], []
+
     def _append(self, type_: str, output_index: int | None, content_index: int | None,
                 item_id: str | None, payload: str) -> None:
-        columns = self.columns
-        columns.sequence_number.append(len(columns.payload))
+        self._add_deltas()
+        columns = self._columns
+        columns.sequence_number.append(self._num_events)
         columns.type.append(type_)
         columns.output_index.append(output_index)
         columns.content_index.append(content_index)
@@ -216,9 +247,10 @@ class ResponseEvents:
         columns.payload.append(payload)
         columns.turn.append(self.turn)
         columns.t_ms.append((time.monotonic() - self._started) * 1e3)
+        self._num_events += 1
 
     def _emit(self, type_: str, **fields: Any) -> dict:
-        event = {"type": type_, "sequence_number": len(self.columns), **fields}
+        event = {"type": type_, "sequence_number": self._num_events, **fields}
         item_id = fields.get("item_id") or (fields.get("item") or {}).get("id")
         self._append(type_, fields.get("output_index"), fields.get("content_index"), item_id,
                      json_text(event))
@@ -241,7 +273,7 @@ class ResponseEvents:
     # -- lifecycle --------------------------------------------------------
     def start(self, response: dict) -> None:
         """response.created and response.in_progress, with the in-progress response object."""
-        if self.events:
+        if self._num_events:
             raise EventOrderError("start() called twice")
         self._emit("response.created", response=response)
         self._emit("response.in_progress", response=response)
@@ -295,9 +327,11 @@ class ResponseEvents:
         delta = item.delta
         if delta is None:
             return  # web_search_call has no argument deltas in the spec
-        self._append(delta.type, item.output_index, delta.content_index, item.item_id,
-                     f"{delta.head}{len(self.columns.payload)}{delta.middle}"
-                     f"{encode_basestring_ascii(text)}{delta.tail}")
+        sequence_number = self._num_events
+        self._num_events = sequence_number + 1
+        self._delta_payloads.append(
+            f"{delta.head}{sequence_number}{delta.middle}{encode_basestring_ascii(text)}{delta.tail}")
+        self._delta_times.append(time.monotonic())
 
     def close_item(self, status: ItemStatus = ItemStatus.COMPLETED) -> OpenItem:
         """The harmony message ended. Hosted tool calls then wait for `tool_result`."""
