@@ -4,13 +4,17 @@ The driver does what a one-machine run does but decode: it scans the input, open
 or resumes the run, reads and checks the lines (invalid ones are written at once),
 and writes every result. Valid lines go out in chunks of `--max-inflight` to worker
 actors (batch/ray_worker.py), at most two chunks per worker at a time, so the
-driver holds a bounded number of lines for any input size. Resume is by line, as
-on one machine: a rerun of the same command skips every line that has a row.
+driver holds a bounded number of lines for any input size; a worker decodes its
+two chunks in one batch (a chunk's tail does not leave the batch half empty) and
+returns each when its last line ends. Resume is by line, as on one machine: a
+rerun of the same command skips every line that has a row.
 
 Faults: a chunk whose worker died (killed, its node lost, out of memory) goes back
 to the front of the queue, split in halves, so a request that kills its worker
-ends up alone; alone, it is tried `MAX_ATTEMPTS` times and then fails with an
-error that says so. Results a worker returned are written and never redone. A dead
+ends up alone in a chunk; such a line then goes out alone onto an idle worker (a
+worker decodes its chunks together, so a death is a line's own only when that line
+was all the worker held). Alone, it is tried `MAX_ATTEMPTS` times and then fails
+with an error that says so. Results a worker returned are written and never redone. A dead
 worker gets no work until it answers again (Ray restarts it, reloading the model);
 one that cannot be restarted is dropped, and the run fails only when none is left.
 """
@@ -36,8 +40,10 @@ from batch.status import RequestStatus, RunStatus
 from batch.store import Store
 from engine.api import Backend
 
-MAX_ATTEMPTS = 3  # a request alone in a chunk whose worker died this often fails
-CHUNKS_PER_WORKER = 2  # one decoding, one waiting in the actor's queue
+MAX_ATTEMPTS = 3  # a request that was all its worker held when the worker died this often fails
+CHUNKS_PER_WORKER = 2  # decoded together: the second's lines fill the batch as the first's finish
+# Threads per actor: the decode calls it holds, and one more so that ping and describe never wait on them.
+WORKER_CONCURRENCY = CHUNKS_PER_WORKER + 1
 WAIT_S = 0.2
 RESTART_WAIT_S = 900.0  # a worker not back this long after it died (no room on any node?) is dropped
 # Ray keeps every node on 127.0.0.1 with these (it picks an external interface otherwise).
@@ -64,6 +70,7 @@ class WorkerSlot:
     chunks: dict[Any, list[Prepared]] = field(default_factory=dict)  # ObjectRef -> chunk
     probe: Any = None  # an ObjectRef of ping() while the worker is coming back
     died_at: float = 0.0  # time.monotonic() of its last death
+    lines_at_death: int = 0  # lines it held when it last died (1: that line's death)
     is_dead: bool = False
 
     @property
@@ -73,6 +80,10 @@ class WorkerSlot:
     @property
     def has_room(self) -> bool:
         return not self.is_dead and self.probe is None and len(self.chunks) < CHUNKS_PER_WORKER
+
+    @property
+    def num_lines(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks.values())
 
 
 def import_ray() -> Any:
@@ -111,7 +122,8 @@ class RayRunner(Runner):
         self.slots: list[WorkerSlot] = []
         self.queue: deque[list[Prepared]] = deque()  # chunks waiting for a worker, retries first
         self.filling: list[Prepared] = []
-        self.attempts: dict[int, int] = {}  # line_no -> times it was alone in a chunk whose worker died
+        self.attempts: dict[int, int] = {}  # line_no -> times it was alone on a worker that died
+        self.suspects: set[int] = set()  # line_nos given back by a dead worker: alone, they go out alone
 
     @property
     def chunk_size(self) -> int:
@@ -124,7 +136,8 @@ class RayRunner(Runner):
         """Create the actors (each loads the model); returns the first one's engine config."""
         opts = self.ray_options
         actor = self.ray.remote(num_cpus=opts.cpus_per_worker, num_gpus=opts.gpus_per_worker,
-                                max_restarts=-1, max_task_retries=0)(_worker_class())
+                                max_restarts=-1, max_task_retries=0,
+                                max_concurrency=WORKER_CONCURRENCY)(_worker_class())
         self.slots = [WorkerSlot(index, None) for index in range(opts.num_workers)]
         for slot in self.slots:
             slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
@@ -176,12 +189,22 @@ class RayRunner(Runner):
 
     def _dispatch(self) -> None:
         for slot in self.slots:
-            while self.queue and slot.has_room:
+            while self.queue and self._can_take(slot, self.queue[0]):
                 chunk = self.queue.popleft()
                 slot.chunks[slot.handle.decode.remote(chunk, self.run_id)] = chunk
         if not any(not slot.is_dead for slot in self.slots):
             raise RunError("every Ray worker died and none could be restarted; finished requests are "
                            "saved: run the same command again to resume")
+
+    def _can_take(self, slot: WorkerSlot, chunk: list[Prepared]) -> bool:
+        """Room on the worker; a line alone that a dead worker gave back goes alone onto an idle one,
+        so that if its worker dies again, that death is its own (a worker decodes its chunks together)."""
+        if not slot.has_room:
+            return False
+        return not slot.chunks or not any(self._is_suspect(held) for held in [chunk, *slot.chunks.values()])
+
+    def _is_suspect(self, chunk: list[Prepared]) -> bool:
+        return len(chunk) == 1 and chunk[0].line.line_no in self.suspects
 
     def _collect(self) -> None:
         for slot in self.slots:
@@ -203,14 +226,15 @@ class RayRunner(Runner):
                 self._returned(slot, ref)
 
     def _returned(self, slot: WorkerSlot, ref: Any) -> None:
-        chunk = slot.chunks.pop(ref)
         try:
             results = self.ray.get(ref)
         except self.ray.exceptions.RayError:  # the worker died (or the task raised: a bug)
-            self._retry(chunk)
-            if slot.probe is None and not slot.is_dead:
+            if slot.probe is None and not slot.is_dead:  # the first of this death's chunks
+                slot.lines_at_death = slot.num_lines
                 slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
+            self._retry(slot.chunks.pop(ref), alone=slot.lines_at_death == 1)
             return
+        slot.chunks.pop(ref)
         for result in results:
             if result.response is not None:
                 self.tokens["input"] += result.response.input_tokens
@@ -226,18 +250,21 @@ class RayRunner(Runner):
         except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
             slot.is_dead = True
             for chunk in slot.chunks.values():  # calls made before it was known dead
-                self._retry(chunk)
+                self._retry(chunk, alone=False)
             slot.chunks.clear()
 
-    def _retry(self, chunk: list[Prepared]) -> None:
-        """A chunk its worker did not return: halves go first in the queue; a line alone counts a try."""
+    def _retry(self, chunk: list[Prepared], alone: bool) -> None:
+        """A chunk its worker did not return: halves go first in the queue. A line that was all its
+        worker held (`alone`) counts a try."""
+        self.suspects.update(prepared.line.line_no for prepared in chunk)
         if len(chunk) > 1:
             middle = len(chunk) // 2
             self.queue.extendleft([chunk[middle:], chunk[:middle]])
             return
         line = chunk[0].line
-        self.attempts[line.line_no] = self.attempts.get(line.line_no, 0) + 1
-        if self.attempts[line.line_no] < MAX_ATTEMPTS:
+        if alone:
+            self.attempts[line.line_no] = self.attempts.get(line.line_no, 0) + 1
+        if self.attempts.get(line.line_no, 0) < MAX_ATTEMPTS:
             self.queue.appendleft(chunk)
             return
         self._finished(line_result(self.run_id, line, RequestStatus.FAILED,

@@ -3,22 +3,22 @@ one CPU each, all on 127.0.0.1): real actors, the real engine on the random tiny
 (or the scripted backend, for tool loops and a request that kills its worker), a real
 DuckDB file written by the driver alone."""
 
+import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from batch.cli import main
 from batch.ray_runner import LOOPBACK_ENV
+from tests.ray_cluster import REPO, simulated_cluster  # sets LOOPBACK_ENV: every node listens on 127.0.0.1
 
-# Ray reads these when it is imported: every node then listens on 127.0.0.1 only.
-os.environ.update(LOOPBACK_ENV)
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batchrun[ray]')")
 from ray.cluster_utils import Cluster  # noqa: E402
 
@@ -30,7 +30,6 @@ from batch.store import Store  # noqa: E402
 from tests.fakes import ScriptedBackend  # noqa: E402
 from tests.db import rows  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "data" / "examples"
 GREEDY = ["--temperature", "0", "--max-output-tokens", "8", "--conversation-date", "2026-01-01", "--quiet"]
 KILLER = "kill your worker"
@@ -39,19 +38,8 @@ KILLER = "kill your worker"
 @pytest.fixture(scope="module")
 def cluster():
     """Head and one more node, one CPU each, every address on loopback."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    # The workers import this module (the scripted backend) like the driver does.
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-             logging_level="WARNING")
-    try:
-        assert cluster.address.startswith("127.0.0.1:")
-        assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
-        assert len(ray.nodes()) == 2
+    with simulated_cluster() as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def cli(*args):
@@ -99,6 +87,8 @@ def script(prompt_text: str, turn: int) -> str:
     user = prompt_text.rsplit("<|start|>user<|message|>", 1)[1].split("<|end|>", 1)[0]
     if KILLER in user:
         os._exit(1)  # as an out-of-memory kill would
+    if user.startswith("long"):
+        return "<|channel|>final<|message|>" + "word " * 150 + "<|return|>"
     if "python" in user and turn == 0:
         return ("<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant"
                 "<|channel|>analysis to=python code<|message|>print(6 * 7)<|call|>")
@@ -111,6 +101,38 @@ class ScriptedSpec:
 
     def load(self) -> ScriptedBackend:
         return ScriptedBackend(script)
+
+
+class LoggingBackend(ScriptedBackend):
+    """The scripted backend, a little slower; appends "add|end REQUEST_ID" to a file as requests
+    enter and leave its batch (it runs in the worker's process, not the test's)."""
+
+    def __init__(self, log_path: str):
+        super().__init__(script, on_step=lambda _: time.sleep(0.01))
+        self.log_path = log_path
+
+    def _log(self, kind: str, request_id: str) -> None:
+        with open(self.log_path, "a") as log:
+            log.write(f"{kind} {request_id}\n")
+
+    def add_request(self, request_id, prompt_token_ids, sampling):
+        super().add_request(request_id, prompt_token_ids, sampling)
+        self._log("add", request_id)
+
+    def step(self):
+        outputs = super().step()
+        for out in outputs:
+            if out.finish_reason is not None:
+                self._log("end", out.request_id)
+        return outputs
+
+
+@dataclass(frozen=True)
+class LoggingSpec:
+    log_path: str
+
+    def load(self) -> LoggingBackend:
+        return LoggingBackend(self.log_path)
 
 
 def requests_file(tmp_path, users):
@@ -158,6 +180,25 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster)
     assert rows(db, "SELECT count(*) FROM tool_calls") == [(8,)]
     assert rows(db, "SELECT count(*) FROM responses WHERE num_turns = 2") == [(8,)]
     assert rows(db, "SELECT status FROM runs") == [("completed",)]
+
+
+def test_a_worker_decodes_its_two_chunks_in_one_batch(tmp_path, cluster):
+    # One worker, --max-inflight 2: chunks [r0 r1] and [r2 r3] go to it at once.
+    path = requests_file(tmp_path, ["long story", "question 1", "question 2", "question 3"])
+    options = run_options(path)
+    options = dataclasses.replace(options, session=dataclasses.replace(options.session, max_output_tokens=512))
+    log = tmp_path / "engine.log"
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, options, RayOptions(num_workers=1), LoggingSpec(str(log)))
+        runner.start_workers()
+        summary = runner.run()
+    assert summary.statuses == {"completed": 4}
+    custom_ids = dict(rows(tmp_path / "ray.duckdb", "SELECT response_id, custom_id FROM requests"))
+    order = [(kind, custom_ids[request_id.split("/")[0]]) for kind, request_id in
+             (entry.split() for entry in log.read_text().splitlines())]
+    # The second chunk's lines decode beside the first chunk's long line, not after it.
+    assert order.index(("add", "r2")) < order.index(("end", "r0"))
+    assert order.index(("add", "r3")) < order.index(("end", "r0"))
 
 
 def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):

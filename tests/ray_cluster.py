@@ -1,0 +1,35 @@
+"""A simulated two-node Ray cluster for tests: head and one more node, one CPU each, every
+address on 127.0.0.1 (Ray reads LOOPBACK_ENV when it is imported, so this module sets it first)."""
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batch.ray_runner import LOOPBACK_ENV
+
+os.environ.update(LOOPBACK_ENV)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def simulated_cluster() -> Iterator:
+    """Start the cluster and join it from this process; the workers import this repository's modules."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batchrun[ray]')")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+             logging_level="WARNING")
+    try:
+        assert cluster.address.startswith("127.0.0.1:")
+        assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+        assert len(ray.nodes()) == 2
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
