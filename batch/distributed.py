@@ -1,8 +1,8 @@
 """Beyond one process: `submit --shard K/N`, `submit --ray`, and `batchrun merge`.
 
-`distribution_options` adds the options to `batchrun submit`; `submit_distributed`
-runs what they ask for (a shard, a Ray run, or a plain run); `merge` joins shard
-databases into one run.
+`distribution_options` adds the options to `batchrun submit` and `batchrun eval`;
+`submit_distributed` runs what they ask for (a shard, a Ray run, or a plain run),
+with the same checks for both; `merge` joins shard databases into one run.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ DISTRIBUTION_OPTIONS = [
 
 
 def distribution_options(command: F) -> F:
-    """Decorate `submit` with DISTRIBUTION_OPTIONS."""
+    """Decorate a command that decodes (`submit`, `eval`) with DISTRIBUTION_OPTIONS."""
     for option in reversed(DISTRIBUTION_OPTIONS):
         command = option(command)
     return command

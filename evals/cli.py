@@ -1,7 +1,8 @@
 """`batchrun eval|grade|snapshot|check|compare|report`: thin commands over evals/.
 
 Registered on the root group in batch/cli.py; `eval` runs its suite through
-batch/submit.py's functions, the same ones `batchrun submit` calls.
+batch/submit.py's and batch/distributed.py's functions, the same ones `batchrun
+submit` calls (so --shard and --ray work as there).
 Exit codes as everywhere in batchrun: 0 done, 1 could not (or a check or
 threshold failed), 2 usage errors.
 """
@@ -17,8 +18,9 @@ from pathlib import Path
 import click
 
 from batch.cliutil import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.distributed import distribution_options, submit_distributed
 from batch.store import Store
-from batch.submit import run_submit, submit_options, submit_plan
+from batch.submit import submit_options, submit_plan
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
 from evals.suite import Suite, SuiteError, load_suite
@@ -59,29 +61,45 @@ _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metava
 @click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).")
 @click.option("--resume", metavar="RUN_ID", help="Continue an interrupted eval run, then grade it.")
 @_fail_under
+@distribution_options
 @submit_options
 def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | None,
                  fail_under: float | None, **values) -> None:
     """Run the eval SUITE (a suite file, or a built-in suite's name) as a new run and grade it.
 
     It takes every option of `batchrun submit` (--model, --max-output-tokens, --seed,
-    --temperature, --backend, ...).
+    --temperature, --backend, ..., --ray, --shard). With --shard K/N it decodes that
+    shard only and grades nothing: merge the parts, then grade the merged run.
     """
     suite = _suite(suite_name)
     if resume and run_id:
         raise click.UsageError("--resume and --run-id are exclusive")
+    if values["shard"] is not None and fail_under is not None:
+        raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
+                               "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
     run_id = resume or run_id or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
         requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
         options, backend = submit_plan(requests, db, {**values, "run_id": None if resume else run_id,
                                                       "resume": resume})
-        run_submit(options, backend, db=db, quiet=values["quiet"])
+        submit_distributed(options, backend, db, values)
     with _open_store(db) as store:
         notes = store.get_run(run_id)["notes"] or {}
         store.update_run(run_id, input_path=str(suite.path),
                          notes={**notes, "eval_suite": suite.name})
         click.echo()
+        if values["shard"] is not None:
+            click.echo(_merge_hint(run_id, suite, suite_name, values["shard"], db))
+            return
         _grade(store, run_id, suite, fail_under)
+
+
+def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str) -> str:
+    merged = f"eval_{suite.name}"
+    return (f"run {run_id} is shard {shard} of the eval: not graded (a shard is part of the run). "
+            "Once every shard has run, merge the parts and grade the merged run:\n"
+            f"  batchrun merge {db} OTHER_PARTS.duckdb -o merged.duckdb --run-id {merged}\n"
+            f"  batchrun grade {merged} {suite_name} --db merged.duckdb")
 
 
 @click.command("grade")

@@ -89,10 +89,9 @@ def test_eval_takes_every_submit_option_and_rejects_others(tmp_path):
     submit_help = batchrun("submit", "--help").output
     eval_help = batchrun("eval", "--help")
     assert eval_help.exit_code == 0
-    # Spreading a run over shards or Ray workers is submit's alone: eval grades the run it decodes.
-    distributed = {"--shard", "--ray", "--workers", "--gpus-per-worker", "--cpus-per-worker"}
-    options = set(re.findall(r"^  (--[a-z-]+)", submit_help, re.M)) - distributed
-    assert {"--model", "--max-output-tokens", "--retry-failed", "--mcp-config", "--quiet"} <= options
+    options = set(re.findall(r"^  (--[a-z-]+)", submit_help, re.M))
+    assert {"--model", "--max-output-tokens", "--retry-failed", "--mcp-config", "--quiet", "--shard", "--ray",
+            "--workers", "--gpus-per-worker", "--cpus-per-worker"} <= options
     assert options <= set(re.findall(r"^  (--[a-z-]+)", eval_help.output, re.M))
     suite = write_suite(tmp_path / "mini.jsonl", SUITE[:1])
     unknown = batchrun("eval", suite, "--db", tmp_path / "x.duckdb", "--bogus-flag")
