@@ -247,3 +247,23 @@ def _whole_conversation(body, options=PromptOptions()):
 def test_prompts_rendered_with_a_cached_head_equal_the_whole_conversations(body):
     first, second = render(body)[1], render(body)[1]  # a miss, then a hit of the head cache
     assert first == second == _whole_conversation(body)
+
+
+def _byte_tokens(data: bytes) -> list[int]:
+    """One token per byte (o200k has a token for every single byte)."""
+    from batch.constraint import o200k
+
+    ranks, _ = o200k()
+    return [ranks[bytes([byte])] for byte in data]
+
+
+def test_a_character_split_over_tokens_is_one_delta_and_text_after_bad_bytes_is_kept():
+    enc = harmony_encoding()
+    head = enc.encode("<|channel|>final<|message|>", allowed_special="all")
+    emoji = "😀".encode()
+    tokens = head + _byte_tokens(emoji) + _byte_tokens(b"\x80") + enc.encode(" isotope") + [200002]
+    steps = _steps_from_token_parser(tokens)
+    deltas = [step[1] for step in steps if step and step[0] == "delta"]
+    assert deltas[:len(emoji)] == [""] * (len(emoji) - 1) + ["😀"]
+    assert "".join(deltas) == "😀\ufffd isotope"
+    assert steps[-1] == ("closed", "final", None, None, "😀\ufffd isotope")
