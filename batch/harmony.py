@@ -288,27 +288,58 @@ def _whole_text(token_id: int) -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class _HeaderFields:
+    channel: str | None
+    recipient: str | None
+    content_type: str | None
+
+
+class _HeaderOutcomes:
+    """What harmony's parser made of each header prefix it has seen: accepted so far (None),
+    the header's fields (at `<|message|>`), or its error message.
+
+    Harmony checks a header on its own (after a message's end token it expects the next
+    `<|start|>`, and a turn's first header follows the prompt's `<|start|>assistant`), and
+    it costs ~25-100 us a header token; a run's models write the same few headers over and
+    over, so each prefix is parsed once per process. Cleared when full (garbage headers
+    of a random model must not grow it without bound).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._outcomes: dict[tuple[bool, tuple[int, ...]], _HeaderFields | str | None] = {}
+
+    def get(self, key: tuple[bool, tuple[int, ...]]) -> _HeaderFields | str | None | bool:
+        """The outcome, or False when this prefix was never parsed."""
+        return self._outcomes.get(key, False)
+
+    def put(self, key: tuple[bool, tuple[int, ...]], outcome: _HeaderFields | str | None) -> None:
+        if len(self._outcomes) >= self.size:
+            self._outcomes.clear()
+        self._outcomes[key] = outcome
+
+
+_HEADERS = _HeaderOutcomes(1 << 16)
+
+
 class TokenParser:
     """Incremental harmony parsing of one turn's completion tokens, O(1) per token.
 
     openai-harmony's `StreamableParser` validates the message structure, but its
-    `state` and `messages` serialise everything parsed so far to JSON on each read.
-    This class reads neither per token: the token ids say when content starts
-    (`<|message|>` in a header) and ends (`<|end|>`, `<|call|>`, `<|return|>` in
-    content), and the header fields are read once per message, when its content
-    opens. Content tokens never reach harmony's parser (it sees each message's header
-    and end token, so it still checks the structure): `_ContentDecoder` turns them
-    into text for a fraction of the cost.
+    `state` and `messages` serialise everything parsed so far to JSON on each read,
+    and each header token costs it tens of microseconds. This class reads neither per
+    token: the token ids say when content starts (`<|message|>` in a header) and ends
+    (`<|end|>`, `<|call|>`, `<|return|>` in content). Headers go through harmony's
+    parser once per distinct header (`_HeaderOutcomes` remembers what it said, errors
+    included, so a cached header fails at the same token with the same message); content
+    tokens never reach it: `_ContentDecoder` turns them into text.
     """
 
-    __slots__ = ("_parser", "in_content", "channel", "recipient", "content_type", "_parts",
-                 "last_message", "_content")
+    __slots__ = ("in_content", "channel", "recipient", "content_type", "_parts", "last_message",
+                 "_content", "_header", "_first", "_live")
 
     def __init__(self) -> None:
-        parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
-        # The Rust object behind the Python wrapper has the same methods: calling it
-        # directly saves two Python frames per token (the wrapper, if it ever goes).
-        self._parser = getattr(parser, "_inner", parser)
         self.in_content = False
         self.channel: str | None = None  # of the open message (or the last one, once closed)
         self.recipient: str | None = None
@@ -316,6 +347,9 @@ class TokenParser:
         self._parts: list[str] = []
         self.last_message: ParsedMessage | None = None
         self._content = _ContentDecoder()
+        self._header: list[int] = []  # the current header's tokens so far
+        self._first = True  # the turn's first header (it follows the prompt's <|start|>assistant)
+        self._live: Any = None  # harmony's parser, on a header it has not seen before
 
     def feed(self, token_id: int) -> str | Boundary | None:
         """Parse one token; raises HarmonyError on malformed harmony.
@@ -327,8 +361,8 @@ class TokenParser:
         """
         if self.in_content:
             if token_id in CONTENT_END_TOKENS:
-                self._parser.process(token_id)
                 self.in_content = False
+                self._header, self._first = [], False
                 self.last_message = ParsedMessage(self.channel, self.recipient, self.content_type,
                                                   "".join(self._parts), token_id)
                 return Boundary.CLOSED
@@ -338,17 +372,40 @@ class TokenParser:
             if delta:
                 self._parts.append(delta)
             return delta
-        parser = self._parser
-        parser.process(token_id)
-        if token_id == MESSAGE_TOKEN:
-            self.in_content = True
-            self.channel = parser.current_channel
-            self.recipient = parser.current_recipient
-            self.content_type = parser.current_content_type
+        self._header.append(token_id)
+        key = (self._first, tuple(self._header))
+        outcome = _HEADERS.get(key) if self._live is None else False
+        if outcome is False:
+            outcome = self._parse(token_id, key)
+        if isinstance(outcome, str):
+            raise HarmonyError(outcome)
+        if isinstance(outcome, _HeaderFields):
+            self.in_content, self._live = True, None
+            self.channel, self.recipient, self.content_type = outcome.channel, outcome.recipient, outcome.content_type
             self._parts = []
             self._content = _ContentDecoder()
             return Boundary.OPENED
         return None
+
+    def _parse(self, token_id: int, key: tuple[bool, tuple[int, ...]]) -> _HeaderFields | str | None:
+        """Harmony's verdict on a header prefix not seen before (remembered for the next time)."""
+        if self._live is None:
+            parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT if self._first else None)
+            # The Rust object behind the wrapper has the same methods, two Python frames nearer.
+            self._live = getattr(parser, "_inner", parser)
+            for earlier in self._header[:-1]:  # accepted before: they were remembered so
+                self._live.process(earlier)
+        outcome: _HeaderFields | str | None = None
+        try:
+            self._live.process(token_id)
+        except HarmonyError as exc:
+            outcome = str(exc)
+        else:
+            if token_id == MESSAGE_TOKEN:
+                live = self._live
+                outcome = _HeaderFields(live.current_channel, live.current_recipient, live.current_content_type)
+        _HEADERS.put(key, outcome)
+        return outcome
 
     @property
     def text(self) -> str:

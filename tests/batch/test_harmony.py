@@ -1,5 +1,6 @@
 """Rendering requests into harmony tokens, and parsing completions token by token."""
 
+import random
 import time
 
 import pytest
@@ -267,3 +268,64 @@ def test_a_character_split_over_tokens_is_one_delta_and_text_after_bad_bytes_is_
     assert deltas[:len(emoji)] == [""] * (len(emoji) - 1) + ["😀"]
     assert "".join(deltas) == "😀\ufffd isotope"
     assert steps[-1] == ("closed", "final", None, None, "😀\ufffd isotope")
+
+
+def _outline(feed, tokens):
+    """(the boundaries and header fields each token gave, and the error that stopped the parse)."""
+    steps = []
+    try:
+        for token_id in tokens:
+            steps.append(feed(token_id))
+    except HarmonyError as exc:
+        return steps, str(exc)
+    return steps, None
+
+
+def _harmony_outline(tokens):
+    """The oracle: every token through one harmony parser, its state read after each (slow)."""
+    parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
+
+    def feed(token_id):
+        was_content = parser.state == StreamState.CONTENT
+        parser.process(token_id)
+        if parser.state == StreamState.CONTENT and not was_content:
+            return ("opened", parser.current_channel, parser.current_recipient, parser.current_content_type)
+        return "closed" if was_content and parser.state != StreamState.CONTENT else None
+    return _outline(feed, tokens)
+
+
+def _token_parser_outline(tokens):
+    parser = TokenParser()
+
+    def feed(token_id):
+        step = parser.feed(token_id)
+        if step is Boundary.OPENED:
+            return ("opened", parser.channel, parser.recipient, parser.content_type)
+        return "closed" if step is Boundary.CLOSED else None
+    return _outline(feed, tokens)
+
+
+def test_headers_remembered_from_harmony_fail_and_open_exactly_as_harmony_does():
+    enc = harmony_encoding()
+    rng = random.Random(7)
+    heads = ["<|channel|>analysis<|message|>", "<|channel|>final<|message|>",
+             " to=python<|channel|>analysis code<|message|>",
+             "<|channel|>commentary to=functions.x <|constrain|>json<|message|>", "<|message|>", "oops<|message|>"]
+    between = ["<|start|>assistant", "<|start|>user", "<|start|>assistant to=functions.z", "x"]
+    sequences = []
+    for _ in range(150):
+        # A turn's first header follows the prompt's <|start|>assistant: the same tokens can mean another thing there.
+        tokens = enc.encode(rng.choice(between), allowed_special="all") if rng.random() < 0.2 else []
+        for _ in range(rng.randint(1, 3)):
+            head = enc.encode(rng.choice(heads), allowed_special="all")
+            if rng.random() < 0.3:  # a stray token in the header (in content, ours is an error harmony allows)
+                head.insert(rng.randrange(len(head)), rng.choice([t for t in range(199990, 200018) if t != 200008]))
+            tokens += head + enc.encode(" plain words") + [rng.choice([200007, 200007, 200002])]
+            if tokens[-1] != 200007:
+                break
+            tokens += enc.encode(rng.choice(between), allowed_special="all")
+        sequences.append(tokens)
+    expected = [_harmony_outline(tokens) for tokens in sequences]
+    assert sum(error is not None for _, error in expected) > 20  # malformed headers are exercised
+    for _ in range(2):  # first parses, then what was remembered
+        assert [_token_parser_outline(tokens) for tokens in sequences] == expected
