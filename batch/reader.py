@@ -21,7 +21,8 @@ from typing import Any, BinaryIO, TypeAlias
 
 import pyarrow.parquet as pq
 
-from batch.request import RequestError, ResponsesRequest, json_type, parse_request
+from batch.request import ResponsesRequest, parse_request
+from batch.request_errors import RequestError, json_type
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batch.reader import InputFormatError, InputScan, iter_jsonl, read_requests, scan_input
-from batch.request import (IGNORED_FIELDS, REDACTED, RequestError, parse_request, redact_secrets,
-                           request_hash)
+from batch.request import IGNORED_FIELDS, REDACTED, parse_request, redact_secrets, request_hash
+from batch.request_errors import RequestError
 
 FUNCTION_TOOL = {"type": "function", "name": "get_weather",
                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
