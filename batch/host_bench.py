@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batch.harmony import STOP_TOKEN_IDS, PromptOptions
+from batch.harmony import PromptOptions
+from batch.token_parser import STOP_TOKEN_IDS
 from batch.runner import RunOptions, Runner
 from batch.session import SessionOptions
 from batch.store import Store

@@ -8,7 +8,7 @@ resolves its recipient to an item kind once, through the request's tool registry
 from __future__ import annotations
 
 from batch.events import ItemKind, ResponseEvents
-from batch.harmony import CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser
+from batch.token_parser import CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser
 from batch.metrics import TurnMetrics
 from batch.status import ItemStatus
 from tools.kinds import ToolType

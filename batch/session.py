@@ -19,7 +19,8 @@ from typing import Any
 
 from batch.constraint import GrammarConstraint
 from batch.events import ResponseEvents
-from batch.harmony import CALL_TOKEN, STOP_TOKEN_IDS, render_tool_output
+from batch.harmony import render_tool_output
+from batch.token_parser import CALL_TOKEN, STOP_TOKEN_IDS
 from batch.metrics import ResponseMetrics, TurnMetrics
 from batch.output_parser import OutputParser
 from batch.reader import InputLine

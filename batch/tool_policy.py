@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from batch.harmony import ParsedMessage
+from batch.token_parser import ParsedMessage
 from batch.response import Outcome
 from batch.status import ResponseStatus, ToolCallStatus
 from tools.client import CallOutcome

@@ -155,7 +155,7 @@ def test_bounded_turns_always_complete_and_validate_on_random_weights(tiny_model
     """With the free parts bounded (a turn already in the final channel, or the forced call, and a schema
     of short strings, enums and short arrays), random weights at temperature 1 finish every time, valid."""
     from batch.constraint import GrammarConstraint
-    from batch.harmony import STOP_TOKEN_IDS
+    from batch.token_parser import STOP_TOKEN_IDS
     from batch.turn_grammar import turn_grammar
     from batch.vocab import harmony_encoding
     from engine.api import SamplingParams
