@@ -156,8 +156,8 @@ class ResultWriter:
         """The next batch merged with those queued behind it: (results, replace, items taken, stop).
 
         After the first batch it waits for more, up to ``max_wait_s`` from the first,
-        until the merged batch holds ``min_rows`` events; a stop, `wait_idle`, or a
-        `submit` blocked on a full writer ends the wait.
+        until the merged batch holds ``min_rows`` events or half of ``max_unwritten``
+        results; a stop, `wait_idle`, or a `submit` blocked on a full writer ends the wait.
         """
         results: list[RequestResult] = []
         replace_lines, taken, rows = False, 0, 0
@@ -168,7 +168,9 @@ class ResultWriter:
                     item = self._queue.get()
                     deadline = time.monotonic() + self.max_wait_s
                 else:
-                    wait = deadline - time.monotonic() if rows < self.min_rows else 0.0
+                    # Half full is enough too: a submit that blocks would hold the decode loop up.
+                    gathering = rows < self.min_rows and 2 * len(results) < self.max_unwritten
+                    wait = deadline - time.monotonic() if gathering else 0.0
                     item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 return results, replace_lines, taken, False

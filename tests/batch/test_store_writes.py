@@ -69,3 +69,13 @@ def test_a_submit_blocked_on_a_full_writer_makes_it_write(store, transactions):
     assert finishes(lambda: writer.submit([make_result("r1", 3)], replace_lines=False))
     writer.close()
     assert transactions[0] == 2 and sum(transactions) == 3 and store.num_rows("requests", "r1") == 3
+
+
+def test_a_half_full_writer_writes_without_waiting_for_min_rows(store, transactions):
+    writer = store.background_writer(max_unwritten=4, min_rows=10_000, max_wait_s=LONG_S)
+    writer.submit([make_result("r1", 1), make_result("r1", 2)], replace_lines=False)
+    deadline = time.monotonic() + 30
+    while writer.num_written < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.num_written == 2 and transactions == [2]
+    writer.close()
