@@ -123,7 +123,7 @@ class Session:
         self.metrics.on_output(out)
         self._completion.extend(out.new_token_ids)
         if self.outcome is None:
-            error = self.output.feed(out.new_token_ids, self.metrics.current)
+            error = self.output.feed(out.new_token_ids, self.metrics.turns[-1])
             if error is None and self.constraint is not None and self.constraint.error is not None:
                 error = f"the output broke the turn's grammar: {self.constraint.error}"
             if error is not None:

@@ -54,21 +54,21 @@ class _ContentDecoder:
     output harmony's deltas could place them a token later, or lose the text after them.
     """
 
-    __slots__ = ("_decoder", "_pending")
+    __slots__ = ("_decoder", "pending")
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._pending = False
+        self.pending = False  # bytes of an incomplete character wait in the decoder
 
     def decode(self, token_id: int) -> str:
         try:
             text = _TOKEN_TEXTS[token_id]
         except KeyError:
             text = _TOKEN_TEXTS[token_id] = _whole_text(token_id)
-        if text is not None and not self._pending:
+        if text is not None and not self.pending:
             return text
         delta = self._decoder.decode(_token_bytes(token_id))
-        self._pending = bool(self._decoder.getstate()[0])
+        self.pending = bool(self._decoder.getstate()[0])
         return delta
 
 
@@ -166,7 +166,10 @@ class TokenParser:
                 return Boundary.CLOSED
             if token_id >= FIRST_SPECIAL_TOKEN:  # harmony would keep `<|channel|>` etc. as text
                 raise HarmonyError(f"control token {harmony_encoding().decode([token_id])} inside a message")
-            delta = self._content.decode(token_id)
+            # Most tokens are whole characters: their cached text, without a call.
+            delta = _TOKEN_TEXTS.get(token_id)
+            if delta is None or self._content.pending:
+                delta = self._content.decode(token_id)
             if delta:
                 self._parts.append(delta)
             return delta
