@@ -193,13 +193,23 @@ class ResponseEvents:
         self.output: list[dict] = []
         self.state = State.IDLE
         self.current: OpenItem | None = None
-        self.turn = 0
+        self._turn = 0
         self._started = time.monotonic()
         self._num_events = 0
         # The open item's latest delta events: only their payloads and clocks, per token; the
         # columns every one of them shares are filled in at once by _add_deltas.
         self._delta_payloads: list[str] = []
         self._delta_times: list[float] = []
+
+    @property
+    def turn(self) -> int:
+        """The model turn the next events belong to (set by the session)."""
+        return self._turn
+
+    @turn.setter
+    def turn(self, turn: int) -> None:
+        self._add_deltas()  # pending deltas belong to the turn that wrote them
+        self._turn = turn
 
     @property
     def columns(self) -> EventColumns:
@@ -231,7 +241,7 @@ class ResponseEvents:
         columns.content_index.extend([item.delta.content_index] * count)
         columns.item_id.extend([item.item_id] * count)
         columns.payload.extend(payloads)
-        columns.turn.extend([self.turn] * count)
+        columns.turn.extend([self._turn] * count)
         columns.t_ms.extend([(at - started) * 1e3 for at in self._delta_times])
         self._delta_payloads, self._delta_times = [], []
 
@@ -245,7 +255,7 @@ class ResponseEvents:
         columns.content_index.append(content_index)
         columns.item_id.append(item_id)
         columns.payload.append(payload)
-        columns.turn.append(self.turn)
+        columns.turn.append(self._turn)
         columns.t_ms.append((time.monotonic() - self._started) * 1e3)
         self._num_events += 1
 

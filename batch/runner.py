@@ -43,7 +43,7 @@ from tools.servers import ServerCatalog, ServerSpec
 
 TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)
 WRITER_SWITCH_INTERVAL_S = 0.001
-FLUSH_S = 1.0  # finished results wait at most this long for their batch to be written
+FLUSH_S = 1.0  # finished results wait at most this long to be handed to the writer (which may wait as long)
 # The writer gathers batches into transactions of this many events (DuckDB inserts cost about
 # half as much per row as at one batch of max_inflight // 4 results), holding up to
 # WRITER_HOLDS * max_inflight results meanwhile.

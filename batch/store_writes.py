@@ -135,6 +135,7 @@ class ResultWriter:
         self.num_unwritten = 0
         self.num_written = 0
         self.error: BaseException | None = None
+        self._taken = 0  # queue items the thread has taken and not yet marked done
         self._thread = threading.Thread(target=self._loop, name="batchrun-writer", daemon=True)
         self._thread.start()
 
@@ -152,15 +153,15 @@ class ResultWriter:
     def _is_full(self, more: int) -> bool:
         return bool(self.num_unwritten) and self.num_unwritten + more > self.max_unwritten and self.error is None
 
-    def _take(self) -> tuple[list[RequestResult], bool, int, bool]:
-        """The next batch merged with those queued behind it: (results, replace, items taken, stop).
+    def _take(self) -> tuple[list[RequestResult], bool, bool]:
+        """The next batch merged with those queued behind it: (results, replace, stop).
 
         After the first batch it waits for more, up to ``max_wait_s`` from the first,
         until the merged batch holds ``min_rows`` events or half of ``max_unwritten``
         results; a stop, `wait_idle`, or a `submit` blocked on a full writer ends the wait.
         """
         results: list[RequestResult] = []
-        replace_lines, taken, rows = False, 0, 0
+        replace_lines, rows = False, 0
         deadline = None
         while True:
             try:
@@ -173,10 +174,10 @@ class ResultWriter:
                     wait = deadline - time.monotonic() if gathering else 0.0
                     item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
-                return results, replace_lines, taken, False
-            taken += 1
+                return results, replace_lines, False
+            self._taken += 1
             if item is None:
-                return results, replace_lines, taken, True
+                return results, replace_lines, True
             if item is _FLUSH:
                 deadline = time.monotonic()  # take what is queued, wait for nothing more
                 continue
@@ -187,8 +188,9 @@ class ResultWriter:
     def _loop(self) -> None:
         stop = False
         while not stop:
-            results, replace_lines, taken, stop = self._take()
+            results: list[RequestResult] = []
             try:
+                results, replace_lines, stop = self._take()
                 if self.error is None and results:
                     with self._write_lock:
                         write_results(self._con, results, replace_lines)
@@ -199,13 +201,15 @@ class ResultWriter:
                 with self._space:
                     self.num_unwritten -= len(results)
                     self._space.notify_all()
-                for _ in range(taken):
+                for _ in range(self._taken):  # counted as taken, so an error in _take leaves none behind
                     self._queue.task_done()
+                self._taken = 0
 
     def wait_idle(self) -> None:
         """Block until every queued batch is written; raises the thread's error, if any."""
-        self._queue.put(_FLUSH)
-        self._queue.join()
+        if self._thread.is_alive():
+            self._queue.put(_FLUSH)
+            self._queue.join()
         self._raise_error()
 
     def _raise_error(self) -> None:

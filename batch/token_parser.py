@@ -112,6 +112,9 @@ class _HeaderOutcomes:
         """The outcome, or False when this prefix was never parsed."""
         return self._outcomes.get(key, False)
 
+    def __len__(self) -> int:
+        return len(self._outcomes)
+
     def put(self, key: tuple[bool, tuple[int, ...]], outcome: _HeaderFields | str | None) -> None:
         if len(self._outcomes) >= self.size:
             self._outcomes.clear()
@@ -119,6 +122,9 @@ class _HeaderOutcomes:
 
 
 _HEADERS = _HeaderOutcomes(1 << 16)
+# Longer headers (a model that never writes <|message|>) are parsed by harmony as they come:
+# remembering every prefix of one would cost time and memory quadratic in its length.
+MAX_REMEMBERED_HEADER = 64
 
 
 class TokenParser:
@@ -174,8 +180,9 @@ class TokenParser:
                 self._parts.append(delta)
             return delta
         self._header.append(token_id)
-        key = (self._first, tuple(self._header))
-        outcome = _HEADERS.get(key) if self._live is None else False
+        key = (self._first, tuple(self._header)) if len(self._header) <= MAX_REMEMBERED_HEADER else None
+        # Once harmony's parser is on a header, it reads the rest of it (and remembers what it says).
+        outcome = _HEADERS.get(key) if key is not None and self._live is None else False
         if outcome is False:
             outcome = self._parse(token_id, key)
         if isinstance(outcome, str):
@@ -188,8 +195,11 @@ class TokenParser:
             return Boundary.OPENED
         return None
 
-    def _parse(self, token_id: int, key: tuple[bool, tuple[int, ...]]) -> _HeaderFields | str | None:
-        """Harmony's verdict on a header prefix not seen before (remembered for the next time)."""
+    def _parse(self, token_id: int, key: tuple[bool, tuple[int, ...]] | None) -> _HeaderFields | str | None:
+        """Harmony's verdict on a header prefix not seen before (remembered for the next time, by `key`).
+
+        Once a header needs harmony, its parser stays on it to the end of the header.
+        """
         if self._live is None:
             parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT if self._first else None)
             # The Rust object behind the wrapper has the same methods, two Python frames nearer.
@@ -205,7 +215,8 @@ class TokenParser:
             if token_id == MESSAGE_TOKEN:
                 live = self._live
                 outcome = _HeaderFields(live.current_channel, live.current_recipient, live.current_content_type)
-        _HEADERS.put(key, outcome)
+        if key is not None:
+            _HEADERS.put(key, outcome)
         return outcome
 
     @property

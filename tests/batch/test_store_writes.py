@@ -79,3 +79,11 @@ def test_a_half_full_writer_writes_without_waiting_for_min_rows(store, transacti
         time.sleep(0.01)
     assert writer.num_written == 2 and transactions == [2]
     writer.close()
+
+
+def test_wait_idle_after_close_returns(store):
+    writer = store.background_writer(max_unwritten=4, min_rows=10_000, max_wait_s=LONG_S)
+    writer.submit([make_result("r1", 1)], replace_lines=False)
+    writer.close()
+    assert finishes(writer.wait_idle)
+    assert store.num_rows("requests", "r1") == 1

@@ -207,3 +207,48 @@ def test_headers_remembered_from_harmony_fail_and_open_exactly_as_harmony_does()
     assert sum(error is not None for _, error in expected) > 20  # malformed headers are exercised
     for _ in range(2):  # first parses, then what was remembered
         assert [_token_parser_outline(tokens) for tokens in sequences] == expected
+
+
+def test_a_header_that_never_ends_costs_the_same_per_token_and_is_not_remembered_whole():
+    """A model that never writes <|message|>: linear time, and only the first prefixes remembered."""
+    from batch import token_parser
+
+    word = harmony_encoding().encode(" word")
+
+    def header_tokens(num_tokens):
+        return [*harmony_encoding().encode("<|channel|>", allowed_special="all"), *word * num_tokens]
+
+    before = len(token_parser._HEADERS)
+    short = _seconds_per_token(header_tokens(400))
+    long = _seconds_per_token(header_tokens(4_000))
+    assert long < 3 * short, f"{long * 1e6:.2f} us/token for a 4,000-token header vs {short * 1e6:.2f} for 400"
+    assert len(token_parser._HEADERS) - before <= 200  # not one entry per prefix of 4,000
+
+
+def test_a_small_header_memory_cleared_mid_header_changes_nothing(monkeypatch):
+    from batch import token_parser
+
+    monkeypatch.setattr(token_parser, "_HEADERS", token_parser._HeaderOutcomes(3))
+    tokens = harmony_encoding().encode("<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                                       "<|message|>{}<|call|>", allowed_special="all")
+    for _ in range(2):
+        assert _token_parser_outline(tokens) == _harmony_outline(tokens)
+
+
+def test_a_header_seen_before_needs_no_harmony_parser(monkeypatch):
+    from batch import token_parser
+
+    made = []
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return StreamableParser(*args, **kwargs)
+
+    monkeypatch.setattr(token_parser, "_HEADERS", token_parser._HeaderOutcomes(1 << 16))
+    monkeypatch.setattr(token_parser, "StreamableParser", counting)
+    tokens = harmony_encoding().encode("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary"
+                                       " to=functions.get_weather <|constrain|>json<|message|>{}<|call|>",
+                                       allowed_special="all")
+    _token_parser_outline(tokens)
+    assert len(made) == 2  # one per header, each read to its end
+    assert _token_parser_outline(tokens) == _harmony_outline(tokens) and len(made) == 2
