@@ -131,7 +131,13 @@ def _whole_conversation(body, options=PromptOptions()):
                 "outputs": [{"type": "logs", "logs": "1024\n"}], "status": "completed"},
                {"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "add", "arguments": "{}",
                 "output": "3", "status": "completed"}],
-     "tools": [WEATHER]},
+     "tools": [WEATHER]},  # the code_interpreter_call's analysis message: harmony renders this tail
+    {"input": [{"role": "user", "content": "Weather?"},
+               {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+               {"type": "function_call_output", "call_id": "c1", "output": " 18 <|end|>"},
+               {"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "add", "arguments": "{}",
+                "output": "", "status": "completed"}],
+     "tools": [WEATHER]},  # every message from frames
 ])
 def test_prompts_rendered_from_cached_heads_and_message_frames_equal_the_whole_conversations(body):
     first, second = render(body)[1], render(body)[1]  # a miss, then a hit of the caches
