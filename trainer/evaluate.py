@@ -1,14 +1,23 @@
 """Held-out evaluation of a checkpoint through `batchrun submit`, not by calling the model.
 
-    python -m trainer.evaluate [--model data/models/batchrun-tiny] [--n 200] [--seed 7]
+    python -m trainer.evaluate [--model data/models/batchrun-tiny] [--n 240] [--seed 7] [--sets ...]
 
-Writes `n` held-out generated tasks (a seed training never uses) to a JSONL file, runs
-`batchrun submit` on it greedily with the built-in python and browser tools, reads the
-DuckDB file and prints, per family and overall: correct final answers (the expected
-answer in the response's message text; for function calls, the exact call), well-formed
-harmony (the response completed: no parse failure, no budget overrun), and tool calls
-(every call made goes to the expected tool with well-formed arguments: a JSON object
-for JSON tools, the expected code for python).
+Three sets of tasks training never sees, each written to a JSONL file and run through
+`batchrun submit` greedily with the built-in python and browser tools:
+
+- `values`: `n` generated tasks from a seed training never uses, in the training
+  phrasings (fresh values, familiar wording);
+- `templates`: `n` tasks in the held-out phrasings (trainer/tasks.py `Phrasings.held_out`):
+  wording the model has never seen, so template memorisation cannot pass them;
+- `long`: 40 "Multiply 9953*424 using the code_interpreter tool." tasks with 4-7 digit
+  times 3-6 digit operands (6 to 13-digit products to copy from the tool's output).
+
+For each set it reads the DuckDB file and prints, per family and overall: correct final
+answers (the expected answer in the response's message text; a JSON answer under
+`text.format` parsed and equal to the expected object; for function calls, the exact
+call), well-formed harmony (the response completed: no parse failure, no budget overrun),
+and tool calls (every call made goes to the expected tool with well-formed arguments: a
+JSON object for JSON tools, the expected code for python).
 """
 
 from __future__ import annotations
@@ -23,9 +32,11 @@ from pathlib import Path
 
 from batch.store import Store
 from evals.grading import run_outputs
-from trainer.tasks import Task, generate
+from trainer.tasks import Task, generate, long_product_tasks
 
-HELD_OUT_SEED = 7  # training uses the seed it is given (0 by default) and seed + 1,000,003
+HELD_OUT_SEED = 7  # training uses the seed it is given (0 by default) and seed + 1,000,003 / + 2,000,003
+SETS = ("values", "templates", "long")
+LONG_TASKS = 40
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"
 
 
@@ -78,11 +89,34 @@ def grade(tasks: list[Task], db: Path, run_id: str) -> list[dict]:
         checks = [_call_ok(r, a, task.calls[k] if k < len(task.calls) else None) for k, (r, a) in enumerate(calls)]
         exact_calls = len(calls) == len(task.calls) and all(exact for _, exact in checks)
         harmony_ok = output is not None and output.status == "completed"
-        correct = harmony_ok and exact_calls and (task.answer in output.text if task.answer else not output.text)
+        correct = harmony_ok and exact_calls and _answer_ok(task, output.text)
         rows.append({"custom_id": task.custom_id, "family": task.family, "correct": correct,
                      "harmony_ok": harmony_ok, "num_calls": len(calls),
                      "num_calls_ok": sum(ok for ok, _ in checks), "text": output.text if output else None})
     return rows
+
+
+def _answer_ok(task: Task, text: str) -> bool:
+    """The expected answer in the text; under a JSON text.format, the parsed text equals it."""
+    if not task.answer:
+        return not text
+    if task.body.get("text", {}).get("format", {}).get("type") in ("json_schema", "json_object"):
+        try:
+            return json.loads(text) == json.loads(task.answer)
+        except ValueError:
+            return False
+    return task.answer in text
+
+
+def set_tasks(name: str, n: int, seed: int) -> list[Task]:
+    """The tasks of one evaluation set (see the module docstring)."""
+    if name == "values":
+        return generate(seed, n, prefix="heldout")
+    if name == "templates":
+        return generate(seed + 1, n, prefix="phrasing", split="held_out")
+    if name == "long":
+        return long_product_tasks(seed + 2, LONG_TASKS)
+    raise ValueError(f"unknown evaluation set {name!r}; expected one of {SETS}")
 
 
 def summary(rows: list[dict]) -> str:
@@ -103,31 +137,44 @@ def _pct(k: int, n: int) -> str:
     return f"{100 * k / n:.1f}%" if n else "-"
 
 
-def evaluate(model: Path, n: int = 200, seed: int = HELD_OUT_SEED, workdir: Path | None = None) -> list[dict]:
+def evaluate(model: Path, n: int = 240, seed: int = HELD_OUT_SEED, workdir: Path | None = None,
+             name: str = "values") -> list[dict]:
+    """Run one evaluation set through `batchrun submit` on `model`; its graded rows."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="batchrun-eval-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    tasks = generate(seed, n, prefix="heldout")
-    requests, db = workdir / "heldout.jsonl", workdir / "heldout.duckdb"
+    tasks = set_tasks(name, n, seed)
+    requests, db = workdir / f"{name}.jsonl", workdir / f"{name}.duckdb"
     write_requests(tasks, requests)
     db.unlink(missing_ok=True)
-    submit(requests, db, model, "heldout")
-    return grade(tasks, db, "heldout")
+    submit(requests, db, model, name)
+    return grade(tasks, db, name)
+
+
+TITLES = {"values": "fresh values, training phrasings", "templates": "held-out phrasings (never trained on)",
+          "long": f"long products ({LONG_TASKS} tasks, 6-13 digit results)"}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--n", type=int, default=200, help="held-out tasks")
+    parser.add_argument("--n", type=int, default=240, help="tasks in each of the values and templates sets")
     parser.add_argument("--seed", type=int, default=HELD_OUT_SEED)
+    parser.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     parser.add_argument("--workdir", type=Path, help="where the JSONL and DuckDB files go (default: a temp dir)")
     parser.add_argument("--show-failures", action="store_true")
     args = parser.parse_args(argv)
-    rows = evaluate(args.model, args.n, args.seed, args.workdir)
-    if args.show_failures:
-        for row in rows:
-            if not row["correct"]:
-                print(f"FAIL {row['custom_id']}: {row['text']!r}")
-    print(summary(rows))
+    names = [name.strip() for name in args.sets.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SETS]
+    if unknown:
+        parser.error(f"--sets: unknown set {unknown[0]!r}; expected some of {', '.join(SETS)}")
+    for name in names:
+        rows = evaluate(args.model, args.n, args.seed, args.workdir, name)
+        print(f"## {name}: {TITLES[name]}")
+        if args.show_failures:
+            for row in rows:
+                if not row["correct"]:
+                    print(f"FAIL {row['custom_id']}: {row['text']!r}")
+        print(summary(rows))
 
 
 if __name__ == "__main__":

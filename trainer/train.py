@@ -44,23 +44,24 @@ MODEL_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, 
 
 
 # Task groups per cycle of the training set: more of the tasks whose copied words are
-# hardest to find (function arguments; a reversed list or a JSON object's second value),
-# fewer long browser tasks (learned early).
-TRAINING_MIX = (("python", 2), ("function_call", 4), ("function_output", 2), ("browser", 1), ("no_tool", 3),
-                ("no_tool/reverse", 1), ("no_tool/json", 1))
+# hardest to find (function arguments; word lists, reversed or not, and a JSON object's
+# second value; python's long numbers), fewer long browser tasks and JSON answers (learned early).
+TRAINING_MIX = (("python", 3), ("function_call", 4), ("function_output", 2), ("browser", 1), ("no_tool", 3),
+                ("no_tool/reverse", 1), ("no_tool/json", 1), ("no_tool/list", 1), ("no_tool/copy", 1),
+                ("structured", 1))
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
     copy_steps: int = 100  # first steps on random token strings to copy (the circuit learns its scale)
-    steps: int = 5000  # in all, the copy steps included
+    steps: int = 6000  # in all, the copy steps included
     batch_tokens: int = 3000  # padded tokens per step (small batches learn faster per second here)
     lr: float = 3e-3
     warmup: int = 30
     beta2: float = 0.98
     weight_decay: float = 0.01
-    num_tasks: int = 40000
+    num_tasks: int = 48000
     num_held_out: int = 200
     word_init: bool = True  # tokens of one word start with close embeddings
     group: int = 16  # training tasks per shared context (prompt prefix computed once per batch)
@@ -246,10 +247,10 @@ def evaluate(model, sequences, families, to_live, num_dead, batch_tokens) -> tup
     return sum(losses) / len(losses), shares
 
 
-def sequences_for(seed: int, n: int, prefix: str, mix=None,
-                  group: int = 1) -> tuple[list[Sequence], list[str], list[int]]:
+def sequences_for(seed: int, n: int, prefix: str, mix=None, group: int = 1,
+                  split: str = "train") -> tuple[list[Sequence], list[str], list[int]]:
     """Rendered tasks, their families and their groups."""
-    tasks = generate(seed, n, prefix, dict(mix) if mix else None, group)
+    tasks = generate(seed, n, prefix, dict(mix) if mix else None, group, split)
     return [render_sequence(t.body, t.steps) for t in tasks], [t.family for t in tasks], [t.group for t in tasks]
 
 
@@ -257,11 +258,16 @@ def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> di
     """Train from scratch; returns the log (and writes the checkpoint to `out` if given)."""
     started = time.monotonic()
     train_set, _, groups = sequences_for(config.seed, config.num_tasks, "train", config.mix, config.group)
-    held_out, families, _ = sequences_for(config.seed + 1_000_003, config.num_held_out, "heldout")
     live_ids = live_vocabulary(train_set)
     to_live = {t: i for i, t in enumerate(live_ids)}
-    kept = [i for i, s in enumerate(held_out) if all(t in to_live for t in s.token_ids)]
-    held_out, families = [held_out[i] for i in kept], [families[i] for i in kept]
+    # Fresh values in the training phrasings, and the held-out phrasings (the sequences whose
+    # tokens are all live: a new word's id is dead, which the exact loss cannot index).
+    evaluation = {}
+    for key, seed, split in (("heldout", config.seed + 1_000_003, "train"),
+                             ("phrasing", config.seed + 2_000_003, "held_out")):
+        sequences, families, _ = sequences_for(seed, config.num_held_out, key, split=split)
+        kept = [i for i, s in enumerate(sequences) if all(t in to_live for t in s.token_ids)]
+        evaluation[key] = ([sequences[i] for i in kept], [families[i] for i in kept])
     num_dead = VOCAB_SIZE - len(live_ids)
     model = build_model(config, len(live_ids), live_ids)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
@@ -285,9 +291,13 @@ def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> di
         schedule.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            held_loss, exact = evaluate(model, held_out, families, to_live, num_dead, config.batch_tokens)
-            log.append({"step": step + 1, "loss": round(loss.item(), 4), "heldout_loss": round(held_loss, 4),
-                        "heldout_exact": exact, "elapsed_s": round(time.monotonic() - started, 1)})
+            entry = {"step": step + 1, "loss": round(loss.item(), 4)}
+            for key, (sequences, families) in evaluation.items():
+                if not sequences:
+                    continue
+                held_loss, exact = evaluate(model, sequences, families, to_live, num_dead, config.batch_tokens)
+                entry |= {f"{key}_loss": round(held_loss, 4), f"{key}_exact": exact}
+            log.append({**entry, "elapsed_s": round(time.monotonic() - started, 1)})
             tqdm.write(json.dumps(log[-1])) if progress else print(json.dumps(log[-1]), flush=True)
     if out is not None:
         save(model, live_ids, out, config, log)

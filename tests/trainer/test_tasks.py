@@ -1,10 +1,11 @@
 """The task generator is deterministic and renders exactly what `batchrun submit` renders."""
 
 import json
+import re
 
 from batch.vocab import harmony_encoding
-from trainer.render import request_prompt, render_sequence
-from trainer.tasks import FAMILIES, generate
+from trainer.render import completion_ids, request_prompt, render_sequence
+from trainer.tasks import DECLINE, FAMILIES, generate, long_product_tasks
 
 
 def test_generator_is_deterministic_by_seed():
@@ -77,4 +78,89 @@ def test_function_tasks_call_one_of_the_offered_functions():
 def test_mix_can_ask_for_one_no_tool_kind():
     tasks = generate(3, 16, mix={"no_tool/reverse": 1}, group=8)
     assert {t.family for t in tasks} == {"no_tool"}
-    assert all(t.body["input"].startswith("Reverse the order") for t in tasks)
+    for task in tasks:
+        words = task.body["input"].split(": ", 1)[1].split()
+        assert "everse" in task.body["input"] and task.answer == " ".join(reversed(words))
+
+
+def test_python_results_come_in_every_length_up_to_13_digits():
+    tasks = generate(1, 1500, mix={"python": 1}, group=8)
+    lengths = {len(task.answer.lstrip("-")) for task in tasks}
+    assert set(range(1, 14)) <= lengths
+    for task in tasks[:200]:
+        assert str(eval(task.calls[0][1].removeprefix("print(").removesuffix(")"))) == task.answer  # noqa: S307
+
+
+def test_every_three_digit_group_is_live():
+    from trainer.train import live_vocabulary
+
+    encoding = harmony_encoding()
+    live = set(live_vocabulary([]))
+    assert all(set(encoding.encode(f"{n:03d}")) <= live and set(encoding.encode(str(n))) <= live for n in range(1000))
+
+
+def test_long_product_tasks_use_the_seed_phrasing_and_long_operands():
+    tasks = long_product_tasks(3, 40)
+    for task in tasks:
+        a, b = re.fullmatch(r"Multiply (\d+)\*(\d+) using the code_interpreter tool\.", task.body["input"]).groups()
+        assert len(a) >= 4 and len(b) >= 3 and task.answer == str(int(a) * int(b))
+        assert task.body["tools"][0]["server_label"] == "code_interpreter"
+    assert max(len(task.answer) for task in tasks) >= 11
+
+
+def _accepted(task, first_turn: bool = True) -> bool:
+    """Whether the task's first completion is a completion batchrun's grammar accepts for its request."""
+    from batch.constraint import GrammarConstraint
+    from batch.request import parse_request
+    from batch.turn_grammar import turn_grammar
+    from tools.registry import ToolRegistry
+
+    request, _ = parse_request(task.body)
+    registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
+    constraint = GrammarConstraint(turn_grammar(registry, request.text_format_json(), first_turn))
+    for token in completion_ids(task.steps[0].messages):
+        constraint.accept(token)
+    return constraint.error is None and constraint.is_accepting
+
+
+def test_forced_calls_render_like_auto_and_match_the_grammar():
+    tasks = [task for task in generate(4, 200, mix={"function_call": 1}, group=8) if "tool_choice" in task.body]
+    choices = [json.dumps(task.body["tool_choice"]) for task in tasks]
+    assert '"required"' in choices and any('"name"' in c for c in choices)
+    for task in tasks:
+        choice = task.body["tool_choice"]
+        assert choice == "required" or task.calls[0][0] == f"functions.{choice['name']}"
+        auto = {key: value for key, value in task.body.items() if key != "tool_choice"}
+        assert request_prompt(task.body) == request_prompt(auto)  # tool_choice is not in the prompt
+        assert _accepted(task)
+
+
+def test_structured_answers_fill_their_schema_and_match_the_grammar():
+    import jsonschema
+
+    tasks = generate(6, 120, mix={"structured": 1}, group=4)
+    schemas = [task.body["text"]["format"].get("schema") for task in tasks]
+    assert len({json.dumps(s) for s in schemas}) >= 8 and None in schemas  # a family of shapes, and json_object
+    for task in tasks:
+        answer = json.loads(task.answer)
+        jsonschema.validate(answer, task.body["text"]["format"].get("schema", {"type": "object"}))
+        assert json.loads(task.steps[-1].messages[-1].content[0].text) == answer
+        assert all(str(v) in task.body["input"] for v in _leaves(answer))  # the request says every value
+        assert _accepted(task)
+        plain = {key: value for key, value in task.body.items() if key != "text"}
+        assert request_prompt(task.body) == request_prompt(plain)  # batchrun does not render text.format
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+def test_a_question_with_no_tool_enabled_is_declined():
+    tasks = [task for task in generate(2, 300, mix={"no_tool": 1}, group=4) if task.answer == DECLINE]
+    assert tasks
+    for task in tasks:
+        assert task.body.get("tool_choice") == "none" or not task.body["tools"]

@@ -52,7 +52,8 @@ def test_training_smoke_loss_decreases_and_checkpoint_loads(tmp_path):
     result = train(SMOKE, tmp_path / "model", progress=False)
     log = result["log"]
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"] < 12.3
-    assert set(log[-1]["heldout_exact"]) <= {"python", "function_call", "function_output", "browser", "no_tool", "all"}
+    families = {"python", "function_call", "function_output", "browser", "no_tool", "structured", "all"}
+    assert set(log[-1]["heldout_exact"]) <= families and set(log[-1].get("phrasing_exact", {})) <= families
     assert 0 <= log[-1]["heldout_exact"]["all"] <= 1
     model = GptOssForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
     assert model.config.vocab_size == VOCAB_SIZE
