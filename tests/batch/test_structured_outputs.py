@@ -125,11 +125,11 @@ def test_the_shipped_model_completes_the_seeded_structured_set_valid(tmp_path):
     valid = 0
     for cid, response in responses.items():
         body, last = bodies[cid], response["output"][-1]
+        if response["status"] != "completed":  # cut off by max_output_tokens: a call's arguments may be cut too
+            continue
         if last["type"] == "function_call":
             tool = next(t for t in body["tools"] if t["name"] == last["name"])
             jsonschema.validate(json.loads(last["arguments"]), tool["parameters"])
-        if response["status"] != "completed":
-            continue
         choice = body.get("tool_choice", "auto")
         if "text" in body:
             jsonschema.validate(json.loads(last["content"][0]["text"]), body["text"]["format"]["schema"])
