@@ -25,7 +25,7 @@ from openai_harmony import (
 )
 
 from batch.request import ResponsesRequest
-from batch.token_parser import MESSAGE_TOKEN, RETURN_TOKEN
+from batch.token_parser import MESSAGE_TOKEN
 from batch.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
@@ -37,8 +37,7 @@ _EFFORT = {
     "high": ReasoningEffort.HIGH,
 }
 
-# RETURN_TOKEN: the trainer imports it from here.
-__all__ = ["RenderError", "PromptOptions", "render_prompt", "render_tool_output", "input_messages", "RETURN_TOKEN"]
+__all__ = ["RenderError", "PromptOptions", "render_prompt", "render_tool_output", "input_messages"]
 
 
 class RenderError(ValueError):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from openai_harmony import Message, Role
 
-from batch.harmony import RETURN_TOKEN, PromptOptions, render_prompt, render_tool_output
+from batch.harmony import PromptOptions, render_prompt, render_tool_output
+from batch.token_parser import RETURN_TOKEN
 from batch.request import parse_request
 from batch.vocab import harmony_encoding
 from tools.registry import ToolRegistry

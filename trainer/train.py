@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import GptOssForCausalLM
 
-from batch.harmony import RETURN_TOKEN
+from batch.token_parser import RETURN_TOKEN
 from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
 from trainer.copy_circuit import plant_copy_circuit
 from trainer.fast_forward import hidden_states
