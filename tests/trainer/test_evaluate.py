@@ -62,3 +62,13 @@ def test_command_prints_the_table(capsys, tmp_path):
     assert table.splitlines()[0].startswith("## values")
     assert table.splitlines()[1].split() == ["family", "n", "correct", "harmony", "tool", "calls", "ok"]
     assert table.splitlines()[-1].split()[:2] == ["all", "6"]
+
+
+def test_shipped_model_copies_long_products_and_answers_phrasings_it_never_saw(tmp_path):
+    """#19: 6-13 digit products copied from the python tool; wording held out of training."""
+    long = evaluate(DEFAULT_MODEL, 0, HELD_OUT_SEED, tmp_path, "long")
+    assert len(long) == 40 and all(row["harmony_ok"] for row in long)
+    assert sum(row["correct"] for row in long) >= 38, [r for r in long if not r["correct"]]
+    phrasings = evaluate(DEFAULT_MODEL, 12, HELD_OUT_SEED, tmp_path, "templates")
+    assert all(row["harmony_ok"] for row in phrasings)
+    assert sum(row["correct"] for row in phrasings) >= 10, [r for r in phrasings if not r["correct"]]
