@@ -195,7 +195,6 @@ class ResponseEvents:
         self.current: OpenItem | None = None
         self._turn = 0
         self._started = time.monotonic()
-        self._num_events = 0
         # The open item's latest delta events: only their payloads and clocks, per token; the
         # columns every one of them shares are filled in at once by _add_deltas.
         self._delta_payloads: list[str] = []
@@ -223,7 +222,7 @@ class ResponseEvents:
         return [json.loads(payload) for payload in self.columns.payload]
 
     def __len__(self) -> int:
-        return self._num_events
+        return len(self._columns.payload) + len(self._delta_payloads)
 
     # -- low level --------------------------------------------------------
     def _add_deltas(self) -> None:
@@ -249,7 +248,7 @@ class ResponseEvents:
                 item_id: str | None, payload: str) -> None:
         self._add_deltas()
         columns = self._columns
-        columns.sequence_number.append(self._num_events)
+        columns.sequence_number.append(len(columns.payload))
         columns.type.append(type_)
         columns.output_index.append(output_index)
         columns.content_index.append(content_index)
@@ -257,10 +256,9 @@ class ResponseEvents:
         columns.payload.append(payload)
         columns.turn.append(self._turn)
         columns.t_ms.append((time.monotonic() - self._started) * 1e3)
-        self._num_events += 1
 
     def _emit(self, type_: str, **fields: Any) -> dict:
-        event = {"type": type_, "sequence_number": self._num_events, **fields}
+        event = {"type": type_, "sequence_number": len(self), **fields}
         item_id = fields.get("item_id") or (fields.get("item") or {}).get("id")
         self._append(type_, fields.get("output_index"), fields.get("content_index"), item_id,
                      json_text(event))
@@ -283,7 +281,7 @@ class ResponseEvents:
     # -- lifecycle --------------------------------------------------------
     def start(self, response: dict) -> None:
         """response.created and response.in_progress, with the in-progress response object."""
-        if self._num_events:
+        if len(self):
             raise EventOrderError("start() called twice")
         self._emit("response.created", response=response)
         self._emit("response.in_progress", response=response)
@@ -337,9 +335,9 @@ class ResponseEvents:
         delta = item.delta
         if delta is None:
             return  # web_search_call has no argument deltas in the spec
-        sequence_number = self._num_events
-        self._num_events = sequence_number + 1
-        self._delta_payloads.append(
+        pending = self._delta_payloads
+        sequence_number = len(self._columns.payload) + len(pending)
+        pending.append(
             f"{delta.head}{sequence_number}{delta.middle}{encode_basestring_ascii(text)}{delta.tail}")
         self._delta_times.append(time.monotonic())
 

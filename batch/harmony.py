@@ -276,4 +276,4 @@ def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: 
 
 def render_tool_output(author: str, text: str) -> list[int]:
     """Tokens of a tool's answer followed by the header of the assistant's next message."""
-    return [*_tail_tokens([_tool(author, text)])]
+    return _tail_tokens([_tool(author, text)])

@@ -107,18 +107,18 @@ def write_results(con: duckdb.DuckDBPyConnection, results: list[RequestResult], 
         con.execute(";\n".join(statements))
 
 
-_FLUSH = object()  # queued by wait_idle: write what is queued now, without waiting for more
+_FLUSH = object()  # queued by wait_idle and a blocked submit: write what is queued now, wait for no more
 
 
 class ResultWriter:
     """Writes batches of results in order on a thread of its own, through its own cursor.
 
     The decode loop hands a batch over and goes on. The thread gathers what is queued
-    until it holds ``min_rows`` events or its oldest result has waited ``max_wait_s``,
-    then writes it all in one transaction: DuckDB's cost per row halves from ~5,000-row
-    to ~30,000-row inserts (measured here), and its time holds the GIL less than the
-    decode loop would pay for it. (DuckDB 2.0's Python client still holds the GIL for
-    part of an insert, so on CPU the writes and the parsing partly take turns.)
+    until it holds ``min_rows`` events, half of ``max_unwritten`` results, or its oldest
+    result has waited ``max_wait_s``, then writes it all in one transaction: DuckDB's
+    cost per row halves from ~5,000-row to ~30,000-row inserts (measured here). (DuckDB
+    2.0's Python client holds the GIL for part of an insert and the Arrow conversion
+    holds it throughout, so on CPU the writes and the parsing partly take turns.)
     `submit` blocks while the writer holds `max_unwritten` results (memory stays
     bounded; a full writer writes at once); an error of the thread is raised again by
     the next `submit` or by `close`, and nothing after it is written.
