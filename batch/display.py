@@ -6,23 +6,20 @@ import contextlib
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from batch.status import RequestStatus, ResponseStatus
+from batch.tables import table
 
 if TYPE_CHECKING:
     from batch.merge import MergePlan
     from batch.rows import RunRow
-    from batch.runner import Runner, RunSummary
+    from batch.runner import Progress, Runner, RunSummary
 
 STATUSES = tuple(RequestStatus)
-
-# What the runner calls after each write: (the runner, requests just written).
-Progress = Callable[["Runner", int], None]
-
 
 @contextlib.contextmanager
 def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
@@ -94,15 +91,6 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
         lines.append(f"missing lines of present shards: {len(plan.missing_lines)} ({shown}); rerun their "
                      "shards' commands to resume them and merge again")
     return "\n".join(lines)
-
-
-def table(rows: list[dict], columns: list[str]) -> str:
-    """A plain fixed-width text table."""
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*columns), fmt.format(*("-" * w for w in widths))]
-                     + [fmt.format(*row) for row in cells])
 
 
 def runs_table(runs: list[dict]) -> str:

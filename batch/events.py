@@ -22,8 +22,32 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
-from batch.rows import EventColumns, json_text
 from batch.status import ItemStatus, ResponseStatus
+
+
+def json_text(value: Any) -> str:
+    """The JSON text of a value, compact as every stored JSON column is."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+class EventColumns:
+    """The events of one response as lists, one per stored column of an event (batch.rows checks
+    that they are exactly the events table's columns but the owners)."""
+
+    __slots__ = ("sequence_number", "type", "output_index", "content_index", "item_id", "payload", "turn", "t_ms")
+
+    def __init__(self) -> None:
+        self.sequence_number: list[int] = []
+        self.type: list[str] = []
+        self.output_index: list[int | None] = []
+        self.content_index: list[int | None] = []
+        self.item_id: list[str | None] = []
+        self.payload: list[str] = []
+        self.turn: list[int] = []
+        self.t_ms: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.payload)
 
 
 class ItemKind(enum.Enum):

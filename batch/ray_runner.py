@@ -29,13 +29,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from batch import display
 from batch.admission import Prepared, prepare
-from batch.cliutil import fail
 from batch.reader import InputLine
 from batch.results import line_result
 from batch.rows import RequestResult
-from batch.runner import RunError, RunOptions, Runner, _internal, _reraise_interrupts
+from batch.runner import Progress, RunError, RunOptions, Runner, _internal, _reraise_interrupts
 from batch.status import RequestStatus, RunStatus
 from batch.store import Store
 from engine.api import Backend
@@ -87,13 +85,13 @@ class WorkerSlot:
 
 
 def import_ray() -> Any:
-    """The ray module, or a one-line error saying how to install it."""
+    """The ray module; a RunError saying how to install it when it is missing."""
     for name, value in LOOPBACK_ENV.items():  # read when ray is imported
         os.environ.setdefault(name, value)
     try:
         import ray
-    except ImportError:
-        fail(INSTALL_HINT)
+    except ImportError as exc:
+        raise RunError(INSTALL_HINT) from exc
     return ray
 
 
@@ -114,7 +112,7 @@ class RayRunner(Runner):
     """The driver of a Ray run: reads, checks, hands out and writes; workers decode."""
 
     def __init__(self, store: Store, options: RunOptions, ray_options: RayOptions, backend: object,
-                 progress: display.Progress | None = None):
+                 progress: Progress | None = None):
         # The driver never decodes: the engine lives in the workers.
         super().__init__(store, cast(Backend, None), options, progress=progress)
         self.ray = import_ray()

@@ -29,7 +29,10 @@ def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: s
     from batch.cliutil import open_store
     from batch.reader import InputFormatError
 
-    ray = import_ray()
+    try:
+        ray = import_ray()
+    except RunError as exc:
+        fail(str(exc))
     store = open_store(db)  # before any worker loads a model: a database that cannot be used fails at once
     started = start_ray(ray, ray_options)
     try:

@@ -14,7 +14,6 @@ store hands them to Arrow without building a row object per event.
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import pyarrow as pa
+
+from batch.events import EventColumns, json_text
 
 # Columns stored with DuckDB's JSON type travel through Arrow as strings;
 # this field metadata marks them.
@@ -231,11 +232,6 @@ def is_json(arrow_field: pa.Field) -> bool:
     return (arrow_field.metadata or {}).get(b"duckdb_type") == b"JSON"
 
 
-def json_text(value: Any) -> str:
-    """The JSON text of a value, compact as every stored JSON column is."""
-    return json.dumps(value, separators=(",", ":"))
-
-
 def dumps(value: Any) -> str | None:
     """Like `json_text`, but None stays NULL."""
     return None if value is None else json_text(value)
@@ -265,28 +261,10 @@ def json_columns(table: str) -> set[str]:
 EVENT_COLUMNS = tuple(name for name in SCHEMAS["events"].names if name not in ("run_id", "response_id"))
 
 
-class EventColumns:
-    """The events rows of one response as lists, one per column of `EventRow` (but the owners)."""
-
-    __slots__ = EVENT_COLUMNS
-
-    def __init__(self) -> None:
-        self.sequence_number: list[int] = []
-        self.type: list[str] = []
-        self.output_index: list[int | None] = []
-        self.content_index: list[int | None] = []
-        self.item_id: list[str | None] = []
-        self.payload: list[str] = []
-        self.turn: list[int] = []
-        self.t_ms: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self.payload)
-
-
-# The slots come from EventRow, so a column added there and not here fails at import.
-if not all(hasattr(EventColumns(), name) for name in EVENT_COLUMNS):
-    raise TypeError(f"EventColumns must hold every events column: {EVENT_COLUMNS}")
+# EventColumns (the event machine's own) must name every events column but the owners, so a
+# column added to EventRow and not there fails at import.
+if set(EventColumns.__slots__) != set(EVENT_COLUMNS):
+    raise TypeError(f"EventColumns must hold exactly the events columns: {EVENT_COLUMNS}")
 
 
 def events_to_arrow(owners: list[tuple[str, str | None]], columns: list[EventColumns]) -> pa.Table:

@@ -50,6 +50,9 @@ FLUSH_S = 1.0  # finished results wait at most this long to be handed to the wri
 WRITE_MIN_EVENTS = 32_768
 WRITER_HOLDS = 4
 
+# What the runner calls after each write: (the runner, requests just written).
+Progress = Callable[["Runner", int], None]
+
 
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
@@ -108,7 +111,7 @@ class Runner:
     """One `batchrun submit` invocation over a store and a decoding backend."""
 
     def __init__(self, store: Store, backend: Backend, options: RunOptions,
-                 progress: Callable[[Runner, int], None] | None = None):
+                 progress: Progress | None = None):
         self.store, self.backend, self.options = store, backend, options
         self.progress = progress
         self.sessions: dict[str, Session] = {}  # decoding, by engine request id

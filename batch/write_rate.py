@@ -17,7 +17,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from batch.rows import EventColumns, RequestResult, RequestRow, ResponseRow
+from batch.events import EventColumns
+from batch.rows import RequestResult, RequestRow, ResponseRow
 from batch.store import Store
 
 

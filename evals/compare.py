@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from batch.display import table
+from batch.tables import table
 from batch.store import Store
 from evals.output import Output
 

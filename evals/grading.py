@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batch.display import table
+from batch.tables import table
 from batch.store import Store
 from evals.output import Output
 from evals.registry import run_grader

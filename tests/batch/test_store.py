@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 
 from batch.migrations import MIGRATIONS, duckdb_type, migrate
-from batch.rows import (SCHEMAS, EventColumns, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
+from batch.events import EventColumns
+from batch.rows import (SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
                         ToolCallRow, TurnRow, dumps)
 from batch.store import Store, StoreOpenError
 
