@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from batch.tables import table
-from batch.store import Store
+from batch.store.store import Store
 from evals.output import Output
 
 KINDS = ("regression", "missing", "improvement", "changed", "new", "same")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batch.tables import table
-from batch.store import Store
+from batch.store.store import Store
 from evals.output import Output
 from evals.registry import run_grader
 from evals.suite import Suite

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from html import escape
 
-from batch.status import RequestStatus
+from batch.responses.status import RequestStatus
 from evals import svg
 from evals.report_data import ReportData
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batch.store import Store
+from batch.store.store import Store
 
 TIMELINE_RESPONSES = 5  # the slowest responses drawn on a time line
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batch.store import Store
+from batch.store.store import Store
 
 LEVELS = ("types", "items", "full")
 _DROPPED = {"sequence_number", "obfuscation", "cached_tokens", "duration", "latency"}

@@ -30,7 +30,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from batch.store import Store
+from batch.store.store import Store
 from evals.grading import run_outputs
 from trainer.tasks import Task, generate, long_product_tasks
 

@@ -1,4 +1,4 @@
-"""Reading a database while a batchrun process writes it: live snapshots (batch/live.py).
+"""Reading a database while a batchrun process writes it: live snapshots (batch/store/live.py).
 
 The store-level tests publish from this process and read from a second one (DuckDB's lock
 is per process). The end-to-end tests run `batchrun submit` on the random tiny model in a
@@ -21,9 +21,9 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from batch.cli import main
-from batch.live import INFO_TABLE, LivePublisher, snapshot_path, snapshot_writer
-from batch.store import Store
+from batch.cli.main import main
+from batch.store.live import INFO_TABLE, LivePublisher, snapshot_path, snapshot_writer
+from batch.store.store import Store
 from tests.batch.test_store import make_result, make_run, run_python
 
 REPO = Path(__file__).resolve().parents[2]

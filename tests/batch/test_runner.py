@@ -6,12 +6,12 @@ from collections import Counter
 
 import pytest
 
-import batch.runner as runner_module
-from batch.harmony import PromptOptions
-from batch.runner import RunOptions, Runner
-from batch.session import SessionOptions
-from batch.store import Store
-from batch.vocab import harmony_encoding
+import batch.run.runner as runner_module
+from batch.harmony.render import PromptOptions
+from batch.run.runner import RunOptions, Runner
+from batch.run.session import SessionOptions
+from batch.store.store import Store
+from batch.harmony.vocab import harmony_encoding
 from tests.fakes import ScriptedBackend
 
 

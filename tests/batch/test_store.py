@@ -1,4 +1,4 @@
-"""Tests for batch.store and batch.migrations on real DuckDB files."""
+"""Tests for batch.store.store and batch.store.migrations on real DuckDB files."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from batch.migrations import MIGRATIONS, duckdb_type, migrate
-from batch.events import EventColumns
-from batch.rows import (SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
-                        ToolCallRow, TurnRow, dumps)
-from batch.store import Store, StoreOpenError
+from batch.store.migrations import MIGRATIONS, duckdb_type, migrate
+from batch.responses.events import EventColumns
+from batch.store.rows import (SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
+                              ToolCallRow, TurnRow, dumps)
+from batch.store.store import Store
+from batch.store.errors import StoreError, StoreOpenError
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -270,8 +271,9 @@ def test_database_error_rolls_back_the_whole_batch(store):
     # Line 1 is replaced first, then line 3 reuses line 2's response id.
     clash = [make_result("r1", 1, response_id="resp_new"),
              make_result("r1", 3, response_id="resp_r1_2")]
-    with pytest.raises(duckdb.ConstraintException):
+    with pytest.raises(StoreError) as raised:
         store.write_results(clash)
+    assert isinstance(raised.value.__cause__, duckdb.ConstraintException)  # the store's own error, DuckDB's cause
     assert sorted(store.finished_line_numbers("r1")) == [1, 2]
     assert store.get_response("resp_r1_1") is not None
     assert len(store.events("resp_r1_1")) == 3
@@ -396,7 +398,8 @@ def test_iter_responses_in_line_order(store):
 
 LOCK_PROBE = """
     import duckdb
-    from batch.store import Store, StoreLockedError
+    from batch.store.store import Store
+    from batch.store.errors import StoreLockedError
     try:
         Store({path!r}, read_only={read_only})
     except StoreLockedError as error:
@@ -429,7 +432,7 @@ def test_read_only_open_while_nothing_writes(tmp_path):
         assert reader.get_response("resp_r1_1")["status"] == "completed"
         probe = run_python(LOCK_PROBE.format(path=str(path), read_only=True))
         assert probe.stdout.strip() == "OPENED", probe.stderr
-        with pytest.raises(duckdb.Error, match="read-only"):
+        with pytest.raises(StoreError, match="read-only"):
             reader.write_results([make_result("r1", 2)])
     with pytest.raises(FileNotFoundError):
         Store(tmp_path / "missing.duckdb", read_only=True)
@@ -588,12 +591,12 @@ def test_query_runs_any_sql(store):
     assert columns == ["custom_id", "started_at"]
     assert rows == [{"custom_id": "c1", "started_at": T0}, {"custom_id": "c2", "started_at": T0}]
     assert store.query("-- a comment, no statement") is None
-    with pytest.raises(duckdb.Error):
+    with pytest.raises(StoreError):
         store.query("SELECT * FROM no_such_table")
 
 
 SOURCE_PACKAGES = ("batch", "engine", "evals", "tools", "trainer")
-CONNECTION_OWNERS = {"batch/store.py", "batch/migrations.py", "batch/store_merge.py"}
+CONNECTION_OWNERS = {"batch/store/store.py", "batch/store/migrations.py", "batch/store/merging.py"}
 
 
 def _connection_uses(path: Path) -> list[int]:
@@ -621,7 +624,7 @@ def test_only_the_store_touches_its_connection():
 
 
 def test_error_kind_and_status_views_follow_the_enums(store):
-    from batch.status import RequestStatus
+    from batch.responses.status import RequestStatus
     from tools.kinds import ToolErrorKind
 
     result = make_result("r1", 1)

@@ -11,11 +11,11 @@ from collections import Counter
 
 import pytest
 
-from batch.harmony import PromptOptions
-from batch.runner import RunOptions, Runner, ToolOptions
-from batch.session import SessionOptions
-from batch.store import Store
-from batch.vocab import harmony_encoding
+from batch.harmony.render import PromptOptions
+from batch.run.runner import RunOptions, Runner, ToolOptions
+from batch.run.session import SessionOptions
+from batch.store.store import Store
+from batch.harmony.vocab import harmony_encoding
 from tests.fakes import ScriptedBackend
 from tests.mcp_servers import echo_stdio
 from tests.oracles import validate_event, validate_response

@@ -2,7 +2,7 @@
 
 import pytest
 
-from batch.store import Store
+from batch.store.store import Store
 from evals.compare import RequestSide, classify, compare_runs, compare_text
 from tests.evals.factories import make_result, make_run, message
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from batch.store import Store
+from batch.store.store import Store
 from evals.grading import grade_run, request_totals, summary_text
 from evals.suite import load_suite
 from tests.evals.factories import function_call, make_result, make_run, message

@@ -6,10 +6,10 @@ from html.parser import HTMLParser
 
 import pytest
 
-from batch.harmony import PromptOptions
-from batch.runner import RunOptions, Runner
-from batch.session import SessionOptions
-from batch.store import Store
+from batch.harmony.render import PromptOptions
+from batch.run.runner import RunOptions, Runner
+from batch.run.session import SessionOptions
+from batch.store.store import Store
 from evals.report import TIMELINE_TITLE, render_html, terminal_summary, timeline
 from evals.report_data import load_report_data
 from tests.evals.factories import function_call, make_result, make_run, mcp_call, message

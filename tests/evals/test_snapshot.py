@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from batch.store import Store
+from batch.store.store import Store
 from evals.snapshot import (GoldenError, join_deltas, normalize, read_golden, snapshot_run,
                             write_golden)
 from tests.evals.factories import (function_call, make_result, make_run, make_trace, message,
