@@ -19,7 +19,8 @@ from pathlib import Path
 
 from batch.harmony.render import PromptOptions
 from batch.harmony.token_parser import STOP_TOKEN_IDS
-from batch.run.runner import RunOptions, Runner
+from batch.run.options import RunOptions
+from batch.run.runner import Runner
 from batch.run.session import SessionOptions
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding

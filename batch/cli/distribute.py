@@ -17,7 +17,7 @@ import click
 
 from batch.cli import display
 from batch.cli.util import fail, open_store
-from batch.run.runner import RunOptions
+from batch.run.options import RunOptions
 from batch.cli.submit import BackendSpec, run_submit
 
 F = TypeVar("F", bound=Callable[..., Any])

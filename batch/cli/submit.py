@@ -24,12 +24,14 @@ from batch.cli.util import fail, open_store
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
 from batch.run.reader import InputFormatError
-from batch.run.runner import RunError, RunOptions, RunSummary, Runner, ToolOptions
+from batch.run.ledger import RunError
+from batch.run.options import RunOptions, ToolOptions
+from batch.run.runner import RunSummary, Runner
 from batch.run.session import SessionOptions
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops

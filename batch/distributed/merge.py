@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batch.store.rows import RunRow
-from batch.run.runner import RESUME_DEFAULTS, RESUME_KEYS
+from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
 from batch.run.shards import Shard, ShardSpecError
 from batch.responses.status import RunStatus
 from batch.store.store import Store

@@ -58,3 +58,14 @@ def result_of(session: Session, run_id: str, response: dict) -> RequestResult:
         tokens=[TokenRow(run_id, rid, row["turn"], row["prompt_token_ids"], row["completion_token_ids"])
                 for row in session.token_log],
     )
+
+
+def internal_error(line: InputLine, exc: BaseException) -> str:
+    """The error of a line that failed inside batchrun (a bug, a dependency's panic)."""
+    return f"line {line.line_no}: internal error: {type(exc).__name__}: {exc}"
+
+
+def reraise_interrupts(exc: BaseException) -> None:
+    """Ctrl-C and exit stop the run; anything else (pyo3 panics are BaseExceptions) stops one line."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        raise exc

@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 
 from batch.harmony.render import PromptOptions
-from batch.run.runner import RunOptions, Runner, ToolOptions
+from batch.run.options import RunOptions, ToolOptions
+from batch.run.runner import Runner
 from batch.run.session import SessionOptions
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding

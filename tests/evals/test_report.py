@@ -7,7 +7,8 @@ from html.parser import HTMLParser
 import pytest
 
 from batch.harmony.render import PromptOptions
-from batch.run.runner import RunOptions, Runner
+from batch.run.options import RunOptions
+from batch.run.runner import Runner
 from batch.run.session import SessionOptions
 from batch.store.store import Store
 from evals.report import TIMELINE_TITLE, render_html, terminal_summary, timeline
