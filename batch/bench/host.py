@@ -198,5 +198,5 @@ def run_host_bench(workload: HostWorkload, *, max_inflight: int = 64,
             started = time.perf_counter()
             summary = Runner(store, backend, options).run()
             wall_s = time.perf_counter() - started
-            events = store.num_rows("events", summary.run_id)
+            events = store.runs.num_rows("events", summary.run_id)
     return HostBenchResult(sum(summary.statuses.values()), summary.output_tokens, events, wall_s)

@@ -48,22 +48,23 @@ class RunLedger:
     def open(self, options: RunOptions, input_sha: str) -> OpenedRun:
         """The run `options` ask for (created, or marked running again), and the lines it has done."""
         for flag, run_id in (("--resume", options.resume), ("--retry-failed", options.retry_failed)):
-            if run_id and self.store.get_run(run_id) is None:
+            if run_id and self.store.runs.get(run_id) is None:
                 raise RunError(f"{flag} {run_id}: no such run in this database")
         run_id = options.retry_failed or options.resume or (None if options.run_id else
                                                             self.matching_unfinished_run(options, input_sha))
         if run_id is None:
             run_id = options.run_id or f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
-            if self.store.get_run(run_id) is not None:
+            if self.store.runs.get(run_id) is not None:
                 raise RunError(f"--run-id {run_id}: a run with that id exists; use --resume {run_id}")
-            self.store.create_run(run_row(options, run_id, input_sha))
+            self.store.runs.create(run_row(options, run_id, input_sha))
             return OpenedRun(run_id, False, set())
         if self.get(run_id)["input_sha256"] != input_sha:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
-        done = self.store.finished_line_numbers(run_id)
+        done = self.store.runs.finished_line_numbers(run_id)
         if options.retry_failed:
-            done -= self.store.finished_line_numbers(run_id, statuses=(RequestStatus.FAILED, RequestStatus.INCOMPLETE))
-        self.store.update_run(run_id, status=RunStatus.RUNNING, finished_at=None)
+            failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
+            done -= self.store.runs.finished_line_numbers(run_id, statuses=failed)
+        self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None)
         return OpenedRun(run_id, True, done)
 
     def matching_unfinished_run(self, options: RunOptions, input_sha: str) -> str | None:
@@ -72,7 +73,7 @@ class RunLedger:
         Continuing a run with another model or sampling would mix two experiments in one
         run: then a new run starts (an explicit --resume still continues it).
         """
-        run_id = self.store.find_unfinished_run(input_sha)
+        run_id = self.store.runs.find_unfinished(input_sha)
         if run_id is None:
             return None
         stored = self.get(run_id)
@@ -84,7 +85,7 @@ class RunLedger:
 
     def get(self, run_id: str) -> dict:
         """The run's row; RunError when there is none."""
-        run = self.store.get_run(run_id)
+        run = self.store.runs.get(run_id)
         if run is None:
             raise RunError(f"run {run_id}: no such run in this database")
         return run
@@ -93,14 +94,14 @@ class RunLedger:
         """Record the run's end: its status, the rows it has, and notes on its input and tools."""
         notes = {**(self.get(run_id)["notes"] or {}),
                  "ignored_fields": dict(ignored), "input_lines": num_input_requests,
-                 "tool_errors": self.store.tool_error_counts(run_id)}
+                 "tool_errors": self.store.reports.tool_error_counts(run_id)}
         # The rows there are, not the lines read: requests in flight at an interrupt get none.
-        self.store.update_run(run_id, status=status, finished_at=_now(),
-                              n_requests=self.store.num_rows("requests", run_id), notes=notes)
+        self.store.runs.update(run_id, status=status, finished_at=_now(),
+                              n_requests=self.store.runs.num_rows("requests", run_id), notes=notes)
 
     def worker_rows(self, run_id: str) -> list[dict]:
         """The run's worker_throughput rows, when its rows name workers (else none)."""
-        rows = self.store.worker_throughput(run_id)
+        rows = self.store.reports.worker_throughput(run_id)
         return rows if any(row["worker"] for row in rows) else []
 
 
