@@ -644,3 +644,17 @@ def test_a_user_table_named_like_a_batch_changes_nothing(store):
     store.query("CREATE TABLE batch_requests AS SELECT * FROM requests")  # e.g. made with `batchrun sql`
     store.write_results([make_result("r1", 1)])
     assert store.runs.finished_line_numbers("r1") == {1}
+
+
+def test_rows_are_built_from_records_by_name():
+    from batch.responses.metrics import TurnMetrics
+    from batch.store.rows import row_from
+
+    metrics = TurnMetrics(turn=2, prompt_tokens=5, cached_tokens=1, output_tokens=7, reasoning_tokens=3,
+                          tool_output_tokens=4, prefill_s=0.5, decode_s=1.5, finish_reason="stop")
+    row = row_from(TurnRow, metrics, run_id="r1", response_id="resp_1")
+    assert row == TurnRow(run_id="r1", response_id="resp_1", turn=2, prompt_tokens=5, cached_tokens=1,
+                          output_tokens=7, tool_output_tokens=4, prefill_s=0.5, decode_s=1.5, finish_reason="stop")
+    with pytest.raises(AttributeError, match="tool_output_tokens"):  # a field the record lacks is an error
+        row_from(TurnRow, object(), run_id="r1", response_id="resp_1", turn=0, prompt_tokens=0, cached_tokens=0,
+                 output_tokens=0)
