@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batch.display import table
-from batch.store import Store
+from batch.tables import table
+from batch.store.store import Store
 from evals.output import Output
 from evals.registry import run_grader
 from evals.suite import Suite
@@ -23,14 +23,14 @@ def run_outputs(store: Store, run_id: str, custom_ids: set[str]) -> dict[str, Ou
     """The ``Output`` (response and events) of each request of the run in ``custom_ids``."""
     outputs: dict[str, Output] = {}
     by_response: dict[str, Output] = {}
-    for row in store.iter_responses(run_id):
+    for row in store.responses.iter_lines(run_id):
         if row["custom_id"] not in custom_ids or row["custom_id"] in outputs:
             continue  # a later line with the same custom_id is an invalid duplicate
         output = Output(row["custom_id"], row["status"], row["response"], row["error"])
         outputs[row["custom_id"]] = output
         if row["response_id"] is not None:
             by_response[row["response_id"]] = output
-    for response_id, events in store.iter_run_events(run_id):
+    for response_id, events in store.responses.iter_events(run_id):
         if response_id in by_response:
             by_response[response_id].events = events
     return outputs
@@ -62,10 +62,10 @@ def _percent(row: dict) -> dict:
 
 def summary_text(store: Store, run_id: str) -> str:
     """Pass rates of a run per grader and per tag, and the share of requests passing all."""
-    graders = store.pass_rates_per_grader(run_id)
+    graders = store.reports.pass_rates_per_grader(run_id)
     if not graders:
         return f"run {run_id} has no grades"
-    tags = store.pass_rates_per_tag(run_id)
+    tags = store.reports.pass_rates_per_tag(run_id)
     total, passed = request_totals(store, run_id)
     return "\n".join([
         f"run {run_id}: {passed}/{total} requests passed every grader "
@@ -77,4 +77,4 @@ def summary_text(store: Store, run_id: str) -> str:
 
 def request_totals(store: Store, run_id: str) -> tuple[int, int]:
     """(graded requests, requests that passed every grader) of a run."""
-    return store.request_totals(run_id)
+    return store.reports.request_totals(run_id)

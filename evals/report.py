@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from html import escape
 
-from batch.display import STATUSES
+from batch.responses.status import RequestStatus
 from evals import svg
 from evals.report_data import ReportData
 
@@ -38,7 +38,7 @@ def _seconds(value: float | None) -> str:
 def summary_facts(data: ReportData) -> list[tuple[str, str]]:
     """The headline numbers, as (label, value) pairs, for both outputs."""
     usage, run = data.usage, data.run
-    counts = ", ".join(f"{data.statuses.get(s, 0)} {s}" for s in STATUSES)
+    counts = ", ".join(f"{data.statuses.get(s, 0)} {s}" for s in RequestStatus)
     elapsed = data.throughput[-1][0] if data.throughput else 0.0
     tokens = usage.get("output_tokens", 0)
     facts = [
@@ -95,7 +95,7 @@ TIMELINE_LEGEND = {"wait": "turn: until its first output", "turn": "turn: output
 
 
 def _timeline_row(response: dict) -> tuple[str, str, float, list[tuple[float, float, str, str]]]:
-    """svg.timeline's row for one of Store.response_timelines (milliseconds -> seconds)."""
+    """svg.timeline's row for one of store.reports.response_timelines (milliseconds -> seconds)."""
     bars = []
     for span in response["spans"]:
         start, end = span["start_ms"] / 1e3, span["end_ms"] / 1e3

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from batch.constraint import VOCAB_SIZE, harmony_tokenizer, o200k
-from batch.vocab import harmony_encoding
+from batch.harmony.constraint import VOCAB_SIZE, harmony_tokenizer, o200k
+from batch.harmony.vocab import harmony_encoding
 
 SCHEMA = {
     "type": "object",

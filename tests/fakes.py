@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batch.vocab import harmony_encoding
+from batch.harmony.vocab import harmony_encoding
 from engine.api import RequestOutput, SamplingParams
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batch.ray_runner import LOOPBACK_ENV
+from batch.distributed.ray_runner import LOOPBACK_ENV
 
 os.environ.update(LOOPBACK_ENV)
 

@@ -1,4 +1,5 @@
-"""The project's import graph: no cycles between modules, and a torch-free runner front.
+"""The project's import graph: no cycles between modules or packages, duckdb only in the store,
+and a torch-free runner front.
 
 The graph is read from the source with `ast`, so it holds every import a module
 can run: top-level ones, lazy ones inside functions, `from pkg import module`.
@@ -139,7 +140,7 @@ def test_the_graph_reader_sees_lazy_and_from_imports(tmp_path):
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert {"batch.admission", "engine.api", "engine.factory", "engine.config"} <= graph.keys()
+    assert {"batch.run.admission", "engine.api", "engine.factory", "engine.config"} <= graph.keys()
     new = [c for c in strongly_connected(graph) if frozenset(c) not in KNOWN_CYCLES]
     assert not new, "import cycles:\n" + "\n".join(
         f"{' -> '.join(a_cycle(graph, c))}  (all of {', '.join(c)})" for c in new)
@@ -150,6 +151,77 @@ def test_known_cycles_are_still_there():
     found = {frozenset(c) for c in strongly_connected(import_graph())}
     assert not KNOWN_CYCLES - found, f"these cycles are gone, remove them from KNOWN_CYCLES: {KNOWN_CYCLES - found}"
     assert not any(m.startswith("engine.") for c in KNOWN_CYCLES for m in c)  # engine/ is a DAG, no exceptions
+
+
+def package_of(module: str, modules: dict[str, Path]) -> str:
+    """The package a module belongs to: itself for a package's __init__, else its parent."""
+    return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _nested(a: str, b: str) -> bool:
+    return a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Package -> the other packages its modules import (batch.cli, batch.run, evals, ...).
+
+    A package and the packages nested in it are not edges of this graph (engine.kernels
+    uses engine's leaf modules, engine's runner uses the kernels): the module graph has
+    no cycles, and `test_the_batch_root_is_a_leaf` keeps batch's own modules below its
+    subpackages."""
+    modules = project_modules()
+    graph: dict[str, set[str]] = {}
+    for module, imported in import_graph().items():
+        package = package_of(module, modules)
+        graph.setdefault(package, set()).update(package_of(m, modules) for m in imported)
+    for package, imported in graph.items():
+        imported -= {other for other in imported if other == package or _nested(package, other)}
+    return graph
+
+
+def test_no_package_cycles():
+    graph = package_graph()
+    assert {"batch.cli", "batch.run", "batch.store", "batch.harmony", "evals"} <= graph.keys()
+    cycles = strongly_connected(graph)
+    assert not cycles, "package cycles:\n" + "\n".join(" -> ".join(a_cycle(graph, c)) for c in cycles)
+
+
+def test_the_batch_root_is_a_leaf():
+    """batch/'s own modules (its docstring, text tables) import none of its subpackages."""
+    modules, graph = project_modules(), import_graph()
+    root = [m for m in modules if package_of(m, modules) == "batch"]
+    assert {"batch", "batch.tables"} <= set(root)
+    assert not {m: graph[m] for m in root if any(d.startswith("batch.") for d in graph[m])}
+
+
+def test_only_the_cli_composes_batch_and_evals():
+    """evals/ reads batch's store; of batch/, only the CLI imports evals (to register its commands)."""
+    graph = import_graph()
+    importers = {m for m, deps in graph.items() if m.startswith("batch.") and any(d.startswith("evals") for d in deps)}
+    assert importers and all(m.startswith("batch.cli.") for m in importers), importers
+
+
+def _imports_duckdb(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import) and any(a.name.partition(".")[0] == "duckdb" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").partition(".")[0] == "duckdb" and not node.level:
+            return True
+    return False
+
+
+def test_only_the_store_imports_duckdb():
+    """The store package is the one that speaks SQL; tools/corpus.py's in-memory search index aside."""
+    modules = project_modules()
+    outside = sorted(m for m, path in modules.items()
+                     if _imports_duckdb(path) and not m.startswith("batch.store") and m != "tools.corpus")
+    assert not outside, f"import duckdb outside batch/store/: {outside}"
+
+
+def test_the_duckdb_check_sees_lazy_imports(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n    import duckdb.typing\n")
+    (tmp_path / "n.py").write_text("from .duckdb import x\n")  # a relative module of that name is not duckdb
+    assert _imports_duckdb(tmp_path / "m.py") and not _imports_duckdb(tmp_path / "n.py")
 
 
 def test_the_token_contract_imports_only_the_standard_library():
@@ -169,7 +241,7 @@ def test_the_engine_factory_is_imported_by_no_backend_module():
 
 
 def test_reading_and_admitting_lines_does_not_import_torch():
-    code = ("import sys, batch.reader, batch.admission, engine.api\n"
+    code = ("import sys, batch.run.reader, batch.run.admission, engine.api\n"
             "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules)\n"
             "print(','.join(heavy))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

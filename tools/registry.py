@@ -10,7 +10,7 @@ live in the `functions` namespace, MCP servers in a namespace named by their
 An MCP server's tools are known only once it is listed: `add_listing()` (filtered by
 the tool's `allowed_tools`) must come before the prompt is rendered. `tool_choice`
 other than auto/none names the recipients the first turn must call
-(`forced_recipients()`); batch.turn_grammar makes the decoding hold to it.
+(`forced_recipients()`); batch.harmony.turn_grammar makes the decoding hold to it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A generated task -> the exact tokens batchrun decodes, with a mask of what the model must say.
 
-The prompt of each turn is what `batchrun submit` renders for the request (batch/harmony.py
+The prompt of each turn is what `batchrun submit` renders for the request (batch/harmony/render.py
 and tools/registry.py, the same code path); the model's turns are harmony messages; tool
 answers are rendered as the session feeds them back (`render_tool_output`). So a training
 sequence is token for token what the model sees and emits under `batchrun submit`.
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from openai_harmony import Message, Role
 
-from batch.harmony import PromptOptions, render_prompt, render_tool_output
-from batch.token_parser import RETURN_TOKEN
-from batch.request import parse_request
-from batch.vocab import harmony_encoding
+from batch.harmony.render import PromptOptions, render_prompt, render_tool_output
+from batch.harmony.token_parser import RETURN_TOKEN
+from batch.responses.request import parse_request
+from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
 ASSISTANT_HEADER = 2  # `<|start|>assistant`: the prompt already ends with it

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import GptOssForCausalLM
 
-from batch.token_parser import RETURN_TOKEN
+from batch.harmony.token_parser import RETURN_TOKEN
 from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
 from engine.compact import save_compact
 from trainer.copy_circuit import plant_copy_circuit
@@ -73,7 +73,7 @@ class TrainConfig:
 def live_vocabulary(sequences: list[Sequence]) -> list[int]:
     """Token ids the model may ever read or write: those of the tasks, every number up to 3
     digits (o200k splits numbers into 1-3 digit tokens), harmony's special tokens."""
-    from batch.vocab import harmony_encoding
+    from batch.harmony.vocab import harmony_encoding
 
     encoding = harmony_encoding()
     ids = {i for s in sequences for i in s.token_ids}
@@ -160,7 +160,7 @@ def build_model(config: TrainConfig, num_live: int, live_ids: list[int] | None =
     model.lm_head.weight = model.model.embed_tokens.weight
     words = quiet = None
     if live_ids is not None:
-        from batch.vocab import harmony_encoding
+        from batch.harmony.vocab import harmony_encoding
 
         encoding = harmony_encoding()
         texts = [encoding.decode([t]) for t in live_ids]
@@ -191,7 +191,7 @@ def random_copies(live_ids: list[int], batch_tokens: int, rng: random.Random) ->
     """A batch of harmony-framed copy drills over random live tokens: a user message of
     4-24 random tokens, then a final answer repeating it. Every live token gets copied,
     numbers included, which the tasks alone show too rarely."""
-    from batch.vocab import harmony_encoding
+    from batch.harmony.vocab import harmony_encoding
 
     encoding = harmony_encoding()
     head = encoding.encode("<|start|>user<|message|>", allowed_special="all")

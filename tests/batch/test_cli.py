@@ -17,7 +17,7 @@ from tests.oracles import validate_event
 from click.testing import CliRunner
 from openai.types.responses import Response
 
-from batch.cli import main
+from batch.cli.main import main
 from tests.db import rows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"

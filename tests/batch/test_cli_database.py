@@ -19,8 +19,8 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from batch import submit as submit_module
-from batch.cli import main
+from batch.cli import submit as submit_module
+from batch.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

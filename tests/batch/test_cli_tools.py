@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import engine.factory
-from batch.cli import main
+from batch.cli.main import main
 from tests.fakes import ScriptedBackend
 from tests.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
 from tests.mcp_servers import REPO, echo_http

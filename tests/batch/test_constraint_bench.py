@@ -1,8 +1,8 @@
 """The constrained-decoding benchmark: both runs decode the same amount; the constrained one follows its grammar."""
 
-from batch.constraint import GrammarConstraint
-from batch.constraint_bench import GRAMMAR, run_constraint_bench
-from batch.vocab import harmony_encoding
+from batch.harmony.constraint import GrammarConstraint
+from batch.bench.constrained import GRAMMAR, run_constraint_bench
+from batch.harmony.vocab import harmony_encoding
 
 
 def test_free_and_constrained_runs_decode_the_same_amount(tiny_model_dir):
@@ -32,7 +32,7 @@ def test_batchrun_bench_constrained_prints_the_overhead_and_keeps_a_row(tmp_path
     import duckdb
     from click.testing import CliRunner
 
-    from batch.cli import main
+    from batch.cli.main import main
 
     db = tmp_path / "bench.duckdb"
     result = CliRunner().invoke(main, ["bench", "--systems", "constrained", "--model", str(tiny_model_dir),

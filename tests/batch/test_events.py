@@ -4,8 +4,8 @@ import pytest
 
 from tests.oracles import validate_event
 
-from batch.events import EventOrderError, ItemKind, ResponseEvents
-from batch.rows import dumps
+from batch.responses.events import EventOrderError, ItemKind, ResponseEvents
+from batch.store.rows import dumps
 
 RESPONSE = {"id": "resp_1", "object": "response", "created_at": 0, "status": "in_progress",
             "model": "m", "output": [], "tools": [], "tool_choice": "auto",

@@ -4,9 +4,9 @@ import pytest
 
 from openai_harmony import Role
 
-from batch.harmony import PromptOptions, RenderError, render_prompt, render_tool_output
-from batch.request import parse_request
-from batch.vocab import harmony_encoding
+from batch.harmony.render import PromptOptions, RenderError, render_prompt, render_tool_output
+from batch.responses.request import parse_request
+from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather.",
@@ -97,7 +97,7 @@ def _whole_conversation(body, options=PromptOptions()):
     """The prompt as harmony renders it in one call: the reference for the head cache."""
     from openai_harmony import Conversation
 
-    from batch.harmony import _developer_message, _system_message, input_messages
+    from batch.harmony.render import _developer_message, _system_message, input_messages
 
     request, _ = parse_request(body)
     registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from batch.cli import main
+from batch.cli.main import main
 from tests import openresponses
 from tests.batch.test_session import feed, make_session
 from tests.oracles import validate_event as sdk_validate_event

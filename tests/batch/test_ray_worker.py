@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from batch.admission import prepare
-from batch.harmony import PromptOptions
-from batch.ray_worker import DecodeLoopError, DecodeWorker
-from batch.reader import read_requests
-from batch.runner import RunOptions
-from batch.session import SessionOptions
+from batch.run.admission import prepare
+from batch.harmony.render import PromptOptions
+from batch.distributed.ray_worker import DecodeLoopError, DecodeWorker
+from batch.run.reader import read_requests
+from batch.run.options import RunOptions
+from batch.run.session import SessionOptions
 from tests.fakes import ScriptedBackend
 from tools.servers import ServerCatalog
 

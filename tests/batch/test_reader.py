@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch.reader import InputFormatError, InputScan, iter_jsonl, read_requests, scan_input
-from batch.request import IGNORED_FIELDS, REDACTED, parse_request, redact_secrets, request_hash
-from batch.request_errors import RequestError
+from batch.run.reader import InputFormatError, InputScan, iter_jsonl, read_requests, scan_input
+from batch.responses.request import IGNORED_FIELDS, REDACTED, parse_request, redact_secrets, request_hash
+from batch.responses.request_errors import RequestError
 
 FUNCTION_TOOL = {"type": "function", "name": "get_weather",
                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -103,7 +103,7 @@ def test_ignored_fields_are_reported_and_not_in_the_request(tmp_path):
     assert dumped == {"input": "Hi", "tool_choice": "auto", "user": "u1"}
     assert line.body["stream"] is True  # the stored body keeps what the user sent
     assert {"stream", "store", "background", "prompt_cache_key"} <= IGNORED_FIELDS
-    assert "text" not in IGNORED_FIELDS  # text.format is honoured (batch/turn_grammar.py)
+    assert "text" not in IGNORED_FIELDS  # text.format is honoured (batch/harmony/turn_grammar.py)
 
 
 def test_every_supported_item_tool_and_choice_validates():
@@ -418,7 +418,7 @@ def test_scan_counts_requests_and_hashes_the_stored_bytes(tmp_path):
 
 
 def test_scan_counts_lines_split_across_chunks_and_gzip_members(tmp_path, monkeypatch):
-    import batch.reader as reader
+    import batch.run.reader as reader
 
     monkeypatch.setattr(reader, "_SCAN_CHUNK_BYTES", 7)  # lines and blanks straddle chunks
     lines = [f'{{"input": "{i}"}}' for i in range(40)]
@@ -446,7 +446,7 @@ AWKWARD_INPUTS = {
 @pytest.mark.parametrize("name", sorted(AWKWARD_INPUTS))
 @pytest.mark.parametrize("gzipped", [False, True])
 def test_scan_and_reader_agree_line_for_line(tmp_path, monkeypatch, name, gzipped):
-    import batch.reader as reader
+    import batch.run.reader as reader
 
     monkeypatch.setattr(reader, "_SCAN_CHUNK_BYTES", 5)  # lines straddle chunks
     data = AWKWARD_INPUTS[name]

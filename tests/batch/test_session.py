@@ -3,11 +3,11 @@
 from tests.oracles import validate_event
 from openai.types.responses import Response
 
-from batch.harmony import PromptOptions, render_prompt
-from batch.reader import InputLine
-from batch.request import parse_request
-from batch.session import Session, SessionOptions
-from batch.vocab import harmony_encoding
+from batch.harmony.render import PromptOptions, render_prompt
+from batch.run.reader import InputLine
+from batch.responses.request import parse_request
+from batch.run.session import Session, SessionOptions
+from batch.harmony.vocab import harmony_encoding
 from engine.api import RequestOutput
 from tools.client import CallOutcome
 from tools.registry import ToolRegistry

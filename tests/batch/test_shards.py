@@ -10,8 +10,8 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from batch.cli import main
-from batch.shards import Shard, ShardSpecError
+from batch.cli.main import main
+from batch.run.shards import Shard, ShardSpecError
 from tests.db import rows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"

@@ -20,7 +20,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from batch.cli import main
+from batch.cli.main import main
 from tests import openresponses
 
 CITY = {"type": "object", "properties": {
@@ -154,10 +154,10 @@ BOUNDED = {"type": "object", "properties": {
 def test_bounded_turns_always_complete_and_validate_on_random_weights(tiny_model_dir):
     """With the free parts bounded (a turn already in the final channel, or the forced call, and a schema
     of short strings, enums and short arrays), random weights at temperature 1 finish every time, valid."""
-    from batch.constraint import GrammarConstraint
-    from batch.token_parser import STOP_TOKEN_IDS
-    from batch.turn_grammar import turn_grammar
-    from batch.vocab import harmony_encoding
+    from batch.harmony.constraint import GrammarConstraint
+    from batch.harmony.token_parser import STOP_TOKEN_IDS
+    from batch.harmony.turn_grammar import turn_grammar
+    from batch.harmony.vocab import harmony_encoding
     from engine.api import SamplingParams
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine

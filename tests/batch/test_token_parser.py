@@ -7,8 +7,8 @@ import pytest
 
 from openai_harmony import Role, StreamableParser, StreamState
 
-from batch.token_parser import Boundary, HarmonyError, ParsedMessage, TokenParser
-from batch.vocab import harmony_encoding
+from batch.harmony.token_parser import Boundary, HarmonyError, ParsedMessage, TokenParser
+from batch.harmony.vocab import harmony_encoding
 
 def test_token_parser_reports_opens_deltas_closes_and_channels():
     enc = harmony_encoding()
@@ -130,7 +130,7 @@ def test_token_parser_cost_per_token_does_not_grow_with_the_message():
 
 def _byte_tokens(data: bytes) -> list[int]:
     """One token per byte (o200k has a token for every single byte)."""
-    from batch.constraint import o200k
+    from batch.harmony.constraint import o200k
 
     ranks, _ = o200k()
     return [ranks[bytes([byte])] for byte in data]
@@ -211,7 +211,7 @@ def test_headers_remembered_from_harmony_fail_and_open_exactly_as_harmony_does()
 
 def test_a_header_that_never_ends_costs_the_same_per_token_and_is_not_remembered_whole():
     """A model that never writes <|message|>: linear time, and only the first prefixes remembered."""
-    from batch import token_parser
+    from batch.harmony import token_parser
 
     word = harmony_encoding().encode(" word")
 
@@ -226,7 +226,7 @@ def test_a_header_that_never_ends_costs_the_same_per_token_and_is_not_remembered
 
 
 def test_a_small_header_memory_cleared_mid_header_changes_nothing(monkeypatch):
-    from batch import token_parser
+    from batch.harmony import token_parser
 
     monkeypatch.setattr(token_parser, "_HEADERS", token_parser._HeaderOutcomes(3))
     tokens = harmony_encoding().encode("<|channel|>commentary to=functions.get_weather <|constrain|>json"
@@ -236,7 +236,7 @@ def test_a_small_header_memory_cleared_mid_header_changes_nothing(monkeypatch):
 
 
 def test_a_header_seen_before_needs_no_harmony_parser(monkeypatch):
-    from batch import token_parser
+    from batch.harmony import token_parser
 
     made = []
 

@@ -1,6 +1,6 @@
 """Tool answers are cut before tokenizing, never inside a character, with a note the model reads."""
 
-from batch.tool_policy import cap_output
+from batch.run.tool_policy import cap_output
 from tools.client import CallOutcome
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from batch.constraint import VOCAB_SIZE, ConstraintError, GrammarConstraint
-from batch.turn_grammar import turn_grammar
-from batch.vocab import harmony_encoding
+from batch.harmony.constraint import VOCAB_SIZE, ConstraintError, GrammarConstraint
+from batch.harmony.turn_grammar import turn_grammar
+from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolChoiceError, ToolRegistry
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {

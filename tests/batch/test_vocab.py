@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from batch import vocab
+from batch.harmony import vocab
 
 
 def test_unpacks_verifies_and_points_harmony_at_the_dir(tmp_path, monkeypatch):

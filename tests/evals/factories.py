@@ -1,4 +1,4 @@
-"""Hand-made responses with real event sequences (built by batch.events), for grader,
+"""Hand-made responses with real event sequences (built by batch.responses.events), for grader,
 snapshot and store tests that need no model."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import uuid
 
-from batch.events import ItemKind, ResponseEvents
-from batch.request import parse_request
-from batch.response import build_response
-from batch.rows import RequestResult, RequestRow, ResponseRow, RunRow, TurnRow
+from batch.responses.events import ItemKind, ResponseEvents
+from batch.responses.request import parse_request
+from batch.responses.response import build_response
+from batch.store.rows import RequestResult, RequestRow, ResponseRow, RunRow, TurnRow
 from evals.output import Output
 
 _created = itertools.count(1_700_000_000)

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner, Result
 
-from batch.cli import main
+from batch.cli.main import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",

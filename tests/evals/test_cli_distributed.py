@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner, Result
 
-from batch.cli import main
+from batch.cli.main import main
 from tests.db import rows
 from tests.ray_cluster import simulated_cluster
 

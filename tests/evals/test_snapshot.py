@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from batch.store import Store
+from batch.store.store import Store
 from evals.snapshot import (GoldenError, join_deltas, normalize, read_golden, snapshot_run,
                             write_golden)
 from tests.evals.factories import (function_call, make_result, make_run, make_trace, message,
@@ -72,7 +72,7 @@ def test_join_deltas_only_joins_runs_on_the_same_part():
 @pytest.fixture
 def store(tmp_path):
     with Store(tmp_path / "b.duckdb") as opened:
-        opened.create_run(make_run("r1"))
+        opened.runs.create(make_run("r1"))
         opened.write_results([make_result("r1", 1, "a", [message("hi")]),
                               make_result("r1", 2, "b", status="invalid"),
                               make_result("r1", 3, "c", [message("x")], status="incomplete")])

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from batch.reader import read_requests
+from batch.run.reader import read_requests
 from evals.suite import GraderSpec, SuiteError, builtin_suites, load_suite
 
 

@@ -7,8 +7,8 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from batch.cli import main
-from batch.submit import DEFAULT_MODEL
+from batch.cli.main import main
+from batch.cli.submit import DEFAULT_MODEL
 from tests.oracles import validate_event
 from trainer.render import Step, analysis, final, python_call, render_sequence
 

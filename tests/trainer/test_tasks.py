@@ -3,7 +3,7 @@
 import json
 import re
 
-from batch.vocab import harmony_encoding
+from batch.harmony.vocab import harmony_encoding
 from trainer.render import completion_ids, request_prompt, render_sequence
 from trainer.tasks import DECLINE, FAMILIES, generate, long_product_tasks
 
@@ -34,7 +34,7 @@ def test_loss_covers_only_the_model_tokens():
 
 def test_prompts_equal_what_batchrun_submit_renders(tmp_path, tiny_model_dir):
     """Every turn batchrun decodes starts from the training sequence's prefix, token for token."""
-    from batch.store import Store
+    from batch.store.store import Store
     from trainer.evaluate import submit, write_requests
 
     tasks = generate(11, 10)
@@ -42,7 +42,7 @@ def test_prompts_equal_what_batchrun_submit_renders(tmp_path, tiny_model_dir):
     submit(tmp_path / "in.jsonl", tmp_path / "t.duckdb", tiny_model_dir, "r", ["--keep-tokens",
                                                                              "--max-output-tokens", "1"])
     with Store(tmp_path / "t.duckdb", read_only=True) as store:
-        rows = store._rows("""SELECT q.custom_id, t.prompt_token_ids FROM tokens t JOIN requests q
+        rows = store.db.rows("""SELECT q.custom_id, t.prompt_token_ids FROM tokens t JOIN requests q
                               ON q.run_id = t.run_id AND q.response_id = t.response_id WHERE t.turn = 0""")
     prompts = {row["custom_id"]: list(row["prompt_token_ids"]) for row in rows}
     assert len(prompts) == len(tasks)
@@ -110,9 +110,9 @@ def test_long_product_tasks_use_the_seed_phrasing_and_long_operands():
 
 def _accepted(task, first_turn: bool = True) -> bool:
     """Whether the task's first completion is a completion batchrun's grammar accepts for its request."""
-    from batch.constraint import GrammarConstraint
-    from batch.request import parse_request
-    from batch.turn_grammar import turn_grammar
+    from batch.harmony.constraint import GrammarConstraint
+    from batch.responses.request import parse_request
+    from batch.harmony.turn_grammar import turn_grammar
     from tools.registry import ToolRegistry
 
     request, _ = parse_request(task.body)

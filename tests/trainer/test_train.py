@@ -66,7 +66,7 @@ def test_training_smoke_loss_decreases_and_checkpoint_loads(tmp_path):
 
 
 def test_first_tokens_without_a_space_start_beside_the_spaced_word():
-    from batch.vocab import harmony_encoding
+    from batch.harmony.vocab import harmony_encoding
 
     aliases = first_token_aliases(harmony_encoding())
     assert aliases["lis"] == "lisbon"  # "Lisbon" -> "Lis"+"bon", " Lisbon" one token

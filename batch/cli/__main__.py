@@ -1,0 +1,5 @@
+"""`python -m batch.cli`: the same as the `batchrun` console script."""
+
+from batch.cli.main import main
+
+main()

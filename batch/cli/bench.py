@@ -1,0 +1,177 @@
+"""`batchrun bench` as functions: the plan its options make, and the run that writes each result as it lands.
+
+Each system's result on a workload goes to the `bench` table the moment it is
+measured (the database is opened for that write only), so a benchmark stopped
+midway keeps what finished. The command itself (batch/cli/commands.py) only parses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from batch.cli.util import fail, open_store
+from batch.store.rows import BenchRow
+from batch.cli.submit import set_threads
+
+PRESETS = ("tiny", "medium", "20b")
+SYSTEMS = ("engine", "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
+_OWN_RUN = ("host", "constrained")  # systems that run their own workload, not --workloads
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What one `batchrun bench` measures."""
+
+    model_dir: Path | None  # None: a random model of `preset`
+    preset: str
+    workloads: list[str]
+    systems: list[str]
+    num_requests: int
+    batch_size: int
+    seed: int
+    host_requests: int
+    engine_options: dict = field(default_factory=dict)  # device, kernels, kv_cache_gb, ...
+
+
+def run_bench(plan: BenchPlan, db: str) -> str:
+    """Measure every system of the plan; each result is in `db` as soon as it is measured. Returns the bench id."""
+    unknown = [s for s in plan.systems if s not in SYSTEMS]
+    if unknown:
+        raise click.UsageError(f"--systems: unknown {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
+    open_store(db).close()  # a database that cannot be written fails before anything is measured
+    bench_id, started = f"bench_{uuid.uuid4().hex[:8]}", datetime.now(UTC)
+
+    def save(row: dict) -> None:
+        with open_store(db) as store:
+            store.write_bench([BenchRow(bench_id=bench_id, started_at=started, **row)])
+
+    model_systems = [s for s in plan.systems if s not in _OWN_RUN]
+    if model_systems:
+        _model_bench(plan, model_systems, save)
+    if "constrained" in plan.systems:
+        save(_constrained_bench(plan))
+    if "host" in plan.systems:
+        save(_host_bench(plan.host_requests, plan.seed))
+    return bench_id
+
+
+def _model_bench(plan: BenchPlan, systems: list[str], save: Callable[[dict], None]) -> None:
+    from engine import bench as benchmark
+
+    try:
+        loads = benchmark.make_workloads(plan.workloads, plan.num_requests, plan.seed)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    source = _model_source(plan)
+    results, all_stats = [], []
+    for workload in loads:
+        for system in systems:
+            click.echo(f"{workload.name}: {system} ...", err=True)
+            result, stats = source.run(system, workload, plan.batch_size, plan.engine_options)
+            results.append(result)
+            save({"model": source.name, **result.row(), "stats": stats})
+            if stats:
+                all_stats.append((workload.name, result.system, stats))
+    click.echo(benchmark.format_table(results))
+    for workload_name, system, stats in all_stats:
+        click.echo(f"{workload_name} {system}: " + ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()))
+    click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB")
+    batch1 = next((stats for _, _, stats in all_stats if "batch1_s_per_token" in stats), None)
+    if batch1 is not None:  # the 20b preset's batch-1 decode line and roofline
+        from engine.bench_gpu import batch1_report
+
+        click.echo(batch1_report(batch1))
+
+
+@dataclass
+class _ModelSource:
+    """A checkpoint directory, or a random model built in memory on the device (the 20b preset)."""
+
+    name: str
+    model_dir: Path | None = None
+
+    def run(self, system: str, workload: Any, batch_size: int, engine_options: dict) -> tuple[Any, dict]:
+        if self.model_dir is not None:
+            from engine.bench import run_system
+
+            return run_system(system, self.model_dir, workload, batch_size=batch_size,
+                              engine_options=engine_options)
+        from engine.bench_gpu import run_preset_system
+
+        return run_preset_system(system, workload, batch_size=batch_size, engine_options=engine_options)
+
+
+def _model_source(plan: BenchPlan) -> _ModelSource:
+    from engine.config import read_config_json
+
+    if plan.model_dir is None and plan.preset == "20b":
+        if plan.engine_options.get("device") not in ("cuda", "auto"):
+            fail("--preset 20b is built on the GPU: pass --device cuda")
+        from engine.device import resolve_device
+
+        try:
+            resolve_device("cuda")
+        except ValueError as exc:
+            fail(f"--preset 20b: {exc}")
+        return _ModelSource("preset-20b")
+    model_dir = plan.model_dir or bench_model(plan.preset)
+    set_threads(None, read_config_json(model_dir))  # the same thread policy as submit
+    return _ModelSource(str(model_dir), model_dir)
+
+
+def _constrained_bench(plan: BenchPlan) -> dict:
+    from batch.bench.constrained import run_constraint_bench
+
+    source = _model_source(plan)
+    if source.model_dir is None:
+        fail("--systems constrained needs a checkpoint: pass --model or a CPU --preset")
+    click.echo(f"constrained: {plan.num_requests} requests, free vs JSON-schema masks ...", err=True)
+    options = {k: v for k, v in plan.engine_options.items() if k != "max_num_seqs"}
+    result = run_constraint_bench(source.model_dir, concurrent=plan.num_requests, engine_options=options)
+    click.echo(result.line())
+    return {"model": source.name, "workload": "json_schema", "system": "constrained",
+            "num_requests": plan.num_requests, "prompt_tokens": None, "prefill_tokens": None,
+            "output_tokens": result.output_tokens, "wall_s": result.constrained_step_ms / 1000, "ttft_s": None,
+            "output_tok_s": None, "total_tok_s": None, "peak_rss_mb": None,
+            "stats": {"free_step_ms": result.free_step_ms, "free_forward_ms": result.free_forward_ms,
+                      "constrained_step_ms": result.constrained_step_ms,
+                      "constrained_forward_ms": result.constrained_forward_ms, "overhead": result.overhead}}
+
+
+def _host_bench(num_requests: int, seed: int) -> dict:
+    from batch.bench.host import make_host_workload, run_host_bench
+
+    workload = make_host_workload(num_requests, seed=seed)
+    click.echo(f"{workload.name}: host ({num_requests} requests) ...", err=True)
+    result = run_host_bench(workload)
+    click.echo(f"host path: {result.output_tok_s:,.0f} output tok/s, {result.events_per_s:,.0f} events/s, "
+               f"{result.us_per_token:.2f} us per output token ({result.output_tokens:,} tokens, "
+               f"{result.events:,} events, {result.wall_s:.2f} s)")
+    return {"model": None, "workload": workload.name, "system": "host", "num_requests": result.num_requests,
+            "prompt_tokens": None, "prefill_tokens": None, "output_tokens": result.output_tokens,
+            "wall_s": result.wall_s, "ttft_s": None, "output_tok_s": result.output_tok_s,
+            "total_tok_s": None, "peak_rss_mb": None,
+            "stats": {"events": result.events, "events_per_s": result.events_per_s,
+                      "us_per_token": result.us_per_token}}
+
+
+def bench_model(preset: str) -> Path:
+    """The random checkpoint of a CPU preset, written once under .cache/models."""
+    import torch
+
+    from engine.bench import MEDIUM_CONFIG
+    from engine.checkpoint import make_random_checkpoint
+
+    directory = Path(".cache") / "models" / f"bench-{preset}"
+    if not (directory / "config.json").exists():
+        overrides: dict[str, Any] = MEDIUM_CONFIG if preset == "medium" else {}
+        make_random_checkpoint(directory, seed=0, dtype=torch.bfloat16, **overrides)
+    return directory

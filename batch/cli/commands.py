@@ -1,0 +1,139 @@
+"""The run commands of `batchrun`: submit, runs, show, export, sql, make-random-model, bench.
+
+Each is a thin function over the runner and the store; batch/cli/main.py registers them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from batch.cli import display
+from batch.cli.util import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.store.errors import StoreError
+from batch.cli.bench import PRESETS, BenchPlan, run_bench
+from batch.cli.distribute import distribution_options, submit_distributed
+from batch.cli.submit import submit_options, submit_plan
+
+
+@click.command()
+@click.argument("input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
+@click.option("--run-id", help="Id for a new run (default: generated).")
+@click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
+@distribution_options
+@submit_options
+def submit(input_path: Path, db: str, **values: Any) -> None:
+    """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
+    options, backend = submit_plan(input_path, db, values)
+    submit_distributed(options, backend, db, values)
+
+
+@click.command()
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+def runs(db: str) -> None:
+    """List the runs in the database, newest first."""
+    with _open_store(db, read_only=True) as store:
+        click.echo(display.runs_table(store.runs.list()))
+
+
+@click.command()
+@click.argument("response_or_custom_id")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+@click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
+def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
+    """One response: its items, usage and event types."""
+    with _open_store(db, read_only=True) as store:
+        found = store.responses.get(response_or_custom_id)
+        if found is None:
+            runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.runs.list()]
+            found = next((f for r in runs_ if (f := store.responses.find(r, response_or_custom_id))), None)
+        if found is None:
+            _fail(f"no response with id or custom_id {response_or_custom_id!r} in {db}")
+        events = store.responses.events(found["response"]["id"])
+        click.echo(display.response_text(found, events))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="JSONL file to write in the OpenAI Batch output format.")
+def export(run_id: str, db: str, output: Path) -> None:
+    """Write a run's results as OpenAI Batch output JSONL."""
+    with _open_store(db, read_only=True) as store:
+        run_id = resolve_run(store, run_id)
+        count = 0
+        with open(output, "w", encoding="utf-8") as handle:
+            for row in store.responses.iter_lines(run_id):
+                handle.write(json.dumps(display.batch_output_line(run_id, row)) + "\n")
+                count += 1
+    click.echo(f"wrote {count} lines to {output}")
+
+
+@click.command()
+@click.argument("query")
+@click.option("--db", default=DEFAULT_DB, show_default=True)
+def sql(query: str, db: str) -> None:
+    """Run a SQL query on the run database and print the result as a table."""
+    with _open_store(db, read_only=True) as store:
+        try:
+            result = store.query(query)
+        except StoreError as exc:
+            _fail(str(exc).splitlines()[0])
+        if result is None:
+            return
+        columns, rows = result
+        click.echo(display.table(rows, columns))
+
+
+@click.command("make-random-model")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True)
+def make_random_model(directory: Path, seed: int) -> None:
+    """Write a tiny randomly initialised gpt-oss checkpoint (emits garbage; for tests and demos)."""
+    from engine.checkpoint import make_random_checkpoint
+
+    make_random_checkpoint(directory, seed=seed)
+    click.echo(f"wrote a random tiny gpt-oss checkpoint to {directory}")
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoint to benchmark (default: a random model of --preset, made once).")
+@click.option("--preset", type=click.Choice(PRESETS), default="medium", show_default=True,
+              help="Random model shape when no --model is given (20b: gpt-oss-20b's shape with MXFP4 experts, "
+                   "built on the GPU; needs --device cuda).")
+@click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
+@click.option("--systems", default="engine,hf_generate", show_default=True,
+              help="Comma list of engine, hf_generate, hf_generate_batch, reference, host (the host "
+                   "path alone: reader, sessions, harmony, events, DuckDB, over an instant backend), and "
+                   "constrained (the engine's step with and without JSON-schema token masks, "
+                   "--num-requests at once).")
+@click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Static batch size of hf_generate.")
+@click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where every system runs (auto: CUDA when torch sees a GPU, else CPU).")
+@click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
+              help="The engine's kernels (auto: Triton on CUDA when triton is installed, else torch).")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+              show_default=True, help="On CUDA, the fraction of GPU memory the engine may use.")
+@click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="Requests of the host system's seeded mix (~280 output tokens each).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table, each as it lands.")
+def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw: Any) -> None:
+    """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
+    `host` measures the host path alone."""
+    engine_options = {name: kw[name] for name in ("kv_cache_gb", "max_num_seqs", "device", "kernels",
+                                                  "gpu_memory_utilization")}
+    plan = BenchPlan(model_dir, preset, workloads.split(","), systems.split(","), kw["num_requests"],
+                     kw["batch_size"], kw["seed"], kw["host_requests"], engine_options)
+    bench_id = run_bench(plan, db)
+    click.echo(f"results in {db} (bench_id {bench_id})")

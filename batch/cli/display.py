@@ -1,0 +1,161 @@
+"""What the CLI prints: progress bar, run summary, tables, Batch output lines."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from batch.responses.status import RequestStatus, ResponseStatus
+from batch.tables import table
+
+if TYPE_CHECKING:
+    from batch.distributed.merge import MergePlan
+    from batch.store.rows import RunRow
+    from batch.run.runner import Progress, Run, RunSummary
+
+STATUSES = tuple(RequestStatus)
+
+@contextlib.contextmanager
+def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
+    """Yields a callback for the runner: requests written so far, tokens/s."""
+    if quiet:
+        yield None
+        return
+    # The total comes from the runner's one scan of the input, not from another read of it.
+    bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="requests")
+    start = time.monotonic()
+
+    def update(runner: Run, written: int) -> None:
+        if bar.total is None and runner.num_input_requests is not None:
+            bar.total = runner.num_input_requests
+        if bar.n == 0 and runner.skipped:
+            bar.update(runner.skipped)
+        bar.update(written)
+        elapsed = max(time.monotonic() - start, 1e-9)
+        bar.set_postfix(tok_s=f"{runner.tokens['output'] / elapsed:.1f}",
+                        failed=runner.statuses[RequestStatus.FAILED], invalid=runner.statuses[RequestStatus.INVALID],
+                        refresh=False)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def summary_text(summary: RunSummary, db: str) -> str:
+    """The end-of-run summary: counts per status, tokens, time, ignored fields."""
+    verb = "resumed" if summary.resumed else "finished"
+    counts = ", ".join(f"{summary.statuses.get(s, 0)} {s}" for s in STATUSES)
+    total = sum(summary.statuses.values())
+    rate = summary.output_tokens / summary.elapsed_s if summary.elapsed_s else 0.0
+    lines = [
+        f"run {summary.run_id} {verb}: {total} requests this time ({counts})"
+        + (f", {summary.skipped} already done" if summary.skipped else ""),
+        f"tokens: {summary.input_tokens} input, {summary.output_tokens} output "
+        f"({rate:.1f} output tok/s) in {summary.elapsed_s:.1f}s",
+    ]
+    lines.extend(worker_lines(summary.workers))
+    if summary.ignored_fields:
+        fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
+        lines.append(f"note: fields accepted but not honoured offline: {fields}")
+    lines.append(f"results: {db}  (e.g. batchrun sql --db {db} \"SELECT status, count(*) "
+                 f"FROM requests WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
+    return "\n".join(lines)
+
+
+def worker_lines(workers: list[dict]) -> list[str]:
+    """One line per shard or Ray worker of a run (worker_throughput rows): requests and output tok/s."""
+    return [f"  {row['worker'] or '(driver)'}: {row['n_requests']} requests, {row['n_output_tokens']} output "
+            f"tokens, {row['output_tokens_per_s'] or 0.0:.1f} output tok/s over {row['busy_s'] or 0.0:.1f}s busy"
+            for row in workers]
+
+
+def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> str:
+    """What `batchrun merge` did: the merged run, its parts, and what is missing."""
+    lines = [f"merged {len(plan.parts)} shard(s) of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
+             f"{run.n_requests} of {plan.num_lines} lines ({run.status})"]
+    lines += [f"  shard {part.shard.label}: {part.path} run {part.run['run_id']} ({part.run['status']}), "
+              f"{len(part.line_nos)} rows" for part in plan.parts]
+    lines += worker_lines(workers)
+    if plan.missing_shards:
+        lines.append("missing shards: " + ", ".join(shard.label for shard in plan.missing_shards)
+                     + " (run them with --shard K/N and merge again)")
+    if plan.missing_lines:
+        shown = ", ".join(map(str, plan.missing_lines[:10])) + (", ..." if len(plan.missing_lines) > 10 else "")
+        lines.append(f"missing lines of present shards: {len(plan.missing_lines)} ({shown}); rerun their "
+                     "shards' commands to resume them and merge again")
+    return "\n".join(lines)
+
+
+def runs_table(runs: list[dict]) -> str:
+    if not runs:
+        return "no runs yet"
+    rows = [{**r, "started_at": str(r.get("started_at", ""))[:19]} for r in runs]
+    columns = ["run_id", "status", "started_at", "model", "n_requests", *STATUSES]
+    return table(rows, [c for c in columns if c in rows[0] or c in STATUSES])
+
+
+def response_text(found: dict, events: list[dict]) -> str:
+    """One response: header, output items, usage, event-type counts."""
+    response = found["response"]
+    lines = [f"response {response['id']}  custom_id={found['custom_id']}  run={found['run_id']}",
+             f"status: {response['status']}"]
+    if response.get("error"):
+        lines.append(f"error: {response['error']['message']}")
+    if response.get("incomplete_details"):
+        lines.append(f"incomplete: {response['incomplete_details']['reason']}")
+    for index, item in enumerate(response["output"]):
+        lines.append(f"[{index}] {item['type']} ({item.get('status')}): {_item_text(item)[:300]!r}")
+    usage = response.get("usage") or {}
+    lines.append("usage: " + ", ".join(
+        f"{k}={v}" for k, v in _flatten(usage).items()))
+    counts = Counter(event["type"] for event in events)
+    lines.append(f"events ({len(events)}): " + ", ".join(f"{t} x{n}" for t, n in counts.items()))
+    return "\n".join(lines)
+
+
+def _item_text(item: dict) -> str:
+    if item["type"] in ("message", "reasoning"):
+        return "".join(part.get("text", "") for part in item.get("content") or [])
+    if item["type"] == "code_interpreter_call":
+        return item.get("code") or ""
+    if item["type"] == "web_search_call":
+        return str(item.get("action"))
+    if item["type"] == "mcp_list_tools":
+        names = ", ".join(tool.get("name", "?") for tool in item.get("tools") or [])
+        return f"{item.get('server_label')}: {names or 'no tools'}" + (
+            f" (error: {item['error']})" if item.get("error") else "")
+    return f"{item.get('name')}({item.get('arguments')})"
+
+
+def _flatten(usage: dict) -> dict:
+    flat = {}
+    for key, value in usage.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value))
+        else:
+            flat[key] = value
+    return flat
+
+
+def batch_output_line(run_id: str, row: dict) -> dict:
+    """One line of OpenAI Batch output for a stored request (with or without a response)."""
+    response = row.get("response")
+    error = None
+    if response is None:
+        error = {"code": "invalid_request", "message": row.get("error")}
+    elif response["status"] == ResponseStatus.FAILED:
+        error = {"code": "response_failed", "message": row.get("error")}
+    return {
+        "id": f"batch_req_{run_id}_{row['line_no']}",
+        "custom_id": row["custom_id"],
+        "response": None if response is None else {
+            "status_code": 200, "request_id": response["id"], "body": response},
+        "error": error,
+    }

@@ -1,0 +1,210 @@
+"""`batchrun eval|grade|snapshot|check|compare|report`: thin commands over evals/.
+
+Registered on the root group in batch/cli/main.py; `eval` runs its suite through
+batch/cli/submit.py's and batch/cli/distribute.py's functions, the same ones `batchrun
+submit` calls (so --shard and --ray work as there).
+Exit codes as everywhere in batchrun: 0 done, 1 could not (or a check or
+threshold failed), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from batch.cli.util import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.distribute import distribution_options, submit_distributed
+from batch.store.store import Store
+from batch.cli.submit import submit_options, submit_plan
+from evals.check import compare_snapshots, counts_text, report_text
+from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
+from evals.suite import Suite, SuiteError, load_suite
+
+_db_option = click.option("--db", default=DEFAULT_DB, show_default=True,
+                          help="The batchrun DuckDB file.")
+
+
+def _suite(name: str) -> Suite:
+    try:
+        return load_suite(name)
+    except (SuiteError, OSError) as exc:
+        _fail(str(exc))
+
+
+def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) -> None:
+    """Grade, write the grades, print pass rates; exit 1 under the ``fail_under`` percentage."""
+    from evals.grading import grade_run, request_totals, summary_text
+
+    grading = grade_run(store, run_id, suite)
+    store.grades.write(run_id, grading.rows)
+    click.echo(summary_text(store, run_id))
+    if grading.missing:
+        click.echo(f"note: {len(grading.missing)} suite case(s) have no line in run {run_id}: "
+                   + ", ".join(grading.missing[:10]))
+    total, passed = request_totals(store, run_id)
+    if fail_under is not None and (not total or 100 * passed / total < fail_under):
+        _fail(f"pass rate {100 * passed / max(total, 1):.1f}% is under --fail-under {fail_under:g}%")
+
+
+_fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metavar="PERCENT",
+                           help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
+
+
+@click.command("eval")
+@click.argument("suite_name", metavar="SUITE")
+@_db_option
+@click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).")
+@click.option("--resume", metavar="RUN_ID", help="Continue an interrupted eval run, then grade it.")
+@_fail_under
+@distribution_options
+@submit_options
+def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | None,
+                 fail_under: float | None, **values: Any) -> None:
+    """Run the eval SUITE (a suite file, or a built-in suite's name) as a new run and grade it.
+
+    It takes every option of `batchrun submit` (--model, --max-output-tokens, --seed,
+    --temperature, --backend, ..., --ray, --shard). With --shard K/N it decodes that
+    shard only and grades nothing: merge the parts, then grade the merged run.
+    """
+    suite = _suite(suite_name)
+    if resume and run_id:
+        raise click.UsageError("--resume and --run-id are exclusive")
+    if values["shard"] is not None and fail_under is not None:
+        raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
+                               "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
+    run_id = resume or run_id or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
+        requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
+        options, backend = submit_plan(requests, db, {**values, "run_id": None if resume else run_id,
+                                                      "resume": resume})
+        submit_distributed(options, backend, db, values)
+    with _open_store(db) as store:
+        run = store.runs.get(run_id)
+        if run is None:  # submit_distributed made it or exited
+            _fail(f"no run {run_id!r} in {db}")
+        notes = run["notes"] or {}
+        store.runs.update(run_id, input_path=str(suite.path),
+                         notes={**notes, "eval_suite": suite.name})
+        click.echo()
+        if values["shard"] is not None:
+            click.echo(_merge_hint(run_id, suite, suite_name, values["shard"], db))
+            return
+        _grade(store, run_id, suite, fail_under)
+
+
+def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str) -> str:
+    merged = f"eval_{suite.name}"
+    return (f"run {run_id} is shard {shard} of the eval: not graded (a shard is part of the run). "
+            "Once every shard has run, merge the parts and grade the merged run:\n"
+            f"  batchrun merge {db} OTHER_PARTS.duckdb -o merged.duckdb --run-id {merged}\n"
+            f"  batchrun grade {merged} {suite_name} --db merged.duckdb")
+
+
+@click.command("grade")
+@click.argument("run")
+@click.argument("suite_name", metavar="SUITE")
+@_db_option
+@_fail_under
+def grade_command(run: str, suite_name: str, db: str, fail_under: float | None) -> None:
+    """Grade the responses of RUN (matched by custom_id) with SUITE's graders, replacing its grades."""
+    suite = _suite(suite_name)
+    with _open_store(db) as store:
+        _grade(store, resolve_run(store, run), suite, fail_under)
+
+
+@click.command("snapshot")
+@click.argument("run")
+@_db_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Golden JSONL file to write.")
+@click.option("--level", type=click.Choice(LEVELS), default="items", show_default=True,
+              help="types: event and item types; items: plus item contents; full: every payload.")
+def snapshot_command(run: str, db: str, output: Path, level: str) -> None:
+    """Write RUN's normalized event sequences, one line per custom_id (RUN may be `latest`)."""
+    with _open_store(db, read_only=True) as store:
+        entries = snapshot_run(store, resolve_run(store, run), level)
+    write_golden(output, entries)
+    click.echo(f"wrote {len(entries)} request(s) at level {level} to {output}")
+
+
+@click.command("check")
+@click.argument("run")
+@_db_option
+@click.option("--golden", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Golden file written by `batchrun snapshot` (or --update).")
+@click.option("--level", type=click.Choice(LEVELS),
+              help="Normalization level [default: the golden file's, else items].")
+@click.option("--update", is_flag=True, help="Accept the run: rewrite the golden file from it.")
+def check_command(run: str, db: str, golden: Path, level: str | None, update: bool) -> None:
+    """Compare RUN's event sequences with a golden file: exit 0 equal, 1 with a diff."""
+    golden_level: str | None = None
+    entries: dict[str, Any] = {}
+    if golden.exists():
+        try:
+            golden_level, entries = read_golden(golden)
+        except GoldenError as exc:
+            _fail(str(exc))
+    elif not update:
+        _fail(f"{golden}: no golden file; record one with --update or `batchrun snapshot`")
+    level = level or golden_level or "items"
+    if golden_level and level != golden_level and not update:
+        raise click.UsageError(f"{golden} was recorded at level {golden_level}; pass --level "
+                               f"{golden_level}, or --update to re-record it at level {level}")
+    with _open_store(db, read_only=True) as store:
+        current = snapshot_run(store, resolve_run(store, run), level)
+    result = compare_snapshots(entries if golden_level == level else {}, current)
+    if update:
+        write_golden(golden, current)
+        for difference in result.differences:
+            click.echo(f"{difference.kind}: {difference.custom_id}")
+        click.echo(f"updated {golden} at level {level} ({counts_text(result)} before)")
+        return
+    click.echo(report_text(result, str(golden), level))
+    if not result.ok:
+        sys.exit(1)
+
+
+@click.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+@_db_option
+@click.option("--all", "show_all", is_flag=True, help="Also list the requests that did not change.")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit 1 when a request regressed or is missing from RUN_B.")
+def compare_command(run_a: str, run_b: str, db: str, show_all: bool,
+                    fail_on_regression: bool) -> None:
+    """Per-request differences between RUN_A and RUN_B: grades, outputs, usage, latency."""
+    from evals.compare import compare_runs, compare_text
+
+    with _open_store(db, read_only=True) as store:
+        run_a, run_b = resolve_run(store, run_a), resolve_run(store, run_b)
+        changes = compare_runs(store, run_a, run_b)
+    click.echo(compare_text(run_a, run_b, changes, show_all))
+    if fail_on_regression and any(c.kind in ("regression", "missing") for c in changes):
+        sys.exit(1)
+
+
+@click.command("report")
+@click.argument("run")
+@_db_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="HTML file to write [default: report-<RUN_ID>.html].")
+def report_command(run: str, db: str, output: Path | None) -> None:
+    """Write a self-contained HTML report of RUN (plots, pass rates) and print a summary."""
+    from evals.report import render_html, terminal_summary
+    from evals.report_data import load_report_data
+
+    with _open_store(db, read_only=True) as store:
+        run_id = resolve_run(store, run)
+        data = load_report_data(store, run_id)
+    output = output or Path(f"report-{run_id}.html")
+    output.write_text(render_html(data), encoding="utf-8")
+    click.echo(terminal_summary(data))
+    click.echo(f"report: {output}")
+

@@ -1,0 +1,33 @@
+"""`batchrun` command line: the root group, where every command is registered.
+
+The run commands live in batch/cli/commands.py, the eval and CI commands in batch/cli/eval_commands.py;
+both build on batch/cli/submit.py, and neither imports this module.
+
+Exit codes: 0 the command did its work (a run that finished, even with invalid
+lines), 1 it could not (no model, locked database, unknown run), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import click
+
+from batch.cli.commands import bench, export, make_random_model, runs, show, sql, submit
+from batch.cli.distribute import merge
+from batch.cli.eval_commands import (check_command, compare_command, eval_command, grade_command, report_command,
+                                     snapshot_command)
+
+
+@click.group()
+@click.version_option(package_name="batchrun")
+def main() -> None:
+    """Offline batch runner for OpenAI Responses API requests on gpt-oss models."""
+
+
+for _command in (submit, merge, runs, show, export, sql, make_random_model, bench,
+                 eval_command, grade_command, snapshot_command, check_command, compare_command,
+                 report_command):
+    main.add_command(_command)
+
+
+if __name__ == "__main__":
+    main()

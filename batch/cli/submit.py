@@ -1,0 +1,233 @@
+"""One `batchrun submit` run as functions: its options, what they ask for, the run itself.
+
+`batchrun submit` (batch/cli/commands.py) and `batchrun eval` (batch/cli/eval_commands.py) both take
+`submit_options`, turn the values into a plan with `submit_plan`, and call
+`run_submit`; neither command calls the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from batch.cli import display
+from batch.cli.util import fail, open_store
+from batch.store.errors import StoreError
+from batch.harmony.render import PromptOptions
+from batch.run.reader import InputFormatError
+from batch.run.ledger import RunError
+from batch.run.options import RunOptions, ToolOptions
+from batch.run.runner import RunSummary, Runner
+from batch.run.session import SessionOptions
+from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
+from engine.api import Backend
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
+EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
+EXIT_SIGTERM = 143  # 128 + SIGTERM
+TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Every option of `batchrun submit` but INPUT, --db, --run-id and --resume, which each
+# command declares in its own words.
+SUBMIT_OPTIONS = [
+    click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
+                 envvar="BATCHRUN_MODEL", help="Local HF gpt-oss checkpoint directory [env BATCHRUN_MODEL; "
+                                               "default: the shipped tiny model, data/models/batchrun-tiny]."),
+    click.option("--backend", default="engine", show_default=True,
+                 type=click.Choice(["engine", "transformers"]),
+                 help="Decoder: batchrun's paged continuous-batching engine, or the transformers reference."),
+    click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True,
+                 help="Memory for the engine's paged KV cache on CPU (bounds the context length too)."),
+    click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                 help="Where the model runs (auto: CUDA when torch sees a GPU, else CPU)."),
+    click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
+                 help="Engine kernels (auto: Triton on CUDA when triton is installed, else plain torch)."),
+    click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+                 show_default=True, help="On CUDA, the fraction of GPU memory the engine may use; the KV cache "
+                                         "gets what the model and activations leave of it."),
+    click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Sequences the engine decodes in one step."),
+    click.option("--retry-failed", metavar="RUN_ID", help="Re-run only the failed/incomplete lines of a run."),
+    click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input."),
+    click.option("--max-output-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+                 help="Default output budget for requests that do not set max_output_tokens."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="Run seed; per-request seeds derive from it."),
+    click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
+                 help="Default temperature for requests that do not set one (0: greedy)."),
+    click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Requests decoded at once; finished ones wait for the database writer, at most as many again."),
+    click.option("--max-line-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024,
+                 show_default=True, help="Longer input lines are recorded invalid."),
+    click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),
+    click.option("--conversation-date", metavar="YYYY-MM-DD",
+                 help="Date in the system message (a request's metadata.conversation_date wins)."),
+    click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default="medium",
+                 show_default=True, help="Default for requests without reasoning.effort."),
+    click.option("--threads", type=click.IntRange(min=1),
+                 help="CPU threads for torch (default: 1 for tiny models, where more only add "
+                      "synchronisation cost; otherwise torch's default)."),
+    click.option("--mcp-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help='MCP servers by label, JSON {"mcpServers": {LABEL: {"command", "args", "env"} | '
+                      '{"url", "headers"}}}; values may name ${ENV_VARS}. Stdio servers log to DB.tools.log.'),
+    click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+                 show_default=True, help="Seconds one hosted tool call may take before it fails."),
+    click.option("--max-turns", type=click.IntRange(min=1), default=32, show_default=True,
+                 help="Model turns per response at most (each tool call starts a turn)."),
+    click.option("--max-tool-output-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_TOOL_OUTPUT_BYTES,
+                 show_default=True, help="Longer tool outputs are cut (with a note the model reads) "
+                                         "before they are tokenized."),
+    click.option("--quiet", is_flag=True, help="No progress bar."),
+]
+
+
+def submit_options(command: F) -> F:
+    """Decorate a command with SUBMIT_OPTIONS, in that order in its --help."""
+    for option in reversed(SUBMIT_OPTIONS):
+        command = option(command)
+    return command
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """The decoder to load and how; run_submit loads it once the database is open,
+    so a locked database fails before a slow model load."""
+
+    name: str
+    model_dir: Path
+    threads: int | None = None
+    options: dict = field(default_factory=dict)
+
+    def load(self) -> Backend:
+        from engine.factory import ModelLoadError, check_model_dir, load_backend
+
+        try:
+            set_threads(self.threads, check_model_dir(self.model_dir))
+            return load_backend(self.name, self.model_dir, **self.options)
+        except (ModelLoadError, ValueError) as exc:  # ValueError: engine options that cannot work
+            fail(str(exc))
+
+
+def submit_plan(input_path: Path, db: str, values: dict) -> tuple[RunOptions, BackendSpec]:
+    """What submit's option values (SUBMIT_OPTIONS plus run_id and resume) ask for."""
+    model_dir = values["model_dir"] or (DEFAULT_MODEL if (DEFAULT_MODEL / "config.json").exists() else None)
+    if model_dir is None:
+        fail("no model: pass --model DIR (a local HF gpt-oss checkpoint) or set BATCHRUN_MODEL")
+    options = dataclasses.replace(_run_options(input_path, model_dir, values), tools=_tool_options(values, db))
+    backend = BackendSpec(values["backend"], model_dir, values["threads"], _backend_options(values))
+    return options, backend
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that it stops a run exactly as Ctrl-C does."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises `Terminated` (a KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (and only it gets signals)
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
+    """Decode options.input_path into `db` with a progress bar and print the summary.
+
+    Exits 1 when the run cannot start or go on; on Ctrl-C 130 and on SIGTERM 143 (128 + the
+    signal), the run recorded `interrupted` and every finished request saved."""
+    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db)
+
+
+def report_run(run: Callable[[], RunSummary], db: str) -> RunSummary:
+    """Run a submit (one process or Ray) with SIGTERM as Ctrl-C; print its summary, or on either
+    signal say how to resume and exit 130 / 143."""
+    with sigterm_as_interrupt():
+        try:
+            summary = run()
+        except KeyboardInterrupt as exc:
+            stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            click.echo(f"\n{stopped}: finished requests are saved; run the same command again to resume",
+                       err=True)
+            sys.exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
+    click.echo(display.summary_text(summary, db))
+    return summary
+
+
+def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
+    store = open_store(db)  # before the model loads: a database that cannot be used fails at once
+    try:
+        engine = backend.load()
+        options = dataclasses.replace(options, engine_config=engine.describe())
+        with display.progress_bar(quiet=quiet) as progress:
+            return Runner(store, engine, options, progress=progress).run()
+    except (RunError, InputFormatError) as exc:
+        fail(str(exc))
+    except StoreError as exc:  # e.g. the disk filled up during the run
+        fail(f"{db}: the database failed during the run ({str(exc).strip().splitlines()[0]}); what was "
+             "written is kept: free disk space and run the same command again to resume")
+    finally:
+        store.close()
+
+
+def set_threads(threads: int | None, config: dict) -> None:
+    """torch's thread count: `threads`, else 1 for a tiny model (config.json's hidden_size)."""
+    import torch
+
+    if threads is None and config.get("hidden_size", 0) <= TINY_HIDDEN_SIZE:
+        threads = 1
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def _backend_options(values: dict) -> dict:
+    options = {"seed": values["seed"], "device": values["device"]}
+    if values["backend"] == "engine":
+        options.update(kv_cache_gb=values["kv_cache_gb"], max_num_seqs=values["max_num_seqs"],
+                       kernels=values["kernels"], gpu_memory_utilization=values["gpu_memory_utilization"])
+    return options
+
+
+def _tool_options(values: dict, db: str) -> ToolOptions:
+    from tools.servers import McpConfigError, load_mcp_config
+
+    try:
+        servers = load_mcp_config(values["mcp_config"]) if values["mcp_config"] else {}
+    except McpConfigError as exc:
+        fail(str(exc))
+    return ToolOptions(servers=servers, config_path=values["mcp_config"] and str(values["mcp_config"]),
+                       call_timeout_s=values["tool_timeout"], log_path=Path(f"{db}.tools.log"))
+
+
+def _run_options(input_path: Path, model_dir: Path, values: dict) -> RunOptions:
+    if values["resume"] and values["retry_failed"]:
+        raise click.UsageError("--resume and --retry-failed are exclusive")
+    return RunOptions(
+        input_path=input_path, run_id=values["run_id"], resume=values["resume"],
+        retry_failed=values["retry_failed"], limit=values["limit"], max_inflight=values["max_inflight"],
+        max_line_bytes=values["max_line_bytes"],
+        prompt=PromptOptions(conversation_date=values["conversation_date"],
+                             reasoning_effort=values["reasoning_effort"]),
+        session=SessionOptions(model=model_dir.name, max_output_tokens=values["max_output_tokens"],
+                               seed=values["seed"], temperature=values["temperature"],
+                               keep_tokens=values["keep_tokens"], max_turns=values["max_turns"],
+                               max_tool_output_bytes=values["max_tool_output_bytes"]))

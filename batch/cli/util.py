@@ -1,0 +1,105 @@
+"""What every `batchrun` command shares: the default database, `error:` exits, run names."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from batch.store.live import snapshot_path
+from batch.store.store import Store
+from batch.store.errors import StoreLockedError, StoreOpenError
+
+DEFAULT_DB = "batchrun.duckdb"
+LOCK_WAIT_S = 3.0  # a reader waits this long for a locked file's first snapshot (or for the file)
+LOCK_RETRY_S = 0.2
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: message` on stderr and exit 1 (the command could not do its work)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def open_store(db: str, read_only: bool = False) -> Store:
+    """The database, or a one-line `error:` exit when it is missing (read-only), locked by another
+    process, not a whole DuckDB file, or (for writing) cannot be written.
+
+    A writable store publishes live snapshots for readers in other processes until it is
+    closed; a read-only open of a file a live batchrun command is writing reads its newest
+    snapshot instead, and says how old it is on stderr.
+    """
+    if read_only and not Path(db).exists():
+        fail(f"{db}: no such database (run `batchrun submit` first or pass --db)")
+    try:
+        if read_only:
+            return _open_for_reading(db)
+        store = Store(db)
+    except StoreLockedError as exc:
+        fail(_lock_message(db, exc))
+    except StoreOpenError as exc:
+        fail(str(exc))
+    store.publish_live()
+    return store
+
+
+def _open_for_reading(db: str) -> Store:
+    """The database read-only, or while a live run holds it, its snapshot (retrying briefly:
+    the run may not have published one yet, or may be closing the file)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return Store(db, read_only=True)
+        except StoreLockedError as exc:
+            snapshot = _live_snapshot(db, exc.holder_pid)
+            if snapshot is not None:
+                store, age_s = snapshot
+                click.echo(f"note: reading a snapshot of a live run, {age_s:.0f} s old ({store.path}; "
+                           f"PID {exc.holder_pid} is writing {db})", err=True)
+                return store
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(LOCK_RETRY_S)
+
+
+def _live_snapshot(db: str, holder_pid: int | None) -> tuple[Store, float] | None:
+    """(the snapshot opened read-only, its age in seconds) when the process holding ``db`` publishes it."""
+    path = snapshot_path(db)
+    try:
+        store = Store(path, read_only=True)
+    except (FileNotFoundError, StoreOpenError):
+        return None  # none yet, or replaced while opening: the caller retries
+    writer = store.live_snapshot_writer()
+    if writer is None or (holder_pid is not None and writer[0] != holder_pid):
+        store.close()  # left by a run that ended without removing it (killed): not what holds the file
+        return None
+    try:
+        known_current_at = path.stat().st_mtime
+    except FileNotFoundError:  # the run ended meanwhile: its data is as of its last snapshot
+        known_current_at = writer[1].timestamp()
+    return store, max(0.0, time.time() - known_current_at)
+
+
+def _lock_message(db: str, locked: StoreLockedError) -> str:
+    """The lock error, naming a live batchrun run when that is what holds the file."""
+    snapshot = _live_snapshot(db, locked.holder_pid) if locked.holder_pid is not None else None
+    if snapshot is None:
+        return str(locked)  # a plain duckdb process, a notebook, a run before its first snapshot: unknown
+    snapshot[0].close()
+    return (f"{db}: a live batchrun run (PID {locked.holder_pid}) is writing this file (one writer at a "
+            "time); wait for it to finish or pass another --db")
+
+
+def resolve_run(store: Store, run: str) -> str:
+    """The run id `run` names: an existing id, or `latest` for the newest run."""
+    if run == "latest":
+        runs = store.runs.list()
+        if not runs:
+            fail(f"no runs in {store.path}")
+        return runs[0]["run_id"]
+    if store.runs.get(run) is None:
+        fail(f"no run {run!r} in {store.path} (see `batchrun runs`)")
+    return run

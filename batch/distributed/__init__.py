@@ -1,0 +1,1 @@
+"""Runs beyond one process: merging shard databases, the Ray driver and its worker actors."""

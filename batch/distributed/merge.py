@@ -1,0 +1,158 @@
+"""`batchrun merge`: the shard databases of one `--shard K/N` split become one run.
+
+Each part holds the newest run made with `--shard` in its file. Parts must share
+the input (sha256), the model, the shard count and every setting a resume compares
+(`RESUME_KEYS`); a part holding a line of another shard is refused. What is absent
+is reported: shards with no part, and lines a part has no row for (an interrupted
+shard). The merged run is `completed` only when every line has its row; otherwise
+it is `partial`, and a plain `batchrun submit INPUT --db OUTPUT` decodes the rest.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batch.store.rows import RunRow
+from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
+from batch.run.shards import Shard, ShardSpecError
+from batch.responses.status import RunStatus
+from batch.store.store import Store
+from batch.store.errors import StoreOpenError
+from batch.store.merging import copy_runs
+
+# Settings the parts may differ in: the split itself.
+_PER_PART = ("shard",)
+
+
+class MergeError(ValueError):
+    """Parts that cannot be one run; the message names the file and what differs."""
+
+
+@dataclass
+class ShardPart:
+    """One shard database: its shard run and the line numbers that have rows."""
+
+    path: Path
+    run: dict
+    shard: Shard
+    line_nos: set[int]
+
+
+@dataclass
+class MergePlan:
+    """What the merged run will hold and what it lacks."""
+
+    parts: list[ShardPart]
+    num_lines: int
+    missing_shards: list[Shard] = field(default_factory=list)
+    missing_lines: list[int] = field(default_factory=list)  # lines of present shards without a row
+
+    @property
+    def is_complete(self) -> bool:
+        return not self.missing_shards and not self.missing_lines
+
+
+def read_part(path: Path) -> ShardPart:
+    """The newest `--shard` run in the file at `path`; raises MergeError if it has none."""
+    try:
+        with Store(path, read_only=True) as store:
+            runs = [run for run in store.runs.list() if (run["options"] or {}).get("shard")]
+            if not runs:
+                raise MergeError(f"{path}: no run made with --shard K/N in this database")
+            run = runs[0]
+            line_nos = store.runs.finished_line_numbers(run["run_id"])
+    except (StoreOpenError, FileNotFoundError) as exc:
+        raise MergeError(str(exc)) from None
+    try:
+        shard = Shard.parse(run["options"]["shard"])
+    except ShardSpecError as exc:
+        raise MergeError(f"{path}: run {run['run_id']}: {exc}") from None
+    foreign = sorted(line for line in line_nos if not shard.owns(line))
+    if foreign:
+        raise MergeError(f"{path}: run {run['run_id']} (shard {shard.label}) holds line {foreign[0]}, "
+                         "which is another shard's")
+    return ShardPart(path, run, shard, line_nos)
+
+
+def _setting(run: dict, key: str) -> object:
+    return (run["options"] or {}).get(key, RESUME_DEFAULTS.get(key))
+
+
+def _check_same_run(parts: list[ShardPart]) -> None:
+    first = parts[0]
+    for part in parts[1:]:
+        where = f"{part.path} (shard {part.shard.label}) and {first.path} (shard {first.shard.label})"
+        if part.run["input_sha256"] != first.run["input_sha256"]:
+            raise MergeError(f"{where} were made from different input files (sha256 differs)")
+        if part.run["model"] != first.run["model"]:
+            raise MergeError(f"{where} used different models ({part.run['model']} vs {first.run['model']})")
+        if part.shard.count != first.shard.count:
+            raise MergeError(f"{where} split the input {part.shard.count} and {first.shard.count} ways")
+        for key in RESUME_KEYS:
+            if key not in _PER_PART and _setting(part.run, key) != _setting(first.run, key):
+                raise MergeError(f"{where} differ in {key} ({_setting(part.run, key)!r} vs "
+                                 f"{_setting(first.run, key)!r})")
+        if part.shard.index == first.shard.index:
+            raise MergeError(f"{where} are the same shard")
+    seen: set[int] = set()
+    for part in parts:
+        if part.shard.index in seen:
+            raise MergeError(f"{part.path}: shard {part.shard.label} is given twice")
+        seen.add(part.shard.index)
+
+
+def plan_merge(paths: list[Path]) -> MergePlan:
+    """Read and check the parts; raises MergeError when they are not one split of one run."""
+    parts = sorted((read_part(path) for path in paths), key=lambda part: part.shard.index)
+    _check_same_run(parts)
+    # Every part scanned the same file; the count is in a part's notes once it closed.
+    counts = [(part.run["notes"] or {}).get("input_lines") for part in parts]
+    num_lines = max([c for c in counts if c is not None]
+                    or [max(part.line_nos, default=0) for part in parts])
+    count = parts[0].shard.count
+    present = {part.shard.index for part in parts}
+    missing_lines = sorted(line for part in parts for line in part.shard.line_numbers(num_lines)
+                           if line not in part.line_nos)
+    return MergePlan(parts, num_lines, [Shard(k, count) for k in range(count) if k not in present],
+                     missing_lines)
+
+
+def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
+    """The runs row of the merged run: the parts' settings, their times, counts and origins."""
+    runs = [part.run for part in plan.parts]
+    first = runs[0]
+    ignored: Counter = Counter()
+    tool_errors: Counter = Counter()
+    for run in runs:
+        ignored.update((run["notes"] or {}).get("ignored_fields") or {})
+        tool_errors.update((run["notes"] or {}).get("tool_errors") or {})
+    finished = [run["finished_at"] for run in runs if run["finished_at"] is not None]
+    notes = {"input_lines": plan.num_lines, "ignored_fields": dict(ignored), "tool_errors": dict(tool_errors),
+             "missing_lines": len(plan.missing_lines),
+             "missing_shards": [shard.label for shard in plan.missing_shards],
+             "shards": [{"shard": part.shard.label, "db": str(part.path), "run_id": part.run["run_id"],
+                         "status": part.run["status"], "n_requests": len(part.line_nos)}
+                        for part in plan.parts]}
+    return RunRow(
+        run_id=run_id or f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}",
+        started_at=min(run["started_at"] for run in runs),
+        finished_at=max(finished) if finished else None, input_path=first["input_path"],
+        input_sha256=first["input_sha256"], model=first["model"], engine_config=first["engine_config"],
+        # shard None: a plain `submit` on the merged file continues a partial merge.
+        options={**(first["options"] or {}), "shard": None},
+        status=RunStatus.COMPLETED if plan.is_complete else RunStatus.PARTIAL,
+        n_requests=sum(len(part.line_nos) for part in plan.parts), notes=notes,
+        batchrun_version=first["batchrun_version"])
+
+
+def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> RunRow:
+    """Write the merged run into `store`; returns its runs row."""
+    run = merged_run_row(plan, run_id)
+    if store.runs.get(run.run_id) is not None:
+        raise MergeError(f"{store.path}: a run {run.run_id} exists there; pass another --run-id or -o")
+    copy_runs(store, run, [(part.path, part.run["run_id"]) for part in plan.parts])
+    return run

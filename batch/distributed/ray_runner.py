@@ -1,0 +1,260 @@
+"""`batchrun submit --ray`: data-parallel decoding on Ray actors, one DuckDB writer.
+
+The driver is a `Run` (the ledger, the input, the writer: what a one-machine run
+does but decode) whose decoding is chunk dispatch: it reads and checks the lines
+(invalid ones are written at once) and writes every result. Valid lines go out in chunks of `--max-inflight` to worker
+actors (batch/distributed/ray_worker.py), at most two chunks per worker at a time, so the
+driver holds a bounded number of lines for any input size; a worker decodes its
+two chunks in one batch (a chunk's tail does not leave the batch half empty) and
+returns each when its last line ends. Resume is by line, as on one machine: a
+rerun of the same command skips every line that has a row.
+
+Faults: a chunk whose worker died (killed, its node lost, out of memory) goes back
+to the queue (`ChunkQueue`, batch/distributed/chunk_queue.py: split in halves, a
+suspect line alone onto an idle worker, `MAX_ATTEMPTS` tries alone, then it fails
+with an error that says so). Results a worker returned are written and never redone. A dead
+worker gets no work until it answers again (Ray restarts it, reloading the model);
+one that cannot be restarted is dropped, and the run fails only when none is left.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from batch.distributed.chunk_queue import MAX_ATTEMPTS, ChunkQueue
+from batch.responses.status import RequestStatus
+from batch.run.admission import Prepared
+from batch.run.ledger import RunError
+from batch.run.options import RunOptions
+from batch.run.reader import InputLine
+from batch.run.results import line_result
+from batch.run.runner import Progress, Run, RunSummary
+from batch.store.store import Store
+from tools.servers import ServerCatalog
+
+CHUNKS_PER_WORKER = 2  # decoded together: the second's lines fill the batch as the first's finish
+# Threads per actor: the decode calls it holds, and one more so that ping and describe never wait on them.
+WORKER_CONCURRENCY = CHUNKS_PER_WORKER + 1
+WAIT_S = 0.2
+RESTART_WAIT_S = 900.0  # a worker not back this long after it died (no room on any node?) is dropped
+# Ray keeps every node on 127.0.0.1 with these (it picks an external interface otherwise).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install 'ray>=2.40')"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide a Ray run is."""
+
+    address: str | None = None  # None: start a local cluster; "auto": join the running one
+    num_workers: int = 1
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: float = 1.0
+
+
+@dataclass
+class WorkerSlot:
+    """One worker actor and the chunks it holds."""
+
+    index: int
+    handle: Any
+    chunks: dict[Any, list[Prepared]] = field(default_factory=dict)  # ObjectRef -> chunk
+    probe: Any = None  # an ObjectRef of ping() while the worker is coming back
+    died_at: float = 0.0  # time.monotonic() of its last death
+    lines_at_death: int = 0  # lines it held when it last died (1: that line's death)
+    is_dead: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"ray-w{self.index}"
+
+    @property
+    def has_room(self) -> bool:
+        return not self.is_dead and self.probe is None and len(self.chunks) < CHUNKS_PER_WORKER
+
+    @property
+    def num_lines(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks.values())
+
+
+def import_ray() -> Any:
+    """The ray module; a RunError saying how to install it when it is missing."""
+    for name, value in LOOPBACK_ENV.items():  # read when ray is imported
+        os.environ.setdefault(name, value)
+    try:
+        import ray
+    except ImportError as exc:
+        raise RunError(INSTALL_HINT) from exc
+    return ray
+
+
+def start_ray(ray: Any, options: RayOptions) -> bool:
+    """Join or start the cluster; True when this process started it (and shuts it down)."""
+    if ray.is_initialized():
+        return False
+    if options.address is not None:
+        ray.init(address=options.address, logging_level="WARNING", log_to_driver=True)
+        return False
+    num_cpus = max(os.cpu_count() or 1, math.ceil(options.num_workers * options.cpus_per_worker))
+    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
+             _node_ip_address="127.0.0.1")
+    return True
+
+
+class RayRunner:
+    """The driver of a Ray run: a `Run` whose lines are checked here and decoded on worker actors."""
+
+    def __init__(self, store: Store, options: RunOptions, ray_options: RayOptions, backend: object,
+                 progress: Progress | None = None):
+        self.ray = import_ray()
+        self.ray_options, self.backend_spec = ray_options, backend
+        self.slots: list[WorkerSlot] = []
+        self.queue: ChunkQueue[Prepared] = ChunkQueue()
+        # The driver never decodes: the engine lives in the workers.
+        self.run_state = Run(store, options, self._decode, ServerCatalog(options.tools.servers), progress,
+                             on_close=self._kill_workers)
+
+    @property
+    def options(self) -> RunOptions:
+        return self.run_state.options
+
+    @options.setter
+    def options(self, options: RunOptions) -> None:  # the engine's config is known once a worker is up
+        self.run_state.options = options
+
+    @property
+    def progress(self) -> Progress | None:
+        return self.run_state.progress
+
+    @progress.setter
+    def progress(self, progress: Progress | None) -> None:
+        self.run_state.progress = progress
+
+    def run(self) -> RunSummary:
+        """Decode every line not yet finished in this run on the workers; returns the summary."""
+        return self.run_state.run()
+
+    @property
+    def chunk_size(self) -> int:
+        """--max-inflight lines, or fewer when the input would not give every worker two chunks."""
+        lines = self.run_state.num_input_requests or self.options.max_inflight
+        per_chunk = math.ceil(lines / (CHUNKS_PER_WORKER * max(1, len(self.slots))))
+        return max(1, min(self.options.max_inflight, per_chunk))
+
+    def start_workers(self) -> dict:
+        """Create the actors (each loads the model); returns the first one's engine config."""
+        opts = self.ray_options
+        actor = self.ray.remote(num_cpus=opts.cpus_per_worker, num_gpus=opts.gpus_per_worker,
+                                max_restarts=-1, max_task_retries=0,
+                                max_concurrency=WORKER_CONCURRENCY)(_worker_class())
+        self.slots = [WorkerSlot(index, None) for index in range(opts.num_workers)]
+        for slot in self.slots:
+            slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
+        return cast(dict, self.ray.get(self.slots[0].handle.describe.remote()))
+
+    # -- the decoding (Run.run opens and closes the run around it) ----------
+    def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
+        """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
+        exhausted = False
+        while not exhausted or not self.queue.is_empty or self._num_out():
+            while not exhausted and self._num_held() < self._max_held():
+                line = next(lines, None)
+                if line is None:
+                    exhausted = True
+                    continue
+                prepared = run.prepare(line)  # invalid lines end here
+                if prepared is not None:
+                    self.queue.add(prepared, self.chunk_size)
+            if exhausted:
+                self.queue.seal()
+            self._dispatch()
+            self._collect()
+            run.flush(force=not self._num_out())
+
+    def _max_held(self) -> int:
+        return CHUNKS_PER_WORKER * self.chunk_size * max(1, len(self.slots))
+
+    def _num_out(self) -> int:
+        return sum(len(chunk) for slot in self.slots for chunk in slot.chunks.values())
+
+    def _num_held(self) -> int:
+        return self.queue.num_lines + self._num_out() + len(self.run_state.pending)
+
+    def _dispatch(self) -> None:
+        for slot in self.slots:
+            while slot.has_room:
+                chunk = self.queue.next_for(list(slot.chunks.values()))
+                if chunk is None:
+                    break
+                slot.chunks[slot.handle.decode.remote(chunk, self.run_state.run_id)] = chunk
+        if not any(not slot.is_dead for slot in self.slots):
+            raise RunError("every Ray worker died and none could be restarted; finished requests are "
+                           "saved: run the same command again to resume")
+
+    def _collect(self) -> None:
+        for slot in self.slots:
+            if slot.probe is not None and time.monotonic() - slot.died_at > RESTART_WAIT_S:
+                self.ray.kill(slot.handle)
+                slot.probe, slot.is_dead = None, True
+        refs = [ref for slot in self.slots for ref in slot.chunks]
+        probes = [slot.probe for slot in self.slots if slot.probe is not None]
+        if not refs and not probes:
+            return
+        ready, _ = self.ray.wait(refs + probes, num_returns=1, timeout=WAIT_S)
+        if ready:  # and whatever else is done by now
+            ready, _ = self.ray.wait(refs + probes, num_returns=len(refs) + len(probes), timeout=0)
+        for ref in ready:
+            slot = next(s for s in self.slots if ref in s.chunks or ref == s.probe)
+            if ref == slot.probe:
+                self._probed(slot, ref)
+            else:
+                self._returned(slot, ref)
+
+    def _returned(self, slot: WorkerSlot, ref: Any) -> None:
+        try:
+            results = self.ray.get(ref)
+        except self.ray.exceptions.RayError:  # the worker died (or the task raised: a bug)
+            if slot.probe is None and not slot.is_dead:  # the first of this death's chunks
+                slot.lines_at_death = slot.num_lines
+                slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
+            self._give_back(slot.chunks.pop(ref), alone=slot.lines_at_death == 1)
+            return
+        slot.chunks.pop(ref)
+        for result in results:
+            self.run_state.finish(result)
+
+    def _probed(self, slot: WorkerSlot, ref: Any) -> None:
+        slot.probe = None
+        try:
+            self.ray.get(ref)
+        except self.ray.exceptions.ActorUnavailableError:  # restarting: ask again
+            slot.probe = slot.handle.ping.remote()
+        except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
+            slot.is_dead = True
+            for chunk in slot.chunks.values():  # calls made before it was known dead
+                self._give_back(chunk, alone=False)
+            slot.chunks.clear()
+
+    def _give_back(self, chunk: list[Prepared], alone: bool) -> None:
+        """A chunk its worker did not return goes back to the queue; a line out of tries fails."""
+        given_up = self.queue.give_back(chunk, alone)
+        if given_up is not None:
+            line, run = given_up.line, self.run_state
+            run.finish(line_result(run.run_id, line, RequestStatus.FAILED,
+                                   f"line {line.line_no}: a Ray worker died each of the {MAX_ATTEMPTS} times "
+                                   "it decoded this request alone; it is failed so the run can go on"))
+
+    def _kill_workers(self) -> None:
+        for slot in self.slots:
+            self.ray.kill(slot.handle)
+
+
+def _worker_class() -> type:
+    from batch.distributed.ray_worker import DecodeWorker
+
+    return DecodeWorker

@@ -1,0 +1,198 @@
+"""One Ray worker of `batchrun submit --ray`: the model loaded once, batchrun's own loop over chunks.
+
+`ChunkDecoder` is a `DecodeLoop` (batch/run/decode_loop.py) fed by chunks, with no
+store: the loop lists each prepared line's MCP servers (its own server processes),
+admits it, decodes it with continuous batching and runs its tool loops; the decoder
+hands each finished `RequestResult` to the chunk it came from; the driver writes them.
+It decodes every chunk it was given in one batch: a newer chunk's lines are admitted
+as soon as fewer than `--max-inflight` requests are in flight, so the batch stays full
+while an older chunk's last requests finish.
+
+`DecodeWorker` is the actor class around it (batch/distributed/ray_runner.py makes it a threaded
+actor): one thread of its own loads the engine and runs the decoding loop; each
+`decode` call (Ray runs them on its own threads, several at once) gives its chunk to
+that loop and waits for exactly that chunk's results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from batch.run.admission import Prepared
+from batch.run.decode_loop import DecodeLoop
+from batch.run.options import RunOptions
+from batch.store.rows import RequestResult
+from engine.api import Backend
+from tools.servers import ServerCatalog
+
+
+class DecodeLoopError(RuntimeError):
+    """The decoding loop failed (a bug, or the engine broke): every chunk it held is given back."""
+
+
+@dataclass(eq=False)  # hashed by identity
+class ChunkJob:
+    """One `decode` call: its chunk, the results of its lines as they finish, and when all are in."""
+
+    chunk: list[Prepared]
+    run_id: str
+    results: list[RequestResult] = field(default_factory=list)
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def add(self, result: RequestResult) -> None:
+        self.results.append(result)
+        if len(self.results) == len(self.chunk):
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
+class ChunkDecoder:
+    """Decodes the chunks it is given, all in one batch; never opens or writes a database.
+
+    Not thread-safe: one thread calls `take` and `decode_step` (DecodeWorker's loop).
+    """
+
+    def __init__(self, backend: Backend, options: RunOptions):
+        self.options = options
+        self.loop = DecodeLoop(backend, options, ServerCatalog(options.tools.servers))
+        self.run_id = ""  # the run of the chunks it holds (set by take)
+        self.queued: deque[Prepared] = deque()  # given, waiting for room in the batch (oldest chunk first)
+        self.owners: dict[int, ChunkJob] = {}  # line_no -> the job of every line given and not yet finished
+        self.wake_on: Future | None = None  # ends a wait on tool futures early (a new chunk came)
+
+    @property
+    def is_busy(self) -> bool:
+        return bool(self.owners)
+
+    def take(self, job: ChunkJob) -> None:
+        """Queue the job's lines behind those already given; an empty chunk is done at once."""
+        if self.is_busy and job.run_id != self.run_id:
+            job.fail(DecodeLoopError(f"this worker is decoding run {self.run_id}, not {job.run_id}"))
+            return
+        self.run_id = job.run_id
+        for prepared in job.chunk:
+            self.owners[prepared.line.line_no] = job
+            self.queued.append(prepared)
+        if not job.chunk:
+            job.done.set()
+
+    def decode_step(self, block: bool) -> None:
+        """One turn of the loop: admit queued lines while there is room, step, continue tool loops.
+
+        `block`: when nothing decodes, wait (up to TOOL_WAIT_S) for a tool, a listing or `wake_on`
+        (a chunk that arrives while only tools are pending starts at once).
+        """
+        while self.queued and self.loop.num_inflight < self.options.max_inflight:
+            self.loop.add(self.queued.popleft(), self.run_id)
+        for result in self.loop.step(block=block, wake=self.wake_on):
+            self.owners.pop(result.request.line_no).add(result)
+
+    def fail_all(self, error: BaseException) -> None:
+        """The loop failed: every job held raises it; what was in flight is dropped (best effort)."""
+        for job in set(self.owners.values()):
+            job.fail(DecodeLoopError(f"the decoding loop failed: {type(error).__name__}: {error}"))
+        self.loop.abandon()
+        self.owners.clear()
+        self.queued.clear()
+
+    def close(self) -> None:
+        """Stop the loop's tool servers."""
+        self.loop.close()
+
+
+class DecodeWorker:
+    """The actor: loads the model (once per process, again after a restart) and decodes chunks together.
+
+    `decode` may be called from several threads at once; all of them feed one loop.
+    """
+
+    def __init__(self, backend: object, options: RunOptions, label: str):
+        self.label = label
+        self.engine_config: dict = {}
+        self.inbox: queue.SimpleQueue[ChunkJob | None] = queue.SimpleQueue()  # None: close
+        self._arrived: Future = Future()  # set by decode(); the loop renews it before it drains the inbox
+        self._arrived_lock = threading.Lock()
+        self._ready = threading.Event()  # the engine is loaded, or could not be (_load_error)
+        self._load_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, args=(backend, options), name=f"{label}-decode",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._load_error is not None:
+            raise self._load_error
+
+    def ping(self) -> str:
+        """The worker's label, once it is up (the driver waits on this after a restart)."""
+        return self.label
+
+    def describe(self) -> dict:
+        """The engine's configuration (the runs row records the first worker's)."""
+        return self.engine_config
+
+    def decode(self, chunk: list[Prepared], run_id: str) -> list[RequestResult]:
+        """Every line of `chunk` of run `run_id`, to its end (tool loops included); the results in
+        finishing order. Lines of the chunks other calls gave meanwhile share the batch."""
+        job = ChunkJob(chunk, run_id)
+        self.inbox.put(job)
+        with self._arrived_lock:
+            if not self._arrived.done():
+                self._arrived.set_result(None)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.results
+
+    def close(self) -> None:
+        """Finish the chunks given, then stop the loop and its tool servers (a Ray actor's process just ends)."""
+        self.inbox.put(None)
+        self._thread.join()
+
+    # -- the loop's thread: it alone touches the engine and the decoder ------
+    def _serve(self, backend: object, options: RunOptions) -> None:
+        try:
+            engine = backend.load()  # type: ignore[attr-defined]  # a BackendSpec, or a test's stand-in
+            self.engine_config = engine.describe()
+            decoder = ChunkDecoder(engine, dataclasses.replace(options, worker=self.label))
+        except BaseException as exc:  # the constructor raises it: the actor could not start
+            self._load_error = exc
+            return
+        finally:
+            self._ready.set()
+        try:
+            while self._take_arrived(decoder):
+                self._step(decoder)
+            while decoder.is_busy:
+                self._step(decoder)
+        finally:
+            decoder.close()
+
+    def _take_arrived(self, decoder: ChunkDecoder) -> bool:
+        """Give the decoder every chunk that arrived (waiting for one when it is idle); False on close."""
+        with self._arrived_lock:
+            if self._arrived.done():
+                self._arrived = Future()
+            decoder.wake_on = self._arrived
+        while True:
+            try:
+                job = self.inbox.get(block=not decoder.is_busy)
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            decoder.take(job)
+
+    @staticmethod
+    def _step(decoder: ChunkDecoder) -> None:
+        try:
+            decoder.decode_step(block=True)
+        except BaseException as exc:  # the decode calls raise it; the worker serves the next chunks
+            decoder.fail_all(exc)

@@ -1,0 +1,89 @@
+"""A response's completion tokens -> output items and streaming events, turn after turn.
+
+The per-token hot path: each token goes through harmony's parser (`TokenParser`,
+O(1) per token) and, inside a message, becomes one delta event; a message's start
+resolves its recipient to an item kind once, through the request's tool registry.
+"""
+
+from __future__ import annotations
+
+from batch.responses.events import ItemKind, ResponseEvents
+from batch.harmony.token_parser import CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser
+from batch.responses.metrics import TurnMetrics
+from batch.responses.status import ItemStatus
+from tools.kinds import ToolType
+from tools.registry import ToolRegistry
+
+_KIND_OF_TOOL = {
+    ToolType.FUNCTION: ItemKind.FUNCTION_CALL,
+    ToolType.CODE_INTERPRETER: ItemKind.CODE_INTERPRETER_CALL,
+    ToolType.WEB_SEARCH: ItemKind.WEB_SEARCH_CALL,
+    ToolType.MCP: ItemKind.MCP_CALL,
+}
+
+
+class OutputParser:
+    """Harmony tokens of every turn of one response -> its `ResponseEvents`."""
+
+    def __init__(self, response_id: str, registry: ToolRegistry):
+        self.events = ResponseEvents(response_id)
+        self.registry = registry
+        # One harmony parser per turn, made by begin_turn (making one costs ~0.1 ms).
+        self._tokens: TokenParser | None = None
+        self._last_step: str | Boundary | None = None
+
+    def begin_turn(self, turn: int) -> None:
+        """A new completion."""
+        self._tokens = TokenParser()
+        self._last_step = None
+        self.events.turn = turn
+
+    @property
+    def ended_on_a_message(self) -> bool:
+        """Whether the last token fed closed a message (a turn must not end inside a header)."""
+        return self._last_step is Boundary.CLOSED
+
+    @property
+    def last_message(self) -> ParsedMessage | None:
+        """The last complete message of this turn."""
+        return None if self._tokens is None else self._tokens.last_message
+
+    def feed(self, token_ids: list[int], turn: TurnMetrics) -> str | None:
+        """Parse new tokens of the current turn; an error message if they are not harmony."""
+        tokens, events = self._tokens, self.events
+        if tokens is None:
+            raise RuntimeError("tokens fed before the first turn began")
+        step: str | Boundary | None = None
+        for token_id in token_ids:
+            try:
+                step = tokens.feed(token_id)
+            except HarmonyError as exc:
+                return f"model output is not valid harmony: {exc}"
+            if step is None:
+                continue  # a header token
+            if tokens.channel == "analysis":
+                turn.reasoning_tokens += 1
+            if step.__class__ is str:
+                if step:
+                    events.add_delta(step)
+            elif step is Boundary.OPENED:
+                self._open_item(tokens.channel, tokens.recipient)
+            else:
+                # A message to a hosted tool runs the tool only when it ends with <|call|>.
+                current = events.current
+                hosted = current is not None and current.kind.is_hosted_tool
+                events.close_item(ItemStatus.INCOMPLETE if hosted and token_id != CALL_TOKEN else ItemStatus.COMPLETED)
+        if token_ids:
+            self._last_step = step
+        return None
+
+    def _open_item(self, channel: str | None, recipient: str | None) -> None:
+        if recipient is None:
+            self.events.open_item(ItemKind.REASONING if channel == "analysis" else ItemKind.MESSAGE)
+            return
+        target = self.registry.resolve(recipient)
+        if target is None:  # shown as reasoning: the model's attempt, answered with an error
+            self.events.open_item(ItemKind.REASONING)
+            return
+        self.events.open_item(_KIND_OF_TOOL[target.tool_type], name=target.name,
+                              server_label=target.server_label)

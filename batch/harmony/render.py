@@ -1,0 +1,279 @@
+"""Request -> harmony conversation -> prompt tokens (completions are parsed in batch/harmony/token_parser.py).
+
+Rendering is a pure function of the request and the run options: the conversation
+date comes from the request's `metadata.conversation_date` or `--conversation-date`,
+never the wall clock, so the same request always renders the same tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    Message,
+    ReasoningEffort,
+    Role,
+    SystemContent,
+    TextContent,
+)
+
+from batch.responses.request import ResponsesRequest
+from batch.harmony.token_parser import MESSAGE_TOKEN
+from batch.harmony.vocab import harmony_encoding
+from tools.registry import ToolRegistry
+
+KNOWLEDGE_CUTOFF = "2024-06"
+_EFFORT = {
+    "minimal": ReasoningEffort.LOW,
+    "low": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM,
+    "high": ReasoningEffort.HIGH,
+}
+
+__all__ = ["RenderError", "PromptOptions", "render_prompt", "render_tool_output", "input_messages"]
+
+
+class RenderError(ValueError):
+    """The request cannot be rendered (names the body field at fault)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """Run-level rendering options; a request's own fields take precedence."""
+
+    conversation_date: str | None = None
+    reasoning_effort: str = "medium"
+    knowledge_cutoff: str = KNOWLEDGE_CUTOFF
+
+
+def _text_of(content: str | list[dict[str, Any]] | None) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or [])
+
+
+def _system_message(request: ResponsesRequest, registry: ToolRegistry, options: PromptOptions) -> Message:
+    effort = (request.reasoning and request.reasoning.effort) or options.reasoning_effort
+    date = (request.metadata or {}).get("conversation_date") or options.conversation_date
+    content = SystemContent.new().with_reasoning_effort(_EFFORT[effort]).with_knowledge_cutoff(
+        options.knowledge_cutoff)
+    if date:
+        content = content.with_conversation_start_date(date)
+    return Message.from_role_and_content(Role.SYSTEM, registry.add_to_system(content))
+
+
+def _developer_message(request: ResponsesRequest, registry: ToolRegistry) -> Message | None:
+    instructions = request.instructions
+    if not instructions and not registry.has_developer_tools:
+        return None
+    content = DeveloperContent.new()
+    if instructions:
+        content = content.with_instructions(instructions)
+    return Message.from_role_and_content(Role.DEVELOPER, registry.add_to_developer(content))
+
+
+def _assistant(text: str, channel: str, recipient: str | None = None,
+               content_type: str | None = None) -> Message:
+    message = Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
+    if recipient:
+        message = message.with_recipient(recipient)
+    if content_type:
+        message = message.with_content_type(content_type)
+    return message
+
+
+def _tool(author: str, text: str) -> Message:
+    return (Message.from_author_and_content(Author.new(Role.TOOL, author), text)
+            .with_channel("commentary").with_recipient("assistant"))
+
+
+def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[Message]:
+    """Harmony messages for one input item (an empty list for items with no text)."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item["role"]
+        text = _text_of(item.get("content"))
+        if role == "assistant":
+            return [_assistant(text, "final")]
+        return [Message.from_role_and_content(Role.USER if role == "user" else Role.DEVELOPER, text)]
+    if kind == "reasoning":
+        text = _text_of(item.get("content")) or _text_of(item.get("summary"))
+        return [_assistant(text, "analysis")] if text else []
+    if kind == "function_call":
+        call_names[item["call_id"]] = item["name"]
+        return [_assistant(item["arguments"], "commentary", f"functions.{item['name']}",
+                           "<|constrain|>json")]
+    if kind == "function_call_output":
+        name = call_names.get(item["call_id"])
+        if name is None:
+            raise RenderError(f"input[{index}].call_id",
+                              f"no function_call with call_id {item['call_id']!r} comes before this output")
+        return [_tool(f"functions.{name}", _text_of(item["output"]))]
+    if kind == "code_interpreter_call":
+        outputs = item.get("outputs") or []
+        if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+            raise RenderError(f"input[{index}].outputs", "expected a list of output objects")
+        logs = "".join(str(o.get("logs") or "") for o in outputs)
+        code = _string_field(item, index, "code")
+        return [_assistant(code, "analysis", "python", "code"), _tool("python", logs)]
+    if kind == "mcp_call":
+        recipient = f"{item['server_label']}.{item['name']}"
+        output = _string_field(item, index, "output") or _error_text(item.get("error"))
+        arguments = _string_field(item, index, "arguments")
+        return [_assistant(arguments, "commentary", recipient, "<|constrain|>json"), _tool(recipient, output)]
+    return []  # web_search_call, mcp_list_tools: nothing the model needs to re-read
+
+
+def _string_field(item: dict, index: int, key: str) -> str:
+    value = item.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RenderError(f"input[{index}].{key}", f"expected a string, got {type(value).__name__}")
+    return value or ""
+
+
+def _error_text(error: object) -> str:
+    """The text of an mcp_call error: a string, or an SDK error object (as events.py stores them)."""
+    if not error:
+        return ""
+    if isinstance(error, dict):
+        content = error.get("content")
+        if isinstance(content, list):
+            return _text_of([part for part in content if isinstance(part, dict)])
+        return str(error.get("message") or json.dumps(error))
+    return str(error)
+
+
+def input_messages(items: str | list[dict]) -> list[Message]:
+    """The request's `input` as harmony messages."""
+    if isinstance(items, str):
+        return [Message.from_role_and_content(Role.USER, items)]
+    call_names: dict[str, str] = {}
+    messages: list[Message] = []
+    for index, item in enumerate(items):
+        messages.extend(_item_messages(index, item, call_names))
+    return messages
+
+
+class _HeadCache:
+    """Rendered system (+ developer) messages by their JSON: requests of a run mostly share them.
+
+    Harmony renders a conversation message by message. Only the system message
+    depends on the rest (its tool-routing line appears when a developer message
+    declares functions), and both sit in the head; the analysis messages a
+    conversation drops are assistant ones, all in the tail. So head + tail equals
+    the whole conversation's rendering (tests/batch/test_harmony.py checks it),
+    and the head, most of a prompt's rendering time, is rendered once.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._tokens: OrderedDict[str, list[int]] = OrderedDict()
+
+    def tokens(self, head: list[Message]) -> list[int]:
+        key = json.dumps([message.to_dict() for message in head])
+        tokens = self._tokens.get(key)
+        if tokens is None:
+            tokens = harmony_encoding().render_conversation(Conversation.from_messages(head))
+            self._tokens[key] = tokens
+            if len(self._tokens) > self.size:
+                self._tokens.popitem(last=False)
+        else:
+            self._tokens.move_to_end(key)
+        return tokens
+
+
+_HEADS = _HeadCache(256)
+_PROBE = "Probe 123, <|start|> déjà vu."  # any text: a frame must wrap it as harmony does
+
+
+class _MessageFrames:
+    """The tokens harmony puts around a message's text, per header (author, channel, recipient,
+    content type): a message is its frame's head, its text as ordinary tokens, its frame's tail.
+
+    Harmony spends ~80 us a message on its formatting tokens; a frame costs that once. Each
+    frame is checked once against harmony's rendering of a probe text, and a header whose
+    check fails is left to harmony.
+    """
+
+    def __init__(self) -> None:
+        self._frames: dict[tuple, tuple[list[int], list[int]] | None] = {}
+
+    def tokens(self, message: Message) -> list[int] | None:
+        """The message's tokens, or None when only harmony can render it."""
+        if len(message.content) != 1 or not isinstance(message.content[0], TextContent):
+            return None
+        author = message.author
+        key = (author.role, author.name, message.channel, message.recipient, message.content_type)
+        if key not in self._frames:
+            self._frames[key] = _frame(message)
+        frame = self._frames[key]
+        if frame is None:
+            return None
+        head, tail = frame
+        return [*head, *_ordinary_tokens(message.content[0].text), *tail]
+
+
+def _ordinary_tokens(text: str) -> list[int]:
+    """The text's tokens, special-token spellings included as plain text (as harmony renders content)."""
+    return harmony_encoding()._inner.encode(text, [])  # the wrapper's special-token check costs ~60 us
+
+
+def _frame(message: Message) -> tuple[list[int], list[int]] | None:
+    encoding = harmony_encoding()
+    empty = encoding.render(message.model_copy(update={"content": [TextContent(text="")]}))
+    if MESSAGE_TOKEN not in empty:
+        return None
+    cut = empty.index(MESSAGE_TOKEN) + 1
+    head, tail = empty[:cut], empty[cut:]
+    probe = encoding.render(message.model_copy(update={"content": [TextContent(text=_PROBE)]}))
+    return (head, tail) if probe == [*head, *_ordinary_tokens(_PROBE), *tail] else None
+
+
+_FRAMES = _MessageFrames()
+
+
+def _tail_tokens(messages: list[Message]) -> list[int]:
+    """The input messages' tokens and the assistant's header, as harmony renders them for completion."""
+    # Harmony drops analysis messages before a final one: such conversations stay with harmony.
+    if all(message.channel != "analysis" for message in messages):
+        tokens: list[int] = []
+        for message in messages:
+            rendered = _FRAMES.tokens(message)
+            if rendered is None:
+                break
+            tokens += rendered
+        else:
+            return tokens + _assistant_header()
+    return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages),
+                                                                  Role.ASSISTANT)
+
+
+@functools.cache
+def _assistant_header() -> list[int]:
+    return harmony_encoding().encode("<|start|>assistant", allowed_special="all")
+
+
+def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
+                  options: PromptOptions) -> list[int]:
+    """Prompt tokens for a request whose conversation input is `items`."""
+    head = [_system_message(request, registry, options)]
+    developer = _developer_message(request, registry)
+    if developer is not None:
+        head.append(developer)
+    return [*_HEADS.tokens(head), *_tail_tokens(input_messages(items))]
+
+
+def render_tool_output(author: str, text: str) -> list[int]:
+    """Tokens of a tool's answer followed by the header of the assistant's next message."""
+    return _tail_tokens([_tool(author, text)])

@@ -1,0 +1,66 @@
+"""The Response object as the API returns it, and how a response ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batch.responses.request import ResponsesRequest, redact_secrets
+
+
+@dataclass
+class Outcome:
+    """How a response ended: completed, incomplete (with its reason) or failed (with the error)."""
+
+    status: str
+    error: str | None = None
+    incomplete_reason: str | None = None
+
+
+def _echo_tool(tool: dict) -> dict:
+    """A tool as the response lists it. Open Responses' FunctionTool requires `description`,
+    `parameters` and `strict` (nullable): the ones the request left out are echoed as null."""
+    if tool.get("type") == "function":
+        return {"description": None, "parameters": None, "strict": None, **tool}
+    return tool
+
+
+def build_response(request: ResponsesRequest, *, response_id: str, created_at: int, model: str,
+                   max_output_tokens: int, temperature: float, top_p: float,
+                   status: str = "in_progress", output: list | None = None,
+                   usage: dict | None = None, completed_at: int | None = None,
+                   error: dict | None = None, incomplete_reason: str | None = None) -> dict:
+    """Every ResponseResource field, nullable ones as null, secrets redacted."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "completed_at": completed_at,
+        "status": status,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "model": model,  # the checkpoint that decoded it (the requested name stays in requests.body)
+        "previous_response_id": request.previous_response_id,
+        "instructions": request.instructions,
+        "output": output or [],
+        "error": error,
+        "tools": [_echo_tool(t) for t in redact_secrets({"tools": request.tool_dicts()})["tools"]],
+        "tool_choice": request.tool_choice_json(),
+        "truncation": "disabled",
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "text": {"format": request.text_format_json()},
+        "top_p": top_p,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "top_logprobs": 0,
+        "temperature": temperature,
+        "reasoning": {"effort": (request.reasoning and request.reasoning.effort) or "medium", "summary": None},
+        "usage": usage,
+        "max_output_tokens": max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
+        "store": True,
+        "background": False,
+        "service_tier": "default",
+        "metadata": request.metadata or {},
+        "safety_identifier": None,
+        "prompt_cache_key": None,
+        "user": request.user,
+    }

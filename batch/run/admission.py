@@ -1,0 +1,110 @@
+"""One input line -> a ready Session, or the `invalid` row that records why not.
+
+Everything that can reject a line before decoding lives here: the reader's
+per-line errors, an unknown `previous_response_id`, an mcp tool no server answers,
+a `tool_choice` naming a tool the request lacks, an input the harmony renderer
+cannot render (e.g. a function_call_output whose call_id was never issued).
+
+Admission has two steps, because an MCP server's tools must be listed before the
+prompt that names them is rendered: `prepare()` checks the line and builds its tool
+registry; the runner lists the request's servers (without blocking decoding); then
+`admit()` renders the prompt with the listings and makes the Session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batch.responses.events import new_id
+from batch.harmony.constraint import ConstraintError, check_grammar
+from batch.harmony.render import PromptOptions, RenderError, render_prompt
+from batch.run.reader import InputLine
+from batch.responses.request import ResponsesRequest
+from batch.run.results import line_result
+from batch.store.rows import RequestResult
+from batch.run.session import Session, SessionOptions
+from batch.harmony.turn_grammar import turn_grammar
+from batch.responses.status import RequestStatus
+from batch.store.store import Store
+from engine.api import derive_seed
+from tools.client import Listing
+from tools.registry import ToolChoiceError, ToolRegistry
+from tools.servers import ServerCatalog
+
+
+@dataclass
+class Prepared:
+    """A line that passed every check that needs no tool server."""
+
+    line: InputLine
+    request: ResponsesRequest
+    items: list[dict]
+    registry: ToolRegistry
+
+
+class AdmissionError(ValueError):
+    """The line is valid JSON and schema but cannot be run (names the field)."""
+
+
+def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
+    """This request's input, after the stored conversation it continues (if any)."""
+    items = request.input_items()
+    previous_id = request.previous_response_id
+    if not previous_id:
+        return items
+    previous = store.responses.get(previous_id)
+    if previous is None:
+        raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
+    return list(previous["input_items"] or []) + list(previous["response"]["output"]) + items
+
+
+def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCatalog) -> None:
+    for index, tool in enumerate(tools):
+        if tool["type"] == "mcp" and tool["server_label"] in registry.mcp_definitions:
+            try:
+                catalog.for_tool(tool)
+            except ValueError as exc:
+                raise AdmissionError(f"tools[{index}].server_label: {exc}") from None
+
+
+def _invalid(run_id: str, line: InputLine, message: str | None) -> RequestResult:
+    return line_result(run_id, line, RequestStatus.INVALID, message)
+
+
+def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Prepared | RequestResult:
+    """Check a line: `prepared` to list its servers and admit, or an `invalid` result."""
+    request = line.request
+    if not line.is_valid or request is None:  # is_valid: no error and a request
+        return _invalid(run_id, line, line.error)
+    try:
+        items = conversation_items(request, store)
+        tools = request.tool_dicts()
+        registry = ToolRegistry.from_tools(tools, request.tool_choice_json())
+        _check_servers(tools, registry, catalog)
+    except AdmissionError as exc:
+        return _invalid(run_id, line, f"line {line.line_no}: {exc}")
+    return Prepared(line, request, items, registry)
+
+
+def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
+          options: SessionOptions, run_id: str) -> Session | RequestResult:
+    """Render a prepared line with its servers' listings: a Session, or an `invalid` result."""
+    line, registry = prepared.line, prepared.registry
+    # The response echoes the effort the prompt was rendered with (a run default included).
+    request = prepared.request.with_effort(prompt.reasoning_effort)
+    for label, listing in listings.items():
+        registry.add_listing(label, listing.tools, listing.error)
+    text_format = request.text_format_json()
+    try:
+        prompt_ids = render_prompt(request, prepared.items, registry, prompt)
+        # The first turn's grammar (tool_choice holds) and every later turn's (auto).
+        grammars = (turn_grammar(registry, text_format, first_turn=True),
+                    turn_grammar(registry, text_format, first_turn=False))
+        for grammar in grammars:  # compile errors (an unsupported schema) reject the line now
+            if grammar is not None:
+                check_grammar(grammar)
+    except (RenderError, ToolChoiceError, ConstraintError) as exc:
+        return _invalid(run_id, line, f"line {line.line_no}: {exc}")
+    return Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,
+                   registry=registry, options=options, seed=derive_seed(options.seed, line.custom_id),
+                   line=line, input_items=prepared.items, grammars=grammars)

@@ -1,0 +1,239 @@
+"""A whole run in this process: the ledger opens it, a decode loop decodes it, results are batched to the writer.
+
+`Run` is what every run shares, however it decodes: the one pass over the input (hash
+and size), the ledger's open and close, the reading of lines not yet done (admission
+checks each one: invalid lines end here), and the batching of finished results to the
+store's writer thread. What turns admitted lines into results is given to it: the
+one-process `Runner` below composes a `DecodeLoop`; the Ray driver
+(batch/distributed/ray_runner.py) hands chunks to worker actors instead.
+
+Lines are read lazily and admitted only while fewer than `max_inflight` requests are
+in flight, so a huge input runs in bounded memory. Each finished request is written
+(with its events, turns, tool calls) soon after it finishes, so a crash loses only
+what was in flight, and a rerun skips every line that already has a row.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from batch.responses.status import RequestStatus, RunStatus
+from batch.run.admission import Prepared, prepare
+from batch.run.decode_loop import DecodeLoop
+from batch.run.ledger import RunLedger
+from batch.run.options import RunOptions
+from batch.run.reader import InputLine, read_requests, scan_input
+from batch.run.results import internal_error, line_result, reraise_interrupts
+from batch.store.rows import RequestResult
+from batch.store.store import Store
+from batch.store.writes import ResultWriter
+from engine.api import Backend
+from tools.servers import ServerCatalog
+
+WRITER_SWITCH_INTERVAL_S = 0.001
+FLUSH_S = 1.0  # finished results wait at most this long to be handed to the writer (which may wait as long)
+# The writer gathers batches into transactions of this many events (DuckDB inserts cost about
+# half as much per row as at one batch of max_inflight // 4 results), holding up to
+# WRITER_HOLDS * max_inflight results meanwhile.
+WRITE_MIN_EVENTS = 32_768
+WRITER_HOLDS = 4
+
+# What a run calls after each write: (the run, requests just written).
+Progress = Callable[["Run", int], None]
+# What decodes a run's lines: it reads them from the iterator, admits them with `run.prepare`,
+# and hands every result to `run.finish`, until each line has its result.
+Decode = Callable[["Run", Iterator[InputLine]], None]
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    resumed: bool
+    statuses: Counter
+    skipped: int
+    input_tokens: int
+    output_tokens: int
+    elapsed_s: float
+    ignored_fields: Counter
+    workers: list[dict] = field(default_factory=list)  # worker_throughput rows, when a worker is named
+
+
+class Run:
+    """One `batchrun submit` over a store: the ledger, the input, the results batched to the writer."""
+
+    def __init__(self, store: Store, options: RunOptions, decode: Decode, catalog: ServerCatalog,
+                 progress: Progress | None = None, on_close: Callable[[], None] | None = None):
+        self.store, self.options, self.progress = store, options, progress
+        self.ledger = RunLedger(store)
+        self.catalog = catalog  # the MCP servers admission resolves a line's tools against
+        self._decode, self._on_close = decode, on_close
+        self.run_id = ""  # set by run(), once the ledger has opened it
+        self.pending: list[RequestResult] = []
+        self.writer: ResultWriter  # started by run(), once the run is open
+        self._flushed_at = time.monotonic()
+        self._num_reported = 0
+        self.statuses: Counter = Counter()
+        self.ignored: Counter = Counter()
+        self.tokens: Counter[str] = Counter()
+        self.skipped = 0
+        self.num_input_requests: int | None = None  # known once run() has scanned the input
+        self.stopped_at_limit = False
+
+    def run(self) -> RunSummary:
+        """Decode every line not yet finished in this run; returns the summary."""
+        start = time.monotonic()
+        # The one pass over the input before decoding: its hash (resume) and size (progress).
+        scan = scan_input(self.options.input_path)
+        self.num_input_requests = scan.num_requests
+        opened = self.ledger.open(self.options, scan.sha256)
+        self.run_id = opened.run_id
+        lines = self._lines(opened.done)
+        self.skipped = len(opened.done)
+        status = RunStatus.FAILED
+        self.writer = self.store.background_writer(max_unwritten=WRITER_HOLDS * self.options.max_inflight,
+                                                   min_rows=WRITE_MIN_EVENTS, max_wait_s=FLUSH_S)
+        try:
+            self._decode(self, lines)
+            # A --limit run stops early on purpose: a plain rerun continues it.
+            status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
+        except KeyboardInterrupt:
+            status = RunStatus.INTERRUPTED
+            raise
+        finally:
+            status = self._close(status)
+        return RunSummary(self.run_id, opened.resumed, self.statuses, self.skipped, self.tokens["input"],
+                          self.tokens["output"], time.monotonic() - start, self.ignored,
+                          self.ledger.worker_rows(self.run_id))
+
+    def prepare(self, line: InputLine) -> Prepared | None:
+        """The line checked and ready to decode, or None when it ended here (invalid, or failed)."""
+        try:
+            prepared = prepare(line, self.store, self.run_id, self.catalog)
+        except BaseException as exc:  # a bug or a dependency's panic costs one line, not the run
+            reraise_interrupts(exc)
+            self.finish(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
+            return None
+        if isinstance(prepared, RequestResult):  # invalid
+            self.finish(prepared)
+            return None
+        return prepared
+
+    def finish(self, result: RequestResult) -> None:
+        """A line's result: counted, and written with the next batch."""
+        if result.request.worker is None:
+            result.request.worker = self.options.worker
+        self.statuses[result.request.status] += 1
+        if result.response is not None:
+            self.tokens["input"] += result.response.input_tokens
+            self.tokens["output"] += result.response.output_tokens
+        self.pending.append(result)
+
+    def flush(self, force: bool = False) -> None:
+        """Hand finished requests to the writer in batches; the progress bar counts what is written.
+
+        A batch goes out when a quarter of `max_inflight` is waiting (the reader is
+        held back by unwritten results too), FLUSH_S after the last one, or when
+        nothing is decoding: one transaction per result would cost more than decoding.
+        """
+        self._report_written()
+        if not self.pending:
+            return
+        due = (force or len(self.pending) >= max(1, self.options.max_inflight // 4)
+               or time.monotonic() - self._flushed_at >= FLUSH_S)
+        if not due:
+            return
+        # Only --retry-failed writes lines that may already have rows. The results leave
+        # `pending` once the writer holds them: an interrupt while submit waits loses none.
+        self.writer.submit(self.pending, replace_lines=self.options.retry_failed is not None)
+        self.pending = []
+        self._flushed_at = time.monotonic()
+
+    def _close(self, status: RunStatus) -> RunStatus:
+        """Write what is left, stop the decoder's resources, record the run's end; returns the final status.
+
+        A write error fails the run (and is raised, after the runs row says so).
+        """
+        error = None
+        try:
+            try:
+                self.flush(force=True)
+            finally:
+                self.writer.close()  # writes what it holds, even when the flush failed
+        except Exception as exc:
+            error, status = exc, RunStatus.FAILED
+        finally:
+            self._report_written()
+            try:
+                if self._on_close is not None:
+                    self._on_close()
+            finally:
+                self.ledger.close(self.run_id, status, ignored=self.ignored,
+                                  num_input_requests=self.num_input_requests)
+        if error is not None:
+            raise error
+        return status
+
+    def _lines(self, done: set[int]) -> Iterator[InputLine]:
+        for count, line in enumerate(read_requests(self.options.input_path,
+                                                   max_line_bytes=self.options.max_line_bytes)):
+            if self.options.limit is not None and count >= self.options.limit:
+                self.stopped_at_limit = True
+                return
+            if self.options.shard is not None and not self.options.shard.owns(line.line_no):
+                continue  # another shard's line: it gets its row there
+            self.ignored.update(line.ignored_fields)  # every line of the run, resumed or not
+            if line.line_no not in done:
+                yield line
+
+    def _report_written(self) -> None:
+        written = self.writer.num_written - self._num_reported
+        if written and self.progress is not None:
+            self.progress(self, written)
+        self._num_reported += written
+
+
+class Runner:
+    """A run decoded in this process: a `Run` around a `DecodeLoop` over one backend."""
+
+    def __init__(self, store: Store, backend: Backend, options: RunOptions, progress: Progress | None = None):
+        catalog = ServerCatalog(options.tools.servers)
+        self.loop = DecodeLoop(backend, options, catalog)
+        self.run_state = Run(store, options, self._decode, catalog, progress, on_close=self.loop.close)
+
+    def run(self) -> RunSummary:
+        """Decode every line not yet finished in this run; returns the summary."""
+        return self.run_state.run()
+
+    def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
+        """Read, admit and decode the lines until every one has its result."""
+        # The writer thread needs the GIL back after each DuckDB call; at the default 5 ms
+        # switch interval it waits on the decode loop far longer than it writes.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch_interval, WRITER_SWITCH_INTERVAL_S))
+        try:
+            self._read_and_decode(run, lines)
+        finally:
+            sys.setswitchinterval(switch_interval)
+            for result in self.loop.drain():  # ended in a step an interrupt cut short: written too
+                run.finish(result)
+
+    def _read_and_decode(self, run: Run, lines: Iterator[InputLine]) -> None:
+        loop = self.loop
+        exhausted = False
+        while not exhausted or loop.is_busy:
+            # Unwritten results count too: the reader stays within max_inflight of the store.
+            while not exhausted and loop.num_inflight + len(run.pending) < run.options.max_inflight:
+                line = next(lines, None)
+                if line is None:
+                    exhausted = True
+                    break
+                prepared = run.prepare(line)
+                if prepared is not None:
+                    loop.add(prepared, run.run_id)
+            for result in loop.step(block=True):
+                run.finish(result)
+            run.flush(force=not loop.is_busy)

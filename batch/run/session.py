@@ -1,0 +1,218 @@
+"""One request across its model turns: prompt, parsed output, tool calls, metrics.
+
+The runner drives a session: `start()`, then for each engine output `on_output()`;
+when a turn finishes, `end_turn()` says whether the response is done or waits on a
+hosted tool call; `add_tool_result()` renders the tool's answer into the next
+turn's prompt, which extends the previous prompt and completion token for token,
+so the engine's prefix cache serves it.
+
+The concerns live in their own objects: `OutputParser` (tokens -> items and
+events), `ToolCallPolicy` (what a call leads to, the calls made), `ResponseMetrics`
+(turns, clocks); the session holds the prompt and decides the outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from batch.harmony.constraint import GrammarConstraint
+from batch.responses.events import ResponseEvents
+from batch.harmony.render import render_tool_output
+from batch.harmony.token_parser import CALL_TOKEN, STOP_TOKEN_IDS
+from batch.responses.metrics import ResponseMetrics, TurnMetrics
+from batch.harmony.output_parser import OutputParser
+from batch.run.reader import InputLine
+from batch.responses.request import ResponsesRequest
+from batch.responses.response import Outcome, build_response
+from batch.responses.status import ResponseStatus
+from batch.harmony.turn_grammar import TurnGrammar
+from batch.run.tool_policy import (DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, ToolCallRecord,
+                                   cap_output)
+from engine.api import FinishReason, RequestOutput, SamplingParams
+from tools.client import CallOutcome
+from tools.dispatch import web_search_action
+from tools.kinds import ToolErrorKind, ToolType
+from tools.registry import ToolRegistry, ToolTarget
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Run-level settings a session needs."""
+
+    model: str
+    max_output_tokens: int = 4096
+    max_turns: int = 32
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    keep_tokens: bool = False
+    max_tool_output_bytes: int = DEFAULT_MAX_TOOL_OUTPUT_BYTES
+
+
+class Session:
+    """State of one response while the runner decodes it."""
+
+    def __init__(self, *, response_id: str, request: ResponsesRequest, prompt_token_ids: list[int],
+                 registry: ToolRegistry, options: SessionOptions, seed: int, line: InputLine,
+                 input_items: list[dict],
+                 grammars: tuple[TurnGrammar | None, TurnGrammar | None] = (None, None)):
+        self.response_id, self.request, self.line, self.input_items = response_id, request, line, input_items
+        self.registry, self.options, self.seed = registry, options, seed
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.grammars = grammars  # (first turn's, later turns'): None where nothing constrains a turn
+        self.constraint: GrammarConstraint | None = None  # the current turn's grammar state
+        self.output = OutputParser(response_id, registry)
+        self.tools = ToolCallPolicy(registry, options.max_turns, request.max_tool_calls)
+        self.metrics = ResponseMetrics()
+        self.outcome: Outcome | None = None
+        self.token_log: list[dict] = []
+        self.created_at = int(time.time())
+        self._completion: list[int] = []
+
+    # -- views ------------------------------------------------------------
+    @property
+    def events(self) -> ResponseEvents:
+        return self.output.events
+
+    @property
+    def turns(self) -> list[TurnMetrics]:
+        return self.metrics.turns
+
+    @property
+    def tool_calls(self) -> list[ToolCallRecord]:
+        return self.tools.calls
+
+    @property
+    def engine_request_id(self) -> str:
+        """`<response_id>/<turn>` of the current turn (the turn number of its turns row)."""
+        return f"{self.response_id}/{len(self.turns) - 1}"
+
+    @property
+    def max_output_tokens(self) -> int:
+        return self.request.max_output_tokens or self.options.max_output_tokens
+
+    # -- turn lifecycle ---------------------------------------------------
+    def start(self) -> None:
+        self.events.start(self._response(ResponseStatus.IN_PROGRESS))
+        for listing in self.registry.listings:
+            self.events.list_tools(listing.server_label, listing.tools, listing.error)
+        self._begin_turn()
+
+    def _begin_turn(self) -> None:
+        grammar = self.grammars[0] if not self.turns else self.grammars[1]
+        self.constraint = GrammarConstraint(grammar) if grammar is not None else None
+        self.metrics.begin_turn(len(self.prompt_token_ids))
+        self._completion = []
+        self.output.begin_turn(len(self.turns) - 1)
+
+    def sampling(self) -> SamplingParams:
+        """Sampling for the current turn: the output budget left, harmony's stop tokens."""
+        return SamplingParams(
+            max_tokens=self.max_output_tokens - sum(t.output_tokens for t in self.turns[:-1]),
+            temperature=self._temperature(),
+            top_p=self._top_p(),
+            seed=self.seed + 7919 * (len(self.turns) - 1),
+            stop_token_ids=STOP_TOKEN_IDS,
+            constraint=self.constraint,
+        )
+
+    def on_output(self, out: RequestOutput) -> None:
+        """New tokens of the current turn: parse them into items and events."""
+        self.metrics.on_output(out)
+        self._completion.extend(out.new_token_ids)
+        if self.outcome is None:
+            error = self.output.feed(out.new_token_ids, self.metrics.turns[-1])
+            if error is None and self.constraint is not None and self.constraint.error is not None:
+                error = f"the output broke the turn's grammar: {self.constraint.error}"
+            if error is not None:
+                self.outcome = Outcome(ResponseStatus.FAILED, error)
+
+    def end_turn(self) -> PendingToolCall | None:
+        """The engine finished this turn: decide the outcome or the tool call to run."""
+        if self.options.keep_tokens:
+            self.token_log.append({"turn": len(self.turns) - 1,
+                                   "prompt_token_ids": list(self.prompt_token_ids),
+                                   "completion_token_ids": list(self._completion)})
+        if self.outcome is not None:
+            return None
+        finish_reason = self.metrics.current.finish_reason
+        if finish_reason == FinishReason.STOP and not self.output.ended_on_a_message:
+            self.outcome = Outcome(ResponseStatus.FAILED, "the model ended its turn inside a message header")
+            return None
+        if finish_reason == FinishReason.STOP and self._completion[-1:] == [CALL_TOKEN]:
+            decision = self.tools.on_call(self.output.last_message, len(self.turns))
+            if isinstance(decision, Outcome):
+                self.outcome = decision
+                return None
+            return decision
+        if finish_reason == FinishReason.STOP:
+            self.outcome = Outcome(ResponseStatus.COMPLETED)
+        elif finish_reason == FinishReason.LENGTH:
+            self.outcome = Outcome(ResponseStatus.INCOMPLETE, incomplete_reason="max_output_tokens")
+        else:
+            self.outcome = Outcome(ResponseStatus.FAILED, f"decoding stopped: {finish_reason}")
+        return None
+
+    def add_tool_result(self, result: CallOutcome) -> None:
+        """The tool answered: complete its item and extend the prompt for the next turn.
+
+        The answer is cut to `max_tool_output_bytes` first: the item, the tool_calls row and
+        the model all see the same cut text.
+        """
+        call = self.tools.pending
+        if call is None:
+            raise RuntimeError("add_tool_result without a pending tool call")
+        capped = cap_output(result, self.options.max_tool_output_bytes)
+        result = capped.outcome
+        item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
+        self.tools.record(capped, item_id)
+        answer = result.output if result.error is None else f"Error: {result.error}"
+        self.prompt_token_ids = (self.prompt_token_ids + self._completion
+                                 + render_tool_output(call.recipient, answer or ""))
+        if self.metrics.output_tokens >= self.max_output_tokens:
+            self.outcome = Outcome(ResponseStatus.INCOMPLETE, incomplete_reason="max_output_tokens")
+            return
+        self._begin_turn()
+
+    def _complete_tool_item(self, target: ToolTarget, arguments: str, result: CallOutcome) -> str:
+        extra = {}
+        if target.tool_type is ToolType.WEB_SEARCH:
+            extra["action"] = web_search_action(target.name, arguments)
+        error: str | dict | None = result.error
+        if target.tool_type is ToolType.MCP and error and result.error_kind != ToolErrorKind.TOOL_ERROR:
+            error = {"type": "mcp_protocol_error", "code": result.error_code or -32603, "message": error}
+        return self.events.tool_result(output=result.output, error=error, **extra)["id"]
+
+    # -- the end ----------------------------------------------------------
+    def fail(self, message: str) -> None:
+        """End the response as failed (the engine refused or lost the request)."""
+        self.outcome = Outcome(ResponseStatus.FAILED, message)
+
+    def finish(self) -> dict:
+        """Close open items, emit the terminal event; returns the final response."""
+        self.events.abandon()
+        self.metrics.finish()
+        outcome = self.outcome or Outcome(ResponseStatus.FAILED, "response ended without an outcome")
+        error = {"code": "server_error", "message": outcome.error} if outcome.status == ResponseStatus.FAILED else None
+        response = self._response(
+            outcome.status, output=self.events.output, usage=self.metrics.usage(),
+            completed_at=int(time.time()) if outcome.status == ResponseStatus.COMPLETED else None,
+            error=error, incomplete_reason=outcome.incomplete_reason)
+        self.events.finish(response)
+        return response
+
+    def _response(self, status: str, **fields: Any) -> dict:
+        return build_response(
+            self.request, response_id=self.response_id, created_at=self.created_at,
+            model=self.options.model, max_output_tokens=self.max_output_tokens,
+            temperature=self._temperature(), top_p=self._top_p(), status=status, **fields)
+
+    def _temperature(self) -> float:
+        value = self.request.temperature
+        return self.options.temperature if value is None else value
+
+    def _top_p(self) -> float:
+        value = self.request.top_p
+        return self.options.top_p if value is None else value
