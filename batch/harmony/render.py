@@ -172,7 +172,7 @@ class _HeadCache:
     depends on the rest (its tool-routing line appears when a developer message
     declares functions), and both sit in the head; the analysis messages a
     conversation drops are assistant ones, all in the tail. So head + tail equals
-    the whole conversation's rendering (tests/batch/test_harmony.py checks it),
+    the whole conversation's rendering (tests/batch/harmony/test_harmony.py checks it),
     and the head, most of a prompt's rendering time, is rendered once.
     """
 

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from batch.cli.main import main
-from tests.db import rows
-from tests.ray_cluster import simulated_cluster
+from tests.support.db import rows
+from tests.support.ray_cluster import simulated_cluster
 
 WEATHER = {"type": "function", "name": "get_weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

@@ -14,7 +14,7 @@ from batch.store.store import Store
 from evals.report import TIMELINE_TITLE, render_html, terminal_summary, timeline
 from evals.report_data import load_report_data
 from tests.evals.factories import function_call, make_result, make_run, mcp_call, message
-from tests.fakes import ScriptedBackend
+from tests.support.fakes import ScriptedBackend
 
 
 @pytest.fixture

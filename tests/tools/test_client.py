@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.mcp_servers import echo_http, echo_stdio
+from tests.support.mcp_servers import echo_http, echo_stdio
 from tools.client import ToolClient
 from tools.servers import ServerSpec
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.fork_tree import NUM_PROCESSES, fork_tree_code, kill_marked, live_marked_pids, new_marker
+from tests.support.fork_tree import NUM_PROCESSES, fork_tree_code, kill_marked, live_marked_pids, new_marker
 from tools.process_tree import children, kill_descendants, kill_tree, live_descendants, parent
 
 ROOT = """

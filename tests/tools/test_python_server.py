@@ -11,7 +11,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
+from tests.support.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
 from tools.python_server import PythonSessions, build_server
 from tools.sandbox import Limits, OutputBuffer
 

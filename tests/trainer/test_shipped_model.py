@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from batch.cli.main import main
 from batch.cli.submit import DEFAULT_MODEL
-from tests.oracles import validate_event
+from tests.support.oracles import validate_event
 from trainer.render import Step, analysis, final, python_call, render_sequence
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(),

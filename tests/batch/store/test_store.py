@@ -22,7 +22,7 @@ from batch.store.rows import (SCHEMAS, RequestResult, RequestRow, ResponseRow, R
 from batch.store.store import Store
 from batch.store.errors import StoreError, StoreOpenError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 # Exact DESCRIBE output after all migrations; TSTZ = TIMESTAMP WITH TIME ZONE.

@@ -15,7 +15,7 @@ from batch.distributed.ray_worker import DecodeLoopError, DecodeWorker
 from batch.run.reader import read_requests
 from batch.run.options import RunOptions
 from batch.run.session import SessionOptions
-from tests.fakes import ScriptedBackend
+from tests.support.fakes import ScriptedBackend
 from tools.servers import ServerCatalog
 
 RUN_ID = "run_chunks"

@@ -12,7 +12,7 @@ from batch.distributed.ray_runner import LOOPBACK_ENV
 
 os.environ.update(LOOPBACK_ENV)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager

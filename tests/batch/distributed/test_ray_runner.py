@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from batch.cli.main import main
 from batch.distributed.ray_runner import LOOPBACK_ENV
-from tests.ray_cluster import REPO, simulated_cluster  # sets LOOPBACK_ENV: every node listens on 127.0.0.1
+from tests.support.ray_cluster import REPO, simulated_cluster  # sets LOOPBACK_ENV: every node listens on 127.0.0.1
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batchrun[ray]')")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -27,8 +27,8 @@ from batch.run.options import RunOptions  # noqa: E402
 from batch.run.session import SessionOptions  # noqa: E402
 from batch.harmony.render import PromptOptions  # noqa: E402
 from batch.store.store import Store  # noqa: E402
-from tests.fakes import ScriptedBackend  # noqa: E402
-from tests.db import rows  # noqa: E402
+from tests.support.fakes import ScriptedBackend  # noqa: E402
+from tests.support.db import rows  # noqa: E402
 
 EXAMPLES = REPO / "data" / "examples"
 GREEDY = ["--temperature", "0", "--max-output-tokens", "8", "--conversation-date", "2026-01-01", "--quiet"]

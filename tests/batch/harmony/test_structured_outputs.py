@@ -21,7 +21,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from batch.cli.main import main
-from tests import openresponses
+from tests.support import openresponses
 
 CITY = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 8},
@@ -113,8 +113,8 @@ def test_random_weights_never_complete_invalid_output_and_events_replay_through_
     assert statuses["completed"] >= 1, statuses
 
 
-SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"
-STRUCTURED = Path(__file__).resolve().parents[2] / "data" / "examples" / "structured.jsonl"
+SHIPPED_MODEL = Path(__file__).resolve().parents[3] / "data" / "models" / "batchrun-tiny"
+STRUCTURED = Path(__file__).resolve().parents[3] / "data" / "examples" / "structured.jsonl"
 
 
 @pytest.mark.skipif(not (SHIPPED_MODEL / "config.json").exists(), reason="the shipped model is not in this checkout")

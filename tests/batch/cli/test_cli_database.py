@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from batch.cli import submit as submit_module
 from batch.cli.main import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # Every command that opens the database, with the arguments it needs besides --db.
 COMMANDS = {

@@ -17,9 +17,9 @@ from batch.run.runner import Runner
 from batch.run.session import SessionOptions
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding
-from tests.fakes import ScriptedBackend
-from tests.mcp_servers import echo_stdio
-from tests.oracles import validate_event, validate_response
+from tests.support.fakes import ScriptedBackend
+from tests.support.mcp_servers import echo_stdio
+from tests.support.oracles import validate_event, validate_response
 
 ECHO = {"type": "mcp", "server_label": "echo"}
 MODEL_ERRORS = {"invalid_arguments", "unknown_recipient", "not_enabled", "max_tool_calls"}

@@ -1,6 +1,6 @@
 """A session driven by hand-written completion tokens: items, events, turns, usage."""
 
-from tests.oracles import validate_event
+from tests.support.oracles import validate_event
 from openai.types.responses import Response
 
 from batch.harmony.render import PromptOptions, render_prompt

@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from batch.cli.main import main
-from tests import openresponses
-from tests.batch.test_session import feed, make_session
-from tests.oracles import validate_event as sdk_validate_event
-from tests.oracles import validate_response as sdk_validate_response
+from tests.support import openresponses
+from tests.batch.run.test_session import feed, make_session
+from tests.support.oracles import validate_event as sdk_validate_event
+from tests.support.oracles import validate_response as sdk_validate_response
 
 # ResponseResource's `required` list in the spec of 2026-04-24, kept here as facts.
 RESPONSE_REQUIRED = [
@@ -183,7 +183,7 @@ def test_spec_missing_gives_a_skip_reason(tmp_path, monkeypatch):
         module.require_spec()
     with pytest.raises(FileNotFoundError):
         module.validate_response({})
-    vendored = Path(openresponses.__file__).resolve().parent / "data" / "openresponses"
+    vendored = Path(openresponses.__file__).resolve().parents[1] / "data" / "openresponses"
     assert module.DEFAULT_SPEC_PATH == vendored / "openresponses-openapi.json"
 
 

@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 import engine.factory
 from batch.cli.main import main
-from tests.fakes import ScriptedBackend
-from tests.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
-from tests.mcp_servers import REPO, echo_http
-from tests.oracles import validate_event, validate_response
-from tests.db import rows
+from tests.support.fakes import ScriptedBackend
+from tests.support.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
+from tests.support.mcp_servers import REPO, echo_http
+from tests.support.oracles import validate_event, validate_response
+from tests.support.db import rows
 
 SECRET = "sk-never-stored-8e1f"
 TOKEN = "oauth-never-stored-77c2"

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 SPEC_URI = "urn:openresponses-openapi"
-DEFAULT_SPEC_PATH = Path(__file__).resolve().parent / "data" / "openresponses" / "openresponses-openapi.json"
+DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[1] / "data" / "openresponses" / "openresponses-openapi.json"
 
 # The spec of 2026-04-24 names the reasoning text events `response.reasoning.delta/done`;
 # batchrun keeps the openai SDK's `response.reasoning_text.delta/done` (the names the

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.oracles import validate_event
+from tests.support.oracles import validate_event
 
 from batch.responses.events import EventOrderError, ItemKind, ResponseEvents
 from batch.store.rows import dumps

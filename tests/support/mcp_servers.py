@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tools.servers import ServerSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ECHO_COMMAND = (sys.executable, "-m", "tests.tools.echo_server")
 
 

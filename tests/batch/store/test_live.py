@@ -24,9 +24,9 @@ from click.testing import CliRunner
 from batch.cli.main import main
 from batch.store.live import INFO_TABLE, LivePublisher, snapshot_path, snapshot_writer
 from batch.store.store import Store
-from tests.batch.test_store import make_result, make_run, run_python
+from tests.batch.store.test_store import make_result, make_run, run_python
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 READ_BOTH = """
     import duckdb

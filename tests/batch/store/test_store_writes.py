@@ -9,7 +9,7 @@ import pytest
 
 import batch.store.writes as store_writes
 from batch.store.store import Store
-from tests.batch.test_store import make_result, make_run
+from tests.batch.store.test_store import make_result, make_run
 
 LONG_S = 600.0  # a wait the writer must never sit out in these tests
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.oracles import validate_event
+from tests.support.oracles import validate_event
 from click.testing import CliRunner
 from openai.types.responses import Response
 
 from batch.cli.main import main
-from tests.db import rows
+from tests.support.db import rows
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "data" / "examples"
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from batch.cli.main import main
 from batch.run.shards import Shard, ShardSpecError
-from tests.db import rows
+from tests.support.db import rows
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "data" / "examples"
 GREEDY = ["--temperature", "0", "--max-output-tokens", "8", "--conversation-date", "2026-01-01", "--quiet"]
 
 

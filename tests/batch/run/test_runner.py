@@ -19,7 +19,7 @@ from batch.run.runner import Runner
 from batch.run.session import Session, SessionOptions
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding
-from tests.fakes import ScriptedBackend
+from tests.support.fakes import ScriptedBackend
 from tools.servers import ServerCatalog
 
 
