@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.api import ModelLoadError
+from engine.compact import is_compact, load_compact
 from engine.config import EngineConfig, ModelConfig, check_model_dir
 from engine.kernels import require_triton
 from engine.model import GptOssModel
@@ -64,6 +65,9 @@ def read_checkpoint(model_dir: Path, device: torch.device, dtype: torch.dtype = 
     """(parameter name, tensor) for every weight; MXFP4 pairs come out dequantised to `dtype`, or as they are."""
     pending: dict[str, dict[str, torch.Tensor]] = {}  # MXFP4 base name -> its blocks/scales seen so far
     for path in checkpoint_files(model_dir):
+        if is_compact(path):  # the shipped demo model: vocabulary matrices by live rows
+            yield from _read_compact(model_dir, path, device, dtype, keep_mxfp4)
+            continue
         try:
             with safe_open(path, framework="pt", device=str(device)) as f:
                 for key in f.keys():
@@ -81,6 +85,20 @@ def read_checkpoint(model_dir: Path, device: torch.device, dtype: torch.dtype = 
     if pending:
         raise ModelLoadError(f"--model {model_dir}: MXFP4 tensors without their blocks/scales pair: "
                              f"{sorted(pending)[:3]}")
+
+
+def _read_compact(model_dir: Path, path: Path, device: torch.device, dtype: torch.dtype,
+                  keep_mxfp4: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    try:
+        tensors = load_compact(path, device)
+    except (SafetensorError, OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"--model {model_dir}: cannot read {path.name}: {exc}") from exc
+    for key in sorted(tensors):
+        base, suffix = _split_mxfp4(key)
+        if suffix is None or keep_mxfp4:
+            yield key, tensors[key]
+        elif suffix == "blocks":
+            yield base, dequantize_mxfp4(tensors[key], tensors[base + "_scales"], dtype)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

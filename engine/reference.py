@@ -21,10 +21,11 @@ from typing import cast
 
 import torch
 import transformers
-from transformers import DynamicCache, GptOssForCausalLM
+from transformers import DynamicCache, GptOssConfig, GptOssForCausalLM
 from transformers.utils import logging as hf_logging
 
 from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams, derive_seed
+from engine.compact import compact_file, load_compact
 from engine.config import DTYPES, check_model_dir
 from engine.device import resolve_device
 from engine.sampler import apply_bitmask, bitmask_words
@@ -204,9 +205,14 @@ def _load_model(model_dir: Path, dtype: str | torch.dtype, device: torch.device)
     check_model_dir(model_dir)
     try:
         with _no_progress_bar():
-            loaded = GptOssForCausalLM.from_pretrained(
-                model_dir, dtype=dtype, attn_implementation="eager", experts_implementation="eager",
-                output_loading_info=True)
+            options: dict = dict(dtype=dtype, attn_implementation="eager", experts_implementation="eager",
+                                 output_loading_info=True)
+            compact = compact_file(model_dir)
+            if compact is None:
+                loaded = GptOssForCausalLM.from_pretrained(model_dir, **options)
+            else:  # transformers reads no compact file: hand it the expanded weights
+                loaded = GptOssForCausalLM.from_pretrained(
+                    None, config=GptOssConfig.from_pretrained(model_dir), state_dict=load_compact(compact), **options)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"--model {model_dir}: cannot load the checkpoint: {exc}") from exc
     model, info = cast(tuple[GptOssForCausalLM, dict], loaded)  # output_loading_info: a (model, info) pair

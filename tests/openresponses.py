@@ -1,7 +1,7 @@
 """The Open Responses spec (OpenAPI, version 2026-04-24) as a second oracle.
 
 Loads `openresponses-openapi.json` from $OPENRESPONSES_SPEC, else the copy vendored in
-tests/data/openresponses/ (Apache-2.0, see the NOTICE there), so a fresh clone runs
+tests/data/openresponses/ (ISC, as its upstream declares; see the NOTICE there), so a fresh clone runs
 every conformance test. When the file is absent, `SPEC_MISSING` holds the reason and
 the validators raise; tests call `require_spec()` to skip.
 `$ref`s resolve against the whole spec document (a `referencing` registry).

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import GptOssForCausalLM
 
 from batch.harmony.token_parser import RETURN_TOKEN
 from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
+from engine.compact import save_compact
 from trainer.copy_circuit import plant_copy_circuit
 from trainer.fast_forward import hidden_states
 from trainer.names import POOLS
@@ -224,7 +224,9 @@ def save(model: GptOssForCausalLM, live_ids: list[int], out: Path, config: Train
         tensors[name] = tensor.to(torch.bfloat16).contiguous()
     full.save_pretrained(out)
     _generation_config(full).save_pretrained(out)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    # Compact: the vocabulary matrices by their live rows (a 100 MB file would be ~4 MB; engine/compact.py).
+    (out / "model.safetensors").unlink(missing_ok=True)
+    save_compact(tensors, out)
     shutil.copy(Path(__file__).with_name("model_card.md"), out / "README.md")
     (out / "training.json").write_text(json.dumps({"config": {**config.__dict__, "shape": dict(config.shape)},
                                                    "num_live_ids": len(live_ids), "log": log}, indent=1) + "\n")

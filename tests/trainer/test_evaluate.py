@@ -9,7 +9,7 @@ import pytest
 from trainer.evaluate import DEFAULT_MODEL, HELD_OUT_SEED, _answer_ok, evaluate, grade, main, set_tasks
 from trainer.tasks import FAMILIES, generate
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").exists(),
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(),
                                 reason="no shipped checkpoint in data/models/batchrun-tiny")
 N = 18  # three tasks per family
 

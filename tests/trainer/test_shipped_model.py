@@ -12,7 +12,7 @@ from batch.cli.submit import DEFAULT_MODEL
 from tests.oracles import validate_event
 from trainer.render import Step, analysis, final, python_call, render_sequence
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").exists(),
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(),
                                 reason="no shipped checkpoint in data/models/batchrun-tiny")
 
 SAMPLE = {"custom_id": "multiply-mcp", "input": "Multiply 123*456 using the mcp.code_interpreter tool.",

@@ -1,0 +1,162 @@
+"""Error bars for pass rates and paired tests for comparing two runs.
+
+Pass rates come with a 95% interval so a regression gate does not fire on noise:
+- one sample per case: the Wilson score interval (good at small n and at rates near 0 or 1,
+  where the normal approximation gives intervals outside [0, 1]);
+- several samples per case (epochs): the mean per case, then a percentile bootstrap over cases
+  (the cases are the independent units; epochs of one case are not).
+Two runs over the same cases are compared paired by case:
+- one sample per case: McNemar's exact test on the discordant pairs (a two-sided binomial test);
+- epochs: a paired sign-flip permutation test on the per-case differences of means.
+The bootstrap and permutation draws are seeded: the same runs give the same verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+_DRAWS = 2000
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A pass rate over `n` cases with its 95% interval and the method that gave it."""
+
+    passed: float  # passes (a sum of per-case means when epochs > 1)
+    n: int
+    low: float
+    high: float
+    method: str  # "wilson" or "bootstrap"
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.n if self.n else 0.0
+
+    def __str__(self) -> str:
+        if not self.n:
+            return "n=0"
+        passed = f"{self.passed:g}" if self.method == "wilson" else f"{self.passed:.2f}"
+        return f"{passed}/{self.n} ({self.rate:.1%}, 95% CI {self.low:.1%}-{self.high:.1%})"
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Run B's pass rate minus run A's over the cases both ran, with a paired test."""
+
+    n: int
+    difference: float
+    low: float
+    high: float
+    p_value: float
+    method: str  # "mcnemar-exact" or "sign-flip permutation"
+    a_only: int = 0  # cases that pass in A and fail in B (one epoch)
+    b_only: int = 0
+
+    @property
+    def significant(self) -> bool:
+        return self.p_value < 0.05
+
+    def verdict(self) -> str:
+        """Plain words: a significant regression or improvement, or within noise."""
+        if not self.n:
+            return "no cases in common"
+        if not self.significant:
+            return f"no significant difference (p = {self.p_value:.3g}; within noise)"
+        kind = "regression" if self.difference < 0 else "improvement"
+        return f"significant {kind} (p = {self.p_value:.3g})"
+
+    def __str__(self) -> str:
+        return (f"{self.difference:+.1%} (95% CI {self.low:+.1%} to {self.high:+.1%}, n={self.n} paired, "
+                f"{self.method}): {self.verdict()}")
+
+
+def wilson(passed: int, n: int, z: float = Z95) -> Rate:
+    """The Wilson score interval of `passed` successes in `n` trials."""
+    if n <= 0:
+        return Rate(0, 0, 0.0, 1.0, "wilson")
+    if not 0 <= passed <= n:
+        raise ValueError(f"passed must be between 0 and n={n}, got {passed}")
+    p = passed / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    # At 0 or n passes the bound is exactly 0 or 1; the formula leaves a rounding error.
+    low = 0.0 if passed == 0 else max(0.0, centre - half)
+    high = 1.0 if passed == n else min(1.0, centre + half)
+    return Rate(passed, n, low, high, "wilson")
+
+
+def case_rate(per_case: Sequence[Sequence[bool]], seed: int = 0) -> Rate:
+    """The pass rate of cases sampled one or more times each (a list of epochs' outcomes per case).
+
+    With one sample per case, Wilson; with more, the mean per case and a bootstrap over cases.
+    """
+    cases = [list(outcomes) for outcomes in per_case if len(outcomes)]
+    if all(len(outcomes) == 1 for outcomes in cases):
+        return wilson(sum(bool(o[0]) for o in cases), len(cases))
+    means = [sum(map(bool, outcomes)) / len(outcomes) for outcomes in cases]
+    low, high = _bootstrap_mean(means, seed)
+    return Rate(sum(means), len(means), low, high, "bootstrap")
+
+
+def paired_difference(a: dict[str, Sequence[bool]], b: dict[str, Sequence[bool]], seed: int = 0) -> PairedDifference:
+    """B minus A over the case ids both have; each value is that case's outcomes over its epochs."""
+    common = sorted(set(a) & set(b))
+    pairs = [(list(map(bool, a[c])), list(map(bool, b[c]))) for c in common if len(a[c]) and len(b[c])]
+    if not pairs:
+        return PairedDifference(0, 0.0, 0.0, 0.0, 1.0, "none")
+    if all(len(x) == 1 and len(y) == 1 for x, y in pairs):
+        return _mcnemar([(x[0], y[0]) for x, y in pairs])
+    diffs = [sum(y) / len(y) - sum(x) / len(x) for x, y in pairs]
+    low, high = _bootstrap_mean(diffs, seed)
+    return PairedDifference(len(diffs), sum(diffs) / len(diffs), low, high, _sign_flip_p(diffs, seed),
+                            "sign-flip permutation")
+
+
+def _mcnemar(pairs: list[tuple[bool, bool]]) -> PairedDifference:
+    a_only = sum(1 for x, y in pairs if x and not y)
+    b_only = sum(1 for x, y in pairs if y and not x)
+    n = len(pairs)
+    difference = (b_only - a_only) / n
+    # Interval for a difference of paired proportions (Wald on the discordant counts, clipped).
+    variance = ((a_only + b_only) - (b_only - a_only) ** 2 / n) / (n * n)
+    half = Z95 * math.sqrt(max(variance, 0.0))
+    return PairedDifference(n, difference, max(-1.0, difference - half), min(1.0, difference + half),
+                            binomial_two_sided(min(a_only, b_only), a_only + b_only), "mcnemar-exact",
+                            a_only, b_only)
+
+
+def binomial_two_sided(k: int, n: int) -> float:
+    """P(X <= k or X >= n-k) for X ~ Binomial(n, 1/2), k <= n/2: McNemar's exact p-value."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def _bootstrap_mean(values: list[float], seed: int) -> tuple[float, float]:
+    """The 2.5% and 97.5% percentiles of the mean over resamples of `values`."""
+    rng, n = random.Random(seed), len(values)
+    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(_DRAWS))
+    return means[int(0.025 * _DRAWS)], means[int(0.975 * _DRAWS) - 1]
+
+
+def _sign_flip_p(diffs: list[float], seed: int) -> float:
+    """Two-sided p-value of the mean difference under random sign flips (exact when n is small)."""
+    observed = abs(sum(diffs))
+    nonzero = [d for d in diffs if d]
+    if not nonzero:
+        return 1.0
+    if len(nonzero) <= 16:  # all 2^n sign patterns
+        total = 1 << len(nonzero)
+        hits = sum(1 for mask in range(total)
+                   if abs(sum(d if mask >> i & 1 else -d for i, d in enumerate(nonzero))) >= observed - 1e-12)
+        return hits / total
+    rng = random.Random(seed)
+    hits = sum(1 for _ in range(_DRAWS)
+               if abs(sum(d if rng.random() < 0.5 else -d for d in nonzero)) >= observed - 1e-12)
+    return (hits + 1) / (_DRAWS + 1)
