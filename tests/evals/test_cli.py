@@ -70,7 +70,8 @@ def test_eval_decodes_grades_and_prints_pass_rates(runs):
     output = runs["output"]
     assert "run a finished: 4 requests this time (0 completed, 3 incomplete, 0 failed, 1 invalid)" \
         in output
-    assert "run a: 1/4 requests passed every grader (25.0%)" in output
+    assert f"run a: {wilson(1, 4)} of requests passed every grader" in output
+    assert "failing cases, worst first (3):" in output
     for grader in ("event_shape", "numeric", "status", "tool_call_count", "tool_called"):
         assert re.search(rf"^{grader} +\d", output, re.M), grader
     assert re.search(r"^chat +1 +1 +100.0%", output, re.M)
@@ -118,7 +119,7 @@ def test_grade_regrades_a_run_and_fail_under(runs, db_copy, tmp_path):
                          [{**SUITE[0], "graders": ["status"]}, *SUITE[1:]])
     result = batchrun("grade", "b", strict, "--db", db_copy, "--fail-under", 50)
     assert result.exit_code == 1
-    assert "run b: 0/4 requests passed every grader (0.0%)" in result.output
+    assert f"run b: {wilson(0, 4)} of requests passed every grader" in result.output
     assert "error: pass rate 0.0% is under --fail-under 50%" in result.output
     assert batchrun("grade", "b", runs["suite"], "--db", db_copy, "--fail-under", 25).exit_code == 0
     missing = batchrun("grade", "nope", strict, "--db", db_copy)
