@@ -6,6 +6,7 @@ TINY_MODEL ?= data/models/batchrun-tiny
 # The demo decodes with the shipped model; without one, with a tiny random model (garbage text).
 DEMO_MODEL ?= $(if $(wildcard $(TINY_MODEL)/config.json),$(TINY_MODEL),.cache/models/tiny-random)
 DEMO_DB    ?= demo.duckdb
+PYTEST_ARGS ?=             # e.g. --durations=25 (.ci/run)
 
 .PHONY: setup demo test test-all lint train-model eval-model clean
 
@@ -31,10 +32,10 @@ demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
 	@echo "  $(VENV)/bin/batchrun sql --db $(DEMO_DB) \"SELECT custom_id, status, output_tokens, latency_s FROM responses\""
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-all: $(VENV)/.installed
-	$(PY) -m pytest -q -m ''
+	$(PY) -m pytest -q -m '' $(PYTEST_ARGS)
 
 # ruff over the whole repo; mypy over engine/ and batch/ (every def annotated; see pyproject.toml).
 lint: $(VENV)/.installed

@@ -46,12 +46,12 @@ class RequestChange:
 def load_side(store: Store, run_id: str) -> dict[str, RequestSide]:
     """custom_id -> RequestSide for every request line of a run (first line per custom_id)."""
     sides: dict[str, RequestSide] = {}
-    for row in store.request_outcomes(run_id):
+    for row in store.responses.outcomes(run_id):
         if row["custom_id"] not in sides:
             output = Output(row["custom_id"], row["status"], row["response"])
             sides[row["custom_id"]] = RequestSide(row["status"], output.text,
                                                   row["output_tokens"], row["latency_s"])
-    for row in store.grades(run_id):
+    for row in store.grades.read(run_id):
         side = sides.get(row["custom_id"])
         if side is not None:
             key, n = row["grader"], 2

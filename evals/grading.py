@@ -24,14 +24,14 @@ def run_outputs(store: Store, run_id: str, custom_ids: set[str]) -> dict[str, Ou
     """The ``Output`` (response and events) of each request of the run in ``custom_ids``."""
     outputs: dict[str, Output] = {}
     by_response: dict[str, Output] = {}
-    for row in store.iter_responses(run_id):
+    for row in store.responses.iter_lines(run_id):
         if row["custom_id"] not in custom_ids or row["custom_id"] in outputs:
             continue  # a later line with the same custom_id is an invalid duplicate
         output = Output(row["custom_id"], row["status"], row["response"], row["error"])
         outputs[row["custom_id"]] = output
         if row["response_id"] is not None:
             by_response[row["response_id"]] = output
-    for response_id, events in store.iter_run_events(run_id):
+    for response_id, events in store.responses.iter_events(run_id):
         if response_id in by_response:
             by_response[response_id].events = events
     return outputs
@@ -70,7 +70,7 @@ def headline(store: Store, run_id: str) -> str:
 
 def failing_text(store: Store, run_id: str, limit: int = 20) -> str:
     """The failing cases, worst first (most failed graders), each grader's explanation beside it."""
-    rows = store.failing_grades(run_id)
+    rows = store.reports.failing_grades(run_id)
     if not rows:
         return "no failing cases"
     cases = list(dict.fromkeys(r["custom_id"] for r in rows))
@@ -87,10 +87,10 @@ def failing_text(store: Store, run_id: str, limit: int = 20) -> str:
 
 def summary_text(store: Store, run_id: str) -> str:
     """The headline pass rate, pass rates per grader and per tag with 95% intervals, and the failing cases."""
-    graders = store.pass_rates_per_grader(run_id)
+    graders = store.reports.pass_rates_per_grader(run_id)
     if not graders:
         return f"run {run_id} has no grades"
-    tags = store.pass_rates_per_tag(run_id)
+    tags = store.reports.pass_rates_per_tag(run_id)
     return "\n".join([
         headline(store, run_id), "",
         table([_percent(r) for r in graders],
@@ -101,4 +101,4 @@ def summary_text(store: Store, run_id: str) -> str:
 
 def request_totals(store: Store, run_id: str) -> tuple[int, int]:
     """(graded requests, requests that passed every grader) of a run."""
-    return store.request_totals(run_id)
+    return store.reports.request_totals(run_id)

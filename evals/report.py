@@ -95,7 +95,7 @@ TIMELINE_LEGEND = {"wait": "turn: until its first output", "turn": "turn: output
 
 
 def _timeline_row(response: dict) -> tuple[str, str, float, list[tuple[float, float, str, str]]]:
-    """svg.timeline's row for one of Store.response_timelines (milliseconds -> seconds)."""
+    """svg.timeline's row for one of store.reports.response_timelines (milliseconds -> seconds)."""
     bars = []
     for span in response["spans"]:
         start, end = span["start_ms"] / 1e3, span["end_ms"] / 1e3

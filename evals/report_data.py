@@ -24,25 +24,25 @@ class ReportData:
     pass_rates_per_tag: list[dict] = field(default_factory=list)
     pass_rates_per_grader: list[dict] = field(default_factory=list)
     event_types: list[tuple[str, int]] = field(default_factory=list)
-    timelines: list[dict] = field(default_factory=list)  # Store.response_timelines, slowest first
+    timelines: list[dict] = field(default_factory=list)  # store.reports.response_timelines, slowest first
     workers: list[dict] = field(default_factory=list)  # Store.worker_throughput, for shard and Ray runs
     request_totals: tuple[int, int] = (0, 0)  # (graded requests, requests that passed every grader)
 
 
 def load_report_data(store: Store, run_id: str) -> ReportData:
     """Query everything the report needs; the run must exist."""
-    usage = store.usage(run_id)
+    usage = store.reports.usage(run_id)
     return ReportData(
-        run=store.get_run(run_id), statuses=store.request_status_counts(run_id),
-        latencies=store.latencies(run_id), ttfts=store.ttfts(run_id),
-        tokens_per_turn=store.turn_output_tokens(run_id),
-        tool_calls_per_response=store.tool_calls_per_response(run_id),
-        throughput=store.throughput(run_id),
+        run=store.runs.get(run_id), statuses=store.reports.request_status_counts(run_id),
+        latencies=store.reports.latencies(run_id), ttfts=store.reports.ttfts(run_id),
+        tokens_per_turn=store.reports.turn_output_tokens(run_id),
+        tool_calls_per_response=store.reports.tool_calls_per_response(run_id),
+        throughput=store.reports.throughput(run_id),
         usage={k: v if isinstance(v, str) else int(v) for k, v in usage.items()},
-        pass_rates_per_tag=store.pass_rates_per_tag(run_id),
-        pass_rates_per_grader=store.pass_rates_per_grader(run_id),
-        event_types=store.event_type_counts(run_id),
-        timelines=store.response_timelines(run_id, limit=TIMELINE_RESPONSES),
-        workers=[row for row in store.worker_throughput(run_id) if row["worker"] is not None],
-        request_totals=store.request_totals(run_id),
+        pass_rates_per_tag=store.reports.pass_rates_per_tag(run_id),
+        pass_rates_per_grader=store.reports.pass_rates_per_grader(run_id),
+        event_types=store.reports.event_type_counts(run_id),
+        timelines=store.reports.response_timelines(run_id, limit=TIMELINE_RESPONSES),
+        workers=[row for row in store.reports.worker_throughput(run_id) if row["worker"] is not None],
+        request_totals=store.reports.request_totals(run_id),
     )

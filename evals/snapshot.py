@@ -122,9 +122,9 @@ def snapshot_run(store: Store, run_id: str, level: str) -> dict[str, dict]:
     A custom_id seen again (an invalid duplicate line) is keyed ``ID#line<N>``.
     """
     entries: dict[str, dict] = {}
-    lines = list(store.iter_responses(run_id))
+    lines = list(store.responses.iter_lines(run_id))
     wanted = {row["response_id"] for row in lines if row["response_id"] is not None}
-    events = {rid: payloads for rid, payloads in store.iter_run_events(run_id) if rid in wanted}
+    events = {rid: payloads for rid, payloads in store.responses.iter_events(run_id) if rid in wanted}
     for row in lines:
         key = row["custom_id"]
         if key in entries:

@@ -77,7 +77,7 @@ def grade(tasks: list[Task], db: Path, run_id: str) -> list[dict]:
     with Store(db, read_only=True) as store:
         outputs = run_outputs(store, run_id, {t.custom_id for t in tasks})
         hosted = defaultdict(list)
-        for call in store.list_tool_calls(run_id):
+        for call in store.reports.list_tool_calls(run_id):
             hosted[call["custom_id"]].append((_recipient(call["tool_type"], call["name"]),
                                               call["arguments"] or ""))
     rows = []

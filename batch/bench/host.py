@@ -19,7 +19,8 @@ from pathlib import Path
 
 from batch.harmony.render import PromptOptions
 from batch.harmony.token_parser import STOP_TOKEN_IDS
-from batch.run.runner import RunOptions, Runner
+from batch.run.options import RunOptions
+from batch.run.runner import Runner
 from batch.run.session import SessionOptions
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding
@@ -197,5 +198,5 @@ def run_host_bench(workload: HostWorkload, *, max_inflight: int = 64,
             started = time.perf_counter()
             summary = Runner(store, backend, options).run()
             wall_s = time.perf_counter() - started
-            events = store.num_rows("events", summary.run_id)
+            events = store.runs.num_rows("events", summary.run_id)
     return HostBenchResult(sum(summary.statuses.values()), summary.output_tokens, events, wall_s)

@@ -25,7 +25,7 @@ from batch.store.store import Store
 def stored_results(store: Store, run_id: str) -> list[RequestResult]:
     """The requests, responses and events of a stored run as results the writer takes."""
     results = []
-    for row in store.iter_responses(run_id):
+    for row in store.responses.iter_lines(run_id):
         request = RequestRow(run_id=run_id, custom_id=row["custom_id"], line_no=row["line_no"],
                              status=row["status"], error=row["error"], response_id=row["response_id"])
         response, events = None, None
@@ -36,7 +36,7 @@ def stored_results(store: Store, run_id: str) -> list[RequestResult]:
                                    input_tokens=usage.get("input_tokens", 0),
                                    output_tokens=usage.get("output_tokens", 0))
             events = EventColumns()
-            for event in store.events(row["response_id"]):
+            for event in store.responses.events(row["response_id"]):
                 for name in ("sequence_number", "type", "output_index", "content_index", "item_id",
                              "turn", "t_ms"):
                     getattr(events, name).append(event[name])
@@ -56,7 +56,7 @@ def _copy(result: RequestResult, run_id: str, suffix: str) -> RequestResult:
 def measure(source: Path, run_id: str | None, repeats: int, batch: int) -> dict:
     """Write the run `repeats` times in batches of `batch`; returns requests/s and events/s."""
     with Store(source, read_only=True) as store:
-        run_id = run_id or store.list_runs()[0]["run_id"]
+        run_id = run_id or store.runs.list()[0]["run_id"]
         results = stored_results(store, run_id)
     num_events = sum(len(r.events) for r in results if r.events is not None)
     with tempfile.TemporaryDirectory() as scratch, Store(Path(scratch) / "rate.duckdb") as target:

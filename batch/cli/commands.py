@@ -37,7 +37,7 @@ def submit(input_path: Path, db: str, **values: Any) -> None:
 def runs(db: str) -> None:
     """List the runs in the database, newest first."""
     with _open_store(db, read_only=True) as store:
-        click.echo(display.runs_table(store.list_runs()))
+        click.echo(display.runs_table(store.runs.list()))
 
 
 @click.command()
@@ -47,13 +47,13 @@ def runs(db: str) -> None:
 def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
     """One response: its items, usage and event types."""
     with _open_store(db, read_only=True) as store:
-        found = store.get_response(response_or_custom_id)
+        found = store.responses.get(response_or_custom_id)
         if found is None:
-            runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.list_runs()]
-            found = next((f for r in runs_ if (f := store.find_response(r, response_or_custom_id))), None)
+            runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.runs.list()]
+            found = next((f for r in runs_ if (f := store.responses.find(r, response_or_custom_id))), None)
         if found is None:
             _fail(f"no response with id or custom_id {response_or_custom_id!r} in {db}")
-        events = store.events(found["response"]["id"])
+        events = store.responses.events(found["response"]["id"])
         click.echo(display.response_text(found, events))
 
 
@@ -68,7 +68,7 @@ def export(run_id: str, db: str, output: Path) -> None:
         run_id = resolve_run(store, run_id)
         count = 0
         with open(output, "w", encoding="utf-8") as handle:
-            for row in store.iter_responses(run_id):
+            for row in store.responses.iter_lines(run_id):
                 handle.write(json.dumps(display.batch_output_line(run_id, row)) + "\n")
                 count += 1
     click.echo(f"wrote {count} lines to {output}")

@@ -17,7 +17,7 @@ from batch.tables import table
 if TYPE_CHECKING:
     from batch.distributed.merge import MergePlan
     from batch.store.rows import RunRow
-    from batch.run.runner import Progress, Runner, RunSummary
+    from batch.run.runner import Progress, Run, RunSummary
 
 STATUSES = tuple(RequestStatus)
 
@@ -31,7 +31,7 @@ def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
     bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="requests")
     start = time.monotonic()
 
-    def update(runner: Runner, written: int) -> None:
+    def update(runner: Run, written: int) -> None:
         if bar.total is None and runner.num_input_requests is not None:
             bar.total = runner.num_input_requests
         if bar.n == 0 and runner.skipped:

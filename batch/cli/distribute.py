@@ -17,7 +17,7 @@ import click
 
 from batch.cli import display
 from batch.cli.util import fail, open_store
-from batch.run.runner import RunOptions
+from batch.run.options import RunOptions
 from batch.cli.submit import BackendSpec, run_submit
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,7 +94,7 @@ def merge(parts: tuple[Path, ...], output: str, run_id: str | None) -> None:
             run = merge_parts(store, plan, run_id)
         except MergeError as exc:
             fail(str(exc))
-        workers = store.worker_throughput(run.run_id)
+        workers = store.reports.worker_throughput(run.run_id)
     click.echo(display.merge_text(plan, run, workers, output))
     if not plan.is_complete:
         sys.exit(1)

@@ -44,7 +44,7 @@ def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) ->
     from evals.grading import grade_run, request_totals, summary_text
 
     grading = grade_run(store, run_id, suite)
-    store.write_grades(run_id, grading.rows)
+    store.grades.write(run_id, grading.rows)
     click.echo(summary_text(store, run_id))
     if grading.missing:
         click.echo(f"note: {len(grading.missing)} suite case(s) have no line in run {run_id}: "
@@ -87,11 +87,11 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
                                                       "resume": resume})
         submit_distributed(options, backend, db, values)
     with _open_store(db) as store:
-        run = store.get_run(run_id)
+        run = store.runs.get(run_id)
         if run is None:  # submit_distributed made it or exited
             _fail(f"no run {run_id!r} in {db}")
         notes = run["notes"] or {}
-        store.update_run(run_id, input_path=str(suite.path),
+        store.runs.update(run_id, input_path=str(suite.path),
                          notes={**notes, "eval_suite": suite.name})
         click.echo()
         if values["shard"] is not None:

@@ -12,7 +12,9 @@ import dataclasses
 from batch.cli import display
 from batch.cli.util import fail
 from batch.distributed.ray_runner import RayOptions, RayRunner, import_ray, start_ray
-from batch.run.runner import RunError, RunOptions, RunSummary
+from batch.run.ledger import RunError
+from batch.run.options import RunOptions
+from batch.run.runner import RunSummary
 
 
 def run_ray_submit(options: RunOptions, backend: object, ray_options: RayOptions, *, db: str,

@@ -24,7 +24,9 @@ from batch.cli.util import fail, open_store
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
 from batch.run.reader import InputFormatError
-from batch.run.runner import RunError, RunOptions, RunSummary, Runner, ToolOptions
+from batch.run.ledger import RunError
+from batch.run.options import RunOptions, ToolOptions
+from batch.run.runner import RunSummary, Runner
 from batch.run.session import SessionOptions
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend

@@ -96,10 +96,10 @@ def _lock_message(db: str, locked: StoreLockedError) -> str:
 def resolve_run(store: Store, run: str) -> str:
     """The run id `run` names: an existing id, or `latest` for the newest run."""
     if run == "latest":
-        runs = store.list_runs()
+        runs = store.runs.list()
         if not runs:
             fail(f"no runs in {store.path}")
         return runs[0]["run_id"]
-    if store.get_run(run) is None:
+    if store.runs.get(run) is None:
         fail(f"no run {run!r} in {store.path} (see `batchrun runs`)")
     return run

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batch.store.rows import RunRow
-from batch.run.runner import RESUME_DEFAULTS, RESUME_KEYS
+from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
 from batch.run.shards import Shard, ShardSpecError
 from batch.responses.status import RunStatus
 from batch.store.store import Store
@@ -60,11 +60,11 @@ def read_part(path: Path) -> ShardPart:
     """The newest `--shard` run in the file at `path`; raises MergeError if it has none."""
     try:
         with Store(path, read_only=True) as store:
-            runs = [run for run in store.list_runs() if (run["options"] or {}).get("shard")]
+            runs = [run for run in store.runs.list() if (run["options"] or {}).get("shard")]
             if not runs:
                 raise MergeError(f"{path}: no run made with --shard K/N in this database")
             run = runs[0]
-            line_nos = store.finished_line_numbers(run["run_id"])
+            line_nos = store.runs.finished_line_numbers(run["run_id"])
     except (StoreOpenError, FileNotFoundError) as exc:
         raise MergeError(str(exc)) from None
     try:
@@ -152,7 +152,7 @@ def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
 def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> RunRow:
     """Write the merged run into `store`; returns its runs row."""
     run = merged_run_row(plan, run_id)
-    if store.get_run(run.run_id) is not None:
+    if store.runs.get(run.run_id) is not None:
         raise MergeError(f"{store.path}: a run {run.run_id} exists there; pass another --run-id or -o")
     copy_runs(store, run, [(part.path, part.run["run_id"]) for part in plan.parts])
     return run

@@ -1,8 +1,8 @@
 """`batchrun submit --ray`: data-parallel decoding on Ray actors, one DuckDB writer.
 
-The driver does what a one-machine run does but decode: it scans the input, opens
-or resumes the run, reads and checks the lines (invalid ones are written at once),
-and writes every result. Valid lines go out in chunks of `--max-inflight` to worker
+The driver is a `Run` (the ledger, the input, the writer: what a one-machine run
+does but decode) whose decoding is chunk dispatch: it reads and checks the lines
+(invalid ones are written at once) and writes every result. Valid lines go out in chunks of `--max-inflight` to worker
 actors (batch/distributed/ray_worker.py), at most two chunks per worker at a time, so the
 driver holds a bounded number of lines for any input size; a worker decodes its
 two chunks in one batch (a chunk's tail does not leave the batch half empty) and
@@ -10,11 +10,9 @@ returns each when its last line ends. Resume is by line, as on one machine: a
 rerun of the same command skips every line that has a row.
 
 Faults: a chunk whose worker died (killed, its node lost, out of memory) goes back
-to the front of the queue, split in halves, so a request that kills its worker
-ends up alone in a chunk; such a line then goes out alone onto an idle worker (a
-worker decodes its chunks together, so a death is a line's own only when that line
-was all the worker held). Alone, it is tried `MAX_ATTEMPTS` times and then fails
-with an error that says so. Results a worker returned are written and never redone. A dead
+to the queue (`ChunkQueue`, batch/distributed/chunk_queue.py: split in halves, a
+suspect line alone onto an idle worker, `MAX_ATTEMPTS` tries alone, then it fails
+with an error that says so). Results a worker returned are written and never redone. A dead
 worker gets no work until it answers again (Ray restarts it, reloading the model);
 one that cannot be restarted is dropped, and the run fails only when none is left.
 """
@@ -24,21 +22,21 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from batch.run.admission import Prepared, prepare
+from batch.distributed.chunk_queue import MAX_ATTEMPTS, ChunkQueue
+from batch.responses.status import RequestStatus
+from batch.run.admission import Prepared
+from batch.run.ledger import RunError
+from batch.run.options import RunOptions
 from batch.run.reader import InputLine
 from batch.run.results import line_result
-from batch.store.rows import RequestResult
-from batch.run.runner import Progress, RunError, RunOptions, Runner, _internal, _reraise_interrupts
-from batch.responses.status import RequestStatus, RunStatus
+from batch.run.runner import Progress, Run, RunSummary
 from batch.store.store import Store
-from engine.api import Backend
+from tools.servers import ServerCatalog
 
-MAX_ATTEMPTS = 3  # a request that was all its worker held when the worker died this often fails
 CHUNKS_PER_WORKER = 2  # decoded together: the second's lines fill the batch as the first's finish
 # Threads per actor: the decode calls it holds, and one more so that ping and describe never wait on them.
 WORKER_CONCURRENCY = CHUNKS_PER_WORKER + 1
@@ -108,25 +106,43 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
     return True
 
 
-class RayRunner(Runner):
-    """The driver of a Ray run: reads, checks, hands out and writes; workers decode."""
+class RayRunner:
+    """The driver of a Ray run: a `Run` whose lines are checked here and decoded on worker actors."""
 
     def __init__(self, store: Store, options: RunOptions, ray_options: RayOptions, backend: object,
                  progress: Progress | None = None):
-        # The driver never decodes: the engine lives in the workers.
-        super().__init__(store, cast(Backend, None), options, progress=progress)
         self.ray = import_ray()
         self.ray_options, self.backend_spec = ray_options, backend
         self.slots: list[WorkerSlot] = []
-        self.queue: deque[list[Prepared]] = deque()  # chunks waiting for a worker, retries first
-        self.filling: list[Prepared] = []
-        self.attempts: dict[int, int] = {}  # line_no -> times it was alone on a worker that died
-        self.suspects: set[int] = set()  # line_nos given back by a dead worker: alone, they go out alone
+        self.queue: ChunkQueue[Prepared] = ChunkQueue()
+        # The driver never decodes: the engine lives in the workers.
+        self.run_state = Run(store, options, self._decode, ServerCatalog(options.tools.servers), progress,
+                             on_close=self._kill_workers)
+
+    @property
+    def options(self) -> RunOptions:
+        return self.run_state.options
+
+    @options.setter
+    def options(self, options: RunOptions) -> None:  # the engine's config is known once a worker is up
+        self.run_state.options = options
+
+    @property
+    def progress(self) -> Progress | None:
+        return self.run_state.progress
+
+    @progress.setter
+    def progress(self, progress: Progress | None) -> None:
+        self.run_state.progress = progress
+
+    def run(self) -> RunSummary:
+        """Decode every line not yet finished in this run on the workers; returns the summary."""
+        return self.run_state.run()
 
     @property
     def chunk_size(self) -> int:
         """--max-inflight lines, or fewer when the input would not give every worker two chunks."""
-        lines = self.num_input_requests or self.options.max_inflight
+        lines = self.run_state.num_input_requests or self.options.max_inflight
         per_chunk = math.ceil(lines / (CHUNKS_PER_WORKER * max(1, len(self.slots))))
         return max(1, min(self.options.max_inflight, per_chunk))
 
@@ -141,23 +157,24 @@ class RayRunner(Runner):
             slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
         return cast(dict, self.ray.get(self.slots[0].handle.describe.remote()))
 
-    # -- the loop (Runner.run opens and closes the run around it) ----------
-    def _decode(self, lines: Iterator[InputLine]) -> None:
+    # -- the decoding (Run.run opens and closes the run around it) ----------
+    def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
         exhausted = False
-        while not exhausted or self.queue or self.filling or self._num_out():
+        while not exhausted or not self.queue.is_empty or self._num_out():
             while not exhausted and self._num_held() < self._max_held():
                 line = next(lines, None)
                 if line is None:
                     exhausted = True
-                else:
-                    self._check(line)
-            if self.filling and exhausted:
-                self.queue.append(self.filling)
-                self.filling = []
+                    continue
+                prepared = run.prepare(line)  # invalid lines end here
+                if prepared is not None:
+                    self.queue.add(prepared, self.chunk_size)
+            if exhausted:
+                self.queue.seal()
             self._dispatch()
             self._collect()
-            self._flush(force=not self._num_out())
+            run.flush(force=not self._num_out())
 
     def _max_held(self) -> int:
         return CHUNKS_PER_WORKER * self.chunk_size * max(1, len(self.slots))
@@ -166,43 +183,18 @@ class RayRunner(Runner):
         return sum(len(chunk) for slot in self.slots for chunk in slot.chunks.values())
 
     def _num_held(self) -> int:
-        return (len(self.filling) + sum(len(chunk) for chunk in self.queue) + self._num_out()
-                + len(self.pending))
-
-    def _check(self, line: InputLine) -> None:
-        """Check a line on the driver: invalid ones are finished here, the rest wait for a chunk."""
-        try:
-            prepared = prepare(line, self.store, self.run_id, self.catalog)
-        except BaseException as exc:
-            _reraise_interrupts(exc)
-            self._finished(line_result(self.run_id, line, RequestStatus.FAILED, _internal(line, exc)))
-            return
-        if isinstance(prepared, RequestResult):
-            self._finished(prepared)
-        else:
-            self.filling.append(prepared)
-            if len(self.filling) >= self.chunk_size:
-                self.queue.append(self.filling)
-                self.filling = []
+        return self.queue.num_lines + self._num_out() + len(self.run_state.pending)
 
     def _dispatch(self) -> None:
         for slot in self.slots:
-            while self.queue and self._can_take(slot, self.queue[0]):
-                chunk = self.queue.popleft()
-                slot.chunks[slot.handle.decode.remote(chunk, self.run_id)] = chunk
+            while slot.has_room:
+                chunk = self.queue.next_for(list(slot.chunks.values()))
+                if chunk is None:
+                    break
+                slot.chunks[slot.handle.decode.remote(chunk, self.run_state.run_id)] = chunk
         if not any(not slot.is_dead for slot in self.slots):
             raise RunError("every Ray worker died and none could be restarted; finished requests are "
                            "saved: run the same command again to resume")
-
-    def _can_take(self, slot: WorkerSlot, chunk: list[Prepared]) -> bool:
-        """Room on the worker; a line alone that a dead worker gave back goes alone onto an idle one,
-        so that if its worker dies again, that death is its own (a worker decodes its chunks together)."""
-        if not slot.has_room:
-            return False
-        return not slot.chunks or not any(self._is_suspect(held) for held in [chunk, *slot.chunks.values()])
-
-    def _is_suspect(self, chunk: list[Prepared]) -> bool:
-        return len(chunk) == 1 and chunk[0].line.line_no in self.suspects
 
     def _collect(self) -> None:
         for slot in self.slots:
@@ -230,14 +222,11 @@ class RayRunner(Runner):
             if slot.probe is None and not slot.is_dead:  # the first of this death's chunks
                 slot.lines_at_death = slot.num_lines
                 slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
-            self._retry(slot.chunks.pop(ref), alone=slot.lines_at_death == 1)
+            self._give_back(slot.chunks.pop(ref), alone=slot.lines_at_death == 1)
             return
         slot.chunks.pop(ref)
         for result in results:
-            if result.response is not None:
-                self.tokens["input"] += result.response.input_tokens
-                self.tokens["output"] += result.response.output_tokens
-            self._finished(result)
+            self.run_state.finish(result)
 
     def _probed(self, slot: WorkerSlot, ref: Any) -> None:
         slot.probe = None
@@ -248,33 +237,21 @@ class RayRunner(Runner):
         except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
             slot.is_dead = True
             for chunk in slot.chunks.values():  # calls made before it was known dead
-                self._retry(chunk, alone=False)
+                self._give_back(chunk, alone=False)
             slot.chunks.clear()
 
-    def _retry(self, chunk: list[Prepared], alone: bool) -> None:
-        """A chunk its worker did not return: halves go first in the queue. A line that was all its
-        worker held (`alone`) counts a try."""
-        self.suspects.update(prepared.line.line_no for prepared in chunk)
-        if len(chunk) > 1:
-            middle = len(chunk) // 2
-            self.queue.extendleft([chunk[middle:], chunk[:middle]])
-            return
-        line = chunk[0].line
-        if alone:
-            self.attempts[line.line_no] = self.attempts.get(line.line_no, 0) + 1
-        if self.attempts.get(line.line_no, 0) < MAX_ATTEMPTS:
-            self.queue.appendleft(chunk)
-            return
-        self._finished(line_result(self.run_id, line, RequestStatus.FAILED,
+    def _give_back(self, chunk: list[Prepared], alone: bool) -> None:
+        """A chunk its worker did not return goes back to the queue; a line out of tries fails."""
+        given_up = self.queue.give_back(chunk, alone)
+        if given_up is not None:
+            line, run = given_up.line, self.run_state
+            run.finish(line_result(run.run_id, line, RequestStatus.FAILED,
                                    f"line {line.line_no}: a Ray worker died each of the {MAX_ATTEMPTS} times "
                                    "it decoded this request alone; it is failed so the run can go on"))
 
-    def _close(self, status: RunStatus) -> RunStatus:
-        try:
-            return super()._close(status)
-        finally:
-            for slot in self.slots:
-                self.ray.kill(slot.handle)
+    def _kill_workers(self) -> None:
+        for slot in self.slots:
+            self.ray.kill(slot.handle)
 
 
 def _worker_class() -> type:

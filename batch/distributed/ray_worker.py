@@ -1,11 +1,12 @@
 """One Ray worker of `batchrun submit --ray`: the model loaded once, batchrun's own loop over chunks.
 
-`ChunkDecoder` is the `Runner` without the store: it lists each prepared line's MCP
-servers (its own server processes), admits it, decodes it with continuous batching
-and runs its tool loops, and hands each finished `RequestResult` to the chunk it
-came from; the driver writes them. It decodes every chunk it was given in one batch:
-a newer chunk's lines are admitted as soon as fewer than `--max-inflight` requests are
-in flight, so the batch stays full while an older chunk's last requests finish.
+`ChunkDecoder` is a `DecodeLoop` (batch/run/decode_loop.py) fed by chunks, with no
+store: the loop lists each prepared line's MCP servers (its own server processes),
+admits it, decodes it with continuous batching and runs its tool loops; the decoder
+hands each finished `RequestResult` to the chunk it came from; the driver writes them.
+It decodes every chunk it was given in one batch: a newer chunk's lines are admitted
+as soon as fewer than `--max-inflight` requests are in flight, so the batch stays full
+while an older chunk's last requests finish.
 
 `DecodeWorker` is the actor class around it (batch/distributed/ray_runner.py makes it a threaded
 actor): one thread of its own loads the engine and runs the decoding loop; each
@@ -19,16 +20,15 @@ import dataclasses
 import queue
 import threading
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import cast
 
 from batch.run.admission import Prepared
+from batch.run.decode_loop import DecodeLoop
+from batch.run.options import RunOptions
 from batch.store.rows import RequestResult
-from batch.run.runner import TOOL_WAIT_S, RunOptions, Runner
-from batch.store.store import Store
 from engine.api import Backend
+from tools.servers import ServerCatalog
 
 
 class DecodeLoopError(RuntimeError):
@@ -55,15 +55,16 @@ class ChunkJob:
         self.done.set()
 
 
-class ChunkDecoder(Runner):
+class ChunkDecoder:
     """Decodes the chunks it is given, all in one batch; never opens or writes a database.
 
     Not thread-safe: one thread calls `take` and `decode_step` (DecodeWorker's loop).
     """
 
     def __init__(self, backend: Backend, options: RunOptions):
-        # The store is the driver's: nothing here reads or writes it (prepare ran on the driver).
-        super().__init__(cast(Store, None), backend, options)
+        self.options = options
+        self.loop = DecodeLoop(backend, options, ServerCatalog(options.tools.servers))
+        self.run_id = ""  # the run of the chunks it holds (set by take)
         self.queued: deque[Prepared] = deque()  # given, waiting for room in the batch (oldest chunk first)
         self.owners: dict[int, ChunkJob] = {}  # line_no -> the job of every line given and not yet finished
         self.wake_on: Future | None = None  # ends a wait on tool futures early (a new chunk came)
@@ -87,43 +88,25 @@ class ChunkDecoder(Runner):
     def decode_step(self, block: bool) -> None:
         """One turn of the loop: admit queued lines while there is room, step, continue tool loops.
 
-        `block`: when nothing decodes, wait (up to TOOL_WAIT_S) for a tool, a listing or `wake_on`.
+        `block`: when nothing decodes, wait (up to TOOL_WAIT_S) for a tool, a listing or `wake_on`
+        (a chunk that arrives while only tools are pending starts at once).
         """
-        while self.queued and self._num_inflight() < self.options.max_inflight:
-            prepared = self.queued.popleft()
-            self.listing.append((prepared, self.tools.listings(prepared.registry)))
-        self._admit_listed()
-        if self.sessions:
-            self._step()
-        self._resume_tool_calls(block=block and not self.sessions)
-        for result in self.pending:
+        while self.queued and self.loop.num_inflight < self.options.max_inflight:
+            self.loop.add(self.queued.popleft(), self.run_id)
+        for result in self.loop.step(block=block, wake=self.wake_on):
             self.owners.pop(result.request.line_no).add(result)
-        self.pending = []
-
-    def _resume_tool_calls(self, block: bool) -> None:
-        # Runner's wait, plus `wake_on`: a chunk that arrives while only tools are pending starts at once.
-        if block:
-            futures = list(self.awaiting) + [f for _, fs in self.listing for f in fs.values()]
-            if futures:
-                wake = [self.wake_on] if self.wake_on is not None else []
-                wait_futures(futures + wake, timeout=TOOL_WAIT_S, return_when=FIRST_COMPLETED)
-        super()._resume_tool_calls(block=False)
 
     def fail_all(self, error: BaseException) -> None:
         """The loop failed: every job held raises it; what was in flight is dropped (best effort)."""
         for job in set(self.owners.values()):
             job.fail(DecodeLoopError(f"the decoding loop failed: {type(error).__name__}: {error}"))
-        for request_id, session in list(self.sessions.items()):
-            try:
-                self.backend.abort(request_id)
-                self.tools.release(session.response_id)
-            except Exception:  # the engine may be what broke
-                pass
-        for session in self.awaiting.values():
-            self.tools.release(session.response_id)
+        self.loop.abandon()
         self.owners.clear()
         self.queued.clear()
-        self.sessions, self.awaiting, self.listing, self.pending = {}, {}, [], []
+
+    def close(self) -> None:
+        """Stop the loop's tool servers."""
+        self.loop.close()
 
 
 class DecodeWorker:
@@ -190,7 +173,7 @@ class DecodeWorker:
             while decoder.is_busy:
                 self._step(decoder)
         finally:
-            decoder.tools.close()
+            decoder.close()
 
     def _take_arrived(self, decoder: ChunkDecoder) -> bool:
         """Give the decoder every chunk that arrived (waiting for one when it is idle); False on close."""

@@ -52,7 +52,7 @@ def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
     previous_id = request.previous_response_id
     if not previous_id:
         return items
-    previous = store.get_response(previous_id)
+    previous = store.responses.get(previous_id)
     if previous is None:
         raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
     return list(previous["input_items"] or []) + list(previous["response"]["output"]) + items

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from batch.run.reader import InputLine
 from batch.responses.request import redact_secrets, request_hash
-from batch.store.rows import RequestResult, RequestRow, ResponseRow, TokenRow, ToolCallRow, TurnRow
+from batch.store.rows import RequestResult, RequestRow, ResponseRow, TokenRow, ToolCallRow, TurnRow, row_from
 from batch.run.session import Session
 
 
@@ -48,13 +48,20 @@ def result_of(session: Session, run_id: str, response: dict) -> RequestResult:
             tool_output_tokens=metrics.tool_output_tokens, total_tokens=usage["total_tokens"],
             num_turns=len(metrics.turns), latency_s=metrics.latency_s, ttft_s=metrics.ttft_s),
         events=session.events.columns,
-        turns=[TurnRow(run_id, rid, t.turn, t.prompt_tokens, t.cached_tokens, t.output_tokens,
-                       t.tool_output_tokens, t.prefill_s, t.decode_s, t.finish_reason)
-               for t in metrics.turns],
-        tool_calls=[ToolCallRow(run_id, rid, c.call_id, c.tool_type, c.server_label, c.name, c.arguments,
-                                c.output, c.status, c.error, c.started_at, c.duration_s, c.error_kind,
-                                c.output_bytes, c.output_truncated, c.attempts)
-                    for c in session.tool_calls],
-        tokens=[TokenRow(run_id, rid, row["turn"], row["prompt_token_ids"], row["completion_token_ids"])
+        turns=[row_from(TurnRow, t, run_id=run_id, response_id=rid) for t in metrics.turns],
+        tool_calls=[row_from(ToolCallRow, c, run_id=run_id, response_id=rid) for c in session.tool_calls],
+        tokens=[TokenRow(run_id=run_id, response_id=rid, turn=row["turn"], prompt_token_ids=row["prompt_token_ids"],
+                         completion_token_ids=row["completion_token_ids"])
                 for row in session.token_log],
     )
+
+
+def internal_error(line: InputLine, exc: BaseException) -> str:
+    """The error of a line that failed inside batchrun (a bug, a dependency's panic)."""
+    return f"line {line.line_no}: internal error: {type(exc).__name__}: {exc}"
+
+
+def reraise_interrupts(exc: BaseException) -> None:
+    """Ctrl-C and exit stop the run; anything else (pyo3 panics are BaseExceptions) stops one line."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        raise exc

@@ -29,7 +29,7 @@ def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]]) -> Non
         con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [os.fspath(path)])
     try:
         with transaction(con):
-            store.create_run(run)
+            store.runs.create(run)
             for alias, (_, source_run) in zip(aliases, sources):
                 for table in RUN_TABLES:
                     con.execute(f"""INSERT INTO {table} BY NAME

@@ -227,6 +227,16 @@ _DUMPED = {table: {f.name for f, hint in zip(dataclasses.fields(row_type),
            for table, row_type in ROW_TYPES.items()}
 
 
+R = typing.TypeVar("R")
+
+
+def row_from(row_type: type[R], record: object, **fields: Any) -> R:
+    """A `row_type` row: ``fields`` as given, every other field read by name from ``record``
+    (rows are built by name, so a field added or reordered on either side cannot shift)."""
+    names = [f.name for f in dataclasses.fields(row_type)]  # type: ignore[arg-type]
+    return row_type(**{name: fields[name] if name in fields else getattr(record, name) for name in names})
+
+
 def is_json(arrow_field: pa.Field) -> bool:
     """True when the field is stored in a DuckDB JSON column."""
     return (arrow_field.metadata or {}).get(b"duckdb_type") == b"JSON"

@@ -57,7 +57,7 @@ def test_snapshot_path_sits_beside_the_database():
 def test_publisher_shows_committed_rows_to_another_process_and_keeps_the_lock(tmp_path):
     db = tmp_path / "b.duckdb"
     with Store(db) as store:
-        store.create_run(make_run("r1"))
+        store.runs.create(make_run("r1"))
         store.write_results([make_result("r1", line) for line in range(3)])
         publisher = LivePublisher(db, store.write_lock, first_after_s=3600)  # published by hand here
         try:
@@ -85,7 +85,7 @@ def test_a_writable_store_publishes_until_closed(tmp_path):
     store = Store(db)
     publisher = store.publish_live()
     publisher.every_s = 0.05
-    store.create_run(make_run("r1"))
+    store.runs.create(make_run("r1"))
     store.write_results([make_result("r1", 1)])
     deadline = time.monotonic() + 10
     while publisher.num_published == 0 or publisher._published_state is None:
@@ -106,7 +106,7 @@ def hold_with_plain_duckdb(db: Path) -> subprocess.Popen:
 def test_a_snapshot_left_by_a_killed_run_is_not_read_for_another_holder(tmp_path):
     db = tmp_path / "b.duckdb"
     with Store(db) as store:
-        store.create_run(make_run("r1"))
+        store.runs.create(make_run("r1"))
         publisher = LivePublisher(db, store.write_lock, first_after_s=3600)
         publisher.publish()
         publisher.stop()

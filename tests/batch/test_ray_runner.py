@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batc
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from batch.distributed.ray_runner import RayOptions, RayRunner  # noqa: E402
-from batch.run.runner import RunOptions  # noqa: E402
+from batch.run.options import RunOptions  # noqa: E402
 from batch.run.session import SessionOptions  # noqa: E402
 from batch.harmony.render import PromptOptions  # noqa: E402
 from batch.store.store import Store  # noqa: E402

@@ -13,7 +13,7 @@ from batch.run.admission import prepare
 from batch.harmony.render import PromptOptions
 from batch.distributed.ray_worker import DecodeLoopError, DecodeWorker
 from batch.run.reader import read_requests
-from batch.run.runner import RunOptions
+from batch.run.options import RunOptions
 from batch.run.session import SessionOptions
 from tests.fakes import ScriptedBackend
 from tools.servers import ServerCatalog

@@ -1,5 +1,6 @@
 """The runner over a real DuckDB store and a scripted backend: flow, failures, tools, resume."""
 
+import dataclasses
 import json
 import re
 from collections import Counter
@@ -8,11 +9,18 @@ import pytest
 
 import batch.run.runner as runner_module
 from batch.harmony.render import PromptOptions
-from batch.run.runner import RunOptions, Runner
-from batch.run.session import SessionOptions
+from batch.responses.status import RunStatus
+from batch.run.admission import prepare
+from batch.run.decode_loop import DecodeLoop
+from batch.run.ledger import OpenedRun, RunError, RunLedger
+from batch.run.options import RunOptions
+from batch.run.reader import read_requests
+from batch.run.runner import Runner
+from batch.run.session import Session, SessionOptions
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding
 from tests.fakes import ScriptedBackend
+from tools.servers import ServerCatalog
 
 
 def final(text):
@@ -270,7 +278,7 @@ def test_resuming_a_finished_run_admits_nothing(tmp_path, store):
     assert (second.run_id, second.resumed, second.skipped, second.statuses) == (
         first.run_id, True, 6, Counter())
     assert_one_row_per_line(store, 6)
-    run_row = store.get_run(first.run_id)
+    run_row = store.runs.get(first.run_id)
     assert (run_row["status"], run_row["n_requests"]) == ("completed", 6)
 
 
@@ -292,22 +300,22 @@ def test_rerun_after_a_crash_runs_only_the_missing_lines(tmp_path, store):
     assert (summary.run_id, summary.resumed, summary.skipped) == (run_id, True, 2)
     assert added_custom_ids(backend) == ["c1", "c3", "c5", "c6"]
     assert_one_row_per_line(store, 6)
-    assert store.get_run(run_id)["status"] == "completed"
+    assert store.runs.get(run_id)["status"] == "completed"
 
 
 def test_resume_after_a_limited_run_runs_the_rest(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl", SIX)
     first = run(store, backend_for(), path, limit=3)
     assert sorted(statuses(store)) == ["c1", "c2", "c3"]
-    assert store.get_run(first.run_id)["status"] == "partial"
+    assert store.runs.get(first.run_id)["status"] == "partial"
     backend = backend_for()
     second = run(store, backend, path)  # a plain rerun continues the partial run
     assert second.run_id == first.run_id and second.resumed
     assert added_custom_ids(backend) == ["c4", "c5", "c6"]
-    assert store.get_run(first.run_id)["status"] == "completed"
+    assert store.runs.get(first.run_id)["status"] == "completed"
     assert (second.skipped, second.statuses) == (3, Counter(completed=3))
     assert_one_row_per_line(store, 6)
-    assert store.get_run(first.run_id)["n_requests"] == 6
+    assert store.runs.get(first.run_id)["n_requests"] == 6
 
 
 def test_retry_failed_reruns_only_failed_and_incomplete_lines(tmp_path, store):
@@ -346,7 +354,7 @@ def test_bad_lines_are_invalid_and_ignored_fields_are_noted(tmp_path, store):
         store, "SELECT custom_id, status, error FROM requests WHERE line_no = 2")
     assert (custom_id, status) == ("line-2", "invalid")
     assert error.startswith("line 2: invalid JSON at column 2")
-    run_row = store.get_run(summary.run_id)
+    run_row = store.runs.get(summary.run_id)
     assert run_row["notes"] == {"ignored_fields": {"stream": 2, "store": 1}, "tool_errors": {}, "input_lines": 3}
     assert summary.ignored_fields == Counter(stream=2, store=1)
     assert run_row["n_requests"] == 3
@@ -356,20 +364,20 @@ def test_resumed_run_keeps_counting_ignored_fields_of_earlier_lines(tmp_path, st
     lines = [request("c1", "short", stream=True, store=False), request("c2", "short", stream=True)]
     path = write_input(tmp_path / "in.jsonl", lines)
     first = run(store, backend_for(), path, limit=1)
-    assert store.get_run(first.run_id)["notes"]["ignored_fields"] == {"stream": 1, "store": 1}
+    assert store.runs.get(first.run_id)["notes"]["ignored_fields"] == {"stream": 1, "store": 1}
     run(store, backend_for(), path, resume=first.run_id)
-    assert store.get_run(first.run_id)["notes"]["ignored_fields"] == {"stream": 2, "store": 1}
+    assert store.runs.get(first.run_id)["notes"]["ignored_fields"] == {"stream": 2, "store": 1}
 
 
 def test_an_internal_error_in_one_session_fails_only_that_line(tmp_path, store, monkeypatch):
-    original = runner_module.Session.on_output
+    original = Session.on_output
 
     def on_output(session, out):
         if "long" in session.line.custom_id:
             raise RuntimeError("boom")
         original(session, out)
 
-    monkeypatch.setattr(runner_module.Session, "on_output", on_output)
+    monkeypatch.setattr(Session, "on_output", on_output)
     path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("long-2", "long"),
                                                 request("c3", "short")])
     backend = backend_for()
@@ -434,8 +442,45 @@ def test_a_panic_while_rendering_a_prompt_fails_that_line_alone(tmp_path, store)
 def test_a_run_recorded_before_the_tool_output_cap_existed_is_continued(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "short")])
     first = run(store, backend_for(), path, limit=1)
-    options = store.get_run(first.run_id)["options"]
+    options = store.runs.get(first.run_id)["options"]
     del options["max_tool_output_bytes"]  # as an older batchrun wrote it
-    store.update_run(first.run_id, options=options)
+    store.runs.update(first.run_id, options=options)
     again = run(store, backend_for(), path)
     assert again.run_id == first.run_id and again.resumed
+
+
+def test_the_decode_loop_decodes_prepared_lines_alone_without_a_run(tmp_path, store):
+    """The loop a Ray worker is: add(prepared) and step() -> results, no ledger, no writer."""
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "python")])
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"), worker="w0",
+                         prompt=PromptOptions(conversation_date="2025-01-01"))
+    catalog = ServerCatalog(options.tools.servers)
+    loop = DecodeLoop(backend_for(), options, catalog)
+    try:
+        for line in read_requests(path):
+            loop.add(prepare(line, store, "r1", catalog), "r1")
+        results = []
+        while loop.is_busy:
+            results += loop.step()
+    finally:
+        loop.close()
+    assert sorted((r.request.custom_id, r.request.status, r.request.worker) for r in results) == [
+        ("c1", "completed", "w0"), ("c2", "completed", "w0")]
+    assert store.runs.list() == []  # nothing was written: the loop has no store
+
+
+def test_the_ledger_opens_matches_and_closes_runs_alone(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short")])
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"))
+    ledger = RunLedger(store)
+    first = ledger.open(options, "sha-1")
+    assert not first.resumed and first.done == set()
+    assert ledger.open(options, "sha-1") == OpenedRun(first.run_id, True, set())  # unfinished, same settings
+    other_seed = dataclasses.replace(options, session=SessionOptions(model="scripted", seed=7))
+    assert ledger.matching_unfinished_run(other_seed, "sha-1") is None  # another experiment: a new run
+    ledger.close(first.run_id, RunStatus.COMPLETED, ignored=Counter(stream=1), num_input_requests=1)
+    closed = store.runs.get(first.run_id)
+    assert closed["status"] == "completed" and closed["notes"]["ignored_fields"] == {"stream": 1}
+    assert ledger.matching_unfinished_run(options, "sha-1") is None
+    with pytest.raises(RunError, match="no such run"):
+        ledger.open(dataclasses.replace(options, resume="nope"), "sha-1")

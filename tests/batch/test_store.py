@@ -125,7 +125,7 @@ def make_run(run_id: str, *, sha: str = "sha", status: str = "running",
 @pytest.fixture
 def store(tmp_path):
     with Store(tmp_path / "b.duckdb") as opened:
-        opened.create_run(make_run("r1"))
+        opened.runs.create(make_run("r1"))
         yield opened
 
 
@@ -224,12 +224,12 @@ def test_views_compute_on_small_data(store):
 def test_write_results_round_trip(store):
     result = make_result("r1", 7, n_events=4)
     store.write_results([result])
-    got = store.get_response("resp_r1_7")
+    got = store.responses.get("resp_r1_7")
     assert got == {"run_id": "r1", "custom_id": "c7", "status": "completed",
                    "response": result.response.response,
                    "input_items": result.response.input_items}
-    assert store.find_response("r1", "c7") == got
-    events = store.events("resp_r1_7")
+    assert store.responses.find("r1", "c7") == got
+    events = store.responses.events("resp_r1_7")
     assert [e["payload"] for e in events] == [json.loads(p) for p in result.events.payload]
     assert [e["t_ms"] for e in events] == [0.0, 1.5, 3.0, 4.5] and events[0]["turn"] == 0
     assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
@@ -247,11 +247,11 @@ def test_same_line_is_replaced_with_its_traces(store):
     con = store.con
     lines = con.sql("SELECT line_no, response_id FROM requests ORDER BY 1").fetchall()
     assert lines == [(1, "resp_retry"), (2, "resp_r1_2")]
-    assert store.get_response("resp_r1_1") is None
+    assert store.responses.get("resp_r1_1") is None
     for table in ("events", "turns", "tool_calls", "tokens"):
         assert count(con, f"SELECT * FROM {table} WHERE response_id = 'resp_r1_1'") == 0
-    assert len(store.events("resp_retry")) == 2
-    assert len(store.events("resp_r1_2")) == 3
+    assert len(store.responses.events("resp_retry")) == 2
+    assert len(store.responses.events("resp_r1_2")) == 3
     # Writing the same result again leaves no duplicates.
     store.write_results([make_result("r1", 1, response_id="resp_retry", n_events=2)])
     for table, expected in [("requests", 2), ("responses", 2), ("events", 5), ("turns", 2)]:
@@ -275,12 +275,12 @@ def test_database_error_rolls_back_the_whole_batch(store):
     with pytest.raises(StoreError) as raised:
         store.write_results(clash)
     assert isinstance(raised.value.__cause__, duckdb.ConstraintException)  # the store's own error, DuckDB's cause
-    assert sorted(store.finished_line_numbers("r1")) == [1, 2]
-    assert store.get_response("resp_r1_1") is not None
-    assert len(store.events("resp_r1_1")) == 3
-    assert store.get_response("resp_new") is None
+    assert sorted(store.runs.finished_line_numbers("r1")) == [1, 2]
+    assert store.responses.get("resp_r1_1") is not None
+    assert len(store.responses.events("resp_r1_1")) == 3
+    assert store.responses.get("resp_new") is None
     store.write_results([make_result("r1", 3)])  # the connection is usable again
-    assert sorted(store.finished_line_numbers("r1")) == [1, 2, 3]
+    assert sorted(store.runs.finished_line_numbers("r1")) == [1, 2, 3]
 
 
 class FailingConnection:
@@ -308,7 +308,7 @@ def test_interrupt_mid_batch_rolls_back(store):
     store.con = real
     assert real.sql("SELECT line_no, response_id FROM requests").fetchall() == [(1, "resp_r1_1")]
     assert count(store.con, "SELECT * FROM responses") == 1
-    assert len(store.events("resp_r1_1")) == 3
+    assert len(store.responses.events("resp_r1_1")) == 3
 
 
 def test_bad_rows_raise_clear_errors(store):
@@ -327,27 +327,27 @@ def test_bad_rows_raise_clear_errors(store):
 # -- runs ---------------------------------------------------------------------
 
 def test_runs_round_trip_and_update(store):
-    run = store.get_run("r1")
+    run = store.runs.get("r1")
     assert run["engine_config"] == {"block_size": 16} and run["notes"] is None
     assert run["started_at"] == T0
     finished = T0 + timedelta(minutes=5)
-    store.update_run("r1", status="completed", finished_at=finished, n_requests=3,
+    store.runs.update("r1", status="completed", finished_at=finished, n_requests=3,
                      notes={"ignored_fields": {"stream": 12}})
-    run = store.get_run("r1")
+    run = store.runs.get("r1")
     assert (run["status"], run["finished_at"], run["n_requests"]) == ("completed", finished, 3)
     assert run["notes"] == {"ignored_fields": {"stream": 12}}
-    assert store.get_run("nope") is None
+    assert store.runs.get("nope") is None
     with pytest.raises(ValueError, match="statsu"):
-        store.update_run("r1", statsu="completed")
+        store.runs.update("r1", statsu="completed")
     with pytest.raises(KeyError, match="nope"):
-        store.update_run("nope", status="completed")
+        store.runs.update("nope", status="completed")
 
 
 def test_list_runs_newest_first_with_counts(store):
-    store.create_run(make_run("r2", started_at=T0 + timedelta(hours=1)))
+    store.runs.create(make_run("r2", started_at=T0 + timedelta(hours=1)))
     store.write_results([make_result("r1", 1), make_result("r1", 2, status="failed"),
                          make_result("r1", 3, status="invalid")])
-    runs = store.list_runs()
+    runs = store.runs.list()
     assert [r["run_id"] for r in runs] == ["r2", "r1"]
     assert runs[0]["n_written"] == 0
     r1 = runs[1]
@@ -358,37 +358,37 @@ def test_list_runs_newest_first_with_counts(store):
 
 def test_find_unfinished_run(store):
     hour = timedelta(hours=1)
-    store.update_run("r1", status="interrupted")
-    store.create_run(make_run("r2", status="failed", started_at=T0 + hour))
-    store.create_run(make_run("r3", status="completed", started_at=T0 + 2 * hour))
-    store.create_run(make_run("other", sha="sha2", status="running",
+    store.runs.update("r1", status="interrupted")
+    store.runs.create(make_run("r2", status="failed", started_at=T0 + hour))
+    store.runs.create(make_run("r3", status="completed", started_at=T0 + 2 * hour))
+    store.runs.create(make_run("other", sha="sha2", status="running",
                               started_at=T0 + 3 * hour))
-    assert store.find_unfinished_run("sha") == "r2"
-    store.update_run("r2", status="completed")
-    assert store.find_unfinished_run("sha") == "r1"
-    assert store.find_unfinished_run("missing") is None
+    assert store.runs.find_unfinished("sha") == "r2"
+    store.runs.update("r2", status="completed")
+    assert store.runs.find_unfinished("sha") == "r1"
+    assert store.runs.find_unfinished("missing") is None
 
 
 def test_finished_line_numbers_by_status(store):
     store.write_results([make_result("r1", 1), make_result("r1", 2, status="failed"),
                          make_result("r1", 3, status="invalid"),
                          make_result("r1", 4, status="incomplete")])
-    store.create_run(make_run("r2"))
+    store.runs.create(make_run("r2"))
     store.write_results([make_result("r2", 9)])
-    assert store.finished_line_numbers("r1") == {1, 2, 3, 4}
-    assert store.finished_line_numbers("r1", statuses=("completed",)) == {1}
-    assert store.finished_line_numbers("r1", statuses=("failed", "invalid")) == {2, 3}
-    assert store.finished_line_numbers("r1", statuses=()) == set()
-    assert store.finished_line_numbers("r2") == {9}
+    assert store.runs.finished_line_numbers("r1") == {1, 2, 3, 4}
+    assert store.runs.finished_line_numbers("r1", statuses=("completed",)) == {1}
+    assert store.runs.finished_line_numbers("r1", statuses=("failed", "invalid")) == {2, 3}
+    assert store.runs.finished_line_numbers("r1", statuses=()) == set()
+    assert store.runs.finished_line_numbers("r2") == {9}
 
 
 def test_iter_responses_in_line_order(store):
     store.write_results([make_result("r1", 3), make_result("r1", 1, status="invalid"),
                          make_result("r1", 2)])
     rows = []
-    for row in store.iter_responses("r1"):
+    for row in store.responses.iter_lines("r1"):
         rows.append(row)
-        store.get_run("r1")  # the store stays usable while iterating
+        store.runs.get("r1")  # the store stays usable while iterating
     assert [r["line_no"] for r in rows] == [1, 2, 3]
     assert [r["status"] for r in rows] == ["invalid", "completed", "completed"]
     assert rows[0]["response"] is None and rows[0]["error"] == "bad field 'input'"
@@ -427,10 +427,10 @@ def test_second_writer_gets_store_locked_error(tmp_path):
 def test_read_only_open_while_nothing_writes(tmp_path):
     path = tmp_path / "b.duckdb"
     with Store(path) as store:
-        store.create_run(make_run("r1"))
+        store.runs.create(make_run("r1"))
         store.write_results([make_result("r1", 1)])
     with Store(path, read_only=True) as reader:
-        assert reader.get_response("resp_r1_1")["status"] == "completed"
+        assert reader.responses.get("resp_r1_1")["status"] == "completed"
         probe = run_python(LOCK_PROBE.format(path=str(path), read_only=True))
         assert probe.stdout.strip() == "OPENED", probe.stderr
         with pytest.raises(StoreError, match="read-only"):
@@ -442,7 +442,7 @@ def test_read_only_open_while_nothing_writes(tmp_path):
 def test_a_file_shorter_than_its_blocks_is_truncated_even_when_duckdb_opens_it(tmp_path):
     path = tmp_path / "b.duckdb"
     with Store(path) as store:
-        store.create_run(make_run("r1"))
+        store.runs.create(make_run("r1"))
         store.write_results([make_result("r1", n) for n in range(1, 4)])
     data = path.read_bytes()
     cut = tmp_path / "cut.duckdb"
@@ -452,7 +452,7 @@ def test_a_file_shorter_than_its_blocks_is_truncated_even_when_duckdb_opens_it(t
         with pytest.raises(StoreOpenError, match=r"truncated \(.* bytes, its blocks in use need"):
             Store(cut, read_only=read_only)
     with Store(path, read_only=True) as whole:
-        assert whole.get_run("r1")["run_id"] == "r1"
+        assert whole.runs.get("r1")["run_id"] == "r1"
 
 
 def test_a_writable_open_leaves_no_trace_of_its_write_probe(tmp_path):
@@ -479,28 +479,28 @@ def test_open_errors_are_one_line_naming_the_file(tmp_path):
 def test_request_outcomes_in_line_order(store):
     store.write_results([make_result("r1", 2, output_tokens=7, latency_s=2.5),
                          make_result("r1", 1, status="invalid")])
-    rows = store.request_outcomes("r1")
+    rows = store.responses.outcomes("r1")
     assert [(r["custom_id"], r["status"], r["output_tokens"], r["latency_s"]) for r in rows] == [
         ("c1", "invalid", None, None), ("c2", "completed", 7, 2.5)]
     assert rows[0]["response"] is None and rows[1]["response"]["id"] == "resp_r1_2"
-    assert store.request_outcomes("missing") == []
+    assert store.responses.outcomes("missing") == []
 
 
 def test_report_lookups(store):
     one = make_result("r1", 1, n_events=2, ttft_s=0.1, reasoning_tokens=2)
     two = make_result("r1", 2, status="incomplete", n_events=1, latency_s=None, ttft_s=None)
     store.write_results([one, two, make_result("r1", 3, status="invalid")])
-    assert store.request_status_counts("r1") == {"completed": 1, "incomplete": 1, "invalid": 1}
-    assert store.latencies("r1") == [1.0] and store.ttfts("r1") == [0.1]
-    assert store.turn_output_tokens("r1") == [5, 5]
-    assert store.tool_calls_per_response("r1") == {0: 2}
-    throughput = store.throughput("r1")
+    assert store.reports.request_status_counts("r1") == {"completed": 1, "incomplete": 1, "invalid": 1}
+    assert store.reports.latencies("r1") == [1.0] and store.reports.ttfts("r1") == [0.1]
+    assert store.reports.turn_output_tokens("r1") == [5, 5]
+    assert store.reports.tool_calls_per_response("r1") == {0: 2}
+    throughput = store.reports.throughput("r1")
     assert len(throughput) == 1 and throughput[0][1:] == (2, 10)
     assert isinstance(throughput[0][0], float)
-    usage = store.usage("r1")
+    usage = store.reports.usage("r1")
     assert (usage["n_responses"], usage["output_tokens"], usage["reasoning_tokens"]) == (2, 10, 2)
-    assert store.usage("missing") == {}
-    assert store.event_type_counts("r1") == [("response.e0", 2), ("response.e1", 1)]
+    assert store.reports.usage("missing") == {}
+    assert store.reports.event_type_counts("r1") == [("response.e0", 2), ("response.e1", 1)]
 
 
 def timeline_events(events: list[tuple[str, str | None, int, float]]) -> EventColumns:
@@ -542,7 +542,7 @@ def test_response_timelines_place_turns_and_tool_calls_on_the_event_clock(store)
     store.write_results([fast, slow, make_result("r1", 3, latency_s=0.3, n_events=0),
                          make_result("r1", 4, status="invalid")])
 
-    first, second, third = store.response_timelines("r1")
+    first, second, third = store.reports.response_timelines("r1")
     assert [r["custom_id"] for r in (first, second, third)] == ["c1", "c3", "c2"]
     assert (first["latency_s"], first["num_turns"], first["end_ms"], first["tool_ms"]) == (0.5, 3, 361.0, 300.0)
     spans = [(s["kind"], s["turn"], s["start_ms"], s["first_ms"], s["end_ms"], s["name"], s["status"])
@@ -555,13 +555,13 @@ def test_response_timelines_place_turns_and_tool_calls_on_the_event_clock(store)
     assert second["spans"] == [] and second["end_ms"] is None  # no events
     assert [(s["start_ms"], s["first_ms"], s["end_ms"]) for s in third["spans"]] == [(0.0, 3.0, 5.0)]
     assert third["tool_ms"] == 0.0
-    assert [r["custom_id"] for r in store.response_timelines("r1", limit=1)] == ["c1"]
-    assert store.response_timelines("missing") == []
+    assert [r["custom_id"] for r in store.reports.response_timelines("r1", limit=1)] == ["c1"]
+    assert store.reports.response_timelines("missing") == []
 
 
 def test_grade_lookups(store):
-    assert store.pass_rates_per_grader("r1") == [] and store.request_totals("r1") == (0, 0)
-    store.write_grades("r1", [
+    assert store.reports.pass_rates_per_grader("r1") == [] and store.reports.request_totals("r1") == (0, 0)
+    store.grades.write("r1", [
         {"custom_id": "a", "grader": "exact", "score": 1.0, "passed": True, "tags": ["x"]},
         {"custom_id": "a", "grader": "len", "score": 0.0, "passed": False, "tags": ["x"]},
         {"custom_id": "b", "grader": "exact", "score": 2 / 3, "passed": True, "tags": ["x", "y"]}])
@@ -569,14 +569,14 @@ def test_grade_lookups(store):
         rate = wilson(passed, n)
         return {"ci_low": pytest.approx(rate.low), "ci_high": pytest.approx(rate.high)}
 
-    assert store.pass_rates_per_grader("r1") == [
+    assert store.reports.pass_rates_per_grader("r1") == [
         {"grader": "exact", "n_graded": 2, "n_passed": 2, "pass_rate": 1.0, "mean_score": 0.833, **ci(2, 2)},
         {"grader": "len", "n_graded": 1, "n_passed": 0, "pass_rate": 0.0, "mean_score": 0.0, **ci(0, 1)}]
-    assert store.pass_rates_per_tag("r1") == [
+    assert store.reports.pass_rates_per_tag("r1") == [
         {"tag": "x", "n_requests": 2, "n_passed": 1, "pass_rate": 0.5, **ci(1, 2)},
         {"tag": "y", "n_requests": 1, "n_passed": 1, "pass_rate": 1.0, **ci(1, 1)}]
-    assert store.request_totals("r1") == (2, 1)
-    assert store.failing_grades("r1") == [{"custom_id": "a", "grader": "len", "explanation": None}]
+    assert store.reports.request_totals("r1") == (2, 1)
+    assert store.reports.failing_grades("r1") == [{"custom_id": "a", "grader": "len", "explanation": None}]
 
 
 def test_list_tool_calls_by_start(store):
@@ -585,7 +585,7 @@ def test_list_tool_calls_by_start(store):
     early.tool_calls[0].started_at, early.tool_calls[0].tool_type = T0, "web_search"
     early.tool_calls[0].name = "search"
     store.write_results([late, early])
-    assert store.list_tool_calls("r1") == [
+    assert store.reports.list_tool_calls("r1") == [
         {"custom_id": "c2", "tool_type": "web_search", "name": "search", "arguments": None},
         {"custom_id": "c1", "tool_type": "mcp", "name": "lookup", "arguments": '{"q": 1}'}]
 
@@ -602,7 +602,7 @@ def test_query_runs_any_sql(store):
 
 
 SOURCE_PACKAGES = ("batch", "engine", "evals", "tools", "trainer")
-CONNECTION_OWNERS = {"batch/store/store.py", "batch/store/migrations.py", "batch/store/merging.py"}
+STORE_PACKAGE = "batch/store/"  # its modules (the store and its parts) own the connection
 
 
 def _connection_uses(path: Path) -> list[int]:
@@ -619,14 +619,14 @@ def _connection_uses(path: Path) -> list[int]:
 
 
 def test_only_the_store_touches_its_connection():
-    """Every read of the database goes through Store methods: the schema lives in one place."""
+    """Every read of the database goes through the store package: the schema lives in one place."""
     offenders = []
     for package in SOURCE_PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
             relative = path.relative_to(REPO).as_posix()
-            if relative not in CONNECTION_OWNERS:
+            if not relative.startswith(STORE_PACKAGE):
                 offenders += [f"{relative}:{line}" for line in _connection_uses(path)]
-    assert offenders == [], f"query through a Store method instead of .con: {offenders}"
+    assert offenders == [], f"query through the store's parts instead of .con: {offenders}"
 
 
 def test_error_kind_and_status_views_follow_the_enums(store):
@@ -641,7 +641,7 @@ def test_error_kind_and_status_views_follow_the_enums(store):
     assert {row["error_kind"]: row["is_model_error"] for row in rows} == {
         kind.value: kind.is_model_error for kind in ToolErrorKind}
     assert sum(kind.is_model_error for kind in ToolErrorKind) == 4
-    run = store.list_runs()[0]
+    run = store.runs.list()[0]
     assert {status.value: run[status] for status in RequestStatus} == {
         "completed": 1, "incomplete": 0, "failed": 0, "invalid": 0}
 
@@ -649,4 +649,18 @@ def test_error_kind_and_status_views_follow_the_enums(store):
 def test_a_user_table_named_like_a_batch_changes_nothing(store):
     store.query("CREATE TABLE batch_requests AS SELECT * FROM requests")  # e.g. made with `batchrun sql`
     store.write_results([make_result("r1", 1)])
-    assert store.finished_line_numbers("r1") == {1}
+    assert store.runs.finished_line_numbers("r1") == {1}
+
+
+def test_rows_are_built_from_records_by_name():
+    from batch.responses.metrics import TurnMetrics
+    from batch.store.rows import row_from
+
+    metrics = TurnMetrics(turn=2, prompt_tokens=5, cached_tokens=1, output_tokens=7, reasoning_tokens=3,
+                          tool_output_tokens=4, prefill_s=0.5, decode_s=1.5, finish_reason="stop")
+    row = row_from(TurnRow, metrics, run_id="r1", response_id="resp_1")
+    assert row == TurnRow(run_id="r1", response_id="resp_1", turn=2, prompt_tokens=5, cached_tokens=1,
+                          output_tokens=7, tool_output_tokens=4, prefill_s=0.5, decode_s=1.5, finish_reason="stop")
+    with pytest.raises(AttributeError, match="tool_output_tokens"):  # a field the record lacks is an error
+        row_from(TurnRow, object(), run_id="r1", response_id="resp_1", turn=0, prompt_tokens=0, cached_tokens=0,
+                 output_tokens=0)

@@ -17,7 +17,7 @@ LONG_S = 600.0  # a wait the writer must never sit out in these tests
 @pytest.fixture
 def store(tmp_path):
     with Store(tmp_path / "w.duckdb") as opened:
-        opened.create_run(make_run("r1"))
+        opened.runs.create(make_run("r1"))
         yield opened
 
 
@@ -48,7 +48,7 @@ def test_batches_handed_over_together_are_written_in_one_transaction(store, tran
     for line_no in range(1, 7, 2):
         writer.submit([make_result("r1", line_no), make_result("r1", line_no + 1)], replace_lines=False)
     assert finishes(writer.wait_idle)  # a flush does not wait for min_rows
-    assert transactions == [6] and store.num_rows("requests", "r1") == 6
+    assert transactions == [6] and store.runs.num_rows("requests", "r1") == 6
     writer.close()
 
 
@@ -68,7 +68,7 @@ def test_a_submit_blocked_on_a_full_writer_makes_it_write(store, transactions):
     writer.submit([make_result("r1", 1), make_result("r1", 2)], replace_lines=False)
     assert finishes(lambda: writer.submit([make_result("r1", 3)], replace_lines=False))
     writer.close()
-    assert transactions[0] == 2 and sum(transactions) == 3 and store.num_rows("requests", "r1") == 3
+    assert transactions[0] == 2 and sum(transactions) == 3 and store.runs.num_rows("requests", "r1") == 3
 
 
 def test_a_half_full_writer_writes_without_waiting_for_min_rows(store, transactions):
@@ -86,4 +86,4 @@ def test_wait_idle_after_close_returns(store):
     writer.submit([make_result("r1", 1)], replace_lines=False)
     writer.close()
     assert finishes(writer.wait_idle)
-    assert store.num_rows("requests", "r1") == 1
+    assert store.runs.num_rows("requests", "r1") == 1

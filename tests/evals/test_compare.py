@@ -39,13 +39,13 @@ def store(tmp_path):
     with Store(tmp_path / "b.duckdb") as opened:
         for run_id, texts in [("a", ["56088", "hello", "same", "gone"]),
                               ("b", ["56000", "hello!", "same", None])]:
-            opened.create_run(make_run(run_id))
+            opened.runs.create(make_run(run_id))
             opened.write_results([make_result(run_id, n, f"q{n}", [message(text)])
                                   for n, text in enumerate(texts, start=1) if text])
             grades = [{"custom_id": "q1", "grader": "numeric", "score": 1.0,
                        "passed": text == "56088", "explanation": "", "tags": []}
                       for text in texts[:1]]
-            opened.write_grades(run_id, grades)
+            opened.grades.write(run_id, grades)
         yield opened
 
 

@@ -31,7 +31,7 @@ def suite(tmp_path):
 @pytest.fixture
 def store(tmp_path):
     with Store(tmp_path / "b.duckdb") as opened:
-        opened.create_run(make_run("r1"))
+        opened.runs.create(make_run("r1"))
         opened.write_results([
             make_result("r1", 1, "math", [message("123*456 = 56,088")]),
             make_result("r1", 2, "call", [function_call("get_weather", '{"city": "Paris"}')]),
@@ -54,9 +54,9 @@ def test_grade_run_grades_every_case_of_the_run(store, suite):
 
 def test_write_grades_replaces_a_runs_grades_and_feeds_the_views(store, suite):
     rows = grade_run(store, "r1", suite).rows
-    store.write_grades("r1", rows)
-    store.write_grades("r1", rows)  # replaced, not appended
-    stored = store.grades("r1")
+    store.grades.write("r1", rows)
+    store.grades.write("r1", rows)  # replaced, not appended
+    stored = store.grades.read("r1")
     assert [(r["custom_id"], r["grader"]) for r in stored] == [
         (r["custom_id"], r["grader"]) for r in rows]
     assert stored[2]["tags"] == ["tools", "math"] and stored[4]["tags"] == []

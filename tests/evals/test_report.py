@@ -7,7 +7,8 @@ from html.parser import HTMLParser
 import pytest
 
 from batch.harmony.render import PromptOptions
-from batch.run.runner import RunOptions, Runner
+from batch.run.options import RunOptions
+from batch.run.runner import Runner
 from batch.run.session import SessionOptions
 from batch.store.store import Store
 from evals.report import TIMELINE_TITLE, render_html, terminal_summary, timeline
@@ -20,14 +21,14 @@ from tests.fakes import ScriptedBackend
 @pytest.fixture
 def data(tmp_path):
     with Store(tmp_path / "b.duckdb") as store:
-        store.create_run(make_run("r1"))
+        store.runs.create(make_run("r1"))
         store.write_results([
             make_result("r1", 1, "a", [message("hi")]),
             make_result("r1", 2, "b", [mcp_call("srv", "lookup", "{}", output="x"),
                                        function_call("f", "{}"), function_call("g", "{}")]),
             make_result("r1", 3, "c", [message("x")], status="incomplete"),
             make_result("r1", 4, "d", status="invalid")])
-        store.write_grades("r1", [
+        store.grades.write("r1", [
             {"custom_id": c, "grader": "status", "score": float(ok), "passed": ok,
              "explanation": "", "tags": tags}
             for c, ok, tags in [("a", True, ["chat"]), ("b", True, ["tools"]),

@@ -72,7 +72,7 @@ def test_join_deltas_only_joins_runs_on_the_same_part():
 @pytest.fixture
 def store(tmp_path):
     with Store(tmp_path / "b.duckdb") as opened:
-        opened.create_run(make_run("r1"))
+        opened.runs.create(make_run("r1"))
         opened.write_results([make_result("r1", 1, "a", [message("hi")]),
                               make_result("r1", 2, "b", status="invalid"),
                               make_result("r1", 3, "c", [message("x")], status="incomplete")])

@@ -42,7 +42,7 @@ def test_prompts_equal_what_batchrun_submit_renders(tmp_path, tiny_model_dir):
     submit(tmp_path / "in.jsonl", tmp_path / "t.duckdb", tiny_model_dir, "r", ["--keep-tokens",
                                                                              "--max-output-tokens", "1"])
     with Store(tmp_path / "t.duckdb", read_only=True) as store:
-        rows = store._rows("""SELECT q.custom_id, t.prompt_token_ids FROM tokens t JOIN requests q
+        rows = store.db.rows("""SELECT q.custom_id, t.prompt_token_ids FROM tokens t JOIN requests q
                               ON q.run_id = t.run_id AND q.response_id = t.response_id WHERE t.turn = 0""")
     prompts = {row["custom_id"]: list(row["prompt_token_ids"]) for row in rows}
     assert len(prompts) == len(tasks)

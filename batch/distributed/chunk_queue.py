@@ -1,0 +1,83 @@
+"""The Ray driver's queue of chunks and its retry policy, with no Ray in it.
+
+Lines wait in chunks for a worker. A chunk its worker did not return (the worker died)
+comes back to the front split in halves, so a line that kills its worker ends up alone
+in a chunk; such a line (a suspect) then goes out alone onto an idle worker, so that if
+that worker dies too, the death is the line's own. Alone, a line is tried
+`MAX_ATTEMPTS` times; then it is given up (the driver fails it, the run goes on).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+MAX_ATTEMPTS = 3  # a request that was all its worker held when the worker died this often fails
+
+T = TypeVar("T")
+
+
+def _line_no_of_prepared(prepared: Any) -> int:
+    return int(prepared.line.line_no)
+
+
+class ChunkQueue(Generic[T]):
+    """Chunks of lines waiting for a worker, retries first; `line_no` names an item's line."""
+
+    def __init__(self, line_no: Callable[[T], int] = _line_no_of_prepared, max_attempts: int = MAX_ATTEMPTS):
+        self.line_no, self.max_attempts = line_no, max_attempts
+        self.chunks: deque[list[T]] = deque()
+        self.filling: list[T] = []  # the chunk being filled
+        self.attempts: dict[int, int] = {}  # line_no -> times it was alone on a worker that died
+        self.suspects: set[int] = set()  # line_nos given back by a dead worker: alone, they go out alone
+
+    @property
+    def num_lines(self) -> int:
+        return len(self.filling) + sum(len(chunk) for chunk in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks and not self.filling
+
+    def add(self, item: T, chunk_size: int) -> None:
+        """Queue a line; a chunk goes into the queue once it holds `chunk_size` lines."""
+        self.filling.append(item)
+        if len(self.filling) >= chunk_size:
+            self.chunks.append(self.filling)
+            self.filling = []
+
+    def seal(self) -> None:
+        """No more lines: the chunk being filled is queued as it is."""
+        if self.filling:
+            self.chunks.append(self.filling)
+            self.filling = []
+
+    def next_for(self, held: list[list[T]]) -> list[T] | None:
+        """The next chunk for a worker with room that holds `held` chunks, taken off the queue; None when
+        there is none, or when it may not go there (a suspect goes alone onto an idle worker, and a
+        worker that holds a suspect takes nothing more)."""
+        if not self.chunks:
+            return None
+        if held and any(self._is_suspect(chunk) for chunk in [self.chunks[0], *held]):
+            return None
+        return self.chunks.popleft()
+
+    def give_back(self, chunk: list[T], alone: bool) -> T | None:
+        """A chunk its worker did not return: its halves go first in the queue. A line that was all its
+        worker held (`alone`) counts a try; the line is returned when that was its last (it fails)."""
+        self.suspects.update(self.line_no(item) for item in chunk)
+        if len(chunk) > 1:
+            middle = len(chunk) // 2
+            self.chunks.extendleft([chunk[middle:], chunk[:middle]])
+            return None
+        line_no = self.line_no(chunk[0])
+        if alone:
+            self.attempts[line_no] = self.attempts.get(line_no, 0) + 1
+        if self.attempts.get(line_no, 0) < self.max_attempts:
+            self.chunks.appendleft(chunk)
+            return None
+        return chunk[0]
+
+    def _is_suspect(self, chunk: list[T]) -> bool:
+        return len(chunk) == 1 and self.line_no(chunk[0]) in self.suspects

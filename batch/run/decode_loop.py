@@ -1,0 +1,212 @@
+"""The decode loop: an engine, the tools and the sessions of the requests it decodes.
+
+Usable alone (a Ray worker is this loop and nothing else): `add` a prepared line, call
+`step` until it is idle, and each step returns the results of the requests that ended.
+Nothing here reads or writes a store.
+
+Tools run beside decoding: a turn that ends in a hosted tool call is submitted to the
+`ToolDispatcher` (MCP calls on its own event-loop thread) and the session waits in
+`awaiting` while every other request keeps decoding; each step the finished calls are
+collected and their sessions continue with a new turn. A line whose MCP servers are
+being listed waits in `listing` the same way. When only tools are pending, a step
+blocks on their futures (up to TOOL_WAIT_S) instead of spinning.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+from datetime import UTC, datetime
+
+from batch.responses.status import RequestStatus
+from batch.run.admission import Prepared, admit
+from batch.run.options import RunOptions
+from batch.run.results import internal_error, line_result, reraise_interrupts, result_of
+from batch.run.session import Session
+from batch.run.tool_policy import PendingToolCall
+from batch.store.rows import RequestResult
+from engine.api import Backend, FinishReason, RequestOutput
+from tools.dispatch import ToolDispatcher, rejection
+from tools.kinds import ToolErrorKind
+from tools.servers import ServerCatalog
+
+TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)
+
+
+class DecodeLoop:
+    """Decodes prepared lines with continuous batching and runs their tool loops.
+
+    Not thread-safe: one thread calls `add`, `step` and `abandon`.
+    """
+
+    def __init__(self, backend: Backend, options: RunOptions, catalog: ServerCatalog):
+        self.backend, self.options = backend, options
+        self.dispatcher = ToolDispatcher(catalog, call_timeout_s=options.tools.call_timeout_s,
+                                         errlog_path=options.tools.log_path)
+        self.run_id = ""  # the run of the lines it holds (set by add)
+        self.sessions: dict[str, Session] = {}  # decoding, by engine request id
+        self.awaiting: dict[Future, Session] = {}  # waiting on a hosted tool call
+        self.listing: list[tuple[Prepared, dict[str, Future]]] = []  # waiting on MCP listings
+        self._ended: list[RequestResult] = []
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.sessions) + len(self.awaiting) + len(self.listing)
+
+    @property
+    def is_busy(self) -> bool:
+        return bool(self.sessions or self.awaiting or self.listing)
+
+    def add(self, prepared: Prepared, run_id: str) -> None:
+        """Start listing the line's MCP servers; it is admitted by a later step once they answer."""
+        if self.is_busy and run_id != self.run_id:
+            raise ValueError(f"this loop is decoding run {self.run_id}, not {run_id}")
+        self.run_id = run_id
+        self.listing.append((prepared, self.dispatcher.listings(prepared.registry)))
+
+    def step(self, block: bool = True, wake: Future | None = None) -> list[RequestResult]:
+        """Admit the listed lines, run one engine step, continue tool loops; the results that ended.
+
+        `block`: when nothing decodes, wait (up to TOOL_WAIT_S) for a tool, a listing or `wake`.
+        """
+        self._admit_listed()
+        if self.sessions:
+            self._step()
+        self._resume_tool_calls(block and not self.sessions, wake)
+        return self.drain()
+
+    def drain(self) -> list[RequestResult]:
+        """The results that ended since the last step or drain (step returns them itself)."""
+        ended, self._ended = self._ended, []
+        return ended
+
+    def abandon(self) -> None:
+        """Drop every request in flight (best effort: the engine may be what broke)."""
+        for request_id, session in list(self.sessions.items()):
+            try:
+                self.backend.abort(request_id)
+                self.dispatcher.release(session.response_id)
+            except Exception:
+                pass
+        for session in self.awaiting.values():
+            self.dispatcher.release(session.response_id)
+        self.sessions, self.awaiting, self.listing, self._ended = {}, {}, [], []
+
+    def close(self) -> None:
+        """Stop the tool servers."""
+        self.dispatcher.close()
+
+    # -- admission and engine steps ----------------------------------------
+    def _admit_listed(self) -> None:
+        """Admit the lines whose MCP servers are listed (at once for lines without any)."""
+        waiting = []
+        for prepared, futures in self.listing:
+            if not all(future.done() for future in futures.values()):
+                waiting.append((prepared, futures))
+                continue
+            listings = {label: future.result() for label, future in futures.items()}
+            try:
+                session = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
+            except BaseException as exc:  # e.g. harmony panics on a prompt of 2 MB of spaces
+                reraise_interrupts(exc)
+                line = prepared.line
+                self._end(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
+                continue
+            if isinstance(session, RequestResult):  # invalid
+                self._end(session)
+                continue
+            session.start()
+            self._submit_turn(session)
+        self.listing = waiting
+
+    def _submit_turn(self, session: Session) -> None:
+        try:
+            self.backend.add_request(session.engine_request_id, session.prompt_token_ids,
+                                     session.sampling())
+        except ValueError as exc:  # e.g. prompt longer than the model's context
+            session.fail(str(exc))
+            self._end_response(session)
+            return
+        self.sessions[session.engine_request_id] = session
+
+    def _step(self) -> None:
+        for out in self.backend.step():
+            session = self.sessions.get(out.request_id)
+            if session is None:
+                continue  # an aborted turn's last output
+            try:
+                self._advance(session, out)
+            except BaseException as exc:
+                reraise_interrupts(exc)
+                if self.sessions.pop(out.request_id, None) is not None and out.finish_reason is None:
+                    self.backend.abort(out.request_id)
+                self._fail_response(session, exc)
+
+    def _advance(self, session: Session, out: RequestOutput) -> None:
+        """Feed one engine output to its session; at a turn's end, finish or call its tool."""
+        session.on_output(out)
+        if out.finish_reason is None and session.outcome is None:
+            return
+        del self.sessions[out.request_id]
+        if out.finish_reason is None:  # parse failure mid-turn: stop decoding it
+            self.backend.abort(out.request_id)
+            session.turns[-1].finish_reason = FinishReason.ABORT
+        call = session.end_turn()
+        if call is None:
+            self._end_response(session)
+        else:
+            self._start_tool_call(session, call)
+
+    # -- tools ------------------------------------------------------------
+    def _start_tool_call(self, session: Session, call: PendingToolCall) -> None:
+        refused = None
+        if call.over_limit:
+            refused = rejection(ToolErrorKind.MAX_TOOL_CALLS, f"max_tool_calls ({session.tools.max_tool_calls}) "
+                                                  "reached: answer without calling more tools")
+        future = self.dispatcher.submit(session.response_id, call.target, call.recipient, call.arguments,
+                                        session.registry, refused)
+        self.awaiting[future] = session
+
+    def _resume_tool_calls(self, block: bool, wake: Future | None) -> None:
+        """Sessions whose tool answered continue with their next turn (or end)."""
+        if block:
+            futures = list(self.awaiting) + [f for _, fs in self.listing for f in fs.values()]
+            if futures:
+                wait_futures(futures + ([wake] if wake is not None else []), timeout=TOOL_WAIT_S,
+                             return_when=FIRST_COMPLETED)
+        for future in [f for f in self.awaiting if f.done()]:
+            session = self.awaiting.pop(future)
+            outcome = future.result()
+            if outcome.started_at is None:
+                outcome.started_at = datetime.now(UTC)
+            try:
+                session.add_tool_result(outcome)
+            except BaseException as exc:  # a panic in a dependency (pyo3) is a BaseException
+                reraise_interrupts(exc)
+                self._fail_response(session, exc)
+                continue
+            if session.outcome is None:
+                self._submit_turn(session)
+            else:
+                self._end_response(session)
+
+    # -- ends ---------------------------------------------------------------
+    def _fail_response(self, session: Session, exc: BaseException) -> None:
+        """The response fails with an internal error (e.g. a tokenizer panic); the loop goes on."""
+        message = internal_error(session.line, exc)
+        try:
+            session.fail(message.split(": ", 1)[1])
+            self._end_response(session)
+        except BaseException as broken:  # the session itself is broken: record the line without a response
+            reraise_interrupts(broken)
+            self.dispatcher.release(session.response_id)
+            self._end(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
+
+    def _end_response(self, session: Session) -> None:
+        self.dispatcher.release(session.response_id)
+        self._end(result_of(session, self.run_id, session.finish()))
+
+    def _end(self, result: RequestResult) -> None:
+        if result.request.worker is None:
+            result.request.worker = self.options.worker
+        self._ended.append(result)

@@ -1,0 +1,138 @@
+"""The run ledger: a run's row in the store, opened (new, resumed or matched) and closed.
+
+Usable alone, over a store: `open` decides which run a submit continues (an explicit
+--resume/--retry-failed, else the unfinished run of the same input with the same model
+and RESUME_KEYS, else a new one) and which lines it has done; `close` records the end.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from batch.responses.status import RequestStatus, RunStatus
+from batch.run.options import RunOptions
+from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
+from batch.store.rows import RunRow
+from batch.store.store import Store
+
+# Settings a plain rerun must share with an unfinished run to continue it.
+RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
+               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard")
+# What a run recorded before a key existed ran with (so a rerun still continues it).
+RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES}
+
+
+class RunError(RuntimeError):
+    """The run cannot start (bad --resume id, input missing, ...)."""
+
+
+@dataclass(frozen=True)
+class OpenedRun:
+    """The run a submit writes to: its id, whether it continues one, and the lines it has done."""
+
+    run_id: str
+    resumed: bool
+    done: set[int]
+
+
+class RunLedger:
+    """Opens, matches and closes runs in one store."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def open(self, options: RunOptions, input_sha: str) -> OpenedRun:
+        """The run `options` ask for (created, or marked running again), and the lines it has done."""
+        for flag, run_id in (("--resume", options.resume), ("--retry-failed", options.retry_failed)):
+            if run_id and self.store.runs.get(run_id) is None:
+                raise RunError(f"{flag} {run_id}: no such run in this database")
+        run_id = options.retry_failed or options.resume or (None if options.run_id else
+                                                            self.matching_unfinished_run(options, input_sha))
+        if run_id is None:
+            run_id = options.run_id or f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
+            if self.store.runs.get(run_id) is not None:
+                raise RunError(f"--run-id {run_id}: a run with that id exists; use --resume {run_id}")
+            self.store.runs.create(run_row(options, run_id, input_sha))
+            return OpenedRun(run_id, False, set())
+        if self.get(run_id)["input_sha256"] != input_sha:
+            raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
+        done = self.store.runs.finished_line_numbers(run_id)
+        if options.retry_failed:
+            failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
+            done -= self.store.runs.finished_line_numbers(run_id, statuses=failed)
+        self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None)
+        return OpenedRun(run_id, True, done)
+
+    def matching_unfinished_run(self, options: RunOptions, input_sha: str) -> str | None:
+        """The unfinished run of this input, if it decoded with the same model and settings.
+
+        Continuing a run with another model or sampling would mix two experiments in one
+        run: then a new run starts (an explicit --resume still continues it).
+        """
+        run_id = self.store.runs.find_unfinished(input_sha)
+        if run_id is None:
+            return None
+        stored = self.get(run_id)
+        ours = run_row(options, run_id, input_sha)
+        same = stored["model"] == ours.model and all(
+            (stored["options"] or {}).get(key, RESUME_DEFAULTS.get(key)) == ours.options[key]
+            for key in RESUME_KEYS)
+        return run_id if same else None
+
+    def get(self, run_id: str) -> dict:
+        """The run's row; RunError when there is none."""
+        run = self.store.runs.get(run_id)
+        if run is None:
+            raise RunError(f"run {run_id}: no such run in this database")
+        return run
+
+    def close(self, run_id: str, status: RunStatus, *, ignored: Counter, num_input_requests: int | None) -> None:
+        """Record the run's end: its status, the rows it has, and notes on its input and tools."""
+        notes = {**(self.get(run_id)["notes"] or {}),
+                 "ignored_fields": dict(ignored), "input_lines": num_input_requests,
+                 "tool_errors": self.store.reports.tool_error_counts(run_id)}
+        # The rows there are, not the lines read: requests in flight at an interrupt get none.
+        self.store.runs.update(run_id, status=status, finished_at=_now(),
+                              n_requests=self.store.runs.num_rows("requests", run_id), notes=notes)
+
+    def worker_rows(self, run_id: str) -> list[dict]:
+        """The run's worker_throughput rows, when its rows name workers (else none)."""
+        rows = self.store.reports.worker_throughput(run_id)
+        return rows if any(row["worker"] for row in rows) else []
+
+
+def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
+    """The runs row a new run of `options` starts with; its options are what RESUME_KEYS compare."""
+    return RunRow(
+        run_id=run_id, started_at=_now(), input_path=str(options.input_path),
+        input_sha256=input_sha, model=options.session.model,
+        engine_config=options.engine_config, status=RunStatus.RUNNING, n_requests=0,
+        options={"max_output_tokens": options.session.max_output_tokens,
+                 "seed": options.session.seed, "temperature": options.session.temperature,
+                 "top_p": options.session.top_p, "max_inflight": options.max_inflight,
+                 "conversation_date": options.prompt.conversation_date,
+                 "reasoning_effort": options.prompt.reasoning_effort,
+                 "keep_tokens": options.session.keep_tokens, "max_turns": options.session.max_turns,
+                 "tool_timeout_s": options.tools.call_timeout_s,
+                 "mcp_config": options.tools.config_path,
+                 "mcp_servers": sorted(options.tools.servers),  # labels only: no secrets
+                 "max_tool_output_bytes": options.session.max_tool_output_bytes,
+                 "shard": options.shard.label if options.shard else None},
+        notes={}, batchrun_version=_version())
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("batchrun")
+    except PackageNotFoundError:
+        return "dev"

@@ -1,0 +1,40 @@
+"""What a run is asked to do: the options of `batchrun submit` that the run package reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batch.harmony.render import PromptOptions
+from batch.run.session import SessionOptions
+from batch.run.shards import Shard
+from tools.servers import ServerSpec
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """How this run reaches tools (`--mcp-config`, `--tool-timeout`)."""
+
+    servers: dict[str, ServerSpec] = field(default_factory=dict)  # --mcp-config entries by label
+    config_path: str | None = None
+    call_timeout_s: float = 60.0
+    log_path: Path | None = None  # the stdio servers' stderr (default: discarded)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What `batchrun submit` was asked to do."""
+
+    input_path: Path
+    run_id: str | None = None
+    resume: str | None = None
+    retry_failed: str | None = None
+    limit: int | None = None
+    max_inflight: int = 64
+    max_line_bytes: int = 8 * 1024 * 1024
+    prompt: PromptOptions = PromptOptions()
+    session: SessionOptions = SessionOptions(model="")
+    tools: ToolOptions = ToolOptions()
+    engine_config: dict = field(default_factory=dict)
+    shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
+    worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)
