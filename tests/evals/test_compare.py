@@ -68,9 +68,9 @@ def test_compare_runs_orders_regressions_first(store):
 
 def write_graded_run(db, run_id: str, passed: list[bool]) -> None:
     with Store(db) as store:
-        store.create_run(make_run(run_id))
+        store.runs.create(make_run(run_id))
         store.write_results([make_result(run_id, n, f"q{n}", [message("x")]) for n in range(1, len(passed) + 1)])
-        store.write_grades(run_id, [{"custom_id": f"q{n}", "grader": "numeric", "score": float(ok), "passed": ok,
+        store.grades.write(run_id, [{"custom_id": f"q{n}", "grader": "numeric", "score": float(ok), "passed": ok,
                                      "explanation": "", "tags": []} for n, ok in enumerate(passed, start=1)])
 
 
