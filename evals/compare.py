@@ -1,8 +1,11 @@
 """Compare two runs request by request: grades, outputs, usage and latency.
 
-Requests are matched by custom_id. Each gets one change kind, listed in this
-order: ``regression`` (a grader that passed fails now, or with no grades, a
-completed response no longer completes), ``missing`` (only in run A),
+Requests are matched by custom_id. The summary gives each run's pass rate with its 95%
+interval and a paired test of the difference (evals/stats.py), so a change within noise says
+so. A case passes when it passed every grader, or, in a run without grades, when its response
+completed. Each request gets one change kind, listed in this order: ``regression``
+(a grader that passed fails now, or with no grades, a completed response no longer
+completes), ``missing`` (only in run A),
 ``improvement``, ``changed`` (other output or status), ``new`` (only in run B),
 ``same``.
 """
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from batch.tables import table
 from batch.store.store import Store
 from evals.output import Output
+from evals.stats import PairedDifference, Rate, paired_difference, wilson
 
 KINDS = ("regression", "missing", "improvement", "changed", "new", "same")
 
@@ -83,9 +87,9 @@ def _verdict(passed: bool | None) -> str:
     return "absent" if passed is None else ("pass" if passed else "fail")
 
 
-def compare_runs(store: Store, run_a: str, run_b: str) -> list[RequestChange]:
-    """Every request of either run with its change kind, regressions first."""
-    a, b = load_side(store, run_a), load_side(store, run_b)
+def compare_runs(store: Store, run_a: str, run_b: str, store_b: Store | None = None) -> list[RequestChange]:
+    """Every request of either run with its change kind, regressions first (run B from `store_b` if given)."""
+    a, b = load_side(store, run_a), load_side(store_b or store, run_b)
     changes = []
     for custom_id in [*a, *(k for k in b if k not in a)]:
         kind, flips = classify(a.get(custom_id), b.get(custom_id))
@@ -117,10 +121,35 @@ def change_row(change: RequestChange) -> dict:
             "detail": "; ".join(change.flips)}
 
 
+def case_passed(side: RequestSide) -> bool:
+    """The headline: every grader passed, or without grades, the response completed."""
+    return all(side.grades.values()) if side.grades else side.status == "completed"
+
+
+def pass_rate(sides: list[RequestSide]) -> Rate:
+    """The share of cases that passed, with its Wilson interval."""
+    return wilson(sum(case_passed(s) for s in sides), len(sides))
+
+
+def paired(changes: list[RequestChange]) -> PairedDifference:
+    """B's pass rate minus A's over the cases both ran, with McNemar's exact test."""
+    both = [c for c in changes if c.a is not None and c.b is not None]
+    return paired_difference({c.custom_id: [case_passed(c.a)] for c in both if c.a},
+                             {c.custom_id: [case_passed(c.b)] for c in both if c.b})
+
+
+def is_significant_regression(changes: list[RequestChange]) -> bool:
+    """A drop in pass rate that the paired test says is not noise, or a case missing from run B."""
+    difference = paired(changes)
+    return any(c.kind == "missing" for c in changes) or (difference.significant and difference.difference < 0)
+
+
 def _run_line(label: str, run_id: str, sides: list[RequestSide]) -> str:
     graded = [s for s in sides if s.grades]
-    passed = sum(all(s.grades.values()) for s in graded)
-    rate = f"{passed}/{len(graded)} passed all graders" if graded else "no grades"
+    if graded:
+        rate = f"{pass_rate(graded)} passed all graders"
+    else:
+        rate = f"{pass_rate(sides)} completed (no grades)" if sides else "no requests"
     latencies = [s.latency_s for s in sides if s.latency_s is not None]
     p50 = f"{statistics.median(latencies):.2f}s" if latencies else "-"
     tokens = sum(s.output_tokens or 0 for s in sides)
@@ -139,4 +168,5 @@ def compare_text(run_a: str, run_b: str, changes: list[RequestChange], show_all:
         lines += [table([change_row(c) for c in shown], columns), ""]
     lines.append(", ".join(f"{counts[k]} {k}" for k in KINDS)
                  + ("" if show_all or not counts["same"] else " (--all lists the same ones)"))
+    lines.append(f"B - A pass rate: {paired(changes)}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from batch.tables import table
 from batch.store.store import Store
 from evals.output import Output
 from evals.registry import run_grader
+from evals.stats import wilson
 from evals.suite import Suite
 
 
@@ -57,22 +58,45 @@ def grade_run(store: Store, run_id: str, suite: Suite) -> Grading:
 
 
 def _percent(row: dict) -> dict:
-    return {**row, "pass_rate": f"{100 * row['pass_rate']:.1f}%"}
+    interval = "-" if row.get("ci_low") is None else f"{row['ci_low']:.1%}-{row['ci_high']:.1%}"
+    return {**row, "pass_rate": f"{100 * row['pass_rate']:.1f}%", "95% CI": interval}
+
+
+def headline(store: Store, run_id: str) -> str:
+    """The one pass rate eval, grade and report print: requests that passed every grader."""
+    total, passed = request_totals(store, run_id)
+    return f"run {run_id}: {wilson(passed, total)} of requests passed every grader"
+
+
+def failing_text(store: Store, run_id: str, limit: int = 20) -> str:
+    """The failing cases, worst first (most failed graders), each grader's explanation beside it."""
+    rows = store.reports.failing_grades(run_id)
+    if not rows:
+        return "no failing cases"
+    cases = list(dict.fromkeys(r["custom_id"] for r in rows))
+    shown = [r for r in rows if r["custom_id"] in set(cases[:limit])]
+    lines = [f"failing cases, worst first ({len(cases)}):"]
+    for row in shown:
+        explanation = " ".join((row["explanation"] or "").split())
+        explanation = explanation if len(explanation) <= 100 else explanation[:97] + "..."
+        lines.append(f"  {row['custom_id']}  {row['grader']}: {explanation}")
+    if len(cases) > limit:
+        lines.append(f"  ... and {len(cases) - limit} more (SELECT * FROM grades WHERE NOT passed)")
+    return "\n".join(lines)
 
 
 def summary_text(store: Store, run_id: str) -> str:
-    """Pass rates of a run per grader and per tag, and the share of requests passing all."""
+    """The headline pass rate, pass rates per grader and per tag with 95% intervals, and the failing cases."""
     graders = store.reports.pass_rates_per_grader(run_id)
     if not graders:
         return f"run {run_id} has no grades"
     tags = store.reports.pass_rates_per_tag(run_id)
-    total, passed = request_totals(store, run_id)
     return "\n".join([
-        f"run {run_id}: {passed}/{total} requests passed every grader "
-        f"({100 * passed / total:.1f}%)", "",
+        headline(store, run_id), "",
         table([_percent(r) for r in graders],
-              ["grader", "n_graded", "n_passed", "pass_rate", "mean_score"]), "",
-        table([_percent(r) for r in tags], ["tag", "n_requests", "n_passed", "pass_rate"])])
+              ["grader", "n_graded", "n_passed", "pass_rate", "95% CI", "mean_score"]), "",
+        table([_percent(r) for r in tags], ["tag", "n_requests", "n_passed", "pass_rate", "95% CI"]), "",
+        failing_text(store, run_id)])
 
 
 def request_totals(store: Store, run_id: str) -> tuple[int, int]:

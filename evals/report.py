@@ -12,6 +12,7 @@ from html import escape
 from batch.responses.status import RequestStatus
 from evals import svg
 from evals.report_data import ReportData
+from evals.stats import wilson
 
 _CSS = """
 body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1200px; }
@@ -57,10 +58,9 @@ def summary_facts(data: ReportData) -> list[tuple[str, str]]:
         facts.append(("per worker" if i == 0 else "",
                       f"{row['worker']}: {row['n_requests']} requests, "
                       f"{row['output_tokens_per_s'] or 0.0:.1f} output tok/s over {row['busy_s'] or 0.0:.1f}s"))
-    graded = sum(r["n_graded"] for r in data.pass_rates_per_grader)
-    if graded:
-        passed = sum(r["n_passed"] for r in data.pass_rates_per_grader)
-        facts.append(("grades", f"{passed}/{graded} passed ({100 * passed / graded:.1f}%)"))
+    total, passed = data.request_totals
+    if total:  # the same headline as eval and grade: requests that passed every grader
+        facts.append(("passed every grader", str(wilson(passed, total))))
     return facts
 
 

@@ -26,6 +26,7 @@ class ReportData:
     event_types: list[tuple[str, int]] = field(default_factory=list)
     timelines: list[dict] = field(default_factory=list)  # store.reports.response_timelines, slowest first
     workers: list[dict] = field(default_factory=list)  # Store.worker_throughput, for shard and Ray runs
+    request_totals: tuple[int, int] = (0, 0)  # (graded requests, requests that passed every grader)
 
 
 def load_report_data(store: Store, run_id: str) -> ReportData:
@@ -43,4 +44,5 @@ def load_report_data(store: Store, run_id: str) -> ReportData:
         event_types=store.reports.event_type_counts(run_id),
         timelines=store.reports.response_timelines(run_id, limit=TIMELINE_RESPONSES),
         workers=[row for row in store.reports.worker_throughput(run_id) if row["worker"] is not None],
+        request_totals=store.reports.request_totals(run_id),
     )

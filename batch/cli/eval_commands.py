@@ -9,6 +9,8 @@ threshold failed), 2 usage errors.
 
 from __future__ import annotations
 
+import contextlib
+
 import sys
 import tempfile
 import time
@@ -176,18 +178,38 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
 @_db_option
 @click.option("--all", "show_all", is_flag=True, help="Also list the requests that did not change.")
 @click.option("--fail-on-regression", is_flag=True,
-              help="Exit 1 when a request regressed or is missing from RUN_B.")
-def compare_command(run_a: str, run_b: str, db: str, show_all: bool,
-                    fail_on_regression: bool) -> None:
-    """Per-request differences between RUN_A and RUN_B: grades, outputs, usage, latency."""
-    from evals.compare import compare_runs, compare_text
+              help="Exit 1 on a significant drop in pass rate (paired test, p < 0.05) or a case missing "
+                   "from RUN_B; a change within noise passes.")
+@click.option("--strict", is_flag=True,
+              help="With --fail-on-regression: exit 1 on any regressed or missing case, noise or not.")
+def compare_command(run_a: str, run_b: str, db: str, show_all: bool, fail_on_regression: bool,
+                    strict: bool) -> None:
+    """Per-request differences between RUN_A and RUN_B, and whether the pass rates differ beyond noise.
 
-    with _open_store(db, read_only=True) as store:
-        run_a, run_b = resolve_run(store, run_a), resolve_run(store, run_b)
-        changes = compare_runs(store, run_a, run_b)
+    A run is RUN (in --db) or FILE.duckdb:RUN, so the two runs may come from two database files.
+    """
+    from evals.compare import compare_runs, compare_text, is_significant_regression
+
+    (db_a, run_a), (db_b, run_b) = _run_ref(run_a, db), _run_ref(run_b, db)
+    with _open_store(db_a, read_only=True) as store_a, contextlib.ExitStack() as stack:
+        store_b = store_a if db_b == db_a else stack.enter_context(_open_store(db_b, read_only=True))
+        run_a, run_b = resolve_run(store_a, run_a), resolve_run(store_b, run_b)
+        changes = compare_runs(store_a, run_a, run_b, store_b)
     click.echo(compare_text(run_a, run_b, changes, show_all))
-    if fail_on_regression and any(c.kind in ("regression", "missing") for c in changes):
+    if not fail_on_regression:
+        return
+    if strict and any(c.kind in ("regression", "missing") for c in changes):
         sys.exit(1)
+    if not strict and is_significant_regression(changes):
+        sys.exit(1)
+
+
+def _run_ref(ref: str, db: str) -> tuple[str, str]:
+    """(database file, run) of RUN or FILE.duckdb:RUN."""
+    path, sep, run = ref.rpartition(":")
+    if sep and path.endswith(".duckdb"):
+        return path, run or "latest"
+    return db, ref
 
 
 @click.command("report")

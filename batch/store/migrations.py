@@ -279,9 +279,55 @@ def m010_request_worker(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+_Z95 = "1.959963984540054"  # the standard normal's 97.5% quantile (evals/stats.py Z95)
+
+
+def m013_pass_rate_intervals(con: duckdb.DuckDBPyConnection) -> None:
+    """95% Wilson intervals on every pass rate (macros any client can call), and a per-run view."""
+    z = _Z95
+    centre = f"((k / n + {z}^2 / (2 * n)) / (1 + {z}^2 / n))"
+    half = f"({z} * sqrt((k / n) * (1 - k / n) / n + {z}^2 / (4 * n * n)) / (1 + {z}^2 / n))"
+    con.execute(f"""
+    -- wilson_low(passed, n) / wilson_high(passed, n): the 95% Wilson score interval of a pass rate.
+    CREATE MACRO wilson_low(k, n) AS
+        CASE WHEN n = 0 THEN NULL WHEN k = 0 THEN 0.0 ELSE greatest(0.0, {centre} - {half}) END;
+    CREATE MACRO wilson_high(k, n) AS
+        CASE WHEN n = 0 THEN NULL WHEN k = n THEN 1.0 ELSE least(1.0, {centre} + {half}) END;
+
+    CREATE OR REPLACE VIEW pass_rate_per_grader AS
+    SELECT run_id, grader, count(*) AS n_graded, count(*) FILTER (WHERE passed) AS n_passed,
+           n_passed / n_graded AS pass_rate, avg(score) AS mean_score,
+           wilson_low(count(*) FILTER (WHERE passed), count(*)) AS ci_low,
+           wilson_high(count(*) FILTER (WHERE passed), count(*)) AS ci_high
+    FROM grades
+    GROUP BY run_id, grader;
+
+    CREATE OR REPLACE VIEW pass_rate_per_tag AS
+    SELECT run_id, tag, count(*) AS n_requests, count(*) FILTER (WHERE passed) AS n_passed,
+           n_passed / n_requests AS pass_rate,
+           wilson_low(count(*) FILTER (WHERE passed), count(*)) AS ci_low,
+           wilson_high(count(*) FILTER (WHERE passed), count(*)) AS ci_high
+    FROM (SELECT run_id, passed,
+                 unnest(CASE WHEN len(coalesce(tags, [])) = 0 THEN ['(untagged)']
+                             ELSE tags END) AS tag
+          FROM request_grades)
+    GROUP BY run_id, tag;
+
+    -- The headline: a request passes when every one of its graders passed.
+    CREATE VIEW pass_rate_per_run AS
+    SELECT run_id, count(*) AS n_requests, count(*) FILTER (WHERE passed) AS n_passed,
+           count(*) FILTER (WHERE passed) / count(*) AS pass_rate,  -- request_grades has its own n_passed
+           wilson_low(count(*) FILTER (WHERE passed), count(*)) AS ci_low,
+           wilson_high(count(*) FILTER (WHERE passed), count(*)) AS ci_high
+    FROM request_grades
+    GROUP BY run_id;
+    """)
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
-    m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker]
+    m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
+    m013_pass_rate_intervals]
 
 
 def _version(migration: Callable) -> int:

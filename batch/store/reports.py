@@ -128,14 +128,22 @@ class Reports:
         """grader, n_graded, n_passed, pass_rate (0..1), mean_score (rounded to 3 places)
         of a run, by grader."""
         return self.db.rows("""
-            SELECT grader, n_graded, n_passed, pass_rate, round(mean_score, 3) AS mean_score
+            SELECT grader, n_graded, n_passed, pass_rate, round(mean_score, 3) AS mean_score, ci_low, ci_high
             FROM pass_rate_per_grader WHERE run_id = ? ORDER BY grader""", [run_id])
 
     def pass_rates_per_tag(self, run_id: str) -> list[dict]:
         """tag, n_requests, n_passed, pass_rate (0..1) of a run, by tag."""
         return self.db.rows("""
-            SELECT tag, n_requests, n_passed, pass_rate FROM pass_rate_per_tag
+            SELECT tag, n_requests, n_passed, pass_rate, ci_low, ci_high FROM pass_rate_per_tag
             WHERE run_id = ? ORDER BY tag""", [run_id])
+
+    def failing_grades(self, run_id: str) -> list[dict]:
+        """custom_id, grader, explanation of each failed grade, the cases failing most graders first."""
+        return self.db.rows("""
+            SELECT g.custom_id, g.grader, g.explanation FROM grades g
+            JOIN request_grades r ON r.run_id = g.run_id AND r.custom_id = g.custom_id
+            WHERE g.run_id = ? AND NOT g.passed
+            ORDER BY r.n_grades - r.n_passed DESC, r.n_passed / r.n_grades, g.custom_id, g.grader""", [run_id])
 
     def request_totals(self, run_id: str) -> tuple[int, int]:
         """(graded requests, requests that passed every grader) of a run."""

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from batch.cli.main import main
+from evals.stats import wilson
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
@@ -69,7 +70,8 @@ def test_eval_decodes_grades_and_prints_pass_rates(runs):
     output = runs["output"]
     assert "run a finished: 4 requests this time (0 completed, 3 incomplete, 0 failed, 1 invalid)" \
         in output
-    assert "run a: 1/4 requests passed every grader (25.0%)" in output
+    assert f"run a: {wilson(1, 4)} of requests passed every grader" in output
+    assert "failing cases, worst first (3):" in output
     for grader in ("event_shape", "numeric", "status", "tool_call_count", "tool_called"):
         assert re.search(rf"^{grader} +\d", output, re.M), grader
     assert re.search(r"^chat +1 +1 +100.0%", output, re.M)
@@ -117,7 +119,7 @@ def test_grade_regrades_a_run_and_fail_under(runs, db_copy, tmp_path):
                          [{**SUITE[0], "graders": ["status"]}, *SUITE[1:]])
     result = batchrun("grade", "b", strict, "--db", db_copy, "--fail-under", 50)
     assert result.exit_code == 1
-    assert "run b: 0/4 requests passed every grader (0.0%)" in result.output
+    assert f"run b: {wilson(0, 4)} of requests passed every grader" in result.output
     assert "error: pass rate 0.0% is under --fail-under 50%" in result.output
     assert batchrun("grade", "b", runs["suite"], "--db", db_copy, "--fail-under", 25).exit_code == 0
     missing = batchrun("grade", "nope", strict, "--db", db_copy)
@@ -196,14 +198,18 @@ def test_compare_lists_regressions_first(runs, db_copy, tmp_path):
     result = batchrun("compare", "a", "b", "--db", db_copy)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("A a: 4 requests, 1/4 passed all graders, 12 output tokens")
-    assert lines[1].startswith("B b: 4 requests, 0/4 passed all graders, 12 output tokens")
+    assert lines[0].startswith(f"A a: 4 requests, {wilson(1, 4)} passed all graders, 12 output tokens")
+    assert lines[1].startswith(f"B b: 4 requests, {wilson(0, 4)} passed all graders, 12 output tokens")
     assert lines[5].split()[:4] == ["regression", "hi", "1/1", "->"]
     assert lines[5].endswith("status: pass -> fail")
-    assert lines[-1] == ("1 regression, 0 missing, 0 improvement, 0 changed, 0 new, 3 same "
+    assert lines[-2] == ("1 regression, 0 missing, 0 improvement, 0 changed, 0 new, 3 same "
                          "(--all lists the same ones)")
-    assert batchrun("compare", "a", "b", "--db", db_copy, "--fail-on-regression").exit_code == 1
-    assert batchrun("compare", "b", "a", "--db", db_copy, "--fail-on-regression").exit_code == 0
+    # One case of four flipped: McNemar's p is 1, so the gate passes unless asked to be strict.
+    assert lines[-1].startswith("B - A pass rate: -25.0% (95% CI")
+    assert lines[-1].endswith("no significant difference (p = 1; within noise)")
+    assert batchrun("compare", "a", "b", "--db", db_copy, "--fail-on-regression").exit_code == 0
+    assert batchrun("compare", "a", "b", "--db", db_copy, "--fail-on-regression", "--strict").exit_code == 1
+    assert batchrun("compare", "b", "a", "--db", db_copy, "--fail-on-regression", "--strict").exit_code == 0
 
 
 def test_report_writes_one_offline_html_file(runs, tmp_path):
@@ -237,3 +243,18 @@ def test_readme_dashboard_queries_work_as_written(runs):
         assert result.exit_code == 0 and not result.output.startswith("error:"), (sql, result.output)
         assert len(result.output.splitlines()) >= 2, (sql, result.output)  # header and rule
 
+
+
+def test_two_seeds_at_temperature_one_compare_as_noise_with_the_interval(tmp_path):
+    """The eval engineer's case: the built-in suite sampled twice with the shipped model differs
+    by a case or two, and compare says that is within noise instead of calling it an improvement."""
+    for run_id, seed in (("one", 1), ("two", 2)):
+        result = batchrun("eval", "quickstart", "--db", tmp_path / f"{run_id}.duckdb", "--run-id", run_id,
+                          "--temperature", 1, "--seed", seed, "--quiet")
+        assert result.exit_code == 0, result.output
+    result = batchrun("compare", f"{tmp_path / 'one.duckdb'}:one", f"{tmp_path / 'two.duckdb'}:two",
+                      "--fail-on-regression")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert re.search(r"passed all graders", lines[0]) and "95% CI" in lines[0] and "95% CI" in lines[1]
+    assert "no significant difference" in lines[-1] and "95% CI" in lines[-1]

@@ -1,9 +1,13 @@
 """Comparing two runs request by request; regressions first."""
 
 import pytest
+from click.testing import CliRunner
+
+from batch.cli.main import main
 
 from batch.store.store import Store
 from evals.compare import RequestSide, classify, compare_runs, compare_text
+from evals.stats import wilson
 from tests.evals.factories import make_result, make_run, message
 
 
@@ -51,12 +55,34 @@ def test_compare_runs_orders_regressions_first(store):
         ("q1", "regression"), ("q4", "missing"), ("q2", "changed"), ("q3", "same")]
     text = compare_text("a", "b", changes, show_all=False)
     lines = text.splitlines()
-    assert lines[0].startswith("A a: 4 requests, 1/1 passed all graders, 20 output tokens")
-    assert lines[1].startswith("B b: 3 requests, 0/1 passed all graders")
+    assert lines[0].startswith(f"A a: 4 requests, {wilson(1, 1)} passed all graders, 20 output tokens")
+    assert lines[1].startswith(f"B b: 3 requests, {wilson(0, 1)} passed all graders")
     row = next(line for line in lines if line.startswith("regression"))
     assert row.split()[:8] == ["regression", "q1", "1/1", "->", "0/1", "completed", "differs", "5"]
     assert row.endswith("numeric: pass -> fail")
     assert "q3" not in text
-    assert lines[-1] == ("1 regression, 1 missing, 0 improvement, 1 changed, 0 new, 1 same "
+    assert lines[-2] == ("1 regression, 1 missing, 0 improvement, 1 changed, 0 new, 1 same "
                          "(--all lists the same ones)")
     assert "q3" in compare_text("a", "b", changes, show_all=True)
+
+
+def write_graded_run(db, run_id: str, passed: list[bool]) -> None:
+    with Store(db) as store:
+        store.runs.create(make_run(run_id))
+        store.write_results([make_result(run_id, n, f"q{n}", [message("x")]) for n in range(1, len(passed) + 1)])
+        store.grades.write(run_id, [{"custom_id": f"q{n}", "grader": "numeric", "score": float(ok), "passed": ok,
+                                     "explanation": "", "tags": []} for n, ok in enumerate(passed, start=1)])
+
+
+def test_a_planted_regression_across_two_files_is_significant(tmp_path):
+    """A grader made to fail on half the cases of run B: the paired test calls it a regression."""
+    write_graded_run(tmp_path / "a.duckdb", "base", [True] * 20)
+    write_graded_run(tmp_path / "b.duckdb", "new", [n % 2 == 0 for n in range(20)])
+    result = CliRunner().invoke(main, ["compare", f"{tmp_path / 'a.duckdb'}:base", f"{tmp_path / 'b.duckdb'}:new",
+                                       "--fail-on-regression"])
+    assert result.exit_code == 1, result.output
+    last = result.output.splitlines()[-1]
+    assert last.startswith("B - A pass rate: -50.0% (95% CI") and "significant regression (p = 0.00195)" in last
+    reverse = CliRunner().invoke(main, ["compare", f"{tmp_path / 'b.duckdb'}:new", f"{tmp_path / 'a.duckdb'}:base",
+                                        "--fail-on-regression"])
+    assert reverse.exit_code == 0 and "significant improvement" in reverse.output

@@ -6,6 +6,7 @@ import pytest
 
 from batch.store.store import Store
 from evals.grading import grade_run, request_totals, summary_text
+from evals.stats import wilson
 from evals.suite import load_suite
 from tests.evals.factories import function_call, make_result, make_run, message
 
@@ -68,8 +69,12 @@ def test_write_grades_replaces_a_runs_grades_and_feeds_the_views(store, suite):
     assert per_tag == [("(untagged)", 1, 0), ("math", 2, 2), ("tools", 1, 1)]
     assert request_totals(store, "r1") == (3, 2)
     text = summary_text(store, "r1")
-    assert text.startswith("run r1: 2/3 requests passed every grader (66.7%)")
-    assert any(line.split() == ["status", "2", "1", "50.0%", "0.5"] for line in text.splitlines())
+    assert text.startswith(f"run r1: {wilson(2, 3)} of requests passed every grader")
+    interval = f"{wilson(1, 2).low:.1%}-{wilson(1, 2).high:.1%}"
+    assert any(line.split() == ["status", "2", "1", "50.0%", interval, "0.5"] for line in text.splitlines())
+    # the failing case, its grader and the grader's explanation, worst first
+    assert text.splitlines()[-2] == "failing cases, worst first (1):"
+    assert text.splitlines()[-1].split()[:2][1] == "status:"
 
 
 def test_summary_of_a_run_without_grades(store):

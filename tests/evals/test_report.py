@@ -12,6 +12,7 @@ from batch.run.runner import Runner
 from batch.run.session import SessionOptions
 from batch.store.store import Store
 from evals.report import TIMELINE_TITLE, render_html, terminal_summary, timeline
+from evals.stats import wilson
 from evals.report_data import load_report_data
 from tests.evals.factories import function_call, make_result, make_run, mcp_call, message
 from tests.support.fakes import ScriptedBackend
@@ -70,7 +71,7 @@ def test_html_is_self_contained_with_every_plot(data):
                       "Tool calls per response (responses)", "Responses finished over the run",
                       "Output tokens over the run", "Pass rate per tag (%)",
                       "Pass rate per grader (%)", "Events per type", TIMELINE_TITLE]
-    assert "<th>grades</th><td>2/3 passed (66.7%)</td>" in html
+    assert f"<th>passed every grader</th><td>{wilson(2, 3)}</td>" in html
 
 
 def test_terminal_summary(data):
@@ -78,7 +79,7 @@ def test_terminal_summary(data):
     assert lines[0] == "run                  r1 (completed, model tiny)"
     assert lines[1] == "requests             4 (2 completed, 1 incomplete, 0 failed, 1 invalid)"
     assert lines[3].startswith("latency              p50 0.700s, p90 0.780s")
-    assert lines[-4] == "grades               2/3 passed (66.7%)"
+    assert lines[-4] == f"passed every grader  {wilson(2, 3)}"
     assert lines[-3] == "slowest              c: 0.800s, 1 turn, no tool calls"
     assert re.fullmatch(r" {21}b: 0\.700s, 1 turn, tool calls 0\.\d{3}s \(1\)", lines[-2])
     assert lines[-1] == "                     a: 0.600s, 1 turn, no tool calls"

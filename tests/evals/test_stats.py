@@ -64,3 +64,14 @@ def test_case_rate_bootstraps_over_cases_with_epochs_and_is_seeded():
     assert rate.low < rate.rate < rate.high
     assert case_rate(per_case) == rate  # the same draws every time
     assert case_rate([[True], [False], [True]]).method == "wilson"
+
+
+def test_the_databases_wilson_macros_give_the_same_interval(tmp_path):
+    """Dashboards read intervals by SQL (wilson_low/high, the pass_rate_* views): they agree with Python's."""
+    from batch.store.store import Store
+
+    with Store(tmp_path / "b.duckdb") as store:
+        for passed, n in [(0, 1), (0, 10), (3, 10), (7, 9), (10, 10), (1, 4), (250, 1000)]:
+            low, high = store.con.sql(f"SELECT wilson_low({passed}, {n}), wilson_high({passed}, {n})").fetchall()[0]
+            expected = wilson(passed, n)
+            assert (low, high) == pytest.approx((expected.low, expected.high), abs=1e-12), (passed, n)

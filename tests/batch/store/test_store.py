@@ -15,6 +15,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from evals.stats import wilson
 from batch.store.migrations import MIGRATIONS, duckdb_type, migrate
 from batch.responses.events import EventColumns
 from batch.store.rows import (SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
@@ -62,7 +63,7 @@ EXPECTED_DDL = {
 EXPECTED_COLUMNS = {
     table: [tuple(col.split(" ")) for col in ddl.split(", ")]
     for table, ddl in EXPECTED_DDL.items()}
-VIEWS = ["event_type_counts", "latency_percentiles", "pass_rate_per_grader",
+VIEWS = ["event_type_counts", "latency_percentiles", "pass_rate_per_grader", "pass_rate_per_run",
          "pass_rate_per_tag", "request_grades", "request_status_counts", "run_throughput",
          "tool_error_rates", "tool_errors_by_kind", "usage_per_run", "worker_throughput"]
 
@@ -170,7 +171,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (4, "m004_tool_error_kind"), (5, "m005_bench"),
                             (6, "m006_event_timeline"), (7, "m007_views_from_enums"),
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
-                            (10, "m010_request_worker")]
+                            (10, "m010_request_worker"), (13, "m013_pass_rate_intervals")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -564,13 +565,18 @@ def test_grade_lookups(store):
         {"custom_id": "a", "grader": "exact", "score": 1.0, "passed": True, "tags": ["x"]},
         {"custom_id": "a", "grader": "len", "score": 0.0, "passed": False, "tags": ["x"]},
         {"custom_id": "b", "grader": "exact", "score": 2 / 3, "passed": True, "tags": ["x", "y"]}])
+    def ci(passed: int, n: int) -> dict:
+        rate = wilson(passed, n)
+        return {"ci_low": pytest.approx(rate.low), "ci_high": pytest.approx(rate.high)}
+
     assert store.reports.pass_rates_per_grader("r1") == [
-        {"grader": "exact", "n_graded": 2, "n_passed": 2, "pass_rate": 1.0, "mean_score": 0.833},
-        {"grader": "len", "n_graded": 1, "n_passed": 0, "pass_rate": 0.0, "mean_score": 0.0}]
+        {"grader": "exact", "n_graded": 2, "n_passed": 2, "pass_rate": 1.0, "mean_score": 0.833, **ci(2, 2)},
+        {"grader": "len", "n_graded": 1, "n_passed": 0, "pass_rate": 0.0, "mean_score": 0.0, **ci(0, 1)}]
     assert store.reports.pass_rates_per_tag("r1") == [
-        {"tag": "x", "n_requests": 2, "n_passed": 1, "pass_rate": 0.5},
-        {"tag": "y", "n_requests": 1, "n_passed": 1, "pass_rate": 1.0}]
+        {"tag": "x", "n_requests": 2, "n_passed": 1, "pass_rate": 0.5, **ci(1, 2)},
+        {"tag": "y", "n_requests": 1, "n_passed": 1, "pass_rate": 1.0, **ci(1, 1)}]
     assert store.reports.request_totals("r1") == (2, 1)
+    assert store.reports.failing_grades("r1") == [{"custom_id": "a", "grader": "len", "explanation": None}]
 
 
 def test_list_tool_calls_by_start(store):
