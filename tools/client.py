@@ -38,12 +38,14 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool
 
+from tools.arguments import argument_errors, mask_injected, schema_without
 from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
 from tools.servers import ServerSpec
 
 CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
 REQUEST_TIMEOUT = -32001
+INVALID_PARAMS = -32602  # JSON-RPC: the arguments or tool name are wrong
 
 
 @dataclass
@@ -136,7 +138,8 @@ class ToolClient:
         self._connections: dict[ServerSpec, _Connection] = {}
         self._locks: dict[ServerSpec, asyncio.Lock] = {}
         self._gates: dict[ServerSpec, CrashGate] = {}
-        self._listings: dict[ServerSpec, Future] = {}
+        self._listed: dict[ServerSpec, Future] = {}  # the runner's side
+        self._listings: dict[ServerSpec, asyncio.Future] = {}  # the loop's side
         self._closed = False
 
     def __enter__(self) -> ToolClient:
@@ -148,14 +151,19 @@ class ToolClient:
     # -- the runner's side (any thread) ------------------------------------
     def list_tools(self, spec: ServerSpec) -> Future:
         """Future[Listing] of the server's tools, fetched once per run."""
-        if spec not in self._listings:
-            self._listings[spec] = self._submit(self._list(spec))
-        return self._listings[spec]
+        if spec not in self._listed:
+            self._listed[spec] = self._submit(self._listing(spec))
+        return self._listed[spec]
 
     def call(self, spec: ServerSpec, name: str, arguments: dict[str, Any],
-             timeout_s: float | None = None) -> Future:
-        """Future[CallOutcome] of one tool call."""
-        return self._submit(self._call(spec, name, arguments, timeout_s or self.call_timeout_s))
+             timeout_s: float | None = None, injected: dict[str, Any] | None = None) -> Future:
+        """Future[CallOutcome] of one tool call.
+
+        `arguments` are the model's, checked against the listed input schema first;
+        `injected` are batchrun's own (not checked, sent beside them, masked in the answer).
+        """
+        return self._submit(self._call(spec, name, arguments, timeout_s or self.call_timeout_s,
+                                       dict(injected or {})))
 
     def close(self) -> None:
         """Close every connection (stdio servers exit) and stop the loop thread."""
@@ -215,11 +223,29 @@ class ToolClient:
             if not cursor:
                 return tools
 
-    async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float) -> CallOutcome:
+    async def _listing(self, spec: ServerSpec) -> Listing:
+        if spec not in self._listings:
+            self._listings[spec] = asyncio.ensure_future(self._list(spec))
+        return await asyncio.shield(self._listings[spec])
+
+    async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float,
+                    injected: dict[str, Any]) -> CallOutcome:
         started_at, clock = datetime.now(UTC), time.monotonic()
-        outcome = await self._call_with_retry(spec, name, arguments, timeout_s)
+        error = argument_errors(arguments, await self._input_schema(spec, name, set(injected)))
+        if error is not None:
+            outcome = CallOutcome(error=error, error_kind=ToolErrorKind.INVALID_ARGUMENTS, error_code=INVALID_PARAMS)
+        else:
+            outcome = await self._call_with_retry(spec, name, {**arguments, **injected}, timeout_s)
+            outcome.output = mask_injected(outcome.output, injected)
+            outcome.error = mask_injected(outcome.error, injected)
         outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
         return outcome
+
+    async def _input_schema(self, spec: ServerSpec, name: str, injected: set[str]) -> dict | None:
+        """The listed tool's input schema less the injected properties; None when not listed."""
+        listing = await self._listing(spec)
+        tool = next((tool for tool in listing.tools if tool.name == name), None)
+        return schema_without(tool.input_schema, injected) if tool is not None else None
 
     async def _call_with_retry(self, spec: ServerSpec, name: str, arguments: dict,
                                timeout_s: float) -> CallOutcome:

@@ -41,8 +41,18 @@ def test_stdio_list_call_and_tool_errors(client):
     assert done.started_at is not None and done.duration_s >= 0
     failed = call(client, spec, "fail", message="boom")
     assert failed.output is None and failed.error_kind == "tool_error" and "fail" in failed.error
-    wrong = call(client, spec, "add", a="x")
-    assert wrong.error_kind == "tool_error" and "validation error" in wrong.error
+    wrong = call(client, spec, "add", a="x")  # held to the listed schema before it is sent
+    assert wrong.error_kind == "invalid_arguments" and wrong.error_code == -32602
+    assert wrong.error == ("the arguments do not match the tool's input schema: $: 'b' is a required property; "
+                           "$.a: 'x' is not of type 'integer'")
+
+
+def test_injected_arguments_are_not_checked_and_are_masked_in_answers(client):
+    spec = echo_stdio()
+    done = client.call(spec, "big", {"size": 2}, injected={"char": "resp_42"}).result(timeout=30)
+    assert done.output == "[char][char]"  # the server got it, the answer does not show it
+    missing = client.call(spec, "big", {}, injected={"char": "resp_42"}).result(timeout=30)
+    assert missing.error.endswith("$: 'size' is a required property") and "resp_42" not in missing.error
 
 
 def test_calls_run_concurrently_on_one_connection(client):
