@@ -60,6 +60,7 @@ class ToolRegistry:
     mcp_tools: dict[str, list[ToolDescription]] = field(default_factory=dict)
     mcp_definitions: dict[str, dict] = field(default_factory=dict)  # every mcp tool, by label
     listings: list[ServerListing] = field(default_factory=list)
+    read_only: dict[str, set[str]] = field(default_factory=dict)  # label -> tools annotated readOnlyHint
     tool_choice: object = "auto"
 
     @classmethod
@@ -93,14 +94,17 @@ class ToolRegistry:
     # -- MCP listings -----------------------------------------------------
     def add_listing(self, label: str, tools: list | None, error: str | None = None) -> None:
         """A server's listed tools (mcp.types.Tool), kept as `allowed_tools` permits."""
-        kept = [tool for tool in tools or [] if self.allows(label, tool.name, tool.annotations)]
+        self.read_only[label] = {tool.name for tool in tools or []
+                                 if tool.annotations is not None and tool.annotations.read_only_hint}
+        kept = [tool for tool in tools or [] if self.allows(label, tool.name)]
         self.listings.append(ServerListing(label, [_listed(tool) for tool in kept], error))
         if label in self.mcp_servers and error is None:
             self.mcp_tools[label] = [ToolDescription.new(t.name, t.description or "",
                                                          parameters=t.input_schema) for t in kept]
 
-    def allows(self, label: str, name: str, annotations=None) -> bool:
-        """Whether the mcp tool `label` lets the model call `name` (its `allowed_tools`)."""
+    def allows(self, label: str, name: str) -> bool:
+        """Whether the mcp tool `label` lets the model call `name` (its `allowed_tools`; `read_only`
+        reads the tools' annotations from the server's listing: unlisted, nothing is read-only)."""
         builtin = "python" if label in PYTHON_LABELS else "browser" if label in BROWSER_LABELS else None
         if builtin is not None and name not in _HARMONY_NAMES[builtin]:
             return False
@@ -113,7 +117,7 @@ class ToolRegistry:
         if names is not None and name not in names:
             return False
         if allowed.get("read_only"):
-            return bool(annotations is not None and getattr(annotations, "read_only_hint", False))
+            return name in self.read_only.get(label, set())
         return True
 
     def listed_names(self, label: str) -> set[str] | None:
@@ -202,11 +206,20 @@ class ToolRegistry:
             raise ToolChoiceError(f"tool_choice: tool {name!r} is not allowed on server {label!r}")
         return f"{namespace}.{name}" if name else f"{namespace}."
 
+    def split_recipient(self, recipient: str) -> tuple[str, str]:
+        """(namespace, tool name) of a recipient; an MCP label may hold "." (`time.v2.now`)."""
+        labels = [label for label in self.mcp_servers if recipient.startswith(f"{label}.")]
+        if labels:
+            label = max(labels, key=len)
+            return label, recipient[len(label) + 1:]
+        namespace, _, name = recipient.partition(".")
+        return namespace, name
+
     def arguments_schema(self, recipient: str) -> dict | None:
         """The JSON Schema a call's arguments must match: a strict function's (or listed MCP
         tool's) parameters, any object for a non-strict function or the browser, None for
         python (free code)."""
-        namespace, _, name = recipient.partition(".")
+        namespace, name = self.split_recipient(recipient)
         if namespace == "functions":
             tool = self.functions[name]
             strict = tool.get("strict") is not False  # the Responses API's default is strict
@@ -221,7 +234,7 @@ class ToolRegistry:
     # -- resolving --------------------------------------------------------
     def resolve(self, recipient: str) -> ToolTarget | None:
         """The tool a harmony recipient names, or None when no enabled tool has that name."""
-        namespace, _, name = recipient.partition(".")
+        namespace, name = self.split_recipient(recipient)
         if namespace == "functions" and name in self.functions:
             return ToolTarget(ToolType.FUNCTION, name)
         if recipient == "python" and self.python_label is not None:
@@ -244,7 +257,11 @@ class ToolRegistry:
 
 
 def _listed(tool) -> dict:
-    """An mcp.types.Tool as an `mcp_list_tools` entry (openai McpListToolsTool)."""
-    annotations = tool.annotations.model_dump(mode="json", exclude_none=True) if tool.annotations else None
+    """An mcp.types.Tool as an `mcp_list_tools` entry (openai McpListToolsTool): annotations in MCP's
+    camelCase, with the tool's `title` where the annotations have none."""
+    annotations = (tool.annotations.model_dump(mode="json", exclude_none=True, by_alias=True)
+                   if tool.annotations else {})
+    if tool.title and "title" not in annotations:
+        annotations = {"title": tool.title, **annotations}
     return {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema,
-            "annotations": annotations}
+            "annotations": annotations or None}

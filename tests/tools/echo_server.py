@@ -2,7 +2,7 @@
 
     python -m tests.tools.echo_server [--http PORT]
 
-Tools: `add(a, b)`, `sleep(seconds)` (answers "slept"), `fail(message)` (an is_error
+Tools: `add(a, b)` (annotated read-only, titled "Add"), `sleep(seconds)` (answers "slept"), `fail(message)` (an is_error
 result), `crash(delay_s)` (the process exits: the client must restart it), `header(name)`
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
 without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
@@ -17,11 +17,12 @@ import hashlib
 import os
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
 
 server = MCPServer("echo", instructions="Test tools.")
 
 
-@server.tool()
+@server.tool(title="Add", annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
 def add(a: int, b: int) -> int:
     """Add two integers."""
     return a + b
