@@ -102,6 +102,8 @@ class RunSummary:
     elapsed_s: float
     ignored_fields: Counter
     workers: list[dict] = field(default_factory=list)  # worker_throughput rows, when a worker is named
+    tool_errors: dict[str, int] = field(default_factory=dict)  # failed tool calls per error kind
+    server_errors: list[str] = field(default_factory=list)  # why a server could not be listed
 
 
 class Runner:
@@ -125,6 +127,8 @@ class Runner:
         self.ignored: Counter = Counter()
         self.tokens: Counter[str] = Counter()
         self.skipped = 0
+        self.tool_errors: dict[str, int] = {}
+        self.server_errors: list[str] = []
         self.num_input_requests: int | None = None  # known once run() has scanned the input
         self.stopped_at_limit = False
 
@@ -215,7 +219,7 @@ class Runner:
             status = self._close(status)
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
-                          self._worker_rows())
+                          self._worker_rows(), self.tool_errors, self.server_errors)
 
     def _decode(self, lines: Iterator[InputLine]) -> None:
         """Read, admit and decode the lines in this process until every one has its result."""
@@ -260,10 +264,12 @@ class Runner:
             error, status = exc, RunStatus.FAILED
         finally:
             self._report_written()
+            self.server_errors = self.tools.listing_errors()
             self.tools.close()
+            self.tool_errors = self.store.tool_error_counts(self.run_id)
             notes = {**(self._run(self.run_id)["notes"] or {}),
                      "ignored_fields": dict(self.ignored), "input_lines": self.num_input_requests,
-                     "tool_errors": self.store.tool_error_counts(self.run_id)}
+                     "tool_errors": self.tool_errors}
             # The rows there are, not the lines read: requests in flight at an interrupt get none.
             self.store.update_run(self.run_id, status=status, finished_at=_now(),
                                   n_requests=self.store.num_rows("requests", self.run_id), notes=notes)
@@ -318,7 +324,10 @@ class Runner:
                 self._finished(session)
                 continue
             session.start()
-            self._submit_turn(session)
+            if session.outcome is not None:  # a server it uses could not be listed
+                self._complete(session)
+            else:
+                self._submit_turn(session)
         self.listing = waiting
 
     def _submit_turn(self, session: Session) -> None:

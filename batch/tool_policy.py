@@ -16,12 +16,13 @@ from batch.response import Outcome
 from batch.status import ResponseStatus, ToolCallStatus
 from tools.client import CallOutcome
 from tools.kinds import ToolErrorKind, ToolType
-from tools.registry import ToolRegistry, ToolTarget
+from tools.registry import ServerListing, ToolRegistry, ToolTarget
 
 
 # Tokenizing costs grow faster than linearly on long runs of one character (64 KiB of
 # spaces: ~1.6 s here; 1 MB made harmony's tokenizer panic): outputs are cut first.
 DEFAULT_MAX_TOOL_OUTPUT_BYTES = 16 * 1024
+LIST_TOOLS = "tools/list"  # the name of a listing's row: MCP's method
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,13 @@ class ToolCallPolicy:
         over_limit = self.max_tool_calls is not None and num_calls >= self.max_tool_calls
         self.pending = PendingToolCall(target, message.recipient, message.text, over_limit=over_limit)
         return self.pending
+
+    def record_listing_failure(self, listing: ServerListing, item_id: str) -> None:
+        """A server that could not be listed (`tools/list`), as a failed row of its own."""
+        self.calls.append(ToolCallRecord(
+            call_id=item_id, tool_type=ToolType.MCP, server_label=listing.server_label, name=LIST_TOOLS,
+            arguments="{}", output=None, status=ToolCallStatus.FAILED, error=listing.error, started_at=None,
+            duration_s=0.0, error_kind=listing.error_kind or ToolErrorKind.UNREACHABLE))
 
     def record(self, capped: CappedOutput, item_id: str | None) -> PendingToolCall:
         """The pending call answered (its item is `item_id`): record it, clear it, return it."""

@@ -54,6 +54,7 @@ class Listing:
 
     tools: list[Tool] = field(default_factory=list)
     error: str | None = None
+    error_kind: ToolErrorKind | None = None  # unreachable (cannot start or connect), timeout, protocol_error
 
 
 @dataclass
@@ -164,6 +165,11 @@ class ToolClient:
         """
         return self._submit(self._call(spec, name, arguments, timeout_s or self.call_timeout_s,
                                        dict(injected or {})))
+
+    def listing_errors(self) -> list[str]:
+        """The error of every listing that failed so far (a run's servers that cannot start)."""
+        listings = [future.result() for future in self._listed.values() if future.done()]
+        return [listing.error for listing in listings if listing.error]
 
     def close(self) -> None:
         """Close every connection (stdio servers exit) and stop the loop thread."""
@@ -307,7 +313,15 @@ def _is_connection_lost(exc: Exception) -> bool:
 
 
 def _listing_error(spec: ServerSpec, exc: BaseException) -> Listing:
-    return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: {describe_error(exc, spec)}")
+    if isinstance(exc, TimeoutError):
+        kind = ToolErrorKind.TIMEOUT
+    elif isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
+        kind = ToolErrorKind.PROTOCOL_ERROR
+    else:
+        kind = ToolErrorKind.UNREACHABLE
+    where = " (its stderr is in the tools log)" if spec.is_stdio else ""
+    return Listing(error=f"cannot list the tools of MCP server {spec.label!r}{where}: {describe_error(exc, spec)}",
+                   error_kind=kind)
 
 
 def outcome_of(result: CallToolResult) -> CallOutcome:

@@ -139,6 +139,10 @@ class ToolDispatcher:
         for spec in self._stateful.pop(session_id, ()):
             self.client.call(spec, "reset", {}, injected={"session_id": session_id})
 
+    def listing_errors(self) -> list[str]:
+        """Why each server this run could not list failed, once per server."""
+        return self._client.listing_errors() if self._client is not None else []
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()

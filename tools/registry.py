@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
-from tools.kinds import ToolType
+from tools.kinds import ToolErrorKind, ToolType
 from tools.servers import BROWSER_LABELS, PYTHON_LABELS
 
 BROWSER_ACTIONS = ("search", "open", "find")
@@ -47,6 +47,7 @@ class ServerListing:
     server_label: str
     tools: list[dict]
     error: str | None = None
+    error_kind: ToolErrorKind | None = None
 
 
 @dataclass
@@ -92,12 +93,13 @@ class ToolRegistry:
                 self.mcp_servers[label] = tool
 
     # -- MCP listings -----------------------------------------------------
-    def add_listing(self, label: str, tools: list | None, error: str | None = None) -> None:
+    def add_listing(self, label: str, tools: list | None, error: str | None = None,
+                    error_kind: ToolErrorKind | None = None) -> None:
         """A server's listed tools (mcp.types.Tool), kept as `allowed_tools` permits."""
         self.read_only[label] = {tool.name for tool in tools or []
                                  if tool.annotations is not None and tool.annotations.read_only_hint}
         kept = [tool for tool in tools or [] if self.allows(label, tool.name)]
-        self.listings.append(ServerListing(label, [_listed(tool) for tool in kept], error))
+        self.listings.append(ServerListing(label, [_listed(tool) for tool in kept], error, error_kind))
         if label in self.mcp_servers and error is None:
             self.mcp_tools[label] = [ToolDescription.new(t.name, t.description or "",
                                                          parameters=t.input_schema) for t in kept]

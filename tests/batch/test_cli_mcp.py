@@ -104,3 +104,45 @@ def test_a_server_label_with_dots(tmp_path, scripted):
                              "WHERE q.custom_id = 'auto'")
     assert [item["type"] for item in json.loads(response)["output"]] == ["mcp_list_tools", "mcp_call", "message"]
     validate_all(db)
+
+
+BROKEN = {"missing": {"command": "/nonexistent/mcp-server"},
+          "silent": {"command": "true"},
+          "crashing": {"command": sys.executable, "args": ["-c", "import sys; sys.exit('boom at start')"]},
+          "nobody": {"url": "http://127.0.0.1:9/mcp"}}
+CAUSES = {"missing": "FileNotFoundError", "silent": "cannot list the tools", "crashing": "cannot list the tools",
+          "nobody": "ConnectError"}
+
+
+def test_a_server_that_cannot_start_fails_its_lines_visibly_and_a_retry_recovers_them(tmp_path, scripted):
+    lines = []
+    for label in BROKEN:
+        tool = {"type": "mcp", "server_label": label}
+        lines += [{"custom_id": f"{label}-named", "input": f'{label}.add {{"a": 1, "b": 1}}', "tools": [tool],
+                   "tool_choice": {"type": "mcp", "server_label": label, "name": "add"}},
+                  {"custom_id": f"{label}-required", "input": f'{label}.add {{"a": 1, "b": 2}}', "tools": [tool],
+                   "tool_choice": "required"},
+                  {"custom_id": f"{label}-auto", "input": f'{label}.add {{"a": 1, "b": 3}}', "tools": [tool]}]
+    db, output = run(tmp_path, lines, config_file(tmp_path, BROKEN), "--run-id", "broken")
+    requests = rows(db, "SELECT custom_id, status, error FROM requests")
+    assert {status for _, status, _ in requests} == {"failed"}
+    for custom_id, _, error in requests:
+        label = custom_id.split("-")[0]
+        assert f"MCP server {label!r}" in error and CAUSES[label] in error, (custom_id, error)
+    calls = rows(db, "SELECT server_label, name, status, error_kind, call_id IS NOT NULL FROM tool_calls")
+    assert sorted(set(calls)) == [(label, "tools/list", "failed", "unreachable", True) for label in sorted(BROKEN)]
+    assert len(calls) == len(lines)
+    [(notes,)] = rows(db, "SELECT notes FROM runs")
+    assert json.loads(notes)["tool_errors"] == {"unreachable": len(lines)}
+    assert rows(db, "SELECT error_kind, n_calls FROM tool_errors_by_kind") == [("unreachable", len(lines))]
+    assert f"tool errors: {len(lines)} unreachable" in output and "FileNotFoundError" in output
+    for (response,) in rows(db, "SELECT response FROM responses"):
+        response = json.loads(response)
+        assert [item["type"] for item in response["output"]] == ["mcp_list_tools"]
+        assert response["status"] == "failed" and response["output"][0]["error"]
+    validate_all(db)
+
+    working = config_file(tmp_path, {label: echo_entry() for label in BROKEN})  # the servers are up now
+    db, _ = run(tmp_path, lines, working, "--retry-failed", "broken", "--quiet")
+    statuses = rows(db, "SELECT status, count(*) FROM requests GROUP BY ALL")
+    assert statuses == [("completed", len(lines))]
