@@ -13,7 +13,8 @@ tools/crash_gate.py: with calls running at once, which one crashed it cannot be
 known). A retried call that meets a second crash is its cause: it fails with kind
 `connection_lost`, and the others complete. `CallOutcome.attempts` says 2 for a
 retried call. A server that cannot be reached fails each call to it, not the run.
-A call that runs past the per-call timeout fails with kind `timeout`.
+A call that runs past the per-call timeout fails with kind `timeout`: one deadline per call,
+from when it is made, that covers its retry and the waits before it.
 Listings are cached per run, failures included, so every response of a run sees the
 same tools.
 """
@@ -255,16 +256,30 @@ class ToolClient:
 
     async def _call_with_retry(self, spec: ServerSpec, name: str, arguments: dict,
                                timeout_s: float) -> CallOutcome:
+        """The call within one deadline, `timeout_s` from now: its wait for the server, its
+        attempt, and after a crash its wait for a turn alone and its retry (#28: retries that
+        ran one after another once took far longer than the timeout)."""
+        attempts = [1]
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._attempts(spec, name, arguments, attempts)
+        except TimeoutError:
+            retried = " (its retry on the restarted server included)" if attempts[0] == 2 else ""
+            return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s{retried}",
+                               error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT, attempts=attempts[0])
+
+    async def _attempts(self, spec: ServerSpec, name: str, arguments: dict, attempts: list[int]) -> CallOutcome:
         """Run the call beside others; if the server's connection is lost meanwhile, run it once
         more, alone on the restarted server, and fail it if the server is lost again."""
         gate = self._gates.setdefault(spec, CrashGate())
         async with gate.shared():
-            outcome, lost = await self._attempt(spec, name, arguments, timeout_s)
+            outcome, lost = await self._attempt(spec, name, arguments)
             if not lost:
                 return outcome
             gate.queue_alone()  # before leaving shared use: no new call slips in ahead of the retry
+        attempts[0] = 2
         async with gate.alone():
-            outcome, lost = await self._attempt(spec, name, arguments, timeout_s)
+            outcome, lost = await self._attempt(spec, name, arguments)
         outcome.attempts = 2
         if lost:
             outcome.error = (f"MCP server {spec.label!r} closed the connection while this call ran, and again "
@@ -272,20 +287,19 @@ class ToolClient:
                              f"crashes it and is not retried again ({outcome.error})")
         return outcome
 
-    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict,
-                       timeout_s: float) -> tuple[CallOutcome, bool]:
+    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict) -> tuple[CallOutcome, bool]:
         """One try: (its outcome, whether the server's connection was lost while it ran)."""
+        # (Re)starting a server is bounded by connect_timeout_s. It is shielded: a call whose deadline
+        # passes meanwhile leaves at once, and the start goes on for the calls after it.
+        starting = asyncio.ensure_future(self._connection(spec))
+        starting.add_done_callback(lambda task: task.cancelled() or task.exception())
         try:
-            connection = await self._connection(spec)  # (re)starting a server is bounded by connect_timeout_s
+            connection = await asyncio.shield(starting)
         except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
             return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
                                error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED), False
         try:
-            async with asyncio.timeout(timeout_s):
-                result = await connection.client.call_tool(name, arguments)
-        except TimeoutError:
-            return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s",
-                               error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT), False
+            result = await connection.client.call_tool(name, arguments)
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED:
                 return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
@@ -319,9 +333,16 @@ def _listing_error(spec: ServerSpec, exc: BaseException) -> Listing:
         kind = ToolErrorKind.PROTOCOL_ERROR
     else:
         kind = ToolErrorKind.UNREACHABLE
-    where = " (its stderr is in the tools log)" if spec.is_stdio else ""
-    return Listing(error=f"cannot list the tools of MCP server {spec.label!r}{where}: {describe_error(exc, spec)}",
-                   error_kind=kind)
+    cause = describe_error(exc, spec)
+    if spec.is_stdio and _is_connection_lost(exc) and not isinstance(_innermost(exc), OSError):
+        cause += " (the server process ended or closed its output before answering; its stderr is in the tools log)"
+    return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: {cause}", error_kind=kind)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def outcome_of(result: CallToolResult) -> CallOutcome:
@@ -345,8 +366,7 @@ def _block_text(block) -> str:
 
 def describe_error(exc: BaseException, spec: ServerSpec) -> str:
     """One line about an exception (exception groups unwrapped), with header values scrubbed."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    exc = _innermost(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     for _, value in spec.headers:

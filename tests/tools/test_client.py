@@ -127,7 +127,7 @@ def _alive(pid: int) -> bool:
 def test_a_crash_retries_the_calls_in_flight_alone_and_fails_the_call_that_crashes_again():
     """Three calls are in flight when a fourth crashes the server: each is retried once on the
     restarted server, alone; the bystanders complete, the crashing call fails on its second crash."""
-    with ToolClient(call_timeout_s=10) as client:
+    with ToolClient(call_timeout_s=60) as client:  # the deadline covers the restarts too
         spec = echo_stdio()
         first_pid = call(client, spec, "pid").output
         bystanders = [client.call(spec, "sleep", {"seconds": 0.5}) for _ in range(3)]
@@ -139,3 +139,21 @@ def test_a_crash_retries_the_calls_in_flight_alone_and_fails_the_call_that_crash
         assert "again" in crashed.error and "not retried" in crashed.error
         after = call(client, spec, "pid")  # a third server process serves the next call
         assert (after.attempts, after.error) == (1, None) and after.output != first_pid
+
+
+def test_the_timeout_caps_each_call_with_its_retry():
+    """Eight calls of 2 s are in flight at a crash: retried alone, one after another, they take 16 s
+    and more; with an 8 s timeout each call ends within its deadline, at least four as timeouts."""
+    timeout_s = 8.0
+    with ToolClient(call_timeout_s=timeout_s) as client:
+        spec = echo_stdio()
+        call(client, spec, "pid")  # started
+        calls = [client.call(spec, "sleep", {"seconds": 2}) for _ in range(8)]
+        client.call(spec, "crash", {"delay_s": 0.3}).result(timeout=60)
+        outcomes = [future.result(timeout=60) for future in calls]
+    assert all(outcome.attempts == 2 for outcome in outcomes)
+    assert max(outcome.duration_s for outcome in outcomes) < timeout_s + 1.5  # generous: the deadline holds
+    kinds = [outcome.error_kind for outcome in outcomes]
+    assert set(kinds) <= {None, "timeout"} and kinds.count("timeout") >= 4, kinds
+    late = next(outcome for outcome in outcomes if outcome.error_kind == "timeout")
+    assert late.error == "the tool call timed out after 8 s (its retry on the restarted server included)"
