@@ -205,8 +205,11 @@ def test_timeouts_crashes_and_unreachable_servers_fail_calls_not_the_run(tmp_pat
     # A server that cannot be listed fails its response at the start, as the API does.
     assert summary.statuses == Counter(completed=2, failed=1)
     assert [row[3:] for row in tool_calls(store, "t1")] == [("failed", "timeout")]
-    assert [row[2:] for row in tool_calls(store, "t2")] == [
-        (None, "failed", "connection_lost"), ("3", "completed", None)]  # restarted
+    crashed, after = [row[2:] for row in tool_calls(store, "t2")]
+    # Its retry runs on a restarted server within the same 0.5 s deadline: it crashes the server
+    # again (connection_lost) or, where the restart takes longer, runs out of time.
+    assert crashed[:2] == (None, "failed") and crashed[2] in ("connection_lost", "timeout")
+    assert after == ("3", "completed", None)  # restarted
     assert [(row[0],) + row[3:] for row in tool_calls(store, "t3")] == [("tools/list", "failed", "unreachable")]
     slow = response_of(store, "t1")["output"][1]
     assert slow["status"] == "failed" and slow["error"]["type"] == "mcp_protocol_error"
