@@ -14,7 +14,7 @@ known). A retried call that meets a second crash is its cause: it fails with kin
 `connection_lost`, and the others complete. `CallOutcome.attempts` says 2 for a
 retried call. A server that cannot be reached fails each call to it, not the run.
 A call that runs past the per-call timeout fails with kind `timeout`: one deadline per call,
-from when it is made, that covers its retry and the waits before it.
+from when it is sent, that covers its retry and the waits and restart before it.
 Listings are cached per run, failures included, so every response of a run sees the
 same tools.
 """
@@ -256,10 +256,14 @@ class ToolClient:
 
     async def _call_with_retry(self, spec: ServerSpec, name: str, arguments: dict,
                                timeout_s: float) -> CallOutcome:
-        """The call within one deadline, `timeout_s` from now: its wait for the server, its
-        attempt, and after a crash its wait for a turn alone and its retry (#28: retries that
-        ran one after another once took far longer than the timeout)."""
+        """The call within one deadline, `timeout_s` from when it is sent (a server starting
+        first is not counted): its attempt, and after a crash its wait for a turn alone, the
+        restart and its retry (#28: retries that ran one after another took far longer)."""
         attempts = [1]
+        try:
+            await self._start(spec)  # a server's (re)start before the call is not the call's time
+        except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
+            return _unreachable(spec, exc)
         try:
             async with asyncio.timeout(timeout_s):
                 return await self._attempts(spec, name, arguments, attempts)
@@ -287,17 +291,19 @@ class ToolClient:
                              f"crashes it and is not retried again ({outcome.error})")
         return outcome
 
-    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict) -> tuple[CallOutcome, bool]:
-        """One try: (its outcome, whether the server's connection was lost while it ran)."""
-        # (Re)starting a server is bounded by connect_timeout_s. It is shielded: a call whose deadline
-        # passes meanwhile leaves at once, and the start goes on for the calls after it.
+    async def _start(self, spec: ServerSpec) -> _Connection:
+        """The server's connection, (re)started if need be (bounded by connect_timeout_s). Shielded:
+        a call whose deadline passes meanwhile leaves at once; the start goes on for the calls after it."""
         starting = asyncio.ensure_future(self._connection(spec))
         starting.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return await asyncio.shield(starting)
+
+    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict) -> tuple[CallOutcome, bool]:
+        """One try: (its outcome, whether the server's connection was lost while it ran)."""
         try:
-            connection = await asyncio.shield(starting)
+            connection = await self._start(spec)
         except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
-            return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
-                               error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED), False
+            return _unreachable(spec, exc), False
         try:
             result = await connection.client.call_tool(name, arguments)
         except MCPError as exc:
@@ -317,6 +323,11 @@ class ToolClient:
     async def _close_all(self) -> None:
         connections, self._connections = list(self._connections.values()), {}
         await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+
+
+def _unreachable(spec: ServerSpec, exc: BaseException) -> CallOutcome:
+    return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
+                       error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED)
 
 
 def _is_connection_lost(exc: Exception) -> bool:
