@@ -42,6 +42,7 @@ from mcp.types import CallToolResult, Tool
 from tools.arguments import argument_errors, mask_injected, schema_without
 from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
+from tools.masked_log import MaskedStderr
 from tools.servers import ServerSpec
 
 CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
@@ -111,7 +112,12 @@ class _Connection:
         if spec.is_stdio:
             params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                            env=dict(spec.env) or None, cwd=spec.cwd)
-            return stdio_client(params, errlog=self.errlog)
+            errlog = self.errlog
+            if spec.secret_values:
+                masked = MaskedStderr(self.errlog, spec.mask)
+                stack.callback(masked.close)
+                errlog = masked.writer
+            return stdio_client(params, errlog=errlog)
         # A client we pass in is ours to close: the stack closes it after the session.
         http = await stack.enter_async_context(create_mcp_http_client(headers=dict(spec.headers) or None))
         return streamable_http_client(spec.url, http_client=http)
@@ -243,8 +249,8 @@ class ToolClient:
             outcome = CallOutcome(error=error, error_kind=ToolErrorKind.INVALID_ARGUMENTS, error_code=INVALID_PARAMS)
         else:
             outcome = await self._call_with_retry(spec, name, {**arguments, **injected}, timeout_s)
-            outcome.output = mask_injected(outcome.output, injected)
-            outcome.error = mask_injected(outcome.error, injected)
+            outcome.output = spec.mask(mask_injected(outcome.output, injected))
+            outcome.error = spec.mask(mask_injected(outcome.error, injected))
         outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
         return outcome
 
@@ -376,11 +382,8 @@ def _block_text(block) -> str:
 
 
 def describe_error(exc: BaseException, spec: ServerSpec) -> str:
-    """One line about an exception (exception groups unwrapped), with header values scrubbed."""
+    """One line about an exception (exception groups unwrapped), with secret values masked."""
     exc = _innermost(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    for _, value in spec.headers:
-        if value:
-            text = text.replace(value, "[redacted]")
-    return text
+    return spec.mask(text) or text

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import engine.factory
 from batch.cli import main
 from tests.db import rows
+from batch.vocab import harmony_encoding
 from tests.fakes import ScriptedBackend
 from tests.mcp_servers import REPO
 from tests.oracles import validate_event, validate_response
@@ -146,3 +147,21 @@ def test_a_server_that_cannot_start_fails_its_lines_visibly_and_a_retry_recovers
     db, _ = run(tmp_path, lines, working, "--retry-failed", "broken", "--quiet")
     statuses = rows(db, "SELECT status, count(*) FROM requests GROUP BY ALL")
     assert statuses == [("completed", len(lines))]
+
+
+def test_secrets_from_the_environment_are_masked_wherever_stored_or_printed(tmp_path, scripted, monkeypatch):
+    secret = "tok-from-env-5c1d9e"
+    monkeypatch.setenv("MY_TOKEN", secret)
+    config = config_file(tmp_path, {"echo": echo_entry(env={"TOKEN": "${MY_TOKEN}"})})
+    tool = {"type": "mcp", "server_label": "echo"}
+    lines = [{"custom_id": "env", "input": 'echo.env {"name": "TOKEN"}', "tools": [tool]}]
+    db, output = run(tmp_path, lines, config, "--keep-tokens")
+    calls = calls_by_line(db)
+    assert calls["env"][4:7] == ("completed", None, "[redacted]")  # the server did get it
+    for table in ("requests", "responses", "events", "tool_calls", "turns", "runs"):
+        assert secret not in str(rows(db, f"SELECT COLUMNS(*)::VARCHAR FROM {table}")), table
+    for (prompt,) in rows(db, "SELECT prompt_token_ids FROM tokens"):
+        assert secret not in harmony_encoding().decode_utf8(prompt)
+    log = (tmp_path / "out.duckdb.tools.log").read_text()
+    assert "TOKEN=[redacted]" in log and secret not in log
+    assert secret not in output

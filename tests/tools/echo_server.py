@@ -6,7 +6,7 @@ Tools: `add(a, b)` (annotated read-only, titled "Add"), `sleep(seconds)` (answer
 result), `crash(delay_s)` (the process exits: the client must restart it), `header(name)`
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
 without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
-output), `pid()` (the server's pid).
+output), `env(name)` (an environment variable, echoed to stderr too), `pid()` (the server's pid).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import hashlib
 import os
+import sys
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
@@ -60,6 +61,14 @@ def header(name: str, ctx: Context) -> str:
 def big(char: str, size: int) -> str:
     """`char` repeated `size` times (a huge output)."""
     return char * size
+
+
+@server.tool()
+def env(name: str) -> str:
+    """An environment variable's value, also printed to stderr (as a careless server might)."""
+    value = os.environ.get(name, "unset")
+    print(f"{name}={value}", file=sys.stderr, flush=True)
+    return value
 
 
 @server.tool()
