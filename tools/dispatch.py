@@ -55,6 +55,10 @@ def plan_call(target: ToolTarget | None, recipient: str, text: str, registry: To
         if not registry.allows(label, target.name):
             return rejection(ToolErrorKind.NOT_ENABLED,
                              f"the tool {target.name!r} of MCP server {label!r} is not allowed")
+        if registry.needs_approval(label, target.name):
+            return rejection(ToolErrorKind.NOT_ENABLED,
+                             f"the tool {target.name!r} of MCP server {label!r} requires approval "
+                             "(require_approval), which nobody can give in an offline batch: it was not run")
         names = registry.listed_names(label)  # None: built-in, or the listing failed
         if names is not None and target.name not in names:
             return rejection(ToolErrorKind.UNKNOWN_RECIPIENT, f"MCP server {label!r} has no tool {target.name!r}")

@@ -122,6 +122,26 @@ class ToolRegistry:
             return name in self.read_only.get(label, set())
         return True
 
+    def needs_approval(self, label: str, name: str) -> bool:
+        """Whether the mcp tool's `require_approval` asks approval for `name`: "always", or an
+        `always` filter that names it (tool_names, read_only) and no `never` filter that does.
+        Absent or "never": no (the API's own default would ask; offline nobody can answer)."""
+        policy = self.mcp_definitions.get(label, {}).get("require_approval")
+        if isinstance(policy, str):
+            return policy == "always"
+        if not isinstance(policy, dict):
+            return False
+        return not self._matches(label, name, policy.get("never")) and self._matches(label, name, policy.get("always"))
+
+    def _matches(self, label: str, name: str, tool_filter: object) -> bool:
+        if not isinstance(tool_filter, dict):
+            return False
+        names, read_only = tool_filter.get("tool_names"), tool_filter.get("read_only")
+        if names is None and read_only is None:
+            return True  # an empty filter: every tool
+        is_read_only = name in self.read_only.get(label, set())
+        return (names is not None and name in names) or (read_only is not None and read_only == is_read_only)
+
     def listed_names(self, label: str) -> set[str] | None:
         """Names the model was shown for a namespaced server; None when it was not listed."""
         if label not in self.mcp_tools:

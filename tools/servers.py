@@ -151,6 +151,10 @@ class ServerCatalog:
         if tool.get("server_url"):
             return ServerSpec(label, url=tool["server_url"],
                               headers=tuple(sorted(request_headers(tool).items())))
+        if tool.get("connector_id"):
+            raise UnknownServerError(f"mcp server {label!r}: connector_id {tool['connector_id']!r} names one of "
+                                     "OpenAI's connectors, which cannot be reached offline; give an --mcp-config "
+                                     f"entry labelled {label!r} (or a server_url) that serves it")
         raise UnknownServerError(f"mcp server {label!r} has no server_url and no --mcp-config entry")
 
 

@@ -165,3 +165,29 @@ def test_secrets_from_the_environment_are_masked_wherever_stored_or_printed(tmp_
     log = (tmp_path / "out.duckdb.tools.log").read_text()
     assert "TOKEN=[redacted]" in log and secret not in log
     assert secret not in output
+
+
+def test_require_approval_refuses_calls_offline_and_connectors_need_a_server(tmp_path, scripted):
+    def tool(policy):
+        return [{"type": "mcp", "server_label": "echo", "require_approval": policy}]
+    lines = [{"custom_id": "always", "input": 'echo.add {"a": 1, "b": 1}', "tools": tool("always")},
+             {"custom_id": "never", "input": 'echo.add {"a": 1, "b": 2}', "tools": tool("never")},
+             {"custom_id": "named", "input": 'echo.add {"a": 1, "b": 3}', "tools": tool(
+                 {"always": {"tool_names": ["add"]}})},
+             {"custom_id": "other", "input": 'echo.add {"a": 1, "b": 4}', "tools": tool(
+                 {"always": {"tool_names": ["pid"]}})},
+             {"custom_id": "read-only", "input": 'echo.add {"a": 1, "b": 5}', "tools": tool(
+                 {"always": {}, "never": {"read_only": True}})},
+             {"custom_id": "connector", "input": "hi", "tools": [
+                 {"type": "mcp", "server_label": "gmail", "connector_id": "connector_gmail"}]}]
+    db, _ = run(tmp_path, lines, config_file(tmp_path, {"echo": echo_entry()}), "--quiet")
+    calls = calls_by_line(db)
+    assert {cid: call[4:7] for cid, call in calls.items()} == {
+        "always": ("failed", "not_enabled", None), "never": ("completed", None, "3"),
+        "named": ("failed", "not_enabled", None), "other": ("completed", None, "5"),
+        "read-only": ("completed", None, "6")}
+    assert "requires approval (require_approval)" in calls["always"][7]
+    [(status, error)] = rows(db, "SELECT status, error FROM requests WHERE custom_id = 'connector'")
+    assert status == "invalid" and "connector_id 'connector_gmail'" in error and "--mcp-config" in error
+    [(ignored,)] = rows(db, "SELECT notes->'$.ignored_fields' FROM runs")
+    assert json.loads(ignored) == {}  # honoured, not ignored
