@@ -53,7 +53,7 @@ def result_of(session: Session, run_id: str, response: dict) -> RequestResult:
                for t in metrics.turns],
         tool_calls=[ToolCallRow(run_id, rid, c.call_id, c.tool_type, c.server_label, c.name, c.arguments,
                                 c.output, c.status, c.error, c.started_at, c.duration_s, c.error_kind,
-                                c.output_bytes, c.output_truncated, c.attempts)
+                                c.output_bytes, c.output_truncated, c.attempts, c.result)
                     for c in session.tool_calls],
         tokens=[TokenRow(run_id, rid, row["turn"], row["prompt_token_ids"], row["completion_token_ids"])
                 for row in session.token_log],

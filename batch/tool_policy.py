@@ -81,6 +81,7 @@ class ToolCallRecord:
     output_bytes: int | None = None  # before the cut
     output_truncated: bool = False
     attempts: int = 1
+    result: dict | None = None  # the raw MCP result (tools/content.py)
 
 
 @dataclass
@@ -129,6 +130,7 @@ class ToolCallPolicy:
             status=ToolCallStatus.FAILED if outcome.error else ToolCallStatus.COMPLETED,
             error=outcome.error, started_at=outcome.started_at, duration_s=outcome.duration_s,
             error_kind=(outcome.error_kind or ToolErrorKind.TOOL_ERROR) if outcome.error else None,
-            output_bytes=capped.num_bytes, output_truncated=capped.is_truncated, attempts=outcome.attempts))
+            output_bytes=capped.num_bytes, output_truncated=capped.is_truncated, attempts=outcome.attempts,
+            result=outcome.result))
         self.pending = None
         return call

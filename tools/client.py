@@ -22,6 +22,7 @@ same tools.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -40,6 +41,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool
 
 from tools.arguments import argument_errors, mask_injected, schema_without
+from tools.content import raw_result, readable_text
 from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
 from tools.masked_log import MaskedStderr
@@ -70,6 +72,7 @@ class CallOutcome:
     started_at: datetime | None = None
     duration_s: float = 0.0
     attempts: int = 1  # 2: the server crashed while the call ran, and it was run again
+    result: dict | None = None  # the MCP result as the server sent it (tools/content.py), secrets masked
 
 
 class _Connection:
@@ -251,6 +254,8 @@ class ToolClient:
             outcome = await self._call_with_retry(spec, name, {**arguments, **injected}, timeout_s)
             outcome.output = spec.mask(mask_injected(outcome.output, injected))
             outcome.error = spec.mask(mask_injected(outcome.error, injected))
+            if outcome.result is not None:
+                outcome.result = json.loads(spec.mask(mask_injected(json.dumps(outcome.result), injected)) or "{}")
         outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
         return outcome
 
@@ -363,22 +368,12 @@ def _innermost(exc: BaseException) -> BaseException:
 
 
 def outcome_of(result: CallToolResult) -> CallOutcome:
-    """The text of a tool result; `is_error` results fail with kind `tool_error`."""
-    text = "\n".join(_block_text(block) for block in result.content)
-    if not result.content and result.structured_content is not None:
-        import json
-
-        text = json.dumps(result.structured_content)
+    """The readable text of a tool result and the raw result; `is_error` results fail with kind `tool_error`."""
+    text = readable_text(result)
     if result.is_error:
-        return CallOutcome(error=text or "the tool reported an error", error_kind=ToolErrorKind.TOOL_ERROR)
-    return CallOutcome(output=text)
-
-
-def _block_text(block) -> str:
-    text = getattr(block, "text", None)
-    if text is not None:
-        return text
-    return f"[{getattr(block, 'type', 'content')} content omitted]"
+        return CallOutcome(error=text or "the tool reported an error", error_kind=ToolErrorKind.TOOL_ERROR,
+                           result=raw_result(result))
+    return CallOutcome(output=text, result=raw_result(result))
 
 
 def describe_error(exc: BaseException, spec: ServerSpec) -> str:

@@ -191,3 +191,20 @@ def test_require_approval_refuses_calls_offline_and_connectors_need_a_server(tmp
     assert status == "invalid" and "connector_id 'connector_gmail'" in error and "--mcp-config" in error
     [(ignored,)] = rows(db, "SELECT notes->'$.ignored_fields' FROM runs")
     assert json.loads(ignored) == {}  # honoured, not ignored
+
+
+def test_every_content_kind_is_kept_readable_for_the_model_and_raw_in_the_row(tmp_path, scripted):
+    lines = [{"custom_id": "media", "input": "echo.media {}", "tools": [{"type": "mcp", "server_label": "echo"}]}]
+    db, _ = run(tmp_path, lines, config_file(tmp_path, {"echo": echo_entry()}), "--quiet", "--keep-tokens")
+    [(output, result)] = rows(db, "SELECT output, result FROM tool_calls")
+    assert output == ("four kinds follow\n[image: image/png, 64 bytes]\n[resource: file:///notes.txt]\n"
+                      "the notes' text\n[resource: file:///data.bin, application/octet-stream, 10 bytes]\n"
+                      "[resource link: report <https://example.com/report.pdf>: the full report]")
+    content = json.loads(result)["content"]
+    assert [block["type"] for block in content] == ["text", "image", "resource", "resource", "resource_link"]
+    assert content[1]["mimeType"] == "image/png" and content[2]["resource"]["text"] == "the notes' text"
+    [(response,)] = rows(db, "SELECT response FROM responses")
+    assert json.loads(response)["output"][1]["output"] == output  # the mcp_call item carries the same text
+    [(prompt,)] = rows(db, "SELECT prompt_token_ids FROM tokens WHERE turn = 1")
+    assert "[resource link: report <https://example.com/report.pdf>" in harmony_encoding().decode_utf8(prompt)
+    validate_all(db)

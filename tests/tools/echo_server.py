@@ -6,19 +6,22 @@ Tools: `add(a, b)` (annotated read-only, titled "Add"), `sleep(seconds)` (answer
 result), `crash(delay_s)` (the process exits: the client must restart it), `header(name)`
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
 without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
-output), `env(name)` (an environment variable, echoed to stderr too), `pid()` (the server's pid).
+output), `env(name)` (an environment variable, echoed to stderr too), `media()` (every
+content kind), `pid()` (the server's pid).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import os
 import sys
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import (BlobResourceContents, CallToolResult, EmbeddedResource, ImageContent, ResourceLink,
+                       TextContent, TextResourceContents, ToolAnnotations)
 
 server = MCPServer("echo", instructions="Test tools.")
 
@@ -69,6 +72,21 @@ def env(name: str) -> str:
     value = os.environ.get(name, "unset")
     print(f"{name}={value}", file=sys.stderr, flush=True)
     return value
+
+
+@server.tool()
+def media() -> CallToolResult:
+    """One block of every kind: text, an image, a text and a binary resource, a resource link."""
+    pixel = base64.b64encode(b"\x89PNG" + bytes(60)).decode()
+    return CallToolResult(content=[
+        TextContent(type="text", text="four kinds follow"),
+        ImageContent(type="image", data=pixel, mime_type="image/png"),
+        EmbeddedResource(type="resource", resource=TextResourceContents(
+            uri="file:///notes.txt", mime_type="text/plain", text="the notes' text")),
+        EmbeddedResource(type="resource", resource=BlobResourceContents(
+            uri="file:///data.bin", mime_type="application/octet-stream", blob=base64.b64encode(bytes(10)).decode())),
+        ResourceLink(type="resource_link", name="report", uri="https://example.com/report.pdf",
+                     description="the full report")])
 
 
 @server.tool()
