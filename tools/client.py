@@ -16,7 +16,8 @@ retried call. A server that cannot be reached fails each call to it, not the run
 A call that runs past the per-call timeout fails with kind `timeout`: one deadline per call,
 from when it is sent, that covers its retry and the waits and restart before it.
 Listings are cached per run, failures included, so every response of a run sees the
-same tools.
+same tools. The client declares elicitation (declined at once: nobody to ask offline)
+and roots (none); tools that can only run as MCP tasks are left out of listings.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, Tool
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ListRootsResult, Tool
 
 from tools.arguments import argument_errors, mask_injected, schema_without
 from tools.content import raw_result, readable_text
@@ -101,7 +102,9 @@ class _Connection:
     async def _hold(self, ready: asyncio.Future) -> None:
         try:
             async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(Client(await self._transport(stack)))
+                client = await stack.enter_async_context(Client(
+                    await self._transport(stack), elicitation_callback=_decline_elicitation,
+                    list_roots_callback=_no_roots))
                 ready.set_result(client)
                 await self._stop.wait()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `ready`
@@ -231,10 +234,11 @@ class ToolClient:
             return _listing_error(spec, exc)
 
     async def _list_pages(self, client: Client) -> list[Tool]:
+        """Every page of the listing, less the tools that can only run as tasks (not supported)."""
         tools, cursor = [], None
         while True:
             page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
-            tools.extend(page.tools)
+            tools.extend(tool for tool in page.tools if not _requires_task(tool))
             cursor = page.next_cursor
             if not cursor:
                 return tools
@@ -336,9 +340,24 @@ class ToolClient:
         await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
 
 
+async def _decline_elicitation(context: object, params: ElicitRequestParams) -> ElicitResult:
+    """Elicitation (form and URL mode) is declared and declined at once: offline there is nobody to ask."""
+    return ElicitResult(action="decline")
+
+
+async def _no_roots(context: object) -> ListRootsResult:
+    """Roots are declared, and there are none: batchrun offers a server no part of the file system."""
+    return ListRootsResult(roots=[])
+
+
 def _unreachable(spec: ServerSpec, exc: BaseException) -> CallOutcome:
     return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
                        error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED)
+
+
+def _requires_task(tool: Tool) -> bool:
+    """`execution.taskSupport: "required"`: callable only through MCP's tasks utility."""
+    return tool.execution is not None and tool.execution.task_support == "required"
 
 
 def _is_connection_lost(exc: Exception) -> bool:
