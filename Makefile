@@ -17,7 +17,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-setup: $(VENV)/.installed
+# Third-party MCP servers for the conformance suite (tests/batch/test_conformance.py), pinned, in a
+# git-ignored folder: server-everything with npm (skipped without it), mcp-server-time with
+# `pip --target` (its own mcp never replaces the venv's).
+MCP_SERVERS ?= .cache/mcp-servers
+SERVER_EVERYTHING_VERSION := 2026.8.31
+MCP_SERVER_TIME_VERSION := 2026.10.19
+
+$(MCP_SERVERS)/.installed: | $(VENV)/.installed
+	-command -v npm >/dev/null && npm install --silent --no-audit --no-fund --prefix $(MCP_SERVERS)/node \
+		@modelcontextprotocol/server-everything@$(SERVER_EVERYTHING_VERSION)
+	$(PY) -m pip install --quiet --target $(MCP_SERVERS)/python mcp-server-time==$(MCP_SERVER_TIME_VERSION)
+	touch $@
+
+setup: $(VENV)/.installed $(MCP_SERVERS)/.installed
 
 $(DEMO_MODEL)/config.json: | $(VENV)/.installed
 	$(VENV)/bin/batchrun make-random-model $(DEMO_MODEL)
@@ -31,10 +44,10 @@ demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
 	@echo "  $(VENV)/bin/batchrun runs --db $(DEMO_DB)"
 	@echo "  $(VENV)/bin/batchrun sql --db $(DEMO_DB) \"SELECT custom_id, status, output_tokens, latency_s FROM responses\""
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(MCP_SERVERS)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-all: $(VENV)/.installed
+test-all: $(VENV)/.installed $(MCP_SERVERS)/.installed
 	$(PY) -m pytest -q -m '' $(PYTEST_ARGS)
 
 # ruff over the whole repo; mypy over engine/ and batch/ (every def annotated; see pyproject.toml).

@@ -13,14 +13,17 @@ tools/crash_gate.py: with calls running at once, which one crashed it cannot be
 known). A retried call that meets a second crash is its cause: it fails with kind
 `connection_lost`, and the others complete. `CallOutcome.attempts` says 2 for a
 retried call. A server that cannot be reached fails each call to it, not the run.
-A call that runs past the per-call timeout fails with kind `timeout`.
+A call that runs past the per-call timeout fails with kind `timeout`: one deadline per call,
+from when it is sent, that covers its retry and the waits and restart before it.
 Listings are cached per run, failures included, so every response of a run sees the
-same tools.
+same tools. The client declares elicitation (declined at once: nobody to ask offline)
+and roots (none); tools that can only run as MCP tasks are left out of listings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -36,14 +39,18 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, Tool
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ListRootsResult, Tool
 
+from tools.arguments import argument_errors, mask_injected, schema_without
+from tools.content import raw_result, readable_text
 from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
+from tools.masked_log import MaskedStderr
 from tools.servers import ServerSpec
 
 CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
 REQUEST_TIMEOUT = -32001
+INVALID_PARAMS = -32602  # JSON-RPC: the arguments or tool name are wrong
 
 
 @dataclass
@@ -52,6 +59,7 @@ class Listing:
 
     tools: list[Tool] = field(default_factory=list)
     error: str | None = None
+    error_kind: ToolErrorKind | None = None  # unreachable (cannot start or connect), timeout, protocol_error
 
 
 @dataclass
@@ -65,6 +73,7 @@ class CallOutcome:
     started_at: datetime | None = None
     duration_s: float = 0.0
     attempts: int = 1  # 2: the server crashed while the call ran, and it was run again
+    result: dict | None = None  # the MCP result as the server sent it (tools/content.py), secrets masked
 
 
 class _Connection:
@@ -93,7 +102,9 @@ class _Connection:
     async def _hold(self, ready: asyncio.Future) -> None:
         try:
             async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(Client(await self._transport(stack)))
+                client = await stack.enter_async_context(Client(
+                    await self._transport(stack), elicitation_callback=_decline_elicitation,
+                    list_roots_callback=_no_roots))
                 ready.set_result(client)
                 await self._stop.wait()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `ready`
@@ -107,7 +118,12 @@ class _Connection:
         if spec.is_stdio:
             params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                            env=dict(spec.env) or None, cwd=spec.cwd)
-            return stdio_client(params, errlog=self.errlog)
+            errlog = self.errlog
+            if spec.secret_values:
+                masked = MaskedStderr(self.errlog, spec.mask)
+                stack.callback(masked.close)
+                errlog = masked.writer
+            return stdio_client(params, errlog=errlog)
         # A client we pass in is ours to close: the stack closes it after the session.
         http = await stack.enter_async_context(create_mcp_http_client(headers=dict(spec.headers) or None))
         return streamable_http_client(spec.url, http_client=http)
@@ -136,7 +152,8 @@ class ToolClient:
         self._connections: dict[ServerSpec, _Connection] = {}
         self._locks: dict[ServerSpec, asyncio.Lock] = {}
         self._gates: dict[ServerSpec, CrashGate] = {}
-        self._listings: dict[ServerSpec, Future] = {}
+        self._listed: dict[ServerSpec, Future] = {}  # the runner's side
+        self._listings: dict[ServerSpec, asyncio.Future] = {}  # the loop's side
         self._closed = False
 
     def __enter__(self) -> ToolClient:
@@ -148,14 +165,24 @@ class ToolClient:
     # -- the runner's side (any thread) ------------------------------------
     def list_tools(self, spec: ServerSpec) -> Future:
         """Future[Listing] of the server's tools, fetched once per run."""
-        if spec not in self._listings:
-            self._listings[spec] = self._submit(self._list(spec))
-        return self._listings[spec]
+        if spec not in self._listed:
+            self._listed[spec] = self._submit(self._listing(spec))
+        return self._listed[spec]
 
     def call(self, spec: ServerSpec, name: str, arguments: dict[str, Any],
-             timeout_s: float | None = None) -> Future:
-        """Future[CallOutcome] of one tool call."""
-        return self._submit(self._call(spec, name, arguments, timeout_s or self.call_timeout_s))
+             timeout_s: float | None = None, injected: dict[str, Any] | None = None) -> Future:
+        """Future[CallOutcome] of one tool call.
+
+        `arguments` are the model's, checked against the listed input schema first;
+        `injected` are batchrun's own (not checked, sent beside them, masked in the answer).
+        """
+        return self._submit(self._call(spec, name, arguments, timeout_s or self.call_timeout_s,
+                                       dict(injected or {})))
+
+    def listing_errors(self) -> list[str]:
+        """The error of every listing that failed so far (a run's servers that cannot start)."""
+        listings = [future.result() for future in self._listed.values() if future.done()]
+        return [listing.error for listing in listings if listing.error]
 
     def close(self) -> None:
         """Close every connection (stdio servers exit) and stop the loop thread."""
@@ -207,32 +234,71 @@ class ToolClient:
             return _listing_error(spec, exc)
 
     async def _list_pages(self, client: Client) -> list[Tool]:
+        """Every page of the listing, less the tools that can only run as tasks (not supported)."""
         tools, cursor = [], None
         while True:
             page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
-            tools.extend(page.tools)
+            tools.extend(tool for tool in page.tools if not _requires_task(tool))
             cursor = page.next_cursor
             if not cursor:
                 return tools
 
-    async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float) -> CallOutcome:
+    async def _listing(self, spec: ServerSpec) -> Listing:
+        if spec not in self._listings:
+            self._listings[spec] = asyncio.ensure_future(self._list(spec))
+        return await asyncio.shield(self._listings[spec])
+
+    async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float,
+                    injected: dict[str, Any]) -> CallOutcome:
         started_at, clock = datetime.now(UTC), time.monotonic()
-        outcome = await self._call_with_retry(spec, name, arguments, timeout_s)
+        error = argument_errors(arguments, await self._input_schema(spec, name, set(injected)))
+        if error is not None:
+            outcome = CallOutcome(error=error, error_kind=ToolErrorKind.INVALID_ARGUMENTS, error_code=INVALID_PARAMS)
+        else:
+            outcome = await self._call_with_retry(spec, name, {**arguments, **injected}, timeout_s)
+            outcome.output = spec.mask(mask_injected(outcome.output, injected))
+            outcome.error = spec.mask(mask_injected(outcome.error, injected))
+            if outcome.result is not None:
+                outcome.result = json.loads(spec.mask(mask_injected(json.dumps(outcome.result), injected)) or "{}")
         outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
         return outcome
 
+    async def _input_schema(self, spec: ServerSpec, name: str, injected: set[str]) -> dict | None:
+        """The listed tool's input schema less the injected properties; None when not listed."""
+        listing = await self._listing(spec)
+        tool = next((tool for tool in listing.tools if tool.name == name), None)
+        return schema_without(tool.input_schema, injected) if tool is not None else None
+
     async def _call_with_retry(self, spec: ServerSpec, name: str, arguments: dict,
                                timeout_s: float) -> CallOutcome:
+        """The call within one deadline, `timeout_s` from when it is sent (a server starting
+        first is not counted): its attempt, and after a crash its wait for a turn alone, the
+        restart and its retry (#28: retries that ran one after another took far longer)."""
+        attempts = [1]
+        try:
+            await self._start(spec)  # a server's (re)start before the call is not the call's time
+        except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
+            return _unreachable(spec, exc)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._attempts(spec, name, arguments, attempts)
+        except TimeoutError:
+            retried = " (its retry on the restarted server included)" if attempts[0] == 2 else ""
+            return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s{retried}",
+                               error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT, attempts=attempts[0])
+
+    async def _attempts(self, spec: ServerSpec, name: str, arguments: dict, attempts: list[int]) -> CallOutcome:
         """Run the call beside others; if the server's connection is lost meanwhile, run it once
         more, alone on the restarted server, and fail it if the server is lost again."""
         gate = self._gates.setdefault(spec, CrashGate())
         async with gate.shared():
-            outcome, lost = await self._attempt(spec, name, arguments, timeout_s)
+            outcome, lost = await self._attempt(spec, name, arguments)
             if not lost:
                 return outcome
             gate.queue_alone()  # before leaving shared use: no new call slips in ahead of the retry
+        attempts[0] = 2
         async with gate.alone():
-            outcome, lost = await self._attempt(spec, name, arguments, timeout_s)
+            outcome, lost = await self._attempt(spec, name, arguments)
         outcome.attempts = 2
         if lost:
             outcome.error = (f"MCP server {spec.label!r} closed the connection while this call ran, and again "
@@ -240,20 +306,21 @@ class ToolClient:
                              f"crashes it and is not retried again ({outcome.error})")
         return outcome
 
-    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict,
-                       timeout_s: float) -> tuple[CallOutcome, bool]:
+    async def _start(self, spec: ServerSpec) -> _Connection:
+        """The server's connection, (re)started if need be (bounded by connect_timeout_s). Shielded:
+        a call whose deadline passes meanwhile leaves at once; the start goes on for the calls after it."""
+        starting = asyncio.ensure_future(self._connection(spec))
+        starting.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return await asyncio.shield(starting)
+
+    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict) -> tuple[CallOutcome, bool]:
         """One try: (its outcome, whether the server's connection was lost while it ran)."""
         try:
-            connection = await self._connection(spec)  # (re)starting a server is bounded by connect_timeout_s
+            connection = await self._start(spec)
         except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
-            return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
-                               error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED), False
+            return _unreachable(spec, exc), False
         try:
-            async with asyncio.timeout(timeout_s):
-                result = await connection.client.call_tool(name, arguments)
-        except TimeoutError:
-            return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s",
-                               error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT), False
+            result = await connection.client.call_tool(name, arguments)
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED:
                 return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
@@ -273,6 +340,26 @@ class ToolClient:
         await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
 
 
+async def _decline_elicitation(context: object, params: ElicitRequestParams) -> ElicitResult:
+    """Elicitation (form and URL mode) is declared and declined at once: offline there is nobody to ask."""
+    return ElicitResult(action="decline")
+
+
+async def _no_roots(context: object) -> ListRootsResult:
+    """Roots are declared, and there are none: batchrun offers a server no part of the file system."""
+    return ListRootsResult(roots=[])
+
+
+def _unreachable(spec: ServerSpec, exc: BaseException) -> CallOutcome:
+    return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
+                       error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED)
+
+
+def _requires_task(tool: Tool) -> bool:
+    """`execution.taskSupport: "required"`: callable only through MCP's tasks utility."""
+    return tool.execution is not None and tool.execution.task_support == "required"
+
+
 def _is_connection_lost(exc: Exception) -> bool:
     """A closed connection or a transport error; not a timeout, nor an MCP error the server answered."""
     if isinstance(exc, MCPError):
@@ -281,35 +368,36 @@ def _is_connection_lost(exc: Exception) -> bool:
 
 
 def _listing_error(spec: ServerSpec, exc: BaseException) -> Listing:
-    return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: {describe_error(exc, spec)}")
+    if isinstance(exc, TimeoutError):
+        kind = ToolErrorKind.TIMEOUT
+    elif isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
+        kind = ToolErrorKind.PROTOCOL_ERROR
+    else:
+        kind = ToolErrorKind.UNREACHABLE
+    cause = describe_error(exc, spec)
+    if spec.is_stdio and _is_connection_lost(exc) and not isinstance(_innermost(exc), OSError):
+        cause += " (the server process ended or closed its output before answering; its stderr is in the tools log)"
+    return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: {cause}", error_kind=kind)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def outcome_of(result: CallToolResult) -> CallOutcome:
-    """The text of a tool result; `is_error` results fail with kind `tool_error`."""
-    text = "\n".join(_block_text(block) for block in result.content)
-    if not result.content and result.structured_content is not None:
-        import json
-
-        text = json.dumps(result.structured_content)
+    """The readable text of a tool result and the raw result; `is_error` results fail with kind `tool_error`."""
+    text = readable_text(result)
     if result.is_error:
-        return CallOutcome(error=text or "the tool reported an error", error_kind=ToolErrorKind.TOOL_ERROR)
-    return CallOutcome(output=text)
-
-
-def _block_text(block) -> str:
-    text = getattr(block, "text", None)
-    if text is not None:
-        return text
-    return f"[{getattr(block, 'type', 'content')} content omitted]"
+        return CallOutcome(error=text or "the tool reported an error", error_kind=ToolErrorKind.TOOL_ERROR,
+                           result=raw_result(result))
+    return CallOutcome(output=text, result=raw_result(result))
 
 
 def describe_error(exc: BaseException, spec: ServerSpec) -> str:
-    """One line about an exception (exception groups unwrapped), with header values scrubbed."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    """One line about an exception (exception groups unwrapped), with secret values masked."""
+    exc = _innermost(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    for _, value in spec.headers:
-        if value:
-            text = text.replace(value, "[redacted]")
-    return text
+    return spec.mask(text) or text

@@ -10,29 +10,30 @@ outcome with a model-caused error kind, which the model reads as the tool's answ
 Built-in tools: `to=python` sends the message text as the code (gpt-oss writes raw
 code, not JSON); `to=browser.search|open|find` sends JSON arguments. Both carry
 `session_id` = the response id, so python state and browser pages live exactly as
-long as one response; `release()` resets them when it ends.
+long as one response; `release()` resets them when it ends. The session id is
+injected (tools/arguments.py): the model's arguments are checked without it, and it
+is masked in the answer, so no id of the run reaches a prompt.
 """
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.client import CallOutcome, ToolClient
+from tools.client import INVALID_PARAMS, CallOutcome, ToolClient
 from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry, ToolTarget
 from tools.servers import ServerCatalog, ServerSpec, builtin_kind
-
-INVALID_PARAMS = -32602  # JSON-RPC: the model's arguments or tool name are wrong
 
 
 @dataclass(frozen=True)
 class PlannedCall:
     spec: ServerSpec
     name: str
-    arguments: dict
+    arguments: dict  # the model's
+    injected: dict = field(default_factory=dict)  # batchrun's own: never shown back to the model
 
 
 def rejection(kind: ToolErrorKind, message: str) -> CallOutcome:
@@ -54,16 +55,20 @@ def plan_call(target: ToolTarget | None, recipient: str, text: str, registry: To
         if not registry.allows(label, target.name):
             return rejection(ToolErrorKind.NOT_ENABLED,
                              f"the tool {target.name!r} of MCP server {label!r} is not allowed")
+        if registry.needs_approval(label, target.name):
+            return rejection(ToolErrorKind.NOT_ENABLED,
+                             f"the tool {target.name!r} of MCP server {label!r} requires approval "
+                             "(require_approval), which nobody can give in an offline batch: it was not run")
         names = registry.listed_names(label)  # None: built-in, or the listing failed
         if names is not None and target.name not in names:
             return rejection(ToolErrorKind.UNKNOWN_RECIPIENT, f"MCP server {label!r} has no tool {target.name!r}")
     if kind == "python":
-        return PlannedCall(catalog.builtin("python"), "python", {"code": text, "session_id": session_id})
+        return PlannedCall(catalog.builtin("python"), "python", {"code": text}, {"session_id": session_id})
     arguments = parse_arguments(text)
     if isinstance(arguments, CallOutcome):
         return arguments
     if kind == "browser":
-        return PlannedCall(catalog.builtin("browser"), target.name, {**arguments, "session_id": session_id})
+        return PlannedCall(catalog.builtin("browser"), target.name, arguments, {"session_id": session_id})
     return PlannedCall(catalog.for_tool(registry.mcp_definitions[label]), target.name, arguments)
 
 
@@ -131,12 +136,16 @@ class ToolDispatcher:
             return future
         if plan.spec.builtin is not None:
             self._stateful.setdefault(session_id, set()).add(plan.spec)
-        return self.client.call(plan.spec, plan.name, plan.arguments)
+        return self.client.call(plan.spec, plan.name, plan.arguments, injected=plan.injected)
 
     def release(self, session_id: str) -> None:
         """The response is done: drop its python interpreter and browser pages (not awaited)."""
         for spec in self._stateful.pop(session_id, ()):
-            self.client.call(spec, "reset", {"session_id": session_id})
+            self.client.call(spec, "reset", {}, injected={"session_id": session_id})
+
+    def listing_errors(self) -> list[str]:
+        """Why each server this run could not list failed, once per server."""
+        return self._client.listing_errors() if self._client is not None else []
 
     def close(self) -> None:
         if self._client is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
-from tools.kinds import ToolType
+from tools.kinds import ToolErrorKind, ToolType
 from tools.servers import BROWSER_LABELS, PYTHON_LABELS
 
 BROWSER_ACTIONS = ("search", "open", "find")
@@ -47,6 +47,7 @@ class ServerListing:
     server_label: str
     tools: list[dict]
     error: str | None = None
+    error_kind: ToolErrorKind | None = None
 
 
 @dataclass
@@ -60,6 +61,7 @@ class ToolRegistry:
     mcp_tools: dict[str, list[ToolDescription]] = field(default_factory=dict)
     mcp_definitions: dict[str, dict] = field(default_factory=dict)  # every mcp tool, by label
     listings: list[ServerListing] = field(default_factory=list)
+    read_only: dict[str, set[str]] = field(default_factory=dict)  # label -> tools annotated readOnlyHint
     tool_choice: object = "auto"
 
     @classmethod
@@ -91,16 +93,20 @@ class ToolRegistry:
                 self.mcp_servers[label] = tool
 
     # -- MCP listings -----------------------------------------------------
-    def add_listing(self, label: str, tools: list | None, error: str | None = None) -> None:
+    def add_listing(self, label: str, tools: list | None, error: str | None = None,
+                    error_kind: ToolErrorKind | None = None) -> None:
         """A server's listed tools (mcp.types.Tool), kept as `allowed_tools` permits."""
-        kept = [tool for tool in tools or [] if self.allows(label, tool.name, tool.annotations)]
-        self.listings.append(ServerListing(label, [_listed(tool) for tool in kept], error))
+        self.read_only[label] = {tool.name for tool in tools or []
+                                 if tool.annotations is not None and tool.annotations.read_only_hint}
+        kept = [tool for tool in tools or [] if self.allows(label, tool.name)]
+        self.listings.append(ServerListing(label, [_listed(tool) for tool in kept], error, error_kind))
         if label in self.mcp_servers and error is None:
             self.mcp_tools[label] = [ToolDescription.new(t.name, t.description or "",
                                                          parameters=t.input_schema) for t in kept]
 
-    def allows(self, label: str, name: str, annotations=None) -> bool:
-        """Whether the mcp tool `label` lets the model call `name` (its `allowed_tools`)."""
+    def allows(self, label: str, name: str) -> bool:
+        """Whether the mcp tool `label` lets the model call `name` (its `allowed_tools`; `read_only`
+        reads the tools' annotations from the server's listing: unlisted, nothing is read-only)."""
         builtin = "python" if label in PYTHON_LABELS else "browser" if label in BROWSER_LABELS else None
         if builtin is not None and name not in _HARMONY_NAMES[builtin]:
             return False
@@ -113,8 +119,28 @@ class ToolRegistry:
         if names is not None and name not in names:
             return False
         if allowed.get("read_only"):
-            return bool(annotations is not None and getattr(annotations, "read_only_hint", False))
+            return name in self.read_only.get(label, set())
         return True
+
+    def needs_approval(self, label: str, name: str) -> bool:
+        """Whether the mcp tool's `require_approval` asks approval for `name`: "always", or an
+        `always` filter that names it (tool_names, read_only) and no `never` filter that does.
+        Absent or "never": no (the API's own default would ask; offline nobody can answer)."""
+        policy = self.mcp_definitions.get(label, {}).get("require_approval")
+        if isinstance(policy, str):
+            return policy == "always"
+        if not isinstance(policy, dict):
+            return False
+        return not self._matches(label, name, policy.get("never")) and self._matches(label, name, policy.get("always"))
+
+    def _matches(self, label: str, name: str, tool_filter: object) -> bool:
+        if not isinstance(tool_filter, dict):
+            return False
+        names, read_only = tool_filter.get("tool_names"), tool_filter.get("read_only")
+        if names is None and read_only is None:
+            return True  # an empty filter: every tool
+        is_read_only = name in self.read_only.get(label, set())
+        return (names is not None and name in names) or (read_only is not None and read_only == is_read_only)
 
     def listed_names(self, label: str) -> set[str] | None:
         """Names the model was shown for a namespaced server; None when it was not listed."""
@@ -202,11 +228,20 @@ class ToolRegistry:
             raise ToolChoiceError(f"tool_choice: tool {name!r} is not allowed on server {label!r}")
         return f"{namespace}.{name}" if name else f"{namespace}."
 
+    def split_recipient(self, recipient: str) -> tuple[str, str]:
+        """(namespace, tool name) of a recipient; an MCP label may hold "." (`time.v2.now`)."""
+        labels = [label for label in self.mcp_servers if recipient.startswith(f"{label}.")]
+        if labels:
+            label = max(labels, key=len)
+            return label, recipient[len(label) + 1:]
+        namespace, _, name = recipient.partition(".")
+        return namespace, name
+
     def arguments_schema(self, recipient: str) -> dict | None:
         """The JSON Schema a call's arguments must match: a strict function's (or listed MCP
         tool's) parameters, any object for a non-strict function or the browser, None for
         python (free code)."""
-        namespace, _, name = recipient.partition(".")
+        namespace, name = self.split_recipient(recipient)
         if namespace == "functions":
             tool = self.functions[name]
             strict = tool.get("strict") is not False  # the Responses API's default is strict
@@ -221,7 +256,7 @@ class ToolRegistry:
     # -- resolving --------------------------------------------------------
     def resolve(self, recipient: str) -> ToolTarget | None:
         """The tool a harmony recipient names, or None when no enabled tool has that name."""
-        namespace, _, name = recipient.partition(".")
+        namespace, name = self.split_recipient(recipient)
         if namespace == "functions" and name in self.functions:
             return ToolTarget(ToolType.FUNCTION, name)
         if recipient == "python" and self.python_label is not None:
@@ -244,7 +279,11 @@ class ToolRegistry:
 
 
 def _listed(tool) -> dict:
-    """An mcp.types.Tool as an `mcp_list_tools` entry (openai McpListToolsTool)."""
-    annotations = tool.annotations.model_dump(mode="json", exclude_none=True) if tool.annotations else None
+    """An mcp.types.Tool as an `mcp_list_tools` entry (openai McpListToolsTool): annotations in MCP's
+    camelCase, with the tool's `title` where the annotations have none."""
+    annotations = (tool.annotations.model_dump(mode="json", exclude_none=True, by_alias=True)
+                   if tool.annotations else {})
+    if tool.title and "title" not in annotations:
+        annotations = {"title": tool.title, **annotations}
     return {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema,
-            "annotations": annotations}
+            "annotations": annotations or None}

@@ -2,7 +2,10 @@
 
 A `ServerSpec` says how to reach one server: a stdio command (started as a child
 process) or a streamable-HTTP url with headers. Its `headers` and `env` may hold
-secrets: they are left out of its repr and of `describe()`, and never stored.
+secrets: they are left out of its repr and of `describe()`, and never stored. Every
+value `${NAME}` put into a config entry, and every header value, is a secret:
+`mask()` replaces it with `[redacted]` in what the server answers (outputs, errors),
+and in its stderr on the way to the tools log (tools/masked_log.py).
 
 `--mcp-config FILE` is JSON in the common `mcpServers` shape; any string value may
 name environment variables as `${NAME}`, so tokens stay out of the file:
@@ -35,6 +38,8 @@ _BUILTIN_MODULES = {"python": "tools.python_server", "browser": "tools.browser_s
 _BUILTIN_ARGS = {"python": ("--max-sessions", "4096", "--idle-s", "86400"), "browser": ()}
 _PASS_THROUGH_ENV = ("BATCHRUN_CORPUS",)  # stdio servers get a minimal environment otherwise
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+REDACTED = "[redacted]"
+MIN_SECRET_CHARS = 3  # shorter values would mask ordinary text (the mark a CI system leaves alone too)
 
 
 class McpConfigError(ValueError):
@@ -56,6 +61,7 @@ class ServerSpec:
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     cwd: str | None = None
     builtin: str | None = None  # "python" | "browser": keeps per-response state by session_id
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # values substituted from ${NAME}
 
     def __post_init__(self) -> None:
         if bool(self.command) == bool(self.url):
@@ -64,6 +70,21 @@ class ServerSpec:
     @property
     def is_stdio(self) -> bool:
         return bool(self.command)
+
+    @property
+    def secret_values(self) -> tuple[str, ...]:
+        """Every value to mask wherever it would be stored or printed: what `${NAME}` substituted,
+        and every header value (an Authorization token among them); longest first."""
+        headers = [v for _, v in self.headers] + [v.split(" ", 1)[1] for _, v in self.headers if " " in v.strip()]
+        values = {value for value in (*self.secrets, *headers) if len(value) >= MIN_SECRET_CHARS}
+        return tuple(sorted(values, key=len, reverse=True))
+
+    def mask(self, text: str | None) -> str | None:
+        """`text` with every secret value replaced by `[redacted]`, as CI systems mask logs."""
+        if text:
+            for value in self.secret_values:
+                text = text.replace(value, REDACTED)
+        return text
 
     def describe(self) -> str:
         """Safe to log and store: the label and where it runs, no headers or env values."""
@@ -75,7 +96,7 @@ class ServerSpec:
             return self
         merged = dict(self.headers) | headers
         return ServerSpec(self.label, url=self.url, headers=tuple(sorted(merged.items())),
-                          builtin=self.builtin)
+                          builtin=self.builtin, secrets=self.secrets)
 
 
 def builtin_spec(kind: str) -> ServerSpec:
@@ -116,7 +137,7 @@ class ServerCatalog:
             if label in self.config:
                 spec = self.config[label]
                 return ServerSpec(spec.label, spec.command, spec.url, spec.headers, spec.env,
-                                  spec.cwd, builtin=kind)
+                                  spec.cwd, builtin=kind, secrets=spec.secrets)
         return builtin_spec(kind)
 
     def for_tool(self, tool: dict) -> ServerSpec:
@@ -130,6 +151,10 @@ class ServerCatalog:
         if tool.get("server_url"):
             return ServerSpec(label, url=tool["server_url"],
                               headers=tuple(sorted(request_headers(tool).items())))
+        if tool.get("connector_id"):
+            raise UnknownServerError(f"mcp server {label!r}: connector_id {tool['connector_id']!r} names one of "
+                                     "OpenAI's connectors, which cannot be reached offline; give an --mcp-config "
+                                     f"entry labelled {label!r} (or a server_url) that serves it")
         raise UnknownServerError(f"mcp server {label!r} has no server_url and no --mcp-config entry")
 
 
@@ -152,33 +177,37 @@ def load_mcp_config(path: str | Path, environ: dict[str, str] | None = None) -> 
 def _spec(where: str, label: str, entry: object, environ) -> ServerSpec:
     if not isinstance(entry, dict) or ("command" in entry) == ("url" in entry):
         raise McpConfigError(f"{where}: expected an object with either 'command' or 'url'")
-    entry = _expand(where, entry, environ)
+    substituted: list[str] = []
+    entry = _expand(where, entry, environ, substituted)
+    secrets = tuple(sorted(set(substituted)))
     unknown = set(entry) - {"command", "args", "env", "cwd", "url", "headers", "type"}
     if unknown:
         raise McpConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     if "url" in entry:
         headers = _string_map(where, "headers", entry.get("headers"))
         return ServerSpec(label, url=_string(where, "url", entry["url"]),
-                          headers=tuple(sorted(headers.items())))
+                          headers=tuple(sorted(headers.items())), secrets=secrets)
     args = entry.get("args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise McpConfigError(f"{where}.args: expected a list of strings")
     env = _string_map(where, "env", entry.get("env"))
     return ServerSpec(label, command=(_string(where, "command", entry["command"]), *args),
-                      env=tuple(sorted(env.items())), cwd=entry.get("cwd"))
+                      env=tuple(sorted(env.items())), cwd=entry.get("cwd"), secrets=secrets)
 
 
-def _expand(where: str, value, environ):
+def _expand(where: str, value, environ, substituted: list[str]):
+    """`value` with `${NAME}` expanded; every value put in is appended to `substituted`."""
     if isinstance(value, str):
         def variable(match: re.Match) -> str:
             if match.group(1) not in environ:
                 raise McpConfigError(f"{where}: environment variable {match.group(1)} is not set")
+            substituted.append(environ[match.group(1)])
             return environ[match.group(1)]
         return _VARIABLE.sub(variable, value)
     if isinstance(value, list):
-        return [_expand(where, item, environ) for item in value]
+        return [_expand(where, item, environ, substituted) for item in value]
     if isinstance(value, dict):
-        return {key: _expand(where, item, environ) for key, item in value.items()}
+        return {key: _expand(where, item, environ, substituted) for key, item in value.items()}
     return value
 
 

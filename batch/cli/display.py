@@ -61,6 +61,10 @@ def summary_text(summary: RunSummary, db: str) -> str:
         f"({rate:.1f} output tok/s) in {summary.elapsed_s:.1f}s",
     ]
     lines.extend(worker_lines(summary.workers))
+    if summary.tool_errors:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary.tool_errors.items()))
+        lines.append(f"tool errors: {kinds} (see the tool_calls table)")
+    lines.extend(f"error: {error}" for error in summary.server_errors)
     if summary.ignored_fields:
         fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
         lines.append(f"note: fields accepted but not honoured offline: {fields}")

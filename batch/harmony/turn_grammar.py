@@ -99,7 +99,7 @@ def _final_schema(text_format: dict | None) -> dict | None:
 
 
 def _schema_field(registry: ToolRegistry, recipient: str) -> str:
-    namespace, _, name = recipient.partition(".")
+    namespace, name = registry.split_recipient(recipient)
     if namespace == "functions":
         return f"tools (function {name!r}).parameters"
     return f"tools (mcp {namespace!r}, tool {name!r}).inputSchema"

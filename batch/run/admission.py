@@ -93,7 +93,11 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     # The response echoes the effort the prompt was rendered with (a run default included).
     request = prepared.request.with_effort(prompt.reasoning_effort)
     for label, listing in listings.items():
-        registry.add_listing(label, listing.tools, listing.error)
+        registry.add_listing(label, listing.tools, listing.error, listing.error_kind)
+    if any(listing.error for listing in listings.values()):  # as the API: the response fails, at start
+        return Session(response_id=new_id("resp"), request=request, prompt_token_ids=[], registry=registry,
+                       options=options, seed=derive_seed(options.seed, line.custom_id), line=line,
+                       input_items=prepared.items)
     text_format = request.text_format_json()
     try:
         prompt_ids = render_prompt(request, prepared.items, registry, prompt)

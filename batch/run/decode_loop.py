@@ -116,7 +116,10 @@ class DecodeLoop:
                 self._end(session)
                 continue
             session.start()
-            self._submit_turn(session)
+            if session.outcome is not None:  # a server it uses could not be listed
+                self._end_response(session)
+            else:
+                self._submit_turn(session)
         self.listing = waiting
 
     def _submit_turn(self, session: Session) -> None:

@@ -90,14 +90,19 @@ class RunLedger:
             raise RunError(f"run {run_id}: no such run in this database")
         return run
 
-    def close(self, run_id: str, status: RunStatus, *, ignored: Counter, num_input_requests: int | None) -> None:
-        """Record the run's end: its status, the rows it has, and notes on its input and tools."""
+    def close(self, run_id: str, status: RunStatus, *, ignored: Counter,
+              num_input_requests: int | None) -> dict[str, int]:
+        """Record the run's end: its status, the rows it has, and notes on its input and tools.
+
+        Returns the run's failed tool calls per error kind (also in its notes)."""
+        tool_errors = self.store.reports.tool_error_counts(run_id)
         notes = {**(self.get(run_id)["notes"] or {}),
                  "ignored_fields": dict(ignored), "input_lines": num_input_requests,
-                 "tool_errors": self.store.reports.tool_error_counts(run_id)}
+                 "tool_errors": tool_errors}
         # The rows there are, not the lines read: requests in flight at an interrupt get none.
         self.store.runs.update(run_id, status=status, finished_at=_now(),
                               n_requests=self.store.runs.num_rows("requests", run_id), notes=notes)
+        return tool_errors
 
     def worker_rows(self, run_id: str) -> list[dict]:
         """The run's worker_throughput rows, when its rows name workers (else none)."""

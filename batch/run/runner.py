@@ -60,6 +60,8 @@ class RunSummary:
     elapsed_s: float
     ignored_fields: Counter
     workers: list[dict] = field(default_factory=list)  # worker_throughput rows, when a worker is named
+    tool_errors: dict[str, int] = field(default_factory=dict)  # failed tool calls per error kind
+    server_errors: list[str] = field(default_factory=list)  # why a server could not be listed
 
 
 class Run:
@@ -82,6 +84,8 @@ class Run:
         self.skipped = 0
         self.num_input_requests: int | None = None  # known once run() has scanned the input
         self.stopped_at_limit = False
+        self.tool_errors: dict[str, int] = {}  # recorded by the ledger when the run closes
+        self.server_errors: list[str] = []  # what decoded the run reports before it closes
 
     def run(self) -> RunSummary:
         """Decode every line not yet finished in this run; returns the summary."""
@@ -107,7 +111,7 @@ class Run:
             status = self._close(status)
         return RunSummary(self.run_id, opened.resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
-                          self.ledger.worker_rows(self.run_id))
+                          self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors)
 
     def prepare(self, line: InputLine) -> Prepared | None:
         """The line checked and ready to decode, or None when it ended here (invalid, or failed)."""
@@ -171,8 +175,8 @@ class Run:
                 if self._on_close is not None:
                     self._on_close()
             finally:
-                self.ledger.close(self.run_id, status, ignored=self.ignored,
-                                  num_input_requests=self.num_input_requests)
+                self.tool_errors = self.ledger.close(self.run_id, status, ignored=self.ignored,
+                                                     num_input_requests=self.num_input_requests)
         if error is not None:
             raise error
         return status
@@ -202,11 +206,16 @@ class Runner:
     def __init__(self, store: Store, backend: Backend, options: RunOptions, progress: Progress | None = None):
         catalog = ServerCatalog(options.tools.servers)
         self.loop = DecodeLoop(backend, options, catalog)
-        self.run_state = Run(store, options, self._decode, catalog, progress, on_close=self.loop.close)
+        self.run_state = Run(store, options, self._decode, catalog, progress, on_close=self._close_loop)
 
     def run(self) -> RunSummary:
         """Decode every line not yet finished in this run; returns the summary."""
         return self.run_state.run()
+
+    def _close_loop(self) -> None:
+        """Before the tool servers stop: which of them could not be listed, for the summary."""
+        self.run_state.server_errors = self.loop.dispatcher.listing_errors()
+        self.loop.close()
 
     def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Read, admit and decode the lines until every one has its result."""

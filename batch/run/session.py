@@ -95,9 +95,18 @@ class Session:
 
     # -- turn lifecycle ---------------------------------------------------
     def start(self) -> None:
+        """Emit the start and the `mcp_list_tools` items; a server that could not be listed fails the
+        response here, with its cause (the runner completes a session that has an outcome)."""
         self.events.start(self._response(ResponseStatus.IN_PROGRESS))
+        errors = []
         for listing in self.registry.listings:
-            self.events.list_tools(listing.server_label, listing.tools, listing.error)
+            item = self.events.list_tools(listing.server_label, listing.tools, listing.error)
+            if listing.error:
+                self.tools.record_listing_failure(listing, item["id"])
+                errors.append(listing.error)
+        if errors:
+            self.outcome = Outcome(ResponseStatus.FAILED, "; ".join(errors))
+            return
         self._begin_turn()
 
     def _begin_turn(self) -> None:

@@ -16,12 +16,13 @@ from batch.responses.response import Outcome
 from batch.responses.status import ResponseStatus, ToolCallStatus
 from tools.client import CallOutcome
 from tools.kinds import ToolErrorKind, ToolType
-from tools.registry import ToolRegistry, ToolTarget
+from tools.registry import ServerListing, ToolRegistry, ToolTarget
 
 
 # Tokenizing costs grow faster than linearly on long runs of one character (64 KiB of
 # spaces: ~1.6 s here; 1 MB made harmony's tokenizer panic): outputs are cut first.
 DEFAULT_MAX_TOOL_OUTPUT_BYTES = 16 * 1024
+LIST_TOOLS = "tools/list"  # the name of a listing's row: MCP's method
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class ToolCallRecord:
     output_bytes: int | None = None  # before the cut
     output_truncated: bool = False
     attempts: int = 1
+    result: dict | None = None  # the raw MCP result (tools/content.py)
 
 
 @dataclass
@@ -106,6 +108,13 @@ class ToolCallPolicy:
         self.pending = PendingToolCall(target, message.recipient, message.text, over_limit=over_limit)
         return self.pending
 
+    def record_listing_failure(self, listing: ServerListing, item_id: str) -> None:
+        """A server that could not be listed (`tools/list`), as a failed row of its own."""
+        self.calls.append(ToolCallRecord(
+            call_id=item_id, tool_type=ToolType.MCP, server_label=listing.server_label, name=LIST_TOOLS,
+            arguments="{}", output=None, status=ToolCallStatus.FAILED, error=listing.error, started_at=None,
+            duration_s=0.0, error_kind=listing.error_kind or ToolErrorKind.UNREACHABLE))
+
     def record(self, capped: CappedOutput, item_id: str | None) -> PendingToolCall:
         """The pending call answered (its item is `item_id`): record it, clear it, return it."""
         outcome = capped.outcome
@@ -121,6 +130,7 @@ class ToolCallPolicy:
             status=ToolCallStatus.FAILED if outcome.error else ToolCallStatus.COMPLETED,
             error=outcome.error, started_at=outcome.started_at, duration_s=outcome.duration_s,
             error_kind=(outcome.error_kind or ToolErrorKind.TOOL_ERROR) if outcome.error else None,
-            output_bytes=capped.num_bytes, output_truncated=capped.is_truncated, attempts=outcome.attempts))
+            output_bytes=capped.num_bytes, output_truncated=capped.is_truncated, attempts=outcome.attempts,
+            result=outcome.result))
         self.pending = None
         return call

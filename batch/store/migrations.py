@@ -324,10 +324,15 @@ def m013_pass_rate_intervals(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+def m012_tool_call_result(con: duckdb.DuckDBPyConnection) -> None:
+    """The raw MCP result of a call (images, resources and links included), beside the text the model read."""
+    con.execute("ALTER TABLE tool_calls ADD COLUMN result JSON")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
     m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
-    m013_pass_rate_intervals]
+    m012_tool_call_result, m013_pass_rate_intervals]
 
 
 def _version(migration: Callable) -> int:

@@ -145,6 +145,7 @@ class ToolCallRow:
     output_bytes: int | None = None  # of the output before it was cut for the model
     output_truncated: bool = False
     attempts: Int32 = 1  # 2: retried after its MCP server crashed
+    result: Json = None  # the MCP result as the server sent it (every content block), secrets masked
 
 
 @dataclass(slots=True)

@@ -2,26 +2,32 @@
 
     python -m tests.tools.echo_server [--http PORT]
 
-Tools: `add(a, b)`, `sleep(seconds)` (answers "slept"), `fail(message)` (an is_error
+Tools: `add(a, b)` (annotated read-only, titled "Add"), `sleep(seconds)` (answers "slept"), `fail(message)` (an is_error
 result), `crash(delay_s)` (the process exits: the client must restart it), `header(name)`
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
 without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
-output), `pid()` (the server's pid).
+output), `env(name)` (an environment variable, echoed to stderr too), `media()` (every
+content kind), `ask()` (elicits), `roots()` (lists the client's roots), `pid()` (the server's pid).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import os
+import sys
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import (BlobResourceContents, CallToolResult, EmbeddedResource, ImageContent, ResourceLink,
+                       TextContent, TextResourceContents, ToolAnnotations)
+from pydantic import BaseModel
 
 server = MCPServer("echo", instructions="Test tools.")
 
 
-@server.tool()
+@server.tool(title="Add", annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
 def add(a: int, b: int) -> int:
     """Add two integers."""
     return a + b
@@ -59,6 +65,47 @@ def header(name: str, ctx: Context) -> str:
 def big(char: str, size: int) -> str:
     """`char` repeated `size` times (a huge output)."""
     return char * size
+
+
+@server.tool()
+def env(name: str) -> str:
+    """An environment variable's value, also printed to stderr (as a careless server might)."""
+    value = os.environ.get(name, "unset")
+    print(f"{name}={value}", file=sys.stderr, flush=True)
+    return value
+
+
+@server.tool()
+def media() -> CallToolResult:
+    """One block of every kind: text, an image, a text and a binary resource, a resource link."""
+    pixel = base64.b64encode(b"\x89PNG" + bytes(60)).decode()
+    return CallToolResult(content=[
+        TextContent(type="text", text="four kinds follow"),
+        ImageContent(type="image", data=pixel, mime_type="image/png"),
+        EmbeddedResource(type="resource", resource=TextResourceContents(
+            uri="file:///notes.txt", mime_type="text/plain", text="the notes' text")),
+        EmbeddedResource(type="resource", resource=BlobResourceContents(
+            uri="file:///data.bin", mime_type="application/octet-stream", blob=base64.b64encode(bytes(10)).decode())),
+        ResourceLink(type="resource_link", name="report", uri="https://example.com/report.pdf",
+                     description="the full report")])
+
+
+class Answer(BaseModel):
+    text: str
+
+
+@server.tool()
+async def ask(ctx: Context) -> str:
+    """Elicits an answer from the client's user (form mode); says what the client did."""
+    result = await ctx.elicit("What now?", Answer)
+    return f"elicitation: {result.action}"
+
+
+@server.tool()
+async def roots(ctx: Context) -> str:
+    """The client's roots."""
+    listed = await ctx.request_context.session.list_roots()
+    return f"roots: {len(listed.roots)}"
 
 
 @server.tool()

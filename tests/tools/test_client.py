@@ -41,8 +41,18 @@ def test_stdio_list_call_and_tool_errors(client):
     assert done.started_at is not None and done.duration_s >= 0
     failed = call(client, spec, "fail", message="boom")
     assert failed.output is None and failed.error_kind == "tool_error" and "fail" in failed.error
-    wrong = call(client, spec, "add", a="x")
-    assert wrong.error_kind == "tool_error" and "validation error" in wrong.error
+    wrong = call(client, spec, "add", a="x")  # held to the listed schema before it is sent
+    assert wrong.error_kind == "invalid_arguments" and wrong.error_code == -32602
+    assert wrong.error == ("the arguments do not match the tool's input schema: $: 'b' is a required property; "
+                           "$.a: 'x' is not of type 'integer'")
+
+
+def test_injected_arguments_are_not_checked_and_are_masked_in_answers(client):
+    spec = echo_stdio()
+    done = client.call(spec, "big", {"size": 2}, injected={"char": "resp_42"}).result(timeout=30)
+    assert done.output == "[char][char]"  # the server got it, the answer does not show it
+    missing = client.call(spec, "big", {}, injected={"char": "resp_42"}).result(timeout=30)
+    assert missing.error.endswith("$: 'size' is a required property") and "resp_42" not in missing.error
 
 
 def test_calls_run_concurrently_on_one_connection(client):
@@ -117,7 +127,7 @@ def _alive(pid: int) -> bool:
 def test_a_crash_retries_the_calls_in_flight_alone_and_fails_the_call_that_crashes_again():
     """Three calls are in flight when a fourth crashes the server: each is retried once on the
     restarted server, alone; the bystanders complete, the crashing call fails on its second crash."""
-    with ToolClient(call_timeout_s=10) as client:
+    with ToolClient(call_timeout_s=60) as client:  # the deadline covers the restarts too
         spec = echo_stdio()
         first_pid = call(client, spec, "pid").output
         bystanders = [client.call(spec, "sleep", {"seconds": 0.5}) for _ in range(3)]
@@ -129,3 +139,27 @@ def test_a_crash_retries_the_calls_in_flight_alone_and_fails_the_call_that_crash
         assert "again" in crashed.error and "not retried" in crashed.error
         after = call(client, spec, "pid")  # a third server process serves the next call
         assert (after.attempts, after.error) == (1, None) and after.output != first_pid
+
+
+def test_the_timeout_caps_each_call_with_its_retry():
+    """Eight calls of 2 s are in flight at a crash: retried alone, one after another, they take 16 s
+    and more; with an 8 s timeout each call ends within its deadline, at least four as timeouts."""
+    timeout_s = 8.0
+    with ToolClient(call_timeout_s=timeout_s) as client:
+        spec = echo_stdio()
+        call(client, spec, "pid")  # started
+        calls = [client.call(spec, "sleep", {"seconds": 2}) for _ in range(8)]
+        client.call(spec, "crash", {"delay_s": 0.3}).result(timeout=60)
+        outcomes = [future.result(timeout=60) for future in calls]
+    assert all(outcome.attempts == 2 for outcome in outcomes)
+    assert max(outcome.duration_s for outcome in outcomes) < timeout_s + 1.5  # generous: the deadline holds
+    kinds = [outcome.error_kind for outcome in outcomes]
+    assert set(kinds) <= {None, "timeout"} and kinds.count("timeout") >= 4, kinds
+    late = next(outcome for outcome in outcomes if outcome.error_kind == "timeout")
+    assert late.error == "the tool call timed out after 8 s (its retry on the restarted server included)"
+
+
+def test_elicitation_is_declined_and_roots_are_none(client):
+    spec = echo_stdio()
+    assert call(client, spec, "ask").output == "elicitation: decline"
+    assert call(client, spec, "roots").output == "roots: 0"

@@ -23,10 +23,15 @@ def test_config_expands_environment_variables_and_hides_them(tmp_path):
     })
     servers = load_mcp_config(path, environ={"DOCS_TOKEN": "s3cret", "ARG": "--fast"})
     assert servers["docs"] == ServerSpec("docs", url="http://127.0.0.1:8000/mcp",
-                                         headers=(("Authorization", "Bearer s3cret"),))
+                                         headers=(("Authorization", "Bearer s3cret"),), secrets=("s3cret",))
     assert servers["local"].command == ("python", "-m", "x", "--fast")
     assert dict(servers["local"].env) == {"KEY": "s3cret"}
     assert all("s3cret" not in repr(spec) and "s3cret" not in spec.describe() for spec in servers.values())
+    # Every substituted value is a secret, masked wherever it would be stored or printed.
+    assert servers["local"].secret_values == ("--fast", "s3cret")
+    assert servers["local"].mask("KEY=s3cret ran --fast") == "KEY=[redacted] ran [redacted]"
+    request = ServerSpec("web", url="http://h/mcp").with_headers({"Authorization": "Bearer tok-123"})
+    assert request.mask("token tok-123 in 'Bearer tok-123'") == "token [redacted] in '[redacted]'"
 
 
 @pytest.mark.parametrize("servers, message", [

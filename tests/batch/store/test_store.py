@@ -49,7 +49,7 @@ EXPECTED_DDL = {
     "tool_calls": "run_id VARCHAR, response_id VARCHAR, call_id VARCHAR, tool_type VARCHAR, "
                   "server_label VARCHAR, name VARCHAR, arguments VARCHAR, output VARCHAR, "
                   "status VARCHAR, error VARCHAR, started_at TSTZ, duration_s DOUBLE, "
-                  "error_kind VARCHAR, output_bytes BIGINT, output_truncated BOOLEAN, attempts INTEGER",
+                  "error_kind VARCHAR, output_bytes BIGINT, output_truncated BOOLEAN, attempts INTEGER, result JSON",
     "tokens": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, "
               "prompt_token_ids INTEGER[], completion_token_ids INTEGER[]",
     "grades": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, grader VARCHAR, "
@@ -171,7 +171,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (4, "m004_tool_error_kind"), (5, "m005_bench"),
                             (6, "m006_event_timeline"), (7, "m007_views_from_enums"),
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
-                            (10, "m010_request_worker"), (13, "m013_pass_rate_intervals")]
+                            (10, "m010_request_worker"), (12, "m012_tool_call_result"),
+                            (13, "m013_pass_rate_intervals")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 

@@ -1,0 +1,122 @@
+"""Conformance: `batchrun submit` against servers nobody here wrote (#28).
+
+`@modelcontextprotocol/server-everything` (the MCP project's conformance server, over stdio
+and streamable HTTP on 127.0.0.1) and `mcp-server-time` (PyPI), both pinned and installed by
+`make setup` into .cache/mcp-servers/ (git-ignored; mcp-server-time with `pip --target`, so
+its own mcp never replaces the venv's). Each tool is forced once by the scripted backend;
+the items, rows, events and the content kept are checked. Skipped, with the reason, where
+node or the install is absent.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.batch.cli.test_cli_mcp import calls_by_line, config_file, run, scripted, validate_all  # noqa: F401
+from tests.support.db import rows
+from tests.support.mcp_servers import free_port
+
+SERVERS = Path(__file__).resolve().parents[3] / ".cache" / "mcp-servers"
+EVERYTHING = SERVERS / "node" / "node_modules" / ".bin" / "mcp-server-everything"
+TIME_PATH = SERVERS / "python"
+needs_node = pytest.mark.skipif(shutil.which("node") is None or not EVERYTHING.exists(),
+                                reason="node or server-everything is absent (make setup installs it with npm)")
+needs_time = pytest.mark.skipif(not (TIME_PATH / "mcp_server_time").exists(),
+                                reason="mcp-server-time is absent (make setup installs it with pip --target)")
+
+# One call per tool server-everything lists to batchrun: (arguments, a piece of the text the model reads).
+EVERYTHING_CALLS = {
+    "echo": ({"message": "hi"}, "Echo: hi"),
+    "get-annotated-message": ({"messageType": "error", "includeImage": True}, "[image: image/png, "),
+    "get-env": ({}, "PATH"),
+    "get-resource-links": ({"count": 2}, "[resource link: "),
+    "get-resource-reference": ({"resourceType": "Text", "resourceId": 1}, "[resource: demo://resource/"),
+    "get-structured-content": ({"location": "New York"}, "temperature"),
+    "get-sum": ({"a": 1, "b": 2}, "3"),
+    "get-tiny-image": ({}, "[image: image/png, "),
+    "gzip-file-as-resource": ({"name": "x.gz", "data": "data:text/plain;base64,aGVsbG8="}, "x.gz"),
+    "toggle-simulated-logging": ({}, "logging"),
+    "toggle-subscriber-updates": ({}, "updates"),
+    "trigger-long-running-operation": ({"duration": 1, "steps": 2}, "completed"),
+    "get-roots-list": ({}, "no roots"),
+    "trigger-elicitation-request": ({}, "decline"),
+    "trigger-url-elicitation": ({"url": "https://example.com/consent", "message": "consent"}, "decline"),
+}
+
+
+def lines_for(label: str, calls: dict) -> list[dict]:
+    return [{"custom_id": name, "input": f"{label}.{name} {json.dumps(arguments)}",
+             "tools": [{"type": "mcp", "server_label": label}],
+             "tool_choice": {"type": "mcp", "server_label": label, "name": name}}
+            for name, (arguments, _) in calls.items()]
+
+
+def check_run(db, label: str, calls: dict) -> None:
+    [(listing,)] = rows(db, "SELECT response->'$.output[0]' FROM responses LIMIT 1")
+    assert {tool["name"] for tool in json.loads(listing)["tools"]} == set(calls)
+    got = calls_by_line(db)
+    for name, (_, expected) in calls.items():
+        is_item, tool_type, server_label, called, status, kind, output, error = got[name]
+        assert (is_item, tool_type, server_label, called) == (True, "mcp", label, name)
+        assert (status, kind) == ("completed", None), (name, error)
+        assert expected.lower() in output.lower(), (name, output)
+    assert rows(db, "SELECT DISTINCT status FROM requests") == [("completed",)]
+    assert rows(db, "SELECT count(*) FROM tool_calls WHERE result IS NULL") == [(0,)]  # the raw results kept
+    validate_all(db)
+
+
+@needs_node
+def test_server_everything_over_stdio(tmp_path, scripted):  # noqa: F811
+    config = config_file(tmp_path, {"everything": {"command": str(EVERYTHING), "args": ["stdio"]}})
+    db, _ = run(tmp_path, lines_for("everything", EVERYTHING_CALLS), config, "--quiet")
+    check_run(db, "everything", EVERYTHING_CALLS)
+
+
+@contextlib.contextmanager
+def everything_http():
+    port = free_port()
+    process = subprocess.Popen([str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("server-everything did not start over HTTP")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@needs_node
+def test_server_everything_over_streamable_http(tmp_path, scripted):  # noqa: F811
+    with everything_http() as url:
+        config = config_file(tmp_path, {"everything": {"url": url}})
+        db, _ = run(tmp_path, lines_for("everything", EVERYTHING_CALLS), config, "--quiet")
+    check_run(db, "everything", EVERYTHING_CALLS)
+
+
+TIME_CALLS = {
+    "get_current_time": ({"timezone": "Europe/Paris"}, '"timezone": "Europe/Paris"'),
+    "convert_time": ({"source_timezone": "Europe/Paris", "time": "12:00", "target_timezone": "Asia/Tokyo"},
+                     '"time_difference": "+8.0h"'),
+}
+
+
+@needs_time
+def test_mcp_server_time_from_pypi(tmp_path, scripted):  # noqa: F811
+    config = config_file(tmp_path, {"time": {"command": sys.executable, "args": ["-m", "mcp_server_time"],
+                                             "env": {"PYTHONPATH": str(TIME_PATH)}}})
+    db, _ = run(tmp_path, lines_for("time", TIME_CALLS), config, "--quiet")
+    check_run(db, "time", TIME_CALLS)
