@@ -127,9 +127,11 @@ def test_mxfp4_triton_experts_equal_torch_experts_on_transformers_dequantised_we
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_in_kernel_mxfp4_dequantisation_equals_transformers():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fp32: decoded per element; bf16: dot_scaled
+@pytest.mark.parametrize("k", [64, 96])  # 96: a masked last K step
+def test_in_kernel_mxfp4_dequantisation_equals_transformers(dtype, k):
     # Identity activations through the down kernel: each output row is one weight row, as dequantised in the kernel.
-    num_experts, k, n = 3, 64, 96
+    num_experts, n = 3, 96
     gen = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (num_experts, n, k // 32, 16), dtype=torch.uint8, generator=gen)
     # Every code and a wide range of scales; 0 and 1 give subnormals, which GPUs may flush, so CPU only.
@@ -137,12 +139,48 @@ def test_in_kernel_mxfp4_dequantisation_equals_transformers():
     scales = torch.randint(lowest, 200, (num_experts, n, k // 32), dtype=torch.uint8, generator=gen)
     ids = torch.arange(num_experts).repeat_interleave(k)[:, None].to(DEVICE)
     routing = moe.route(ids, num_experts, 16)
-    eye = torch.eye(k, device=DEVICE).repeat(num_experts, 1)
+    eye = torch.eye(k, device=DEVICE, dtype=dtype).repeat(num_experts, 1)
     weight = moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE))
     out = moe.down_weighted(eye, routing, weight, torch.zeros(num_experts, n, device=DEVICE),
                             torch.ones(num_experts * k, device=DEVICE))
     want = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
     assert torch.equal(out.view(num_experts, k, n).cpu(), want)
+    assert torch.equal(want, mxfp4.dequantize(blocks, scales))
+
+
+def random_mxfp4(num_experts, k, n, gen):
+    """Random MXFP4 blocks and scales around 2^-4 (weights of magnitude <= 6/16), and their fp32 dequantisation."""
+    blocks = torch.randint(0, 256, (num_experts, n, k // 32, 16), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(120, 126, (num_experts, n, k // 32), dtype=torch.uint8, generator=gen)
+    return moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE)), mxfp4.dequantize(blocks, scales)
+
+
+@pytest.mark.parametrize("num_tokens", [5, 40])
+def test_scaled_dot_moe_stages_equal_engine_mxfp4_and_torch(num_tokens):
+    # bf16 activations take tl.dot_scaled: each stage equals engine.mxfp4.dequantize + torch in fp32, up to
+    # summation order (and gate_up's final rounding to bf16).
+    num_experts, top_k, hidden, inter = 4, 2, 64, 96
+    gen = torch.Generator().manual_seed(num_tokens)
+    gate_up, gate_up_fp32 = random_mxfp4(num_experts, hidden, 2 * inter, gen)
+    down, down_fp32 = random_mxfp4(num_experts, inter, hidden, gen)
+    gate_up_bias, down_bias = torch.randn(num_experts, 2 * inter, generator=gen), torch.randn(num_experts, hidden,
+                                                                                              generator=gen)
+    x = (2 * torch.randn(num_tokens, hidden, generator=gen)).bfloat16()
+    ids, weights = routed(num_tokens, seed=num_tokens, top_k=top_k)
+    routing = moe.route(ids, num_experts, 16)
+    activated = moe.gate_up_swiglu(x.to(DEVICE), routing, top_k, gate_up, gate_up_bias.to(DEVICE), 1.702, 7.0)
+    per_pair = moe.down_weighted(activated, routing, down, down_bias.to(DEVICE), weights.reshape(-1))
+
+    rows = routing.sorted_pairs.long().cpu()  # sorted row -> pair
+    experts = ids.reshape(-1).cpu()[rows]
+    h = torch.einsum("rk,rkn->rn", x.float()[rows // top_k], gate_up_fp32[experts]) + gate_up_bias[experts]
+    gate, up = h[:, ::2].clamp(max=7.0), h[:, 1::2].clamp(-7.0, 7.0)
+    want_activated = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+    assert want_activated.abs().max() > 1.0 and (h[:, ::2] > 7.0).any()  # wide enough to clamp
+    torch.testing.assert_close(activated.cpu().float(), want_activated.bfloat16().float(), rtol=2**-7, atol=1e-3)
+    y = torch.einsum("rk,rkn->rn", activated.cpu().float(), down_fp32[experts]) + down_bias[experts]
+    want_per_pair = torch.zeros_like(y).index_copy_(0, rows, y * weights.reshape(-1).cpu()[rows, None])
+    torch.testing.assert_close(per_pair.cpu(), want_per_pair, rtol=1e-5, atol=1e-5)
 
 
 # -- the model --------------------------------------------------------------------------
