@@ -228,6 +228,44 @@ def test_triton_model_keeps_mxfp4_experts_packed_and_matches_the_torch_model(mxf
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 
+def test_dense_moe_weights_hold_the_experts_dequantised_in_the_models_dtype(mxfp4_model_dir):
+    from engine.loader import load_model
+
+    model, _ = load_model(EngineConfig(mxfp4_model_dir, dtype="bfloat16", device=DEVICE, kernels="triton",
+                                       moe_weights="dense"))
+    experts = model.model.layers[0].mlp.experts
+    assert experts.triton_moe is not None and not experts.is_mxfp4
+    assert not any(name.endswith(("_blocks", "_scales")) for name, _ in model.named_parameters())
+    checkpoint = load_file(mxfp4_model_dir / "model.safetensors")
+    name = "model.layers.0.mlp.experts.down_proj"
+    want = mxfp4.dequantize(checkpoint[name + "_blocks"], checkpoint[name + "_scales"], torch.bfloat16)
+    assert experts.down_proj.dtype == torch.bfloat16 and torch.equal(experts.down_proj.cpu(), want)
+
+
+def test_dense_and_packed_moe_weights_decode_the_torch_paths_tokens(mxfp4_model_dir):
+    from engine.api import SamplingParams
+    from engine.llm_engine import LLMEngine
+    from tests.engine.test_llm_engine import decode, prompt
+
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompts = {"r0": prompt(0, 3), "r1": prompt(1, 20)}
+    tokens = {}
+    for kernels, moe_weights in (("torch", "auto"), ("triton", "dense"), ("triton", "auto")):
+        llm = LLMEngine(EngineConfig(mxfp4_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01,
+                                     kernels=kernels, moe_weights=moe_weights))
+        experts = llm.runner.model.model.layers[0].mlp.experts
+        assert experts.is_mxfp4 == (kernels == "triton" and moe_weights == "auto")  # auto keeps them packed
+        tokens[kernels, moe_weights] = decode(llm, prompts, greedy)
+    assert tokens["triton", "dense"] == tokens["torch", "auto"] == tokens["triton", "auto"]
+
+
+def test_moe_weights_are_checked():
+    with pytest.raises(ValueError, match="unknown moe_weights 'bf8'"):
+        EngineConfig("unused", moe_weights="bf8")
+    with pytest.raises(ValueError, match="moe_weights='mxfp4' needs kernels='triton'"):
+        EngineConfig("unused", kernels="torch", moe_weights="mxfp4")
+
+
 # -- the 20b shape, natively -------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
