@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--kernels", default="auto")
+    parser.add_argument("--moe-weights", default="auto", help="MXFP4 experts: auto, mxfp4 (packed) or dense")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         if not on_gpu:
             parser.error("--preset 20b is built on the GPU: pass --device cuda")
     engine_options = {"device": args.device, "kernels": args.kernels, "max_num_seqs": args.max_num_seqs,
-                      "gpu_memory_utilization": args.gpu_memory_utilization}
+                      "gpu_memory_utilization": args.gpu_memory_utilization, "moe_weights": args.moe_weights}
     results: list[BenchResult] = []
     batch1: dict = {}
     for workload in make_workloads(args.workloads.split(","), args.num_requests, args.seed):

@@ -26,7 +26,7 @@ from transformers import GptOssConfig, GptOssForCausalLM
 
 from engine.api import SamplingParams
 from engine.checkpoint import parameter_specs, tiny_config
-from engine.config import EngineConfig, ModelConfig
+from engine.config import EngineConfig, ModelConfig, held_model_config
 from engine.model import GptOssModel
 from engine.mxfp4 import MXFP4_BLOCK, dequantize, quantize
 from engine.workloads import BenchResult, Workload, run_backend
@@ -65,14 +65,15 @@ def random_weights(config: GptOssConfig, device: torch.device | str, dtype: torc
 
 
 def build_engine_model(config: GptOssConfig, device: torch.device | str, dtype: torch.dtype, kernels: str,
-                       seed: int = 0) -> tuple[GptOssModel, ModelConfig]:
-    """Our model on `device` with random_weights (experts kept packed with kernels="triton")."""
+                       seed: int = 0, moe_weights: str = "auto") -> tuple[GptOssModel, ModelConfig]:
+    """Our model on `device` with random_weights (experts kept packed with kernels="triton", unless
+    moe_weights="dense")."""
     model_config = ModelConfig.from_hf(config)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            model = GptOssModel(model_config, kernels=kernels)
+            model = GptOssModel(held_model_config(model_config, moe_weights), kernels=kernels)
     finally:
         torch.set_default_dtype(previous)
     model = model.to_empty(device=device).eval().requires_grad_(False)
@@ -146,7 +147,8 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int,
     _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
         if system == "engine":
-            engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels))
+            engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels,
+                                                                 moe_weights=engine_config.moe_weights))
             result = run_backend("engine", engine, workload)
             return result, {**engine.stats(), **batch1_decode(engine, hbm_bytes_per_s(device))}
         if system in ("hf_generate", "hf_generate_batch"):

@@ -11,7 +11,7 @@ gpt-oss checkpoint); `check_model_dir` adds the weights check.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -139,6 +139,7 @@ class ModelConfig:
 
 
 KERNELS = ("torch", "triton")
+MOE_WEIGHTS = ("auto", "mxfp4", "dense")
 
 
 @dataclass
@@ -161,6 +162,10 @@ class EngineConfig:
     # (attention, MoE); on CPU tensors they run in Triton's interpreter (TRITON_INTERPRET=1).
     # "auto": triton on CUDA when it is importable, else torch.
     kernels: str = "torch"
+    # An MXFP4 checkpoint's experts with kernels="triton": "mxfp4" keeps them packed (4.25 bits a weight,
+    # decoded inside the MoE kernel); "dense" dequantises them on load into the model's dtype (gpt-oss-20b:
+    # ~41 GB in bf16) for the dense-weight MoE kernel; "auto" keeps mxfp4 (no GPU has measured which is faster).
+    moe_weights: str = "auto"
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -168,6 +173,10 @@ class EngineConfig:
         self.kernels = resolve_kernels(self.kernels, self.device)
         if self.kernels not in KERNELS:
             raise ValueError(f"unknown kernels {self.kernels!r}; use one of {', '.join(KERNELS)}")
+        if self.moe_weights not in MOE_WEIGHTS:
+            raise ValueError(f"unknown moe_weights {self.moe_weights!r}; use one of {', '.join(MOE_WEIGHTS)}")
+        if self.moe_weights == "mxfp4" and self.kernels != "triton":
+            raise ValueError("moe_weights='mxfp4' needs kernels='triton' (the torch path dequantises experts on load)")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -190,6 +199,14 @@ class EngineConfig:
 
 
 
+
+
+def held_model_config(model_config: ModelConfig, moe_weights: str) -> ModelConfig:
+    """`model_config` as the model is built for EngineConfig.moe_weights: with MXFP4 experts held dense,
+    as for a checkpoint with dense experts (the loader then dequantises them)."""
+    if model_config.quant_method == "mxfp4" and moe_weights == "dense":
+        return replace(model_config, quant_method=None)
+    return model_config
 
 
 def _checkpoint_dtype(dtype: object) -> torch.dtype:

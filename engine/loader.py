@@ -5,7 +5,8 @@ given uninitialised storage on the target device, and every parameter is then
 filled from the checkpoint tensor of the same name, one tensor at a time. MXFP4
 experts (`*_blocks` + `*_scales`, as the published gpt-oss checkpoints ship
 them) are dequantised into the target dtype on load, unless the model keeps
-them packed (kernels="triton": dequantised inside the MoE kernel).
+them packed (kernels="triton" and moe_weights other than "dense": decoded
+inside the MoE kernel).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.api import ModelLoadError
 from engine.compact import is_compact, load_compact
-from engine.config import EngineConfig, ModelConfig, check_model_dir
+from engine.config import EngineConfig, ModelConfig, check_model_dir, held_model_config
 from engine.kernels import require_triton
 from engine.model import GptOssModel
 from engine.mxfp4 import dequantize
@@ -39,7 +40,7 @@ def load_model(config: EngineConfig) -> tuple[GptOssModel, ModelConfig]:
     if config.kernels == "triton":
         require_triton(device)  # before a kernel module loads: names the extra if missing, the interpreter on CPU
     with _default_dtype(dtype), torch.device("meta"):
-        model = GptOssModel(model_config, kernels=config.kernels)
+        model = GptOssModel(held_model_config(model_config, config.moe_weights), kernels=config.kernels)
     model = model.to_empty(device=device).eval().requires_grad_(False)
     params = dict(model.named_parameters())
     keep_mxfp4 = any(name.endswith("_blocks") for name in params)

@@ -5,7 +5,8 @@
 `route` sorts the pairs by expert and builds a tile schedule on the device (no
 host sync): tile t covers up to BLOCK_M sorted rows of one expert; the number
 of tiles has a static upper bound, and the tiles past the real ones are marked
-with expert id E and return at once. Both kernels run over (tile, column block):
+with expert id E and return at once. One kernel (engine.kernels.moe_gemm) runs
+each projection over (tile, column block):
 - gate_up: x rows gathered by token, times the expert's gate_up weight, plus
   bias, then the clamped SwiGLU of the interleaved gate/up columns -> [P, I];
 - down: those rows times the expert's down weight, plus bias, times the router
@@ -13,9 +14,10 @@ with expert id E and return at once. Both kernels run over (tile, column block):
   result is deterministic: no atomics).
 
 Expert weights come dense ([E, in, out], any float dtype) or MXFP4
-(engine.mxfp4: blocks [E, out, in/32, 16], scales [E, out, in/32]), dequantised
-in the K loop: each byte holds inputs 2j and 2j+1, so the activation tile is
-read as its even and odd columns and each meets one nibble's weights.
+(engine.mxfp4: blocks [E, out, in/32, 16], scales [E, out, in/32]). MXFP4 times
+bf16/fp16 activations goes through tl.dot_scaled (the scale applied once per
+32-weight group, on the tensor cores); times fp32 activations each weight is
+decoded in fp32 (exact; CPU models).
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ require_triton("cuda" if torch.cuda.is_available() else "cpu")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from engine.kernels.moe_gemm import moe_gemm_kernel  # noqa: E402
+
 # The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
 # first, which gives the products a 16-bit MMA with fp32 accumulation gives.
 UPCAST_DOT_OPERANDS = os.environ.get("TRITON_INTERPRET") == "1"
-MXFP4_GROUP_BYTES: tl.constexpr = tl.constexpr(MXFP4_BLOCK // 2)  # bytes sharing one scale
-
-
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# Activation dtypes tl.dot_scaled multiplies MXFP4 weights with (on the tensor cores); fp32 takes the upcast path.
+SCALED_DOT_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass(frozen=True)
@@ -157,8 +160,7 @@ def gate_up_swiglu(x: Tensor, routing: Routing, top_k: int, gate_up: ExpertWeigh
     """x [T, hidden] -> [T * top_k, intermediate] in sorted-row order: swiglu(x[token] @ gate_up[e] + bias[e])."""
     num_pairs = routing.sorted_pairs.numel()
     activated = torch.empty(num_pairs, gate_up.shape[2] // 2, dtype=x.dtype, device=x.device)
-    _launch(_gate_up_swiglu_kernel, x, gate_up, bias, activated, routing, top_k, pair_weights=x, alpha=alpha,
-            limit=limit)
+    _launch(x, gate_up, bias, activated, routing, top_k, pair_weights=x, swiglu=(alpha, limit))
     return activated
 
 
@@ -166,149 +168,35 @@ def down_weighted(activated: Tensor, routing: Routing, down: ExpertWeight, bias:
                   pair_weights: Tensor) -> Tensor:
     """activated [P, intermediate] (sorted rows) -> fp32 [P, hidden] by pair: w[pair] * (a @ down[e] + bias[e])."""
     per_pair = torch.empty(activated.shape[0], down.shape[2], dtype=torch.float32, device=activated.device)
-    _launch(_down_kernel, activated, down, bias, per_pair, routing, 1, pair_weights=pair_weights, alpha=0.0,
-            limit=0.0)
+    _launch(activated, down, bias, per_pair, routing, 1, pair_weights=pair_weights, swiglu=None)
     return per_pair
 
 
-def _launch(kernel: triton.JITFunction, a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Routing,
-            top_k: int, *, pair_weights: Tensor, alpha: float, limit: float) -> None:
+def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Routing, top_k: int, *,
+            pair_weights: Tensor, swiglu: tuple[float, float] | None) -> None:
+    """moe_gemm_kernel over (tile, column block); `swiglu` (alpha, limit) selects the gate_up epilogue."""
     num_experts, k, n = w.shape
     block_n, block_k = 64, 64
     if w.dense is not None:
-        w_ptr, scales = w.dense, w.dense  # scales unused
+        weights, w_ptr, scales = "dense", w.dense, w.dense  # scales unused
         w_strides = (w.dense.stride(0), w.dense.stride(1), w.dense.stride(2))
         s_strides = (0, 0, 0)
     else:
         assert w.blocks is not None and w.scales is not None  # for mypy
+        weights = "mxfp4" if a.dtype in SCALED_DOT_FORMATS else "mxfp4_upcast"
         w_ptr, scales = w.blocks, w.scales
         w_strides = (w.blocks.stride(0), 1, w.blocks.stride(1))  # (expert, byte along in, out)
         s_strides = (w.scales.stride(0), w.scales.stride(2), w.scales.stride(1))  # (expert, group, out)
+    alpha, limit = swiglu or (0.0, 0.0)
     grid = (routing.tile_expert.numel(), triton.cdiv(n, block_n))
-    kernel[grid](
+    moe_gemm_kernel[grid](
         a, w_ptr, scales, bias, out, pair_weights,
         routing.sorted_pairs, routing.tile_expert, routing.tile_row_start, routing.expert_offsets,
         k, n, num_experts, top_k, alpha, limit,
         a.stride(0), a.stride(1), *w_strides, *s_strides, bias.stride(0), bias.stride(1), out.stride(0),
-        MXFP4=w.is_mxfp4, PRECISION="ieee" if a.dtype == torch.float32 or UPCAST_DOT_OPERANDS else "tf32",
+        SWIGLU=swiglu is not None, WEIGHTS=weights, A_FORMAT=SCALED_DOT_FORMATS.get(a.dtype, ""),
+        EVEN_K=k % block_k == 0,
+        PRECISION="ieee" if a.dtype == torch.float32 or UPCAST_DOT_OPERANDS else "tf32",
         DOT_DTYPE=tl.float32 if UPCAST_DOT_OPERANDS else _TL_DTYPES[a.dtype],
         BLOCK_M=routing.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )
-
-
-@triton.jit
-def _e2m1_times_scale(code, scale):
-    """FP4 codes (int32 0..15) times e8m0 scales (int32 0..255) -> fp32, built from their bits (exact)."""
-    exponent = (code >> 1) & 3
-    mantissa = code & 1
-    # exponent 0 is subnormal: 0 or 0.5; otherwise 2^(exponent - 1) * (1 + mantissa / 2).
-    bits = tl.where(exponent == 0, mantissa * (126 << 23), ((exponent + 126) << 23) | (mantissa << 22))
-    magnitude = bits.to(tl.float32, bitcast=True)
-    value = tl.where(code >= 8, -magnitude, magnitude)
-    # 2^(scale - 127) as fp32 bits; scale 0 (2^-127) is subnormal, so take 2^-126 and halve.
-    factor = (tl.maximum(scale, 1) << 23).to(tl.float32, bitcast=True)
-    value = value * factor
-    return tl.where(scale == 0, value * 0.5, value)
-
-
-@triton.jit
-def _tile_rows(tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr, BLOCK_M: tl.constexpr):
-    """This program's expert, its sorted rows [BLOCK_M] and their mask."""
-    tile = tl.program_id(0)
-    expert = tl.load(tile_expert_ptr + tile)
-    rows = tl.load(tile_row_start_ptr + tile) + tl.arange(0, BLOCK_M)
-    row_end = tl.load(expert_offsets_ptr + expert + 1)
-    return expert, rows, rows < row_end
-
-
-@triton.jit
-def _expert_matmul(a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, expert, offs_n, K, N,
-                   stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-                   MXFP4: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_M, BLOCK_N] fp32: rows at a_rows_ptr [BLOCK_M, 1] times columns offs_n of expert's weight."""
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    mask_n = offs_n < N
-    w_ptr += expert.to(tl.int64) * stride_we
-    if MXFP4:
-        s_ptr += expert.to(tl.int64) * stride_se
-        for k0 in range(0, K, BLOCK_K):
-            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds inputs 2j (low nibble) and 2j + 1
-            mask_j = j < K // 2
-            a_mask = row_mask[:, None] & mask_j[None, :]
-            a_even = tl.load(a_rows_ptr + (2 * j)[None, :] * stride_ak, mask=a_mask, other=0.0)
-            a_odd = tl.load(a_rows_ptr + (2 * j + 1)[None, :] * stride_ak, mask=a_mask, other=0.0)
-            w_mask = mask_j[:, None] & mask_n[None, :]
-            packed = tl.load(w_ptr + j[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=w_mask, other=0)
-            scale = tl.load(s_ptr + (j // MXFP4_GROUP_BYTES)[:, None] * stride_sg + offs_n[None, :] * stride_sn,
-                            mask=w_mask, other=127).to(tl.int32)
-            packed = packed.to(tl.int32)
-            w_even = _e2m1_times_scale(packed & 15, scale).to(a_even.dtype).to(DOT_DTYPE)
-            w_odd = _e2m1_times_scale(packed >> 4, scale).to(a_even.dtype).to(DOT_DTYPE)
-            acc = tl.dot(a_even.to(DOT_DTYPE), w_even, acc, input_precision=PRECISION)
-            acc = tl.dot(a_odd.to(DOT_DTYPE), w_odd, acc, input_precision=PRECISION)
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
-            a = tl.load(a_rows_ptr + offs_k[None, :] * stride_ak, mask=row_mask[:, None] & mask_k[None, :], other=0.0)
-            w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
-                        mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            acc = tl.dot(a.to(DOT_DTYPE), w.to(a.dtype).to(DOT_DTYPE), acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def _gate_up_swiglu_kernel(
-    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, unused_ptr,
-    sorted_pairs_ptr, tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr,
-    K, N, num_experts, top_k, alpha, limit,
-    stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-    stride_be, stride_bn, stride_om,
-    MXFP4: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """out[row, j] = swiglu(gate, up) of x[token(row)] @ W[expert] + bias, columns 2j (gate) and 2j + 1 (up)."""
-    expert, rows, row_mask = _tile_rows(tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr, BLOCK_M)
-    if expert >= num_experts:
-        return
-    tokens = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // top_k
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _expert_matmul(x_ptr + tokens.to(tl.int64)[:, None] * stride_xm, row_mask, stride_xk, w_ptr, s_ptr,
-                         expert, offs_n, K, N, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-                         MXFP4, PRECISION, DOT_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K)
-    bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=offs_n < N, other=0.0)
-    gate, up = tl.split(tl.reshape(acc + bias.to(tl.float32)[None, :], (BLOCK_M, BLOCK_N // 2, 2)))
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    activated = (up + 1.0) * gate / (1.0 + tl.exp(-gate * alpha))  # (up + 1) * gate * sigmoid(alpha * gate)
-    offs_j = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_j[None, :]
-    tl.store(out, activated.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_j < N // 2)[None, :])
-
-
-@triton.jit
-def _down_kernel(
-    a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, pair_weights_ptr,
-    sorted_pairs_ptr, tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr,
-    K, N, num_experts, top_k, alpha, limit,
-    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-    stride_be, stride_bn, stride_om,
-    MXFP4: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """out[pair(row)] = router_weight(pair) * (a[row] @ W[expert] + bias), fp32."""
-    expert, rows, row_mask = _tile_rows(tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr, BLOCK_M)
-    if expert >= num_experts:
-        return
-    pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _expert_matmul(a_ptr + rows.to(tl.int64)[:, None] * stride_am, row_mask, stride_ak, w_ptr, s_ptr,
-                         expert, offs_n, K, N, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-                         MXFP4, PRECISION, DOT_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K)
-    mask_n = offs_n < N
-    bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=mask_n, other=0.0)
-    router_weight = tl.load(pair_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
-    y = (acc + bias.to(tl.float32)[None, :]) * router_weight[:, None]
-    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, y, mask=row_mask[:, None] & mask_n[None, :])

@@ -39,6 +39,12 @@ def test_the_in_memory_model_decodes_as_transformers_does_with_the_same_weights(
     assert engine_tokens("triton") == expected  # MXFP4 experts kept packed, dequantised in the (interpreted) kernel
 
 
+def test_the_in_memory_model_holds_the_experts_dense_when_asked():
+    model, _ = build_engine_model(preset_config(**TINY), "cpu", torch.float32, "triton", moe_weights="dense")
+    names = {name for name, _ in model.named_parameters()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names and not any(n.endswith("_blocks") for n in names)
+
+
 def test_the_roofline_counts_the_bytes_the_20b_models_tensors_hold():
     config = ModelConfig.from_hf(preset_config())
     assert (config.hidden_size, config.num_local_experts, config.quant_method) == (2880, 32, "mxfp4")

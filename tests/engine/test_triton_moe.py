@@ -127,9 +127,11 @@ def test_mxfp4_triton_experts_equal_torch_experts_on_transformers_dequantised_we
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_in_kernel_mxfp4_dequantisation_equals_transformers():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fp32: decoded per element; bf16: dot_scaled
+@pytest.mark.parametrize("k", [64, 96])  # 96: a masked last K step
+def test_in_kernel_mxfp4_dequantisation_equals_transformers(dtype, k):
     # Identity activations through the down kernel: each output row is one weight row, as dequantised in the kernel.
-    num_experts, k, n = 3, 64, 96
+    num_experts, n = 3, 96
     gen = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (num_experts, n, k // 32, 16), dtype=torch.uint8, generator=gen)
     # Every code and a wide range of scales; 0 and 1 give subnormals, which GPUs may flush, so CPU only.
@@ -137,12 +139,48 @@ def test_in_kernel_mxfp4_dequantisation_equals_transformers():
     scales = torch.randint(lowest, 200, (num_experts, n, k // 32), dtype=torch.uint8, generator=gen)
     ids = torch.arange(num_experts).repeat_interleave(k)[:, None].to(DEVICE)
     routing = moe.route(ids, num_experts, 16)
-    eye = torch.eye(k, device=DEVICE).repeat(num_experts, 1)
+    eye = torch.eye(k, device=DEVICE, dtype=dtype).repeat(num_experts, 1)
     weight = moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE))
     out = moe.down_weighted(eye, routing, weight, torch.zeros(num_experts, n, device=DEVICE),
                             torch.ones(num_experts * k, device=DEVICE))
     want = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
     assert torch.equal(out.view(num_experts, k, n).cpu(), want)
+    assert torch.equal(want, mxfp4.dequantize(blocks, scales))
+
+
+def random_mxfp4(num_experts, k, n, gen):
+    """Random MXFP4 blocks and scales around 2^-4 (weights of magnitude <= 6/16), and their fp32 dequantisation."""
+    blocks = torch.randint(0, 256, (num_experts, n, k // 32, 16), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(120, 126, (num_experts, n, k // 32), dtype=torch.uint8, generator=gen)
+    return moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE)), mxfp4.dequantize(blocks, scales)
+
+
+@pytest.mark.parametrize("num_tokens", [5, 40])
+def test_scaled_dot_moe_stages_equal_engine_mxfp4_and_torch(num_tokens):
+    # bf16 activations take tl.dot_scaled: each stage equals engine.mxfp4.dequantize + torch in fp32, up to
+    # summation order (and gate_up's final rounding to bf16).
+    num_experts, top_k, hidden, inter = 4, 2, 64, 96
+    gen = torch.Generator().manual_seed(num_tokens)
+    gate_up, gate_up_fp32 = random_mxfp4(num_experts, hidden, 2 * inter, gen)
+    down, down_fp32 = random_mxfp4(num_experts, inter, hidden, gen)
+    gate_up_bias, down_bias = torch.randn(num_experts, 2 * inter, generator=gen), torch.randn(num_experts, hidden,
+                                                                                              generator=gen)
+    x = (2 * torch.randn(num_tokens, hidden, generator=gen)).bfloat16()
+    ids, weights = routed(num_tokens, seed=num_tokens, top_k=top_k)
+    routing = moe.route(ids, num_experts, 16)
+    activated = moe.gate_up_swiglu(x.to(DEVICE), routing, top_k, gate_up, gate_up_bias.to(DEVICE), 1.702, 7.0)
+    per_pair = moe.down_weighted(activated, routing, down, down_bias.to(DEVICE), weights.reshape(-1))
+
+    rows = routing.sorted_pairs.long().cpu()  # sorted row -> pair
+    experts = ids.reshape(-1).cpu()[rows]
+    h = torch.einsum("rk,rkn->rn", x.float()[rows // top_k], gate_up_fp32[experts]) + gate_up_bias[experts]
+    gate, up = h[:, ::2].clamp(max=7.0), h[:, 1::2].clamp(-7.0, 7.0)
+    want_activated = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+    assert want_activated.abs().max() > 1.0 and (h[:, ::2] > 7.0).any()  # wide enough to clamp
+    torch.testing.assert_close(activated.cpu().float(), want_activated.bfloat16().float(), rtol=2**-7, atol=1e-3)
+    y = torch.einsum("rk,rkn->rn", activated.cpu().float(), down_fp32[experts]) + down_bias[experts]
+    want_per_pair = torch.zeros_like(y).index_copy_(0, rows, y * weights.reshape(-1).cpu()[rows, None])
+    torch.testing.assert_close(per_pair.cpu(), want_per_pair, rtol=1e-5, atol=1e-5)
 
 
 # -- the model --------------------------------------------------------------------------
@@ -188,6 +226,44 @@ def test_triton_model_keeps_mxfp4_experts_packed_and_matches_the_torch_model(mxf
                                                                                      DEVICE)))
                   for model in (packed, dequantised)]
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_dense_moe_weights_hold_the_experts_dequantised_in_the_models_dtype(mxfp4_model_dir):
+    from engine.loader import load_model
+
+    model, _ = load_model(EngineConfig(mxfp4_model_dir, dtype="bfloat16", device=DEVICE, kernels="triton",
+                                       moe_weights="dense"))
+    experts = model.model.layers[0].mlp.experts
+    assert experts.triton_moe is not None and not experts.is_mxfp4
+    assert not any(name.endswith(("_blocks", "_scales")) for name, _ in model.named_parameters())
+    checkpoint = load_file(mxfp4_model_dir / "model.safetensors")
+    name = "model.layers.0.mlp.experts.down_proj"
+    want = mxfp4.dequantize(checkpoint[name + "_blocks"], checkpoint[name + "_scales"], torch.bfloat16)
+    assert experts.down_proj.dtype == torch.bfloat16 and torch.equal(experts.down_proj.cpu(), want)
+
+
+def test_dense_and_packed_moe_weights_decode_the_torch_paths_tokens(mxfp4_model_dir):
+    from engine.api import SamplingParams
+    from engine.llm_engine import LLMEngine
+    from tests.engine.test_llm_engine import decode, prompt
+
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompts = {"r0": prompt(0, 3), "r1": prompt(1, 20)}
+    tokens = {}
+    for kernels, moe_weights in (("torch", "auto"), ("triton", "dense"), ("triton", "auto")):
+        llm = LLMEngine(EngineConfig(mxfp4_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01,
+                                     kernels=kernels, moe_weights=moe_weights))
+        experts = llm.runner.model.model.layers[0].mlp.experts
+        assert experts.is_mxfp4 == (kernels == "triton" and moe_weights == "auto")  # auto keeps them packed
+        tokens[kernels, moe_weights] = decode(llm, prompts, greedy)
+    assert tokens["triton", "dense"] == tokens["torch", "auto"] == tokens["triton", "auto"]
+
+
+def test_moe_weights_are_checked():
+    with pytest.raises(ValueError, match="unknown moe_weights 'bf8'"):
+        EngineConfig("unused", moe_weights="bf8")
+    with pytest.raises(ValueError, match="moe_weights='mxfp4' needs kernels='triton'"):
+        EngineConfig("unused", kernels="torch", moe_weights="mxfp4")
 
 
 # -- the 20b shape, natively -------------------------------------------------------------

@@ -1,0 +1,167 @@
+# mypy: allow-untyped-defs
+# (@triton.jit kernels take untyped arguments: Triton reads annotations as constexpr markers.)
+"""The MoE's grouped GEMM kernel: one program per (tile of sorted rows, column block), one expert per tile.
+
+`moe_gemm_kernel` serves both projections (engine.kernels.moe launches it):
+- SWIGLU: x rows gathered by token, times the expert's gate_up weight, plus bias, then the clamped SwiGLU
+  of the interleaved gate/up columns, stored per sorted row;
+- otherwise (down): sorted rows times the expert's down weight, plus bias, times the router weight,
+  stored per (token, expert) pair in fp32.
+
+The weight comes in one of three forms (WEIGHTS):
+- "dense": [E, in, out] floats, a plain tl.dot;
+- "mxfp4": packed e2m1 blocks with e8m0 scales (engine.mxfp4) times 16-bit activations, through
+  tl.dot_scaled: the codes are upcast to the activations' type with the scale applied once per 32-weight
+  group, on the tensor cores (on sm_90 Triton swaps the operands so the weights fill wgmma's 64 rows);
+- "mxfp4_upcast": the same blocks times fp32 activations (dot_scaled takes 16-bit floats at most):
+  each code and scale are decoded per element in fp32, exactly. CPU models and tests use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kernels import require_triton
+from engine.mxfp4 import MXFP4_BLOCK
+
+require_triton("cuda" if torch.cuda.is_available() else "cpu")  # see engine.kernels.moe: before triton loads
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+MXFP4_GROUP: tl.constexpr = tl.constexpr(MXFP4_BLOCK)  # weights sharing one scale
+MXFP4_GROUP_BYTES: tl.constexpr = tl.constexpr(MXFP4_BLOCK // 2)
+
+
+@triton.jit
+def moe_gemm_kernel(
+    a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, pair_weights_ptr,
+    sorted_pairs_ptr, tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr,
+    K, N, num_experts, top_k, alpha, limit,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
+    stride_be, stride_bn, stride_om,
+    SWIGLU: tl.constexpr, WEIGHTS: tl.constexpr, A_FORMAT: tl.constexpr, EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_N] output tile of one expert's rows (see the module docstring)."""
+    tile = tl.program_id(0)
+    expert = tl.load(tile_expert_ptr + tile)
+    if expert >= num_experts:  # a tile past the real ones (the schedule's static bound)
+        return
+    rows = tl.load(tile_row_start_ptr + tile) + tl.arange(0, BLOCK_M)
+    row_mask = rows < tl.load(expert_offsets_ptr + expert + 1)
+    pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
+    if SWIGLU:
+        a_rows = pairs // top_k  # gate_up reads x by token
+    else:
+        a_rows = rows  # down reads the activated rows in sorted order
+    a_rows_ptr = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    w_ptr += expert.to(tl.int64) * stride_we
+    s_ptr += expert.to(tl.int64) * stride_se
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if WEIGHTS == "mxfp4":
+            acc = _mxfp4_scaled_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0, K,
+                                     stride_wk, stride_wn, stride_sg, stride_sn, A_FORMAT, EVEN_K, BLOCK_K)
+        elif WEIGHTS == "mxfp4_upcast":
+            acc = _mxfp4_upcast_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0, K,
+                                     stride_wk, stride_wn, stride_sg, stride_sn, PRECISION, DOT_DTYPE, BLOCK_K)
+        else:
+            acc = _dense_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, offs_n, mask_n, k0, K,
+                              stride_wk, stride_wn, PRECISION, DOT_DTYPE, BLOCK_K)
+    bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=mask_n, other=0.0)
+    y = acc + bias.to(tl.float32)[None, :]
+    if SWIGLU:
+        _store_swiglu(y, out_ptr, rows, row_mask, N, stride_om, alpha, limit, BLOCK_M, BLOCK_N)
+    else:
+        router_weight = tl.load(pair_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
+        out = out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, y * router_weight[:, None], mask=row_mask[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _mxfp4_scaled_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0, K,
+                       stride_wk, stride_wn, stride_sg, stride_sn,
+                       A_FORMAT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + a[:, k0:k0+BLOCK_K] @ W[k0:k0+BLOCK_K, offs_n]: e2m1 bytes [BLOCK_K/2, BLOCK_N] (byte j holds
+    inputs 2j, 2j + 1, low nibble first, as dot_scaled reads them) and scales [BLOCK_N, BLOCK_K/32]."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    g = k0 // MXFP4_GROUP + tl.arange(0, BLOCK_K // MXFP4_GROUP)
+    a_ptrs = a_rows_ptr + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + j[:, None] * stride_wk + offs_n[None, :] * stride_wn
+    s_ptrs = s_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg
+    if EVEN_K:  # no K masks: fewer instructions in the loop
+        a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+        packed = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
+        scale = tl.load(s_ptrs, mask=mask_n[:, None], other=0)
+    else:
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        packed = tl.load(w_ptrs, mask=(j < K // 2)[:, None] & mask_n[None, :], other=0)
+        scale = tl.load(s_ptrs, mask=mask_n[:, None] & (g < K // MXFP4_GROUP)[None, :], other=0)
+    # fast_math: no NaN for scale byte 255, which MXFP4 reserves and the checkpoints never hold
+    return tl.dot_scaled(a, None, A_FORMAT, packed, scale, "e2m1", acc, fast_math=True)
+
+
+@triton.jit
+def _mxfp4_upcast_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0, K,
+                       stride_wk, stride_wn, stride_sg, stride_sn,
+                       PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """As _mxfp4_scaled_step, each weight decoded in fp32: the activation tile is read as its even and odd
+    columns, and each meets one nibble's weights."""
+    j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask_j = j < K // 2
+    a_mask = row_mask[:, None] & mask_j[None, :]
+    a_even = tl.load(a_rows_ptr + (2 * j)[None, :] * stride_ak, mask=a_mask, other=0.0)
+    a_odd = tl.load(a_rows_ptr + (2 * j + 1)[None, :] * stride_ak, mask=a_mask, other=0.0)
+    w_mask = mask_j[:, None] & mask_n[None, :]
+    packed = tl.load(w_ptr + j[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=w_mask, other=0)
+    scale = tl.load(s_ptr + (j // MXFP4_GROUP_BYTES)[:, None] * stride_sg + offs_n[None, :] * stride_sn,
+                    mask=w_mask, other=127).to(tl.int32)
+    packed = packed.to(tl.int32)
+    w_even = _e2m1_times_scale(packed & 15, scale).to(DOT_DTYPE)
+    w_odd = _e2m1_times_scale(packed >> 4, scale).to(DOT_DTYPE)
+    acc = tl.dot(a_even.to(DOT_DTYPE), w_even, acc, input_precision=PRECISION)
+    return tl.dot(a_odd.to(DOT_DTYPE), w_odd, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _dense_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, offs_n, mask_n, k0, K, stride_wk, stride_wn,
+                PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + a[:, k0:k0+BLOCK_K] @ W[k0:k0+BLOCK_K, offs_n], W dense [in, out] (cast to a's dtype)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K
+    a = tl.load(a_rows_ptr + offs_k[None, :] * stride_ak, mask=row_mask[:, None] & mask_k[None, :], other=0.0)
+    w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+    return tl.dot(a.to(DOT_DTYPE), w.to(a.dtype).to(DOT_DTYPE), acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _e2m1_times_scale(code, scale):
+    """FP4 codes (int32 0..15) times e8m0 scales (int32 0..255) -> fp32, built from their bits (exact)."""
+    exponent = (code >> 1) & 3
+    mantissa = code & 1
+    # exponent 0 is subnormal: 0 or 0.5; otherwise 2^(exponent - 1) * (1 + mantissa / 2).
+    bits = tl.where(exponent == 0, mantissa * (126 << 23), ((exponent + 126) << 23) | (mantissa << 22))
+    magnitude = bits.to(tl.float32, bitcast=True)
+    value = tl.where(code >= 8, -magnitude, magnitude)
+    # 2^(scale - 127) as fp32 bits; scale 0 (2^-127) is subnormal, so take 2^-126 and halve.
+    factor = (tl.maximum(scale, 1) << 23).to(tl.float32, bitcast=True)
+    value = value * factor
+    return tl.where(scale == 0, value * 0.5, value)
+
+
+@triton.jit
+def _store_swiglu(y, out_ptr, rows, row_mask, N, stride_om, alpha, limit,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[row, j] = clamped swiglu of y's columns 2j (gate) and 2j + 1 (up), in out's dtype."""
+    gate, up = tl.split(tl.reshape(y, (BLOCK_M, BLOCK_N // 2, 2)))
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    activated = (up + 1.0) * gate / (1.0 + tl.exp(-gate * alpha))  # (up + 1) * gate * sigmoid(alpha * gate)
+    offs_j = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_j[None, :]
+    tl.store(out, activated.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_j < N // 2)[None, :])

@@ -1,0 +1,203 @@
+"""The MoE kernels compiled for sm_90 (an H100) without a GPU: the inner K loop's SASS, counted.
+
+`moe_inner_loop()` starts `python -m engine.kernels.sm90` in a process of its own, because compiling
+for a GPU that is not there changes process-wide state the interpreter-mode tests depend on: it sets
+TRITON_INTERPRET=0 before triton loads, makes Triton's active driver report an sm_90 target, and turns
+every kernel launch into a compile (JITFunction.run with warmup=True: nothing ever runs). The MoE is
+driven through `engine.kernels.moe.fused_experts` with CPU tensors of gpt-oss-20b's shapes, so the
+constexprs and argument specialisations are those the engine JITs on an H100.
+
+The figure is the inner loop's length in warp-instructions per 4,096 weights: the SASS of the innermost
+backward branch that does the most MMAs (read with the cuobjdump shipped in triton's wheel), times
+num_warps / 4, times 4,096 / (BLOCK_N * BLOCK_K) weights per iteration. The MXFP4 path's goal is <= 350.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.proxies import ProxyFigure
+
+MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.09 issue slots per weight)
+DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 32)
+# gpt-oss-20b: hidden, intermediate, experts, experts per token
+HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 2880, 2880, 32, 4
+MMA_OPS = ("HGMMA", "HMMA")
+
+
+def cuobjdump_path() -> Path | None:
+    """The cuobjdump in triton's wheel (triton/backends/nvidia/bin), None without triton or without it."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return path if path.is_file() else None
+
+
+def moe_inner_loop(num_tokens: int = DECODE_TOKENS, timeout_s: float = 300) -> dict[str, Any]:
+    """Compile the MoE at the 20b shape for sm_90 in a child process; its report (see `report`).
+
+    Raises RuntimeError if the child fails (triton or cuobjdump missing, a kernel that does not compile).
+    """
+    repo_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TRITON_INTERPRET": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "engine.kernels.sm90", "--json", "--tokens", str(num_tokens)],
+                          capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"sm_90 compile failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def moe_inner_loop_figures() -> list[ProxyFigure]:
+    """The proxy rows: the MXFP4 MoE's inner loop per projection at decode batch 256 (engine.proxies)."""
+    report = moe_inner_loop()
+    return [ProxyFigure(f"moe inner loop, {k['projection']} (triton {report['triton']})", k["per_4096"],
+                        "warp-instr / 4096 weights", f"<= {MOE_INNER_LOOP_GOAL}", k["per_4096"] <= MOE_INNER_LOOP_GOAL)
+            for k in report["kernels"] if k["weights"] == "mxfp4"]
+
+
+# -- the child process -------------------------------------------------------------------------------------
+def _compile_only_for_sm90() -> Any:
+    """Make this process compile every Triton launch for sm_90 and run none; returns the recorded launches."""
+    if os.environ.get("TRITON_INTERPRET") != "0":
+        raise RuntimeError("the sm_90 compile needs a process of its own started with TRITON_INTERPRET=0")
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    class FakeH100Driver:
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cpu")
+
+    launches: list[tuple[Any, dict, Any]] = []  # (kernel function, launch kwargs, compiled kernel)
+    run = JITFunction.run
+
+    def compile_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        compiled = run(self, *args, grid=grid, warmup=True, **kwargs)
+        launches.append((self, kwargs, compiled))
+        return compiled
+
+    driver.set_active(FakeH100Driver())
+    JITFunction.run = compile_only
+    return launches
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    tool = cuobjdump_path()
+    if tool is None:
+        raise RuntimeError("no cuobjdump in triton's wheel (triton/backends/nvidia/bin)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _sass(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction) pairs of a cubin's SASS."""
+    text = _cuobjdump(cubin, "-sass")
+    return [(int(m[1], 16), m[2].strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", text)]
+
+
+def _opcode(instruction: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split(" ")[0].split(".")[0]
+
+
+def inner_loop(cubin: bytes) -> list[str]:
+    """The innermost loop doing the most MMAs (a backward branch's body; the shorter on a tie), as SASS."""
+    sass = _sass(cubin)
+    best: tuple[int, int, list[str]] = (-1, 0, [])
+    for address, text in sass:
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if target and int(target[1], 16) < address:
+            body = [t for a, t in sass if int(target[1], 16) <= a <= address]
+            mmas = sum(_opcode(t) in MMA_OPS for t in body)
+            best = max(best, (mmas, -len(body), body), key=lambda loop: loop[:2])
+    return best[2]
+
+
+def _describe(kernel_fn: Any, kwargs: dict, compiled: Any) -> dict[str, Any]:
+    cubin = compiled.asm["cubin"]
+    loop = inner_loop(cubin)
+    usage = re.search(r"REG:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
+    spills = sum(_opcode(t) in ("STL", "LDL") for _, t in _sass(cubin))
+    warps = compiled.metadata.num_warps
+    per_4096 = len(loop) * warps / 4 * 4096 / (kwargs["BLOCK_N"] * kwargs["BLOCK_K"])
+    opcodes = [_opcode(t) for t in loop]
+    return {"projection": "gate_up" if kwargs["SWIGLU"] else "down", "weights": kwargs["WEIGHTS"],
+            "kernel": kernel_fn.__name__, "block": [kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["BLOCK_K"]],
+            "num_warps": warps, "loop_instructions": len(loop), "per_4096": per_4096,
+            "mma": {op: opcodes.count(op) for op in MMA_OPS}, "registers": int(usage[1]) if usage else None,
+            "spills": spills, "shared_bytes": compiled.metadata.shared}
+
+
+def report(num_tokens: int) -> dict[str, Any]:
+    """In this (child) process: compile the MoE at the 20b shape for `num_tokens` tokens, MXFP4 and bf16
+    experts, and describe each kernel."""
+    launches = _compile_only_for_sm90()
+    import torch
+    import triton
+
+    from engine.kernels import moe
+
+    bf16, u8 = torch.bfloat16, torch.uint8
+    x = torch.empty(num_tokens, HIDDEN, dtype=bf16)
+    ids = torch.stack([torch.randperm(EXPERTS, generator=torch.Generator().manual_seed(t))[:TOP_K]
+                       for t in range(num_tokens)])
+    gate_up_bias = torch.empty(EXPERTS, 2 * INTERMEDIATE, dtype=bf16)
+    down_bias = torch.empty(EXPERTS, HIDDEN, dtype=bf16)
+    mxfp4 = (moe.ExpertWeight(blocks=torch.empty(EXPERTS, 2 * INTERMEDIATE, HIDDEN // 32, 16, dtype=u8),
+                              scales=torch.empty(EXPERTS, 2 * INTERMEDIATE, HIDDEN // 32, dtype=u8)),
+             moe.ExpertWeight(blocks=torch.empty(EXPERTS, HIDDEN, INTERMEDIATE // 32, 16, dtype=u8),
+                              scales=torch.empty(EXPERTS, HIDDEN, INTERMEDIATE // 32, dtype=u8)))
+    dense = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
+             moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
+    for gate_up, down in (mxfp4, dense):
+        moe.fused_experts(x, ids, torch.empty(num_tokens, TOP_K, dtype=bf16), gate_up, gate_up_bias, down,
+                          down_bias, 1.702, 7.0)
+    return {"triton": triton.__version__, "tokens": num_tokens, "kernels": [_describe(*launch) for launch in launches]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.kernels.sm90 [--tokens N] [--json]`: the MoE's sm_90 inner loops, compiled here."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--tokens", type=int, default=DECODE_TOKENS)
+    parser.add_argument("--json", action="store_true", help="one JSON line (what moe_inner_loop reads)")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") != "0":
+        result = moe_inner_loop(args.tokens)  # a child process of the right kind
+    else:
+        result = report(args.tokens)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"triton {result['triton']}, sm_90 (compiled, never run), gpt-oss-20b MoE at {result['tokens']} tokens")
+    for k in result["kernels"]:
+        print(f"{k['projection']:<8} {k['weights']:<6} BLOCK {'x'.join(map(str, k['block']))}: "
+              f"{k['per_4096']:.0f} warp-instr / 4096 weights ({k['loop_instructions']} in the loop, "
+              f"{k['num_warps']} warps, MMAs {k['mma']}), {k['registers']} registers, {k['spills']} spills, "
+              f"{k['shared_bytes']} B shared")
+
+
+if __name__ == "__main__":
+    main()
