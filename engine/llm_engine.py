@@ -19,7 +19,7 @@ from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
 from engine.model import GptOssModel, kv_cache_bytes_per_block
 from engine.model_runner import ModelRunner
-from engine.sampler import make_generator
+from engine.sampler import request_seed
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 
@@ -59,8 +59,7 @@ class LLMEngine:
         if min(prompt) < 0 or max(prompt) >= self.model_config.vocab_size:
             raise ValueError(f"request {request_id!r}: prompt token ids must be in "
                              f"[0, {self.model_config.vocab_size})")
-        generator = make_generator(sampling, self.config.seed, request_id, self.config.device)
-        self.scheduler.add(Sequence(request_id, prompt, sampling, generator))
+        self.scheduler.add(Sequence(request_id, prompt, sampling, request_seed(sampling, self.config.seed, request_id)))
 
     def step(self) -> list[RequestOutput]:
         """One scheduling step: new tokens (and finish reasons) of the requests that advanced."""

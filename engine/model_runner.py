@@ -85,7 +85,8 @@ class ModelRunner:
         self.forward_s += time.perf_counter() - start
         if masks is not None:
             apply_bitmask(logits, *masks.result())
-        token_ids = self.sampler.sample(logits, params, [item.seq.generator for item in sampled])
+        token_ids = self.sampler.sample(logits, params, [item.seq.seed for item in sampled],
+                                        [item.seq.num_tokens for item in sampled])  # the new token's position
         self.masks.accept(params, token_ids)
         logprobs = None
         if any(p.logprobs is not None for p in params):

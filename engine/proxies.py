@@ -35,7 +35,14 @@ def _block_manager_build() -> list[ProxyFigure]:
     return build_proxy()
 
 
+def _sampler_ops() -> list[ProxyFigure]:
+    from engine.device_sampler import ops_proxy
+
+    return ops_proxy()
+
+
 MEASURES.append(("block manager build", _block_manager_build))
+MEASURES.append(("sampler ops per step", _sampler_ops))
 
 
 def measure_all() -> list[ProxyFigure | tuple[str, Exception]]:
