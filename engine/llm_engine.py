@@ -13,8 +13,8 @@ import time
 import torch
 
 from engine.api import RequestOutput, SamplingParams
-from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
-from engine.device import kv_cache_budget
+from engine.config import EngineConfig, ModelConfig, kv_reserve_bytes
+from engine.device import kv_cache_budget, use_device
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
 from engine.model import GptOssModel, kv_cache_bytes_per_block
@@ -30,11 +30,13 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, built: tuple[GptOssModel, ModelConfig] | None = None):
         """Load config.model_dir, or take the `built` model (the GPU benchmark makes one in memory)."""
         self.config = config
+        use_device(config.device)  # cuda:N: Triton launches and graph capture follow the current device
         model, self.model_config = built or load_model(config)
         self.dtype = next(model.parameters()).dtype
         block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
         # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.
-        reserve = activation_reserve_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)
+        graphs = config.cuda_graphs and config.device.startswith("cuda")  # their memory pool is reserved too
+        reserve = kv_reserve_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs, graphs)
         budget = kv_cache_budget(config.device, config.kv_cache_gb, config.gpu_memory_utilization, reserve)
         self.num_blocks = num_blocks_for_budget(budget, block_bytes)
         self.kv_cache_bytes = self.num_blocks * block_bytes
