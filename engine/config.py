@@ -220,8 +220,24 @@ def _checkpoint_dtype(dtype: object) -> torch.dtype:
 
 def activation_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
     """A bound on one step's transient memory: a few hidden-sized buffers per batched token, the MoE's
-    intermediate rows, and fp32 logits (plus a softmax copy) for every sequence sampled."""
+    intermediate rows, and for every sequence sampled its fp32 logits and the sampler's temporaries
+    (engine.device_sampler: a float copy, the int64 hash and its shift, float64 uniforms, a sort)."""
     hidden = max_num_batched_tokens * config.hidden_size * 4 * 8
     moe = max_num_batched_tokens * config.num_experts_per_tok * config.intermediate_size * 2 * 4 * 2
-    logits = max_num_seqs * config.vocab_size * 4 * 3
+    logits = max_num_seqs * config.vocab_size * 32  # bytes a vocabulary entry at the sampler's peak
     return hidden + moe + logits
+
+
+def graph_pool_bytes(config: ModelConfig, max_num_seqs: int) -> int:
+    """A bound on the CUDA graphs' memory pool. The graphs share one pool, captured largest batch first,
+    so it holds one decode step's activations at `max_num_seqs` rows (no logits: they are computed
+    outside the graphs); it stays allocated beside the KV cache for the engine's life."""
+    return activation_reserve_bytes(config, max_num_batched_tokens=max_num_seqs, max_num_seqs=0)
+
+
+def kv_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int, cuda_graphs: bool) -> int:
+    """What the KV-cache budget leaves free on a GPU: one eager step's activations, plus the graphs' pool
+    when CUDA graphs are captured (their pool is private: eager steps cannot reuse it)."""
+    reserve = activation_reserve_bytes(config, max_num_batched_tokens, max_num_seqs)
+    return reserve + (graph_pool_bytes(config, max_num_seqs) if cuda_graphs else 0)
+

@@ -12,6 +12,10 @@ the cache is the fixed `--kv-cache-gb`.
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from typing import Any
+
 import torch
 
 from engine.kernels import triton_available
@@ -23,16 +27,38 @@ KERNEL_CHOICES = ("auto", "torch", "triton")
 def resolve_device(name: str) -> str:
     """"auto" -> "cuda" when torch sees a CUDA device, else "cpu"; ValueError for cuda without one.
 
-    "cuda:N" names one device of several."""
+    "cuda:N" names one device of several (ValueError when there is no device N)."""
     if name.split(":")[0] not in DEVICES:
         raise ValueError(f"unknown device {name!r}; use one of {', '.join(DEVICES)}")
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    index = cuda_index(name)
     if name.startswith("cuda") and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise ValueError(f"--device cuda: torch {torch.__version__} ({build}) sees no CUDA device; "
                          "use --device cpu (or auto)")
+    if index is not None and index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s), "
+                         f"numbered from 0")
     return name
+
+
+def cuda_index(name: str) -> int | None:
+    """N of "cuda:N"; None for "cuda" (the current device) and other devices. ValueError if N is no index."""
+    kind, _, index = name.partition(":")
+    if kind != "cuda" or not index:
+        return None
+    if not index.isdigit():
+        raise ValueError(f"--device {name}: a CUDA device is cuda or cuda:N with N a device number")
+    return int(index)
+
+
+def use_device(name: str) -> None:
+    """Make "cuda:N" the current CUDA device: Triton launches, CUDA graph capture and CUDA events go to
+    the current device, not to the one a tensor names. No-op for "cuda" and non-CUDA devices."""
+    index = cuda_index(name)
+    if index is not None:
+        torch.cuda.set_device(index)
 
 
 def resolve_kernels(name: str, device: str) -> str:
@@ -66,3 +92,42 @@ def kv_cache_budget(device: str, kv_cache_gb: float, utilization: float, reserve
         return int(kv_cache_gb * 2**30)
     free, total = torch.cuda.mem_get_info(torch.device(device))
     return gpu_kv_cache_budget(free, total, utilization, reserve_bytes)
+
+
+class ForwardTimer:
+    """Model seconds, summed over steps. On CUDA the host only queues the launches, so a wall clock around
+    them measures the queueing: there a pair of CUDA events brackets each forward, read once the GPU is
+    past them (`seconds` waits for the last). Elsewhere, a wall clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.is_cuda = device.type == "cuda"
+        self._seconds = 0.0
+        self._started: Any = None
+        self._pending: deque[tuple[Any, Any]] = deque()  # (start, end) events the GPU may not have reached
+
+    def start(self) -> None:
+        if self.is_cuda:
+            self._started = torch.cuda.Event(enable_timing=True)
+            self._started.record()
+        else:
+            self._started = time.perf_counter()
+
+    def stop(self) -> None:
+        if not self.is_cuda:
+            self._seconds += time.perf_counter() - self._started
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending.append((self._started, end))
+        self._collect(wait=False)  # never blocks the step
+
+    @property
+    def seconds(self) -> float:
+        self._collect(wait=True)
+        return self._seconds
+
+    def _collect(self, wait: bool) -> None:
+        while self._pending and (wait or self._pending[0][1].query()):
+            start, end = self._pending.popleft()
+            end.synchronize()
+            self._seconds += start.elapsed_time(end) / 1000  # milliseconds

@@ -13,13 +13,13 @@ import time
 import torch
 
 from engine.api import RequestOutput, SamplingParams
-from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
-from engine.device import kv_cache_budget
+from engine.config import EngineConfig, ModelConfig, kv_reserve_bytes
+from engine.device import kv_cache_budget, use_device
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
 from engine.model import GptOssModel, kv_cache_bytes_per_block
 from engine.model_runner import ModelRunner
-from engine.sampler import make_generator
+from engine.sampler import request_seed
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 
@@ -30,11 +30,13 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, built: tuple[GptOssModel, ModelConfig] | None = None):
         """Load config.model_dir, or take the `built` model (the GPU benchmark makes one in memory)."""
         self.config = config
+        use_device(config.device)  # cuda:N: Triton launches and graph capture follow the current device
         model, self.model_config = built or load_model(config)
         self.dtype = next(model.parameters()).dtype
         block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
         # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.
-        reserve = activation_reserve_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)
+        graphs = config.cuda_graphs and config.device.startswith("cuda")  # their memory pool is reserved too
+        reserve = kv_reserve_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs, graphs)
         budget = kv_cache_budget(config.device, config.kv_cache_gb, config.gpu_memory_utilization, reserve)
         self.num_blocks = num_blocks_for_budget(budget, block_bytes)
         self.kv_cache_bytes = self.num_blocks * block_bytes
@@ -59,8 +61,7 @@ class LLMEngine:
         if min(prompt) < 0 or max(prompt) >= self.model_config.vocab_size:
             raise ValueError(f"request {request_id!r}: prompt token ids must be in "
                              f"[0, {self.model_config.vocab_size})")
-        generator = make_generator(sampling, self.config.seed, request_id, self.config.device)
-        self.scheduler.add(Sequence(request_id, prompt, sampling, generator))
+        self.scheduler.add(Sequence(request_id, prompt, sampling, request_seed(sampling, self.config.seed, request_id)))
 
     def step(self) -> list[RequestOutput]:
         """One scheduling step: new tokens (and finish reasons) of the requests that advanced."""

@@ -6,13 +6,12 @@ block manager own them. It holds the model and its paged KV cache.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.device import ForwardTimer
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
@@ -38,7 +37,12 @@ class ModelRunner:
             self.graphs.capture()
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
-        self.forward_s = 0.0  # model time, for the engine-overhead figure
+        self.timer = ForwardTimer(self.device)  # model time, for the engine-overhead figure
+
+    @property
+    def forward_s(self) -> float:
+        """Seconds of model time so far (CUDA events on CUDA: waits for the queued steps)."""
+        return self.timer.seconds
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
         """Flat input ids, attention metadata, and the row of each sampled item's last token."""
@@ -74,18 +78,19 @@ class ModelRunner:
         sampled = batch.sampled
         params = [item.seq.sampling for item in sampled]
         masks = self.masks.start(params)  # grammar masks, computed while the model runs
-        start = time.perf_counter()
+        self.timer.start()
         hidden = self.graphs.run(input_ids, meta) if self.graphs is not None else None  # decode steps
         if hidden is None:
             hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
         if not logit_rows:
-            self.forward_s += time.perf_counter() - start
+            self.timer.stop()
             return [], None
         logits = self.model.compute_logits(hidden[logit_rows]).float()  # [N, vocab]
-        self.forward_s += time.perf_counter() - start
+        self.timer.stop()
         if masks is not None:
             apply_bitmask(logits, *masks.result())
-        token_ids = self.sampler.sample(logits, params, [item.seq.generator for item in sampled])
+        token_ids = self.sampler.sample(logits, params, [item.seq.seed for item in sampled],
+                                        [item.seq.num_tokens for item in sampled])  # the new token's position
         self.masks.accept(params, token_ids)
         logprobs = None
         if any(p.logprobs is not None for p in params):

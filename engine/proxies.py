@@ -37,6 +37,22 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
 ]
 
 
+def _block_manager_build() -> list[ProxyFigure]:
+    from engine.kv_cache import build_proxy
+
+    return build_proxy()
+
+
+def _sampler_ops() -> list[ProxyFigure]:
+    from engine.device_sampler import ops_proxy
+
+    return ops_proxy()
+
+
+MEASURES.append(("block manager build", _block_manager_build))
+MEASURES.append(("sampler ops per step", _sampler_ops))
+
+
 def measure_all() -> list[ProxyFigure | tuple[str, Exception]]:
     """Every measure's figures; a measure that raises gives (its name, the error) instead."""
     out: list[ProxyFigure | tuple[str, Exception]] = []
@@ -60,7 +76,10 @@ def format_figures(figures: list[ProxyFigure | tuple[str, Exception]]) -> str:
 
 
 def main() -> None:
-    print(format_figures(measure_all()))
+    # Run as `python -m engine.proxies` this file is __main__; the measures build engine.proxies' figures.
+    from engine import proxies
+
+    print(proxies.format_figures(proxies.measure_all()))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ import transformers
 from transformers import DynamicCache, GptOssConfig, GptOssForCausalLM
 from transformers.utils import logging as hf_logging
 
-from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams, derive_seed
+from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams
 from engine.compact import compact_file, load_compact
 from engine.config import DTYPES, check_model_dir
 from engine.device import resolve_device
-from engine.sampler import apply_bitmask, bitmask_words
+from engine.sampler import apply_bitmask, bitmask_words, request_seed
 from engine.sampler import sample_one as sample  # one sampling implementation, shared with the engine
 
 
@@ -39,7 +39,7 @@ class _Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
-    generator: torch.Generator
+    seed: int  # draws keyed by (seed, position), as in the engine
     output_token_ids: list[int] = field(default_factory=list)
     cache: DynamicCache | None = None  # None until prefilled
     prefill_s: float = 0.0
@@ -81,9 +81,8 @@ class TransformersBackend:
         """Queue a request; it is prefilled at the next step. ValueError if it cannot run."""
         prompt = [int(t) for t in prompt_token_ids]
         self._check_new_request(request_id, prompt)
-        seed = sampling.seed if sampling.seed is not None else derive_seed(self.seed, request_id)
-        generator = torch.Generator().manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-        self.requests[request_id] = _Request(request_id, prompt, sampling, generator)
+        seed = request_seed(sampling, self.seed, request_id)
+        self.requests[request_id] = _Request(request_id, prompt, sampling, seed)
 
     def step(self) -> list[RequestOutput]:
         """Advance every unfinished request by one token (prefill first for new ones)."""
@@ -147,7 +146,7 @@ class TransformersBackend:
             logits = logits[None].clone()
             apply_bitmask(logits, [0], bitmask)
             logits = logits[0]
-        token_id = sample(logits, request.sampling, request.generator)
+        token_id = sample(logits, request.sampling, request.seed, request.num_tokens)
         if constraint is not None:
             constraint.accept(token_id)
         logprobs = None

@@ -1,9 +1,9 @@
-"""Next-token sampling: greedy, temperature, top-k, top-p, per-request generators, token masks.
+"""Next-token sampling: greedy, temperature, top-k, top-p, draws keyed by (seed, position), token masks.
 
-`sample_one` is the single implementation of one draw; the reference backend
-uses it too, so both backends draw the same token from the same logits and seed.
-Each non-greedy row draws exactly one multinomial sample from its own
-generator, so a request's tokens do not depend on what else is in the batch.
+The draw itself is engine.device_sampler's batched algorithm, on every device;
+`sample_one` runs it on one row for the reference backend, so both backends draw
+the same token from the same logits, seed and position. A draw depends on the
+request's seed and the position of the token it samples, never on the batch.
 A request with a `TokenConstraint` samples only the tokens its bitmask allows
 (`ConstraintMasks` fills the masks on a worker thread while the model runs).
 """
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from engine.api import SamplingParams, TokenConstraint, derive_seed
-from engine.device_sampler import sample_on_device
+from engine.device_sampler import sample_tokens
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -87,78 +87,26 @@ class ConstraintMasks:
                 p.constraint.accept(token_id)
 
 
-def make_generator(params: SamplingParams, backend_seed: int, request_id: str,
-                   device: torch.device | str = "cpu") -> torch.Generator:
-    """The request's own generator, seeded once: its seed, else one derived from the backend's.
-
-    On CPU by default (the reproducible CPU path); on a GPU for the device sampler (engine.device_sampler).
-    """
-    seed = params.seed if params.seed is not None else derive_seed(backend_seed, request_id)
-    return torch.Generator(device=device).manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+def request_seed(params: SamplingParams, backend_seed: int, request_id: str) -> int:
+    """The seed a request draws with: its own, else one derived from the backend's seed and its id."""
+    return params.seed if params.seed is not None else derive_seed(backend_seed, request_id)
 
 
-def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token id from `logits` ([vocab] fp32): argmax at temperature 0, else temperature/top-k/top-p.
-
-    Draws exactly one multinomial sample from `generator` (none when greedy).
-    """
-    if params.is_greedy:
-        return int(torch.argmax(logits))
-    logits = logits / params.temperature
-    if params.top_k:
-        logits = keep_top_k(logits, params.top_k)
-    if params.top_p < 1.0:
-        logits = keep_top_p(logits, params.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Mask all but the `k` largest logits ([vocab]); ties with the k-th stay in."""
-    if k >= logits.numel():
-        return logits
-    kth = torch.topk(logits, k).values[-1]
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches top_p ([vocab])."""
-    sorted_logits, order = torch.sort(logits, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # the top token has 0 before it: always kept
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
+def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    """One token id from `logits` ([vocab] fp32): the batched sampler on one row, so the reference
+    backend draws what the engine draws for the same logits, seed and position."""
+    return int(sample_tokens(logits[None], [params], [seed], [position])[0])
 
 
 class Sampler:
     """Samples the rows of a step that need a token."""
 
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams],
-               generators: list[torch.Generator | None]) -> list[int]:
-        """One token per row of `logits` ([num_rows, vocab], any device).
-
-        On CPU, greedy rows take one batched argmax; the others are drawn row by row with
-        their own generator (a row moves to its generator's device). On a GPU the whole step
-        is sampled there and read back once (engine.device_sampler).
-        """
-        self._check(logits, params, generators)
-        if logits.device.type != "cpu":
-            return sample_on_device(logits, params, generators).tolist()
-        token_ids = [0] * len(params)
-        greedy_rows = [row for row, p in enumerate(params) if p.is_greedy]
-        if greedy_rows:
-            # indexing copies the rows ([N, 201088] fp32 is 50 MB at N=64): skip it when all are greedy
-            greedy = logits if len(greedy_rows) == len(params) else logits[greedy_rows]
-            argmax = torch.argmax(greedy, dim=-1).tolist()
-            for row, token_id in zip(greedy_rows, argmax):
-                token_ids[row] = int(token_id)
-        for row, (p, generator) in enumerate(zip(params, generators)):
-            if not p.is_greedy:
-                row_logits = logits[row].float()
-                if generator is not None:
-                    row_logits = row_logits.to(generator.device)
-                token_ids[row] = sample_one(row_logits, p, generator)
-        return token_ids
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+               positions: list[int]) -> list[int]:
+        """One token per row of `logits` ([num_rows, vocab], any device), drawn with row i's seed at
+        `positions[i]` (the index the token will have): batched ops, one host read (engine.device_sampler)."""
+        self._check(logits, params, seeds, positions)
+        return sample_tokens(logits, params, seeds, positions).tolist()
 
     def logprobs(self, logits: torch.Tensor, token_ids: list[int],
                  params: list[SamplingParams]) -> list[float | None]:
@@ -176,8 +124,9 @@ class Sampler:
         return result
 
     @staticmethod
-    def _check(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> None:
+    def _check(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> None:
         if logits.dim() != 2:
             raise ValueError(f"logits must be [num_rows, vocab], got shape {tuple(logits.shape)}")
-        if not len(params) == len(generators) == logits.shape[0]:
-            raise ValueError(f"{logits.shape[0]} logit rows, {len(params)} params, {len(generators)} generators")
+        if not len(params) == len(seeds) == len(positions) == logits.shape[0]:
+            raise ValueError(f"{logits.shape[0]} logit rows, {len(params)} params, {len(seeds)} seeds, "
+                             f"{len(positions)} positions")

@@ -8,12 +8,7 @@ advances `num_computed_tokens`; only the block manager edits `block_table` and
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
-
 from engine.api import FinishReason, SamplingParams
-
-if TYPE_CHECKING:
-    import torch
 
 
 class SequenceStatus(enum.Enum):
@@ -32,14 +27,14 @@ class Sequence:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                 generator: torch.Generator | None = None) -> None:
+                 seed: int = 0) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r}: empty prompt")
         self.request_id = request_id
         self.token_ids: list[int] = [int(t) for t in prompt_token_ids]
         self.num_prompt_tokens = len(self.token_ids)
         self.sampling = sampling
-        self.generator: Any = generator  # the request's own torch.Generator (None: global RNG)
+        self.seed = seed  # its draws are keyed by (seed, position): engine.device_sampler
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from engine.checkpoint import tiny_config
-from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
-from engine.device import gpu_kv_cache_budget, kv_cache_budget, resolve_device, resolve_kernels
+from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes, graph_pool_bytes, kv_reserve_bytes
+from engine.device import (ForwardTimer, cuda_index, gpu_kv_cache_budget, kv_cache_budget, resolve_device,
+                           resolve_kernels, use_device)
 from engine.kernels import triton_available
 from engine.kv_cache import num_blocks_for_budget
 
@@ -62,3 +63,98 @@ def test_a_20b_shape_on_an_h100_gets_a_cache_of_millions_of_tokens():
 
 def test_on_cpu_the_budget_is_kv_cache_gb():
     assert kv_cache_budget("cpu", 0.5, 0.9, reserve_bytes=10 * GIB) == GIB // 2
+
+
+def test_cuda_n_names_a_device_index():
+    assert cuda_index("cuda:3") == 3 and cuda_index("cuda:0") == 0
+    assert cuda_index("cuda") is None and cuda_index("cpu") is None
+    for bad in ("cuda:x", "cuda:-1", "cuda:1.5"):
+        with pytest.raises(ValueError, match="cuda:N"):
+            resolve_device(bad)
+
+
+def test_use_device_sets_the_current_cuda_device_for_cuda_n_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    for name in ("cpu", "cuda", "cuda:2"):
+        use_device(name)
+    assert calls == [2]
+
+
+def test_the_reserve_counts_the_graph_pool_when_graphs_are_captured():
+    config = ModelConfig.from_hf(tiny_config(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64,
+                                             num_key_value_heads=8, head_dim=64, intermediate_size=2880,
+                                             num_local_experts=32, num_experts_per_tok=4))
+    eager = kv_reserve_bytes(config, 8192, 256, cuda_graphs=False)
+    graphed = kv_reserve_bytes(config, 8192, 256, cuda_graphs=True)
+    assert eager == activation_reserve_bytes(config, 8192, 256)
+    # one decode step at 256 rows, no logits: the activations of 256 batched tokens
+    assert graphed - eager == graph_pool_bytes(config, 256) == activation_reserve_bytes(config, 256, 0) > 0
+    # made-up figures: 80 GiB device, 20 GiB in use, at 0.9: the pool comes out of the KV cache, byte for byte
+    budget = lambda reserve: gpu_kv_cache_budget(60 * GIB, 80 * GIB, 0.9, reserve)  # noqa: E731
+    assert budget(eager) - budget(graphed) == graph_pool_bytes(config, 256)
+
+
+class FakeEvent:
+    """A CUDA event on a fake clock: recorded at `now`, done once the clock passes `done_at`."""
+
+    clock = {"now": 0.0, "done_at": 0.0}
+
+    def __init__(self, enable_timing: bool = False):
+        self.at = None
+
+    def record(self) -> None:
+        self.at = self.clock["now"]
+
+    def query(self) -> bool:
+        return self.clock["done_at"] >= self.at
+
+    def synchronize(self) -> None:
+        self.clock["done_at"] = max(self.clock["done_at"], self.at)
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return (end.at - self.at) * 1000
+
+
+def test_on_cuda_forward_time_comes_from_events_read_without_blocking_the_step(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.clock.update(now=0.0, done_at=0.0)
+    timer = ForwardTimer(torch.device("cuda"))
+    for start, end in [(1.0, 1.5), (2.0, 2.25)]:
+        FakeEvent.clock["now"] = start
+        timer.start()
+        FakeEvent.clock["now"] = end
+        timer.stop()
+    assert FakeEvent.clock["done_at"] == 0.0  # stop() never waited for the GPU
+    assert timer.seconds == pytest.approx(0.75) and FakeEvent.clock["done_at"] == 2.25
+
+
+def test_off_cuda_forward_time_is_the_wall_clock():
+    timer = ForwardTimer(torch.device("cpu"))
+    timer.start()
+    timer.stop()
+    assert 0 < timer.seconds < 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_cuda_events_time_the_gpu_work_not_its_launch():
+    timer = ForwardTimer(torch.device("cuda"))
+    timer.start()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time, queued in microseconds
+    timer.stop()
+    assert timer.seconds > 0.02
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_an_engine_on_cuda_1_runs_there(tiny_model_dir):
+    from engine.api import SamplingParams
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(tiny_model_dir, device="cuda:1", kernels="triton", kv_cache_gb=0.05))
+    assert torch.cuda.current_device() == 1
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.runner.kv_caches[0][0].device == torch.device("cuda:1")

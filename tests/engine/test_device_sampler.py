@@ -1,4 +1,5 @@
-"""The batched device sampler: greedy as on CPU, the CPU path's filters, real draws, batch independence.
+"""The batched sampler: greedy exact, filters as the row-by-row reference, draws that follow the
+distribution and depend only on (seed, position), and a launch count that does not grow with the batch.
 
 Its tensor ops run on any device, so the algorithm is checked here on CPU tensors;
 the gpu-marked tests run it where it is meant to run.
@@ -8,83 +9,139 @@ import pytest
 import torch
 
 from engine.api import SamplingParams
-from engine.device_sampler import filtered_probs, sample_on_device
-from engine.sampler import Sampler, keep_top_k, keep_top_p
+from engine.device_sampler import count_ops, mask_below_threshold, row_keys, sample_tokens, uniform_bits
 
 VOCAB = 300
 HAS_CUDA = torch.cuda.is_available()
+MIX = [SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=1, temperature=0.7),
+       SamplingParams(max_tokens=1, top_k=40), SamplingParams(max_tokens=1, top_p=0.9),
+       SamplingParams(max_tokens=1, temperature=1.2, top_k=20, top_p=0.8)]
 
 
 def params(**kwargs) -> SamplingParams:
     return SamplingParams(**{"max_tokens": 1, **kwargs})
 
 
-def logits_for(seed: int, rows: int) -> torch.Tensor:
-    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+def logits_for(seed: int, rows: int, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
 
 
-def test_greedy_rows_are_the_cpu_samplers_tokens_and_draw_nothing():
+def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Reference, one row: mask all but the k largest logits; ties with the k-th stay in."""
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Reference, one row: keep the most likely tokens, one at a time, until their mass reaches top_p
+    (and every token tied with the last one kept)."""
+    probs = torch.softmax(logits, dim=-1)
+    order = torch.argsort(logits, descending=True).tolist()
+    mass, last = 0.0, None
+    for token in order:
+        if mass >= top_p:
+            break
+        mass, last = mass + float(probs[token]), token
+    return logits.masked_fill(logits < logits[last], float("-inf"))
+
+
+def test_greedy_rows_are_the_first_largest_logit():
     logits = logits_for(0, 6)
-    logits[2, 10] = logits[2, 20] = logits[2].max() + 1  # a tie: both take the first
-    greedy = [params(temperature=0)] * 6
-    generators = [torch.Generator().manual_seed(i) for i in range(6)]
-    states = [g.get_state() for g in generators]
-    on_device = sample_on_device(logits, greedy, generators)
-    assert on_device.tolist() == Sampler().sample(logits, greedy, generators)
-    assert on_device[2] == 10
-    assert all(torch.equal(g.get_state(), s) for g, s in zip(generators, states))
+    logits[2, 10] = logits[2, 20] = logits[2].max() + 1  # a tie: the first wins
+    token_ids = sample_tokens(logits, [params(temperature=0)] * 6, list(range(6)), [0] * 6)
+    assert token_ids.tolist() == logits.argmax(dim=-1).tolist() and token_ids[2] == 10
 
 
-@pytest.mark.parametrize("top_k,top_p,temperature", [(0, 1.0, 1.0), (7, 1.0, 0.8), (0, 0.6, 1.3), (20, 0.9, 0.5)])
-def test_the_filters_are_the_cpu_paths(top_k, top_p, temperature):
-    logits = logits_for(1, 3)
+@pytest.mark.parametrize("top_k,top_p,temperature", [(0, 1.0, 1.0), (7, 1.0, 0.8), (0, 0.6, 1.3), (20, 0.9, 0.5),
+                                                     (1, 1.0, 1.0), (0, 0.05, 1.0)])
+def test_the_filters_are_the_row_by_row_references(top_k, top_p, temperature):
+    logits = logits_for(1, 4) / temperature
     logits[1, :5] = logits[1].max()  # ties at the top: top-k keeps every tie of the k-th
-    row_params = [params(temperature=temperature, top_k=top_k, top_p=top_p)] * 3
-    for row, probs in enumerate(filtered_probs(logits, row_params)):
-        expected = logits[row] / temperature
-        if top_k:
-            expected = keep_top_k(expected, top_k)
-        if top_p < 1.0:
-            expected = keep_top_p(expected, top_p)
-        torch.testing.assert_close(probs, torch.softmax(expected, dim=-1))
+    k = torch.full((4, 1), top_k or VOCAB)
+    p = torch.full((4, 1), top_p)
+    for width in (None, top_k or None):  # the whole sort, and the partial one top-k alone allows
+        masked = mask_below_threshold(logits, k, p, width if top_p >= 1.0 else None)
+        for row in range(4):
+            expected = logits[row]
+            if top_k:
+                expected = keep_top_k(expected, top_k)
+            if top_p < 1.0:
+                expected = keep_top_p(expected, top_p)
+            assert torch.equal(torch.isfinite(masked[row]), torch.isfinite(expected))
+            assert torch.equal(masked[row][torch.isfinite(masked[row])], logits[row][torch.isfinite(expected)])
 
 
-def test_draws_follow_the_distribution():
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -9.0]])
-    generator = torch.Generator().manual_seed(3)
-    counts = torch.zeros(6)
-    for _ in range(3000):
-        counts[sample_on_device(logits, [params(temperature=1.0)], [generator])[0]] += 1
-    assert torch.allclose(counts / 3000, torch.softmax(logits[0], dim=0), atol=0.03)
-    restricted = [int(sample_on_device(logits, [params(top_k=2)], [generator])[0]) for _ in range(200)]
-    assert set(restricted) == {0, 1}
+def test_top_p_keeps_the_smallest_set_that_reaches_the_mass():
+    logits = logits_for(2, 1)
+    for top_p in (0.05, 0.5, 0.9, 0.99):
+        kept = torch.isfinite(mask_below_threshold(logits, torch.tensor([[VOCAB]]), torch.tensor([[top_p]])))[0]
+        probs = torch.softmax(logits[0], -1)
+        kept_probs = probs[kept].sort(descending=True).values
+        assert kept_probs.sum() >= top_p - 1e-6 and kept_probs[:-1].sum() < top_p
+        assert probs[~kept].max() <= kept_probs.min()
 
 
-def test_a_seeded_row_draws_the_same_alone_and_in_a_batch():
-    logits = logits_for(2, 8)
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("sampling,support", [(params(), 6), (params(temperature=0.5), 6), (params(top_k=3), 3),
+                                              (params(top_p=0.7), 2)])
+def test_draws_follow_the_distribution(sampling, support):
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -2.0]]).repeat(20_000, 1)
+    token_ids = sample_tokens(logits, [sampling] * 20_000, [3] * 20_000, list(range(20_000)))
+    counts = torch.bincount(token_ids, minlength=6).double()
+    kept = logits[0] / sampling.temperature
+    kept[support:] = float("-inf")
+    probs = torch.softmax(kept, dim=0).double()
+    assert counts[support:].sum() == 0
+    # support - 1 degrees of freedom: the 1e-6 quantile is below 30; a biased sampler lands in the hundreds
+    assert chi_square(counts[:support], probs[:support]) < 30
+
+
+def test_the_hash_bits_are_uniform_and_independent_between_neighbouring_positions():
+    keys = row_keys(torch.zeros(2000, dtype=torch.long), torch.full((2000,), 9), torch.arange(2000))
+    bits = uniform_bits(keys, 64)  # [2000, 64]
+    buckets = torch.bincount((bits >> 28).flatten(), minlength=16).double()
+    assert chi_square(buckets, torch.full((16,), 1 / 16, dtype=torch.double)) < 60  # 15 dof
+    high = (bits >> 31).double()  # one bit per (position, token): consecutive positions uncorrelated
+    correlation = torch.corrcoef(torch.stack([high[:-1].flatten(), high[1:].flatten()]))[0, 1]
+    assert abs(float(correlation)) < 0.02
+
+
+def test_a_seeded_row_draws_the_same_alone_and_in_a_batch_of_mixed_rows():
     target = params(temperature=1.0, top_p=0.95, top_k=40)
-    crowd = [params(temperature=0), params(temperature=1.2), params(top_k=3), params(top_p=0.3)] * 2
-    crowd[5] = target
+    crowd = [MIX[i % len(MIX)] for i in range(64)]
+    crowd[37] = target
     alone, crowded = [], []
-    alone_generator = torch.Generator().manual_seed(11)
-    crowd_generators = [torch.Generator().manual_seed(50 + i) for i in range(8)]
-    crowd_generators[5] = torch.Generator().manual_seed(11)
-    for _ in range(20):
-        alone.append(int(sample_on_device(logits[5:6], [target], [alone_generator])[0]))
-        crowded.append(int(sample_on_device(logits, crowd, crowd_generators)[5]))
+    for step in range(20):
+        logits = logits_for(100 + step, 64)
+        alone.append(int(sample_tokens(logits[37:38], [target], [11], [step])[0]))
+        positions = [step * 7 + i for i in range(64)]
+        positions[37] = step
+        seeds = list(range(64))
+        seeds[37] = 11
+        crowded.append(int(sample_tokens(logits, crowd, seeds, positions)[37]))
     assert alone == crowded and len(set(alone)) > 3  # reproduced, and really sampled
+
+
+def test_the_ops_per_step_do_not_grow_with_the_batch():
+    def ops(batch: int) -> int:
+        logits = logits_for(3, batch)
+        rows = [MIX[i % len(MIX)] for i in range(batch)]
+        return count_ops(lambda: sample_tokens(logits, rows, list(range(batch)), [5] * batch))
+
+    ops(5)  # the first call makes the token salts once
+    assert ops(5) == ops(64) == ops(320)
+    assert ops(5) < 120  # one pass of a fixed pipeline, not a loop over rows
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_on_cuda_greedy_equals_cpu_and_seeds_reproduce():
-    logits = logits_for(4, 16)
-    greedy = [params(temperature=0)] * 16
-    assert Sampler().sample(logits.cuda(), greedy, [None] * 16) == Sampler().sample(logits, greedy, [None] * 16)
-    sampled = [params(temperature=1.0, top_p=0.9)] * 16
-
-    def draw() -> list[int]:
-        generators = [torch.Generator(device="cuda").manual_seed(i) for i in range(16)]
-        return Sampler().sample(logits.cuda(), sampled, generators)
-
-    assert draw() == draw()
+def test_on_cuda_the_tokens_are_the_cpus():
+    logits = logits_for(4, 64, vocab=201_088)
+    rows = [MIX[i % len(MIX)] for i in range(64)]
+    seeds, positions = list(range(64)), [17] * 64
+    on_cpu = sample_tokens(logits, rows, seeds, positions).tolist()
+    assert sample_tokens(logits.cuda(), rows, seeds, positions).tolist() == on_cpu

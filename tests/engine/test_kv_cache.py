@@ -70,10 +70,10 @@ def test_shared_blocks_are_ref_counted():
     compute_all(manager, first)
     second = admit(manager, range(9), "b")
     shared = first.block_table[:2]
-    assert [manager.blocks[b].ref_count for b in shared] == [2, 2]
+    assert [manager.ref_count(b) for b in shared] == [2, 2]
     assert manager.num_free_blocks == 8 - 4  # 2 shared + 1 tail each
     manager.deallocate(first)
-    assert [manager.blocks[b].ref_count for b in shared] == [1, 1]
+    assert [manager.ref_count(b) for b in shared] == [1, 1]
     assert not set(shared) & set(manager.free_block_ids)
     manager.deallocate(second)
     assert manager.num_free_blocks == 8
@@ -147,7 +147,7 @@ def test_an_evicted_blocks_stale_hash_never_hits():
     manager.deallocate(other)
     again = admit(manager, range(9), "c")
     assert again.num_cached_tokens == 0
-    assert all(manager.blocks[b].hash is None for b in again.block_table)
+    assert all(manager.block_hash(b) is None for b in again.block_table)
 
 
 def test_a_stale_hash_never_hits_a_block_refilled_with_the_same_tokens_under_another_prefix():
@@ -204,3 +204,27 @@ def test_num_blocks_from_the_byte_budget():
     assert num_blocks_for_budget(10 * per_block + per_block - 1, per_block) == 10
     with pytest.raises(ValueError, match="kv-cache-gb"):
         num_blocks_for_budget(per_block - 1, per_block)
+
+
+def test_a_million_blocks_cost_no_python_object_per_block():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        manager = BlockManager(1_000_000, 16)
+        allocated, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # a 4-byte ref count a block; one object a block (the old Block dataclass) was ~270 bytes
+    assert allocated < 8 * 1_000_000
+    seq = admit(manager, range(40))
+    assert manager.num_free_blocks == 1_000_000 - 3 and seq.block_table == [0, 1, 2]
+
+
+def test_the_build_time_proxy_is_registered_and_builds_the_manager_it_names():
+    from engine.kv_cache import build_proxy
+    from engine.proxies import MEASURES
+
+    assert "block manager build" in dict(MEASURES)
+    [figure] = build_proxy(2_000_000)
+    assert figure.name == "block manager build, 2M blocks" and figure.unit == "s" and figure.value > 0

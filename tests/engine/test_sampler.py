@@ -1,11 +1,10 @@
-"""Sampler: greedy rows, per-request generators, top-k/top-p, one implementation with the reference."""
+"""Sampler: greedy rows, draws keyed by (seed, position), top-k/top-p, one implementation with the reference."""
 
 import pytest
 import torch
 
 from engine.api import SamplingParams, derive_seed
-from engine.sampler import (Sampler, allowed_tokens, apply_bitmask, bitmask_words, keep_top_k, keep_top_p,
-                            make_generator, sample_one)
+from engine.sampler import Sampler, allowed_tokens, apply_bitmask, bitmask_words, request_seed, sample_one
 
 VOCAB = 500
 
@@ -18,31 +17,29 @@ def params(**kwargs) -> SamplingParams:
     return SamplingParams(**{"max_tokens": 1, **kwargs})
 
 
-def test_greedy_rows_are_argmax_and_draw_no_randomness():
+def test_greedy_rows_are_argmax_whatever_their_seed():
     logits = logits_for(0, rows=4)
-    generators = [torch.Generator().manual_seed(i) for i in range(4)]
-    states = [g.get_state() for g in generators]
     mixed = [params(temperature=0), params(temperature=1.0), params(temperature=0), params(temperature=0.7)]
-    token_ids = Sampler().sample(logits, mixed, generators)
-    assert token_ids[0] == int(logits[0].argmax()) and token_ids[2] == int(logits[2].argmax())
-    assert torch.equal(generators[0].get_state(), states[0]) and torch.equal(generators[2].get_state(), states[2])
-    assert not torch.equal(generators[1].get_state(), states[1])  # one draw per sampled row
+    for seed in (0, 1, 99):
+        token_ids = Sampler().sample(logits, mixed, [seed] * 4, [seed] * 4)
+        assert token_ids[0] == int(logits[0].argmax()) and token_ids[2] == int(logits[2].argmax())
 
 
 def test_a_seeded_row_samples_the_same_alone_and_in_a_batch_of_32():
     target = params(temperature=1.0, top_p=0.9, top_k=50)
     others = [params(temperature=0), params(temperature=1.3), params(temperature=0.5, top_k=5),
               params(temperature=1.0, top_p=0.5)]
-    alone_generator = torch.Generator().manual_seed(7)
-    crowd_generators = [torch.Generator().manual_seed(100 + i) for i in range(32)]
-    crowd_generators[13] = torch.Generator().manual_seed(7)
     crowd_params = [others[i % len(others)] for i in range(32)]
     crowd_params[13] = target
+    crowd_seeds = [100 + i for i in range(32)]
+    crowd_seeds[13] = 7
     alone, crowd = [], []
     for step in range(20):
         logits = logits_for(step, rows=32)
-        alone += Sampler().sample(logits[13:14], [target], [alone_generator])
-        crowd.append(Sampler().sample(logits, crowd_params, crowd_generators)[13])
+        alone += Sampler().sample(logits[13:14], [target], [7], [step])
+        positions = [step + 3 * i for i in range(32)]
+        positions[13] = step
+        crowd.append(Sampler().sample(logits, crowd_params, crowd_seeds, positions)[13])
     assert alone == crowd
     assert len(set(alone)) > 1  # it really sampled
 
@@ -50,38 +47,17 @@ def test_a_seeded_row_samples_the_same_alone_and_in_a_batch_of_32():
 def test_batched_sampling_draws_exactly_what_the_single_row_sampler_draws():
     rows = [params(temperature=0.8), params(temperature=0), params(temperature=1.0, top_k=3),
             params(temperature=1.2, top_p=0.3)]
-    batch_generators = [torch.Generator().manual_seed(i) for i in range(4)]
-    row_generators = [torch.Generator().manual_seed(i) for i in range(4)]
     for step in range(10):
         logits = logits_for(step, rows=4)
-        batched = Sampler().sample(logits, rows, batch_generators)
-        single = [sample_one(logits[i], rows[i], row_generators[i]) for i in range(4)]
+        batched = Sampler().sample(logits, rows, [0, 1, 2, 3], [step] * 4)
+        single = [sample_one(logits[i], rows[i], i, step) for i in range(4)]
         assert batched == single
 
 
 def test_the_reference_backend_uses_the_same_sampling_code():
     from engine import reference
 
-    assert reference.sample is sample_one and reference.derive_seed is derive_seed
-
-
-def test_top_k_keeps_exactly_the_k_largest():
-    logits = logits_for(1)[0]
-    kept = keep_top_k(logits, 7)
-    assert torch.isfinite(kept).sum() == 7
-    assert set(torch.nonzero(torch.isfinite(kept)).flatten().tolist()) == set(logits.topk(7).indices.tolist())
-    assert torch.equal(keep_top_k(logits, VOCAB), logits)
-
-
-@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99])
-def test_top_p_keeps_the_smallest_set_that_reaches_the_mass(top_p):
-    logits = logits_for(2)[0]
-    probs = torch.softmax(logits, -1)
-    kept = torch.isfinite(keep_top_p(logits, top_p))
-    kept_probs = probs[kept].sort(descending=True).values
-    assert kept_probs.sum() >= top_p - 1e-6
-    assert kept_probs[:-1].sum() < top_p  # one token fewer does not reach it
-    assert probs[~kept].max() <= kept_probs.min()  # the most likely ones are the kept ones
+    assert reference.sample is sample_one and reference.request_seed is request_seed
 
 
 def test_sampled_tokens_stay_inside_top_k_and_top_p():
@@ -90,23 +66,26 @@ def test_sampled_tokens_stay_inside_top_k_and_top_p():
     top5 = set(logits[0].topk(5).indices.tolist())
     order = probs.argsort(descending=True)
     nucleus = set(order[:int((probs[order].cumsum(0) < 0.6).sum()) + 1].tolist())
-    generators = [torch.Generator().manual_seed(i) for i in range(64)]
-    assert set(Sampler().sample(logits, [params(top_k=5)] * 64, generators)) <= top5
-    assert set(Sampler().sample(logits, [params(top_p=0.6)] * 64, generators)) <= nucleus
-    assert len(set(Sampler().sample(logits, [params()] * 64, generators))) > 5
+    positions = list(range(64))
+    assert set(Sampler().sample(logits, [params(top_k=5)] * 64, [1] * 64, positions)) <= top5
+    assert set(Sampler().sample(logits, [params(top_p=0.6)] * 64, [1] * 64, positions)) <= nucleus
+    assert len(set(Sampler().sample(logits, [params()] * 64, [1] * 64, positions))) > 5
 
 
 def test_a_low_temperature_samples_the_argmax():
     logits = logits_for(4, rows=8)
-    generators = [torch.Generator().manual_seed(i) for i in range(8)]
-    assert Sampler().sample(logits, [params(temperature=1e-4)] * 8, generators) == logits.argmax(-1).tolist()
+    assert Sampler().sample(logits, [params(temperature=1e-4)] * 8, list(range(8)), [0] * 8) == \
+        logits.argmax(-1).tolist()
 
 
-def test_rows_without_a_generator_use_the_global_rng():
-    torch.manual_seed(0)
-    first = Sampler().sample(logits_for(5, rows=3), [params()] * 3, [None] * 3)
-    torch.manual_seed(0)
-    assert Sampler().sample(logits_for(5, rows=3), [params()] * 3, [None] * 3) == first
+def test_draws_are_a_function_of_seed_and_position_only():
+    logits = logits_for(5, rows=3)
+    first = Sampler().sample(logits, [params()] * 3, [4, 4, 4], [10, 11, 12])
+    assert Sampler().sample(logits, [params()] * 3, [4, 4, 4], [10, 11, 12]) == first  # no hidden state
+    flat = torch.zeros(64, 1000)  # uniform rows: any difference in the draws shows
+    by_seed = Sampler().sample(flat, [params()] * 64, list(range(64)), [0] * 64)
+    by_position = Sampler().sample(flat, [params()] * 64, [0] * 64, list(range(64)))
+    assert len(set(by_seed)) > 55 and len(set(by_position)) > 55
 
 
 def test_logprobs_are_of_the_raw_distribution_for_the_rows_that_ask():
@@ -121,28 +100,26 @@ def test_logprobs_are_of_the_raw_distribution_for_the_rows_that_ask():
 
 def test_mismatched_inputs_are_refused():
     with pytest.raises(ValueError, match="params"):
-        Sampler().sample(logits_for(0, rows=2), [params()], [None])
+        Sampler().sample(logits_for(0, rows=2), [params()], [0], [0])
+    with pytest.raises(ValueError, match="positions"):
+        Sampler().sample(logits_for(0, rows=2), [params()] * 2, [0, 0], [0])
     with pytest.raises(ValueError, match="num_rows, vocab"):
-        Sampler().sample(logits_for(0)[0], [params()], [None])
+        Sampler().sample(logits_for(0)[0], [params()], [0], [0])
     with pytest.raises(ValueError, match="tokens"):
         Sampler().logprobs(logits_for(0, rows=2), [1], [params(), params()])
 
 
-def test_request_generators_are_seeded_once_from_the_request_or_the_backend_seed():
-    draw = lambda g: torch.rand(3, generator=g).tolist()  # noqa: E731
-    assert draw(make_generator(params(seed=5), 0, "a")) == draw(torch.Generator().manual_seed(5))
-    assert draw(make_generator(params(seed=5), 0, "a")) == draw(make_generator(params(seed=5), 1, "b"))
-    derived = draw(make_generator(params(), 0, "a"))
-    assert derived == draw(torch.Generator().manual_seed(derive_seed(0, "a")))
-    assert derived != draw(make_generator(params(), 0, "b")) != draw(make_generator(params(), 1, "a"))
+def test_a_request_draws_with_its_own_seed_else_one_derived_from_the_backend_seed():
+    assert request_seed(params(seed=5), 0, "a") == request_seed(params(seed=5), 1, "b") == 5
+    assert request_seed(params(), 0, "a") == derive_seed(0, "a")
+    assert request_seed(params(), 0, "a") != request_seed(params(), 0, "b") != request_seed(params(), 1, "a")
     assert derive_seed(0, "a") == 0x678FEFB8FAC5F39D  # stable across processes and releases: traces replay
 
 
 def test_a_vanishing_temperature_is_greedy_not_a_nan():
     logits = logits_for(3, rows=2)
     tiny = [params(temperature=1e-40), params(temperature=1e-6)]
-    generators = [torch.Generator().manual_seed(i) for i in range(2)]
-    assert Sampler().sample(logits, tiny, generators) == logits.argmax(dim=-1).tolist()
+    assert Sampler().sample(logits, tiny, [0, 1], [0, 0]) == logits.argmax(dim=-1).tolist()
 
 
 # --- token masks (TokenConstraint) -----------------------------------------

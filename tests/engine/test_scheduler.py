@@ -46,8 +46,8 @@ class FakeModel:
     def step(self, batch) -> list[int]:
         for item in batch.items:
             for position in range(item.start, item.end):
-                block = self.manager.blocks[item.seq.block_table[position // self.manager.block_size]]
-                assert block.ref_count == 1, "a step wrote into a block another sequence shares"
+                block_id = item.seq.block_table[position // self.manager.block_size]
+                assert self.manager.ref_count(block_id) == 1, "a step wrote into a block another sequence shares"
                 self.kv[self.slot(item.seq, position)] = (position, item.seq.token_ids[position])
         sampled = []
         for item in batch.sampled:
@@ -105,7 +105,7 @@ def prompt(n, seed, prefix=()):
 def assert_all_blocks_free(scheduler):
     manager = scheduler.block_manager
     assert manager.num_free_blocks == manager.num_blocks
-    assert all(block.ref_count == 0 for block in manager.blocks)
+    assert all(manager.ref_count(b) == 0 for b in range(manager.num_blocks))
 
 
 # -- chunked prefill and batching --------------------------------------------
