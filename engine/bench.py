@@ -72,6 +72,13 @@ def format_table(results: list[BenchResult], baseline: str = "engine") -> str:
     return "\n".join(lines)
 
 
+def format_result(r: BenchResult) -> str:
+    """One result on one line, printed as it lands (a run stopped later keeps it in the log)."""
+    ttft, tpot = ("/".join(_ms(getattr(r, f"{name}_p{p}_s")) for p in PERCENTILES) for name in ("ttft", "tpot"))
+    return (f"{r.workload} {r.system}: {r.num_requests} requests, {r.total_tok_s:.1f} total tok/s, "
+            f"{r.output_tok_s:.1f} out tok/s, TTFT p50/p90/p99 {ttft} ms, TPOT p50/p90/p99 {tpot} ms")
+
+
 def format_stats(stats: dict) -> str:
     """An engine's stats() as `key=value` pairs, floats to 3 significant digits."""
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
@@ -156,8 +163,7 @@ def _run(args: argparse.Namespace) -> None:
                                            engine_options=engine_options)
             results.append(result)
             batch1 = batch1 or {k: v for k, v in stats.items() if k.startswith(("batch1", "roofline", "hbm"))}
-            print(f"{workload.name} {result.system}: {result.output_tok_s:.1f} out tok/s, "
-                  f"{result.total_tok_s:.1f} total tok/s over {result.num_requests} requests", flush=True)
+            print(format_result(result), flush=True)
             if stats:
                 print(f"{workload.name} {result.system} stats: {format_stats(stats)}", flush=True)
     print(format_table(results))
