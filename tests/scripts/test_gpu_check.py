@@ -37,7 +37,7 @@ def test_a_hung_step_times_out_and_the_budget_skips_the_rest(tmp_path):
     hang = tmp_path / "python"
     hang.write_text("#!/bin/sh\nsleep 60\n")
     hang.chmod(0o755)
-    done, log = gpu_check(tmp_path / "out", python=str(hang), GPU_CHECK_BUDGET_S="8",
+    done, log = gpu_check(tmp_path / "out", python=str(hang), GPU_CHECK_BUDGET_S="6",
                           GPU_CHECK_STEPS="imports,memory_plan,proxies")
     assert done.returncode == 1
     assert summary(log) == {"imports": "TIMEOUT", "memory_plan": "SKIPPED", "proxies": "SKIPPED"}
