@@ -8,7 +8,7 @@ DEMO_MODEL ?= $(if $(wildcard $(TINY_MODEL)/config.json),$(TINY_MODEL),.cache/mo
 DEMO_DB    ?= demo.duckdb
 PYTEST_ARGS ?=             # e.g. --durations=25 (.ci/run)
 
-.PHONY: setup demo test test-all lint train-model eval-model clean
+.PHONY: setup demo test test-all lint gpu-check train-model eval-model clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,13 @@ test-all: $(VENV)/.installed $(MCP_SERVERS)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The GPU check (scripts/gpu_check.sh): engine-only steps, one log in GPU_CHECK_OUT, <= 8 minutes on a GPU.
+# It needs only torch, transformers, triton and pytest, so it uses PYTHON (the GPU image's python3), not the
+# venv. A CPU dry run of every step at tiny shapes: make gpu-check GPU_CHECK_DRY_RUN=1 PYTHON=.venv/bin/python
+GPU_CHECK_OUT ?= $(or $(OUT),gpu-check-out)
+gpu-check:
+	PYTHON=$(PYTHON) GPU_CHECK_DRY_RUN=$(GPU_CHECK_DRY_RUN) bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 # Train the embedded tiny model from scratch (seed 0, ~40 min on 2 shared CPU cores; it prints
 # the share of 200 held-out tasks greedy decoding reproduces as it goes); eval-model measures it

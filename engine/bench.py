@@ -8,15 +8,17 @@ tokens ignored) so a random-weight model gives the real shape of a run.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from engine.workloads import WORKLOADS, BenchResult, Workload, make_workloads, run_backend
+from engine.workloads import PERCENTILES, WORKLOADS, BenchResult, Workload, make_workloads, run_backend
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
 
 
+DEFAULT_WORKLOADS = ("sharegpt", "shared_prefix", "multi_turn")
 MEDIUM_CONFIG = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                      head_dim=48, intermediate_size=384, num_local_experts=8, num_experts_per_tok=2)
 
@@ -46,43 +48,87 @@ def run_system(system: str, model_dir: str | Path, workload: Workload, *, batch_
     raise ValueError(f"unknown system {system!r}; known: engine, reference, hf_generate, hf_generate_batch")
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
 def format_table(results: list[BenchResult], baseline: str = "engine") -> str:
-    """Results with each system's ratio to the baseline system on the same workload."""
+    """Results with each system's ratio to the baseline system on the same workload; TTFT and TPOT
+    percentiles in milliseconds."""
     base = {r.workload: r for r in results if r.system == baseline}
-    header = (f"{'workload':<14} {'system':<18} {'out tok/s':>10} {'total tok/s':>12} {'ttft s':>8} "
-              f"{'prefill tok':>11} {'out x':>6} {'total x':>7} {'rss MB':>7}")
+    latency = [f"{name} p{p}" for name in ("ttft", "tpot") for p in PERCENTILES]
+    header = (f"{'workload':<14} {'system':<18} {'reqs':>5} {'out tok/s':>10} {'total tok/s':>12} "
+              + " ".join(f"{column:>9}" for column in latency)
+              + f" {'prefill tok':>11} {'out x':>6} {'total x':>7} {'rss MB':>7}")
     lines = [header, "-" * len(header)]
     for r in results:
         b = base.get(r.workload)
         out_x = f"{r.output_tok_s / b.output_tok_s:.2f}" if b else "-"
         tot_x = f"{r.total_tok_s / b.total_tok_s:.2f}" if b else "-"
-        lines.append(f"{r.workload:<14} {r.system:<18} {r.output_tok_s:>10.1f} {r.total_tok_s:>12.1f} "
-                     f"{r.ttft_s:>8.3f} {r.prefill_tokens:>11} {out_x:>6} {tot_x:>7} {r.peak_rss_mb:>7.0f}")
+        times = [getattr(r, f"{name}_p{p}_s") for name in ("ttft", "tpot") for p in PERCENTILES]
+        lines.append(f"{r.workload:<14} {r.system:<18} {r.num_requests:>5} {r.output_tok_s:>10.1f} "
+                     f"{r.total_tok_s:>12.1f} " + " ".join(f"{_ms(t):>9}" for t in times)
+                     + f" {r.prefill_tokens:>11} {out_x:>6} {tot_x:>7} {r.peak_rss_mb:>7.0f}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m engine.bench [MODEL_DIR | --preset 20b]`: the benchmark with torch and transformers only
-    (no DuckDB: results are printed), e.g. on a GPU machine with nothing else installed."""
-    import argparse
+def format_result(r: BenchResult) -> str:
+    """One result on one line, printed as it lands (a run stopped later keeps it in the log)."""
+    ttft, tpot = ("/".join(_ms(getattr(r, f"{name}_p{p}_s")) for p in PERCENTILES) for name in ("ttft", "tpot"))
+    return (f"{r.workload} {r.system}: {r.num_requests} requests, {r.total_tok_s:.1f} total tok/s, "
+            f"{r.output_tok_s:.1f} out tok/s, TTFT p50/p90/p99 {ttft} ms, TPOT p50/p90/p99 {tpot} ms")
 
+
+def format_stats(stats: dict) -> str:
+    """An engine's stats() as `key=value` pairs, floats to 3 significant digits."""
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("model_dir", nargs="?")
     parser.add_argument("--preset", choices=["20b"], help="gpt-oss-20b's shape, random, built on the GPU")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--dry-run", action="store_true",
+                        help="--preset 20b's code path at a tiny shape on any device: checks the harness, "
+                             "measures nothing")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     parser.add_argument("--systems", default="engine,hf_generate")
     parser.add_argument("--num-requests", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--baseline-requests", type=int,
+                        help="the transformers systems decode only the first N requests of each workload")
+    parser.add_argument("--random-input-len", type=int, default=1000)
+    parser.add_argument("--random-output-len", type=int, default=1000)
+    parser.add_argument("--sharegpt-output-len", type=int, help="fix every sharegpt output's length")
+    parser.add_argument("--batch-size", type=int, default=16, help="static batch size of hf_generate")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--kernels", default="auto")
     parser.add_argument("--moe-weights", default="auto", help="MXFP4 experts: auto, mxfp4 (packed) or dense")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--proxies", action="store_true",
+                        help="also print the GPU path's CPU-measured proxies (engine.proxies); alone: only them")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.bench [MODEL_DIR | --preset 20b] [--proxies]`: the benchmark with torch and
+    transformers only (no DuckDB: results are printed), e.g. on a GPU machine with nothing else installed."""
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.proxies:
+        from engine.proxies import format_figures, measure_all
+
+        figures = measure_all()
+        print(format_figures(figures) if figures else "proxies: none registered in engine.proxies.MEASURES",
+              flush=True)
+        if args.model_dir is None and args.preset is None:
+            return
     if (args.model_dir is None) == (args.preset is None):
         parser.error("give MODEL_DIR or --preset 20b")
-    if args.preset:
+    if args.dry_run and not args.preset:
+        parser.error("--dry-run goes with --preset 20b")
+    if args.preset and not args.dry_run:
         from engine.device import resolve_device
 
         try:
@@ -91,23 +137,36 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(exc))
         if not on_gpu:
             parser.error("--preset 20b is built on the GPU: pass --device cuda")
+    _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
+    """Every system on every workload, one line each as it lands; then the table and the batch-1 line."""
     engine_options = {"device": args.device, "kernels": args.kernels, "max_num_seqs": args.max_num_seqs,
                       "gpu_memory_utilization": args.gpu_memory_utilization, "moe_weights": args.moe_weights}
     results: list[BenchResult] = []
     batch1: dict = {}
-    for workload in make_workloads(args.workloads.split(","), args.num_requests, args.seed):
+    options = {"random": {"input_len": args.random_input_len, "output_len": args.random_output_len},
+               "sharegpt": {"output_len": args.sharegpt_output_len}}
+    workloads = make_workloads(args.workloads.split(","), args.num_requests, args.seed, options)
+    for workload in workloads:
         for system in args.systems.split(","):
+            load = workload
+            if system != "engine" and args.baseline_requests:
+                load = Workload(workload.name, workload.conversations[:args.baseline_requests])
             if args.preset:
                 from engine.bench_gpu import run_preset_system
 
-                result, stats = run_preset_system(system, workload, batch_size=args.batch_size,
-                                                  engine_options=engine_options)
+                result, stats = run_preset_system(system, load, batch_size=args.batch_size,
+                                                  engine_options=engine_options, dry_run=args.dry_run)
             else:
-                result, stats = run_system(system, args.model_dir, workload, batch_size=args.batch_size,
+                result, stats = run_system(system, args.model_dir, load, batch_size=args.batch_size,
                                            engine_options=engine_options)
             results.append(result)
             batch1 = batch1 or {k: v for k, v in stats.items() if k.startswith(("batch1", "roofline", "hbm"))}
-            print(f"{workload.name} {system}: {result.output_tok_s:.1f} out tok/s {stats or ''}", flush=True)
+            print(format_result(result), flush=True)
+            if stats:
+                print(f"{workload.name} {result.system} stats: {format_stats(stats)}", flush=True)
     print(format_table(results))
     if batch1:
         from engine.bench_gpu import batch1_report

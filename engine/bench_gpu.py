@@ -133,16 +133,25 @@ def hbm_bytes_per_s(device: torch.device | str) -> float | None:
     return next((rate for name, rate in HBM_BYTES_PER_S.items() if name in props.name), None)
 
 
-def run_preset_system(system: str, workload: Workload, *, batch_size: int,
-                      engine_options: dict[str, Any]) -> tuple[BenchResult, dict]:
-    """One system on one workload at the 20b shape, its model built fresh on the GPU and freed after."""
+# A dry run's shape: the preset's structure (MXFP4 experts, alternating windows, the real vocabulary), tiny.
+DRY_RUN_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=4096)
+DRY_RUN_BATCH1 = (64, 8)  # prompt tokens, decoded tokens
+
+
+def run_preset_system(system: str, workload: Workload, *, batch_size: int, engine_options: dict[str, Any],
+                      dry_run: bool = False) -> tuple[BenchResult, dict]:
+    """One system on one workload at the 20b shape, its model built fresh on the GPU and freed after.
+
+    dry_run: the same code at DRY_RUN_SHAPE on any device (a check of the harness, not a measurement)."""
     from engine.bench_hf import run_generate, run_generate_batch
     from engine.llm_engine import LLMEngine
 
-    config, dtype = preset_config(), torch.bfloat16
+    config, dtype = preset_config(**(DRY_RUN_SHAPE if dry_run else {})), torch.bfloat16
     engine_config = EngineConfig(Path("preset-20b"), dtype=dtype, **engine_options)
     device = engine_config.device
-    if not device.startswith("cuda"):
+    on_gpu = device.startswith("cuda")
+    if not on_gpu and not dry_run:
         raise ValueError("--preset 20b is built on the GPU: pass --device cuda")
     _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
@@ -150,12 +159,15 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int,
             engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels,
                                                                  moe_weights=engine_config.moe_weights))
             result = run_backend("engine", engine, workload)
-            return result, {**engine.stats(), **batch1_decode(engine, hbm_bytes_per_s(device))}
+            stats = engine.stats()  # the workload's, before the batch-1 run adds its steps
+            prompt_len, num_tokens = DRY_RUN_BATCH1 if dry_run else (BATCH1_PROMPT, BATCH1_TOKENS)
+            batch1 = batch1_decode(engine, hbm_bytes_per_s(device) if on_gpu else None, prompt_len, num_tokens)
+            return result, {**stats, **batch1}
         if system in ("hf_generate", "hf_generate_batch"):
             if system == "hf_generate":
                 return run_generate(build_hf_model(config, device, dtype), workload, batch_size), {}
             model = build_hf_model(config, device, dtype, attn_implementation="paged|eager")
-            return run_generate_batch(model, workload, kv_cache_gb=8.0), {}
+            return run_generate_batch(model, workload, kv_cache_gb=8.0 if on_gpu else 0.05), {}
         raise ValueError(f"--preset 20b runs engine, hf_generate and hf_generate_batch, not {system!r}")
     finally:
         _release_gpu_memory()

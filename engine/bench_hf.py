@@ -16,7 +16,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
 from engine.checkpoint import PAD_TOKEN_ID
-from engine.workloads import BenchResult, Workload, peak_rss_mb
+from engine.workloads import BenchResult, Workload, time_per_output_token
 
 
 def load_hf_model(model_dir: str | Path, attn_implementation: str = "eager", device: str = "cpu") -> GptOssForCausalLM:
@@ -26,25 +26,25 @@ def load_hf_model(model_dir: str | Path, attn_implementation: str = "eager", dev
     return model.to(device).eval()  # type: ignore[arg-type]  # transformers types `to` as unbound
 
 
-class _FirstTokenClock(BaseStreamer):
-    """generate() calls put() with the prompt, then with each step's tokens."""
+class _StepClock(BaseStreamer):
+    """generate() calls put() with the prompt, then with each step's tokens: the steps' times."""
 
     def __init__(self) -> None:
         self.calls = 0
-        self.first_token_at: float | None = None
+        self.step_times: list[float] = []
 
     def put(self, value: torch.Tensor) -> None:
         self.calls += 1
-        if self.calls == 2:
-            self.first_token_at = time.perf_counter()
+        if self.calls >= 2:
+            self.step_times.append(time.perf_counter())
 
     def end(self) -> None:
         pass
 
 
 def _generate_padded(model: GptOssForCausalLM, prompts: list[list[int]],
-                     new_tokens: int) -> tuple[list[list[int]], float]:
-    """One static batch, left-padded; returns each row's new tokens and the first-token time."""
+                     new_tokens: int) -> tuple[list[list[int]], list[float]]:
+    """One static batch, left-padded; returns each row's new tokens and each step's time."""
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), PAD_TOKEN_ID, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -52,20 +52,23 @@ def _generate_padded(model: GptOssForCausalLM, prompts: list[list[int]],
         ids[row, width - len(prompt):] = torch.tensor(prompt)
         mask[row, width - len(prompt):] = 1
     ids, mask = ids.to(model.device), mask.to(model.device)
-    clock = _FirstTokenClock()
+    clock = _StepClock()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=PAD_TOKEN_ID,
                              eos_token_id=None, streamer=clock)
-    assert clock.first_token_at is not None  # new_tokens >= 1: generate() streamed at least one step
-    return out[:, width:].tolist(), clock.first_token_at
+    if len(clock.step_times) < new_tokens:
+        raise RuntimeError(f"generate streamed {len(clock.step_times)} steps for {new_tokens} new tokens")
+    return out[:, width:].tolist(), clock.step_times
 
 
 def run_generate(model: GptOssForCausalLM, workload: Workload, batch_size: int = 16) -> BenchResult:
-    """transformers `generate` over static batches; tool-loop turns advance in lockstep."""
+    """transformers `generate` over static batches; tool-loop turns advance in lockstep. A row's n-th
+    token counts as arriving at its batch's n-th step (generate returns them all at the end)."""
     convs = workload.conversations
     prompts = [list(c.prompt_token_ids) for c in convs]
     ttfts: list[float] = []
+    tpots: list[float] = []
     prompt_tokens = output_tokens = turns = 0
     start = time.perf_counter()
     for turn in range(max(c.num_turns for c in convs)):
@@ -74,18 +77,20 @@ def run_generate(model: GptOssForCausalLM, workload: Workload, batch_size: int =
             rows = active[first:first + batch_size]
             wanted = [convs[i].output_lens[turn] for i in rows]
             submitted = time.perf_counter()
-            outputs, first_at = _generate_padded(model, [prompts[i] for i in rows], max(wanted))
+            outputs, step_times = _generate_padded(model, [prompts[i] for i in rows], max(wanted))
             # every request of this turn was "submitted" when the turn began
-            ttfts += [first_at - start if turn == 0 else first_at - submitted] * len(rows)
+            ttfts += [step_times[0] - (start if turn == 0 else submitted)] * len(rows)
             for i, out, n in zip(rows, outputs, wanted):
+                tpot = time_per_output_token(step_times[0], step_times[n - 1], n)
+                tpots += [] if tpot is None else [tpot]
                 prompt_tokens += len(prompts[i])
                 output_tokens += n
                 turns += 1
                 if turn + 1 < convs[i].num_turns:
                     prompts[i] = prompts[i] + out[:n] + convs[i].tool_token_ids[turn]
     wall = time.perf_counter() - start
-    return BenchResult(f"hf_generate_bs{batch_size}", workload.name, turns, prompt_tokens, prompt_tokens,
-                       output_tokens, wall, sum(ttfts) / len(ttfts), peak_rss_mb())
+    return BenchResult.measured(f"hf_generate_bs{batch_size}", workload.name, turns, prompt_tokens, prompt_tokens,
+                                output_tokens, wall, ttfts, tpots)
 
 
 # On the CPU, transformers' paged|eager attention builds masks over the whole cache: its
@@ -114,6 +119,7 @@ def run_generate_batch(model: GptOssForCausalLM, workload: Workload,
     prompts: dict[str, list[int]] = {}
     submitted: dict[str, float] = {}
     ttfts: list[float] = []
+    tpots: list[float] = []
     prompt_tokens = output_tokens = turns = 0
 
     def submit(index: int, turn: int, prompt: list[int]) -> None:
@@ -139,11 +145,13 @@ def run_generate_batch(model: GptOssForCausalLM, workload: Workload,
             output_tokens += len(tokens)
             if result.timestamps:
                 ttfts.append(result.timestamps[0] - result.created_time)
+                tpot = time_per_output_token(result.timestamps[0], result.timestamps[-1], len(result.timestamps))
+                tpots += [] if tpot is None else [tpot]
             index, turn = map(int, result.request_id.split("/"))
             if turn + 1 < convs[index].num_turns:
                 submit(index, turn + 1, prompts[result.request_id] + tokens + convs[index].tool_token_ids[turn])
     finally:
         manager.stop(block=True)
     wall = time.perf_counter() - start
-    return BenchResult("hf_generate_batch", workload.name, turns, prompt_tokens, prompt_tokens,
-                       output_tokens, wall, sum(ttfts) / max(len(ttfts), 1), peak_rss_mb())
+    return BenchResult.measured("hf_generate_batch", workload.name, turns, prompt_tokens, prompt_tokens,
+                                output_tokens, wall, ttfts, tpots)

@@ -3,8 +3,9 @@
 A proxy is a number that predicts GPU speed and can be measured on a CPU machine: the MoE inner
 loop's instruction count compiled for sm_90, the share of decode tokens a CUDA graph would compute,
 the host's milliseconds per step, the sampler's launches per step, the KV bookkeeping's build time.
-Each measure lives beside the code it measures and is listed in MEASURES; `python -m engine.proxies`
-(and `batchrun bench --systems proxies`) prints them all.
+Each measure lives beside the code it measures and is listed in MEASURES; `python -m engine.bench
+--proxies` (the benchmark, on torch alone: the GPU check runs it) and `python -m engine.proxies` print
+them all.
 """
 
 from __future__ import annotations

@@ -81,8 +81,7 @@ def _model_bench(plan: BenchPlan, systems: list[str], save: Callable[[dict], Non
                 all_stats.append((workload.name, result.system, stats))
     click.echo(benchmark.format_table(results))
     for workload_name, system, stats in all_stats:
-        click.echo(f"{workload_name} {system}: " + ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()))
+        click.echo(f"{workload_name} {system}: {benchmark.format_stats(stats)}")
     click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB")
     batch1 = next((stats for _, _, stats in all_stats if "batch1_s_per_token" in stats), None)
     if batch1 is not None:  # the 20b preset's batch-1 decode line and roofline

@@ -279,6 +279,12 @@ def m010_request_worker(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+def m011_bench_latency_percentiles(con: duckdb.DuckDBPyConnection) -> None:
+    """TTFT and TPOT percentiles of each benchmark row, as vLLM's benchmark reports them."""
+    con.execute("".join(f"ALTER TABLE bench ADD COLUMN {name}_p{p}_s DOUBLE;"
+                        for name in ("ttft", "tpot") for p in (50, 90, 99)))
+
+
 _Z95 = "1.959963984540054"  # the standard normal's 97.5% quantile (evals/stats.py Z95)
 
 
@@ -332,7 +338,7 @@ def m012_tool_call_result(con: duckdb.DuckDBPyConnection) -> None:
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
     m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
-    m012_tool_call_result, m013_pass_rate_intervals]
+    m011_bench_latency_percentiles, m012_tool_call_result, m013_pass_rate_intervals]
 
 
 def _version(migration: Callable) -> int:

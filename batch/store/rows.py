@@ -189,6 +189,12 @@ class BenchRow:
     total_tok_s: float | None
     peak_rss_mb: float | None
     stats: Json = None
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p99_s: float | None = None
 
 
 ROW_TYPES: dict[str, type] = {

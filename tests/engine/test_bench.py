@@ -36,3 +36,49 @@ def test_the_module_cli_builds_the_20b_preset_only_on_a_gpu(capsys):
         main(["--preset", "20b", "--device", "cpu"])
     assert stopped.value.code == 2
     assert "--preset 20b is built on the GPU: pass --device cuda" in capsys.readouterr().err
+
+
+def test_the_table_has_ratios_and_latency_percentiles_in_ms():
+    from engine.bench import format_table
+    from engine.workloads import BenchResult
+
+    ours = BenchResult.measured("engine", "random", 2, 100, 100, 50, 1.0, [0.1, 0.3], [0.01, 0.02])
+    theirs = BenchResult.measured("hf_generate_bs2", "random", 2, 100, 100, 50, 4.0, [2.0, 2.0], [])
+    lines = format_table([ours, theirs]).splitlines()
+    assert lines[0].split()[:11] == ["workload", "system", "reqs", "out", "tok/s", "total", "tok/s",
+                                     "ttft", "p50", "ttft", "p90"]
+    row = lines[3].split()
+    assert row[:5] == ["random", "hf_generate_bs2", "2", "12.5", "37.5"]
+    assert row[5:11] == ["2000.0"] * 3 + ["-"] * 3  # TTFT in ms; no TPOT without a second token
+    assert row[-4:-1] == ["100", "0.25", "0.25"]  # prefill tokens, out x, total x against the engine
+    assert lines[2].split()[5:8] == ["200.0", "280.0", "298.0"]
+
+
+def test_proxies_alone_print_their_table_and_run_no_workload(monkeypatch, capsys):
+    from engine import proxies
+    from engine.bench import main
+
+    def broken() -> list:
+        raise RuntimeError("no compiler")
+
+    measures = [("fake", lambda: [proxies.ProxyFigure("fake launches per step", 3, "launches", "<= 4", True)]),
+                ("broken", broken)]
+    monkeypatch.setattr(proxies, "MEASURES", measures)
+    main(["--proxies"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["proxy", "value"]
+    assert out[1].split()[-1] == "yes" and out[1].startswith("fake launches per step")
+    assert out[2].startswith("broken") and "FAILED: RuntimeError: no compiler" in out[2]
+    assert len(out) == 3
+
+
+def test_the_20b_presets_dry_run_goes_through_its_code_at_a_tiny_shape_on_cpu(capsys):
+    from engine.bench import main
+
+    main(["--preset", "20b", "--dry-run", "--device", "cpu", "--kernels", "torch", "--systems", "engine",
+          "--workloads", "random", "--num-requests", "2", "--random-input-len", "8", "--random-output-len", "3"])
+    out = capsys.readouterr().out
+    assert "random engine stats: num_steps=" in out and "batch1_s_per_token=" in out
+    table = [line.split() for line in out.splitlines() if line.startswith("random ")]
+    assert table[-1][:3] == ["random", "engine", "2"]
+    assert "batch-1 decode: " in out and "roofline" not in out  # no bandwidth on the CPU

@@ -58,7 +58,8 @@ EXPECTED_DDL = {
     "bench": "bench_id VARCHAR, started_at TSTZ, model VARCHAR, workload VARCHAR, system VARCHAR, "
              "num_requests BIGINT, prompt_tokens BIGINT, prefill_tokens BIGINT, output_tokens BIGINT, "
              "wall_s DOUBLE, ttft_s DOUBLE, output_tok_s DOUBLE, total_tok_s DOUBLE, "
-             "peak_rss_mb DOUBLE, stats JSON",
+             "peak_rss_mb DOUBLE, stats JSON, ttft_p50_s DOUBLE, ttft_p90_s DOUBLE, ttft_p99_s DOUBLE, "
+             "tpot_p50_s DOUBLE, tpot_p90_s DOUBLE, tpot_p99_s DOUBLE",
 }
 EXPECTED_COLUMNS = {
     table: [tuple(col.split(" ")) for col in ddl.split(", ")]
@@ -171,8 +172,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (4, "m004_tool_error_kind"), (5, "m005_bench"),
                             (6, "m006_event_timeline"), (7, "m007_views_from_enums"),
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
-                            (10, "m010_request_worker"), (12, "m012_tool_call_result"),
-                            (13, "m013_pass_rate_intervals")]
+                            (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
+                            (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 

@@ -1,0 +1,165 @@
+"""Would a model fit one GPU, and how much KV cache would be left: the engine's own budget, on paper.
+
+The weights are counted from the engine's model built on the meta device (no memory is touched), as
+the engine holds them on CUDA: MXFP4 experts packed (4-bit codes, an 8-bit scale per 32), the rest
+bf16. The KV cache then gets what `engine.device.gpu_kv_cache_budget` gives it once the weights and an
+allowance for the CUDA context are in use, less `engine.config.activation_reserve_bytes`, in blocks of
+`engine.model.kv_cache_bytes_per_block` (every layer holds every token: sliding-window layers too).
+
+`python -m engine.memory_plan --preset 120b` prints the plan for gpt-oss-120b's shape on the GPU torch
+sees, or on an H100 80GB without one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import ModelConfig, activation_reserve_bytes
+from engine.device import gpu_kv_cache_budget
+from engine.kv_cache import num_blocks_for_budget
+from engine.model import GptOssModel, kv_cache_bytes_per_block
+
+GIB = 2**30
+H100_80GB_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports (nvidia-smi, torch)
+# What torch's CUDA context and cuBLAS workspace take before any tensor (an assumption, ~0.5-1 GiB on Hopper).
+CONTEXT_BYTES = 1 * GIB
+PRESET_120B = dict(hidden_size=2880, num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8,
+                   head_dim=64, intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
+                   sliding_window=128, max_position_embeddings=131072)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of each part on one device of `total_bytes`; `kv_tokens` 0 when nothing is left for the cache."""
+
+    total_bytes: int
+    utilization: float
+    weight_bytes: int
+    expert_bytes: int
+    context_bytes: int
+    reserve_bytes: int
+    kv_bytes: int
+    kv_block_bytes: int
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    error: str | None = None
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def fits(self) -> bool:
+        """The weights, the context and one step's activations load, and the cache gets at least a block."""
+        return self.error is None
+
+    @property
+    def utilization_for_full_context(self) -> float:
+        """The gpu_memory_utilization at which the cache would hold one request of the model's full context."""
+        per_token = self.kv_block_bytes / self.block_size
+        need = self.weight_bytes + self.context_bytes + self.reserve_bytes + self.max_model_len * per_token
+        return need / self.total_bytes
+
+
+@functools.cache  # building 120b's modules, even on the meta device, takes seconds
+def weight_bytes(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """(all weights, the experts' share) in bytes, as the engine holds them with the Triton kernels."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = GptOssModel(config, kernels="triton")
+    finally:
+        torch.set_default_dtype(previous)
+    total = experts = 0
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        total += size
+        experts += size if ".experts." in name else 0
+    return total, experts
+
+
+def plan_memory(config: ModelConfig, total_bytes: int, *, utilization: float = 0.9, block_size: int = 16,
+                max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
+                context_bytes: int = CONTEXT_BYTES, dtype: torch.dtype = torch.bfloat16) -> MemoryPlan:
+    """The engine's KV-cache sizing for `config` on a device of `total_bytes` with nothing else on it."""
+    weights, experts = weight_bytes(config, dtype)
+    reserve = activation_reserve_bytes(config, max_num_batched_tokens, max_num_seqs)
+    block_bytes = kv_cache_bytes_per_block(config, block_size, dtype)
+    free = total_bytes - weights - context_bytes
+    plan = functools.partial(MemoryPlan, total_bytes, utilization, weights, experts, context_bytes, reserve)
+    try:
+        if free < 0:
+            raise ValueError(f"the weights alone ({weights / GIB:.1f} GiB) exceed the device")
+        budget = gpu_kv_cache_budget(free, total_bytes, utilization, reserve)
+        num_blocks = num_blocks_for_budget(budget, block_bytes)
+    except ValueError as exc:
+        return plan(0, block_bytes, block_size, 0, config.max_position_embeddings, str(exc))
+    return plan(num_blocks * block_bytes, block_bytes, block_size, num_blocks, config.max_position_embeddings)
+
+
+def format_plan(name: str, plan: MemoryPlan) -> str:
+    """The plan as lines: each part in GiB, whether it fits, how many KV tokens remain."""
+    per_token = plan.kv_block_bytes // plan.block_size
+    lines = [
+        f"{name} memory plan on one GPU of {plan.total_bytes / GIB:.1f} GiB at gpu_memory_utilization "
+        f"{plan.utilization:.2f} ({plan.utilization * plan.total_bytes / GIB:.1f} GiB):",
+        f"  weights        {plan.weight_bytes / GIB:7.2f} GiB  (MXFP4 experts {plan.expert_bytes / GIB:.2f} GiB, "
+        f"the rest bf16 {(plan.weight_bytes - plan.expert_bytes) / GIB:.2f} GiB)",
+        f"  CUDA context   {plan.context_bytes / GIB:7.2f} GiB  (assumed)",
+        f"  activations    {plan.reserve_bytes / GIB:7.2f} GiB  (the engine's reserve for one step)",
+        f"  KV cache       {plan.kv_bytes / GIB:7.2f} GiB  = {plan.num_blocks:,} blocks of {plan.block_size} tokens "
+        f"= {plan.kv_tokens:,} tokens ({per_token / 1024:.0f} KiB per token)",
+    ]
+    if not plan.fits:
+        lines.append(f"  fits: NO: {plan.error}")
+        return "\n".join(lines)
+    lines.append(f"  fits: yes; {plan.kv_tokens:,} KV tokens remain = {plan.kv_tokens / plan.max_model_len:.2f} "
+                 f"requests of the full {plan.max_model_len:,}-token context, or {plan.kv_tokens // 2048:,} of "
+                 f"2,048 tokens")
+    if plan.kv_tokens < plan.max_model_len:
+        lines.append(f"  the engine clamps the context to {plan.kv_tokens:,} tokens; a full one needs "
+                     f"--gpu-memory-utilization >= {plan.utilization_for_full_context:.3f}")
+    return "\n".join(lines)
+
+
+def preset_model_config(preset: str) -> ModelConfig:
+    """ModelConfig of gpt-oss-120b's or -20b's shape (MXFP4 experts)."""
+    from engine.bench_gpu import PRESET_20B, preset_config
+
+    shapes = {"120b": PRESET_120B, "20b": PRESET_20B}
+    if preset not in shapes:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(shapes)}")
+    return ModelConfig.from_hf(preset_config(**shapes[preset]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.memory_plan [--preset 120b] [--total-gib G]`: print the plan."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--preset", default="120b", choices=["120b", "20b"])
+    parser.add_argument("--total-gib", type=float,
+                        help="device memory (default: the CUDA device's, else an H100 80GB's)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    args = parser.parse_args(argv)
+    if args.total_gib:
+        total, source = int(args.total_gib * GIB), "--total-gib"
+    elif torch.cuda.is_available():
+        total, source = torch.cuda.mem_get_info()[1], torch.cuda.get_device_name()
+    else:
+        total, source = H100_80GB_BYTES, "no GPU here: an H100 80GB's 81,559 MiB"
+    config = preset_model_config(args.preset)
+    plan = plan_memory(config, total, utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens)
+    print(f"device memory from {source}")
+    print(format_plan(f"gpt-oss-{args.preset}-shaped", plan))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The GPU check (issue #24, item 7): everything a lent GPU should tell us, in one log, in <= 8 minutes.
+#
+#   scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR, else $OUT (the device machine's), else ./gpu-check-out
+#   GPU_CHECK_DRY_RUN=1 scripts/gpu_check.sh /tmp/x   # every step on CPU at tiny shapes (minutes, no GPU)
+#
+# Runs the engine-only path (torch, transformers, triton, safetensors): the GPU machines' image has no
+# duckdb, mcp, openai-harmony, openai or llguidance, and scripts/engine_only/sitecustomize.py makes them
+# unimportable here too. Each step has its own timeout, clamped to what is left of GPU_CHECK_BUDGET_S,
+# so one hang cannot eat the budget; the log ends with which steps passed. GPU_CHECK_STEPS=a,b runs
+# only those steps. Exit status 0 only when every step that ran passed.
+set -u
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT_DIR=${1:-${OUT:-gpu-check-out}}
+PY=${PYTHON:-python3}
+DRY=${GPU_CHECK_DRY_RUN:-0}
+ONLY=${GPU_CHECK_STEPS:-}
+mkdir -p "$OUT_DIR"
+LOG=$(cd "$OUT_DIR" && pwd)/gpu_check.log
+cd "$REPO" || exit 2
+export PYTHONPATH="$REPO/scripts/engine_only:$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+if [ "$DRY" = 1 ]; then
+    BUDGET_S=${GPU_CHECK_BUDGET_S:-1500}
+    SCALE=4  # a shared CPU imports and runs everything several times slower than the GPU machine
+    DEVICE=cpu
+    # the 20b preset's code at a tiny shape; few, short requests
+    BENCH=(--preset 20b --dry-run --device cpu --kernels torch --max-num-seqs 8 --batch-size 2)
+    SHAREGPT=(--num-requests 4 --baseline-requests 2 --sharegpt-output-len 6)
+    RANDOM_MIX=(--num-requests 4 --baseline-requests 2 --random-input-len 48 --random-output-len 12)
+else
+    BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+    SCALE=1
+    DEVICE=cuda
+    BENCH=(--preset 20b --device cuda --max-num-seqs 256 --batch-size 64)
+    # transformers decodes one static batch of each workload: a batch runs to its longest output (1,084
+    # tokens for the first 64 ShareGPT-like requests), and more batches would take the whole budget
+    SHAREGPT=(--num-requests 512 --baseline-requests 64)
+    RANDOM_MIX=(--num-requests 128 --baseline-requests 32)
+fi
+
+START=$(date +%s)
+SUMMARY=()
+FAILED=0
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run COMMAND into the log under min(TIMEOUT_S, budget left)
+    local name=$1 limit=$(($2 * SCALE))
+    shift 2
+    if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$name,"* ]]; then
+        return 0
+    fi
+    local left=$((BUDGET_S - ($(date +%s) - START)))
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt 5 ]; then
+        SUMMARY+=("$(printf '%-8s %-14s %5s s  (budget of %s s spent)' SKIPPED "$name" 0 "$BUDGET_S")")
+        FAILED=1
+        return 0
+    fi
+    echo "=== $name (timeout ${limit} s): $*" | tee -a "$LOG"
+    local t0 rc status
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+    rc=$?
+    case $rc in
+        0) status=PASS ;;
+        124 | 137) status=TIMEOUT ;;
+        *) status="FAIL($rc)" ;;
+    esac
+    [ "$rc" -ne 0 ] && FAILED=1
+    SUMMARY+=("$(printf '%-8s %-14s %5s s' "$status" "$name" $(($(date +%s) - t0)))")
+    echo "--- $name: $status in $(($(date +%s) - t0)) s" | tee -a "$LOG"
+}
+
+env_report() {  # exported: timeout runs it in a child bash
+    date -u '+%Y-%m-%d %H:%M:%S UTC'
+    echo "commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        "$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo '(with uncommitted changes)')"
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
+        --format=csv
+    "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__,
+"cuda", torch.version.cuda, "devices", torch.cuda.device_count(),
+torch.cuda.get_device_name() if torch.cuda.is_available() else "(no CUDA device)")'
+}
+
+export -f env_report
+export PY REPO
+: >"$LOG"
+echo "gpu check: dry run=$DRY, device=$DEVICE, budget ${BUDGET_S} s, log $LOG" | tee -a "$LOG"
+# Timeouts sum past the budget on purpose: most steps take far less, and the clamp keeps the total.
+step env 30 bash -c env_report
+step imports 45 "$PY" scripts/engine_only/check_imports.py
+step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
+step gpu_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/engine
+step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}"
+step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
+step proxies 60 "$PY" -m engine.bench --proxies
+
+{
+    # the figures again, where a reader of the output's tail sees them
+    echo "=== figures"
+    grep -E '^(sharegpt|random) |^batch-1 decode|^  (weights|KV cache|fits|the engine clamps)' "$LOG"
+    echo "=== summary: $(($(date +%s) - START)) s of a ${BUDGET_S} s budget (dry run=$DRY, device=$DEVICE)"
+    printf '%s\n' "${SUMMARY[@]}"
+} | tee -a "$LOG"
+exit $FAILED

@@ -1,0 +1,48 @@
+"""The 120b memory plan: weights as the engine holds them, the KV cache the engine's own budget leaves."""
+
+import pytest
+
+from engine.memory_plan import (GIB, H100_80GB_BYTES, format_plan, main, plan_memory, preset_model_config,
+                                weight_bytes)
+
+
+def test_weights_count_packed_mxfp4_experts_and_bf16_for_the_rest():
+    config = preset_model_config("120b")
+    assert (config.num_hidden_layers, config.num_local_experts, config.quant_method) == (36, 128, "mxfp4")
+    assert config.num_params == pytest.approx(116.8e9, rel=0.01)  # gpt-oss-120b's published count
+    h, i = config.hidden_size, config.intermediate_size
+    expert_weights = config.num_hidden_layers * config.num_local_experts * (h * 2 * i + i * h)
+    # 4-bit codes and an 8-bit scale per 32 weights = 17/32 bytes a weight; everything else 2 bytes
+    expected = 2 * (config.num_params - expert_weights) + expert_weights * 17 // 32
+    total, experts = weight_bytes(config)
+    assert total == expected
+    assert 55 * GIB < experts < total < 62 * GIB
+
+
+def test_the_kv_cache_gets_what_the_engines_budget_leaves():
+    config = preset_model_config("120b")
+    plan = plan_memory(config, H100_80GB_BYTES, utilization=0.9, context_bytes=GIB)
+    budget = int(0.9 * H100_80GB_BYTES) - plan.weight_bytes - GIB - plan.reserve_bytes
+    assert plan.kv_block_bytes == 16 * 2 * 36 * 8 * 64 * 2  # K and V, every layer, bf16
+    assert plan.num_blocks == budget // plan.kv_block_bytes
+    assert plan.fits and 100_000 < plan.kv_tokens < 160_000
+    text = format_plan("120b", plan)
+    assert "fits: yes" in text and f"{plan.kv_tokens:,} KV tokens remain" in text
+    assert f"--gpu-memory-utilization >= {plan.utilization_for_full_context:.3f}" in text
+    full = plan_memory(config, H100_80GB_BYTES, utilization=plan.utilization_for_full_context + 0.001)
+    assert full.kv_tokens >= config.max_position_embeddings
+
+
+def test_a_device_too_small_says_why():
+    plan = plan_memory(preset_model_config("120b"), 40 * GIB)
+    assert not plan.fits and plan.kv_tokens == 0
+    assert "fits: NO: the weights alone" in format_plan("120b", plan)
+    tight = plan_memory(preset_model_config("120b"), 64 * GIB)  # the weights load, the 0.9 share is spent
+    assert not tight.fits and "--gpu-memory-utilization 0.9" in format_plan("120b", tight)
+
+
+def test_the_module_prints_the_plan(capsys):
+    main(["--preset", "20b", "--total-gib", "80"])
+    out = capsys.readouterr().out
+    assert "device memory from --total-gib" in out and "gpt-oss-20b-shaped memory plan" in out
+    assert "fits: yes" in out

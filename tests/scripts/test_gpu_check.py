@@ -1,0 +1,64 @@
+"""scripts/gpu_check.sh: the GPU check's steps, timeouts and log, run here as its CPU dry run."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "proxies"]
+
+
+def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    environment = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": python, **env}
+    done = subprocess.run(["bash", str(SCRIPT), str(out)], env=environment, capture_output=True, text=True,
+                          timeout=1800)
+    return done, (out / "gpu_check.log").read_text()
+
+
+def summary(log: str) -> dict[str, str]:
+    """Step name -> PASS, FAIL(rc), TIMEOUT or SKIPPED, from the log's last lines."""
+    lines = log.split("=== summary:")[1].splitlines()[1:]
+    return {line.split()[1]: line.split()[0] for line in lines}
+
+
+def test_the_packages_the_gpu_image_lacks_cannot_be_imported_under_the_check():
+    code = "import importlib.util; print(importlib.util.find_spec('openai_harmony')); import duckdb"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "scripts" / "engine_only")})
+    assert done.stdout.strip() == "None"  # what transformers' availability checks see
+    assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr
+
+
+def test_a_hung_step_times_out_and_the_budget_skips_the_rest(tmp_path):
+    hang = tmp_path / "python"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    done, log = gpu_check(tmp_path / "out", python=str(hang), GPU_CHECK_BUDGET_S="6",
+                          GPU_CHECK_STEPS="imports,memory_plan,proxies")
+    assert done.returncode == 1
+    assert summary(log) == {"imports": "TIMEOUT", "memory_plan": "SKIPPED", "proxies": "SKIPPED"}
+
+
+def test_a_failing_step_is_reported_and_fails_the_check(tmp_path):
+    done, log = gpu_check(tmp_path, python="false", GPU_CHECK_STEPS="imports")
+    assert done.returncode == 1 and summary(log) == {"imports": "FAIL(1)"}
+
+
+@pytest.mark.slow
+def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
+    done, log = gpu_check(tmp_path)
+    assert done.returncode == 0, log[-3000:]
+    assert summary(log) == dict.fromkeys(STEPS, "PASS")
+    assert "none of batch, tools, evals, trainer, duckdb, mcp, openai_harmony, openai, llguidance" in log
+    assert "gpt-oss-120b-shaped memory plan" in log and "fits: yes" in log
+    assert "skipped" in log  # the GPU tests skip on CPU, with their reason
+    for workload in ("sharegpt", "random"):
+        assert f"{workload} engine stats: num_steps=" in log
+        rows = [line.split() for line in log.splitlines() if line.startswith(f"{workload} ")]
+        assert {row[1] for row in rows} >= {"engine", "hf_generate_bs2"}
+    assert log.count("batch-1 decode: ") >= 4  # in each bench step and again under figures
+    assert "proxies: none registered" in log or "proxy " in log
