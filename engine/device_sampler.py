@@ -34,7 +34,6 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.api import SamplingParams
-from engine.proxies import ProxyFigure
 
 MASK32 = 0xFFFF_FFFF
 _COLUMNS = 7  # row, seed high word, seed low word, position, temperature, top_k (vocab: off), top_p
@@ -157,10 +156,11 @@ def count_ops(fn: Callable[[], object]) -> int:
     return counter.count
 
 
-def ops_proxy(batches: tuple[int, ...] = (1, 64, 256), vocab: int = 4096) -> list[ProxyFigure]:
+
+def ops_per_step(batches: tuple[int, ...], vocab: int = 4096) -> dict[int, int]:
     """aten ops (kernel launches on a GPU, views included) of one sampling step at each batch size, rows
     cycling through temperature + top-p (first: a batch of 1 takes the longest path), greedy, temperature,
-    top-k, and all three. The count does not depend on the vocabulary; goal: the same at every size."""
+    top-k, and all three. The count does not depend on the vocabulary (engine.proxies reports it)."""
     kinds = [SamplingParams(max_tokens=1, top_p=0.9), SamplingParams(max_tokens=1, temperature=0),
              SamplingParams(max_tokens=1, temperature=0.7), SamplingParams(max_tokens=1, top_k=40),
              SamplingParams(max_tokens=1, temperature=1.2, top_k=20, top_p=0.8)]
@@ -171,6 +171,4 @@ def ops_proxy(batches: tuple[int, ...] = (1, 64, 256), vocab: int = 4096) -> lis
         seeds = list(range(batch))
         sample_tokens(logits, rows, seeds, [0] * batch)  # the token salts are made once
         counts[batch] = count_ops(lambda: sample_tokens(logits, rows, seeds, [1] * batch))  # noqa: B023 (called here)
-    constant = len(set(counts.values())) == 1
-    return [ProxyFigure(f"sampler ops per step, batch {batch}", count, "aten ops (mixed rows)", "constant", constant)
-            for batch, count in counts.items()]
+    return counts

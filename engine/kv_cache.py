@@ -20,7 +20,6 @@ from collections import OrderedDict
 
 import torch
 
-from engine.proxies import ProxyFigure
 from engine.sequence import Sequence
 
 
@@ -219,12 +218,12 @@ class BlockManager:
         return block_id
 
 
-def build_proxy(num_blocks: int = 1_000_000) -> list[ProxyFigure]:
-    """Seconds to build a `num_blocks` BlockManager (best of 3): the bookkeeping cost of a large cache."""
+
+def build_seconds(num_blocks: int, repeats: int = 3) -> float:
+    """Seconds to build a `num_blocks` BlockManager, best of `repeats` (engine.proxies reports it)."""
     seconds = []
-    for _ in range(3):
+    for _ in range(repeats):
         start = time.perf_counter()
         BlockManager(num_blocks, 16)
         seconds.append(time.perf_counter() - start)
-    best = min(seconds)
-    return [ProxyFigure(f"block manager build, {num_blocks // 1_000_000}M blocks", best, "s", "<= 0.2", best <= 0.2)]
+    return min(seconds)

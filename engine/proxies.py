@@ -39,15 +39,19 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
 
 
 def _block_manager_build() -> list[ProxyFigure]:
-    from engine.kv_cache import build_proxy
+    from engine.kv_cache import build_seconds
 
-    return build_proxy()
+    seconds = build_seconds(1_000_000)
+    return [ProxyFigure("block manager build, 1M blocks", seconds, "s", "<= 0.2", seconds <= 0.2)]
 
 
 def _sampler_ops() -> list[ProxyFigure]:
-    from engine.device_sampler import ops_proxy
+    from engine.device_sampler import ops_per_step
 
-    return ops_proxy()
+    counts = ops_per_step((1, 64, 256))
+    constant = len(set(counts.values())) == 1
+    return [ProxyFigure(f"sampler ops per step, batch {batch}", count, "aten ops (mixed rows)", "constant", constant)
+            for batch, count in counts.items()]
 
 
 MEASURES.append(("block manager build", _block_manager_build))

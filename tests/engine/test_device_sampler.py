@@ -137,6 +137,14 @@ def test_the_ops_per_step_do_not_grow_with_the_batch():
     assert ops(5) < 120  # one pass of a fixed pipeline, not a loop over rows
 
 
+def test_the_ops_proxy_is_registered_and_constant():
+    from engine.proxies import MEASURES
+
+    figures = dict(MEASURES)["sampler ops per step"]()
+    assert [f.name for f in figures] == [f"sampler ops per step, batch {b}" for b in (1, 64, 256)]
+    assert all(f.ok for f in figures) and len({f.value for f in figures}) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_on_cuda_the_tokens_are_the_cpus():
