@@ -29,7 +29,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -84,11 +84,12 @@ class _Connection:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(ready))
         try:
-            self.client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout_s)
+            client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout_s)
+            self.client = client
         except BaseException:
             await self.close()
             raise
-        return self.client
+        return client
 
     async def _hold(self, ready: asyncio.Future) -> None:
         try:
@@ -107,10 +108,10 @@ class _Connection:
         if spec.is_stdio:
             params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                            env=dict(spec.env) or None, cwd=spec.cwd)
-            return stdio_client(params, errlog=self.errlog)
+            return stdio_client(params, errlog=cast(TextIO, self.errlog))
         # A client we pass in is ours to close: the stack closes it after the session.
         http = await stack.enter_async_context(create_mcp_http_client(headers=dict(spec.headers) or None))
-        return streamable_http_client(spec.url, http_client=http)
+        return streamable_http_client(cast(str, spec.url), http_client=http)  # not stdio: a url
 
     async def close(self) -> None:
         self._stop.set()
@@ -199,7 +200,7 @@ class ToolClient:
         except Exception as exc:  # noqa: BLE001 - every failure is a listing error
             return _listing_error(spec, exc)
         try:
-            return Listing(await self._list_pages(connection.client))
+            return Listing(await self._list_pages(cast(Client, connection.client)))  # connected
         except Exception as exc:  # noqa: BLE001
             await self._drop(spec, connection)
             if may_retry and _is_connection_lost(exc):
@@ -250,7 +251,7 @@ class ToolClient:
                                error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED), False
         try:
             async with asyncio.timeout(timeout_s):
-                result = await connection.client.call_tool(name, arguments)
+                result = await cast(Client, connection.client).call_tool(name, arguments)  # connected
         except TimeoutError:
             return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s",
                                error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT), False

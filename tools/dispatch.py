@@ -15,6 +15,7 @@ long as one response; `release()` resets them when it ends.
 
 from __future__ import annotations
 
+from typing import cast
 import json
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ def plan_call(target: ToolTarget | None, recipient: str, text: str, registry: To
         return arguments
     if kind == "browser":
         return PlannedCall(catalog.builtin("browser"), target.name, {**arguments, "session_id": session_id})
-    return PlannedCall(catalog.for_tool(registry.mcp_definitions[label]), target.name, arguments)
+    return PlannedCall(catalog.for_tool(registry.mcp_definitions[cast(str, label)]), target.name, arguments)
 
 
 def parse_arguments(text: str) -> dict | CallOutcome:

@@ -20,6 +20,9 @@ request's `headers`/`authorization` still go to an HTTP entry); its `server_url`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import json
 import os
 import re
@@ -135,7 +138,7 @@ class ServerCatalog:
 
 # -- --mcp-config -------------------------------------------------------------
 
-def load_mcp_config(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, ServerSpec]:
+def load_mcp_config(path: str | Path, environ: Mapping[str, str] | None = None) -> dict[str, ServerSpec]:
     """Parse an `mcpServers` JSON file, expanding `${NAME}`; raises McpConfigError."""
     environ = os.environ if environ is None else environ
     try:
@@ -152,7 +155,7 @@ def load_mcp_config(path: str | Path, environ: dict[str, str] | None = None) -> 
 def _spec(where: str, label: str, entry: object, environ) -> ServerSpec:
     if not isinstance(entry, dict) or ("command" in entry) == ("url" in entry):
         raise McpConfigError(f"{where}: expected an object with either 'command' or 'url'")
-    entry = _expand(where, entry, environ)
+    entry = cast(dict, _expand(where, entry, environ))  # a dict expands to a dict
     unknown = set(entry) - {"command", "args", "env", "cwd", "url", "headers", "type"}
     if unknown:
         raise McpConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
