@@ -50,7 +50,8 @@ test: $(VENV)/.installed $(MCP_SERVERS)/.installed
 test-all: $(VENV)/.installed $(MCP_SERVERS)/.installed
 	$(PY) -m pytest -q -m '' $(PYTEST_ARGS)
 
-# ruff over the whole repo; mypy over engine/ and batch/ (every def annotated; see pyproject.toml).
+# ruff over the whole repo; mypy over every package (engine/ and batch/ with every def annotated;
+# see pyproject.toml).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -93,7 +93,7 @@ def first_field_difference(a: object, b: object, path: str = "") -> tuple[str, o
     return path or "(event)", a, b
 
 
-def _event_name(event: object) -> str:
+def _event_name(event: str | dict) -> str:
     return event if isinstance(event, str) else str(event.get("type"))
 
 
@@ -117,19 +117,19 @@ def divergence(golden: list, current: list) -> str:
 def compare_entry(golden: dict, current: dict, context: int = 3,
                   max_lines: int = 60) -> Difference | None:
     """The difference between one request's golden and current entries, or None."""
-    notes = [f"status: golden {golden['status']} != run {current['status']}"
+    notes: list[str | None] = [f"status: golden {golden['status']} != run {current['status']}"
              if golden["status"] != current["status"] else None,
              f"error: golden {_clip(golden.get('error'))} != run {_clip(current.get('error'))}"
              if golden.get("error") != current.get("error") else None]
     if golden["events"] != current["events"]:
         notes.append(divergence(golden["events"], current["events"]))
-    notes = [note for note in notes if note]
-    if not notes:
+    said = [note for note in notes if note]
+    if not said:
         return None
     diff = unified_diff(golden["events"], current["events"], context)
     if len(diff) > max_lines:
         diff = diff[:max_lines] + [f"... {len(diff) - max_lines} more diff lines"]
-    return Difference(current["custom_id"], "changed", "; ".join(notes), diff)
+    return Difference(current["custom_id"], "changed", "; ".join(said), diff)
 
 
 def compare_snapshots(golden: dict[str, dict], current: dict[str, dict]) -> CheckResult:

@@ -6,6 +6,7 @@ this module registers both sets.
 
 from __future__ import annotations
 
+from typing import cast
 import json
 import math
 import re
@@ -116,7 +117,7 @@ def json_schema(output: Output, expected: object = None, schema: dict | None = N
         value = json.loads(fenced.group(1) if fenced else text)
     except ValueError as exc:
         return Grade.check(False, f"not JSON ({exc}): {_short(text)}")
-    schema = schema if schema is not None else expected
+    schema = schema if schema is not None else cast(dict | None, expected)
     if schema is None:
         return Grade.check(True, "valid JSON")
     import jsonschema

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import cast
 import json
 from dataclasses import dataclass, field
 
@@ -77,7 +78,7 @@ def _tool_call(item: dict) -> ToolCall:
     elif kind == "web_search":
         arguments, name = json.dumps(item.get("action"), sort_keys=True), "browser"
     else:
-        arguments, name = item.get("arguments") or "", item.get("name")
+        arguments, name = item.get("arguments") or "", cast(str, item.get("name"))
     return ToolCall(kind, name, arguments, item.get("server_label"), item.get("status"))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import cast
 from dataclasses import dataclass, field
 
 from batch.store.store import Store
@@ -17,7 +18,7 @@ class ReportData:
     statuses: dict[str, int]
     latencies: list[float]
     ttfts: list[float]
-    tokens_per_turn: list[float]
+    tokens_per_turn: list[int]
     tool_calls_per_response: dict[int, int]  # number of calls -> responses
     throughput: list[tuple[float, int, int]]  # (seconds since start, responses, output tokens)
     usage: dict
@@ -33,7 +34,8 @@ def load_report_data(store: Store, run_id: str) -> ReportData:
     """Query everything the report needs; the run must exist."""
     usage = store.reports.usage(run_id)
     return ReportData(
-        run=store.runs.get(run_id), statuses=store.reports.request_status_counts(run_id),
+        run=cast(dict, store.runs.get(run_id)),  # the run must exist
+        statuses=store.reports.request_status_counts(run_id),
         latencies=store.reports.latencies(run_id), ttfts=store.reports.ttfts(run_id),
         tokens_per_turn=store.reports.turn_output_tokens(run_id),
         tool_calls_per_response=store.reports.tool_calls_per_response(run_id),

@@ -98,7 +98,8 @@ def resolve_suite(name_or_path: str) -> Path:
 def load_suite(name_or_path: str) -> Suite:
     """Read and validate a suite; raises SuiteError naming the first bad line."""
     path = resolve_suite(name_or_path)
-    cases, seen = [], {}
+    cases: list = []
+    seen: dict = {}
     with open(path, encoding="utf-8") as handle:
         for line_no, text in enumerate(handle, start=1):
             if not text.strip():

@@ -7,6 +7,7 @@ tick labels, and no scripts or external resources. Text is escaped.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
 
 WIDTH, HEIGHT = 560, 260
@@ -80,7 +81,7 @@ def empty(title: str, message: str = "no data") -> str:
                           f'fill="#888">{escape(message)}</text>'], height=HEIGHT // 2)
 
 
-def _bins(values: list[float], bins: int) -> tuple[float, float, int, bool]:
+def _bins(values: Sequence[float], bins: int) -> tuple[float, float, int, bool]:
     """(low, high, bins, integral): whole-number data with a small range gets one bin per
     value (at least five bins, so that a single value does not fill the plot)."""
     low, high = min(values), max(values)
@@ -93,7 +94,7 @@ def _bins(values: list[float], bins: int) -> tuple[float, float, int, bool]:
     return low, high, bins, False
 
 
-def histogram(values: list[float], title: str, xlabel: str, bins: int = 20) -> str:
+def histogram(values: Sequence[float], title: str, xlabel: str, bins: int = 20) -> str:
     """Counts of ``values`` in equal-width bins over their range."""
     if not values:
         return empty(title)

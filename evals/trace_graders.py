@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
 import json
 from fnmatch import fnmatchcase
 
@@ -16,7 +18,7 @@ def _arguments_match(call: ToolCall, wanted: object, exact: bool) -> bool:
         try:
             wanted = json.loads(wanted)
         except ValueError:
-            return call.arguments.strip() == wanted.strip()
+            return call.arguments.strip() == cast(str, wanted).strip()
     got = call.parsed_arguments()
     if exact or not isinstance(wanted, dict) or not isinstance(got, dict):
         return got == wanted
@@ -93,8 +95,8 @@ def sequence_matches(pattern: list[str], types: list[str]) -> bool:
 
 @grader("event_shape")
 def event_shape(output: Output, expected: list[str] | None = None,
-                sequence: list[str] | None = None, includes: list[str] = (),
-                excludes: list[str] = ()) -> Grade:
+                sequence: list[str] | None = None, includes: Sequence[str] = (),
+                excludes: Sequence[str] = ()) -> Grade:
     """The event types match a shape: ``sequence`` (or ``expected``) of globs with "..."
     gaps, types that must occur (``includes``) and must not (``excludes``).
 

@@ -109,7 +109,8 @@ def search_page(query: str, hits: list[Hit]) -> Page:
 
 
 def find_page(pattern: str, page: Page, max_results: int = 50, show_lines: int = 4) -> Page:
-    chunks, links, locs = [], {}, {}
+    chunks: list[str] = []
+    links, locs = {}, {}
     line_no = 0
     while line_no < len(page.lines) and len(chunks) < max_results:
         if pattern.lower() not in page.lines[line_no].lower():

@@ -32,7 +32,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -93,11 +93,12 @@ class _Connection:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(ready))
         try:
-            self.client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout_s)
+            client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout_s)
+            self.client = client
         except BaseException:
             await self.close()
             raise
-        return self.client
+        return client
 
     async def _hold(self, ready: asyncio.Future) -> None:
         try:
@@ -123,10 +124,10 @@ class _Connection:
                 masked = MaskedStderr(self.errlog, spec.mask)
                 stack.callback(masked.close)
                 errlog = masked.writer
-            return stdio_client(params, errlog=errlog)
+            return stdio_client(params, errlog=cast(TextIO, errlog))
         # A client we pass in is ours to close: the stack closes it after the session.
         http = await stack.enter_async_context(create_mcp_http_client(headers=dict(spec.headers) or None))
-        return streamable_http_client(spec.url, http_client=http)
+        return streamable_http_client(cast(str, spec.url), http_client=http)  # not stdio: a url
 
     async def close(self) -> None:
         self._stop.set()
@@ -226,7 +227,7 @@ class ToolClient:
         except Exception as exc:  # noqa: BLE001 - every failure is a listing error
             return _listing_error(spec, exc)
         try:
-            return Listing(await self._list_pages(connection.client))
+            return Listing(await self._list_pages(cast(Client, connection.client)))  # connected
         except Exception as exc:  # noqa: BLE001
             await self._drop(spec, connection)
             if may_retry and _is_connection_lost(exc):
@@ -235,7 +236,8 @@ class ToolClient:
 
     async def _list_pages(self, client: Client) -> list[Tool]:
         """Every page of the listing, less the tools that can only run as tasks (not supported)."""
-        tools, cursor = [], None
+        tools: list[Tool] = []
+        cursor = None
         while True:
             page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
             tools.extend(tool for tool in page.tools if not _requires_task(tool))
@@ -320,7 +322,7 @@ class ToolClient:
         except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
             return _unreachable(spec, exc), False
         try:
-            result = await connection.client.call_tool(name, arguments)
+            result = await cast(Client, connection.client).call_tool(name, arguments)  # connected
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED:
                 return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
@@ -360,7 +362,7 @@ def _requires_task(tool: Tool) -> bool:
     return tool.execution is not None and tool.execution.task_support == "required"
 
 
-def _is_connection_lost(exc: Exception) -> bool:
+def _is_connection_lost(exc: BaseException) -> bool:
     """A closed connection or a transport error; not a timeout, nor an MCP error the server answered."""
     if isinstance(exc, MCPError):
         return exc.code == CONNECTION_CLOSED

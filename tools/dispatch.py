@@ -17,6 +17,7 @@ is masked in the answer, so no id of the run reaches a prompt.
 
 from __future__ import annotations
 
+from typing import cast
 import json
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ def plan_call(target: ToolTarget | None, recipient: str, text: str, registry: To
         return arguments
     if kind == "browser":
         return PlannedCall(catalog.builtin("browser"), target.name, arguments, {"session_id": session_id})
-    return PlannedCall(catalog.for_tool(registry.mcp_definitions[label]), target.name, arguments)
+    return PlannedCall(catalog.for_tool(registry.mcp_definitions[cast(str, label)]), target.name, arguments)
 
 
 def parse_arguments(text: str) -> dict | CallOutcome:

@@ -160,7 +160,11 @@ def main(argv: list[str] | None = None) -> None:
                     output_bytes=args.output_kb << 10, max_procs=args.max_procs)
     sessions = PythonSessions(limits, idle_s=args.idle_s, max_sessions=args.max_sessions)
     atexit.register(sessions.close_all)
-    signal.signal(signal.SIGTERM, lambda *_: (sessions.close_all(), os._exit(143)))  # a terminating client too
+    def terminate(*_: object) -> None:  # a terminating client too
+        sessions.close_all()
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, terminate)
     build_server(sessions).run("stdio")
 
 

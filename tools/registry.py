@@ -16,6 +16,7 @@ other than auto/none names the recipients the first turn must call
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
@@ -200,6 +201,7 @@ class ToolRegistry:
             if not every:
                 raise ToolChoiceError("tool_choice: required, but the request enables no tools")
             return every
+        choice = cast(dict, choice)  # a named choice: the request's model has checked its shape
         kind = choice["type"]
         if kind == "function":
             if choice["name"] not in self.functions:

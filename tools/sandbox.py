@@ -175,10 +175,16 @@ class Worker:
             "interrupted": "The cell was interrupted (KeyboardInterrupt; variables are kept).",
         }.get(status)
 
+    def _running(self) -> subprocess.Popen:
+        """The interpreter process (a cell runs only while there is one)."""
+        if self._proc is None:
+            raise RuntimeError("the interpreter is not running")
+        return self._proc
+
     def _interrupt(self, output: OutputBuffer) -> CellResult:
         """Wall-clock limit: interrupt like Jupyter, and kill if the cell ignores it."""
         note = f"Wall-clock time limit exceeded: the cell ran longer than {self.limits.wall_s:g} s"
-        self._proc.send_signal(signal.SIGINT)
+        self._running().send_signal(signal.SIGINT)
         try:
             if self._wait(output, time.monotonic() + self.limits.interrupt_grace_s) is not None:
                 self._end_cell_processes(output)
@@ -191,7 +197,7 @@ class Worker:
 
     def _died(self, output: OutputBuffer) -> CellResult:
         try:
-            code = self._proc.wait(timeout=2)
+            code = self._running().wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
         self._drain(output)
@@ -273,7 +279,7 @@ def _claim_uid() -> int:
     return uid
 
 
-def _size(num_bytes: int) -> str:
+def _size(num_bytes: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if num_bytes < 1024 or unit == "GiB":
             return f"{num_bytes:g} {unit}" if unit == "bytes" else f"{num_bytes:.4g} {unit}"

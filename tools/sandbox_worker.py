@@ -222,8 +222,10 @@ def _compile_cell(code: str, filename: str):
     """(statements, final expression or None): a final expression's value is printed, as in Jupyter."""
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     tree = ast.parse(code, filename, "exec")
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+    final = tree.body[-1] if tree.body else None
+    if isinstance(final, ast.Expr):
+        tree.body.pop()
+        last = ast.Expression(final.value)
         return compile(tree, filename, "exec"), compile(last, filename, "eval")
     return compile(tree, filename, "exec"), None
 

@@ -23,6 +23,9 @@ request's `headers`/`authorization` still go to an HTTP entry); its `server_url`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import json
 import os
 import re
@@ -160,7 +163,7 @@ class ServerCatalog:
 
 # -- --mcp-config -------------------------------------------------------------
 
-def load_mcp_config(path: str | Path, environ: dict[str, str] | None = None) -> dict[str, ServerSpec]:
+def load_mcp_config(path: str | Path, environ: Mapping[str, str] | None = None) -> dict[str, ServerSpec]:
     """Parse an `mcpServers` JSON file, expanding `${NAME}`; raises McpConfigError."""
     environ = os.environ if environ is None else environ
     try:
@@ -178,7 +181,7 @@ def _spec(where: str, label: str, entry: object, environ) -> ServerSpec:
     if not isinstance(entry, dict) or ("command" in entry) == ("url" in entry):
         raise McpConfigError(f"{where}: expected an object with either 'command' or 'url'")
     substituted: list[str] = []
-    entry = _expand(where, entry, environ, substituted)
+    entry = cast(dict, _expand(where, entry, environ, substituted))  # a dict expands to a dict
     secrets = tuple(sorted(set(substituted)))
     unknown = set(entry) - {"command", "args", "env", "cwd", "url", "headers", "type"}
     if unknown:

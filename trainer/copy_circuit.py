@@ -84,10 +84,10 @@ def plant_copy_circuit(model: GptOssForCausalLM, *, seed: int, words: list[str] 
 
         induction = inner.layers[1].self_attn
         for h in range(2):
-            rows = slice(h * head, (h + 1) * head)
+            head_rows = slice(h * head, (h + 1) * head)
             for projection in (induction.q_proj, induction.k_proj, induction.v_proj):
-                projection.weight[rows] = 0
-                projection.bias[rows] = 0
+                projection.weight[head_rows] = 0
+                projection.bias[head_rows] = 0
             source = torch.arange(h * len(match), (h + 1) * len(match)) % dims
             induction.q_proj.weight[h * head + match, source] = match_gain
             induction.k_proj.weight[h * head + match, dims + source] = match_gain

@@ -22,6 +22,8 @@ JSON object for JSON tools, the expected code for python).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
 import argparse
 import json
 import subprocess
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from batch.store.store import Store
 from evals.grading import run_outputs
+from evals.output import Output
 from trainer.tasks import Task, generate, long_product_tasks
 
 HELD_OUT_SEED = 7  # training uses the seed it is given (0 by default) and seed + 1,000,003 / + 2,000,003
@@ -46,7 +49,7 @@ def write_requests(tasks: list[Task], path: Path) -> None:
             f.write(json.dumps({"custom_id": task.custom_id, **task.body}) + "\n")
 
 
-def submit(requests: Path, db: Path, model: Path, run_id: str, extra: list[str] = ()) -> None:
+def submit(requests: Path, db: Path, model: Path, run_id: str, extra: Sequence[str] = ()) -> None:
     command = [sys.executable, "-m", "batch.cli", "submit", str(requests), "--db", str(db), "--model", str(model),
                "--run-id", run_id, "--temperature", "0", "--max-output-tokens", "400", "--quiet", *extra]
     subprocess.run(command, check=True)
@@ -89,7 +92,7 @@ def grade(tasks: list[Task], db: Path, run_id: str) -> list[dict]:
         checks = [_call_ok(r, a, task.calls[k] if k < len(task.calls) else None) for k, (r, a) in enumerate(calls)]
         exact_calls = len(calls) == len(task.calls) and all(exact for _, exact in checks)
         harmony_ok = output is not None and output.status == "completed"
-        correct = harmony_ok and exact_calls and _answer_ok(task, output.text)
+        correct = harmony_ok and exact_calls and _answer_ok(task, cast(Output, output).text)
         rows.append({"custom_id": task.custom_id, "family": task.family, "correct": correct,
                      "harmony_ok": harmony_ok, "num_calls": len(calls),
                      "num_calls_ok": sum(ok for ok, _ in checks), "text": output.text if output else None})

@@ -14,6 +14,7 @@ bring new operation words, which no training could teach.
 
 from __future__ import annotations
 
+from typing import cast
 import json
 import random
 from dataclasses import dataclass, replace
@@ -157,7 +158,7 @@ def python_task(rng: random.Random, custom_id: str, context: Context) -> Task:
     else:
         a, b = (_operand(rng, rng.randint(1, MAX_DIGITS[op])) for _ in range(2))
     text, expression = python_request(op, a, b, _OPS[op].pick(rng, context.split),
-                                      _PY_SUFFIX[context.kind].pick(rng, context.split))
+                                      _PY_SUFFIX[cast(str, context.kind)].pick(rng, context.split))
     steps, result, code = python_steps(expression)
     return Task(custom_id, "python", context.body(text), steps, result, [("python", code)])
 
@@ -387,7 +388,7 @@ def no_tool_task(rng: random.Random, custom_id: str, context: Context) -> Task:
         name = rng.choice(PEOPLE).split()[0]
         text, answer = template.format(n=name), f"Hello, {name}!"
     elif kind == "date":
-        text, answer = template, context.date
+        text, answer = template, cast(str, context.date)  # a date task only when there is one
     elif kind == "json":
         name, city = rng.choice(PEOPLE), rng.choice(CITIES)
         text = _JSON.pick(rng, context.split).format(keys="name and city", subject=f"{name} from {city}")
@@ -453,6 +454,7 @@ def structured_task(rng: random.Random, custom_id: str, context: Context) -> Tas
     not show the format in the prompt (the grammar holds the answer to it), so the request
     names the keys and values; the answer is the JSON object in the schema's key order."""
     name, city = rng.choice(PEOPLE), rng.choice(CITIES)
+    text_format: dict
     if rng.random() < 0.2:
         text_format, answer, keys, extra = {"type": "json_object"}, {"name": name, "city": city}, "name and city", ""
     else:

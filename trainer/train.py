@@ -178,7 +178,7 @@ def first_token_aliases(encoding) -> dict[str, str]:
     answer's first word: "Lis" of "Lisbon") -> its word with one (" Lisbon"), so that both
     start close and a copy can land on either."""
     parts = {p.lower(): p for pool in POOLS for entry in pool for p in entry.split()}
-    aliases = {}
+    aliases: dict[str, str] = {}
     for part in parts.values():
         bare, spaced = (encoding.decode(encoding.encode(t)[:1]).strip().lower() for t in (part, " " + part))
         distinctive = all(len(t) >= 3 or t == part.lower() for t in (bare, spaced))  # not "in" of "INR"
@@ -236,7 +236,8 @@ def evaluate(model, sequences, families, to_live, num_dead, batch_tokens) -> tup
     """Loss, and per family the share of held-out sequences greedy decoding reproduces
     exactly (every model token right: reasoning, tool calls, answer)."""
     model.eval()
-    losses, exact = [], {}
+    losses: list[float] = []
+    exact: dict[str, list] = {}
     with torch.no_grad():
         for batch in batches(sequences, batch_tokens, random.Random(0)):
             loss, right = exact_loss(model, *collate([sequences[i] for i in batch], to_live), num_dead)
@@ -276,7 +277,8 @@ def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> di
                                   betas=(0.9, config.beta2))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1, (s + 1) / config.warmup) * max(
         0.02, 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps)))))
-    rng, pending, log = random.Random(config.seed), [], []
+    rng, log = random.Random(config.seed), []
+    pending: list = []
     bar = tqdm(range(config.steps), disable=not progress, desc="train")
     for step in bar:
         if step < config.copy_steps:

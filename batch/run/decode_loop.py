@@ -110,10 +110,10 @@ class DecodeLoop:
             except BaseException as exc:  # e.g. harmony panics on a prompt of 2 MB of spaces
                 reraise_interrupts(exc)
                 line = prepared.line
-                self._end(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
+                self._finish(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
                 continue
             if isinstance(session, RequestResult):  # invalid
-                self._end(session)
+                self._finish(session)
                 continue
             session.start()
             if session.outcome is not None:  # a server it uses could not be listed
@@ -164,7 +164,7 @@ class DecodeLoop:
     def _start_tool_call(self, session: Session, call: PendingToolCall) -> None:
         refused = None
         if call.over_limit:
-            refused = rejection(ToolErrorKind.MAX_TOOL_CALLS, f"max_tool_calls ({session.tools.max_tool_calls}) "
+            refused = rejection(ToolErrorKind.MAX_TOOL_CALLS, f"max_tool_calls ({session.tool_policy.max_tool_calls}) "
                                                   "reached: answer without calling more tools")
         future = self.dispatcher.submit(session.response_id, call.target, call.recipient, call.arguments,
                                         session.registry, refused)
@@ -203,13 +203,14 @@ class DecodeLoop:
         except BaseException as broken:  # the session itself is broken: record the line without a response
             reraise_interrupts(broken)
             self.dispatcher.release(session.response_id)
-            self._end(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
+            self._finish(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
 
     def _end_response(self, session: Session) -> None:
         self.dispatcher.release(session.response_id)
-        self._end(result_of(session, self.run_id, session.finish()))
+        self._finish(result_of(session, self.run_id, session.finish()))
 
-    def _end(self, result: RequestResult) -> None:
+    def _finish(self, result: RequestResult) -> None:
+        """A request ended: its result goes out with this step's."""
         if result.request.worker is None:
             result.request.worker = self.options.worker
         self._ended.append(result)

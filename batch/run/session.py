@@ -64,7 +64,7 @@ class Session:
         self.grammars = grammars  # (first turn's, later turns'): None where nothing constrains a turn
         self.constraint: GrammarConstraint | None = None  # the current turn's grammar state
         self.output = OutputParser(response_id, registry)
-        self.tools = ToolCallPolicy(registry, options.max_turns, request.max_tool_calls)
+        self.tool_policy = ToolCallPolicy(registry, options.max_turns, request.max_tool_calls)
         self.metrics = ResponseMetrics()
         self.outcome: Outcome | None = None
         self.token_log: list[dict] = []
@@ -82,7 +82,7 @@ class Session:
 
     @property
     def tool_calls(self) -> list[ToolCallRecord]:
-        return self.tools.calls
+        return self.tool_policy.calls
 
     @property
     def engine_request_id(self) -> str:
@@ -102,7 +102,7 @@ class Session:
         for listing in self.registry.listings:
             item = self.events.list_tools(listing.server_label, listing.tools, listing.error)
             if listing.error:
-                self.tools.record_listing_failure(listing, item["id"])
+                self.tool_policy.record_listing_failure(listing, item["id"])
                 errors.append(listing.error)
         if errors:
             self.outcome = Outcome(ResponseStatus.FAILED, "; ".join(errors))
@@ -151,7 +151,7 @@ class Session:
             self.outcome = Outcome(ResponseStatus.FAILED, "the model ended its turn inside a message header")
             return None
         if finish_reason == FinishReason.STOP and self._completion[-1:] == [CALL_TOKEN]:
-            decision = self.tools.on_call(self.output.last_message, len(self.turns))
+            decision = self.tool_policy.on_call(self.output.last_message, len(self.turns))
             if isinstance(decision, Outcome):
                 self.outcome = decision
                 return None
@@ -170,13 +170,13 @@ class Session:
         The answer is cut to `max_tool_output_bytes` first: the item, the tool_calls row and
         the model all see the same cut text.
         """
-        call = self.tools.pending
+        call = self.tool_policy.pending
         if call is None:
             raise RuntimeError("add_tool_result without a pending tool call")
         capped = cap_output(result, self.options.max_tool_output_bytes)
         result = capped.outcome
         item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
-        self.tools.record(capped, item_id)
+        self.tool_policy.record(capped, item_id)
         answer = result.output if result.error is None else f"Error: {result.error}"
         self.prompt_token_ids = (self.prompt_token_ids + self._completion
                                  + render_tool_output(call.recipient, answer or ""))
