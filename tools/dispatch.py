@@ -78,12 +78,29 @@ def parse_arguments(text: str) -> dict | CallOutcome:
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         return rejection(ToolErrorKind.INVALID_ARGUMENTS, f"the arguments are not valid JSON ({exc}); "
                                               "send one JSON object")
+    except DuplicateKeyError as exc:  # the JSON grammar lets a key repeat; which one was meant is unknown
+        return rejection(ToolErrorKind.INVALID_ARGUMENTS, f"the arguments name the key {exc.key!r} twice; "
+                                              "send each key once")
     if not isinstance(value, dict):
         return rejection(ToolErrorKind.INVALID_ARGUMENTS, "the arguments must be a JSON object")
+    return value
+
+
+class DuplicateKeyError(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        raise DuplicateKeyError(next(key for key, _ in pairs if key in seen or seen.add(key)))
     return value
 
 

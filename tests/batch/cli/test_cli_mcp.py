@@ -208,3 +208,17 @@ def test_every_content_kind_is_kept_readable_for_the_model_and_raw_in_the_row(tm
     [(prompt,)] = rows(db, "SELECT prompt_token_ids FROM tokens WHERE turn = 1")
     assert "[resource link: report <https://example.com/report.pdf>" in harmony_encoding().decode_utf8(prompt)
     validate_all(db)
+
+
+def test_a_repeated_key_is_refused_before_the_call(tmp_path, monkeypatch):
+    """A key repeated in a call's arguments (a backend without the grammar, or a schema the grammar
+    does not pin down) is refused, naming it, and never sent."""
+    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
+    monkeypatch.setattr(engine.factory, "load_backend",
+                        lambda *a, **kw: ScriptedBackend(call_script, tells_constraints=False))
+    lines = [{"custom_id": "twice", "input": 'echo.add {"a": 1, "a": 2, "b": 3}',
+              "tools": [{"type": "mcp", "server_label": "echo"}]}]
+    db, _ = run(tmp_path, lines, config_file(tmp_path, {"echo": echo_entry()}), "--quiet")
+    call = calls_by_line(db)["twice"]
+    assert call[4:7] == ("failed", "invalid_arguments", None)
+    assert call[7] == "the arguments name the key 'a' twice; send each key once"
