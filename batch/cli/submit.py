@@ -29,7 +29,7 @@ from batch.run.session import SessionOptions
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
