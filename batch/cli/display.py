@@ -16,10 +16,12 @@ from batch.tables import table
 
 if TYPE_CHECKING:
     from batch.distributed.merge import MergePlan
+    from batch.run.reader import InputCheck
     from batch.store.rows import RunRow
     from batch.run.runner import Progress, Runner, RunSummary
 
 STATUSES = tuple(RequestStatus)
+MAX_REASONS_SHOWN = 5
 
 @contextlib.contextmanager
 def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
@@ -61,11 +63,34 @@ def summary_text(summary: RunSummary, db: str) -> str:
         f"({rate:.1f} output tok/s) in {summary.elapsed_s:.1f}s",
     ]
     lines.extend(worker_lines(summary.workers))
+    for reason, count in summary.invalid_reasons.most_common(MAX_REASONS_SHOWN):
+        lines.append(f"  invalid x{count}: {reason}")
+    if len(summary.invalid_reasons) > MAX_REASONS_SHOWN:
+        lines.append(f"  invalid: {len(summary.invalid_reasons) - MAX_REASONS_SHOWN} other reason(s) "
+                     "(SELECT line_no, error FROM requests WHERE status = 'invalid')")
     if summary.ignored_fields:
         fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
         lines.append(f"note: fields accepted but not honoured offline: {fields}")
     lines.append(f"results: {db}  (e.g. batchrun sql --db {db} \"SELECT status, count(*) "
                  f"FROM requests WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
+    return "\n".join(lines)
+
+
+def no_valid_lines_text(path: object, check: InputCheck, limit: int | None) -> str:
+    """Why nothing was run: an empty input, or the reasons none of its lines is a request."""
+    if check.num_read == 0:
+        return f"{path}: the file is empty: no requests to run"
+    lines = ([f"{path}: none of its first {check.num_read} lines is a request batchrun can run"]
+             if limit is not None and check.num_read == limit else
+             [f"{path}: none of its {check.num_read} line(s) is a request batchrun can run"])
+    lines[0] += "; nothing was started (no model loaded, no database written). Why:"
+    for reason, count in check.reasons.most_common(MAX_REASONS_SHOWN):
+        shown = ", ".join(map(str, check.examples[reason])) + (", ..." if count > len(check.examples[reason]) else "")
+        lines.append(f"  {count} line(s) ({shown}): {reason}")
+    if len(check.reasons) > MAX_REASONS_SHOWN:
+        lines.append(f"  ... and {len(check.reasons) - MAX_REASONS_SHOWN} other reason(s)")
+    lines.append("  (each line: a Responses body {\"input\": ..., ...} or an OpenAI Batch envelope "
+                 "{\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/responses\", \"body\"}; see the README's Input)")
     return "\n".join(lines)
 
 
@@ -80,6 +105,9 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
     """What `batchrun merge` did: the merged run, its parts, and what is missing."""
     lines = [f"merged {len(plan.parts)} shard(s) of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
              f"{run.n_requests} of {plan.num_lines} lines ({run.status})"]
+    if plan.earlier_run is not None:
+        lines.append(f"  merged again: run {run.run_id} was there; the parts' lines replaced its copies of them"
+                     + (f", {len(plan.earlier_lines)} other lines kept" if plan.earlier_lines else ""))
     lines += [f"  shard {part.shard.label}: {part.path} run {part.run['run_id']} ({part.run['status']}), "
               f"{len(part.line_nos)} rows" for part in plan.parts]
     lines += worker_lines(workers)

@@ -4,7 +4,8 @@ The run commands live in batch/cli/commands.py, the eval and CI commands in batc
 both build on batch/cli/submit.py, and neither imports this module.
 
 Exit codes: 0 the command did its work (a run that finished, even with invalid
-lines), 1 it could not (no model, locked database, unknown run), 2 usage errors.
+lines, when one line was valid), 1 it could not (no model, locked database, unknown
+run, no valid line), 2 usage errors.
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ from batch.cli import display
 from batch.cli.util import fail, open_store
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
-from batch.run.reader import InputFormatError
+from batch.run.reader import InputFormatError, check_input
 from batch.run.runner import RunError, RunOptions, RunSummary, Runner, ToolOptions
 from batch.run.session import SessionOptions
+from batch.responses.status import RequestStatus
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
 
@@ -106,6 +107,15 @@ class BackendSpec:
     threads: int | None = None
     options: dict = field(default_factory=dict)
 
+    def check(self) -> None:
+        """Exit 1 at once unless the model directory looks like a checkpoint (nothing loaded)."""
+        from engine.factory import ModelLoadError, check_model_dir
+
+        try:
+            check_model_dir(self.model_dir)
+        except ModelLoadError as exc:
+            fail(str(exc))
+
     def load(self) -> Backend:
         from engine.factory import ModelLoadError, check_model_dir, load_backend
 
@@ -124,6 +134,20 @@ def submit_plan(input_path: Path, db: str, values: dict) -> tuple[RunOptions, Ba
     options = dataclasses.replace(_run_options(input_path, model_dir, values), tools=_tool_options(values, db))
     backend = BackendSpec(values["backend"], model_dir, values["threads"], _backend_options(values))
     return options, backend
+
+
+def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> None:
+    """Fail in a second, before a file is created or a model loads (exit 1, `error:`): an input
+    batchrun cannot read, an input none of whose lines is a request, a model directory that
+    is not a checkpoint (`backend` None: its workers check it)."""
+    try:
+        check = check_input(options.input_path, max_line_bytes=options.max_line_bytes, limit=options.limit)
+    except InputFormatError as exc:
+        fail(str(exc))
+    if not check.has_valid_line:
+        fail(display.no_valid_lines_text(options.input_path, check, options.limit))
+    if backend is not None:
+        backend.check()
 
 
 class Terminated(KeyboardInterrupt):
@@ -151,14 +175,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
     """Decode options.input_path into `db` with a progress bar and print the summary.
 
-    Exits 1 when the run cannot start or go on; on Ctrl-C 130 and on SIGTERM 143 (128 + the
+    Exits 1 when the run cannot start or go on, or no line was valid; on Ctrl-C 130 and on SIGTERM 143 (128 + the
     signal), the run recorded `interrupted` and every finished request saved."""
-    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db)
+    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db, whole_run=options.shard is None)
 
 
-def report_run(run: Callable[[], RunSummary], db: str) -> RunSummary:
+def report_run(run: Callable[[], RunSummary], db: str, *, whole_run: bool = True) -> RunSummary:
     """Run a submit (one process or Ray) with SIGTERM as Ctrl-C; print its summary, or on either
-    signal say how to resume and exit 130 / 143."""
+    signal say how to resume and exit 130 / 143. Exit 1 after the summary when no line of a
+    `whole_run` (not a shard: other shards may hold the valid lines) was valid."""
     with sigterm_as_interrupt():
         try:
             summary = run()
@@ -168,7 +193,15 @@ def report_run(run: Callable[[], RunSummary], db: str) -> RunSummary:
                        err=True)
             sys.exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
     click.echo(display.summary_text(summary, db))
+    if whole_run and no_line_was_valid(summary):
+        fail(f"no line of run {summary.run_id} was a valid request: nothing was decoded (the reasons above)")
     return summary
+
+
+def no_line_was_valid(summary: RunSummary) -> bool:
+    """Every line of the run ended invalid (resumed runs count the lines done before as valid)."""
+    valid = sum(n for status, n in summary.statuses.items() if status != RequestStatus.INVALID)
+    return summary.statuses[RequestStatus.INVALID] > 0 and valid == 0 and not summary.skipped
 
 
 def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:

@@ -105,6 +105,7 @@ class RunSummary:
     elapsed_s: float
     ignored_fields: Counter
     workers: list[dict] = field(default_factory=list)  # worker_throughput rows, when a worker is named
+    invalid_reasons: Counter = field(default_factory=Counter)  # an invalid line's error without "line N: "
 
 
 class Runner:
@@ -126,6 +127,7 @@ class Runner:
                                     errlog_path=options.tools.log_path)
         self.statuses: Counter = Counter()
         self.ignored: Counter = Counter()
+        self.invalid_reasons: Counter = Counter()
         self.tokens: Counter[str] = Counter()
         self.skipped = 0
         self.num_input_requests: int | None = None  # known once run() has scanned the input
@@ -218,7 +220,7 @@ class Runner:
             status = self._close(status)
         return RunSummary(self.run_id, resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
-                          self._worker_rows())
+                          self._worker_rows(), self.invalid_reasons)
 
     def _decode(self, lines: Iterator[InputLine]) -> None:
         """Read, admit and decode the lines in this process until every one has its result."""
@@ -420,6 +422,8 @@ class Runner:
         if result.request.worker is None:
             result.request.worker = self.options.worker
         self.statuses[result.request.status] += 1
+        if result.request.status == RequestStatus.INVALID:
+            self.invalid_reasons[(result.request.error or "").split(": ", 1)[-1]] += 1
         self.pending.append(result)
 
     def _flush(self, force: bool = False) -> None:

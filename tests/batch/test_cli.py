@@ -301,7 +301,8 @@ def test_bench_prints_ratios_and_fills_the_bench_table(tmp_path, tiny_model_dir)
 
 
 def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path, tiny_model_dir, monkeypatch):
-    """One scan (hash and request count, for resume and the progress bar), then the reader."""
+    """Before the model loads, a check reads up to the first valid line; then one scan (hash and
+    request count, for resume and the progress bar), then the reader."""
     import builtins
     import io
 
@@ -320,7 +321,7 @@ def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path
     result = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "o.duckdb"),
                                        "--model", str(tiny_model_dir), "--max-output-tokens", "2"])
     assert result.exit_code == 0, result.output
-    assert opened == ["rb", "rb"]
+    assert opened == ["rb", "rb", "rb"]
     assert "3/3" in result.output  # the progress bar's total came from the scan
 
 

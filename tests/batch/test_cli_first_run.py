@@ -1,0 +1,116 @@
+"""What a new user runs first, with the usual mistakes (issue #30): each test does what the user
+did, through `batchrun`, and checks what is printed and the exit code."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from batch.cli import submit as submit_module
+from batch.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "data" / "examples"
+
+
+def batchrun(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if a model starts loading."""
+    def load(self):
+        raise AssertionError("the model was loaded")
+    monkeypatch.setattr(submit_module.BackendSpec, "load", load)
+
+
+def write_lines(path, *values):
+    path.write_text("".join(json.dumps(value) + "\n" for value in values))
+    return path
+
+
+def test_a_chat_completions_file_fails_at_once_saying_what_to_change(tmp_path):
+    source = write_lines(tmp_path / "chat.jsonl", {"messages": [{"role": "user", "content": "Hi"}]},
+                         {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions",
+                          "body": {"model": "gpt-oss", "messages": [{"role": "user", "content": "Yo"}]}},
+                         {"messages": [{"role": "user", "content": "Hey"}], "max_tokens": 5})
+    db = tmp_path / "out.duckdb"
+    result = subprocess.run([sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db)],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "none of its 3 line(s) is a request batchrun can run; nothing was started" in result.stderr
+    assert "1 line(s) (1): messages: a Chat Completions body" in result.stderr
+    assert "rename `messages` to `input`" in result.stderr
+    assert "set url to /v1/responses and rename body.messages to body.input" in result.stderr
+    assert "max_tokens: a Chat Completions field: the Responses API calls it `max_output_tokens`" in result.stderr
+    assert not db.exists()
+
+
+def test_a_parquet_file_of_prompts_fails_before_the_model_loads(tmp_path, no_model_load):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "prompts.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "prompt": ["What is 2+2?", "Name a colour."]}), source)
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1
+    assert "2 line(s) (1, 2): prompt: a Responses request takes `input` (rename `prompt` to `input`)" \
+        in result.output
+    assert "id: not a request field: the line's id goes in `custom_id`" in result.output
+    assert not db.exists()
+
+
+def test_an_empty_file_fails_and_writes_nothing(tmp_path, no_model_load):
+    source = tmp_path / "empty.jsonl"
+    source.write_text("")
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1 and "the file is empty: no requests to run" in result.output
+    assert not db.exists()
+
+
+def test_only_the_lines_limit_takes_are_checked(tmp_path, no_model_load):
+    source = write_lines(tmp_path / "in.jsonl", {"prompt": "a"}, {"prompt": "b"}, {"input": "c"})
+    result = batchrun("submit", source, "--db", tmp_path / "out.duckdb", "--limit", "2")
+    assert result.exit_code == 1 and "none of its first 2 lines" in result.output
+
+
+@pytest.mark.parametrize("name", ["requests.csv", "requests.txt"])
+def test_an_input_of_another_format_fails_before_a_file_is_made(tmp_path, no_model_load, name):
+    source = tmp_path / name
+    source.write_text("custom_id,input\nq1,Hello\n")
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1 and "unknown input format (expected .jsonl" in result.output
+    assert not db.exists()
+
+
+def test_a_wrong_model_path_fails_before_a_file_is_made(tmp_path, no_model_load):
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", EXAMPLES / "quickstart.jsonl", "--db", db, "--model", tmp_path / "gpt-oss-20b")
+    assert result.exit_code == 1 and f"--model {tmp_path / 'gpt-oss-20b'}" in result.output
+    assert not db.exists()
+    empty_dir = tmp_path / "empty-model"
+    empty_dir.mkdir()
+    result = batchrun("submit", EXAMPLES / "quickstart.jsonl", "--db", db, "--model", empty_dir)
+    assert result.exit_code == 1 and "error: --model" in result.output
+    assert not db.exists()
+
+
+def test_a_run_whose_lines_all_end_invalid_exits_1_after_its_summary(tmp_path, tiny_model_dir):
+    """Valid in shape, so the run starts; each line's previous_response_id names nothing stored."""
+    source = write_lines(tmp_path / "followups.jsonl",
+                         *({"custom_id": f"q{i}", "input": "and then?", "previous_response_id": f"resp_{i}"}
+                           for i in range(3)))
+    result = batchrun("submit", source, "--db", tmp_path / "out.duckdb", "--model", tiny_model_dir, "--quiet")
+    assert result.exit_code == 1, result.output
+    assert "3 requests this time (0 completed, 0 incomplete, 0 failed, 3 invalid)" in result.output
+    assert "invalid x1: previous_response_id: no response 'resp_0'" in result.output
+    assert "error: no line of run" in result.output and "was a valid request" in result.output
