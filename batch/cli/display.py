@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import click
 from tqdm import tqdm
 
 from batch.responses.status import RequestStatus, ResponseStatus
@@ -21,33 +22,60 @@ if TYPE_CHECKING:
     from batch.run.runner import Progress, Runner, RunSummary
 
 STATUSES = tuple(RequestStatus)
+REFRESH_S = 0.5  # the bar redraws at most this often (and at least this often while a run goes)
 MAX_REASONS_SHOWN = 5
+
+def status(message: str, *, quiet: bool = False) -> None:
+    """One line on stderr saying what the command is doing now (loading the model, ...)."""
+    if not quiet:
+        click.echo(message, err=True)
+
 
 @contextlib.contextmanager
 def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
-    """Yields a callback for the runner: requests written so far, tokens/s."""
+    """Yields a callback for the runner, called each time round its loop: requests written so far,
+    what it is doing, tokens sampled and tokens/s, refreshed at least every REFRESH_S."""
     if quiet:
         yield None
         return
     # The total comes from the runner's one scan of the input, not from another read of it.
-    bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="requests")
+    bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="reading input",
+               mininterval=REFRESH_S)
     start = time.monotonic()
+    shown_at = 0.0
 
     def update(runner: Runner, written: int) -> None:
+        nonlocal shown_at
         if bar.total is None and runner.num_input_requests is not None:
             bar.total = runner.num_input_requests
-        if bar.n == 0 and runner.skipped:
             bar.update(runner.skipped)
-        bar.update(written)
-        elapsed = max(time.monotonic() - start, 1e-9)
-        bar.set_postfix(tok_s=f"{runner.tokens['output'] / elapsed:.1f}",
+        if written:
+            bar.update(written)
+        now = time.monotonic()
+        if now - shown_at < REFRESH_S:
+            return
+        shown_at = now
+        tokens = max(runner.decoded_tokens, runner.tokens["output"])  # a Ray driver counts finished ones
+        bar.set_description(_phase(runner), refresh=False)
+        bar.set_postfix(tokens=tokens, tok_s=f"{tokens / max(now - start, 1e-9):.1f}",
                         failed=runner.statuses[RequestStatus.FAILED], invalid=runner.statuses[RequestStatus.INVALID],
-                        refresh=False)
+                        refresh=True)
 
     try:
         yield update
     finally:
         bar.close()
+
+
+def _phase(runner: Runner) -> str:
+    """What a run is waiting on now, for the bar's description."""
+    if runner.sessions:
+        return "decoding"
+    if runner.listing:
+        return "starting tool servers"
+    if runner.awaiting:
+        return "running tools"
+    return "decoding" if runner.num_input_requests is not None else "reading input"
 
 
 def summary_text(summary: RunSummary, db: str) -> str:

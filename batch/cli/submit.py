@@ -12,6 +12,7 @@ import dataclasses
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +87,7 @@ SUBMIT_OPTIONS = [
     click.option("--max-tool-output-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_TOOL_OUTPUT_BYTES,
                  show_default=True, help="Longer tool outputs are cut (with a note the model reads) "
                                          "before they are tokenized."),
-    click.option("--quiet", is_flag=True, help="No progress bar."),
+    click.option("--quiet", is_flag=True, help="No status lines or progress bar on stderr (the summary stays)."),
 ]
 
 
@@ -207,7 +208,10 @@ def no_line_was_valid(summary: RunSummary) -> bool:
 def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
     store = open_store(db)  # before the model loads: a database that cannot be used fails at once
     try:
+        display.status(f"loading the model from {backend.model_dir} ...", quiet=quiet)
+        started = time.monotonic()
         engine = backend.load()
+        display.status(f"model loaded in {time.monotonic() - started:.1f}s; decoding", quiet=quiet)
         options = dataclasses.replace(options, engine_config=engine.describe())
         with display.progress_bar(quiet=quiet) as progress:
             return Runner(store, engine, options, progress=progress).run()

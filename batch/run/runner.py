@@ -50,7 +50,7 @@ FLUSH_S = 1.0  # finished results wait at most this long to be handed to the wri
 WRITE_MIN_EVENTS = 32_768
 WRITER_HOLDS = 4
 
-# What the runner calls after each write: (the runner, requests just written).
+# What the runner calls each time round its loop: (the runner, requests written since the last call).
 Progress = Callable[["Runner", int], None]
 
 
@@ -129,6 +129,7 @@ class Runner:
         self.ignored: Counter = Counter()
         self.invalid_reasons: Counter = Counter()
         self.tokens: Counter[str] = Counter()
+        self.decoded_tokens = 0  # output tokens sampled so far, of finished requests or not (progress)
         self.skipped = 0
         self.num_input_requests: int | None = None  # known once run() has scanned the input
         self.stopped_at_limit = False
@@ -338,6 +339,7 @@ class Runner:
 
     def _step(self) -> None:
         for out in self.backend.step():
+            self.decoded_tokens += len(out.new_token_ids)
             session = self.sessions.get(out.request_id)
             if session is None:
                 continue  # an aborted turn's last output
@@ -448,7 +450,7 @@ class Runner:
 
     def _report_written(self) -> None:
         written = self.writer.num_written - self._num_reported
-        if written and self.progress is not None:
+        if self.progress is not None:  # every loop: a bar moves with tokens, not only with finished requests
             self.progress(self, written)
         self._num_reported += written
 

@@ -2,6 +2,7 @@
 did, through `batchrun`, and checks what is printed and the exit code."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -114,3 +115,36 @@ def test_a_run_whose_lines_all_end_invalid_exits_1_after_its_summary(tmp_path, t
     assert "3 requests this time (0 completed, 0 incomplete, 0 failed, 3 invalid)" in result.output
     assert "invalid x1: previous_response_id: no response 'resp_0'" in result.output
     assert "error: no line of run" in result.output and "was a valid request" in result.output
+
+
+def test_the_terminal_says_what_happens_and_the_bar_moves_with_tokens(tmp_path, tiny_model_dir, monkeypatch):
+    """One long request: the user sees the model load, then tokens counting up before it finishes."""
+    from batch.cli import display
+
+    monkeypatch.setattr(display, "REFRESH_S", 0.0)  # every loop redraws: no wall-clock in the test
+    source = write_lines(tmp_path / "one.jsonl", {"input": "Tell me a story.", "max_output_tokens": 12})
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "out.duckdb"),
+                                       "--model", str(tiny_model_dir), "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    err = result.stderr
+    assert err.index("loading the model from") < err.index("model loaded in") < err.index("decoding")
+    # Redraws while the one request is still running, with the tokens sampled so far.
+    running = [int(n) for n in re.findall(r"0/1 \[[^\]]*tokens=(\d+)", err)]
+    assert running and max(running) > 1, err
+    assert "1/1" in err and "run " in result.stdout and "finished" in result.stdout
+    quiet = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "q.duckdb"),
+                                      "--model", str(tiny_model_dir), "--temperature", "0", "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_the_process_exits_as_soon_as_the_command_is_done(tmp_path):
+    """`batchrun` does not wait for the interpreter's teardown: here a thread that would keep
+    a plain exit waiting for ten minutes."""
+    script = ("import sys, threading, time\n"
+              "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+              "from batch.cli.main import entry\n"
+              f"sys.argv = ['batchrun', 'runs', '--db', {str(tmp_path / 'none.duckdb')!r}]\n"
+              "entry()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1 and "no such database" in result.stderr
