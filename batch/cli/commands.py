@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from batch.cli import display
-from batch.cli.util import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.util import DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_run
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import distribution_options, submit_distributed
@@ -64,6 +64,7 @@ def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
               help="JSONL file to write in the OpenAI Batch output format.")
 def export(run_id: str, db: str, output: Path) -> None:
     """Write a run's results as OpenAI Batch output JSONL."""
+    check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         run_id = resolve_run(store, run_id)
         count = 0

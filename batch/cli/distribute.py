@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
-from batch.cli.util import fail, open_store
+from batch.cli.util import check_output, fail, open_store
 from batch.store.errors import StoreError
 from batch.run.runner import RunOptions
 from batch.cli.submit import BackendSpec, check_before_loading, run_submit
@@ -88,11 +88,12 @@ def merge(parts: tuple[Path, ...], output: str, run_id: str | None) -> None:
 
     if any(part.resolve() == Path(output).resolve() for part in parts):
         raise click.UsageError(f"-o {output} is one of the parts: write the merged run to another file")
+    check_output(output, "-o")
     try:
         plan = plan_merge(list(parts))
     except MergeError as exc:
         fail(str(exc))
-    with open_store(output) as store:
+    with open_store(output, option="-o") as store:
         try:
             plan, run = merge_parts(store, plan, run_id)
         except MergeError as exc:

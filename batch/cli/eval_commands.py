@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from batch.cli.util import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.util import DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_run
 from batch.cli.distribute import distribution_options, submit_distributed
 from batch.store.store import Store
 from batch.cli.submit import submit_options, submit_plan
@@ -127,6 +127,7 @@ def grade_command(run: str, suite_name: str, db: str, fail_under: float | None) 
               help="types: event and item types; items: plus item contents; full: every payload.")
 def snapshot_command(run: str, db: str, output: Path, level: str) -> None:
     """Write RUN's normalized event sequences, one line per custom_id (RUN may be `latest`)."""
+    check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         entries = snapshot_run(store, resolve_run(store, run), level)
     write_golden(output, entries)
@@ -152,6 +153,8 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
             _fail(str(exc))
     elif not update:
         _fail(f"{golden}: no golden file; record one with --update or `batchrun snapshot`")
+    if update:
+        check_output(golden, "--golden")
     level = level or golden_level or "items"
     if golden_level and level != golden_level and not update:
         raise click.UsageError(f"{golden} was recorded at level {golden_level}; pass --level "
@@ -200,6 +203,8 @@ def report_command(run: str, db: str, output: Path | None) -> None:
     from evals.report import render_html, terminal_summary
     from evals.report_data import load_report_data
 
+    if output is not None:
+        check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         run_id = resolve_run(store, run)
         data = load_report_data(store, run_id)

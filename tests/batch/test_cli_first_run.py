@@ -148,3 +148,36 @@ def test_the_process_exits_as_soon_as_the_command_is_done(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 1 and "no such database" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory, tiny_model_dir):
+    """A database with one finished run of two short requests."""
+    folder = tmp_path_factory.mktemp("one-run")
+    source = write_lines(folder / "in.jsonl", {"custom_id": "a", "input": "Hi"}, {"custom_id": "b", "input": "Yo"})
+    db = folder / "run.duckdb"
+    result = batchrun("submit", source, "--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2",
+                      "--quiet", "--run-id", "r1")
+    assert result.exit_code == 0, result.output
+    return db
+
+
+@pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"],
+                                     ["check", "r1", "--update", "--golden"]])
+def test_writing_into_a_missing_folder_says_so_in_one_line(tmp_path, one_run, command):
+    target = tmp_path / "out" / "result.file"
+    result = batchrun(*command, target, "--db", one_run)
+    assert result.exit_code == 1, result.output
+    assert result.output == (f"error: {command[-1]} {target}: the folder {target.parent} does not exist; "
+                             f"create it (mkdir -p {target.parent}) or pass another {command[-1]}\n")
+
+
+def test_merging_into_a_missing_folder_names_the_o_option(tmp_path, tiny_model_dir):
+    source = write_lines(tmp_path / "in.jsonl", {"input": "Hi"}, {"input": "Yo"})
+    part = tmp_path / "part-0.duckdb"
+    assert batchrun("submit", source, "--shard", "0/2", "--db", part, "--model", tiny_model_dir,
+                    "--max-output-tokens", "2", "--quiet").exit_code == 0
+    target = tmp_path / "merged" / "run.duckdb"
+    result = batchrun("merge", part, "-o", target)
+    assert result.exit_code == 1 and result.output.startswith(f"error: -o {target}: the folder")
+    assert "--db" not in result.output
