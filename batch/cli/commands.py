@@ -12,7 +12,8 @@ from typing import Any
 import click
 
 from batch.cli import display
-from batch.cli.util import DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
+                            resolve_run)
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import distribution_options, submit_distributed
@@ -23,11 +24,13 @@ from batch.cli.submit import submit_options, submit_plan
 @click.argument("input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
 @click.option("--run-id", help="Id for a new run (default: generated).")
-@click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
+@click.option("--resume", "resume", metavar="RUN_ID",
+              help="Continue this run (or `latest`, the newest), skipping finished lines.")
 @distribution_options
 @submit_options
 def submit(input_path: Path, db: str, **values: Any) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
+    values = resolve_latest(db, values)
     options, backend = submit_plan(input_path, db, values)
     submit_distributed(options, backend, db, values)
 

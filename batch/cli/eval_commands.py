@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from batch.cli.util import DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
+                            resolve_run)
 from batch.cli.distribute import distribution_options, submit_distributed
 from batch.store.store import Store
 from batch.cli.submit import submit_options, submit_plan
@@ -60,7 +61,8 @@ _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metava
 @click.argument("suite_name", metavar="SUITE")
 @_db_option
 @click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).")
-@click.option("--resume", metavar="RUN_ID", help="Continue an interrupted eval run, then grade it.")
+@click.option("--resume", metavar="RUN_ID",
+              help="Continue an interrupted eval run (or `latest`, the newest), then grade it.")
 @_fail_under
 @distribution_options
 @submit_options
@@ -75,6 +77,8 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     suite = _suite(suite_name)
     if resume and run_id:
         raise click.UsageError("--resume and --run-id are exclusive")
+    resume = resolve_latest(db, {"resume": resume})["resume"]
+    values = resolve_latest(db, values, ("retry_failed",))
     if values["shard"] is not None and fail_under is not None:
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
                                "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")

@@ -119,3 +119,12 @@ def resolve_run(store: Store, run: str) -> str:
     if store.get_run(run) is None:
         fail(f"no run {run!r} in {store.path} (see `batchrun runs`)")
     return run
+
+
+def resolve_latest(db: str, values: dict, names: tuple[str, ...] = ("resume", "retry_failed")) -> dict:
+    """`values` with each of the options `names` that says `latest` set to the newest run's id in `db`."""
+    if not any(values.get(name) == "latest" for name in names):
+        return values
+    with open_store(db, read_only=True) as store:
+        newest = resolve_run(store, "latest")
+    return {**values, **{name: newest for name in names if values.get(name) == "latest"}}

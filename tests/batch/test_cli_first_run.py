@@ -181,3 +181,18 @@ def test_merging_into_a_missing_folder_names_the_o_option(tmp_path, tiny_model_d
     result = batchrun("merge", part, "-o", target)
     assert result.exit_code == 1 and result.output.startswith(f"error: -o {target}: the folder")
     assert "--db" not in result.output
+
+
+def test_resume_and_retry_failed_accept_latest(tmp_path, tiny_model_dir):
+    source = write_lines(tmp_path / "in.jsonl", *({"custom_id": f"q{i}", "input": "Hi"} for i in range(3)))
+    db = tmp_path / "out.duckdb"
+    common = ["--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2", "--quiet"]
+    none_yet = batchrun("submit", source, *common, "--resume", "latest")
+    assert none_yet.exit_code == 1 and "no such database" in none_yet.output
+    assert batchrun("submit", source, *common, "--limit", "1", "--run-id", "first").exit_code == 0
+    resumed = batchrun("submit", source, *common, "--resume", "latest")
+    assert resumed.exit_code == 0, resumed.output
+    assert "run first resumed: 2 requests this time" in resumed.output and "1 already done" in resumed.output
+    retried = batchrun("submit", source, *common, "--retry-failed", "latest")
+    assert retried.exit_code == 0, retried.output  # every line stopped at 2 tokens: incomplete, retried
+    assert "run first resumed: 3 requests this time" in retried.output
