@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from batch.cli import display
+from batch.cli.batch_output import batch_output_line
 from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
                             resolve_run)
 from batch.store.errors import StoreError
@@ -73,7 +74,7 @@ def export(run_id: str, db: str, output: Path) -> None:
         count = 0
         with open(output, "w", encoding="utf-8") as handle:
             for row in store.iter_responses(run_id):
-                handle.write(json.dumps(display.batch_output_line(run_id, row)) + "\n")
+                handle.write(json.dumps(batch_output_line(run_id, row)) + "\n")
                 count += 1
     click.echo(f"wrote {count} lines to {output}")
 

@@ -1,4 +1,4 @@
-"""What the CLI prints: progress bar, run summary, tables, Batch output lines."""
+"""What the CLI prints: status lines, progress bar, run summary, tables."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 from tqdm import tqdm
 
-from batch.responses.status import RequestStatus, ResponseStatus
+from batch.responses.status import RequestStatus
 from batch.tables import table
 
 if TYPE_CHECKING:
@@ -198,20 +198,3 @@ def _flatten(usage: dict) -> dict:
         else:
             flat[key] = value
     return flat
-
-
-def batch_output_line(run_id: str, row: dict) -> dict:
-    """One line of OpenAI Batch output for a stored request (with or without a response)."""
-    response = row.get("response")
-    error = None
-    if response is None:
-        error = {"code": "invalid_request", "message": row.get("error")}
-    elif response["status"] == ResponseStatus.FAILED:
-        error = {"code": "response_failed", "message": row.get("error")}
-    return {
-        "id": f"batch_req_{run_id}_{row['line_no']}",
-        "custom_id": row["custom_id"],
-        "response": None if response is None else {
-            "status_code": 200, "request_id": response["id"], "body": response},
-        "error": error,
-    }

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
+from batch.cli.rerun import exit_if_done
 from batch.cli.util import fail, open_store
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
@@ -209,6 +210,7 @@ def no_line_was_valid(summary: RunSummary) -> bool:
 def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
     store = open_store(db)  # before the model loads: a database that cannot be used fails at once
     try:
+        exit_if_done(store, options, db)
         display.status(f"loading the model from {backend.model_dir} ...", quiet=quiet)
         started = time.monotonic()
         engine = backend.load()

@@ -331,8 +331,8 @@ class Runner:
         try:
             self.backend.add_request(session.engine_request_id, session.prompt_token_ids,
                                      session.sampling())
-        except ValueError as exc:  # e.g. prompt longer than the model's context
-            session.fail(str(exc))
+        except ValueError as exc:  # e.g. prompt longer than the model's context: it never ran
+            session.refuse(str(exc))
             self._complete(session)
             return
         self.sessions[session.engine_request_id] = session

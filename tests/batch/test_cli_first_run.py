@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from batch.cli import submit as submit_module
 from batch.cli.main import main
+from tests.db import rows
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "data" / "examples"
@@ -196,3 +197,48 @@ def test_resume_and_retry_failed_accept_latest(tmp_path, tiny_model_dir):
     retried = batchrun("submit", source, *common, "--retry-failed", "latest")
     assert retried.exit_code == 0, retried.output  # every line stopped at 2 tokens: incomplete, retried
     assert "run first resumed: 3 requests this time" in retried.output
+
+
+def test_each_request_exports_as_the_one_answer_the_api_would_give(tmp_path, tiny_model_dir):
+    """A prompt too long for the context never runs: a 400, no response body, no tokens counted."""
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "long", "input": "word " * 20000},
+                         {"custom_id": "short", "input": "Hi"},
+                         {"custom_id": "bad", "input": "Hi", "tools": [{"type": "file_search"}]})
+    db, out = tmp_path / "out.duckdb", tmp_path / "out.jsonl"
+    # A tiny KV cache clamps the context to a few hundred tokens.
+    result = batchrun("submit", source, "--db", db, "--model", tiny_model_dir, "--kv-cache-gb", "0.001",
+                      "--max-output-tokens", "2", "--quiet")
+    assert result.exit_code == 0, result.output
+    tokens = int(re.search(r"tokens: (\d+) input", result.output).group(1))
+    assert 0 < tokens < 200  # the short request's prompt only, not the 20,000-word one's
+    assert batchrun("export", "latest", "--db", db, "-o", out).exit_code == 0
+    lines = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    assert all(line["error"] is None for line in lines.values())
+    long, short, bad = (lines[key]["response"] for key in ("long", "short", "bad"))
+    assert long["status_code"] == 400 and set(long["body"]) == {"error"}
+    assert long["body"]["error"]["code"] == "context_length_exceeded" and long["body"]["error"]["param"] == "input"
+    assert long["body"]["error"]["message"].startswith("prompt has ")
+    assert short["status_code"] == 200 and short["body"]["status"] == "incomplete"
+    assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "tools[0].type"
+    assert bad["body"]["error"]["type"] == "invalid_request_error"
+
+
+def test_rerunning_a_finished_command_says_so_and_loads_nothing(tmp_path, tiny_model_dir, monkeypatch):
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "a", "input": "Hi"}, {"custom_id": "b", "input": "Yo"})
+    db = tmp_path / "out.duckdb"
+    command = ["submit", source, "--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2", "--quiet"]
+    assert batchrun(*command).exit_code == 0
+    run_id = rows(db, "SELECT run_id FROM runs")[0][0]
+    loaded = []
+    real_load = submit_module.BackendSpec.load
+    monkeypatch.setattr(submit_module.BackendSpec, "load", lambda self: loaded.append(1) or real_load(self))
+    again = batchrun(*command)
+    assert again.exit_code == 0, again.output
+    assert again.output.startswith(f"nothing to do: run {run_id} already decoded {source} with this model and "
+                                   "these settings (2 requests: 0 completed, 2 incomplete")
+    assert f"--retry-failed {run_id}" in again.output and "--run-id NEW_ID" in again.output
+    assert loaded == [] and rows(db, "SELECT count(*) FROM runs") == [(1,)]
+    # Another seed, or --run-id, is a new run.
+    assert batchrun(*command, "--seed", "1").exit_code == 0
+    assert batchrun(*command, "--run-id", "again").exit_code == 0
+    assert rows(db, "SELECT count(*) FROM runs") == [(3,)] and len(loaded) == 2
