@@ -205,6 +205,9 @@ class Runner:
         scan = scan_input(self.options.input_path)
         self.num_input_requests = scan.num_requests
         self.run_id, resumed, done = self._open_run(scan.sha256)
+        # The total now, not at the end: a reader of the live snapshot can show % done and an ETA.
+        self.store.update_run(self.run_id, notes={**(self._run(self.run_id)["notes"] or {}),
+                                                  "input_lines": scan.num_requests})
         lines = self._lines(done)
         self.skipped = len(done)
         status = RunStatus.FAILED

@@ -288,3 +288,18 @@ def test_a_run_killed_while_publishing_leaves_its_database_whole(tmp_path, tiny_
     _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
     assert_final_file_complete(db, num_lines)
+
+
+def test_a_live_run_shows_its_total_and_its_rows_so_far(tmp_path, tiny_model_dir):
+    """A dashboard's % done: while the run goes, its runs row has the input's lines and its rows so far."""
+    num_lines = 40
+    query = ("SELECT status, notes->>'input_lines' AS total, n_requests, "
+             "n_requests = (SELECT count(*) FROM requests) AS counts_agree FROM runs")
+    _, db, _, results = read_while_running(tmp_path, tiny_model_dir, num_lines,
+                                           {"progress": ("sql", "--db", "{db}", query)})
+    seen_before, result, during_run = results["progress"]
+    assert result.exit_code == 0, result.output
+    status, total, n_requests, agree = result.stdout.split()[-4:]
+    assert during_run and status == "running", result.stdout
+    assert total == str(num_lines) and agree == "True" and seen_before <= int(n_requests) <= num_lines
+    assert_final_file_complete(db, num_lines)
