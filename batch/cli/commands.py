@@ -13,6 +13,7 @@ import click
 
 from batch.cli import display
 from batch.cli.batch_output import batch_output_line
+from batch.cli.show_text import request_text, response_text
 from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
                             resolve_run)
 from batch.store.errors import StoreError
@@ -49,16 +50,21 @@ def runs(db: str) -> None:
 @click.option("--db", default=DEFAULT_DB, show_default=True)
 @click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
 def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
-    """One response: its items, usage and event types."""
+    """One response (by response id or custom_id): its input, items, tool outputs, usage and event
+    types; a line without a response (invalid): its status, error and body."""
     with _open_store(db, read_only=True) as store:
         found = store.get_response(response_or_custom_id)
+        runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.list_runs()]
         if found is None:
-            runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.list_runs()]
             found = next((f for r in runs_ if (f := store.find_response(r, response_or_custom_id))), None)
-        if found is None:
-            _fail(f"no response with id or custom_id {response_or_custom_id!r} in {db}")
-        events = store.events(found["response"]["id"])
-        click.echo(display.response_text(found, events))
+        if found is None:  # a line without a response (invalid): its request row says why
+            request = next((q for r in runs_ if (q := store.find_request(r, response_or_custom_id))), None)
+            if request is None:
+                _fail(f"no response or request with id or custom_id {response_or_custom_id!r} in {db}")
+            click.echo(request_text(request))
+            return
+        response_id = found["response"]["id"]
+        click.echo(response_text(found, store.events(response_id), store.tool_calls(response_id)))
 
 
 @click.command()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -155,46 +154,3 @@ def runs_table(runs: list[dict]) -> str:
     rows = [{**r, "started_at": str(r.get("started_at", ""))[:19]} for r in runs]
     columns = ["run_id", "status", "started_at", "model", "n_requests", *STATUSES]
     return table(rows, [c for c in columns if c in rows[0] or c in STATUSES])
-
-
-def response_text(found: dict, events: list[dict]) -> str:
-    """One response: header, output items, usage, event-type counts."""
-    response = found["response"]
-    lines = [f"response {response['id']}  custom_id={found['custom_id']}  run={found['run_id']}",
-             f"status: {response['status']}"]
-    if response.get("error"):
-        lines.append(f"error: {response['error']['message']}")
-    if response.get("incomplete_details"):
-        lines.append(f"incomplete: {response['incomplete_details']['reason']}")
-    for index, item in enumerate(response["output"]):
-        lines.append(f"[{index}] {item['type']} ({item.get('status')}): {_item_text(item)[:300]!r}")
-    usage = response.get("usage") or {}
-    lines.append("usage: " + ", ".join(
-        f"{k}={v}" for k, v in _flatten(usage).items()))
-    counts = Counter(event["type"] for event in events)
-    lines.append(f"events ({len(events)}): " + ", ".join(f"{t} x{n}" for t, n in counts.items()))
-    return "\n".join(lines)
-
-
-def _item_text(item: dict) -> str:
-    if item["type"] in ("message", "reasoning"):
-        return "".join(part.get("text", "") for part in item.get("content") or [])
-    if item["type"] == "code_interpreter_call":
-        return item.get("code") or ""
-    if item["type"] == "web_search_call":
-        return str(item.get("action"))
-    if item["type"] == "mcp_list_tools":
-        names = ", ".join(tool.get("name", "?") for tool in item.get("tools") or [])
-        return f"{item.get('server_label')}: {names or 'no tools'}" + (
-            f" (error: {item['error']})" if item.get("error") else "")
-    return f"{item.get('name')}({item.get('arguments')})"
-
-
-def _flatten(usage: dict) -> dict:
-    flat = {}
-    for key, value in usage.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value))
-        else:
-            flat[key] = value
-    return flat

@@ -181,6 +181,8 @@ class Session:
         extra = {}
         if target.tool_type is ToolType.WEB_SEARCH:
             extra["action"] = web_search_action(target.name, arguments)
+            if extra["action"]["type"] != "search" and not extra["action"].get("url"):
+                extra["action"]["url"] = _page_url(result.output) or extra["action"]["url"]
         error: str | dict | None = result.error
         if target.tool_type is ToolType.MCP and error and result.error_kind != ToolErrorKind.TOOL_ERROR:
             error = {"type": "mcp_protocol_error", "code": result.error_code or -32603, "message": error}
@@ -225,3 +227,13 @@ class Session:
     def _top_p(self) -> float:
         value = self.request.top_p
         return self.options.top_p if value is None else value
+
+
+# The browser's page display starts `[cursor] title (url)`; a find shows `<url>/find?pattern=...`.
+_PAGE_HEADER = re.compile(r"\A\[\d+\] .*\((\S+?)(?:/find\?pattern=\S*)?\)$", re.MULTILINE)
+
+
+def _page_url(output: str | None) -> str | None:
+    """The url of the page a browser open/find showed (an open by link number names none)."""
+    match = _PAGE_HEADER.match(output or "")
+    return match.group(1) if match else None

@@ -242,3 +242,32 @@ def test_rerunning_a_finished_command_says_so_and_loads_nothing(tmp_path, tiny_m
     assert batchrun(*command, "--seed", "1").exit_code == 0
     assert batchrun(*command, "--run-id", "again").exit_code == 0
     assert rows(db, "SELECT count(*) FROM runs") == [(3,)] and len(loaded) == 2
+
+
+def test_show_gives_the_input_the_tool_outputs_and_an_invalid_lines_error(tmp_path):
+    """With the shipped model: a browser search and open, and a line that is invalid."""
+    search = json.loads((EXAMPLES / "quickstart.jsonl").read_text().splitlines()[6])
+    assert search["custom_id"] == "search"
+    source = write_lines(tmp_path / "in.jsonl", search,
+                         {"custom_id": "bad", "input": "Hi", "tools": [{"type": "file_search"}]})
+    db = tmp_path / "out.duckdb"
+    ran = batchrun("submit", source, "--db", db, "--temperature", "0", "--max-output-tokens", "300", "--quiet")
+    assert ran.exit_code == 0, ran.output
+    shown = batchrun("show", "search", "--db", db)
+    assert shown.exit_code == 0, shown.output
+    assert "input:\n  user: Search the corpus: On which river does Paris lie?" in shown.output
+    assert "web_search_call (completed): open_page corpus://sample/paris" in shown.output
+    assert re.search(r"tool calls:\n  web_search search \(completed\): \[0\] Search results for", shown.output)
+    assert "web_search open (completed): [1] Paris (corpus://sample/paris)" in shown.output
+    # The stored action names the page too (the model opened it by its link number).
+    output = json.loads(rows(db, "SELECT response FROM responses")[0][0])["output"]
+    assert {"type": "open_page", "url": "corpus://sample/paris"} in [item.get("action") for item in output]
+    invalid = batchrun("show", "bad", "--db", db)
+    assert invalid.exit_code == 0, invalid.output
+    assert invalid.output.splitlines()[:3] == [
+        f"request line 2  custom_id=bad  run={rows(db, 'SELECT run_id FROM runs')[0][0]}  (no response)",
+        "status: invalid",
+        "error: line 2: tools[0].type: unsupported tool type 'file_search' (supported: function, "
+        "code_interpreter, web_search, web_search_preview, mcp)"]
+    missing = batchrun("show", "nope", "--db", db)
+    assert missing.exit_code == 1 and "no response or request with id or custom_id 'nope'" in missing.output
