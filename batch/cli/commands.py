@@ -14,12 +14,17 @@ import click
 from batch.cli import display
 from batch.cli.batch_output import batch_output_line
 from batch.cli.show_text import request_text, response_text
+from batch.cli.sql_output import FORMATS, render, terminal_width
 from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
                             resolve_run)
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import distribution_options, submit_distributed
 from batch.cli.submit import submit_options, submit_plan
+
+
+_read_db = click.option("--db", default=DEFAULT_DB, show_default=True,
+                        help="DuckDB file to read (while a run writes it, its live snapshot).")
 
 
 @click.command()
@@ -38,7 +43,7 @@ def submit(input_path: Path, db: str, **values: Any) -> None:
 
 
 @click.command()
-@click.option("--db", default=DEFAULT_DB, show_default=True)
+@_read_db
 def runs(db: str) -> None:
     """List the runs in the database, newest first."""
     with _open_store(db, read_only=True) as store:
@@ -47,7 +52,7 @@ def runs(db: str) -> None:
 
 @click.command()
 @click.argument("response_or_custom_id")
-@click.option("--db", default=DEFAULT_DB, show_default=True)
+@_read_db
 @click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
 def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
     """One response (by response id or custom_id): its input, items, tool outputs, usage and event
@@ -69,7 +74,7 @@ def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
 
 @click.command()
 @click.argument("run_id")
-@click.option("--db", default=DEFAULT_DB, show_default=True)
+@_read_db
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="JSONL file to write in the OpenAI Batch output format.")
 def export(run_id: str, db: str, output: Path) -> None:
@@ -87,9 +92,13 @@ def export(run_id: str, db: str, output: Path) -> None:
 
 @click.command()
 @click.argument("query")
-@click.option("--db", default=DEFAULT_DB, show_default=True)
-def sql(query: str, db: str) -> None:
-    """Run a SQL query on the run database and print the result as a table."""
+@_read_db
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: one line per row, floats rounded, cut to --width; csv; json: one object per line.")
+@click.option("--width", type=click.IntRange(min=0),
+              help="Table width in characters, 0 for no limit [default: the terminal's; no limit in a pipe].")
+def sql(query: str, db: str, fmt: str, width: int | None) -> None:
+    """Run a SQL query on the run database and print the result (a table by default)."""
     with _open_store(db, read_only=True) as store:
         try:
             result = store.query(query)
@@ -98,7 +107,8 @@ def sql(query: str, db: str) -> None:
         if result is None:
             return
         columns, rows = result
-        click.echo(display.table(rows, columns))
+        width = terminal_width() if width is None else (width or None)
+        click.echo(render(columns, rows, fmt, width))
 
 
 @click.command("make-random-model")

@@ -1,6 +1,8 @@
 """What a new user runs first, with the usual mistakes (issue #30): each test does what the user
 did, through `batchrun`, and checks what is printed and the exit code."""
 
+import csv
+import io
 import json
 import re
 import os
@@ -271,3 +273,23 @@ def test_show_gives_the_input_the_tool_outputs_and_an_invalid_lines_error(tmp_pa
         "code_interpreter, web_search, web_search_preview, mcp)"]
     missing = batchrun("show", "nope", "--db", db)
     assert missing.exit_code == 1 and "no response or request with id or custom_id 'nope'" in missing.output
+
+
+def test_sql_prints_a_table_that_fits_and_csv_or_json_on_request(one_run):
+    query = "SELECT custom_id, latency_s, response, 'two' || chr(10) || 'lines' AS note FROM responses ORDER BY 1"
+    result = batchrun("sql", query, "--db", one_run, "--width", "70")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 4 and all(len(line) <= 70 for line in lines), result.output
+    assert lines[2].startswith("a ") and "two\\nlines" in lines[2] and '{"id":"resp_' in lines[2]
+    latency = lines[2].split()[1]
+    assert len(latency.split(".")[-1]) <= 4 and float(latency) > 0  # rounded, not 0.123456789012
+    as_csv = batchrun("sql", query, "--db", one_run, "--format", "csv")
+    parsed = list(csv.DictReader(io.StringIO(as_csv.output)))
+    assert [row["custom_id"] for row in parsed] == ["a", "b"] and parsed[0]["note"] == "two\nlines"
+    assert json.loads(parsed[0]["response"])["object"] == "response"
+    as_json = batchrun("sql", query, "--db", one_run, "--format", "json")
+    objects = [json.loads(line) for line in as_json.output.splitlines()]
+    assert [o["custom_id"] for o in objects] == ["a", "b"] and isinstance(objects[0]["latency_s"], float)
+    wide = batchrun("sql", query, "--db", one_run, "--width", "0")
+    assert max(len(line) for line in wide.output.splitlines()) > 200  # whole rows when asked
