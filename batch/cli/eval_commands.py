@@ -25,7 +25,7 @@ from batch.store.store import Store
 from batch.cli.submit import submit_options, submit_plan
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
-from evals.suite import Suite, SuiteError, load_suite
+from evals.suite import Suite, SuiteError, builtin_suites, load_suite
 
 _db_option = click.option("--db", default=DEFAULT_DB, show_default=True,
                           help="The batchrun DuckDB file.")
@@ -57,7 +57,7 @@ _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metava
                            help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
 
 
-@click.command("eval")
+@click.command("eval", epilog=f"Built-in suites: {', '.join(builtin_suites()) or 'none'} (evals/suites/).")
 @click.argument("suite_name", metavar="SUITE")
 @_db_option
 @click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).")

@@ -293,3 +293,20 @@ def test_sql_prints_a_table_that_fits_and_csv_or_json_on_request(one_run):
     assert [o["custom_id"] for o in objects] == ["a", "b"] and isinstance(objects[0]["latency_s"], float)
     wide = batchrun("sql", query, "--db", one_run, "--width", "0")
     assert max(len(line) for line in wide.output.splitlines()) > 200  # whole rows when asked
+
+
+def test_help_lists_the_built_in_suites_and_what_db_is():
+    assert "Built-in suites: quickstart" in batchrun("eval", "--help").output
+    for command in ("runs", "show", "export", "sql"):
+        shown = batchrun(command, "--help").output
+        assert "DuckDB file to read (while a run writes it, its live snapshot)" in " ".join(shown.split()), command
+
+
+def test_bench_keeps_its_random_model_in_the_user_cache_not_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    result = batchrun("bench", "--preset", "tiny", "--systems", "engine", "--workloads", "sharegpt",
+                      "--num-requests", "1", "--kv-cache-gb", "0.05", "--db", tmp_path / "bench.duckdb")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cache" / "batchrun" / "models" / "bench-tiny" / "config.json").exists()
+    assert not (tmp_path / ".cache").exists()
