@@ -100,7 +100,10 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     value = dict(pairs)
     if len(value) != len(pairs):
         seen: set[str] = set()
-        raise DuplicateKeyError(next(key for key, _ in pairs if key in seen or seen.add(key)))
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
     return value
 
 

@@ -1,5 +1,5 @@
 """`python -m batch.cli`: the same as the `batchrun` console script."""
 
-from batch.cli.main import main
+from batch.cli.main import entry
 
-main()
+entry()

@@ -7,6 +7,8 @@ midway keeps what finished. The command itself (batch/cli/commands.py) only pars
 
 from __future__ import annotations
 
+import os
+
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,13 +165,15 @@ def _host_bench(num_requests: int, seed: int) -> dict:
 
 
 def bench_model(preset: str) -> Path:
-    """The random checkpoint of a CPU preset, written once under .cache/models."""
+    """The random checkpoint of a CPU preset, written once under the user's cache
+    ($XDG_CACHE_HOME or ~/.cache, in batchrun/models), not the current folder."""
     import torch
 
     from engine.bench import MEDIUM_CONFIG
     from engine.checkpoint import make_random_checkpoint
 
-    directory = Path(".cache") / "models" / f"bench-{preset}"
+    directory = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batchrun" / "models" \
+        / f"bench-{preset}"
     if not (directory / "config.json").exists():
         overrides: dict[str, Any] = MEDIUM_CONFIG if preset == "medium" else {}
         make_random_checkpoint(directory, seed=0, dtype=torch.bfloat16, **overrides)

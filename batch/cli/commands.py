@@ -12,28 +12,38 @@ from typing import Any
 import click
 
 from batch.cli import display
-from batch.cli.util import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.batch_output import batch_output_line
+from batch.cli.show_text import request_text, response_text
+from batch.cli.sql_output import FORMATS, render, terminal_width
+from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
+                            resolve_run)
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import distribution_options, submit_distributed
 from batch.cli.submit import submit_options, submit_plan
 
 
+_read_db = click.option("--db", default=DEFAULT_DB, show_default=True,
+                        help="DuckDB file to read (while a run writes it, its live snapshot).")
+
+
 @click.command()
 @click.argument("input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
 @click.option("--run-id", help="Id for a new run (default: generated).")
-@click.option("--resume", "resume", metavar="RUN_ID", help="Continue this run, skipping finished lines.")
+@click.option("--resume", "resume", metavar="RUN_ID",
+              help="Continue this run (or `latest`, the newest), skipping finished lines.")
 @distribution_options
 @submit_options
 def submit(input_path: Path, db: str, **values: Any) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
+    values = resolve_latest(db, values)
     options, backend = submit_plan(input_path, db, values)
     submit_distributed(options, backend, db, values)
 
 
 @click.command()
-@click.option("--db", default=DEFAULT_DB, show_default=True)
+@_read_db
 def runs(db: str) -> None:
     """List the runs in the database, newest first."""
     with _open_store(db, read_only=True) as store:
@@ -42,43 +52,53 @@ def runs(db: str) -> None:
 
 @click.command()
 @click.argument("response_or_custom_id")
-@click.option("--db", default=DEFAULT_DB, show_default=True)
+@_read_db
 @click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
 def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
-    """One response: its items, usage and event types."""
+    """One response (by response id or custom_id): its input, items, tool outputs, usage and event
+    types; a line without a response (invalid): its status, error and body."""
     with _open_store(db, read_only=True) as store:
         found = store.responses.get(response_or_custom_id)
+        runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.runs.list()]
         if found is None:
-            runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.runs.list()]
             found = next((f for r in runs_ if (f := store.responses.find(r, response_or_custom_id))), None)
-        if found is None:
-            _fail(f"no response with id or custom_id {response_or_custom_id!r} in {db}")
-        events = store.responses.events(found["response"]["id"])
-        click.echo(display.response_text(found, events))
+        if found is None:  # a line without a response (invalid): its request row says why
+            request = next((q for r in runs_ if (q := store.responses.find_request(r, response_or_custom_id))), None)
+            if request is None:
+                _fail(f"no response or request with id or custom_id {response_or_custom_id!r} in {db}")
+            click.echo(request_text(request))
+            return
+        response_id = found["response"]["id"]
+        click.echo(response_text(found, store.responses.events(response_id), store.responses.tool_calls(response_id)))
 
 
 @click.command()
 @click.argument("run_id")
-@click.option("--db", default=DEFAULT_DB, show_default=True)
+@_read_db
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="JSONL file to write in the OpenAI Batch output format.")
 def export(run_id: str, db: str, output: Path) -> None:
     """Write a run's results as OpenAI Batch output JSONL."""
+    check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         run_id = resolve_run(store, run_id)
         count = 0
         with open(output, "w", encoding="utf-8") as handle:
             for row in store.responses.iter_lines(run_id):
-                handle.write(json.dumps(display.batch_output_line(run_id, row)) + "\n")
+                handle.write(json.dumps(batch_output_line(run_id, row)) + "\n")
                 count += 1
     click.echo(f"wrote {count} lines to {output}")
 
 
 @click.command()
 @click.argument("query")
-@click.option("--db", default=DEFAULT_DB, show_default=True)
-def sql(query: str, db: str) -> None:
-    """Run a SQL query on the run database and print the result as a table."""
+@_read_db
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: one line per row, floats rounded, cut to --width; csv; json: one object per line.")
+@click.option("--width", type=click.IntRange(min=0),
+              help="Table width in characters, 0 for no limit [default: the terminal's; no limit in a pipe].")
+def sql(query: str, db: str, fmt: str, width: int | None) -> None:
+    """Run a SQL query on the run database and print the result (a table by default)."""
     with _open_store(db, read_only=True) as store:
         try:
             result = store.query(query)
@@ -87,7 +107,8 @@ def sql(query: str, db: str) -> None:
         if result is None:
             return
         columns, rows = result
-        click.echo(display.table(rows, columns))
+        width = terminal_width() if width is None else (width or None)
+        click.echo(render(columns, rows, fmt, width))
 
 
 @click.command("make-random-model")

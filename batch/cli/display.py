@@ -1,51 +1,76 @@
-"""What the CLI prints: progress bar, run summary, tables, Batch output lines."""
+"""What the CLI prints: status lines, progress bar, run summary, tables."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import click
 from tqdm import tqdm
 
-from batch.responses.status import RequestStatus, ResponseStatus
+from batch.responses.status import RequestStatus
 from batch.tables import table
 
 if TYPE_CHECKING:
     from batch.distributed.merge import MergePlan
+    from batch.run.reader import InputCheck
     from batch.store.rows import RunRow
     from batch.run.runner import Progress, Run, RunSummary
 
 STATUSES = tuple(RequestStatus)
+REFRESH_S = 0.5  # the bar redraws at most this often (and at least this often while a run goes)
+MAX_REASONS_SHOWN = 5
+
+def status(message: str, *, quiet: bool = False) -> None:
+    """One line on stderr saying what the command is doing now (loading the model, ...)."""
+    if not quiet:
+        click.echo(message, err=True)
+
 
 @contextlib.contextmanager
 def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
-    """Yields a callback for the runner: requests written so far, tokens/s."""
+    """Yields a callback for the runner, called each time round its loop: requests written so far,
+    what it is doing, tokens sampled and tokens/s, refreshed at least every REFRESH_S."""
     if quiet:
         yield None
         return
     # The total comes from the runner's one scan of the input, not from another read of it.
-    bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="requests")
+    bar = tqdm(total=None, unit="req", file=sys.stderr, dynamic_ncols=True, desc="reading input",
+               mininterval=REFRESH_S)
     start = time.monotonic()
+    shown_at = 0.0
 
     def update(runner: Run, written: int) -> None:
+        nonlocal shown_at
         if bar.total is None and runner.num_input_requests is not None:
             bar.total = runner.num_input_requests
-        if bar.n == 0 and runner.skipped:
             bar.update(runner.skipped)
-        bar.update(written)
-        elapsed = max(time.monotonic() - start, 1e-9)
-        bar.set_postfix(tok_s=f"{runner.tokens['output'] / elapsed:.1f}",
+        if written:
+            bar.update(written)
+        now = time.monotonic()
+        if now - shown_at < REFRESH_S:
+            return
+        shown_at = now
+        tokens = max(runner.decoded_tokens, runner.tokens["output"])  # a Ray driver counts finished ones
+        bar.set_description(_phase(runner), refresh=False)
+        bar.set_postfix(tokens=tokens, tok_s=f"{tokens / max(now - start, 1e-9):.1f}",
                         failed=runner.statuses[RequestStatus.FAILED], invalid=runner.statuses[RequestStatus.INVALID],
-                        refresh=False)
+                        refresh=True)
 
     try:
         yield update
     finally:
         bar.close()
+
+
+def _phase(run: Run) -> str:
+    """What a run is waiting on now, for the bar's description."""
+    if run.phase:
+        return run.phase
+    return "decoding" if run.num_input_requests is not None else "reading input"
 
 
 def summary_text(summary: RunSummary, db: str) -> str:
@@ -65,11 +90,34 @@ def summary_text(summary: RunSummary, db: str) -> str:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary.tool_errors.items()))
         lines.append(f"tool errors: {kinds} (see the tool_calls table)")
     lines.extend(f"error: {error}" for error in summary.server_errors)
+    for reason, count in summary.invalid_reasons.most_common(MAX_REASONS_SHOWN):
+        lines.append(f"  invalid x{count}: {reason}")
+    if len(summary.invalid_reasons) > MAX_REASONS_SHOWN:
+        lines.append(f"  invalid: {len(summary.invalid_reasons) - MAX_REASONS_SHOWN} other reason(s) "
+                     "(SELECT line_no, error FROM requests WHERE status = 'invalid')")
     if summary.ignored_fields:
         fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
         lines.append(f"note: fields accepted but not honoured offline: {fields}")
     lines.append(f"results: {db}  (e.g. batchrun sql --db {db} \"SELECT status, count(*) "
                  f"FROM requests WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
+    return "\n".join(lines)
+
+
+def no_valid_lines_text(path: object, check: InputCheck, limit: int | None) -> str:
+    """Why nothing was run: an empty input, or the reasons none of its lines is a request."""
+    if check.num_read == 0:
+        return f"{path}: the file is empty: no requests to run"
+    lines = ([f"{path}: none of its first {check.num_read} lines is a request batchrun can run"]
+             if limit is not None and check.num_read == limit else
+             [f"{path}: none of its {check.num_read} line(s) is a request batchrun can run"])
+    lines[0] += "; nothing was started (no model loaded, no database written). Why:"
+    for reason, count in check.reasons.most_common(MAX_REASONS_SHOWN):
+        shown = ", ".join(map(str, check.examples[reason])) + (", ..." if count > len(check.examples[reason]) else "")
+        lines.append(f"  {count} line(s) ({shown}): {reason}")
+    if len(check.reasons) > MAX_REASONS_SHOWN:
+        lines.append(f"  ... and {len(check.reasons) - MAX_REASONS_SHOWN} other reason(s)")
+    lines.append("  (each line: a Responses body {\"input\": ..., ...} or an OpenAI Batch envelope "
+                 "{\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/responses\", \"body\"}; see the README's Input)")
     return "\n".join(lines)
 
 
@@ -84,6 +132,9 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
     """What `batchrun merge` did: the merged run, its parts, and what is missing."""
     lines = [f"merged {len(plan.parts)} shard(s) of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
              f"{run.n_requests} of {plan.num_lines} lines ({run.status})"]
+    if plan.earlier_run is not None:
+        lines.append(f"  merged again: run {run.run_id} was there; the parts' lines replaced its copies of them"
+                     + (f", {len(plan.earlier_lines)} other lines kept" if plan.earlier_lines else ""))
     lines += [f"  shard {part.shard.label}: {part.path} run {part.run['run_id']} ({part.run['status']}), "
               f"{len(part.line_nos)} rows" for part in plan.parts]
     lines += worker_lines(workers)
@@ -103,63 +154,3 @@ def runs_table(runs: list[dict]) -> str:
     rows = [{**r, "started_at": str(r.get("started_at", ""))[:19]} for r in runs]
     columns = ["run_id", "status", "started_at", "model", "n_requests", *STATUSES]
     return table(rows, [c for c in columns if c in rows[0] or c in STATUSES])
-
-
-def response_text(found: dict, events: list[dict]) -> str:
-    """One response: header, output items, usage, event-type counts."""
-    response = found["response"]
-    lines = [f"response {response['id']}  custom_id={found['custom_id']}  run={found['run_id']}",
-             f"status: {response['status']}"]
-    if response.get("error"):
-        lines.append(f"error: {response['error']['message']}")
-    if response.get("incomplete_details"):
-        lines.append(f"incomplete: {response['incomplete_details']['reason']}")
-    for index, item in enumerate(response["output"]):
-        lines.append(f"[{index}] {item['type']} ({item.get('status')}): {_item_text(item)[:300]!r}")
-    usage = response.get("usage") or {}
-    lines.append("usage: " + ", ".join(
-        f"{k}={v}" for k, v in _flatten(usage).items()))
-    counts = Counter(event["type"] for event in events)
-    lines.append(f"events ({len(events)}): " + ", ".join(f"{t} x{n}" for t, n in counts.items()))
-    return "\n".join(lines)
-
-
-def _item_text(item: dict) -> str:
-    if item["type"] in ("message", "reasoning"):
-        return "".join(part.get("text", "") for part in item.get("content") or [])
-    if item["type"] == "code_interpreter_call":
-        return item.get("code") or ""
-    if item["type"] == "web_search_call":
-        return str(item.get("action"))
-    if item["type"] == "mcp_list_tools":
-        names = ", ".join(tool.get("name", "?") for tool in item.get("tools") or [])
-        return f"{item.get('server_label')}: {names or 'no tools'}" + (
-            f" (error: {item['error']})" if item.get("error") else "")
-    return f"{item.get('name')}({item.get('arguments')})"
-
-
-def _flatten(usage: dict) -> dict:
-    flat = {}
-    for key, value in usage.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value))
-        else:
-            flat[key] = value
-    return flat
-
-
-def batch_output_line(run_id: str, row: dict) -> dict:
-    """One line of OpenAI Batch output for a stored request (with or without a response)."""
-    response = row.get("response")
-    error = None
-    if response is None:
-        error = {"code": "invalid_request", "message": row.get("error")}
-    elif response["status"] == ResponseStatus.FAILED:
-        error = {"code": "response_failed", "message": row.get("error")}
-    return {
-        "id": f"batch_req_{run_id}_{row['line_no']}",
-        "custom_id": row["custom_id"],
-        "response": None if response is None else {
-            "status_code": 200, "request_id": response["id"], "body": response},
-        "error": error,
-    }

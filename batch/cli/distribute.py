@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
-from batch.cli.util import fail, open_store
+from batch.cli.util import check_output, fail, open_store
+from batch.store.errors import StoreError
 from batch.run.options import RunOptions
-from batch.cli.submit import BackendSpec, run_submit
+from batch.cli.submit import BackendSpec, check_before_loading, run_submit
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,6 +62,8 @@ def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, value
         except ShardSpecError as exc:
             raise click.UsageError(str(exc)) from None
         options = dataclasses.replace(options, shard=shard, worker=shard.worker)
+    # A Ray cluster's workers may see another filesystem: they check the model themselves.
+    check_before_loading(options, backend if values["ray_address"] in (None, "local") else None)
     if values["ray_address"] is not None:
         from batch.distributed.ray_runner import RayOptions
         from batch.cli.ray_submit import run_ray_submit
@@ -85,15 +88,18 @@ def merge(parts: tuple[Path, ...], output: str, run_id: str | None) -> None:
 
     if any(part.resolve() == Path(output).resolve() for part in parts):
         raise click.UsageError(f"-o {output} is one of the parts: write the merged run to another file")
+    check_output(output, "-o")
     try:
         plan = plan_merge(list(parts))
     except MergeError as exc:
         fail(str(exc))
-    with open_store(output) as store:
+    with open_store(output, option="-o") as store:
         try:
-            run = merge_parts(store, plan, run_id)
+            plan, run = merge_parts(store, plan, run_id)
         except MergeError as exc:
             fail(str(exc))
+        except StoreError as exc:
+            fail(f"{output}: the merge failed and wrote nothing ({str(exc).strip().splitlines()[0]})")
         workers = store.reports.worker_throughput(run.run_id)
     click.echo(display.merge_text(plan, run, workers, output))
     if not plan.is_complete:

@@ -20,13 +20,14 @@ from typing import Any
 
 import click
 
-from batch.cli.util import DEFAULT_DB, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
+                            resolve_run)
 from batch.cli.distribute import distribution_options, submit_distributed
 from batch.store.store import Store
 from batch.cli.submit import submit_options, submit_plan
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
-from evals.suite import Suite, SuiteError, load_suite
+from evals.suite import Suite, SuiteError, builtin_suites, load_suite
 
 _db_option = click.option("--db", default=DEFAULT_DB, show_default=True,
                           help="The batchrun DuckDB file.")
@@ -58,11 +59,12 @@ _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metava
                            help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
 
 
-@click.command("eval")
+@click.command("eval", epilog=f"Built-in suites: {', '.join(builtin_suites()) or 'none'} (evals/suites/).")
 @click.argument("suite_name", metavar="SUITE")
 @_db_option
 @click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).")
-@click.option("--resume", metavar="RUN_ID", help="Continue an interrupted eval run, then grade it.")
+@click.option("--resume", metavar="RUN_ID",
+              help="Continue an interrupted eval run (or `latest`, the newest), then grade it.")
 @_fail_under
 @distribution_options
 @submit_options
@@ -77,6 +79,8 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     suite = _suite(suite_name)
     if resume and run_id:
         raise click.UsageError("--resume and --run-id are exclusive")
+    resume = resolve_latest(db, {"resume": resume})["resume"]
+    values = resolve_latest(db, values, ("retry_failed",))
     if values["shard"] is not None and fail_under is not None:
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
                                "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
@@ -129,6 +133,7 @@ def grade_command(run: str, suite_name: str, db: str, fail_under: float | None) 
               help="types: event and item types; items: plus item contents; full: every payload.")
 def snapshot_command(run: str, db: str, output: Path, level: str) -> None:
     """Write RUN's normalized event sequences, one line per custom_id (RUN may be `latest`)."""
+    check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         entries = snapshot_run(store, resolve_run(store, run), level)
     write_golden(output, entries)
@@ -154,6 +159,8 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
             _fail(str(exc))
     elif not update:
         _fail(f"{golden}: no golden file; record one with --update or `batchrun snapshot`")
+    if update:
+        check_output(golden, "--golden")
     level = level or golden_level or "items"
     if golden_level and level != golden_level and not update:
         raise click.UsageError(f"{golden} was recorded at level {golden_level}; pass --level "
@@ -222,6 +229,8 @@ def report_command(run: str, db: str, output: Path | None) -> None:
     from evals.report import render_html, terminal_summary
     from evals.report_data import load_report_data
 
+    if output is not None:
+        check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         run_id = resolve_run(store, run)
         data = load_report_data(store, run_id)

@@ -4,10 +4,16 @@ The run commands live in batch/cli/commands.py, the eval and CI commands in batc
 both build on batch/cli/submit.py, and neither imports this module.
 
 Exit codes: 0 the command did its work (a run that finished, even with invalid
-lines), 1 it could not (no model, locked database, unknown run), 2 usage errors.
+lines, when one line was valid), 1 it could not (no model, locked database, unknown
+run, no valid line), 2 usage errors.
 """
 
 from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import NoReturn
 
 import click
 
@@ -29,5 +35,25 @@ for _command in (submit, merge, runs, show, export, sql, make_random_model, benc
     main.add_command(_command)
 
 
+def entry() -> NoReturn:
+    """The `batchrun` console script (and `python -m batch.cli`): `main`, then a prompt exit.
+
+    Once a command has returned, its files are closed and its output written: the interpreter's
+    teardown (freeing a loaded model, torch's and DuckDB's native state) would only keep the
+    prompt away for seconds. The atexit handlers (Ray's shutdown among them) still run."""
+    try:
+        main()  # standalone: always ends in SystemExit
+        code: int | str | None = 0
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):
+        click.echo(code, err=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    main()
+    entry()

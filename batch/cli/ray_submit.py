@@ -10,6 +10,7 @@ import dataclasses
 
 
 from batch.cli import display
+from batch.cli.rerun import exit_if_done
 from batch.cli.util import fail
 from batch.distributed.ray_runner import RayOptions, RayRunner, import_ray, start_ray
 from batch.run.ledger import RunError
@@ -35,9 +36,17 @@ def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: s
     except RunError as exc:
         fail(str(exc))
     store = open_store(db)  # before any worker loads a model: a database that cannot be used fails at once
+    try:
+        exit_if_done(store, options, db)
+    except SystemExit:
+        store.close()
+        raise
+    display.status("starting a local Ray cluster ..." if ray_options.address is None else
+                   f"joining the Ray cluster at {ray_options.address} ...", quiet=quiet)
     started = start_ray(ray, ray_options)
     try:
         runner = RayRunner(store, options, ray_options, backend)
+        display.status(f"starting {ray_options.num_workers} Ray worker(s), each loading the model ...", quiet=quiet)
         runner.options = _with_engine(options, runner.start_workers(), ray_options)
         with display.progress_bar(quiet=quiet) as progress:
             runner.progress = progress

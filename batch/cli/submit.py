@@ -12,6 +12,7 @@ import dataclasses
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +21,16 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
+from batch.cli.rerun import exit_if_done
 from batch.cli.util import fail, open_store
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
-from batch.run.reader import InputFormatError
+from batch.run.reader import InputFormatError, check_input
 from batch.run.ledger import RunError
 from batch.run.options import RunOptions, ToolOptions
 from batch.run.runner import RunSummary, Runner
 from batch.run.session import SessionOptions
+from batch.responses.status import RequestStatus
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
 
@@ -57,7 +60,8 @@ SUBMIT_OPTIONS = [
                                          "gets what the model and activations leave of it."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Sequences the engine decodes in one step."),
-    click.option("--retry-failed", metavar="RUN_ID", help="Re-run only the failed/incomplete lines of a run."),
+    click.option("--retry-failed", metavar="RUN_ID",
+                 help="Re-run only the failed/incomplete lines of a run (or `latest`, the newest)."),
     click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input."),
     click.option("--max-output-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
                  help="Default output budget for requests that do not set max_output_tokens."),
@@ -87,7 +91,7 @@ SUBMIT_OPTIONS = [
     click.option("--max-tool-output-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_TOOL_OUTPUT_BYTES,
                  show_default=True, help="Longer tool outputs are cut (with a note the model reads) "
                                          "before they are tokenized."),
-    click.option("--quiet", is_flag=True, help="No progress bar."),
+    click.option("--quiet", is_flag=True, help="No status lines or progress bar on stderr (the summary stays)."),
 ]
 
 
@@ -108,6 +112,15 @@ class BackendSpec:
     threads: int | None = None
     options: dict = field(default_factory=dict)
 
+    def check(self) -> None:
+        """Exit 1 at once unless the model directory looks like a checkpoint (nothing loaded)."""
+        from engine.factory import ModelLoadError, check_model_dir
+
+        try:
+            check_model_dir(self.model_dir)
+        except ModelLoadError as exc:
+            fail(str(exc))
+
     def load(self) -> Backend:
         from engine.factory import ModelLoadError, check_model_dir, load_backend
 
@@ -126,6 +139,20 @@ def submit_plan(input_path: Path, db: str, values: dict) -> tuple[RunOptions, Ba
     options = dataclasses.replace(_run_options(input_path, model_dir, values), tools=_tool_options(values, db))
     backend = BackendSpec(values["backend"], model_dir, values["threads"], _backend_options(values))
     return options, backend
+
+
+def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> None:
+    """Fail in a second, before a file is created or a model loads (exit 1, `error:`): an input
+    batchrun cannot read, an input none of whose lines is a request, a model directory that
+    is not a checkpoint (`backend` None: its workers check it)."""
+    try:
+        check = check_input(options.input_path, max_line_bytes=options.max_line_bytes, limit=options.limit)
+    except InputFormatError as exc:
+        fail(str(exc))
+    if not check.has_valid_line:
+        fail(display.no_valid_lines_text(options.input_path, check, options.limit))
+    if backend is not None:
+        backend.check()
 
 
 class Terminated(KeyboardInterrupt):
@@ -153,14 +180,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
     """Decode options.input_path into `db` with a progress bar and print the summary.
 
-    Exits 1 when the run cannot start or go on; on Ctrl-C 130 and on SIGTERM 143 (128 + the
+    Exits 1 when the run cannot start or go on, or no line was valid; on Ctrl-C 130 and on SIGTERM 143 (128 + the
     signal), the run recorded `interrupted` and every finished request saved."""
-    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db)
+    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db, whole_run=options.shard is None)
 
 
-def report_run(run: Callable[[], RunSummary], db: str) -> RunSummary:
+def report_run(run: Callable[[], RunSummary], db: str, *, whole_run: bool = True) -> RunSummary:
     """Run a submit (one process or Ray) with SIGTERM as Ctrl-C; print its summary, or on either
-    signal say how to resume and exit 130 / 143."""
+    signal say how to resume and exit 130 / 143. Exit 1 after the summary when no line of a
+    `whole_run` (not a shard: other shards may hold the valid lines) was valid."""
     with sigterm_as_interrupt():
         try:
             summary = run()
@@ -170,13 +198,25 @@ def report_run(run: Callable[[], RunSummary], db: str) -> RunSummary:
                        err=True)
             sys.exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
     click.echo(display.summary_text(summary, db))
+    if whole_run and no_line_was_valid(summary):
+        fail(f"no line of run {summary.run_id} was a valid request: nothing was decoded (the reasons above)")
     return summary
+
+
+def no_line_was_valid(summary: RunSummary) -> bool:
+    """Every line of the run ended invalid (resumed runs count the lines done before as valid)."""
+    valid = sum(n for status, n in summary.statuses.items() if status != RequestStatus.INVALID)
+    return summary.statuses[RequestStatus.INVALID] > 0 and valid == 0 and not summary.skipped
 
 
 def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
     store = open_store(db)  # before the model loads: a database that cannot be used fails at once
     try:
+        exit_if_done(store, options, db)
+        display.status(f"loading the model from {backend.model_dir} ...", quiet=quiet)
+        started = time.monotonic()
         engine = backend.load()
+        display.status(f"model loaded in {time.monotonic() - started:.1f}s; decoding", quiet=quiet)
         options = dataclasses.replace(options, engine_config=engine.describe())
         with display.progress_bar(quiet=quiet) as progress:
             return Runner(store, engine, options, progress=progress).run()

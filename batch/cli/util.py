@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,13 +25,28 @@ def fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
-def open_store(db: str, read_only: bool = False) -> Store:
+def check_output(path: str | Path, option: str) -> None:
+    """Exit 1 with one `error:` line naming `option` when `path` cannot be written: its folder is
+    missing or not writable, or it is a folder. Commands call this before anything slow."""
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        fail(f"{option} {path}: the folder {folder} does not exist; create it (mkdir -p {folder}) "
+             f"or pass another {option}")
+    if path.is_dir():
+        fail(f"{option} {path}: is a folder; pass a file path")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        fail(f"{option} {path}: cannot write there (permission denied); pass another {option}")
+
+
+def open_store(db: str, read_only: bool = False, *, option: str = "--db") -> Store:
     """The database, or a one-line `error:` exit when it is missing (read-only), locked by another
     process, not a whole DuckDB file, or (for writing) cannot be written.
 
-    A writable store publishes live snapshots for readers in other processes until it is
-    closed; a read-only open of a file a live batchrun command is writing reads its newest
-    snapshot instead, and says how old it is on stderr.
+    `option` is the command's name for the file in those lines. A writable store publishes live
+    snapshots for readers in other processes until it is closed; a read-only open of a file a
+    live batchrun command is writing reads its newest snapshot instead, and says how old it is
+    on stderr.
     """
     if read_only and not Path(db).exists():
         fail(f"{db}: no such database (run `batchrun submit` first or pass --db)")
@@ -39,9 +55,9 @@ def open_store(db: str, read_only: bool = False) -> Store:
             return _open_for_reading(db)
         store = Store(db)
     except StoreLockedError as exc:
-        fail(_lock_message(db, exc))
+        fail(_lock_message(db, exc).replace("--db", option))
     except StoreOpenError as exc:
-        fail(str(exc))
+        fail(str(exc).replace("--db", option))
     store.publish_live()
     return store
 
@@ -103,3 +119,12 @@ def resolve_run(store: Store, run: str) -> str:
     if store.runs.get(run) is None:
         fail(f"no run {run!r} in {store.path} (see `batchrun runs`)")
     return run
+
+
+def resolve_latest(db: str, values: dict, names: tuple[str, ...] = ("resume", "retry_failed")) -> dict:
+    """`values` with each of the options `names` that says `latest` set to the newest run's id in `db`."""
+    if not any(values.get(name) == "latest" for name in names):
+        return values
+    with open_store(db, read_only=True) as store:
+        newest = resolve_run(store, "latest")
+    return {**values, **{name: newest for name in names if values.get(name) == "latest"}}

@@ -6,10 +6,15 @@ the input (sha256), the model, the shard count and every setting a resume compar
 is reported: shards with no part, and lines a part has no row for (an interrupted
 shard). The merged run is `completed` only when every line has its row; otherwise
 it is `partial`, and a plain `batchrun submit INPUT --db OUTPUT` decodes the rest.
+
+Merging again into the same output completes the run an earlier merge of the same
+split made there (the lines the parts hold replace its copies of them; lines it got
+elsewhere, e.g. from that plain submit, stay): the same merge twice writes the same rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections import Counter
@@ -50,6 +55,8 @@ class MergePlan:
     num_lines: int
     missing_shards: list[Shard] = field(default_factory=list)
     missing_lines: list[int] = field(default_factory=list)  # lines of present shards without a row
+    earlier_run: str | None = None  # the output's run that an earlier merge of this split made
+    earlier_lines: set[int] = field(default_factory=set)  # its lines no part holds (kept)
 
     @property
     def is_complete(self) -> bool:
@@ -121,6 +128,42 @@ def plan_merge(paths: list[Path]) -> MergePlan:
                      missing_lines)
 
 
+def _earlier_merge(store: Store, plan: MergePlan) -> dict | None:
+    """The newest run in `store` that a merge of this split (same input, model, N, settings) made."""
+    first = plan.parts[0]
+    for run in store.runs.list():
+        shards = (run["notes"] or {}).get("shards") or []
+        if (shards and run["input_sha256"] == first.run["input_sha256"] and run["model"] == first.run["model"]
+                and Shard.parse(shards[0]["shard"]).count == first.shard.count
+                and all(_setting(run, key) == _setting(first.run, key)
+                        for key in RESUME_KEYS if key not in _PER_PART)):
+            return run
+    return None
+
+
+def with_earlier_merge(store: Store, plan: MergePlan, run_id: str | None) -> MergePlan:
+    """`plan` merging into the run an earlier merge of this split made in `store`, if there is one.
+
+    Raises MergeError when `run_id` names another run than that one, or a run that exists."""
+    earlier = _earlier_merge(store, plan)
+    if earlier is None:
+        if run_id is not None and store.runs.get(run_id) is not None:
+            raise MergeError(f"{store.path}: a run {run_id} exists there and is not a merge of these shards; "
+                             "pass another --run-id or -o")
+        return plan
+    if run_id is not None and run_id != earlier["run_id"]:
+        raise MergeError(f"{store.path}: run {earlier['run_id']} there already merges these shards; merge "
+                         f"again without --run-id (or with --run-id {earlier['run_id']}) to complete it, "
+                         "or write to another -o")
+    held = {line for part in plan.parts for line in part.line_nos}
+    kept = store.runs.finished_line_numbers(earlier["run_id"]) - held
+    missing_shards = [shard for shard in plan.missing_shards
+                      if not set(shard.line_numbers(plan.num_lines)) <= kept]
+    return dataclasses.replace(plan, missing_shards=missing_shards,
+                               missing_lines=[line for line in plan.missing_lines if line not in kept],
+                               earlier_run=earlier["run_id"], earlier_lines=kept)
+
+
 def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
     """The runs row of the merged run: the parts' settings, their times, counts and origins."""
     runs = [part.run for part in plan.parts]
@@ -145,14 +188,15 @@ def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
         # shard None: a plain `submit` on the merged file continues a partial merge.
         options={**(first["options"] or {}), "shard": None},
         status=RunStatus.COMPLETED if plan.is_complete else RunStatus.PARTIAL,
-        n_requests=sum(len(part.line_nos) for part in plan.parts), notes=notes,
+        n_requests=sum(len(part.line_nos) for part in plan.parts) + len(plan.earlier_lines), notes=notes,
         batchrun_version=first["batchrun_version"])
 
 
-def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> RunRow:
-    """Write the merged run into `store`; returns its runs row."""
-    run = merged_run_row(plan, run_id)
-    if store.runs.get(run.run_id) is not None:
-        raise MergeError(f"{store.path}: a run {run.run_id} exists there; pass another --run-id or -o")
-    copy_runs(store, run, [(part.path, part.run["run_id"]) for part in plan.parts])
-    return run
+def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> tuple[MergePlan, RunRow]:
+    """Write the merged run into `store` (completing an earlier merge of this split there);
+    returns the plan as carried out and the merged run's runs row."""
+    plan = with_earlier_merge(store, plan, run_id)
+    run = merged_run_row(plan, plan.earlier_run or run_id)
+    copy_runs(store, run, [(part.path, part.run["run_id"]) for part in plan.parts],
+              replace=plan.earlier_run is not None)
+    return plan, run

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from batch.responses.request import ResponsesRequest, redact_secrets
 
 
+# error.code of a response whose turn the engine refused before running it (a prompt too long
+# for the context); the Batch export answers such a request with a 400, as the API would.
+INVALID_PROMPT = "invalid_prompt"
+
+
 @dataclass
 class Outcome:
     """How a response ended: completed, incomplete (with its reason) or failed (with the error)."""
@@ -14,6 +19,7 @@ class Outcome:
     status: str
     error: str | None = None
     incomplete_reason: str | None = None
+    error_code: str = "server_error"  # a failed response's error.code (ResponseError's codes)
 
 
 def _echo_tool(tool: dict) -> dict:

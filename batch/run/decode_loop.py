@@ -48,10 +48,20 @@ class DecodeLoop:
         self.awaiting: dict[Future, Session] = {}  # waiting on a hosted tool call
         self.listing: list[tuple[Prepared, dict[str, Future]]] = []  # waiting on MCP listings
         self._ended: list[RequestResult] = []
+        self.decoded_tokens = 0  # output tokens sampled so far, of finished requests or not (progress)
 
     @property
     def num_inflight(self) -> int:
         return len(self.sessions) + len(self.awaiting) + len(self.listing)
+
+    @property
+    def phase(self) -> str:
+        """What the loop waits on now ("" when it holds nothing), for a progress bar."""
+        if self.sessions:
+            return "decoding"
+        if self.listing:
+            return "starting tool servers"
+        return "running tools" if self.awaiting else ""
 
     @property
     def is_busy(self) -> bool:
@@ -126,14 +136,15 @@ class DecodeLoop:
         try:
             self.backend.add_request(session.engine_request_id, session.prompt_token_ids,
                                      session.sampling())
-        except ValueError as exc:  # e.g. prompt longer than the model's context
-            session.fail(str(exc))
+        except ValueError as exc:  # e.g. prompt longer than the model's context: it never ran
+            session.refuse(str(exc))
             self._end_response(session)
             return
         self.sessions[session.engine_request_id] = session
 
     def _step(self) -> None:
         for out in self.backend.step():
+            self.decoded_tokens += len(out.new_token_ids)
             session = self.sessions.get(out.request_id)
             if session is None:
                 continue  # an aborted turn's last output

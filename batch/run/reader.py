@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _CHUNK_BYTES = 1 << 16
 _SCAN_CHUNK_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
+_MAX_REASONS, _MAX_EXAMPLES = 100, 5  # what check_input keeps of an input whose lines are all invalid
 _ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
 _ROUTE = {"method": "POST", "url": "/v1/responses"}
 # A binary stream read line by line: an open file, a GzipFile, a BufferedReader.
@@ -78,6 +80,47 @@ def read_requests(path: str | Path, *,
         raise InputFormatError(f"{path}: unknown input format (expected .jsonl, .ndjson, .json, "
                                f"one of those with .gz, or .parquet)")
     return _read_jsonl_file(path, compressed, max_line_bytes)
+
+
+@dataclass
+class InputCheck:
+    """What reading the input up to its first valid line found (the whole input when none is)."""
+
+    num_read: int = 0
+    first_valid: int | None = None  # its line number
+    # Why lines are invalid (the error without its line number) -> how many, and the first few of them.
+    reasons: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def has_valid_line(self) -> bool:
+        return self.first_valid is not None
+
+    def add_invalid(self, line: InputLine) -> None:
+        reason = (line.error or "").removeprefix(f"line {line.line_no}: ")
+        if reason not in self.reasons and len(self.reasons) >= _MAX_REASONS:
+            reason = "(other reasons)"
+        self.reasons[reason] += 1
+        shown = self.examples.setdefault(reason, [])
+        if len(shown) < _MAX_EXAMPLES:
+            shown.append(line.line_no)
+
+
+def check_input(path: str | Path, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                limit: int | None = None) -> InputCheck:
+    """Read `path` until a line is a valid request (at most `limit` lines): cheap for a usable
+    input, the whole file's verdict for one where no line is. Raises InputFormatError as
+    `read_requests` does."""
+    check = InputCheck()
+    for line in read_requests(path, max_line_bytes=max_line_bytes):
+        if limit is not None and check.num_read >= limit:
+            break
+        check.num_read += 1
+        if line.is_valid:
+            check.first_valid = line.line_no
+            break
+        check.add_invalid(line)
+    return check
 
 
 @dataclass(frozen=True)
@@ -328,6 +371,8 @@ class LineParser:
             problem = _envelope_problem(value, route_required=not wrapped)
         request: ResponsesRequest | None = None
         ignored: list[str] = []
+        if problem is None and isinstance(body, dict):
+            problem = wrong_shape(body)
         if problem is None:
             try:
                 request, ignored = parse_request(body)
@@ -368,12 +413,35 @@ def _envelope_problem(value: dict, route_required: bool) -> str | None:
         if key not in value and route_required:
             return f"{key}: required in a batch envelope"
         if key in value and value[key] != expected:
-            return f"{key}: expected {expected!r}, got {_shown(value[key])}"
+            hint = (" (a Chat Completions batch: set url to /v1/responses and rename body.messages to "
+                    "body.input)" if value[key] == "/v1/chat/completions" else "")
+            return f"{key}: expected {expected!r}, got {_shown(value[key])}{hint}"
     if "body" not in value:
         return "body: required"
     if not isinstance(value["body"], dict):
         return f"body: expected a JSON object, got {json_type(value['body'])}"
     return None
+
+
+# Fields of the other OpenAI request shapes a Responses body gets by mistake, and what to write instead.
+_OTHER_SHAPES = {
+    "messages": "a Chat Completions body: a Responses request takes `input` (rename `messages` to `input`; "
+                "the same role/content messages work there)",
+    "max_tokens": "a Chat Completions field: the Responses API calls it `max_output_tokens`",
+    "max_completion_tokens": "a Chat Completions field: the Responses API calls it `max_output_tokens`",
+    "response_format": "a Chat Completions field: the Responses API takes `text.format` "
+                       "(`{\"text\": {\"format\": {\"type\": \"json_schema\", ...}}}`)",
+    "id": "not a request field: the line's id goes in `custom_id`",
+}
+
+
+def wrong_shape(body: dict) -> str | None:
+    """What to change when `body` is shaped like another API's request (Chat Completions,
+    Completions' `prompt`), or None."""
+    hints = [f"{key}: {hint}" for key, hint in _OTHER_SHAPES.items() if key in body]
+    if "input" not in body and isinstance(body.get("prompt"), str):
+        hints.insert(0, "prompt: a Responses request takes `input` (rename `prompt` to `input`)")
+    return "; ".join(hints) or None
 
 
 def _shown(value: Any) -> str:

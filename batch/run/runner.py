@@ -42,7 +42,7 @@ FLUSH_S = 1.0  # finished results wait at most this long to be handed to the wri
 WRITE_MIN_EVENTS = 32_768
 WRITER_HOLDS = 4
 
-# What a run calls after each write: (the run, requests just written).
+# What a run calls each time round its loop: (the run, requests written since the last call).
 Progress = Callable[["Run", int], None]
 # What decodes a run's lines: it reads them from the iterator, admits them with `run.prepare`,
 # and hands every result to `run.finish`, until each line has its result.
@@ -62,6 +62,7 @@ class RunSummary:
     workers: list[dict] = field(default_factory=list)  # worker_throughput rows, when a worker is named
     tool_errors: dict[str, int] = field(default_factory=dict)  # failed tool calls per error kind
     server_errors: list[str] = field(default_factory=list)  # why a server could not be listed
+    invalid_reasons: Counter = field(default_factory=Counter)  # an invalid line's error without "line N: "
 
 
 class Run:
@@ -80,7 +81,10 @@ class Run:
         self._num_reported = 0
         self.statuses: Counter = Counter()
         self.ignored: Counter = Counter()
+        self.invalid_reasons: Counter = Counter()
         self.tokens: Counter[str] = Counter()
+        self.decoded_tokens = 0  # output tokens sampled so far, of finished requests or not (progress)
+        self.phase = ""  # what decoding waits on now (set by the decoder; "" when it does not say)
         self.skipped = 0
         self.num_input_requests: int | None = None  # known once run() has scanned the input
         self.stopped_at_limit = False
@@ -97,6 +101,9 @@ class Run:
         self.run_id = opened.run_id
         lines = self._lines(opened.done)
         self.skipped = len(opened.done)
+        # The total now, not at the end: a reader of the live snapshot can show % done and an ETA.
+        self.store.runs.update(self.run_id, notes={**(self.ledger.get(self.run_id)["notes"] or {}),
+                                                   "input_lines": scan.num_requests})
         status = RunStatus.FAILED
         self.writer = self.store.background_writer(max_unwritten=WRITER_HOLDS * self.options.max_inflight,
                                                    min_rows=WRITE_MIN_EVENTS, max_wait_s=FLUSH_S)
@@ -111,7 +118,8 @@ class Run:
             status = self._close(status)
         return RunSummary(self.run_id, opened.resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
-                          self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors)
+                          self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors,
+                          self.invalid_reasons)
 
     def prepare(self, line: InputLine) -> Prepared | None:
         """The line checked and ready to decode, or None when it ended here (invalid, or failed)."""
@@ -134,6 +142,8 @@ class Run:
         if result.response is not None:
             self.tokens["input"] += result.response.input_tokens
             self.tokens["output"] += result.response.output_tokens
+        if result.request.status == RequestStatus.INVALID:
+            self.invalid_reasons[(result.request.error or "").split(": ", 1)[-1]] += 1
         self.pending.append(result)
 
     def flush(self, force: bool = False) -> None:
@@ -195,7 +205,7 @@ class Run:
 
     def _report_written(self) -> None:
         written = self.writer.num_written - self._num_reported
-        if written and self.progress is not None:
+        if self.progress is not None:  # every loop: a bar moves with tokens, not only with finished requests
             self.progress(self, written)
         self._num_reported += written
 
@@ -245,4 +255,5 @@ class Runner:
                     loop.add(prepared, run.run_id)
             for result in loop.step(block=True):
                 run.finish(result)
+            run.decoded_tokens, run.phase = loop.decoded_tokens, loop.phase  # the bar moves with tokens
             run.flush(force=not loop.is_busy)

@@ -13,6 +13,7 @@ events), `ToolCallPolicy` (what a call leads to, the calls made), `ResponseMetri
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from batch.responses.metrics import ResponseMetrics, TurnMetrics
 from batch.harmony.output_parser import OutputParser
 from batch.run.reader import InputLine
 from batch.responses.request import ResponsesRequest
-from batch.responses.response import Outcome, build_response
+from batch.responses.response import INVALID_PROMPT, Outcome, build_response
 from batch.responses.status import ResponseStatus
 from batch.harmony.turn_grammar import TurnGrammar
 from batch.run.tool_policy import (DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, ToolCallRecord,
@@ -189,6 +190,8 @@ class Session:
         extra = {}
         if target.tool_type is ToolType.WEB_SEARCH:
             extra["action"] = web_search_action(target.name, arguments)
+            if extra["action"]["type"] != "search" and not extra["action"].get("url"):
+                extra["action"]["url"] = _page_url(result.output) or extra["action"]["url"]
         error: str | dict | None = result.error
         if target.tool_type is ToolType.MCP and error and result.error_kind != ToolErrorKind.TOOL_ERROR:
             error = {"type": "mcp_protocol_error", "code": result.error_code or -32603, "message": error}
@@ -199,12 +202,20 @@ class Session:
         """End the response as failed (the engine refused or lost the request)."""
         self.outcome = Outcome(ResponseStatus.FAILED, message)
 
+    def refuse(self, message: str) -> None:
+        """The engine refused the current turn before running it (its prompt does not fit the
+        context): the response fails with `invalid_prompt`, and that prompt counts no tokens."""
+        self.metrics.current.prompt_tokens = 0
+        message = re.sub(r"^request '[^']*': ", "", message)  # the engine's id for the turn: noise here
+        self.outcome = Outcome(ResponseStatus.FAILED, message, error_code=INVALID_PROMPT)
+
     def finish(self) -> dict:
         """Close open items, emit the terminal event; returns the final response."""
         self.events.abandon()
         self.metrics.finish()
         outcome = self.outcome or Outcome(ResponseStatus.FAILED, "response ended without an outcome")
-        error = {"code": "server_error", "message": outcome.error} if outcome.status == ResponseStatus.FAILED else None
+        error = ({"code": outcome.error_code, "message": outcome.error}
+                 if outcome.status == ResponseStatus.FAILED else None)
         response = self._response(
             outcome.status, output=self.events.output, usage=self.metrics.usage(),
             completed_at=int(time.time()) if outcome.status == ResponseStatus.COMPLETED else None,
@@ -225,3 +236,13 @@ class Session:
     def _top_p(self) -> float:
         value = self.request.top_p
         return self.options.top_p if value is None else value
+
+
+# The browser's page display starts `[cursor] title (url)`; a find shows `<url>/find?pattern=...`.
+_PAGE_HEADER = re.compile(r"\A\[\d+\] .*\((\S+?)(?:/find\?pattern=\S*)?\)$", re.MULTILINE)
+
+
+def _page_url(output: str | None) -> str | None:
+    """The url of the page a browser open/find showed (an open by link number names none)."""
+    match = _PAGE_HEADER.match(output or "")
+    return match.group(1) if match else None

@@ -10,6 +10,7 @@ copy of it, ``<name>.live.duckdb`` beside it (`snapshot_path`), every few second
 2. outside the lock the copy is opened on its own (one DuckDB thread), which replays its
    WAL, gets a `batchrun_live` table (the writer's pid, when the copy was taken) and is
    checkpointed into one self-contained file;
+   A running run's `runs.n_requests` is set there to its rows so far;
 3. that file replaces the snapshot by rename, so a reader opens the old snapshot or the
    new one, never a half-written one.
 
@@ -169,6 +170,9 @@ class LivePublisher:
         try:
             con.execute(f"CREATE OR REPLACE TABLE {INFO_TABLE} AS SELECT ?::INTEGER AS pid, "
                         "?::TIMESTAMPTZ AS taken_at, ? AS source", [os.getpid(), taken_at, str(self.db)])
+            # A running run's n_requests is written when it ends: readers see its rows counted now.
+            con.execute("""UPDATE runs SET n_requests = (SELECT count(*) FROM requests q WHERE q.run_id = runs.run_id)
+                           WHERE status = 'running'""")
             con.execute("CHECKPOINT")
         finally:
             con.close()

@@ -6,9 +6,14 @@ decides what to merge and calls `copy_runs`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
+
+from batch.store.errors import store_error
 from batch.store.rows import RunRow
 from batch.store.store import Store
 from batch.store.writes import TRACE_TABLES, transaction
@@ -17,18 +22,24 @@ from batch.store.writes import TRACE_TABLES, transaction
 RUN_TABLES = ("requests", "responses", *TRACE_TABLES)
 
 
-def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]]) -> None:
+def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]], *, replace: bool = False) -> None:
     """Create `run` in `store` with every row of each (database file, run_id) source, in one transaction.
 
     Rows keep their columns but run_id, which becomes `run.run_id`; a source
-    missing a newer column gets its default. Nothing is written if anything fails.
+    missing a newer column gets its default. With ``replace``, `run` exists: its runs row
+    is replaced and so is each line a source holds (the line's requests row, its response
+    and that response's traces); its other lines stay. Nothing is written if anything fails.
     """
     aliases = [f"_batchrun_part_{index}" for index in range(len(sources))]
     con = store.con
     for alias, (path, _) in zip(aliases, sources):
         con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [os.fspath(path)])
     try:
-        with transaction(con):
+        with transaction(con), _as_store_errors():
+            if replace:
+                for alias, (_, source_run) in zip(aliases, sources):
+                    _delete_lines(con, run.run_id, alias, source_run)
+                con.execute("DELETE FROM runs WHERE run_id = ?", [run.run_id])
             store.runs.create(run)
             for alias, (_, source_run) in zip(aliases, sources):
                 for table in RUN_TABLES:
@@ -38,3 +49,22 @@ def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]]) -> Non
     finally:
         for alias in aliases:
             con.execute(f"DETACH {alias}")
+
+
+@contextlib.contextmanager
+def _as_store_errors() -> Iterator[None]:
+    try:
+        yield
+    except duckdb.Error as error:
+        raise store_error(error) from error
+
+
+def _delete_lines(con: duckdb.DuckDBPyConnection, run_id: str, alias: str, source_run: str) -> None:
+    """Delete the lines of run `run_id` that `alias`'s run `source_run` holds, with what hangs off them."""
+    lines = f"SELECT line_no FROM {alias}.requests WHERE run_id = $source"
+    old = f"SELECT response_id FROM requests WHERE run_id = $run AND line_no IN ({lines})"
+    for table in ("responses", *TRACE_TABLES):  # the requests rows go last: they say which responses are old
+        con.execute(f"DELETE FROM {table} WHERE run_id = $run AND response_id IN ({old})",
+                    {"run": run_id, "source": source_run})
+    con.execute(f"DELETE FROM requests WHERE run_id = $run AND line_no IN ({lines})",
+                {"run": run_id, "source": source_run})

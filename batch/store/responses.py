@@ -30,6 +30,16 @@ class Responses:
             ORDER BY created_at DESC LIMIT 1""", [run_id, custom_id])
         return decode_response(rows[0]) if rows else None
 
+    def find_request(self, run_id: str, custom_id: str) -> dict | None:
+        """{run_id, line_no, custom_id, status, error, body} of a run's line by custom_id, or None."""
+        rows = self.db.rows("""SELECT run_id, line_no, custom_id, status, error, body FROM requests
+                               WHERE run_id = ? AND custom_id = ? ORDER BY line_no LIMIT 1""", [run_id, custom_id])
+        return {**rows[0], "body": loads(rows[0]["body"])} if rows else None
+
+    def tool_calls(self, response_id: str) -> list[dict]:
+        """A response's tool_calls rows, in the order they started."""
+        return self.db.rows("SELECT * FROM tool_calls WHERE response_id = ? ORDER BY started_at", [response_id])
+
     def iter_lines(self, run_id: str) -> Iterator[dict]:
         """Yield every request line of a run in line order, with its response or None.
 

@@ -120,9 +120,10 @@ def test_export_is_openai_batch_output(tmp_path, tiny_model_dir, malformed):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 11
     for line in lines:
-        assert set(line) == {"id", "custom_id", "response", "error"}
-        if line["response"] is None:
-            assert line["error"]["message"].startswith("line ")
+        assert set(line) == {"id", "custom_id", "response", "error"} and line["error"] is None
+        if line["response"]["status_code"] == 400:  # an invalid line: what the API answers for it
+            assert line["response"]["body"]["error"]["message"].startswith("line ")
+            assert line["response"]["body"]["error"]["type"] == "invalid_request_error"
         else:
             assert line["response"]["status_code"] == 200
             Response.model_validate(line["response"]["body"])
@@ -140,7 +141,7 @@ def start_and_signal(source, db, model, sig, after, max_inflight=2):
     deadline = time.monotonic() + 120
     while done < after and process.poll() is None and time.monotonic() < deadline:
         seen += os.read(process.stderr.fileno(), 4096)
-        counts = re.findall(rb"requests:.*?\| *(\d+)/30", seen)  # tqdm: "requests: 10%|#  | 6/30"
+        counts = re.findall(rb"\| *(\d+)/30 \[", seen)  # tqdm: "decoding:  10%|#  | 6/30 [00:02<..."
         done = int(counts[-1]) if counts else 0
     process.send_signal(sig)
     seen += process.stderr.read()
@@ -301,7 +302,8 @@ def test_bench_prints_ratios_and_fills_the_bench_table(tmp_path, tiny_model_dir)
 
 
 def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path, tiny_model_dir, monkeypatch):
-    """One scan (hash and request count, for resume and the progress bar), then the reader."""
+    """Before the model loads, a check reads up to the first valid line; then one scan (hash and
+    request count, for resume and the progress bar), then the reader."""
     import builtins
     import io
 
@@ -320,7 +322,7 @@ def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path
     result = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "o.duckdb"),
                                        "--model", str(tiny_model_dir), "--max-output-tokens", "2"])
     assert result.exit_code == 0, result.output
-    assert opened == ["rb", "rb"]
+    assert opened == ["rb", "rb", "rb"]
     assert "3/3" in result.output  # the progress bar's total came from the scan
 
 

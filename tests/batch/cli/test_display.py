@@ -1,6 +1,6 @@
 """What `batchrun show` prints for each kind of output item."""
 
-from batch.cli.display import _item_text
+from batch.cli.show_text import _item_text
 
 
 def test_item_text_names_what_each_item_did():

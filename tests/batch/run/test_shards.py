@@ -159,3 +159,40 @@ def test_merge_refuses_shards_of_another_input_or_split(tmp_path, tiny_model_dir
         con.execute("UPDATE runs SET options = json_object('seed', 0)")
     result = cli("merge", plain, "-o", tmp_path / "run.duckdb")
     assert result.exit_code == 1 and "no run made with --shard" in result.output
+
+
+def test_merging_again_into_the_same_output_completes_the_run(tmp_path, tiny_model_dir, small):
+    """The README's way: merge what is there, run the missing shard, merge again (issue #30 item 1)."""
+    parts = run_shards(tmp_path, small, tiny_model_dir, 2)
+    merged = tmp_path / "merged1.duckdb"
+    partial = cli("merge", parts[0], "-o", merged)
+    assert partial.exit_code == 1 and "2 of 4 lines (partial)" in partial.output, partial.output
+    result = cli("merge", *parts, "-o", merged)
+    assert result.exit_code == 0, result.output
+    assert "4 of 4 lines (completed)" in result.output and "merged again" in result.output
+    query = "SELECT run_id, line_no, response_id FROM requests ORDER BY line_no"
+    once = rows(merged, query)
+    assert len({run for run, _, _ in once}) == 1 and [line for _, line, _ in once] == [1, 2, 3, 4]
+    assert rows(merged, "SELECT count(*), min(status), min(n_requests) FROM runs") == [(1, "completed", 4)]
+    events = rows(merged, "SELECT count(*) FROM events")
+    # The same merge again: the same rows, nothing twice.
+    again = cli("merge", *parts, "-o", merged)
+    assert again.exit_code == 0, again.output
+    assert rows(merged, query) == once and rows(merged, "SELECT count(*) FROM events") == events
+    assert rows(merged, "SELECT count(*) FROM runs") == [(1,)]
+    other = cli("merge", *parts, "-o", merged, "--run-id", "another")
+    assert other.exit_code == 1 and "already merges these shards" in other.output
+    assert "Traceback" not in other.output and rows(merged, "SELECT count(*) FROM runs") == [(1,)]
+
+
+def test_merging_again_keeps_lines_a_plain_submit_decoded(tmp_path, tiny_model_dir, small):
+    parts = run_shards(tmp_path, small, tiny_model_dir, 2)
+    merged = tmp_path / "run.duckdb"
+    assert cli("merge", parts[1], "-o", merged, "--run-id", "m").exit_code == 1
+    assert cli("submit", small, "--db", merged, "--model", tiny_model_dir, *GREEDY).exit_code == 0
+    result = cli("merge", parts[1], "-o", merged)
+    assert result.exit_code == 0, result.output  # shard 0's lines came from the plain submit
+    assert "4 of 4 lines (completed)" in result.output and "2 other lines kept" in result.output
+    assert "missing" not in result.output
+    assert rows(merged, "SELECT count(*), count(DISTINCT line_no), any_value(run_id) FROM requests") == \
+        [(4, 4, "m")]

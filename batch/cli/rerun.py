@@ -1,0 +1,68 @@
+"""The same `submit` run again after it finished: nothing to do, and the command says so.
+
+A plain rerun continues an unfinished run of the same input, model and settings (the
+runner's resume). Once that run is `completed`, the same command would decode every line
+again into a new run with the same seeds, i.e. the same tokens: instead it prints where the
+finished run is and how to start a new one, and loads no model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from batch.responses.status import RunStatus
+from batch.run.reader import scan_input
+from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
+from batch.run.options import RunOptions
+from batch.store.store import Store
+
+
+def settings(options: RunOptions) -> dict:
+    """The RESUME_KEYS values `options` would record in its runs row (as the runner records them)."""
+    session, prompt = options.session, options.prompt
+    return {"max_output_tokens": session.max_output_tokens, "seed": session.seed,
+            "temperature": session.temperature, "top_p": session.top_p,
+            "conversation_date": prompt.conversation_date, "reasoning_effort": prompt.reasoning_effort,
+            "max_turns": session.max_turns, "max_tool_output_bytes": session.max_tool_output_bytes,
+            "shard": options.shard.label if options.shard else None}
+
+
+def finished_run(store: Store, options: RunOptions) -> dict | None:
+    """The newest completed run of this input file (sha256), model and settings, or None.
+
+    Only a plain rerun asks (no --run-id, --resume or --retry-failed); the input is hashed
+    only when a completed run of the same path is there."""
+    if options.run_id or options.resume or options.retry_failed or options.limit:
+        return None
+    candidates = [run for run in store.runs.list() if run["status"] == RunStatus.COMPLETED
+                  and run["input_path"] == str(options.input_path) and run["model"] == options.session.model]
+    if not candidates:
+        return None
+    sha256, ours = scan_input(options.input_path).sha256, settings(options)
+    for run in candidates:  # newest first
+        stored = run["options"] or {}
+        if run["input_sha256"] == sha256 and all(stored.get(key, RESUME_DEFAULTS.get(key)) == ours[key]
+                                                 for key in RESUME_KEYS):
+            return run
+    return None
+
+
+def nothing_to_do_text(run: dict, db: str) -> str:
+    """What a rerun of a finished run's command prints instead of decoding it again."""
+    counts = ", ".join(f"{run[status]} {status}" for status in ("completed", "incomplete", "failed", "invalid"))
+    return "\n".join([
+        f"nothing to do: run {run['run_id']} already decoded {run['input_path']} with this model and these "
+        f"settings ({run['n_requests']} requests: {counts}; finished {str(run['finished_at'])[:19]})",
+        f"  its results: batchrun export {run['run_id']} --db {db} -o results.jsonl  (or batchrun runs --db {db})",
+        f"  decode it again as a new run: add --run-id NEW_ID; only its failed and incomplete lines: "
+        f"--retry-failed {run['run_id']}"])
+
+
+def exit_if_done(store: Store, options: RunOptions, db: str) -> None:
+    """Print `nothing_to_do_text` and exit 0 when a plain rerun finds its run finished."""
+    run = finished_run(store, options)
+    if run is not None:
+        click.echo(nothing_to_do_text(run, db))
+        sys.exit(0)

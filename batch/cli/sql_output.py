@@ -1,0 +1,76 @@
+"""What `batchrun sql` prints: a table that fits the terminal, CSV, or JSON lines."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import sys
+from typing import Any
+
+FORMATS = ("table", "csv", "json")
+MIN_COLUMN_WIDTH = 6
+FLOAT_DECIMALS = 4
+GAP = "  "
+
+
+def terminal_width() -> int | None:
+    """The terminal's width when stdout is one, else None (a pipe or a file gets whole rows)."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def render(columns: list[str], rows: list[dict], fmt: str, width: int | None) -> str:
+    """`rows` as `fmt`; a table's columns are cut to fit `width` characters (None: no limit)."""
+    if fmt == "csv":
+        return _csv(columns, rows)
+    if fmt == "json":
+        return "\n".join(json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=str) for row in rows)
+    return _table(columns, rows, width)
+
+
+def _csv(columns: list[str], rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if row[c] is None else json.dumps(row[c], default=str)
+                         if isinstance(row[c], (dict, list)) else row[c] for c in columns])
+    return out.getvalue().rstrip("\n")
+
+
+def _cell(value: Any) -> str:
+    """One table cell on one line: floats rounded, containers as compact JSON, newlines escaped."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        text = f"{value:.{FLOAT_DECIMALS}f}".rstrip("0").rstrip(".")
+        return "0" if text in ("-0", "") else text
+    if isinstance(value, (dict, list)):
+        value = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+    return str(value).replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")
+
+
+def _fit(widths: list[int], width: int) -> list[int]:
+    """Column widths whose table fits `width`: the widest columns give way first."""
+    widths = list(widths)
+    while sum(widths) + len(GAP) * (len(widths) - 1) > width:
+        widest = max(range(len(widths)), key=widths.__getitem__)
+        if widths[widest] <= MIN_COLUMN_WIDTH:
+            break  # too many columns for the terminal: rows wrap
+        widths[widest] -= 1
+    return widths
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _table(columns: list[str], rows: list[dict], width: int | None) -> str:
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    if width is not None:
+        widths = _fit(widths, width)
+    lines = [[_clip(c, w) for c, w in zip(columns, widths)], ["-" * w for w in widths]]
+    lines += [[_clip(c, w) for c, w in zip(row, widths)] for row in cells]
+    return "\n".join(GAP.join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)

@@ -1,0 +1,312 @@
+"""What a new user runs first, with the usual mistakes (issue #30): each test does what the user
+did, through `batchrun`, and checks what is printed and the exit code."""
+
+import csv
+import io
+import json
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from batch.cli import submit as submit_module
+from batch.cli.main import main
+from tests.support.db import rows
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "data" / "examples"
+
+
+def batchrun(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if a model starts loading."""
+    def load(self):
+        raise AssertionError("the model was loaded")
+    monkeypatch.setattr(submit_module.BackendSpec, "load", load)
+
+
+def write_lines(path, *values):
+    path.write_text("".join(json.dumps(value) + "\n" for value in values))
+    return path
+
+
+def test_a_chat_completions_file_fails_at_once_saying_what_to_change(tmp_path):
+    source = write_lines(tmp_path / "chat.jsonl", {"messages": [{"role": "user", "content": "Hi"}]},
+                         {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions",
+                          "body": {"model": "gpt-oss", "messages": [{"role": "user", "content": "Yo"}]}},
+                         {"messages": [{"role": "user", "content": "Hey"}], "max_tokens": 5})
+    db = tmp_path / "out.duckdb"
+    result = subprocess.run([sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db)],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "none of its 3 line(s) is a request batchrun can run; nothing was started" in result.stderr
+    assert "1 line(s) (1): messages: a Chat Completions body" in result.stderr
+    assert "rename `messages` to `input`" in result.stderr
+    assert "set url to /v1/responses and rename body.messages to body.input" in result.stderr
+    assert "max_tokens: a Chat Completions field: the Responses API calls it `max_output_tokens`" in result.stderr
+    assert not db.exists()
+
+
+def test_a_parquet_file_of_prompts_fails_before_the_model_loads(tmp_path, no_model_load):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "prompts.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "prompt": ["What is 2+2?", "Name a colour."]}), source)
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1
+    assert "2 line(s) (1, 2): prompt: a Responses request takes `input` (rename `prompt` to `input`)" \
+        in result.output
+    assert "id: not a request field: the line's id goes in `custom_id`" in result.output
+    assert not db.exists()
+
+
+def test_an_empty_file_fails_and_writes_nothing(tmp_path, no_model_load):
+    source = tmp_path / "empty.jsonl"
+    source.write_text("")
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1 and "the file is empty: no requests to run" in result.output
+    assert not db.exists()
+
+
+def test_only_the_lines_limit_takes_are_checked(tmp_path, no_model_load):
+    source = write_lines(tmp_path / "in.jsonl", {"prompt": "a"}, {"prompt": "b"}, {"input": "c"})
+    result = batchrun("submit", source, "--db", tmp_path / "out.duckdb", "--limit", "2")
+    assert result.exit_code == 1 and "none of its first 2 lines" in result.output
+
+
+@pytest.mark.parametrize("name", ["requests.csv", "requests.txt"])
+def test_an_input_of_another_format_fails_before_a_file_is_made(tmp_path, no_model_load, name):
+    source = tmp_path / name
+    source.write_text("custom_id,input\nq1,Hello\n")
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1 and "unknown input format (expected .jsonl" in result.output
+    assert not db.exists()
+
+
+def test_a_wrong_model_path_fails_before_a_file_is_made(tmp_path, no_model_load):
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", EXAMPLES / "quickstart.jsonl", "--db", db, "--model", tmp_path / "gpt-oss-20b")
+    assert result.exit_code == 1 and f"--model {tmp_path / 'gpt-oss-20b'}" in result.output
+    assert not db.exists()
+    empty_dir = tmp_path / "empty-model"
+    empty_dir.mkdir()
+    result = batchrun("submit", EXAMPLES / "quickstart.jsonl", "--db", db, "--model", empty_dir)
+    assert result.exit_code == 1 and "error: --model" in result.output
+    assert not db.exists()
+
+
+def test_a_run_whose_lines_all_end_invalid_exits_1_after_its_summary(tmp_path, tiny_model_dir):
+    """Valid in shape, so the run starts; each line's previous_response_id names nothing stored."""
+    source = write_lines(tmp_path / "followups.jsonl",
+                         *({"custom_id": f"q{i}", "input": "and then?", "previous_response_id": f"resp_{i}"}
+                           for i in range(3)))
+    result = batchrun("submit", source, "--db", tmp_path / "out.duckdb", "--model", tiny_model_dir, "--quiet")
+    assert result.exit_code == 1, result.output
+    assert "3 requests this time (0 completed, 0 incomplete, 0 failed, 3 invalid)" in result.output
+    assert "invalid x1: previous_response_id: no response 'resp_0'" in result.output
+    assert "error: no line of run" in result.output and "was a valid request" in result.output
+
+
+def test_the_terminal_says_what_happens_and_the_bar_moves_with_tokens(tmp_path, tiny_model_dir, monkeypatch):
+    """One long request: the user sees the model load, then tokens counting up before it finishes."""
+    from batch.cli import display
+
+    monkeypatch.setattr(display, "REFRESH_S", 0.0)  # every loop redraws: no wall-clock in the test
+    source = write_lines(tmp_path / "one.jsonl", {"input": "Tell me a story.", "max_output_tokens": 12})
+    result = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "out.duckdb"),
+                                       "--model", str(tiny_model_dir), "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    err = result.stderr
+    assert err.index("loading the model from") < err.index("model loaded in") < err.index("decoding")
+    # Redraws while the one request is still running, with the tokens sampled so far.
+    running = [int(n) for n in re.findall(r"0/1 \[[^\]]*tokens=(\d+)", err)]
+    assert running and max(running) > 1, err
+    assert "1/1" in err and "run " in result.stdout and "finished" in result.stdout
+    quiet = CliRunner().invoke(main, ["submit", str(source), "--db", str(tmp_path / "q.duckdb"),
+                                      "--model", str(tiny_model_dir), "--temperature", "0", "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_the_process_exits_as_soon_as_the_command_is_done(tmp_path):
+    """`batchrun` does not wait for the interpreter's teardown: here a thread that would keep
+    a plain exit waiting for ten minutes."""
+    script = ("import sys, threading, time\n"
+              "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+              "from batch.cli.main import entry\n"
+              f"sys.argv = ['batchrun', 'runs', '--db', {str(tmp_path / 'none.duckdb')!r}]\n"
+              "entry()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1 and "no such database" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory, tiny_model_dir):
+    """A database with one finished run of two short requests."""
+    folder = tmp_path_factory.mktemp("one-run")
+    source = write_lines(folder / "in.jsonl", {"custom_id": "a", "input": "Hi"}, {"custom_id": "b", "input": "Yo"})
+    db = folder / "run.duckdb"
+    result = batchrun("submit", source, "--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2",
+                      "--quiet", "--run-id", "r1")
+    assert result.exit_code == 0, result.output
+    return db
+
+
+@pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"],
+                                     ["check", "r1", "--update", "--golden"]])
+def test_writing_into_a_missing_folder_says_so_in_one_line(tmp_path, one_run, command):
+    target = tmp_path / "out" / "result.file"
+    result = batchrun(*command, target, "--db", one_run)
+    assert result.exit_code == 1, result.output
+    assert result.output == (f"error: {command[-1]} {target}: the folder {target.parent} does not exist; "
+                             f"create it (mkdir -p {target.parent}) or pass another {command[-1]}\n")
+
+
+def test_merging_into_a_missing_folder_names_the_o_option(tmp_path, tiny_model_dir):
+    source = write_lines(tmp_path / "in.jsonl", {"input": "Hi"}, {"input": "Yo"})
+    part = tmp_path / "part-0.duckdb"
+    assert batchrun("submit", source, "--shard", "0/2", "--db", part, "--model", tiny_model_dir,
+                    "--max-output-tokens", "2", "--quiet").exit_code == 0
+    target = tmp_path / "merged" / "run.duckdb"
+    result = batchrun("merge", part, "-o", target)
+    assert result.exit_code == 1 and result.output.startswith(f"error: -o {target}: the folder")
+    assert "--db" not in result.output
+
+
+def test_resume_and_retry_failed_accept_latest(tmp_path, tiny_model_dir):
+    source = write_lines(tmp_path / "in.jsonl", *({"custom_id": f"q{i}", "input": "Hi"} for i in range(3)))
+    db = tmp_path / "out.duckdb"
+    common = ["--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2", "--quiet"]
+    none_yet = batchrun("submit", source, *common, "--resume", "latest")
+    assert none_yet.exit_code == 1 and "no such database" in none_yet.output
+    assert batchrun("submit", source, *common, "--limit", "1", "--run-id", "first").exit_code == 0
+    resumed = batchrun("submit", source, *common, "--resume", "latest")
+    assert resumed.exit_code == 0, resumed.output
+    assert "run first resumed: 2 requests this time" in resumed.output and "1 already done" in resumed.output
+    retried = batchrun("submit", source, *common, "--retry-failed", "latest")
+    assert retried.exit_code == 0, retried.output  # every line stopped at 2 tokens: incomplete, retried
+    assert "run first resumed: 3 requests this time" in retried.output
+
+
+def test_each_request_exports_as_the_one_answer_the_api_would_give(tmp_path, tiny_model_dir):
+    """A prompt too long for the context never runs: a 400, no response body, no tokens counted."""
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "long", "input": "word " * 20000},
+                         {"custom_id": "short", "input": "Hi"},
+                         {"custom_id": "bad", "input": "Hi", "tools": [{"type": "file_search"}]})
+    db, out = tmp_path / "out.duckdb", tmp_path / "out.jsonl"
+    # A tiny KV cache clamps the context to a few hundred tokens.
+    result = batchrun("submit", source, "--db", db, "--model", tiny_model_dir, "--kv-cache-gb", "0.001",
+                      "--max-output-tokens", "2", "--quiet")
+    assert result.exit_code == 0, result.output
+    tokens = int(re.search(r"tokens: (\d+) input", result.output).group(1))
+    assert 0 < tokens < 200  # the short request's prompt only, not the 20,000-word one's
+    assert batchrun("export", "latest", "--db", db, "-o", out).exit_code == 0
+    lines = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    assert all(line["error"] is None for line in lines.values())
+    long, short, bad = (lines[key]["response"] for key in ("long", "short", "bad"))
+    assert long["status_code"] == 400 and set(long["body"]) == {"error"}
+    assert long["body"]["error"]["code"] == "context_length_exceeded" and long["body"]["error"]["param"] == "input"
+    assert long["body"]["error"]["message"].startswith("prompt has ")
+    assert short["status_code"] == 200 and short["body"]["status"] == "incomplete"
+    assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "tools[0].type"
+    assert bad["body"]["error"]["type"] == "invalid_request_error"
+
+
+def test_rerunning_a_finished_command_says_so_and_loads_nothing(tmp_path, tiny_model_dir, monkeypatch):
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "a", "input": "Hi"}, {"custom_id": "b", "input": "Yo"})
+    db = tmp_path / "out.duckdb"
+    command = ["submit", source, "--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2", "--quiet"]
+    assert batchrun(*command).exit_code == 0
+    run_id = rows(db, "SELECT run_id FROM runs")[0][0]
+    loaded = []
+    real_load = submit_module.BackendSpec.load
+    monkeypatch.setattr(submit_module.BackendSpec, "load", lambda self: loaded.append(1) or real_load(self))
+    again = batchrun(*command)
+    assert again.exit_code == 0, again.output
+    assert again.output.startswith(f"nothing to do: run {run_id} already decoded {source} with this model and "
+                                   "these settings (2 requests: 0 completed, 2 incomplete")
+    assert f"--retry-failed {run_id}" in again.output and "--run-id NEW_ID" in again.output
+    assert loaded == [] and rows(db, "SELECT count(*) FROM runs") == [(1,)]
+    # Another seed, or --run-id, is a new run.
+    assert batchrun(*command, "--seed", "1").exit_code == 0
+    assert batchrun(*command, "--run-id", "again").exit_code == 0
+    assert rows(db, "SELECT count(*) FROM runs") == [(3,)] and len(loaded) == 2
+
+
+def test_show_gives_the_input_the_tool_outputs_and_an_invalid_lines_error(tmp_path):
+    """With the shipped model: a browser search and open, and a line that is invalid."""
+    search = json.loads((EXAMPLES / "quickstart.jsonl").read_text().splitlines()[6])
+    assert search["custom_id"] == "search"
+    source = write_lines(tmp_path / "in.jsonl", search,
+                         {"custom_id": "bad", "input": "Hi", "tools": [{"type": "file_search"}]})
+    db = tmp_path / "out.duckdb"
+    ran = batchrun("submit", source, "--db", db, "--temperature", "0", "--max-output-tokens", "300", "--quiet")
+    assert ran.exit_code == 0, ran.output
+    shown = batchrun("show", "search", "--db", db)
+    assert shown.exit_code == 0, shown.output
+    assert "input:\n  user: Search the corpus: On which river does Paris lie?" in shown.output
+    assert "web_search_call (completed): open_page corpus://sample/paris" in shown.output
+    assert re.search(r"tool calls:\n  web_search search \(completed\): \[0\] Search results for", shown.output)
+    assert "web_search open (completed): [1] Paris (corpus://sample/paris)" in shown.output
+    # The stored action names the page too (the model opened it by its link number).
+    output = json.loads(rows(db, "SELECT response FROM responses")[0][0])["output"]
+    assert {"type": "open_page", "url": "corpus://sample/paris"} in [item.get("action") for item in output]
+    invalid = batchrun("show", "bad", "--db", db)
+    assert invalid.exit_code == 0, invalid.output
+    assert invalid.output.splitlines()[:3] == [
+        f"request line 2  custom_id=bad  run={rows(db, 'SELECT run_id FROM runs')[0][0]}  (no response)",
+        "status: invalid",
+        "error: line 2: tools[0].type: unsupported tool type 'file_search' (supported: function, "
+        "code_interpreter, web_search, web_search_preview, mcp)"]
+    missing = batchrun("show", "nope", "--db", db)
+    assert missing.exit_code == 1 and "no response or request with id or custom_id 'nope'" in missing.output
+
+
+def test_sql_prints_a_table_that_fits_and_csv_or_json_on_request(one_run):
+    query = "SELECT custom_id, latency_s, response, 'two' || chr(10) || 'lines' AS note FROM responses ORDER BY 1"
+    result = batchrun("sql", query, "--db", one_run, "--width", "70")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 4 and all(len(line) <= 70 for line in lines), result.output
+    assert lines[2].startswith("a ") and "two\\nlines" in lines[2] and '{"id":"resp_' in lines[2]
+    latency = lines[2].split()[1]
+    assert len(latency.split(".")[-1]) <= 4 and float(latency) > 0  # rounded, not 0.123456789012
+    as_csv = batchrun("sql", query, "--db", one_run, "--format", "csv")
+    parsed = list(csv.DictReader(io.StringIO(as_csv.output)))
+    assert [row["custom_id"] for row in parsed] == ["a", "b"] and parsed[0]["note"] == "two\nlines"
+    assert json.loads(parsed[0]["response"])["object"] == "response"
+    as_json = batchrun("sql", query, "--db", one_run, "--format", "json")
+    objects = [json.loads(line) for line in as_json.output.splitlines()]
+    assert [o["custom_id"] for o in objects] == ["a", "b"] and isinstance(objects[0]["latency_s"], float)
+    wide = batchrun("sql", query, "--db", one_run, "--width", "0")
+    assert max(len(line) for line in wide.output.splitlines()) > 200  # whole rows when asked
+
+
+def test_help_lists_the_built_in_suites_and_what_db_is():
+    assert "Built-in suites: quickstart" in batchrun("eval", "--help").output
+    for command in ("runs", "show", "export", "sql"):
+        shown = batchrun(command, "--help").output
+        assert "DuckDB file to read (while a run writes it, its live snapshot)" in " ".join(shown.split()), command
+
+
+def test_bench_keeps_its_random_model_in_the_user_cache_not_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    result = batchrun("bench", "--preset", "tiny", "--systems", "engine", "--workloads", "sharegpt",
+                      "--num-requests", "1", "--kv-cache-gb", "0.05", "--db", tmp_path / "bench.duckdb")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cache" / "batchrun" / "models" / "bench-tiny" / "config.json").exists()
+    assert not (tmp_path / ".cache").exists()
