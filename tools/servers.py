@@ -80,7 +80,7 @@ class ServerSpec:
         and every header value (an Authorization token among them); longest first."""
         headers = [v for _, v in self.headers] + [v.split(" ", 1)[1] for _, v in self.headers if " " in v.strip()]
         values = {value for value in (*self.secrets, *headers) if len(value) >= MIN_SECRET_CHARS}
-        return tuple(sorted(values, key=len, reverse=True))
+        return tuple(sorted(values, key=lambda value: (-len(value), value)))
 
     def mask(self, text: str | None) -> str | None:
         """`text` with every secret value replaced by `[redacted]`, as CI systems mask logs."""

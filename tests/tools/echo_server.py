@@ -7,7 +7,7 @@ result), `crash(delay_s)` (the process exits: the client must restart it), `head
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
 without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
 output), `env(name)` (an environment variable, echoed to stderr too), `media()` (every
-content kind), `ask()` (elicits), `roots()` (lists the client's roots), `pid()` (the server's pid).
+content kind), `pid()` (the server's pid).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import sys
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import (BlobResourceContents, CallToolResult, EmbeddedResource, ImageContent, ResourceLink,
                        TextContent, TextResourceContents, ToolAnnotations)
-from pydantic import BaseModel
 
 server = MCPServer("echo", instructions="Test tools.")
 
@@ -88,24 +87,6 @@ def media() -> CallToolResult:
             uri="file:///data.bin", mime_type="application/octet-stream", blob=base64.b64encode(bytes(10)).decode())),
         ResourceLink(type="resource_link", name="report", uri="https://example.com/report.pdf",
                      description="the full report")])
-
-
-class Answer(BaseModel):
-    text: str
-
-
-@server.tool()
-async def ask(ctx: Context) -> str:
-    """Elicits an answer from the client's user (form mode); says what the client did."""
-    result = await ctx.elicit("What now?", Answer)
-    return f"elicitation: {result.action}"
-
-
-@server.tool()
-async def roots(ctx: Context) -> str:
-    """The client's roots."""
-    listed = await ctx.request_context.session.list_roots()
-    return f"roots: {len(listed.roots)}"
 
 
 @server.tool()

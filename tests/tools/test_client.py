@@ -158,8 +158,3 @@ def test_the_timeout_caps_each_call_with_its_retry():
     late = next(outcome for outcome in outcomes if outcome.error_kind == "timeout")
     assert late.error == "the tool call timed out after 8 s (its retry on the restarted server included)"
 
-
-def test_elicitation_is_declined_and_roots_are_none(client):
-    spec = echo_stdio()
-    assert call(client, spec, "ask").output == "elicitation: decline"
-    assert call(client, spec, "roots").output == "roots: 0"
