@@ -66,6 +66,8 @@ class LLMEngine:
         """One scheduling step: new tokens (and finish reasons) of the requests that advanced."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
+        if batch.is_empty:
+            self.runner.release(batch.released)
         token_ids, logprobs = ([], None) if batch.is_empty else self.runner.run(batch)
         elapsed = time.perf_counter() - start
         for item in batch.items:

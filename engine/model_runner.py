@@ -16,6 +16,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
+from engine.step_inputs import StepInputs
 
 
 class ModelRunner:
@@ -36,36 +37,20 @@ class ModelRunner:
                                        max_model_len=max_model_len or model_config.max_position_embeddings,
                                        block_size=self.block_size, scratch_block=num_blocks)
             self.graphs.capture()
+        self.inputs = StepInputs(config.max_num_seqs, max_model_len or model_config.max_position_embeddings,
+                                 self.block_size, self.device)
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
         self.forward_s = 0.0  # model time, for the engine-overhead figure
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
+    def release(self, seqs: list) -> None:
+        """Forget the device block tables of sequences whose blocks were freed (a step that runs nothing)."""
+        self.inputs.tables.release(seqs)
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Flat input ids, attention metadata, and the row of each sampled item's last token."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts, seq_lens, tables, logit_rows = [0], [], [], []
-        for item in batch.items:
-            seq, start, end = item.seq, item.start, item.end
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
-            starts.append(starts[-1] + item.num_new_tokens)
-            seq_lens.append(end)
-            tables.append(seq.block_table)
-            if item.is_sampled:
-                logit_rows.append(starts[-1] - 1)
-        width = max(map(len, tables))
-        padded = [table + [-1] * (width - len(table)) for table in tables]
-        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
-        meta = AttentionMetadata(positions=as_long(positions), slot_mapping=as_long(slots),
-                                 query_start_loc=as_long(starts), seq_lens=as_long(seq_lens),
-                                 block_tables=as_long(padded), block_size=bs,
-                                 max_query_len=max(item.num_new_tokens for item in batch.items),
-                                 max_seq_len=max(seq_lens))
-        return as_long(input_ids), meta, logit_rows
+        step = self.inputs.prepare(batch)
+        return step.input_ids, step.meta, step.logit_rows
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float | None] | None]:
@@ -78,7 +63,7 @@ class ModelRunner:
         hidden = self.graphs.run(input_ids, meta) if self.graphs is not None else None  # decode steps
         if hidden is None:
             hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
-        if not logit_rows:
+        if not logit_rows.numel():
             self.forward_s += time.perf_counter() - start
             return [], None
         logits = self.model.compute_logits(hidden[logit_rows]).float()  # [N, vocab]

@@ -26,7 +26,15 @@ class ProxyFigure:
 
 # Each entry measures one concern and returns its figures. Imports stay inside the measures so a
 # missing optional dependency (triton) fails only its own line.
-MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = []
+def _host_prepare() -> list[ProxyFigure]:
+    from engine.host_costs import prepare_proxies
+
+    return prepare_proxies()
+
+
+MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
+    ("host prepare ms/step", _host_prepare),
+]
 
 
 def measure_all() -> list[ProxyFigure | tuple[str, Exception]]:
@@ -56,4 +64,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as engine.proxies, not __main__: the measures build engine.proxies.ProxyFigure objects.
+    import engine.proxies
+
+    engine.proxies.main()

@@ -55,6 +55,9 @@ class ScheduledBatch:
     """One step's work: decodes first, then prefill chunks."""
 
     items: list[ScheduledSeq] = field(default_factory=list)
+    # Sequences whose blocks were freed (finished, aborted, preempted) since the last schedule(): the model
+    # runner drops the device copies of their block tables before it reads this step's.
+    released: list[Sequence] = field(default_factory=list)
 
     @property
     def sampled(self) -> list[ScheduledSeq]:
@@ -111,6 +114,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order
         self.seqs: dict[str, Sequence] = {}  # every unfinished or not yet reported sequence
         self.aborted: list[Sequence] = []  # aborted since the last postprocess
+        self.released: list[Sequence] = []  # blocks freed since the last schedule (ScheduledBatch.released)
         self.num_preemptions = 0
         self._num_added = 0
 
@@ -145,7 +149,8 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         """Pick this step's work; may preempt running sequences to free blocks."""
-        batch = ScheduledBatch()
+        batch = ScheduledBatch(released=self.released)
+        self.released = []
         budget = self.max_num_batched_tokens
         budget = self._schedule_decodes(batch, budget)
         budget = self._schedule_partial_prefills(batch, budget)
@@ -203,6 +208,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.deallocate(seq)  # num_computed_tokens -> 0: recompute everything
+        self.released.append(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -255,5 +261,6 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.block_manager.deallocate(seq)
+        self.released.append(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
