@@ -88,11 +88,13 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> dict:
-        """Step and model time so far, prefix-cache hits, preemptions."""
+        """Step and model time so far, prefix-cache hits, preemptions, decode tokens in CUDA graphs."""
         bm = self.block_manager
         return {"num_steps": self.num_steps, "step_s": self.step_s, "forward_s": self.runner.forward_s,
                 "overhead_frac": 1 - self.runner.forward_s / self.step_s if self.step_s else 0.0,
-                "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions}
+                "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions,
+                # decode tokens computed in a CUDA graph: replayed on CUDA, counted by the same plan on CPU
+                **self.runner.counts.stats()}
 
     def describe(self) -> dict:
         """Configuration for the runs table."""

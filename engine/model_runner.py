@@ -12,8 +12,9 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.model import GptOssModel, allocate_kv_cache
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
 from engine.step_inputs import StepInputs
@@ -27,21 +28,30 @@ class ModelRunner:
         self.model, self.model_config = model, model_config
         self.block_size = config.block_size
         self.device = torch.device(config.device)
-        # CUDA graphs need the Triton path (the torch MoE reads expert counts back on CUDA) and one
-        # scratch block past the block manager's for their padding rows.
+        max_model_len = max_model_len or model_config.max_position_embeddings
+        # The plan decides on every device (a CPU run counts what a GPU run would replay). Live graphs need
+        # CUDA, the Triton path (the torch MoE reads expert counts back on CUDA) and one scratch block past
+        # the block manager's for their padding rows.
+        self.plan = GraphPlan(max_batch=config.max_num_seqs, max_model_len=max_model_len,
+                              max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs)) \
+            if config.cuda_graphs else None
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and config.kernels == "triton"
         self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, dtype, self.device)
         self.graphs: DecodeGraphs | None = None
-        if use_graphs:
-            self.graphs = DecodeGraphs(model, self.kv_caches, max_batch=config.max_num_seqs,
-                                       max_model_len=max_model_len or model_config.max_position_embeddings,
+        self.pieces: PiecewiseGraphs | None = None
+        if use_graphs and self.plan is not None:
+            self.graphs = DecodeGraphs(model, self.kv_caches, self.plan, max_model_len=max_model_len,
                                        block_size=self.block_size, scratch_block=num_blocks)
-            self.graphs.capture()
-        self.inputs = StepInputs(config.max_num_seqs, max_model_len or model_config.max_position_embeddings,
-                                 self.block_size, self.device)
+            self.pieces = PiecewiseGraphs(model, self.kv_caches, self.plan.token_sizes, block_size=self.block_size,
+                                          scratch_block=num_blocks)
+            pool = torch.cuda.graph_pool_handle()
+            self.graphs.capture(pool)
+            self.pieces.capture(pool)
+        self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
         self.forward_s = 0.0  # model time, for the engine-overhead figure
+        self.counts = GraphCounts()
 
     def release(self, seqs: list) -> None:
         """Forget the device block tables of sequences whose blocks were freed (a step that runs nothing)."""
@@ -60,9 +70,7 @@ class ModelRunner:
         params = [item.seq.sampling for item in sampled]
         masks = self.masks.start(params)  # grammar masks, computed while the model runs
         start = time.perf_counter()
-        hidden = self.graphs.run(input_ids, meta) if self.graphs is not None else None  # decode steps
-        if hidden is None:
-            hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
+        hidden = self.forward(batch, input_ids, meta)  # [T, hidden]
         if not logit_rows.numel():
             self.forward_s += time.perf_counter() - start
             return [], None
@@ -76,3 +84,14 @@ class ModelRunner:
         if any(p.logprobs is not None for p in params):
             logprobs = self.sampler.logprobs(logits, token_ids, params)
         return token_ids, logprobs
+
+    def forward(self, batch: ScheduledBatch, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Final hidden states [T, hidden]: by the graph the plan picks (counted on any device), else eagerly."""
+        choice = GraphChoice("eager") if self.plan is None else \
+            self.plan.pick(input_ids.shape[0], meta.max_query_len or 0, meta.max_seq_len or 0)
+        self.counts.add(choice, sum(not item.is_prefill for item in batch.items))
+        if choice.kind == "full" and self.graphs is not None:
+            return self.graphs.replay(choice, input_ids, meta)
+        if choice.kind == "piecewise" and self.pieces is not None:
+            return self.pieces.run(choice.size, input_ids, meta)
+        return self.model(input_ids, meta, self.kv_caches)

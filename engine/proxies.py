@@ -32,7 +32,14 @@ def _host_prepare() -> list[ProxyFigure]:
     return prepare_proxies()
 
 
+def _graph_share() -> list[ProxyFigure]:
+    from engine.graph_share import graph_share_proxies
+
+    return graph_share_proxies()
+
+
 MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
+    ("decode tokens in graphs", _graph_share),
     ("host prepare ms/step", _host_prepare),
 ]
 
