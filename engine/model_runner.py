@@ -15,9 +15,34 @@ from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.piecewise_graphs import PiecewiseGraphs
+from engine.api import SamplingParams
+from engine.device_sampler import sample_on_device
 from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
-from engine.step_inputs import StepInputs
+from engine.step_inputs import ExternalTokens, StepInputs
+
+
+class LaunchedStep:
+    """A step whose sampled tokens are on the device; their copy to the host is queued behind the sampler."""
+
+    def __init__(self, params: list[SamplingParams], tokens: torch.Tensor | None,
+                 logits: torch.Tensor | None) -> None:
+        self.params, self.tokens, self.logits = params, tokens, logits  # logits: kept for logprobs only
+        self._host: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+        if tokens is not None and tokens.device.type == "cuda":
+            # queued now, in stream order: it completes with this step, not with the steps queued after it
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def host_tokens(self) -> list[int]:
+        """The sampled token ids (waits for this step only)."""
+        if self._copied is not None and self._host is not None:
+            self._copied.synchronize()
+            return self._host.tolist()
+        return [] if self.tokens is None else self.tokens.tolist()
 
 
 class ModelRunner:
@@ -65,24 +90,44 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float | None] | None]:
         """Forward the batch; sample a token for every item that needs one (in batch.sampled order)."""
-        input_ids, meta, logit_rows = self.prepare(batch)
+        return self.collect(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, external: ExternalTokens | None = None) -> LaunchedStep:
+        """Queue the batch's forward and sampling; its tokens stay on the device until `collect`.
+
+        `external`: input ids of decode rows that are still on the device (the last step's samples).
+        """
+        step = self.inputs.prepare(batch, external)
         sampled = batch.sampled
         params = [item.seq.sampling for item in sampled]
         masks = self.masks.start(params)  # grammar masks, computed while the model runs
         start = time.perf_counter()
-        hidden = self.forward(batch, input_ids, meta)  # [T, hidden]
-        if not logit_rows.numel():
+        hidden = self.forward(batch, step.input_ids, step.meta)  # [T, hidden]
+        if not step.num_logit_rows:
             self.forward_s += time.perf_counter() - start
-            return [], None
-        logits = self.model.compute_logits(hidden[logit_rows]).float()  # [N, vocab]
+            return LaunchedStep(params, None, None)
+        logits = self.model.compute_logits(hidden[step.logit_rows]).float()  # [N, vocab]
         self.forward_s += time.perf_counter() - start
         if masks is not None:
             apply_bitmask(logits, *masks.result())
-        token_ids = self.sampler.sample(logits, params, [item.seq.generator for item in sampled])
-        self.masks.accept(params, token_ids)
+        generators = [item.seq.generator for item in sampled]
+        if logits.device.type == "cpu":
+            tokens = torch.tensor(self.sampler.sample(logits, params, generators))
+        else:
+            tokens = sample_on_device(logits, params, generators)
+        keep = logits if any(p.logprobs is not None for p in params) else None
+        return LaunchedStep(params, tokens, keep)
+
+    def collect(self, launched: LaunchedStep) -> tuple[list[int], list[float | None] | None]:
+        """The launched step's tokens on the host (its one device read) and their logprobs if asked for."""
+        if launched.tokens is None:
+            return [], None
+        token_ids = launched.host_tokens()
+        self.masks.accept(launched.params, token_ids)
         logprobs = None
-        if any(p.logprobs is not None for p in params):
-            logprobs = self.sampler.logprobs(logits, token_ids, params)
+        if launched.logits is not None:
+            logprobs = self.sampler.logprobs(launched.logits, token_ids, launched.params)
         return token_ids, logprobs
 
     def forward(self, batch: ScheduledBatch, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
