@@ -18,6 +18,7 @@ samples, under async scheduling) are scattered in there: `ExternalTokens`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,10 @@ from torch import Tensor
 from engine.attention import AttentionMetadata
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
+
+_SEQ, _START, _NUM_NEW_TOKENS, _IS_SAMPLED = (attrgetter(name) for name in ("seq", "start", "num_new_tokens",
+                                                                             "is_sampled"))
+_BLOCK_TABLE, _TOKEN_IDS = attrgetter("block_table"), attrgetter("token_ids")
 
 
 @dataclass
@@ -55,49 +60,51 @@ class DeviceBlockTables:
         self.table = torch.full((max_rows, max_blocks), -1, dtype=torch.long, device=device)
         self.flat = self.table.view(-1)  # the same storage, for gathers of single entries
         self.max_blocks = max_blocks
-        self.rows: dict[int, int] = {}  # id(seq) -> its row
-        self.num_synced = [0] * max_rows  # block ids of the row already on the device
+        self.rows: dict[Sequence, int] = {}  # by identity (Sequence keeps object hashing)
+        self.num_synced = np.zeros(max_rows, np.int64)  # block ids of each row already on the device
         self.free_rows = list(range(max_rows - 1, -1, -1))
         self.pending_clear: list[int] = []  # rows released since the last sync: reset to -1 on the device
 
     def release(self, seqs: list[Sequence]) -> None:
         """Give back the rows of sequences whose blocks were freed."""
         for seq in seqs:
-            row = self.rows.pop(id(seq), None)
+            row = self.rows.pop(seq, None)
             if row is not None:
                 self.free_rows.append(row)
                 if self.num_synced[row]:
                     self.pending_clear.append(row)
                     self.num_synced[row] = 0  # a later owner of the row gets its whole table sent
 
-    def sync(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int], list[int]]:
-        """The row of each sequence (assigned on its first step), and the (rows, cols, block ids) to write."""
-        rows, num_synced, table_rows = [], self.num_synced, self.rows
+    def sync(self, seqs: list[Sequence]) -> tuple[np.ndarray, list[int], list[int], list[int]]:
+        """The row of each sequence (assigned on its first step), and the (rows, cols, block ids) to write.
+
+        Vectorised over the batch: only sequences whose table grew (1 in block_size decode steps) are visited.
+        """
+        maybe = list(map(self.rows.get, seqs))
+        found: list[int] = [self._assign(seq) if row is None else row for row, seq in zip(maybe, seqs)] \
+            if None in maybe else maybe  # type: ignore[assignment]
+        rows = np.array(found, np.int64)
+        tables = list(map(_BLOCK_TABLE, seqs))
+        lengths = np.fromiter(map(len, tables), np.int64, len(seqs))
         upd_rows: list[int] = []
         upd_cols: list[int] = []
         upd_vals: list[int] = []
-        for seq in seqs:
-            row = table_rows.get(id(seq))
-            if row is None:
-                row = self._assign(seq)
-            rows.append(row)
-            table = seq.block_table
-            synced = num_synced[row]
-            if len(table) != synced:  # new blocks (a shorter table would be a bug upstream: resend it)
-                start = synced if len(table) > synced else 0
-                new = table[start:]
-                upd_rows += [row] * len(new)
-                upd_cols += range(start, len(table))
-                upd_vals += new
-                num_synced[row] = len(table)
+        for index in np.flatnonzero(lengths != self.num_synced[rows]).tolist():
+            row, table = found[index], tables[index]
+            synced = int(self.num_synced[row])
+            start = synced if len(table) > synced else 0  # a shorter table would be a bug upstream: resend it
+            upd_rows += [row] * (len(table) - start)
+            upd_cols += range(start, len(table))
+            upd_vals += table[start:]
+            self.num_synced[row] = len(table)
         return rows, upd_rows, upd_cols, upd_vals
 
     def _assign(self, seq: Sequence) -> int:
         if not self.free_rows:
-            raise RuntimeError(f"more than {len(self.num_synced)} sequences in flight: a released sequence "
+            raise RuntimeError(f"more than {self.num_synced.size} sequences in flight: a released sequence "
                                "was not reported in ScheduledBatch.released")
         row = self.free_rows.pop()
-        self.rows[id(seq)] = row
+        self.rows[seq] = row
         return row
 
     def take_clears(self) -> list[int]:
@@ -146,17 +153,17 @@ class StepInputs:
         tables, items, bs = self.tables, batch.items, self.block_size
         tables.release(batch.released)
         rows, upd_rows, upd_cols, upd_vals = tables.sync([item.seq for item in items])
-        starts = np.fromiter([item.start for item in items], np.int64, len(items))
-        q_lens = np.fromiter([item.num_new_tokens for item in items], np.int64, len(items))
+        starts = np.fromiter(map(_START, items), np.int64, len(items))
+        q_lens = np.fromiter(map(_NUM_NEW_TOKENS, items), np.int64, len(items))
         cu = np.zeros(len(items) + 1, np.int64)
         np.cumsum(q_lens, out=cu[1:])
         token_row = np.repeat(np.arange(len(items)), q_lens)
         positions = np.arange(cu[-1]) + np.repeat(starts - cu[:-1], q_lens)
-        sampled = np.fromiter([item.is_sampled for item in items], bool, len(items))
+        sampled = np.fromiter(map(_IS_SAMPLED, items), bool, len(items))
         arrays = {
             "ids": self._token_ids(batch, q_lens), "positions": positions,
             # where each new token's K/V goes: an entry of the device table, and the offset in that block
-            "table_entry": np.asarray(rows, np.int64)[token_row] * tables.max_blocks + positions // bs,
+            "table_entry": rows[token_row] * tables.max_blocks + positions // bs,
             "offset": positions % bs, "cu": cu, "seq_lens": starts + q_lens, "rows": rows,
             "logit_rows": cu[1:][sampled] - 1, "upd_rows": upd_rows, "upd_cols": upd_cols, "upd_vals": upd_vals,
             "clears": tables.take_clears(),
@@ -168,8 +175,8 @@ class StepInputs:
     @staticmethod
     def _token_ids(batch: ScheduledBatch, q_lens: np.ndarray) -> np.ndarray:
         """The step's new tokens, flat; one list index per decode row, one slice per prefill chunk."""
-        if int(q_lens.max(initial=0)) == 1:
-            return np.fromiter([item.seq.token_ids[item.start] for item in batch.items], np.int64, len(q_lens))
+        if int(q_lens.max(initial=0)) == 1:  # decode rows only: each computes its last known token
+            return np.fromiter([ids[-1] for ids in map(_TOKEN_IDS, map(_SEQ, batch.items))], np.int64, len(q_lens))
         ids: list[int] = []
         for item in batch.items:
             ids += item.seq.token_ids[item.start:item.start + item.num_new_tokens]
