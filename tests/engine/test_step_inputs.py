@@ -9,7 +9,8 @@ import random
 
 import torch
 
-from engine.scheduler import ScheduledBatch
+from engine.host_costs import advance, decode_sequences
+from engine.scheduler import ScheduledBatch, ScheduledSeq
 from engine.step_inputs import ExternalTokens, StepInputs
 from tests.engine.test_scheduler import FakeModel, add, greedy, make_scheduler
 
@@ -82,3 +83,17 @@ def test_external_tokens_replace_the_ids_of_their_rows():
     device_tokens = torch.tensor([70, 71, 72, 73])
     step = inputs.prepare(batch, ExternalTokens(device_tokens, rows=[0, 2], source_idx=[3, 1]))
     assert step.input_ids.tolist() == [73, batch.items[1].seq.token_ids[-1], 71]
+
+
+def test_a_decode_step_sends_the_same_host_ints_whatever_the_context():
+    """Host work is O(batch): 4x the context sends nothing more (the block tables stay on the device)."""
+    sizes = {}
+    for context in (1024, 4096):
+        seqs = decode_sequences(32, context, 16)
+        inputs = StepInputs(32, context + 64, 16, torch.device("cpu"))
+        for _ in range(2):  # the first step sends every table; the second only what grew
+            batch = ScheduledBatch([ScheduledSeq(seq, seq.num_tokens - 1, 1, True) for seq in seqs])
+            host, _ = inputs._host_arrays(batch, None)
+            advance(seqs, 16)
+        sizes[context] = sum(len(part) for part in host.values())
+    assert sizes[1024] == sizes[4096] <= 12 * 32
