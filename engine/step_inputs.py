@@ -123,6 +123,7 @@ class StepInputs:
 
     def prepare(self, batch: ScheduledBatch, external: ExternalTokens | None = None) -> PreparedStep:
         """The step's inputs; `external` supplies decode rows' ids that are on the device (async scheduling)."""
+        self.tables.release(batch.released)
         host, max_query_len = self._host_arrays(batch, external)
         names = list(host)
         packed = torch.from_numpy(np.concatenate([np.asarray(host[name], np.int64) for name in names]))
@@ -151,7 +152,6 @@ class StepInputs:
         """Every host int the step sends, by name (numpy arrays or lists, O(batch + new tokens) to build), and the
         most new tokens of one sequence."""
         tables, items, bs = self.tables, batch.items, self.block_size
-        tables.release(batch.released)
         rows, upd_rows, upd_cols, upd_vals = tables.sync([item.seq for item in items])
         starts = np.fromiter(map(_START, items), np.int64, len(items))
         q_lens = np.fromiter(map(_NUM_NEW_TOKENS, items), np.int64, len(items))
