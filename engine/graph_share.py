@@ -15,10 +15,8 @@ from typing import Any
 
 import torch
 
-from engine.proxies import ProxyFigure
 
 NUM_REQUESTS = 512
-GOAL = 0.9
 VOCAB = 1024
 TINY_OVERRIDES: dict[str, Any] = dict(
     vocab_size=VOCAB, eos_token_id=VOCAB - 1, pad_token_id=VOCAB - 2, bos_token_id=VOCAB - 3, hidden_size=32,
@@ -43,13 +41,3 @@ def sharegpt_graph_stats(num_requests: int = NUM_REQUESTS, max_num_seqs: int = 2
                                          for conv in workload.conversations])
         run_backend("engine", engine, small)
         return engine.stats()
-
-
-def graph_share_proxies() -> list[ProxyFigure]:
-    """Decode tokens in graphs (full or piecewise), and in full decode graphs alone (what steps without a
-    prefill row reach: the only graphs before piecewise capture)."""
-    stats = sharegpt_graph_stats()
-    full = stats["full_graph_decode_tokens"] / max(stats["decode_tokens"], 1)
-    return [ProxyFigure("decode tokens in graphs, sharegpt 512", stats["graph_share"], "share of decode tokens",
-                        f">= {GOAL}", stats["graph_share"] >= GOAL),
-            ProxyFigure("  of which in full decode graphs", full, "share of decode tokens", "-", True)]

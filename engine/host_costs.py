@@ -16,7 +16,6 @@ import time
 import torch
 
 from engine.api import SamplingParams
-from engine.proxies import ProxyFigure
 from engine.scheduler import ScheduledBatch, ScheduledSeq
 from engine.sequence import Sequence
 from engine.step_inputs import StepInputs
@@ -68,11 +67,7 @@ def prepare_ms(batch_size: int, context: int, num_steps: int = 200, block_size: 
         torch.set_num_threads(threads)
 
 
-def prepare_proxies() -> list[ProxyFigure]:
-    """Host prepare ms per decode step at each case of CASES; the goal holds for all."""
-    figures = []
-    for batch_size, context in CASES:
-        ms = prepare_ms(batch_size, context)
-        figures.append(ProxyFigure(f"host prepare ms/step, B={batch_size} ctx={context // 1024}k", ms, "ms (median)",
-                                   f"<= {GOAL_MS}", ms <= GOAL_MS))
-    return figures
+def prepare_figures() -> list[tuple[str, float]]:
+    """(case name, host prepare ms per decode step) for each case of CASES (engine.proxies adds the goal)."""
+    return [(f"B={batch_size} ctx={context // 1024}k", prepare_ms(batch_size, context))
+            for batch_size, context in CASES]

@@ -7,8 +7,9 @@ import torch
 from engine.api import SamplingParams
 from engine.config import EngineConfig
 from engine.cuda_graphs import GraphChoice, GraphCounts, GraphPlan, StaticDecodeInputs, ladder
-from engine.graph_share import graph_share_proxies, sharegpt_graph_stats
+from engine.graph_share import sharegpt_graph_stats
 from engine.piecewise_graphs import PiecewiseGraphs
+from engine.proxies import graph_share_figures
 from engine.llm_engine import LLMEngine
 from tests.engine.test_decode_trace import decode_step, fresh
 
@@ -182,5 +183,5 @@ def test_nearly_every_decode_token_of_a_sharegpt_run_is_in_a_graph():
 
 @pytest.mark.slow
 def test_the_graph_share_proxy_meets_its_goal():
-    figure = graph_share_proxies()[0]
+    figure = graph_share_figures()[0]
     assert figure.ok and figure.value >= 0.9
