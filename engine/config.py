@@ -152,7 +152,9 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_gb: float = 2.0  # the KV cache on CPU
     gpu_memory_utilization: float = 0.9  # on CUDA: the KV cache takes what this fraction leaves (engine.device)
-    cuda_graphs: bool = True  # on CUDA with the Triton kernels: decode steps replay captured graphs
+    cuda_graphs: bool = True  # on CUDA with the Triton kernels: steps replay captured graphs (engine.cuda_graphs)
+    # The host schedules step N+1 while the device runs step N (engine.llm_engine). None: on CUDA only.
+    async_scheduling: bool | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's max_position_embeddings

@@ -13,11 +13,18 @@ host int): each graph is captured with its bound, and a step uses the smallest
 graph whose batch size and bound cover it. Anything else (prefill rows, a
 bigger batch, a longer context) runs eagerly. Only the Triton kernels are
 captured: the torch path's MoE reads expert counts back to the host on CUDA.
+
+Steps with prefill rows (and decode steps past the context ladder) replay the
+piecewise graphs of engine.piecewise_graphs instead: everything but attention,
+at a ladder of token counts. `GraphPlan` is the one decision between the two
+(and eager): the runner asks it on every device, so a CPU run counts the steps
+and decode tokens a GPU run would compute inside a graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,11 +34,67 @@ from engine.model import GptOssModel, KVCache
 
 BATCH_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 CONTEXT_LADDER = (1024, 4096, 16384)  # then the model's max context
+# Token counts of the piecewise graphs: the batch ladder, then every 256 tokens up to the step's token budget.
+TOKEN_LADDER = BATCH_LADDER + tuple(range(768, 16385, 256))
 
 
 def ladder(limit: int, rungs: tuple[int, ...]) -> list[int]:
     """The rungs below `limit`, then `limit` itself (so every size up to it is covered)."""
     return [rung for rung in rungs if rung < limit] + [limit]
+
+
+@dataclass(frozen=True)
+class GraphChoice:
+    """How a step runs: "full" (decode graph, attention inside), "piecewise" (all but attention), or "eager"."""
+
+    kind: str
+    size: int = 0  # rows (full) or tokens (piecewise) of the graph, the step padded up to it
+    bound: int = 0  # context bound of a full graph
+
+
+class GraphPlan:
+    """The ladders of captured graphs, and which graph (if any) a step replays."""
+
+    def __init__(self, *, max_batch: int, max_model_len: int, max_tokens: int) -> None:
+        self.batch_sizes = ladder(max_batch, BATCH_LADDER)
+        self.context_bounds = ladder(max_model_len, CONTEXT_LADDER)
+        self.token_sizes = ladder(max_tokens, TOKEN_LADDER)
+
+    def pick(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> GraphChoice:
+        """The smallest graph covering a step of `num_tokens` new tokens (decode-only if max_query_len is 1)."""
+        if max_query_len == 1:
+            size = next((s for s in self.batch_sizes if s >= num_tokens), None)
+            bound = next((b for b in self.context_bounds if b >= max_seq_len), None)
+            if size is not None and bound is not None:
+                return GraphChoice("full", size, bound)
+        tokens = next((t for t in self.token_sizes if t >= num_tokens), None)
+        return GraphChoice("eager") if tokens is None else GraphChoice("piecewise", tokens)
+
+
+@dataclass
+class GraphCounts:
+    """Steps and decode tokens by how they ran (on CPU: how they would run on CUDA)."""
+
+    steps: int = 0
+    graph_steps: int = 0
+    decode_tokens: int = 0
+    graph_decode_tokens: int = 0  # in a full or a piecewise graph
+    full_graph_decode_tokens: int = 0  # in a full decode graph (attention captured too)
+
+    def add(self, choice: GraphChoice, num_decode_tokens: int) -> None:
+        in_graph = choice.kind != "eager"
+        self.steps += 1
+        self.graph_steps += in_graph
+        self.decode_tokens += num_decode_tokens
+        self.graph_decode_tokens += num_decode_tokens * in_graph
+        self.full_graph_decode_tokens += num_decode_tokens * (choice.kind == "full")
+
+    def stats(self) -> dict:
+        """The counts, and the share of decode tokens computed in a graph (0 when nothing decoded)."""
+        share = self.graph_decode_tokens / self.decode_tokens if self.decode_tokens else 0.0
+        return {"graph_steps": self.graph_steps, "graph_decode_tokens": self.graph_decode_tokens,
+                "full_graph_decode_tokens": self.full_graph_decode_tokens, "decode_tokens": self.decode_tokens,
+                "graph_share": share}
 
 
 @dataclass
@@ -89,27 +152,25 @@ class StaticDecodeInputs:
 
 
 class DecodeGraphs:
-    """Captured decode forwards; `run` replays the smallest that covers a step, else returns None."""
+    """Captured decode forwards, one per (batch size, context bound) of the plan; `replay` runs one."""
 
-    def __init__(self, model: GptOssModel, kv_caches: list[KVCache], *, max_batch: int, max_model_len: int,
+    def __init__(self, model: GptOssModel, kv_caches: list[KVCache], plan: GraphPlan, *, max_model_len: int,
                  block_size: int, scratch_block: int) -> None:
-        self.model, self.kv_caches = model, kv_caches
-        self.batch_sizes = ladder(max_batch, BATCH_LADDER)
-        self.context_bounds = ladder(max_model_len, CONTEXT_LADDER)
+        self.model, self.kv_caches, self.plan = model, kv_caches, plan
         max_blocks = (max_model_len + block_size - 1) // block_size
         device = kv_caches[0][0].device
-        self.inputs = StaticDecodeInputs.allocate(max_batch, max_blocks, block_size, scratch_block, device)
+        self.inputs = StaticDecodeInputs.allocate(plan.batch_sizes[-1], max_blocks, block_size, scratch_block,
+                                                  device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every (batch size, context bound), largest first so that smaller graphs reuse its pool."""
-        pool = torch.cuda.graph_pool_handle()
+    def capture(self, pool: Any) -> None:
+        """Capture every (batch size, context bound), largest first so that smaller graphs reuse its memory."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for bound in reversed(self.context_bounds):
-                for size in reversed(self.batch_sizes):
+            for bound in reversed(self.plan.context_bounds):
+                for size in reversed(self.plan.batch_sizes):
                     input_ids, meta = self.inputs.view(size, bound)
                     self.model(input_ids, meta, self.kv_caches)  # warm-up: Triton compiles, allocator settles
                     graph = torch.cuda.CUDAGraph()
@@ -119,20 +180,9 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
-    def pick(self, num_rows: int, max_seq_len: int) -> tuple[int, int] | None:
-        """The smallest captured (batch size, context bound) covering the step, None if none does."""
-        size = next((s for s in self.batch_sizes if s >= num_rows), None)
-        bound = next((b for b in self.context_bounds if b >= max_seq_len), None)
-        return None if size is None or bound is None else (size, bound)
-
-    def run(self, input_ids: Tensor, meta: AttentionMetadata) -> Tensor | None:
-        """Final hidden states [B, hidden] of a decode-only step by replay; None when no graph covers it."""
-        if meta.max_query_len != 1 or meta.max_seq_len is None:
-            return None
-        key = self.pick(input_ids.shape[0], meta.max_seq_len)
-        if key is None or key not in self.graphs:
-            return None
-        graph, hidden = self.graphs[key]
-        self.inputs.fill(input_ids, meta, key[0])
+    def replay(self, choice: GraphChoice, input_ids: Tensor, meta: AttentionMetadata) -> Tensor:
+        """Final hidden states [B, hidden] of a decode-only step, by the graph `choice` names."""
+        graph, hidden = self.graphs[(choice.size, choice.bound)]
+        self.inputs.fill(input_ids, meta, choice.size)
         graph.replay()
         return hidden[:input_ids.shape[0]]

@@ -18,10 +18,11 @@ from engine.device import kv_cache_budget, use_device
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
 from engine.model import GptOssModel, kv_cache_bytes_per_block
-from engine.model_runner import ModelRunner
+from engine.model_runner import LaunchedStep, ModelRunner
 from engine.sampler import request_seed
-from engine.scheduler import Scheduler
+from engine.scheduler import PLACEHOLDER, ScheduledBatch, Scheduler, StepOutput
 from engine.sequence import Sequence
+from engine.step_inputs import ExternalTokens
 
 
 class LLMEngine:
@@ -52,6 +53,11 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.dtype, limit)
         self.step_s = 0.0
         self.num_steps = 0
+        # async scheduling (default on CUDA): the step launched last, its tokens not yet read back
+        self.async_scheduling = config.device.startswith("cuda") if config.async_scheduling is None \
+            else config.async_scheduling
+        self.in_flight: tuple[ScheduledBatch, LaunchedStep, list[int]] | None = None
+        self.num_sync_steps = 0  # async scheduling: steps run synchronously for a constraint or logprobs
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
         """Queue a request; ValueError if the id is in flight or the prompt does not fit."""
@@ -66,18 +72,77 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduling step: new tokens (and finish reasons) of the requests that advanced."""
         start = time.perf_counter()
+        if self.async_scheduling:
+            batch, outputs = self._step_async()
+        else:
+            batch = self.scheduler.schedule()
+            if batch.is_empty:
+                self.runner.release(batch.released)
+            token_ids, logprobs = ([], None) if batch.is_empty else self.runner.run(batch)
+            self._add_times(batch, start)
+            outputs = self.scheduler.postprocess(batch, token_ids, logprobs)
+        self.step_s += time.perf_counter() - start
+        self.num_steps += not batch.is_empty
+        return [output.to_request_output() for output in outputs]
+
+    def _step_async(self) -> tuple[ScheduledBatch, list[StepOutput]]:
+        """Schedule and launch step N, then read back and record step N-1, whose tokens N's decode rows
+        took on the device: the host's work for N+1 overlaps the device's for N.
+
+        A request with a constraint or logprobs needs its last token on the host before its next step:
+        while one is unfinished, every step is read back before the next is scheduled (counted).
+        """
+        start = time.perf_counter()
+        outputs: list[StepOutput] = []
+        synchronous = bool(self.scheduler.sync_ids)
+        if synchronous and self.in_flight is not None:
+            outputs += self._resolve_in_flight()
         batch = self.scheduler.schedule()
-        token_ids, logprobs = ([], None) if batch.is_empty else self.runner.run(batch)
+        launched = None
+        if batch.is_empty:
+            self.runner.release(batch.released)
+        else:
+            launched = self.runner.launch(batch, self._device_tokens(batch))
+        outputs += self._resolve_in_flight() if self.in_flight is not None else self.scheduler.take_aborted()
+        if launched is not None:
+            self._add_times(batch, start)
+            self.in_flight = (batch, launched, self.scheduler.advance(batch))
+            self.num_sync_steps += synchronous
+            if synchronous:
+                outputs += self._resolve_in_flight()
+        return batch, outputs
+
+    def _device_tokens(self, batch: ScheduledBatch) -> ExternalTokens | None:
+        """Decode rows whose input token is the in-flight step's sample, still on the device."""
+        if self.in_flight is None:
+            return None
+        previous, launched, _ = self.in_flight
+        index = {id(item.seq): row for row, item in enumerate(previous.sampled)}
+        rows, source = [], []
+        for row, item in enumerate(batch.items):
+            if item.seq.token_ids[item.start] == PLACEHOLDER:
+                rows.append(row)
+                source.append(index[id(item.seq)])
+        if not rows or launched.tokens is None:
+            return None
+        return ExternalTokens(launched.tokens, rows, source)
+
+    def _resolve_in_flight(self) -> list[StepOutput]:
+        if self.in_flight is None:
+            return []
+        batch, launched, live = self.in_flight
+        self.in_flight = None
+        token_ids, logprobs = self.runner.collect(launched)
+        return self.scheduler.resolve(batch, live, token_ids, logprobs)
+
+    @staticmethod
+    def _add_times(batch: ScheduledBatch, start: float) -> None:
         elapsed = time.perf_counter() - start
         for item in batch.items:
             if item.is_prefill:
                 item.seq.prefill_s += elapsed
             else:
                 item.seq.decode_s += elapsed
-        outputs = self.scheduler.postprocess(batch, token_ids, logprobs)
-        self.step_s += time.perf_counter() - start
-        self.num_steps += not batch.is_empty
-        return [output.to_request_output() for output in outputs]
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its last output (finish_reason "abort") comes from the next step."""
@@ -87,11 +152,14 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> dict:
-        """Step and model time so far, prefix-cache hits, preemptions."""
+        """Step and model time so far, prefix-cache hits, preemptions, decode tokens in CUDA graphs."""
         bm = self.block_manager
         return {"num_steps": self.num_steps, "step_s": self.step_s, "forward_s": self.runner.forward_s,
                 "overhead_frac": 1 - self.runner.forward_s / self.step_s if self.step_s else 0.0,
-                "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions}
+                "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions,
+                "async_scheduling": self.async_scheduling, "num_sync_steps": self.num_sync_steps,
+                # decode tokens computed in a CUDA graph: replayed on CUDA, counted by the same plan on CPU
+                **self.runner.counts.stats()}
 
     def describe(self) -> dict:
         """Configuration for the runs table."""
@@ -103,7 +171,7 @@ class LLMEngine:
                 # on CUDA the cache is sized from free memory: record what it came to
                 "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,
                 "gpu_memory_utilization": c.gpu_memory_utilization if on_cuda else None,
-                "cuda_graphs": self.runner.graphs is not None,
+                "cuda_graphs": self.runner.graphs is not None, "async_scheduling": self.async_scheduling,
                 "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
                 "max_model_len": self.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
                 "seed": c.seed, "torch_version": torch.__version__}

@@ -110,15 +110,24 @@ class GptOssAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache first."""
+        q = self.project(x, cos, sin, meta.slot_mapping, kv_cache)
+        return self.o_proj(self.attend(q, meta, kv_cache))
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor, slot_mapping: Tensor, kv_cache: KVCache) -> Tensor:
+        """x: [T, hidden] -> rotated queries [T, heads, head_dim]; writes K/V at slot_mapping (the attention's
+        inputs: the part a piecewise CUDA graph captures, as it reads no step shape but T)."""
         num_tokens = x.shape[0]
         q = apply_rotary(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        o = self.paged_attention(q, k_cache, v_cache, meta, sinks=self.sinks, sliding_window=self.sliding_window,
-                                 scale=self.scale)  # [T, heads, head_dim]
-        return self.o_proj(o.reshape(num_tokens, -1))
+        write_kv(kv_cache[0], kv_cache[1], k, v, slot_mapping)
+        return q
+
+    def attend(self, q: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
+        """q: [T, heads, head_dim] -> [T, heads * head_dim] over the paged cache (depends on the step's shape)."""
+        o = self.paged_attention(q, kv_cache[0], kv_cache[1], meta, sinks=self.sinks,
+                                 sliding_window=self.sliding_window, scale=self.scale)  # [T, heads, head_dim]
+        return o.reshape(q.shape[0], -1)
 
 
 class GptOssRouter(nn.Module):
@@ -244,7 +253,17 @@ class GptOssDecoderLayer(nn.Module):
         self.mlp = GptOssMLP(config, kernels)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
+        q = self.before_attention(x, cos, sin, meta.slot_mapping, kv_cache)
+        return self.after_attention(x, self.self_attn.attend(q, meta, kv_cache))
+
+    def before_attention(self, x: Tensor, cos: Tensor, sin: Tensor, slot_mapping: Tensor,
+                         kv_cache: KVCache) -> Tensor:
+        """Residual stream x: [T, hidden] -> the attention's queries [T, heads, head_dim]; writes K/V."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin, slot_mapping, kv_cache)
+
+    def after_attention(self, x: Tensor, o: Tensor) -> Tensor:
+        """Residual stream x and attention output o: [T, heads * head_dim] -> the layer's output [T, hidden]."""
+        x = x + self.self_attn.o_proj(o)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -275,11 +294,14 @@ class GptOssModel(nn.Module):
         """input_ids: [T] (the step's new tokens, sequences contiguous) -> final-norm hidden [T, hidden]."""
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(meta.positions)
+        x, cos, sin = self.embed(input_ids, meta.positions)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x = layer(x, cos, sin, meta, kv_cache)
         return self.model.norm(x)
+
+    def embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """input_ids, positions: [T] -> embeddings [T, hidden], RoPE cos and sin [T, head_dim / 2]."""
+        return (self.model.embed_tokens(input_ids), *self.model.rotary_emb(positions))
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden: [N, hidden] -> logits [N, vocab] fp32."""

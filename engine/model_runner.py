@@ -10,11 +10,37 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.device import ForwardTimer
 from engine.model import GptOssModel, allocate_kv_cache
+from engine.piecewise_graphs import PiecewiseGraphs
+from engine.api import SamplingParams
 from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
+from engine.step_inputs import ExternalTokens, StepInputs
+
+
+class LaunchedStep:
+    """A step whose sampled tokens are on the device; their copy to the host is queued behind the sampler."""
+
+    def __init__(self, params: list[SamplingParams], tokens: torch.Tensor | None,
+                 logits: torch.Tensor | None) -> None:
+        self.params, self.tokens, self.logits = params, tokens, logits  # logits: kept for logprobs only
+        self._host: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+        if tokens is not None and tokens.device.type == "cuda":
+            # queued now, in stream order: it completes with this step, not with the steps queued after it
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def host_tokens(self) -> list[int]:
+        """The sampled token ids (waits for this step only)."""
+        if self._copied is not None and self._host is not None:
+            self._copied.synchronize()
+            return self._host.tolist()
+        return [] if self.tokens is None else self.tokens.tolist()
 
 
 class ModelRunner:
@@ -25,74 +51,93 @@ class ModelRunner:
         self.model, self.model_config = model, model_config
         self.block_size = config.block_size
         self.device = torch.device(config.device)
-        # CUDA graphs need the Triton path (the torch MoE reads expert counts back on CUDA) and one
-        # scratch block past the block manager's for their padding rows.
+        max_model_len = max_model_len or model_config.max_position_embeddings
+        # The plan decides on every device (a CPU run counts what a GPU run would replay). Live graphs need
+        # CUDA, the Triton path (the torch MoE reads expert counts back on CUDA) and one scratch block past
+        # the block manager's for their padding rows.
+        self.plan = GraphPlan(max_batch=config.max_num_seqs, max_model_len=max_model_len,
+                              max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs)) \
+            if config.cuda_graphs else None
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and config.kernels == "triton"
         self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, dtype, self.device)
         self.graphs: DecodeGraphs | None = None
-        if use_graphs:
-            self.graphs = DecodeGraphs(model, self.kv_caches, max_batch=config.max_num_seqs,
-                                       max_model_len=max_model_len or model_config.max_position_embeddings,
+        self.pieces: PiecewiseGraphs | None = None
+        if use_graphs and self.plan is not None:
+            self.graphs = DecodeGraphs(model, self.kv_caches, self.plan, max_model_len=max_model_len,
                                        block_size=self.block_size, scratch_block=num_blocks)
-            self.graphs.capture()
+            self.pieces = PiecewiseGraphs(model, self.kv_caches, self.plan.token_sizes, block_size=self.block_size,
+                                          scratch_block=num_blocks)
+            pool = torch.cuda.graph_pool_handle()
+            self.graphs.capture(pool)
+            self.pieces.capture(pool)
+        self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
         self.timer = ForwardTimer(self.device)  # model time, for the engine-overhead figure
+        self.counts = GraphCounts()
 
     @property
     def forward_s(self) -> float:
         """Seconds of model time so far (CUDA events on CUDA: waits for the queued steps)."""
         return self.timer.seconds
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
+    def release(self, seqs: list) -> None:
+        """Forget the device block tables of sequences whose blocks were freed (a step that runs nothing)."""
+        self.inputs.tables.release(seqs)
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Flat input ids, attention metadata, and the row of each sampled item's last token."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts, seq_lens, tables, logit_rows = [0], [], [], []
-        for item in batch.items:
-            seq, start, end = item.seq, item.start, item.end
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
-            starts.append(starts[-1] + item.num_new_tokens)
-            seq_lens.append(end)
-            tables.append(seq.block_table)
-            if item.is_sampled:
-                logit_rows.append(starts[-1] - 1)
-        width = max(map(len, tables))
-        padded = [table + [-1] * (width - len(table)) for table in tables]
-        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
-        meta = AttentionMetadata(positions=as_long(positions), slot_mapping=as_long(slots),
-                                 query_start_loc=as_long(starts), seq_lens=as_long(seq_lens),
-                                 block_tables=as_long(padded), block_size=bs,
-                                 max_query_len=max(item.num_new_tokens for item in batch.items),
-                                 max_seq_len=max(seq_lens))
-        return as_long(input_ids), meta, logit_rows
+        step = self.inputs.prepare(batch)
+        return step.input_ids, step.meta, step.logit_rows
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float | None] | None]:
         """Forward the batch; sample a token for every item that needs one (in batch.sampled order)."""
-        input_ids, meta, logit_rows = self.prepare(batch)
+        return self.collect(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, external: ExternalTokens | None = None) -> LaunchedStep:
+        """Queue the batch's forward and sampling; its tokens stay on the device until `collect`.
+
+        `external`: input ids of decode rows that are still on the device (the last step's samples).
+        """
+        step = self.inputs.prepare(batch, external)
         sampled = batch.sampled
         params = [item.seq.sampling for item in sampled]
         masks = self.masks.start(params)  # grammar masks, computed while the model runs
         self.timer.start()
-        hidden = self.graphs.run(input_ids, meta) if self.graphs is not None else None  # decode steps
-        if hidden is None:
-            hidden = self.model(input_ids, meta, self.kv_caches)  # [T, hidden]
-        if not logit_rows:
+        hidden = self.forward(batch, step.input_ids, step.meta)  # [T, hidden]
+        if not step.num_logit_rows:
             self.timer.stop()
-            return [], None
-        logits = self.model.compute_logits(hidden[logit_rows]).float()  # [N, vocab]
+            return LaunchedStep(params, None, None)
+        logits = self.model.compute_logits(hidden[step.logit_rows]).float()  # [N, vocab]
         self.timer.stop()
         if masks is not None:
             apply_bitmask(logits, *masks.result())
-        token_ids = self.sampler.sample(logits, params, [item.seq.seed for item in sampled],
-                                        [item.seq.num_tokens for item in sampled])  # the new token's position
-        self.masks.accept(params, token_ids)
+        # Draws keyed by (seed, position of the new token): the same token in any batch; no host read here.
+        tokens = self.sampler.sample_on_device(logits, params, [item.seq.seed for item in sampled],
+                                               [item.seq.num_tokens for item in sampled])
+        keep = logits if any(p.logprobs is not None for p in params) else None
+        return LaunchedStep(params, tokens, keep)
+
+    def collect(self, launched: LaunchedStep) -> tuple[list[int], list[float | None] | None]:
+        """The launched step's tokens on the host (its one device read) and their logprobs if asked for."""
+        if launched.tokens is None:
+            return [], None
+        token_ids = launched.host_tokens()
+        self.masks.accept(launched.params, token_ids)
         logprobs = None
-        if any(p.logprobs is not None for p in params):
-            logprobs = self.sampler.logprobs(logits, token_ids, params)
+        if launched.logits is not None:
+            logprobs = self.sampler.logprobs(launched.logits, token_ids, launched.params)
         return token_ids, logprobs
+
+    def forward(self, batch: ScheduledBatch, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Final hidden states [T, hidden]: by the graph the plan picks (counted on any device), else eagerly."""
+        choice = GraphChoice("eager") if self.plan is None else \
+            self.plan.pick(input_ids.shape[0], meta.max_query_len or 0, meta.max_seq_len or 0)
+        self.counts.add(choice, sum(not item.is_prefill for item in batch.items))
+        if choice.kind == "full" and self.graphs is not None:
+            return self.graphs.replay(choice, input_ids, meta)
+        if choice.kind == "piecewise" and self.pieces is not None:
+            return self.pieces.run(choice.size, input_ids, meta)
+        return self.model(input_ids, meta, self.kv_caches)

@@ -31,11 +31,24 @@ def _moe_inner_loop() -> list[ProxyFigure]:
     return moe_inner_loop_figures()
 
 
-# Each entry measures one concern and returns its figures. Imports stay inside the measures so a
-# missing optional dependency (triton) fails only its own line.
-MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
-    ("moe inner loop", _moe_inner_loop),
-]
+def host_prepare_figures() -> list[ProxyFigure]:
+    """The host's ms to prepare a decode step (engine.host_costs), at batch 64/256 and 1k/4k context."""
+    from engine.host_costs import GOAL_MS, prepare_figures
+
+    return [ProxyFigure(f"host prepare ms/step, {case}", ms, "ms (median)", f"<= {GOAL_MS}", ms <= GOAL_MS)
+            for case, ms in prepare_figures()]
+
+
+def graph_share_figures() -> list[ProxyFigure]:
+    """Decode tokens of a ShareGPT-like 512-request run in a CUDA graph (engine.graph_share), and in full
+    decode graphs alone (what steps without a prefill row reach: the only graphs before piecewise capture)."""
+    from engine.graph_share import sharegpt_graph_stats
+
+    stats = sharegpt_graph_stats()
+    share, full = stats["graph_share"], stats["full_graph_decode_tokens"] / max(stats["decode_tokens"], 1)
+    return [ProxyFigure("decode tokens in graphs, sharegpt 512", share, "share of decode tokens", ">= 0.9",
+                        share >= 0.9),
+            ProxyFigure("  of which in full decode graphs", full, "share of decode tokens", "-", True)]
 
 
 def _block_manager_build() -> list[ProxyFigure]:
@@ -54,8 +67,15 @@ def _sampler_ops() -> list[ProxyFigure]:
             for batch, count in counts.items()]
 
 
-MEASURES.append(("block manager build", _block_manager_build))
-MEASURES.append(("sampler ops per step", _sampler_ops))
+# Each entry measures one concern and returns its figures. Imports stay inside the measures so a
+# missing optional dependency (triton) fails only its own line.
+MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
+    ("moe inner loop", _moe_inner_loop),
+    ("decode tokens in graphs", graph_share_figures),
+    ("host prepare ms/step", host_prepare_figures),
+    ("block manager build", _block_manager_build),
+    ("sampler ops per step", _sampler_ops),
+]
 
 
 def measure_all() -> list[ProxyFigure | tuple[str, Exception]]:

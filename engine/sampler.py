@@ -108,6 +108,12 @@ class Sampler:
         self._check(logits, params, seeds, positions)
         return sample_tokens(logits, params, seeds, positions).tolist()
 
+    def sample_on_device(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                         positions: list[int]) -> torch.Tensor:
+        """Like `sample`, as an [N] tensor left on logits' device (async scheduling reads it later)."""
+        self._check(logits, params, seeds, positions)
+        return sample_tokens(logits, params, seeds, positions)
+
     def logprobs(self, logits: torch.Tensor, token_ids: list[int],
                  params: list[SamplingParams]) -> list[float | None]:
         """Log-probability of each sampled token under the raw logits, for rows that ask for it."""

@@ -26,6 +26,8 @@ from engine.api import FinishReason, RequestOutput
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
+PLACEHOLDER = -1  # async scheduling: a sampled token still on the device (resolve() writes it in)
+
 
 @dataclass(frozen=True)
 class ScheduledSeq:
@@ -55,6 +57,9 @@ class ScheduledBatch:
     """One step's work: decodes first, then prefill chunks."""
 
     items: list[ScheduledSeq] = field(default_factory=list)
+    # Sequences whose blocks were freed (finished, aborted, preempted) since the last schedule(): the model
+    # runner drops the device copies of their block tables before it reads this step's.
+    released: list[Sequence] = field(default_factory=list)
 
     @property
     def sampled(self) -> list[ScheduledSeq]:
@@ -111,8 +116,12 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order
         self.seqs: dict[str, Sequence] = {}  # every unfinished or not yet reported sequence
         self.aborted: list[Sequence] = []  # aborted since the last postprocess
+        self.released: list[Sequence] = []  # blocks freed since the last schedule (ScheduledBatch.released)
         self.num_preemptions = 0
         self._num_added = 0
+        # unfinished requests whose next token needs the last one on the host first (a constraint's mask) or
+        # that read their logits back (logprobs): async scheduling runs their steps synchronously
+        self.sync_ids: set[str] = set()
 
     def add(self, seq: Sequence) -> None:
         """Queue `seq`; ValueError if its id is in use or its prompt leaves no room for a token."""
@@ -125,6 +134,8 @@ class Scheduler:
         self._num_added += 1
         self.seqs[seq.request_id] = seq
         self.waiting.append(seq)
+        if seq.sampling.constraint is not None or seq.sampling.logprobs is not None:
+            self.sync_ids.add(seq.request_id)
 
     def abort(self, request_id: str) -> None:
         """Finish a waiting or running request with "abort"; the next postprocess reports it once."""
@@ -145,7 +156,8 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         """Pick this step's work; may preempt running sequences to free blocks."""
-        batch = ScheduledBatch()
+        batch = ScheduledBatch(released=self.released)
+        self.released = []
         budget = self.max_num_batched_tokens
         budget = self._schedule_decodes(batch, budget)
         budget = self._schedule_partial_prefills(batch, budget)
@@ -185,6 +197,8 @@ class Scheduler:
     def _schedule_admissions(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.token_ids[-1] == PLACEHOLDER:
+                break  # preempted while its last token is on the device: readmitted once it is known
             if not self.block_manager.can_allocate(seq):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
@@ -203,6 +217,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.deallocate(seq)  # num_computed_tokens -> 0: recompute everything
+        self.released.append(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -220,10 +235,7 @@ class Scheduler:
         if len(sampled_token_ids) != num_sampled or (logprobs is not None and len(logprobs) != num_sampled):
             raise ValueError(f"the batch samples {num_sampled} tokens; got {len(sampled_token_ids)} token ids"
                              + ("" if logprobs is None else f" and {len(logprobs)} logprobs"))
-        outputs = [StepOutput(seq, [], FinishReason.ABORT) for seq in self.aborted]
-        for seq in self.aborted:
-            del self.seqs[seq.request_id]
-        self.aborted = []
+        outputs = self.take_aborted()
         sampled = iter(range(num_sampled))
         for item in batch.items:
             row = next(sampled) if item.is_sampled else None
@@ -240,10 +252,23 @@ class Scheduler:
             if reason is not None:
                 self.running.remove(seq)
                 self._finish(seq, reason)
-                del self.seqs[seq.request_id]
+                self._forget(seq)
             logprob = None if logprobs is None else logprobs[row]  # None: this request asked for none
             outputs.append(StepOutput(seq, [token_id], reason, None if logprob is None else [logprob]))
         return outputs
+
+    def take_aborted(self) -> list[StepOutput]:
+        """Outputs of the sequences aborted since the last report (async scheduling with nothing in flight)."""
+        outputs = [StepOutput(seq, [], FinishReason.ABORT) for seq in self.aborted]
+        for seq in self.aborted:
+            self._forget(seq)
+        self.aborted = []
+        return outputs
+
+    def _forget(self, seq: Sequence) -> None:
+        """`seq` reported its finish: no longer unfinished."""
+        del self.seqs[seq.request_id]
+        self.sync_ids.discard(seq.request_id)
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.sampling
@@ -255,5 +280,65 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.block_manager.deallocate(seq)
+        self.released.append(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    # -- async scheduling: postprocess in two halves ------------------------------
+    def advance(self, batch: ScheduledBatch) -> list[int]:
+        """What postprocess records without the sampled tokens, right after the batch is launched.
+
+        Computed tokens and full blocks advance; each sampled sequence gets a PLACEHOLDER token (the next
+        step reads the real one on the device), and one that reached its length limit finishes now (its
+        output comes with its token from `resolve`). Returns the indices into batch.sampled whose tokens
+        `resolve` must report (sequences finished or aborted since schedule() have none).
+        """
+        live, row = [], -1
+        for item in batch.items:
+            row += item.is_sampled
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed_tokens = item.end
+            self.block_manager.cache_full_blocks(seq)
+            if not item.is_sampled:
+                continue
+            seq.append_token(PLACEHOLDER)
+            live.append(row)
+            if seq.num_output_tokens >= seq.sampling.max_tokens or seq.num_tokens >= self.max_model_len:
+                self.running.remove(seq)
+                self._finish(seq, FinishReason.LENGTH)
+        return live
+
+    def resolve(self, batch: ScheduledBatch, live: list[int], sampled_token_ids: list[int],
+                logprobs: list[float | None] | None = None) -> list[StepOutput]:
+        """The other half, once the batch's tokens are on the host: write them in, finish on stop tokens.
+
+        `live` is what `advance` returned; the token lists align with batch.sampled, as in postprocess.
+        """
+        outputs = self.take_aborted()
+        sampled = batch.sampled
+        for row in live:
+            seq, end = sampled[row].seq, sampled[row].end
+            if seq.finish_reason is FinishReason.ABORT:
+                continue  # reported by _take_aborted
+            token_id = int(sampled_token_ids[row])
+            seq.token_ids[end] = token_id
+            reason = self._finish_reason(seq, token_id)  # the length limit: as advance() found it
+            if reason is not None:
+                reason = self._finish_late(seq, reason)
+            logprob = None if logprobs is None else logprobs[row]
+            outputs.append(StepOutput(seq, [token_id], reason, None if logprob is None else [logprob]))
+        return outputs
+
+    def _finish_late(self, seq: Sequence, reason: FinishReason | None) -> FinishReason:
+        """Finish `seq` on a token that arrived after it was scheduled again (or preempted) and report it."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        if not seq.is_finished:
+            self._finish(seq, reason or FinishReason.STOP)
+        seq.finish_reason = reason or seq.finish_reason  # a stop token outranks the length limit
+        self._forget(seq)
+        return seq.finish_reason or FinishReason.STOP

@@ -1,11 +1,15 @@
-"""CUDA graphs of decode: the padded static inputs on CPU; graph against eager on a GPU (skipped without)."""
+"""CUDA graphs: the plan, and the padded static inputs of full and piecewise graphs on CPU (their pieces run
+eagerly there); graphs against eager on a GPU (skipped without)."""
 
 import pytest
 import torch
 
 from engine.api import SamplingParams
 from engine.config import EngineConfig
-from engine.cuda_graphs import DecodeGraphs, StaticDecodeInputs, ladder
+from engine.cuda_graphs import GraphChoice, GraphCounts, GraphPlan, StaticDecodeInputs, ladder
+from engine.graph_share import sharegpt_graph_stats
+from engine.piecewise_graphs import PiecewiseGraphs
+from engine.proxies import graph_share_figures
 from engine.llm_engine import LLMEngine
 from tests.engine.test_decode_trace import decode_step, fresh
 
@@ -40,12 +44,92 @@ def test_padding_rows_change_nothing_for_the_real_rows(tiny_model_dir):
         assert scratch in changed and set(changed) <= {scratch} | set((meta.slot_mapping // 16).tolist())
 
 
-def test_pick_takes_the_smallest_graph_that_covers_the_step():
-    graphs = DecodeGraphs.__new__(DecodeGraphs)
-    graphs.batch_sizes, graphs.context_bounds = ladder(64, (1, 2, 4, 8, 16, 32)), ladder(8192, (1024, 4096))
-    assert graphs.pick(3, 100) == (4, 1024)
-    assert graphs.pick(17, 4097) == (32, 8192)
-    assert graphs.pick(65, 10) is None and graphs.pick(1, 8193) is None
+def test_the_plan_picks_the_smallest_graph_that_covers_the_step():
+    plan = GraphPlan(max_batch=64, max_model_len=8192, max_tokens=2048)
+    assert plan.batch_sizes[-1] == 64 and plan.context_bounds == [1024, 4096, 8192] and plan.token_sizes[-1] == 2048
+    assert plan.pick(3, 1, 100) == GraphChoice("full", 4, 1024)
+    assert plan.pick(17, 1, 4097) == GraphChoice("full", 24, 8192)
+    # decode steps past the decode ladder, and steps with prefill rows: the piecewise graphs
+    assert plan.pick(65, 1, 10) == GraphChoice("piecewise", 96)
+    assert plan.pick(1, 1, 8193) == GraphChoice("piecewise", 1)
+    assert plan.pick(300, 40, 900) == GraphChoice("piecewise", 320)
+    assert plan.pick(1100, 512, 900) == GraphChoice("piecewise", 1280)
+    assert plan.pick(2049, 512, 900) == GraphChoice("eager")
+
+
+def test_counts_share_decode_tokens_by_how_their_step_ran():
+    counts = GraphCounts()
+    counts.add(GraphChoice("full", 4, 1024), 3)
+    counts.add(GraphChoice("piecewise", 96), 5)
+    counts.add(GraphChoice("eager"), 2)
+    assert counts.stats() == {"graph_steps": 2, "graph_decode_tokens": 8, "full_graph_decode_tokens": 3,
+                              "decode_tokens": 10, "graph_share": 0.8}
+
+
+def mixed_step(model_dir, **options):
+    """An engine whose next step decodes 3 sequences and prefills 2 (one a chunk), and that step's inputs."""
+    engine = LLMEngine(EngineConfig(model_dir, kv_cache_gb=0.01, block_size=16, max_num_batched_tokens=64,
+                                    **options))
+    for index, length in enumerate([3, 17, 29]):
+        prompt = [1000 + (7 * index + t) % 5000 for t in range(length)]
+        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    engine.step()
+    for index, length in enumerate([12, 90]):
+        prompt = [2000 + (5 * index + t) % 5000 for t in range(length)]
+        engine.add_request(f"p{index}", prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    batch = engine.scheduler.schedule()
+    input_ids, meta, _ = engine.runner.prepare(batch)
+    assert meta.max_query_len > 1 and meta.num_seqs == 5 and input_ids.shape[0] == 64
+    return engine, input_ids, meta
+
+
+def piecewise_against_eager(engine, input_ids, meta, capture: bool):
+    """(piecewise forward padded to 96 tokens, eager forward, scratch block, cache before): both from one cache."""
+    scratch = engine.num_blocks - 1
+    assert scratch not in {b for seq in engine.scheduler.running for b in seq.block_table}
+    model, kv_caches = engine.runner.model, engine.runner.kv_caches
+    pieces = PiecewiseGraphs(model, kv_caches, [64, 96], block_size=16, scratch_block=scratch)
+    if capture:
+        pieces.capture(torch.cuda.graph_pool_handle())
+        assert len(pieces.graphs) == 2 * pieces.num_pieces
+    saved = [(k.clone(), v.clone()) for k, v in kv_caches]
+    pieces.o.fill_(1e4)  # stale rows from an earlier, wider step must not leak in
+    with torch.inference_mode():
+        eager = model(input_ids, fresh(meta), kv_caches)
+        for (k, v), (k0, v0) in zip(kv_caches, saved):
+            k.copy_(k0)
+            v.copy_(v0)
+        padded = pieces.run(96, input_ids, fresh(meta))
+    return padded, eager, pieces, saved
+
+
+def test_piecewise_padding_changes_nothing_for_the_real_rows(tiny_model_dir):
+    engine, input_ids, meta = mixed_step(tiny_model_dir)
+    padded, eager, pieces, saved = piecewise_against_eager(engine, input_ids, meta, capture=False)
+    scratch, kv_caches = engine.num_blocks - 1, engine.runner.kv_caches
+    torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
+    assert pieces.slot_mapping[64:96].tolist() == [scratch * 16] * 32 and pieces.positions[64:96].eq(0).all()
+    for (k, v), (k0, v0) in zip(kv_caches, saved):  # the padding wrote only the scratch block (and the real rows)
+        changed = ((k != k0).flatten(1).any(1) | (v != v0).flatten(1).any(1)).nonzero().flatten().tolist()
+        assert scratch in changed and set(changed) <= {scratch} | set((meta.slot_mapping // 16).tolist())
+
+
+def test_a_cpu_run_counts_the_decode_tokens_a_gpu_run_would_replay(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=32))
+    for index, length in enumerate([5, 40, 3, 20, 9]):
+        engine.add_request(f"r{index}", [1000 + t for t in range(length)],
+                           SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    stats = engine.stats()
+    assert stats["decode_tokens"] == 5 * 5  # the first token of each comes from its prefill step
+    assert stats["graph_decode_tokens"] == stats["decode_tokens"] and stats["graph_share"] == 1.0
+    assert 0 < stats["full_graph_decode_tokens"] < stats["decode_tokens"]  # some decodes shared a prefill step
+    off = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, cuda_graphs=False))
+    off.add_request("r", [1000, 1001], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    while off.has_unfinished_requests():
+        off.step()
+    assert off.stats()["graph_share"] == 0.0 and off.stats()["decode_tokens"] == 2
 
 
 def greedy_tokens(model_dir, **options) -> dict[str, list[int]]:
@@ -72,3 +156,32 @@ def test_cuda_graph_decode_gives_the_eager_tokens(tiny_model_dir):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_the_gpu_engine_gives_the_cpu_engines_greedy_tokens(tiny_model_dir):
     assert greedy_tokens(tiny_model_dir, device="cuda", kernels="auto") == greedy_tokens(tiny_model_dir)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_piecewise_graphs_replay_the_eager_forward(tiny_model_dir):
+    engine, input_ids, meta = mixed_step(tiny_model_dir, device="cuda", kernels="triton", cuda_graphs=False)
+    padded, eager, _, _ = piecewise_against_eager(engine, input_ids, meta, capture=True)
+    torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_the_gpu_engine_counts_replayed_graphs(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.05, max_model_len=2048, device="cuda",
+                                    kernels="triton", max_num_batched_tokens=64))
+    assert engine.runner.graphs is not None and engine.runner.pieces is not None
+    assert len(engine.runner.pieces.graphs) == len(engine.runner.plan.token_sizes) * engine.runner.pieces.num_pieces
+
+
+def test_nearly_every_decode_token_of_a_sharegpt_run_is_in_a_graph():
+    stats = sharegpt_graph_stats(num_requests=48, max_num_seqs=16, max_num_batched_tokens=256)
+    assert stats["decode_tokens"] > 2000 and stats["graph_share"] >= 0.9
+    assert stats["full_graph_decode_tokens"] < 0.9 * stats["decode_tokens"]  # decode-only steps alone would not
+
+
+@pytest.mark.slow
+def test_the_graph_share_proxy_meets_its_goal():
+    figure = graph_share_figures()[0]
+    assert figure.ok and figure.value >= 0.9

@@ -1,0 +1,43 @@
+"""The share of a ShareGPT-like run's decode tokens that CUDA graphs compute, counted on CPU.
+
+The runner asks `GraphPlan` on every device, so a CPU run counts exactly the steps a GPU run would replay
+(engine.cuda_graphs). The run: 512 requests of `engine.workloads.sharegpt_mix` (output lengths forced,
+mean 96 tokens) through the engine with a GPU's batch shape (256 sequences, 2,048 tokens a step) and a
+tiny random model (1 layer, hidden 32, 1,024-token vocabulary: the workload's ids are taken modulo it),
+so the run takes seconds; the scheduler, and so the counts, depend on lengths alone, not on the model.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+NUM_REQUESTS = 512
+VOCAB = 1024
+TINY_OVERRIDES: dict[str, Any] = dict(
+    vocab_size=VOCAB, eos_token_id=VOCAB - 1, pad_token_id=VOCAB - 2, bos_token_id=VOCAB - 3, hidden_size=32,
+    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=32,
+    num_local_experts=2)
+
+
+def sharegpt_graph_stats(num_requests: int = NUM_REQUESTS, max_num_seqs: int = 256,
+                         max_num_batched_tokens: int = 2048) -> dict:
+    """The engine's stats after decoding `num_requests` ShareGPT-like requests on CPU with a tiny model."""
+    from engine.checkpoint import make_random_checkpoint
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.workloads import Conversation, Workload, run_backend, sharegpt_mix
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_random_checkpoint(Path(tmp), seed=0, dtype=torch.float32, **TINY_OVERRIDES)
+        engine = LLMEngine(EngineConfig(model_dir, kv_cache_gb=0.5, max_num_seqs=max_num_seqs,
+                                        max_num_batched_tokens=max_num_batched_tokens))
+        workload = sharegpt_mix(num_requests)
+        small = Workload(workload.name, [Conversation([t % VOCAB for t in conv.prompt_token_ids], conv.output_lens)
+                                         for conv in workload.conversations])
+        run_backend("engine", engine, small)
+        return engine.stats()
