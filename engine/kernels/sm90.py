@@ -25,7 +25,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.proxies import ProxyFigure
 
 MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.09 issue slots per weight)
 DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 32)
@@ -57,14 +56,6 @@ def moe_inner_loop(num_tokens: int = DECODE_TOKENS, timeout_s: float = 300) -> d
         raise RuntimeError(f"sm_90 compile failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def moe_inner_loop_figures() -> list[ProxyFigure]:
-    """The proxy rows: the MXFP4 MoE's inner loop per projection at decode batch 256 (engine.proxies)."""
-    report = moe_inner_loop()
-    return [ProxyFigure(f"moe inner loop, {k['projection']} (triton {report['triton']})", k["per_4096"],
-                        "warp-instr / 4096 weights", f"<= {MOE_INNER_LOOP_GOAL}", k["per_4096"] <= MOE_INNER_LOOP_GOAL)
-            for k in report["kernels"] if k["weights"] == "mxfp4"]
 
 
 # -- the child process -------------------------------------------------------------------------------------

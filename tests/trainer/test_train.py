@@ -5,9 +5,10 @@ import json
 from dataclasses import replace
 
 import torch
-from transformers import GptOssForCausalLM
+from transformers import GptOssConfig, GptOssForCausalLM
 
 from engine.checkpoint import VOCAB_SIZE
+from engine.compact import COMPACT_NAME, load_compact
 from trainer.fast_forward import hidden_states
 from trainer.train import TrainConfig, build_model, exact_loss, first_token_aliases, train
 
@@ -55,7 +56,10 @@ def test_training_smoke_loss_decreases_and_checkpoint_loads(tmp_path):
     families = {"python", "function_call", "function_output", "browser", "no_tool", "structured", "all"}
     assert set(log[-1]["heldout_exact"]) <= families and set(log[-1].get("phrasing_exact", {})) <= families
     assert 0 <= log[-1]["heldout_exact"]["all"] <= 1
-    model = GptOssForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
+    # The trainer writes a compact checkpoint (engine/compact.py): transformers gets it expanded.
+    state = load_compact(tmp_path / "model" / COMPACT_NAME)
+    model = GptOssForCausalLM.from_pretrained(None, config=GptOssConfig.from_pretrained(tmp_path / "model"),
+                                              state_dict=state, dtype=torch.float32)
     assert model.config.vocab_size == VOCAB_SIZE
     torch.testing.assert_close(model.lm_head.weight, model.model.embed_tokens.weight)  # tied in training
     live = (model.lm_head.weight != 0).any(dim=1)
