@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-# Third-party MCP servers for the conformance suite (tests/batch/test_conformance.py), pinned, in a
+# Third-party MCP servers for the conformance suite (tests/batch/cli/test_conformance.py), pinned, in a
 # git-ignored folder: server-everything with npm (skipped without it), mcp-server-time with
 # `pip --target` (its own mcp never replaces the venv's).
 MCP_SERVERS ?= .cache/mcp-servers
