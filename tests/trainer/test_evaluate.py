@@ -56,6 +56,7 @@ def test_the_sets_are_fresh_values_held_out_phrasings_and_long_products():
         set_tasks("other", 1, 0)
 
 
+@pytest.mark.slow  # ~15 s; the held-out and long-product tests run the same path through batchrun submit
 def test_command_prints_the_table(capsys, tmp_path):
     main(["--n", "6", "--sets", "values", "--workdir", str(tmp_path)])
     table = capsys.readouterr().out

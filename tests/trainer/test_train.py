@@ -4,6 +4,7 @@ checkpoint is a full-vocabulary gpt-oss checkpoint both loaders read."""
 import json
 from dataclasses import replace
 
+import pytest
 import torch
 from transformers import GptOssConfig, GptOssForCausalLM
 
@@ -78,6 +79,7 @@ def test_first_tokens_without_a_space_start_beside_the_spaced_word():
     assert "cloud" not in aliases  # a word of its own, not the start of "cloudy"
 
 
+@pytest.mark.slow  # ~19 s: two short trainings; the smoke test trains once in the default run
 def test_training_is_deterministic_by_seed():
     first, second = (train(SMOKE, None, progress=False)["model"].state_dict() for _ in range(2))
     assert all(torch.equal(first[name], second[name]) for name in first)

@@ -211,7 +211,7 @@ SNAPSHOT_NOTE = re.compile(r"note: reading a snapshot of a live run, \d+ s old")
 
 def test_readers_in_other_processes_see_a_live_run_grow(tmp_path, tiny_model_dir):
     # Long enough for two snapshots (every 2 s) after the readers' commands, on a quiet or a busy machine.
-    num_lines = 150
+    num_lines = 100
     process, db, plain_counts, results = read_while_running(tmp_path, tiny_model_dir, num_lines, {
         "sql": ("sql", "--db", "{db}", "SELECT count(*) AS n FROM requests"),
         "runs": ("runs", "--db", "{db}"),
