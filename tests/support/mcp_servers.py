@@ -7,7 +7,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tools.servers import ServerSpec
 
@@ -26,20 +28,27 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def echo_http():
-    """Serve the echo server over streamable HTTP in a child process; yields its url."""
-    port = free_port()
-    process = subprocess.Popen([*ECHO_COMMAND, "--http", str(port)], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def http_server(command: list[str], port: int, name: str, **popen: Any) -> Iterator[str]:
+    """Run an MCP server's `command` listening on 127.0.0.1:`port`; yields its url once it accepts
+    connections (RuntimeError naming `name` if it exits or is not up within 30 s)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
     try:
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 break
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the HTTP echo server did not start")
+                raise RuntimeError(f"{name} did not start over HTTP")
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def echo_http() -> Iterator[str]:
+    """Serve the echo server over streamable HTTP in a child process; yields its url."""
+    port = free_port()
+    with http_server([*ECHO_COMMAND, "--http", str(port)], port, "the echo server", cwd=REPO) as url:
+        yield url

@@ -12,17 +12,14 @@ import contextlib
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.batch.cli.test_cli_mcp import calls_by_line, config_file, run, scripted, validate_all  # noqa: F401
 from tests.support.db import rows
-from tests.support.mcp_servers import free_port
+from tests.support.mcp_servers import free_port, http_server
 
 SERVERS = Path(__file__).resolve().parents[3] / ".cache" / "mcp-servers"
 EVERYTHING = SERVERS / "node" / "node_modules" / ".bin" / "mcp-server-everything"
@@ -83,20 +80,9 @@ def test_server_everything_over_stdio(tmp_path, scripted):  # noqa: F811
 @contextlib.contextmanager
 def everything_http():
     port = free_port()
-    process = subprocess.Popen([str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("server-everything did not start over HTTP")
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with http_server([str(EVERYTHING), "streamableHttp"], port, "server-everything",
+                     env={**os.environ, "PORT": str(port)}) as url:
+        yield url
 
 
 @needs_node
