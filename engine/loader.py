@@ -66,40 +66,33 @@ def read_checkpoint(model_dir: Path, device: torch.device, dtype: torch.dtype = 
     """(parameter name, tensor) for every weight; MXFP4 pairs come out dequantised to `dtype`, or as they are."""
     pending: dict[str, dict[str, torch.Tensor]] = {}  # MXFP4 base name -> its blocks/scales seen so far
     for path in checkpoint_files(model_dir):
-        if is_compact(path):  # the shipped demo model: vocabulary matrices by live rows
-            yield from _read_compact(model_dir, path, device, dtype, keep_mxfp4)
-            continue
-        try:
-            with safe_open(path, framework="pt", device=str(device)) as f:
-                for key in f.keys():
-                    base, suffix = _split_mxfp4(key)
-                    if suffix is None or keep_mxfp4:
-                        yield key, f.get_tensor(key)
-                        continue
-                    parts = pending.setdefault(base, {})
-                    parts[suffix] = f.get_tensor(key)
-                    if len(parts) == 2:
-                        del pending[base]
-                        yield base, dequantize_mxfp4(parts["blocks"], parts["scales"], dtype)
-        except (SafetensorError, OSError) as exc:
-            raise ModelLoadError(f"--model {model_dir}: cannot read {path.name}: {exc}") from exc
+        for key, tensor in _file_tensors(model_dir, path, device):
+            base, suffix = _split_mxfp4(key)
+            if suffix is None or keep_mxfp4:
+                yield key, tensor
+                continue
+            parts = pending.setdefault(base, {})
+            parts[suffix] = tensor
+            if len(parts) == 2:
+                del pending[base]
+                yield base, dequantize_mxfp4(parts["blocks"], parts["scales"], dtype)
     if pending:
         raise ModelLoadError(f"--model {model_dir}: MXFP4 tensors without their blocks/scales pair: "
                              f"{sorted(pending)[:3]}")
 
 
-def _read_compact(model_dir: Path, path: Path, device: torch.device, dtype: torch.dtype,
-                  keep_mxfp4: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def _file_tensors(model_dir: Path, path: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one weights file, read one tensor at a time; a compact file (the shipped demo
+    model: vocabulary matrices by live rows, engine/compact.py) comes out expanded."""
     try:
-        tensors = load_compact(path, device)
+        if is_compact(path):
+            yield from load_compact(path, device).items()
+            return
+        with safe_open(path, framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
     except (SafetensorError, OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"--model {model_dir}: cannot read {path.name}: {exc}") from exc
-    for key in sorted(tensors):
-        base, suffix = _split_mxfp4(key)
-        if suffix is None or keep_mxfp4:
-            yield key, tensors[key]
-        elif suffix == "blocks":
-            yield base, dequantize_mxfp4(tensors[key], tensors[base + "_scales"], dtype)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
