@@ -43,7 +43,7 @@ def summary_facts(data: ReportData) -> list[tuple[str, str]]:
     elapsed = data.throughput[-1][0] if data.throughput else 0.0
     tokens = usage.get("output_tokens", 0)
     facts = [
-        ("run", f"{run['run_id']} ({run['status']}, model {run['model']})"),
+        ("run", f"{run.run_id} ({run.status}, model {run.model})"),
         ("requests", f"{sum(data.statuses.values())} ({counts})"),
         ("tokens", f"{usage.get('input_tokens', 0)} input ({usage.get('cached_tokens', 0)} "
                    f"cached), {tokens} output, {usage.get('reasoning_tokens', 0)} reasoning"),
@@ -151,12 +151,12 @@ def render_html(data: ReportData) -> str:
     facts = "".join(f"<tr><th>{escape(label)}</th><td>{escape(value)}</td></tr>"
                     for label, value in summary_facts(data))
     figures = "".join(f"<figure>{plot}</figure>" for plot in plots(data))
-    title = f"batchrun report: {data.run['run_id']}"
+    title = f"batchrun report: {data.run.run_id}"
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
             f"<h1>{escape(title)}</h1><table>{facts}</table>"
             f'<h2>Plots</h2><div class="plots">{figures}</div>'
             f"<h2>Slowest responses</h2><figure>{timeline(data)}</figure>"
-            f'<p class="muted">input {escape(str(data.run.get("input_path")))}; '
-            f"started {escape(str(data.run.get('started_at'))[:19])}; "
-            f"batchrun {escape(str(data.run.get('batchrun_version')))}</p></body></html>\n")
+            f'<p class="muted">input {escape(str(data.run.input_path))}; '
+            f"started {escape(str(data.run.started_at)[:19])}; "
+            f"batchrun {escape(str(data.run.batchrun_version))}</p></body></html>\n")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import cast
 from dataclasses import dataclass, field
 
+from batch.store.rows import RunRow
 from batch.store.store import Store
 
 TIMELINE_RESPONSES = 5  # the slowest responses drawn on a time line
@@ -14,7 +14,7 @@ TIMELINE_RESPONSES = 5  # the slowest responses drawn on a time line
 class ReportData:
     """Everything the report draws and prints for one run."""
 
-    run: dict
+    run: RunRow
     statuses: dict[str, int]
     latencies: list[float]
     ttfts: list[float]
@@ -31,10 +31,13 @@ class ReportData:
 
 
 def load_report_data(store: Store, run_id: str) -> ReportData:
-    """Query everything the report needs; the run must exist."""
+    """Query everything the report needs; KeyError when the run does not exist."""
+    run = store.runs.get(run_id)
+    if run is None:
+        raise KeyError(f"no run {run_id!r} in {store.path}")
     usage = store.reports.usage(run_id)
     return ReportData(
-        run=cast(dict, store.runs.get(run_id)),  # the run must exist
+        run=run,
         statuses=store.reports.request_status_counts(run_id),
         latencies=store.reports.latencies(run_id), ttfts=store.reports.ttfts(run_id),
         tokens_per_turn=store.reports.turn_output_tokens(run_id),

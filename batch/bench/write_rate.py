@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from batch.responses.events import EventColumns
+from batch.responses.status import RequestStatus, ResponseStatus
 from batch.store.rows import RequestResult, RequestRow, ResponseRow
 from batch.store.store import Store
 
@@ -27,12 +28,12 @@ def stored_results(store: Store, run_id: str) -> list[RequestResult]:
     results = []
     for row in store.responses.iter_lines(run_id):
         request = RequestRow(run_id=run_id, custom_id=row["custom_id"], line_no=row["line_no"],
-                             status=row["status"], error=row["error"], response_id=row["response_id"])
+                             status=RequestStatus(row["status"]), error=row["error"], response_id=row["response_id"])
         response, events = None, None
         if row["response"] is not None:
             usage = row["response"].get("usage") or {}
             response = ResponseRow(run_id=run_id, custom_id=row["custom_id"], response_id=row["response_id"],
-                                   status=row["response"]["status"], response=row["response"],
+                                   status=ResponseStatus(row["response"]["status"]), response=row["response"],
                                    input_tokens=usage.get("input_tokens", 0),
                                    output_tokens=usage.get("output_tokens", 0))
             events = EventColumns()
@@ -56,7 +57,7 @@ def _copy(result: RequestResult, run_id: str, suffix: str) -> RequestResult:
 def measure(source: Path, run_id: str | None, repeats: int, batch: int) -> dict:
     """Write the run `repeats` times in batches of `batch`; returns requests/s and events/s."""
     with Store(source, read_only=True) as store:
-        run_id = run_id or store.runs.list()[0]["run_id"]
+        run_id = run_id or store.runs.list()[0].run.run_id
         results = stored_results(store, run_id)
     num_events = sum(len(r.events) for r in results if r.events is not None)
     with tempfile.TemporaryDirectory() as scratch, Store(Path(scratch) / "rate.duckdb") as target:

@@ -59,7 +59,7 @@ def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
     types; a line without a response (invalid): its status, error and body."""
     with _open_store(db, read_only=True) as store:
         found = store.responses.get(response_or_custom_id)
-        runs_ = [resolve_run(store, run_id)] if run_id else [r["run_id"] for r in store.runs.list()]
+        runs_ = [resolve_run(store, run_id)] if run_id else [listed.run.run_id for listed in store.runs.list()]
         if found is None:
             found = next((f for r in runs_ if (f := store.responses.find(r, response_or_custom_id))), None)
         if found is None:  # a line without a response (invalid): its request row says why
@@ -68,7 +68,7 @@ def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
                 _fail(f"no response or request with id or custom_id {response_or_custom_id!r} in {db}")
             click.echo(request_text(request))
             return
-        response_id = found["response"]["id"]
+        response_id = found.response["id"]
         click.echo(response_text(found, store.responses.events(response_id), store.responses.tool_calls(response_id)))
 
 

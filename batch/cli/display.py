@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from batch.distributed.merge import MergePlan
     from batch.run.reader import InputCheck
     from batch.store.rows import RunRow
+    from batch.store.runs import ListedRun
     from batch.run.runner import Progress, Run, RunSummary
 
 STATUSES = tuple(RequestStatus)
@@ -135,7 +136,7 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
     if plan.earlier_run is not None:
         lines.append(f"  merged again: run {run.run_id} was there; the parts' lines replaced its copies of them"
                      + (f", {len(plan.earlier_lines)} other lines kept" if plan.earlier_lines else ""))
-    lines += [f"  shard {part.shard.label}: {part.path} run {part.run['run_id']} ({part.run['status']}), "
+    lines += [f"  shard {part.shard.label}: {part.path} run {part.run.run_id} ({part.run.status}), "
               f"{len(part.line_nos)} rows" for part in plan.parts]
     lines += worker_lines(workers)
     if plan.missing_shards:
@@ -148,9 +149,9 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
     return "\n".join(lines)
 
 
-def runs_table(runs: list[dict]) -> str:
+def runs_table(runs: list[ListedRun]) -> str:
     if not runs:
         return "no runs yet"
-    rows = [{**r, "started_at": str(r.get("started_at", ""))[:19]} for r in runs]
-    columns = ["run_id", "status", "started_at", "model", "n_requests", *STATUSES]
-    return table(rows, [c for c in columns if c in rows[0] or c in STATUSES])
+    rows = [{"run_id": r.run.run_id, "status": r.run.status, "started_at": str(r.run.started_at)[:19],
+             "model": r.run.model, "n_requests": r.run.n_requests, **r.counts} for r in runs]
+    return table(rows, ["run_id", "status", "started_at", "model", "n_requests", *STATUSES])

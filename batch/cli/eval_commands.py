@@ -94,7 +94,7 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
         run = store.runs.get(run_id)
         if run is None:  # submit_distributed made it or exited
             _fail(f"no run {run_id!r} in {db}")
-        notes = run["notes"] or {}
+        notes = run.notes or {}
         store.runs.update(run_id, input_path=str(suite.path),
                          notes={**notes, "eval_suite": suite.name})
         click.echo()

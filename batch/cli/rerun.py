@@ -12,10 +12,11 @@ import sys
 
 import click
 
-from batch.responses.status import RunStatus
+from batch.responses.status import RequestStatus, RunStatus
 from batch.run.reader import scan_input
 from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
 from batch.run.options import RunOptions
+from batch.store.runs import ListedRun
 from batch.store.store import Store
 
 
@@ -29,35 +30,36 @@ def settings(options: RunOptions) -> dict:
             "shard": options.shard.label if options.shard else None}
 
 
-def finished_run(store: Store, options: RunOptions) -> dict | None:
+def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
     """The newest completed run of this input file (sha256), model and settings, or None.
 
     Only a plain rerun asks (no --run-id, --resume or --retry-failed); the input is hashed
     only when a completed run of the same path is there."""
     if options.run_id or options.resume or options.retry_failed or options.limit:
         return None
-    candidates = [run for run in store.runs.list() if run["status"] == RunStatus.COMPLETED
-                  and run["input_path"] == str(options.input_path) and run["model"] == options.session.model]
+    candidates = [listed for listed in store.runs.list() if listed.run.status == RunStatus.COMPLETED
+                  and listed.run.input_path == str(options.input_path) and listed.run.model == options.session.model]
     if not candidates:
         return None
     sha256, ours = scan_input(options.input_path).sha256, settings(options)
-    for run in candidates:  # newest first
-        stored = run["options"] or {}
-        if run["input_sha256"] == sha256 and all(stored.get(key, RESUME_DEFAULTS.get(key)) == ours[key]
-                                                 for key in RESUME_KEYS):
-            return run
+    for listed in candidates:  # newest first
+        stored = listed.run.options or {}
+        if listed.run.input_sha256 == sha256 and all(stored.get(key, RESUME_DEFAULTS.get(key)) == ours[key]
+                                                     for key in RESUME_KEYS):
+            return listed
     return None
 
 
-def nothing_to_do_text(run: dict, db: str) -> str:
+def nothing_to_do_text(listed: ListedRun, db: str) -> str:
     """What a rerun of a finished run's command prints instead of decoding it again."""
-    counts = ", ".join(f"{run[status]} {status}" for status in ("completed", "incomplete", "failed", "invalid"))
+    run = listed.run
+    counts = ", ".join(f"{listed.counts[status]} {status}" for status in RequestStatus)
     return "\n".join([
-        f"nothing to do: run {run['run_id']} already decoded {run['input_path']} with this model and these "
-        f"settings ({run['n_requests']} requests: {counts}; finished {str(run['finished_at'])[:19]})",
-        f"  its results: batchrun export {run['run_id']} --db {db} -o results.jsonl  (or batchrun runs --db {db})",
+        f"nothing to do: run {run.run_id} already decoded {run.input_path} with this model and these "
+        f"settings ({run.n_requests} requests: {counts}; finished {str(run.finished_at)[:19]})",
+        f"  its results: batchrun export {run.run_id} --db {db} -o results.jsonl  (or batchrun runs --db {db})",
         f"  decode it again as a new run: add --run-id NEW_ID; only its failed and incomplete lines: "
-        f"--retry-failed {run['run_id']}"])
+        f"--retry-failed {run.run_id}"])
 
 
 def exit_if_done(store: Store, options: RunOptions, db: str) -> None:

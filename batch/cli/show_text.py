@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batch.store.responses import StoredRequest, StoredResponse
 
 SHOWN_CHARS = 300  # of each text, output and argument
 
 
-def response_text(found: dict, events: list[dict], tool_calls: list[dict]) -> str:
+def response_text(found: StoredResponse, events: list[dict], tool_calls: list[dict]) -> str:
     """One response: header, its input, output items, its tool calls' outputs, usage, event-type counts."""
-    response = found["response"]
-    lines = [f"response {response['id']}  custom_id={found['custom_id']}  run={found['run_id']}",
+    response = found.response
+    lines = [f"response {response['id']}  custom_id={found.custom_id}  run={found.run_id}",
              f"status: {response['status']}"]
     if response.get("error"):
         lines.append(f"error: {response['error']['message']}")
     if response.get("incomplete_details"):
         lines.append(f"incomplete: {response['incomplete_details']['reason']}")
     lines.append("input:")
-    lines += [f"  {_input_text(item)}" for item in found.get("input_items") or []]
+    lines += [f"  {_input_text(item)}" for item in found.input_items or []]
     lines.append("output:")
     for index, item in enumerate(response["output"]):
         lines.append(f"  [{index}] {item['type']} ({item.get('status')}): {_item_text(item)}")
@@ -37,14 +40,14 @@ def response_text(found: dict, events: list[dict], tool_calls: list[dict]) -> st
     return "\n".join(lines)
 
 
-def request_text(request: dict) -> str:
+def request_text(request: StoredRequest) -> str:
     """A request line with no response: its status, error and body."""
     return "\n".join([
-        f"request line {request['line_no']}  custom_id={request['custom_id']}  run={request['run_id']}  "
+        f"request line {request.line_no}  custom_id={request.custom_id}  run={request.run_id}  "
         "(no response)",
-        f"status: {request['status']}",
-        f"error: {request['error']}",
-        f"body: {_cut(request['body'] if request['body'] is not None else '(not a JSON object)')}"])
+        f"status: {request.status}",
+        f"error: {request.error}",
+        f"body: {_cut(request.body if request.body is not None else '(not a JSON object)')}"])
 
 
 def _cut(value: Any) -> str:

@@ -115,7 +115,7 @@ def resolve_run(store: Store, run: str) -> str:
         runs = store.runs.list()
         if not runs:
             fail(f"no runs in {store.path}")
-        return runs[0]["run_id"]
+        return runs[0].run.run_id
     if store.runs.get(run) is None:
         fail(f"no run {run!r} in {store.path} (see `batchrun runs`)")
     return run

@@ -42,7 +42,7 @@ class ShardPart:
     """One shard database: its shard run and the line numbers that have rows."""
 
     path: Path
-    run: dict
+    run: RunRow
     shard: Shard
     line_nos: set[int]
 
@@ -67,36 +67,36 @@ def read_part(path: Path) -> ShardPart:
     """The newest `--shard` run in the file at `path`; raises MergeError if it has none."""
     try:
         with Store(path, read_only=True) as store:
-            runs = [run for run in store.runs.list() if (run["options"] or {}).get("shard")]
+            runs = [listed.run for listed in store.runs.list() if (listed.run.options or {}).get("shard")]
             if not runs:
                 raise MergeError(f"{path}: no run made with --shard K/N in this database")
             run = runs[0]
-            line_nos = store.runs.finished_line_numbers(run["run_id"])
+            line_nos = store.runs.finished_line_numbers(run.run_id)
     except (StoreOpenError, FileNotFoundError) as exc:
         raise MergeError(str(exc)) from None
     try:
-        shard = Shard.parse(run["options"]["shard"])
+        shard = Shard.parse(run.options["shard"])
     except ShardSpecError as exc:
-        raise MergeError(f"{path}: run {run['run_id']}: {exc}") from None
+        raise MergeError(f"{path}: run {run.run_id}: {exc}") from None
     foreign = sorted(line for line in line_nos if not shard.owns(line))
     if foreign:
-        raise MergeError(f"{path}: run {run['run_id']} (shard {shard.label}) holds line {foreign[0]}, "
+        raise MergeError(f"{path}: run {run.run_id} (shard {shard.label}) holds line {foreign[0]}, "
                          "which is another shard's")
     return ShardPart(path, run, shard, line_nos)
 
 
-def _setting(run: dict, key: str) -> object:
-    return (run["options"] or {}).get(key, RESUME_DEFAULTS.get(key))
+def _setting(run: RunRow, key: str) -> object:
+    return (run.options or {}).get(key, RESUME_DEFAULTS.get(key))
 
 
 def _check_same_run(parts: list[ShardPart]) -> None:
     first = parts[0]
     for part in parts[1:]:
         where = f"{part.path} (shard {part.shard.label}) and {first.path} (shard {first.shard.label})"
-        if part.run["input_sha256"] != first.run["input_sha256"]:
+        if part.run.input_sha256 != first.run.input_sha256:
             raise MergeError(f"{where} were made from different input files (sha256 differs)")
-        if part.run["model"] != first.run["model"]:
-            raise MergeError(f"{where} used different models ({part.run['model']} vs {first.run['model']})")
+        if part.run.model != first.run.model:
+            raise MergeError(f"{where} used different models ({part.run.model} vs {first.run.model})")
         if part.shard.count != first.shard.count:
             raise MergeError(f"{where} split the input {part.shard.count} and {first.shard.count} ways")
         for key in RESUME_KEYS:
@@ -117,7 +117,7 @@ def plan_merge(paths: list[Path]) -> MergePlan:
     parts = sorted((read_part(path) for path in paths), key=lambda part: part.shard.index)
     _check_same_run(parts)
     # Every part scanned the same file; the count is in a part's notes once it closed.
-    counts = [(part.run["notes"] or {}).get("input_lines") for part in parts]
+    counts = [(part.run.notes or {}).get("input_lines") for part in parts]
     num_lines = max([c for c in counts if c is not None]
                     or [max(part.line_nos, default=0) for part in parts])
     count = parts[0].shard.count
@@ -128,12 +128,12 @@ def plan_merge(paths: list[Path]) -> MergePlan:
                      missing_lines)
 
 
-def _earlier_merge(store: Store, plan: MergePlan) -> dict | None:
+def _earlier_merge(store: Store, plan: MergePlan) -> RunRow | None:
     """The newest run in `store` that a merge of this split (same input, model, N, settings) made."""
     first = plan.parts[0]
-    for run in store.runs.list():
-        shards = (run["notes"] or {}).get("shards") or []
-        if (shards and run["input_sha256"] == first.run["input_sha256"] and run["model"] == first.run["model"]
+    for run in (listed.run for listed in store.runs.list()):
+        shards = (run.notes or {}).get("shards") or []
+        if (shards and run.input_sha256 == first.run.input_sha256 and run.model == first.run.model
                 and Shard.parse(shards[0]["shard"]).count == first.shard.count
                 and all(_setting(run, key) == _setting(first.run, key)
                         for key in RESUME_KEYS if key not in _PER_PART)):
@@ -151,17 +151,17 @@ def with_earlier_merge(store: Store, plan: MergePlan, run_id: str | None) -> Mer
             raise MergeError(f"{store.path}: a run {run_id} exists there and is not a merge of these shards; "
                              "pass another --run-id or -o")
         return plan
-    if run_id is not None and run_id != earlier["run_id"]:
-        raise MergeError(f"{store.path}: run {earlier['run_id']} there already merges these shards; merge "
-                         f"again without --run-id (or with --run-id {earlier['run_id']}) to complete it, "
+    if run_id is not None and run_id != earlier.run_id:
+        raise MergeError(f"{store.path}: run {earlier.run_id} there already merges these shards; merge "
+                         f"again without --run-id (or with --run-id {earlier.run_id}) to complete it, "
                          "or write to another -o")
     held = {line for part in plan.parts for line in part.line_nos}
-    kept = store.runs.finished_line_numbers(earlier["run_id"]) - held
+    kept = store.runs.finished_line_numbers(earlier.run_id) - held
     missing_shards = [shard for shard in plan.missing_shards
                       if not set(shard.line_numbers(plan.num_lines)) <= kept]
     return dataclasses.replace(plan, missing_shards=missing_shards,
                                missing_lines=[line for line in plan.missing_lines if line not in kept],
-                               earlier_run=earlier["run_id"], earlier_lines=kept)
+                               earlier_run=earlier.run_id, earlier_lines=kept)
 
 
 def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
@@ -171,25 +171,25 @@ def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
     ignored: Counter = Counter()
     tool_errors: Counter = Counter()
     for run in runs:
-        ignored.update((run["notes"] or {}).get("ignored_fields") or {})
-        tool_errors.update((run["notes"] or {}).get("tool_errors") or {})
-    finished = [run["finished_at"] for run in runs if run["finished_at"] is not None]
+        ignored.update((run.notes or {}).get("ignored_fields") or {})
+        tool_errors.update((run.notes or {}).get("tool_errors") or {})
+    finished = [run.finished_at for run in runs if run.finished_at is not None]
     notes = {"input_lines": plan.num_lines, "ignored_fields": dict(ignored), "tool_errors": dict(tool_errors),
              "missing_lines": len(plan.missing_lines),
              "missing_shards": [shard.label for shard in plan.missing_shards],
-             "shards": [{"shard": part.shard.label, "db": str(part.path), "run_id": part.run["run_id"],
-                         "status": part.run["status"], "n_requests": len(part.line_nos)}
+             "shards": [{"shard": part.shard.label, "db": str(part.path), "run_id": part.run.run_id,
+                         "status": part.run.status, "n_requests": len(part.line_nos)}
                         for part in plan.parts]}
     return RunRow(
         run_id=run_id or f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}",
-        started_at=min(run["started_at"] for run in runs),
-        finished_at=max(finished) if finished else None, input_path=first["input_path"],
-        input_sha256=first["input_sha256"], model=first["model"], engine_config=first["engine_config"],
+        started_at=min(run.started_at for run in runs if run.started_at is not None),
+        finished_at=max(finished) if finished else None, input_path=first.input_path,
+        input_sha256=first.input_sha256, model=first.model, engine_config=first.engine_config,
         # shard None: a plain `submit` on the merged file continues a partial merge.
-        options={**(first["options"] or {}), "shard": None},
+        options={**(first.options or {}), "shard": None},
         status=RunStatus.COMPLETED if plan.is_complete else RunStatus.PARTIAL,
         n_requests=sum(len(part.line_nos) for part in plan.parts) + len(plan.earlier_lines), notes=notes,
-        batchrun_version=first["batchrun_version"])
+        batchrun_version=first.batchrun_version)
 
 
 def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> tuple[MergePlan, RunRow]:
@@ -197,6 +197,6 @@ def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> tup
     returns the plan as carried out and the merged run's runs row."""
     plan = with_earlier_merge(store, plan, run_id)
     run = merged_run_row(plan, plan.earlier_run or run_id)
-    copy_runs(store, run, [(part.path, part.run["run_id"]) for part in plan.parts],
+    copy_runs(store, run, [(part.path, part.run.run_id) for part in plan.parts],
               replace=plan.earlier_run is not None)
     return plan, run

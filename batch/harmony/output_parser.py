@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from batch.responses.events import ItemKind, ResponseEvents
 from batch.harmony.token_parser import CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser
-from batch.responses.metrics import TurnMetrics
 from batch.responses.status import ItemStatus
 from tools.kinds import ToolType
 from tools.registry import ToolRegistry
@@ -31,6 +30,7 @@ class OutputParser:
         # One harmony parser per turn, made by begin_turn (making one costs ~0.1 ms).
         self._tokens: TokenParser | None = None
         self._last_step: str | Boundary | None = None
+        self.reasoning_tokens = 0  # tokens of every turn on the analysis channel (usage)
 
     def begin_turn(self, turn: int) -> None:
         """A new completion."""
@@ -48,7 +48,7 @@ class OutputParser:
         """The last complete message of this turn."""
         return None if self._tokens is None else self._tokens.last_message
 
-    def feed(self, token_ids: list[int], turn: TurnMetrics) -> str | None:
+    def feed(self, token_ids: list[int]) -> str | None:
         """Parse new tokens of the current turn; an error message if they are not harmony."""
         tokens, events = self._tokens, self.events
         if tokens is None:
@@ -62,7 +62,7 @@ class OutputParser:
             if step is None:
                 continue  # a header token
             if tokens.channel == "analysis":
-                turn.reasoning_tokens += 1
+                self.reasoning_tokens += 1
             if step.__class__ is str:
                 if step:
                     events.add_delta(step)

@@ -5,37 +5,47 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from batch.responses.columns import Int32
 from engine.api import RequestOutput
 
 
-@dataclass
+@dataclass(slots=True)
 class TurnMetrics:
-    """One model turn of a response (a `turns` row)."""
+    """One model turn of a response; stored as it is, a `turns` row under its response's ids."""
 
-    turn: int
+    turn: Int32
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
-    reasoning_tokens: int = 0
     tool_output_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str | None = None
 
 
-def usage_from_turns(turns: list[TurnMetrics]) -> dict:
-    """openai ResponseUsage: prompt tokens are summed over turns, as the seeds do."""
-    input_tokens = sum(t.prompt_tokens for t in turns)
-    output_tokens = sum(t.output_tokens for t in turns)
-    return {
-        "input_tokens": input_tokens,
-        # Nothing is written to a hosted prompt cache offline: cache_write_tokens is 0.
-        "input_tokens_details": {"cached_tokens": sum(t.cached_tokens for t in turns),
-                                 "cache_write_tokens": 0},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": sum(t.reasoning_tokens for t in turns)},
-        "total_tokens": input_tokens + output_tokens,
-    }
+@dataclass(frozen=True)
+class Usage:
+    """openai ResponseUsage of one response: prompt tokens are summed over turns, as the seeds do."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict:
+        """The Response object's `usage`."""
+        return {
+            "input_tokens": self.input_tokens,
+            # Nothing is written to a hosted prompt cache offline: cache_write_tokens is 0.
+            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.total_tokens,
+        }
 
 
 @dataclass
@@ -77,8 +87,11 @@ class ResponseMetrics:
     def finish(self) -> None:
         self.finished_at = time.monotonic()
 
-    def usage(self) -> dict:
-        return usage_from_turns(self.turns)
+    def usage(self, reasoning_tokens: int) -> Usage:
+        """The response's usage; `reasoning_tokens`: its output tokens on the analysis channel."""
+        return Usage(input_tokens=sum(t.prompt_tokens for t in self.turns),
+                     cached_tokens=sum(t.cached_tokens for t in self.turns),
+                     output_tokens=self.output_tokens, reasoning_tokens=reasoning_tokens)
 
     @property
     def tool_output_tokens(self) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batch.responses.metrics import Usage
 from batch.responses.request import ResponsesRequest, redact_secrets
+from batch.responses.status import ResponseStatus
 
 
 # error.code of a response whose turn the engine refused before running it (a prompt too long
@@ -16,10 +18,25 @@ INVALID_PROMPT = "invalid_prompt"
 class Outcome:
     """How a response ended: completed, incomplete (with its reason) or failed (with the error)."""
 
-    status: str
+    status: ResponseStatus
     error: str | None = None
     incomplete_reason: str | None = None
     error_code: str = "server_error"  # a failed response's error.code (ResponseError's codes)
+
+
+@dataclass(frozen=True)
+class FinishedResponse:
+    """A response at its end: the Response object, and what the rows read of it, typed."""
+
+    response: dict  # the Response object as the API returns it
+    status: ResponseStatus
+    usage: Usage
+    error: str | None  # a failed response's error message
+    incomplete_reason: str | None  # an incomplete response's reason (max_output_tokens)
+
+    @property
+    def is_failed(self) -> bool:
+        return self.status == ResponseStatus.FAILED
 
 
 def _echo_tool(tool: dict) -> dict:

@@ -55,7 +55,7 @@ def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
     previous = store.responses.get(previous_id)
     if previous is None:
         raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
-    return list(previous["input_items"] or []) + list(previous["response"]["output"]) + items
+    return list(previous.input_items or []) + list(previous.response["output"]) + items
 
 
 def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCatalog) -> None:

@@ -58,7 +58,7 @@ class RunLedger:
                 raise RunError(f"--run-id {run_id}: a run with that id exists; use --resume {run_id}")
             self.store.runs.create(run_row(options, run_id, input_sha))
             return OpenedRun(run_id, False, set())
-        if self.get(run_id)["input_sha256"] != input_sha:
+        if self.get(run_id).input_sha256 != input_sha:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
         done = self.store.runs.finished_line_numbers(run_id)
         if options.retry_failed:
@@ -78,12 +78,12 @@ class RunLedger:
             return None
         stored = self.get(run_id)
         ours = run_row(options, run_id, input_sha)
-        same = stored["model"] == ours.model and all(
-            (stored["options"] or {}).get(key, RESUME_DEFAULTS.get(key)) == ours.options[key]
+        same = stored.model == ours.model and all(
+            (stored.options or {}).get(key, RESUME_DEFAULTS.get(key)) == ours.options[key]
             for key in RESUME_KEYS)
         return run_id if same else None
 
-    def get(self, run_id: str) -> dict:
+    def get(self, run_id: str) -> RunRow:
         """The run's row; RunError when there is none."""
         run = self.store.runs.get(run_id)
         if run is None:
@@ -96,7 +96,7 @@ class RunLedger:
 
         Returns the run's failed tool calls per error kind (also in its notes)."""
         tool_errors = self.store.reports.tool_error_counts(run_id)
-        notes = {**(self.get(run_id)["notes"] or {}),
+        notes = {**(self.get(run_id).notes or {}),
                  "ignored_fields": dict(ignored), "input_lines": num_input_requests,
                  "tool_errors": tool_errors}
         # The rows there are, not the lines read: requests in flight at an interrupt get none.

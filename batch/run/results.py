@@ -6,13 +6,15 @@ The one place a finished `Session` (or a line that never ran) becomes typed rows
 
 from __future__ import annotations
 
-from batch.run.reader import InputLine
 from batch.responses.request import redact_secrets, request_hash
-from batch.store.rows import RequestResult, RequestRow, ResponseRow, TokenRow, ToolCallRow, TurnRow, row_from
+from batch.responses.response import FinishedResponse
+from batch.responses.status import RequestStatus
+from batch.run.reader import InputLine
 from batch.run.session import Session
+from batch.store.rows import RequestResult, RequestRow, ResponseRow, TokenRow
 
 
-def request_row(run_id: str, line: InputLine, status: str, error: str | None = None,
+def request_row(run_id: str, line: InputLine, status: RequestStatus, error: str | None = None,
                 response_id: str | None = None) -> RequestRow:
     """The `requests` row of a line: the body (and its hash) with secrets redacted."""
     body = redact_secrets(line.body) if isinstance(line.body, dict) else None
@@ -21,35 +23,33 @@ def request_row(run_id: str, line: InputLine, status: str, error: str | None = N
                       body=body, status=status, error=error, response_id=response_id)
 
 
-def line_result(run_id: str, line: InputLine, status: str, error: str | None = None) -> RequestResult:
+def line_result(run_id: str, line: InputLine, status: RequestStatus, error: str | None = None) -> RequestResult:
     """The result of a line that has no response (invalid, or failed before decoding)."""
     return RequestResult(request_row(run_id, line, status, error))
 
 
-def result_of(session: Session, run_id: str, response: dict) -> RequestResult:
-    """Everything the store writes for a finished session, in one result."""
-    usage = response["usage"]
+def result_of(session: Session, run_id: str, finished: FinishedResponse) -> RequestResult:
+    """Everything the store writes for a finished session, in one result (its turns and tool
+    calls are the session's own records, stored under its response's ids)."""
     line_no = session.line.line_no
     error = None
-    if response.get("error"):
-        error = f"line {line_no}: {response['error']['message']}"
-    elif response.get("incomplete_details"):
-        error = f"line {line_no}: incomplete: {response['incomplete_details']['reason']}"
-    rid, metrics = session.response_id, session.metrics
+    if finished.is_failed:
+        error = f"line {line_no}: {finished.error}"
+    elif finished.incomplete_reason:
+        error = f"line {line_no}: incomplete: {finished.incomplete_reason}"
+    rid, metrics, usage = session.response_id, session.metrics, finished.usage
     return RequestResult(
-        request=request_row(run_id, session.line, response["status"], error, rid),
+        request=request_row(run_id, session.line, RequestStatus(finished.status), error, rid),
         response=ResponseRow(
             run_id=run_id, custom_id=session.line.custom_id, response_id=rid,
-            status=response["status"], response=response, input_items=session.input_items,
-            input_tokens=usage["input_tokens"],
-            cached_tokens=usage["input_tokens_details"]["cached_tokens"],
-            output_tokens=usage["output_tokens"],
-            reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
-            tool_output_tokens=metrics.tool_output_tokens, total_tokens=usage["total_tokens"],
+            status=finished.status, response=finished.response, input_items=session.input_items,
+            input_tokens=usage.input_tokens, cached_tokens=usage.cached_tokens,
+            output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens,
+            tool_output_tokens=metrics.tool_output_tokens, total_tokens=usage.total_tokens,
             num_turns=len(metrics.turns), latency_s=metrics.latency_s, ttft_s=metrics.ttft_s),
         events=session.events.columns,
-        turns=[row_from(TurnRow, t, run_id=run_id, response_id=rid) for t in metrics.turns],
-        tool_calls=[row_from(ToolCallRow, c, run_id=run_id, response_id=rid) for c in session.tool_calls],
+        turns=metrics.turns,
+        tool_calls=session.tool_calls,
         tokens=[TokenRow(run_id=run_id, response_id=rid, turn=row["turn"], prompt_token_ids=row["prompt_token_ids"],
                          completion_token_ids=row["completion_token_ids"])
                 for row in session.token_log],

@@ -102,7 +102,7 @@ class Run:
         lines = self._lines(opened.done)
         self.skipped = len(opened.done)
         # The total now, not at the end: a reader of the live snapshot can show % done and an ETA.
-        self.store.runs.update(self.run_id, notes={**(self.ledger.get(self.run_id)["notes"] or {}),
+        self.store.runs.update(self.run_id, notes={**(self.ledger.get(self.run_id).notes or {}),
                                                    "input_lines": scan.num_requests})
         status = RunStatus.FAILED
         self.writer = self.store.background_writer(max_unwritten=WRITER_HOLDS * self.options.max_inflight,

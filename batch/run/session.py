@@ -26,11 +26,11 @@ from batch.responses.metrics import ResponseMetrics, TurnMetrics
 from batch.harmony.output_parser import OutputParser
 from batch.run.reader import InputLine
 from batch.responses.request import ResponsesRequest
-from batch.responses.response import INVALID_PROMPT, Outcome, build_response
+from batch.responses.response import INVALID_PROMPT, FinishedResponse, Outcome, build_response
 from batch.responses.status import ResponseStatus
 from batch.harmony.turn_grammar import TurnGrammar
-from batch.run.tool_policy import (DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, ToolCallRecord,
-                                   cap_output)
+from batch.responses.tool_calls import ToolCallRecord
+from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, cap_output
 from engine.api import FinishReason, RequestOutput, SamplingParams
 from tools.client import CallOutcome
 from tools.dispatch import web_search_action
@@ -133,7 +133,7 @@ class Session:
         self.metrics.on_output(out)
         self._completion.extend(out.new_token_ids)
         if self.outcome is None:
-            error = self.output.feed(out.new_token_ids, self.metrics.turns[-1])
+            error = self.output.feed(out.new_token_ids)
             if error is None and self.constraint is not None and self.constraint.error is not None:
                 error = f"the output broke the turn's grammar: {self.constraint.error}"
             if error is not None:
@@ -209,19 +209,21 @@ class Session:
         message = re.sub(r"^request '[^']*': ", "", message)  # the engine's id for the turn: noise here
         self.outcome = Outcome(ResponseStatus.FAILED, message, error_code=INVALID_PROMPT)
 
-    def finish(self) -> dict:
+    def finish(self) -> FinishedResponse:
         """Close open items, emit the terminal event; returns the final response."""
         self.events.abandon()
         self.metrics.finish()
         outcome = self.outcome or Outcome(ResponseStatus.FAILED, "response ended without an outcome")
-        error = ({"code": outcome.error_code, "message": outcome.error}
-                 if outcome.status == ResponseStatus.FAILED else None)
+        is_failed = outcome.status == ResponseStatus.FAILED
+        error = {"code": outcome.error_code, "message": outcome.error} if is_failed else None
+        usage = self.metrics.usage(self.output.reasoning_tokens)
         response = self._response(
-            outcome.status, output=self.events.output, usage=self.metrics.usage(),
+            outcome.status, output=self.events.output, usage=usage.to_dict(),
             completed_at=int(time.time()) if outcome.status == ResponseStatus.COMPLETED else None,
             error=error, incomplete_reason=outcome.incomplete_reason)
         self.events.finish(response)
-        return response
+        return FinishedResponse(response, outcome.status, usage, outcome.error if is_failed else None,
+                                outcome.incomplete_reason)
 
     def _response(self, status: str, **fields: Any) -> dict:
         return build_response(

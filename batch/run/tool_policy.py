@@ -9,11 +9,11 @@ of being run. Every hosted call, run or refused, is recorded as a `tool_calls` r
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 
 from batch.harmony.token_parser import ParsedMessage
 from batch.responses.response import Outcome
 from batch.responses.status import ResponseStatus, ToolCallStatus
+from batch.responses.tool_calls import ToolCallRecord
 from tools.client import CallOutcome
 from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ServerListing, ToolRegistry, ToolTarget
@@ -61,27 +61,6 @@ class PendingToolCall:
     recipient: str
     arguments: str
     over_limit: bool = False  # the response already made `max_tool_calls` calls: not run
-
-
-@dataclass
-class ToolCallRecord:
-    """One hosted call as the `tool_calls` table stores it."""
-
-    call_id: str | None
-    tool_type: ToolType | None
-    server_label: str | None
-    name: str
-    arguments: str
-    output: str | None
-    status: ToolCallStatus
-    error: str | None
-    started_at: datetime | None
-    duration_s: float
-    error_kind: ToolErrorKind | None
-    output_bytes: int | None = None  # before the cut
-    output_truncated: bool = False
-    attempts: int = 1
-    result: dict | None = None  # the raw MCP result (tools/content.py)
 
 
 @dataclass

@@ -3,9 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
+from batch.responses.status import RequestStatus, ResponseStatus
 from batch.store.database import Database, loads
 from batch.store.errors import raising_store_errors
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response as stored: the Response object and the input it answered (what a
+    `previous_response_id` continues)."""
+
+    run_id: str
+    custom_id: str
+    response: dict
+    input_items: list[dict] | None
+    status: ResponseStatus
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """A run's input line as its requests row stores it (secrets redacted)."""
+
+    run_id: str
+    line_no: int
+    custom_id: str
+    status: RequestStatus | None
+    error: str | None
+    body: Any  # the request body; None when the line was not a JSON object
+
+
+_RESPONSE_COLUMNS = "run_id, custom_id, response, input_items, status"
 
 
 @raising_store_errors
@@ -15,26 +45,29 @@ class Responses:
     def __init__(self, db: Database):
         self.db = db
 
-    def get(self, response_id: str) -> dict | None:
-        """{run_id, custom_id, response, input_items, status} of one response, or None."""
-        rows = self.db.rows("""
-            SELECT run_id, custom_id, response, input_items, status
-            FROM responses WHERE response_id = ?""", [response_id])
-        return decode_response(rows[0]) if rows else None
+    def get(self, response_id: str) -> StoredResponse | None:
+        """One response by id, or None."""
+        rows = self.db.rows(f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE response_id = ?", [response_id])
+        return stored_response(rows[0]) if rows else None
 
-    def find(self, run_id: str, custom_id: str) -> dict | None:
+    def find(self, run_id: str, custom_id: str) -> StoredResponse | None:
         """Like ``get``, by run and custom_id (the newest if several)."""
-        rows = self.db.rows("""
-            SELECT run_id, custom_id, response, input_items, status
+        rows = self.db.rows(f"""
+            SELECT {_RESPONSE_COLUMNS}
             FROM responses WHERE run_id = ? AND custom_id = ?
             ORDER BY created_at DESC LIMIT 1""", [run_id, custom_id])
-        return decode_response(rows[0]) if rows else None
+        return stored_response(rows[0]) if rows else None
 
-    def find_request(self, run_id: str, custom_id: str) -> dict | None:
-        """{run_id, line_no, custom_id, status, error, body} of a run's line by custom_id, or None."""
+    def find_request(self, run_id: str, custom_id: str) -> StoredRequest | None:
+        """A run's line by custom_id (the first if several), or None."""
         rows = self.db.rows("""SELECT run_id, line_no, custom_id, status, error, body FROM requests
                                WHERE run_id = ? AND custom_id = ? ORDER BY line_no LIMIT 1""", [run_id, custom_id])
-        return {**rows[0], "body": loads(rows[0]["body"])} if rows else None
+        if not rows:
+            return None
+        row = rows[0]
+        return StoredRequest(row["run_id"], row["line_no"], row["custom_id"],
+                             None if row["status"] is None else RequestStatus(row["status"]),
+                             row["error"], loads(row["body"]))
 
     def tool_calls(self, response_id: str) -> list[dict]:
         """A response's tool_calls rows, in the order they started."""
@@ -110,7 +143,6 @@ class Responses:
             cursor.close()
 
 
-def decode_response(row: dict) -> dict:
-    row["response"] = loads(row["response"])
-    row["input_items"] = loads(row["input_items"])
-    return row
+def stored_response(row: dict) -> StoredResponse:
+    return StoredResponse(row["run_id"], row["custom_id"], loads(row["response"]), loads(row["input_items"]),
+                          ResponseStatus(row["status"]))

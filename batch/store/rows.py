@@ -3,8 +3,14 @@
 Each table is a dataclass; its Arrow schema is derived from the field types, so a
 column is declared once. `Int32`, `Json` (a python value, dumped on write) and
 `JsonText` (JSON already serialised, as event payloads are on the hot path) say
-what a plain python type cannot. Rows are built by `batch.run.results` (and the
-evals/bench modules) and written only by `batch.store.store`, column by column.
+what a plain python type cannot (batch/responses/columns.py). Rows are built by
+`batch.run.results` (and the evals/bench modules) and written only by the store,
+column by column.
+
+The tables that hang off a response store the session's own records as they are: a
+`turns` row is a `TurnMetrics`, a `tool_calls` row a `ToolCallRecord`, each under its
+response's (run_id, response_id) (`OWNED_TYPES`), so a fact has one type, not a record
+and a row copied field by field.
 
 Events are the one table written per token, so a response's events are kept as
 columns from the start (`EventColumns`): the hot path appends to lists and the
@@ -14,6 +20,7 @@ store hands them to Arrow without building a row object per event.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from dataclasses import dataclass
@@ -22,24 +29,17 @@ from typing import Annotated, Any
 
 import pyarrow as pa
 
+from batch.responses.columns import Int32, Json, JsonText, JsonTextValue, JsonValue
 from batch.responses.events import EventColumns, json_text
+from batch.responses.metrics import TurnMetrics
+from batch.responses.status import RequestStatus, ResponseStatus, RunStatus
+from batch.responses.tool_calls import ToolCallRecord
 
 # Columns stored with DuckDB's JSON type travel through Arrow as strings;
 # this field metadata marks them.
 JSON_METADATA = {b"duckdb_type": b"JSON"}
 
-
-class _JsonValue:
-    """Marks a python value that the store dumps to JSON."""
-
-
-class _JsonText:
-    """Marks a string that already holds JSON."""
-
-
-Int32 = Annotated[int, pa.int32()]
-Json = Annotated[Any, _JsonValue]
-JsonText = Annotated[str, _JsonText]
+__all__ = ["Int32", "Json", "JsonText"]  # re-exported: the rows' column types
 
 _ARROW_TYPES: dict[Any, pa.DataType] = {
     str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_(),
@@ -49,8 +49,10 @@ _ARROW_TYPES: dict[Any, pa.DataType] = {
 
 # -- the tables -----------------------------------------------------------------
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class RunRow:
+    """A runs row: written by the ledger and merge, read back by `store.runs` (JSON columns decoded)."""
+
     run_id: str
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -59,7 +61,7 @@ class RunRow:
     model: str | None = None
     engine_config: Json = None
     options: Json = None
-    status: str | None = None  # a RunStatus
+    status: RunStatus | None = None
     n_requests: int | None = None
     notes: Json = None
     batchrun_version: str | None = None
@@ -72,7 +74,7 @@ class RequestRow:
     line_no: int
     request_hash: str | None = None
     body: Json = None
-    status: str | None = None  # a RequestStatus
+    status: RequestStatus | None = None
     error: str | None = None
     response_id: str | None = None
     written_at: datetime | None = None
@@ -84,7 +86,7 @@ class ResponseRow:
     run_id: str
     custom_id: str
     response_id: str
-    status: str
+    status: ResponseStatus
     response: Json
     input_items: Json = None
     input_tokens: int = 0
@@ -111,41 +113,6 @@ class EventRow:
     payload: JsonText
     turn: Int32 = 0     # the model turn during (or right after) which it was emitted
     t_ms: float = 0.0   # milliseconds since the response started
-
-
-@dataclass(slots=True)
-class TurnRow:
-    run_id: str
-    response_id: str
-    turn: Int32
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    tool_output_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    finish_reason: str | None = None
-
-
-@dataclass(slots=True)
-class ToolCallRow:
-    run_id: str
-    response_id: str
-    call_id: str | None
-    tool_type: str | None
-    server_label: str | None
-    name: str | None
-    arguments: str | None
-    output: str | None
-    status: str
-    error: str | None
-    started_at: datetime | None
-    duration_s: float
-    error_kind: str | None = None  # a ToolErrorKind
-    output_bytes: int | None = None  # of the output before it was cut for the model
-    output_truncated: bool = False
-    attempts: Int32 = 1  # 2: retried after its MCP server crashed
-    result: Json = None  # the MCP result as the server sent it (every content block), secrets masked
 
 
 @dataclass(slots=True)
@@ -199,9 +166,11 @@ class BenchRow:
 
 ROW_TYPES: dict[str, type] = {
     "runs": RunRow, "requests": RequestRow, "responses": ResponseRow, "events": EventRow,
-    "turns": TurnRow, "tool_calls": ToolCallRow, "tokens": TokenRow, "grades": GradeRow,
-    "bench": BenchRow,
+    "tokens": TokenRow, "grades": GradeRow, "bench": BenchRow,
 }
+# Tables whose rows are a session's records, each under the (run_id, response_id) of its response.
+OWNED_TYPES: dict[str, type] = {"turns": TurnMetrics, "tool_calls": ToolCallRecord}
+OWNER_FIELDS = [pa.field("run_id", pa.string()), pa.field("response_id", pa.string())]
 
 
 # -- Arrow schemas, derived -------------------------------------------------------
@@ -213,11 +182,13 @@ def _arrow_field(name: str, hint: Any) -> pa.Field:
         args = typing.get_args(hint)
     if typing.get_origin(hint) is Annotated:
         mark = args[1]
-        if mark in (_JsonValue, _JsonText):
+        if mark in (JsonValue, JsonTextValue):
             return pa.field(name, pa.string(), metadata=JSON_METADATA)
         return pa.field(name, mark)
     if typing.get_origin(hint) is list:
         return pa.field(name, pa.list_(_arrow_field("item", args[0]).type))
+    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):  # a status: stored as its string
+        return pa.field(name, pa.string())
     return pa.field(name, _ARROW_TYPES[hint])
 
 
@@ -227,21 +198,14 @@ def schema_of(row_type: type) -> pa.Schema:
     return pa.schema([_arrow_field(f.name, hints[f.name]) for f in dataclasses.fields(row_type)])
 
 
-SCHEMAS: dict[str, pa.Schema] = {table: schema_of(row_type) for table, row_type in ROW_TYPES.items()}
+SCHEMAS: dict[str, pa.Schema] = {
+    **{table: schema_of(row_type) for table, row_type in ROW_TYPES.items()},
+    **{table: pa.schema([*OWNER_FIELDS, *schema_of(record_type)]) for table, record_type in OWNED_TYPES.items()},
+}
 _DUMPED = {table: {f.name for f, hint in zip(dataclasses.fields(row_type),
                                               typing.get_type_hints(row_type, include_extras=True).values())
-                   if _JsonValue in typing.get_args(hint)}
-           for table, row_type in ROW_TYPES.items()}
-
-
-R = typing.TypeVar("R")
-
-
-def row_from(row_type: type[R], record: object, **fields: Any) -> R:
-    """A `row_type` row: ``fields`` as given, every other field read by name from ``record``
-    (rows are built by name, so a field added or reordered on either side cannot shift)."""
-    names = [f.name for f in dataclasses.fields(row_type)]  # type: ignore[arg-type]
-    return row_type(**{name: fields[name] if name in fields else getattr(record, name) for name in names})
+                   if JsonValue in typing.get_args(hint)}
+           for table, row_type in {**ROW_TYPES, **OWNED_TYPES}.items()}
 
 
 def is_json(arrow_field: pa.Field) -> bool:
@@ -254,18 +218,38 @@ def dumps(value: Any) -> str | None:
     return None if value is None else json_text(value)
 
 
-def to_arrow(table: str, rows: list) -> pa.Table:
-    """Arrow table of ``rows`` (dataclass instances of the table's row type)."""
-    row_type, schema = ROW_TYPES[table], SCHEMAS[table]
+def _check_types(table: str, row_type: type, rows: list) -> None:
     for row in rows:
         if type(row) is not row_type:
             raise TypeError(f"{table} rows must be {row_type.__name__}, got {type(row).__name__}")
+
+
+def _columns(table: str, names: list[str], rows: list) -> dict[str, list]:
     dumped = _DUMPED[table]
     columns = {}
-    for name in schema.names:
+    for name in names:
         values = [getattr(row, name) for row in rows]
         columns[name] = [dumps(v) for v in values] if name in dumped else values
-    return pa.table(columns, schema=schema)
+    return columns
+
+
+def to_arrow(table: str, rows: list) -> pa.Table:
+    """Arrow table of ``rows`` (dataclass instances of the table's row type)."""
+    _check_types(table, ROW_TYPES[table], rows)
+    return pa.table(_columns(table, SCHEMAS[table].names, rows), schema=SCHEMAS[table])
+
+
+def owned_to_arrow(table: str, owners: list[tuple[str, str | None]], records: list[list]) -> pa.Table:
+    """Arrow table of a turns or tool_calls batch: each response's records under its (run_id, response_id)."""
+    flat = [record for group in records for record in group]
+    _check_types(table, OWNED_TYPES[table], flat)
+    run_ids, response_ids = [], []
+    for (run_id, response_id), group in zip(owners, records):
+        run_ids.extend([run_id] * len(group))
+        response_ids.extend([response_id] * len(group))
+    columns = {"run_id": run_ids, "response_id": response_ids,
+               **_columns(table, SCHEMAS[table].names[len(OWNER_FIELDS):], flat)}
+    return pa.table(columns, schema=SCHEMAS[table])
 
 
 def json_columns(table: str) -> set[str]:
@@ -305,6 +289,6 @@ class RequestResult:
     request: RequestRow
     response: ResponseRow | None = None
     events: EventColumns | None = None
-    turns: list[TurnRow] = dataclasses.field(default_factory=list)
-    tool_calls: list[ToolCallRow] = dataclasses.field(default_factory=list)
+    turns: list[TurnMetrics] = dataclasses.field(default_factory=list)  # stored under the response's ids
+    tool_calls: list[ToolCallRecord] = dataclasses.field(default_factory=list)
     tokens: list[TokenRow] = dataclasses.field(default_factory=list)

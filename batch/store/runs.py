@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import builtins
-from dataclasses import replace
+import dataclasses
+from dataclasses import dataclass, replace
 from typing import Any
 
-from batch.responses.status import RequestStatus
+from batch.responses.status import RequestStatus, RunStatus
 from batch.store.database import Database, loads, now
 from batch.store.errors import raising_store_errors
 from batch.store.rows import SCHEMAS, RunRow, dumps, json_columns, to_arrow
 
 _RUN_JSON = ("engine_config", "options", "notes")
+_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunRow))
+
+
+@dataclass(frozen=True)
+class ListedRun:
+    """A run as `runs.list` reads it: its row and how many requests rows it has, per status."""
+
+    run: RunRow
+    counts: dict[RequestStatus, int]
+    num_written: int  # requests rows of every status
+
+
+def run_row(row: dict) -> RunRow:
+    """The runs row of a query's dict (JSON columns decoded, the status as its enum)."""
+    fields = {name: row[name] for name in _RUN_FIELDS}
+    fields.update({key: loads(fields[key]) for key in _RUN_JSON})
+    if fields["status"] is not None:
+        fields["status"] = RunStatus(fields["status"])
+    return RunRow(**fields)
 
 
 @raising_store_errors
@@ -20,12 +40,6 @@ class Runs:
 
     def __init__(self, db: Database):
         self.db = db
-
-    @staticmethod
-    def _decode_run(row: dict) -> dict:
-        for key in _RUN_JSON:
-            row[key] = loads(row[key])
-        return row
 
     def create(self, run: RunRow) -> None:
         """Insert a runs row (``started_at`` defaults to now)."""
@@ -52,24 +66,21 @@ class Runs:
         if updated[0][0] == 0:
             raise KeyError(f"no run {run_id!r} in {self.db.path}")
 
-    def get(self, run_id: str) -> dict | None:
-        """The runs row as a dict (JSON columns decoded), or None."""
+    def get(self, run_id: str) -> RunRow | None:
+        """The run's row, or None."""
         rows = self.db.rows("SELECT * FROM runs WHERE run_id = ?", [run_id])
-        return self._decode_run(rows[0]) if rows else None
+        return run_row(rows[0]) if rows else None
 
-    def list(self) -> builtins.list[dict]:
-        """All runs, newest first, each with per-status counts of its requests rows.
-
-        Count keys are the request statuses (`RequestStatus`: ``completed``,
-        ``incomplete``, ``failed``, ``invalid``) plus ``n_written`` for all rows.
-        """
+    def list(self) -> builtins.list[ListedRun]:
+        """All runs, newest first, each with per-status counts of its requests rows."""
         counts = ",\n".join(f"count(*) FILTER (WHERE q.status = '{status}') AS {status}"
                              for status in RequestStatus)
         rows = self.db.rows(f"""
             SELECT r.*, count(q.line_no) AS n_written, {counts}
             FROM runs r LEFT JOIN requests q USING (run_id)
             GROUP BY ALL ORDER BY r.started_at DESC, r.run_id DESC""")
-        return [self._decode_run(row) for row in rows]
+        return [ListedRun(run_row(row), {status: row[status] for status in RequestStatus}, row["n_written"])
+                for row in rows]
 
     def find_unfinished(self, input_sha256: str) -> str | None:
         """The newest run over this input whose status is not 'completed', or None."""

@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from batch.store.errors import store_error
-from batch.store.rows import RequestResult, RequestRow, events_to_arrow, to_arrow
+from batch.store.rows import RequestResult, RequestRow, events_to_arrow, owned_to_arrow, to_arrow
 
 # Tables that hang off a response and are replaced with it.
 TRACE_TABLES = ("events", "turns", "tool_calls", "tokens")
@@ -32,8 +32,10 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
     """
     seen: dict[tuple, RequestResult] = {}
     now = datetime.now(UTC)
-    requests, responses, owners, events = [], [], [], []
-    traces: dict[str, list] = {"turns": [], "tool_calls": [], "tokens": []}
+    requests, responses, owners, events, tokens = [], [], [], [], []
+    turn_owners: list[tuple[str, str | None]] = []
+    turns: list[list] = []
+    tool_calls: list[list] = []
     for result in results:
         request = result.request
         if not isinstance(request, RequestRow):
@@ -54,11 +56,15 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
         if result.events is not None:
             owners.append((request.run_id, request.response_id))
             events.append(result.events)
-        for name, rows in traces.items():
-            rows.extend(getattr(result, name))
+        if result.turns or result.tool_calls:
+            turn_owners.append((request.run_id, request.response_id))
+            turns.append(result.turns)
+            tool_calls.append(result.tool_calls)
+        tokens.extend(result.tokens)
     return {"requests": to_arrow("requests", requests), "responses": to_arrow("responses", responses),
-            "events": events_to_arrow(owners, events),
-            **{name: to_arrow(name, rows) for name, rows in traces.items()}}
+            "events": events_to_arrow(owners, events), "turns": owned_to_arrow("turns", turn_owners, turns),
+            "tool_calls": owned_to_arrow("tool_calls", turn_owners, tool_calls),
+            "tokens": to_arrow("tokens", tokens)}
 
 
 def _delete_statements(new_requests: str) -> list[str]:

@@ -9,7 +9,8 @@ import uuid
 from batch.responses.events import ItemKind, ResponseEvents
 from batch.responses.request import parse_request
 from batch.responses.response import build_response
-from batch.store.rows import RequestResult, RequestRow, ResponseRow, RunRow, TurnRow
+from batch.responses.metrics import TurnMetrics
+from batch.store.rows import RequestResult, RequestRow, ResponseRow, RunRow
 from evals.output import Output
 
 _created = itertools.count(1_700_000_000)
@@ -107,7 +108,7 @@ def make_result(run_id: str, line_no: int, custom_id: str, items: list[tuple] = 
                              response=response, output_tokens=5, num_turns=1, latency_s=0.5 + line_no / 10,
                              ttft_s=0.1),
         events=events.columns,
-        turns=[TurnRow(run_id, response["id"], 0, prompt_tokens=10, output_tokens=5)])
+        turns=[TurnMetrics(0, prompt_tokens=10, output_tokens=5)])
 
 
 def make_run(run_id: str) -> RunRow:

@@ -62,7 +62,7 @@ def _run(name):
     session = make_session(body)
     feed(session, text, finish=finish)
     assert session.end_turn() is None
-    response = session.finish()
+    response = session.finish().response
     return response, session.events.events
 
 

@@ -279,7 +279,7 @@ def test_resuming_a_finished_run_admits_nothing(tmp_path, store):
         first.run_id, True, 6, Counter())
     assert_one_row_per_line(store, 6)
     run_row = store.runs.get(first.run_id)
-    assert (run_row["status"], run_row["n_requests"]) == ("completed", 6)
+    assert (run_row.status, run_row.n_requests) == ("completed", 6)
 
 
 def test_rerun_after_a_crash_runs_only_the_missing_lines(tmp_path, store):
@@ -300,22 +300,22 @@ def test_rerun_after_a_crash_runs_only_the_missing_lines(tmp_path, store):
     assert (summary.run_id, summary.resumed, summary.skipped) == (run_id, True, 2)
     assert added_custom_ids(backend) == ["c1", "c3", "c5", "c6"]
     assert_one_row_per_line(store, 6)
-    assert store.runs.get(run_id)["status"] == "completed"
+    assert store.runs.get(run_id).status == "completed"
 
 
 def test_resume_after_a_limited_run_runs_the_rest(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl", SIX)
     first = run(store, backend_for(), path, limit=3)
     assert sorted(statuses(store)) == ["c1", "c2", "c3"]
-    assert store.runs.get(first.run_id)["status"] == "partial"
+    assert store.runs.get(first.run_id).status == "partial"
     backend = backend_for()
     second = run(store, backend, path)  # a plain rerun continues the partial run
     assert second.run_id == first.run_id and second.resumed
     assert added_custom_ids(backend) == ["c4", "c5", "c6"]
-    assert store.runs.get(first.run_id)["status"] == "completed"
+    assert store.runs.get(first.run_id).status == "completed"
     assert (second.skipped, second.statuses) == (3, Counter(completed=3))
     assert_one_row_per_line(store, 6)
-    assert store.runs.get(first.run_id)["n_requests"] == 6
+    assert store.runs.get(first.run_id).n_requests == 6
 
 
 def test_retry_failed_reruns_only_failed_and_incomplete_lines(tmp_path, store):
@@ -355,18 +355,18 @@ def test_bad_lines_are_invalid_and_ignored_fields_are_noted(tmp_path, store):
     assert (custom_id, status) == ("line-2", "invalid")
     assert error.startswith("line 2: invalid JSON at column 2")
     run_row = store.runs.get(summary.run_id)
-    assert run_row["notes"] == {"ignored_fields": {"stream": 2, "store": 1}, "tool_errors": {}, "input_lines": 3}
+    assert run_row.notes == {"ignored_fields": {"stream": 2, "store": 1}, "tool_errors": {}, "input_lines": 3}
     assert summary.ignored_fields == Counter(stream=2, store=1)
-    assert run_row["n_requests"] == 3
+    assert run_row.n_requests == 3
 
 
 def test_resumed_run_keeps_counting_ignored_fields_of_earlier_lines(tmp_path, store):
     lines = [request("c1", "short", stream=True, store=False), request("c2", "short", stream=True)]
     path = write_input(tmp_path / "in.jsonl", lines)
     first = run(store, backend_for(), path, limit=1)
-    assert store.runs.get(first.run_id)["notes"]["ignored_fields"] == {"stream": 1, "store": 1}
+    assert store.runs.get(first.run_id).notes["ignored_fields"] == {"stream": 1, "store": 1}
     run(store, backend_for(), path, resume=first.run_id)
-    assert store.runs.get(first.run_id)["notes"]["ignored_fields"] == {"stream": 2, "store": 1}
+    assert store.runs.get(first.run_id).notes["ignored_fields"] == {"stream": 2, "store": 1}
 
 
 def test_an_internal_error_in_one_session_fails_only_that_line(tmp_path, store, monkeypatch):
@@ -442,7 +442,7 @@ def test_a_panic_while_rendering_a_prompt_fails_that_line_alone(tmp_path, store)
 def test_a_run_recorded_before_the_tool_output_cap_existed_is_continued(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "short")])
     first = run(store, backend_for(), path, limit=1)
-    options = store.runs.get(first.run_id)["options"]
+    options = store.runs.get(first.run_id).options
     del options["max_tool_output_bytes"]  # as an older batchrun wrote it
     store.runs.update(first.run_id, options=options)
     again = run(store, backend_for(), path)
@@ -480,7 +480,7 @@ def test_the_ledger_opens_matches_and_closes_runs_alone(tmp_path, store):
     assert ledger.matching_unfinished_run(other_seed, "sha-1") is None  # another experiment: a new run
     ledger.close(first.run_id, RunStatus.COMPLETED, ignored=Counter(stream=1), num_input_requests=1)
     closed = store.runs.get(first.run_id)
-    assert closed["status"] == "completed" and closed["notes"]["ignored_fields"] == {"stream": 1}
+    assert closed.status == "completed" and closed.notes["ignored_fields"] == {"stream": 1}
     assert ledger.matching_unfinished_run(options, "sha-1") is None
     with pytest.raises(RunError, match="no such run"):
         ledger.open(dataclasses.replace(options, resume="nope"), "sha-1")

@@ -64,7 +64,7 @@ def test_reasoning_then_mcp_python_call_then_message_like_the_sample():
     assert session.prompt_token_ids[-2:] == [200006, 173781]
     second = feed(session, "<|channel|>final<|message|>The product is 56088.<|return|>")
     assert session.end_turn() is None
-    response = session.finish()
+    response = session.finish().response
     validate(session, response)
 
     assert [item["type"] for item in response["output"]] == ["reasoning", "mcp_call", "message"]
@@ -99,7 +99,7 @@ def test_function_call_ends_the_response_completed():
     session = make_session(body)
     feed(session, '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>')
     assert session.end_turn() is None
-    response = session.finish()
+    response = session.finish().response
     validate(session, response)
     assert response["status"] == "completed"
     call = response["output"][0]
@@ -111,7 +111,7 @@ def test_running_out_of_tokens_mid_message_is_incomplete():
     session = make_session({"input": "Hi", "max_output_tokens": 5})
     feed(session, "<|channel|>final<|message|>Hello there", finish="length")
     assert session.end_turn() is None
-    response = session.finish()
+    response = session.finish().response
     validate(session, response)
     assert response["status"] == "incomplete"
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -123,7 +123,7 @@ def test_malformed_harmony_fails_the_response_and_records_why():
     session = make_session({"input": "Hi"})
     feed(session, "<|channel|>final<|message|>Hi<|end|>garbage after end", finish="length")
     session.end_turn()
-    response = session.finish()
+    response = session.finish().response
     validate(session, response)
     assert response["status"] == "failed"
     assert "not valid harmony" in response["error"]["message"]
@@ -134,7 +134,7 @@ def test_call_without_recipient_fails():
     session = make_session({"input": "Hi"})
     feed(session, "<|channel|>analysis<|message|>hmm<|call|>")
     assert session.end_turn() is None
-    assert session.finish()["status"] == "failed"
+    assert session.finish().response["status"] == "failed"
 
 
 def test_unknown_recipient_is_answered_with_an_error_and_the_loop_goes_on():
@@ -147,7 +147,7 @@ def test_unknown_recipient_is_answered_with_an_error_and_the_loop_goes_on():
     assert "<|start|>functions.nope to=assistant<|channel|>commentary<|message|>Error: no tool" in text
     feed(session, "<|channel|>final<|message|>Sorry.<|return|>")
     assert session.end_turn() is None
-    response = session.finish()
+    response = session.finish().response
     validate(session, response)
     assert [i["type"] for i in response["output"]] == ["reasoning", "message"]
 
@@ -156,7 +156,7 @@ def test_turn_cap_fails_the_response():
     session = make_session(SAMPLE_BODY, max_turns=1)
     feed(session, "<|channel|>analysis to=python code<|message|>1<|call|>")
     assert session.end_turn() is None
-    response = session.finish()
+    response = session.finish().response
     assert response["status"] == "failed" and "1 model turns" in response["error"]["message"]
     validate(session, response)
 
@@ -175,7 +175,7 @@ def test_tool_answer_after_the_budget_is_spent_ends_incomplete():
     session.end_turn()
     session.add_tool_result(CallOutcome(output="1\n"))
     assert session.outcome.status == "incomplete" and len(session.turns) == 1
-    response = session.finish()
+    response = session.finish().response
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}
     validate(session, response)
 
@@ -185,7 +185,7 @@ def test_hosted_tool_message_ended_without_call_does_not_wait_for_the_tool():
     feed(session, "<|channel|>analysis to=python code<|message|>print(1)<|end|>"
                   "<|start|>assistant<|channel|>final<|message|>Done.<|return|>")
     assert session.end_turn() is None
-    response = session.finish()
+    response = session.finish().response
     validate(session, response)
     assert response["status"] == "completed"
     assert [(i["type"], i["status"]) for i in response["output"]] == [

@@ -180,7 +180,7 @@ def test_model_errors_are_answered_and_counted(tmp_path, store):
             in text)
     assert "Error: the tool 'python' is not enabled for this request" in text
     assert "Error: no tool named 'nowhere.tool' is available to this request" in text
-    notes = store.runs.get(summary.run_id)["notes"]["tool_errors"]
+    notes = store.runs.get(summary.run_id).notes["tool_errors"]
     assert notes == {"invalid_arguments": 1, "not_enabled": 2, "unknown_recipient": 2, "max_tool_calls": 1}
     assert set(notes) <= MODEL_ERRORS
 

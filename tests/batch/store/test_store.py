@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,10 +19,14 @@ import pytest
 from evals.stats import wilson
 from batch.store.migrations import MIGRATIONS, duckdb_type, migrate
 from batch.responses.events import EventColumns
-from batch.store.rows import (SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow,
-                              ToolCallRow, TurnRow, dumps)
+from batch.responses.metrics import TurnMetrics
+from batch.responses.status import RequestStatus, ResponseStatus, RunStatus, ToolCallStatus
+from batch.responses.tool_calls import ToolCallRecord
+from batch.store.responses import StoredResponse
+from batch.store.rows import SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow, dumps
 from batch.store.store import Store
 from batch.store.errors import StoreError, StoreOpenError
+from tools.kinds import ToolErrorKind, ToolType
 
 REPO = Path(__file__).resolve().parents[3]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -83,13 +88,14 @@ def make_events(response_id: str, n_events: int) -> EventColumns:
     return events
 
 
-def tool_call(run_id: str, response_id: str, call_id: str, **fields) -> ToolCallRow:
-    row = ToolCallRow(run_id, response_id, call_id, tool_type="mcp", server_label="srv", name="lookup",
-                      arguments=None, output=None, status="completed", error=None, started_at=None,
-                      duration_s=0.0)
+def tool_call(call_id: str, **fields) -> ToolCallRecord:
+    """A tool call record; stored under its result's response."""
+    record = ToolCallRecord(call_id=call_id, tool_type=ToolType.MCP, server_label="srv", name="lookup",
+                            arguments="{}", output=None, status=ToolCallStatus.COMPLETED, error=None,
+                            started_at=None, duration_s=0.0, error_kind=None)
     for key, value in fields.items():
-        setattr(row, key, value)
-    return row
+        setattr(record, key, value)
+    return record
 
 
 def make_result(run_id: str, line_no: int, *, response_id: str | None = None,
@@ -111,8 +117,8 @@ def make_result(run_id: str, line_no: int, *, response_id: str | None = None,
         "input_tokens": 10, "output_tokens": 5, "latency_s": 1.0, "ttft_s": 0.1, **response_fields})
     return RequestResult(
         request=request, response=response, events=make_events(response_id, n_events),
-        turns=[TurnRow(run_id, response_id, 0, prompt_tokens=10, output_tokens=5, finish_reason="stop")],
-        tool_calls=[tool_call(run_id, response_id, f"call_{response_id}")],
+        turns=[TurnMetrics(0, prompt_tokens=10, output_tokens=5, finish_reason="stop")],
+        tool_calls=[tool_call(f"call_{response_id}")],
         tokens=[TokenRow(run_id, response_id, 0, [1, 2, 3], [4, 5])])
 
 
@@ -196,11 +202,10 @@ def test_views_compute_on_small_data(store):
     one = make_result("r1", 1, n_events=2, latency_s=1.0, ttft_s=0.1, reasoning_tokens=2)
     two = make_result("r1", 2, status="incomplete", n_events=3, latency_s=3.0,
                       ttft_s=0.3, input_tokens=20, cached_tokens=4)
-    rid = two.response.response_id
     two.tool_calls += [
-        tool_call("r1", rid, "x", status="failed", error="boom"),
-        tool_call("r1", rid, "y", status="failed"),
-        tool_call("r1", rid, "z", tool_type="function", server_label=None, name="f")]
+        tool_call("x", status=ToolCallStatus.FAILED, error="boom"),
+        tool_call("y", status=ToolCallStatus.FAILED),
+        tool_call("z", tool_type=ToolType.FUNCTION, server_label=None, name="f")]
     store.write_results([one, two, make_result("r1", 3, status="invalid")])
     con = store.con
     usage = con.sql("SELECT n_responses, input_tokens, cached_tokens, output_tokens, "
@@ -227,9 +232,8 @@ def test_write_results_round_trip(store):
     result = make_result("r1", 7, n_events=4)
     store.write_results([result])
     got = store.responses.get("resp_r1_7")
-    assert got == {"run_id": "r1", "custom_id": "c7", "status": "completed",
-                   "response": result.response.response,
-                   "input_items": result.response.input_items}
+    assert got == StoredResponse(run_id="r1", custom_id="c7", status=ResponseStatus.COMPLETED,
+                                 response=result.response.response, input_items=result.response.input_items)
     assert store.responses.find("r1", "c7") == got
     events = store.responses.events("resp_r1_7")
     assert [e["payload"] for e in events] == [json.loads(p) for p in result.events.payload]
@@ -317,7 +321,9 @@ def test_bad_rows_raise_clear_errors(store):
     with pytest.raises(ValueError, match="appears twice"):
         store.write_results([make_result("r1", 1), make_result("r1", 1)])
     with pytest.raises(TypeError, match="sequence_nubmer"):
-        TurnRow("r1", "resp", 0, sequence_nubmer=0)
+        TurnMetrics(0, sequence_nubmer=0)
+    with pytest.raises(TypeError, match="turns rows must be TurnMetrics"):
+        store.write_results([dataclasses.replace(make_result("r1", 3), turns=[{"turn": 0}])])
     with pytest.raises(TypeError, match="RequestRow"):
         store.write_results([RequestResult(request={"run_id": "r1"})])
     mismatch = make_result("r1", 2)
@@ -330,14 +336,14 @@ def test_bad_rows_raise_clear_errors(store):
 
 def test_runs_round_trip_and_update(store):
     run = store.runs.get("r1")
-    assert run["engine_config"] == {"block_size": 16} and run["notes"] is None
-    assert run["started_at"] == T0
+    assert run.engine_config == {"block_size": 16} and run.notes is None
+    assert run.started_at == T0 and run.status is RunStatus.RUNNING
     finished = T0 + timedelta(minutes=5)
     store.runs.update("r1", status="completed", finished_at=finished, n_requests=3,
                      notes={"ignored_fields": {"stream": 12}})
     run = store.runs.get("r1")
-    assert (run["status"], run["finished_at"], run["n_requests"]) == ("completed", finished, 3)
-    assert run["notes"] == {"ignored_fields": {"stream": 12}}
+    assert (run.status, run.finished_at, run.n_requests) == (RunStatus.COMPLETED, finished, 3)
+    assert run.notes == {"ignored_fields": {"stream": 12}}
     assert store.runs.get("nope") is None
     with pytest.raises(ValueError, match="statsu"):
         store.runs.update("r1", statsu="completed")
@@ -350,12 +356,12 @@ def test_list_runs_newest_first_with_counts(store):
     store.write_results([make_result("r1", 1), make_result("r1", 2, status="failed"),
                          make_result("r1", 3, status="invalid")])
     runs = store.runs.list()
-    assert [r["run_id"] for r in runs] == ["r2", "r1"]
-    assert runs[0]["n_written"] == 0
+    assert [r.run.run_id for r in runs] == ["r2", "r1"]
+    assert runs[0].num_written == 0
     r1 = runs[1]
-    assert (r1["n_written"], r1["completed"], r1["failed"], r1["invalid"],
-            r1["incomplete"]) == (3, 1, 1, 1, 0)
-    assert r1["options"] == {"keep_tokens": False}
+    assert r1.num_written == 3 and r1.counts == {RequestStatus.COMPLETED: 1, RequestStatus.FAILED: 1,
+                                                  RequestStatus.INVALID: 1, RequestStatus.INCOMPLETE: 0}
+    assert r1.run.options == {"keep_tokens": False}
 
 
 def test_find_unfinished_run(store):
@@ -432,7 +438,7 @@ def test_read_only_open_while_nothing_writes(tmp_path):
         store.runs.create(make_run("r1"))
         store.write_results([make_result("r1", 1)])
     with Store(path, read_only=True) as reader:
-        assert reader.responses.get("resp_r1_1")["status"] == "completed"
+        assert reader.responses.get("resp_r1_1").status == ResponseStatus.COMPLETED
         probe = run_python(LOCK_PROBE.format(path=str(path), read_only=True))
         assert probe.stdout.strip() == "OPENED", probe.stderr
         with pytest.raises(StoreError, match="read-only"):
@@ -454,7 +460,7 @@ def test_a_file_shorter_than_its_blocks_is_truncated_even_when_duckdb_opens_it(t
         with pytest.raises(StoreOpenError, match=r"truncated \(.* bytes, its blocks in use need"):
             Store(cut, read_only=read_only)
     with Store(path, read_only=True) as whole:
-        assert whole.runs.get("r1")["run_id"] == "r1"
+        assert whole.runs.get("r1").run_id == "r1"
 
 
 def test_a_writable_open_leaves_no_trace_of_its_write_probe(tmp_path):
@@ -535,7 +541,7 @@ def test_response_timelines_place_turns_and_tool_calls_on_the_event_clock(store)
         ("response.output_item.done", "ci_1", 1, 342.0),
         ("response.output_item.added", "msg_1", 2, 350.0), ("response.output_text.delta", "msg_1", 2, 352.0),
         ("response.output_item.done", "msg_1", 2, 360.0), ("response.completed", None, 2, 361.0)])
-    slow.tool_calls = [tool_call("r1", slow.response.response_id, "mcp_1", status="failed", name="lookup")]
+    slow.tool_calls = [tool_call("mcp_1", status=ToolCallStatus.FAILED, name="lookup")]
     slow.response.num_turns = 3
     fast = make_result("r1", 2, latency_s=0.2)
     fast.events = timeline_events([("response.created", None, 0, 0.1), ("response.output_item.added", "msg_2", 0, 3.0),
@@ -588,7 +594,7 @@ def test_list_tool_calls_by_start(store):
     early.tool_calls[0].name = "search"
     store.write_results([late, early])
     assert store.reports.list_tool_calls("r1") == [
-        {"custom_id": "c2", "tool_type": "web_search", "name": "search", "arguments": None},
+        {"custom_id": "c2", "tool_type": "web_search", "name": "search", "arguments": "{}"},
         {"custom_id": "c1", "tool_type": "mcp", "name": "lookup", "arguments": '{"q": 1}'}]
 
 
@@ -632,19 +638,16 @@ def test_only_the_store_touches_its_connection():
 
 
 def test_error_kind_and_status_views_follow_the_enums(store):
-    from batch.responses.status import RequestStatus
-    from tools.kinds import ToolErrorKind
 
     result = make_result("r1", 1)
-    rid = result.response.response_id
-    result.tool_calls = [tool_call("r1", rid, kind, status="failed", error_kind=kind) for kind in ToolErrorKind]
+    result.tool_calls = [tool_call(kind, status=ToolCallStatus.FAILED, error_kind=kind) for kind in ToolErrorKind]
     store.write_results([result])
     rows = store.query("SELECT error_kind, is_model_error FROM tool_errors_by_kind")[1]
     assert {row["error_kind"]: row["is_model_error"] for row in rows} == {
         kind.value: kind.is_model_error for kind in ToolErrorKind}
     assert sum(kind.is_model_error for kind in ToolErrorKind) == 4
     run = store.runs.list()[0]
-    assert {status.value: run[status] for status in RequestStatus} == {
+    assert {status.value: run.counts[status] for status in RequestStatus} == {
         "completed": 1, "incomplete": 0, "failed": 0, "invalid": 0}
 
 
@@ -654,15 +657,12 @@ def test_a_user_table_named_like_a_batch_changes_nothing(store):
     assert store.runs.finished_line_numbers("r1") == {1}
 
 
-def test_rows_are_built_from_records_by_name():
-    from batch.responses.metrics import TurnMetrics
-    from batch.store.rows import row_from
+def test_turns_and_tool_calls_rows_are_the_records_under_their_response():
+    """One type per fact: the turns and tool_calls tables are the session's records plus the owners."""
+    from batch.store.rows import OWNED_TYPES, SCHEMAS
 
-    metrics = TurnMetrics(turn=2, prompt_tokens=5, cached_tokens=1, output_tokens=7, reasoning_tokens=3,
-                          tool_output_tokens=4, prefill_s=0.5, decode_s=1.5, finish_reason="stop")
-    row = row_from(TurnRow, metrics, run_id="r1", response_id="resp_1")
-    assert row == TurnRow(run_id="r1", response_id="resp_1", turn=2, prompt_tokens=5, cached_tokens=1,
-                          output_tokens=7, tool_output_tokens=4, prefill_s=0.5, decode_s=1.5, finish_reason="stop")
-    with pytest.raises(AttributeError, match="tool_output_tokens"):  # a field the record lacks is an error
-        row_from(TurnRow, object(), run_id="r1", response_id="resp_1", turn=0, prompt_tokens=0, cached_tokens=0,
-                 output_tokens=0)
+    for table, record_type in OWNED_TYPES.items():
+        assert SCHEMAS[table].names == ["run_id", "response_id", *(f.name for f in dataclasses.fields(record_type))]
+    assert SCHEMAS["turns"].field("turn").type == pa.int32()
+    assert SCHEMAS["tool_calls"].field("attempts").type == pa.int32()
+    assert SCHEMAS["tool_calls"].field("status").type == pa.string()
