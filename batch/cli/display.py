@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from batch.run.reader import InputCheck
     from batch.store.rows import RunRow
     from batch.store.runs import ListedRun
-    from batch.run.runner import Progress, Run, RunSummary
+    from batch.run.runner import Progress, ProgressSnapshot, RunSummary
 
 STATUSES = tuple(RequestStatus)
 REFRESH_S = 0.5  # the bar redraws at most this often (and at least this often while a run goes)
@@ -44,34 +44,26 @@ def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
     start = time.monotonic()
     shown_at = 0.0
 
-    def update(runner: Run, written: int) -> None:
+    def update(snapshot: ProgressSnapshot) -> None:
         nonlocal shown_at
-        if bar.total is None and runner.num_input_requests is not None:
-            bar.total = runner.num_input_requests
-            bar.update(runner.skipped)
-        if written:
-            bar.update(written)
+        if bar.total is None and snapshot.num_input_requests is not None:
+            bar.total = snapshot.num_input_requests
+            bar.update(snapshot.num_skipped)
+        if snapshot.num_written:
+            bar.update(snapshot.num_written)
         now = time.monotonic()
         if now - shown_at < REFRESH_S:
             return
         shown_at = now
-        tokens = max(runner.decoded_tokens, runner.tokens["output"])  # a Ray driver counts finished ones
-        bar.set_description(_phase(runner), refresh=False)
+        tokens = snapshot.num_tokens
+        bar.set_description(snapshot.phase, refresh=False)
         bar.set_postfix(tokens=tokens, tok_s=f"{tokens / max(now - start, 1e-9):.1f}",
-                        failed=runner.statuses[RequestStatus.FAILED], invalid=runner.statuses[RequestStatus.INVALID],
-                        refresh=True)
+                        failed=snapshot.num_failed, invalid=snapshot.num_invalid, refresh=True)
 
     try:
         yield update
     finally:
         bar.close()
-
-
-def _phase(run: Run) -> str:
-    """What a run is waiting on now, for the bar's description."""
-    if run.phase:
-        return run.phase
-    return "decoding" if run.num_input_requests is not None else "reading input"
 
 
 def summary_text(summary: RunSummary, db: str) -> str:

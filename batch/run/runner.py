@@ -42,8 +42,21 @@ FLUSH_S = 1.0  # finished results wait at most this long to be handed to the wri
 WRITE_MIN_EVENTS = 32_768
 WRITER_HOLDS = 4
 
-# What a run calls each time round its loop: (the run, requests written since the last call).
-Progress = Callable[["Run", int], None]
+@dataclass(frozen=True, slots=True)
+class ProgressSnapshot:
+    """What a progress bar shows of a run, taken each time round its loop."""
+
+    num_written: int  # requests written since the last snapshot
+    num_input_requests: int | None  # known once the input is scanned
+    num_skipped: int  # lines done before this run started (resumed)
+    num_tokens: int  # output tokens sampled so far (a Ray driver counts those of finished requests)
+    phase: str  # what the run waits on now
+    num_failed: int
+    num_invalid: int
+
+
+# What a run calls each time round its loop.
+Progress = Callable[[ProgressSnapshot], None]
 # What decodes a run's lines: it reads them from the iterator, admits them with `run.prepare`,
 # and hands every result to `run.finish`, until each line has its result.
 Decode = Callable[["Run", Iterator[InputLine]], None]
@@ -206,8 +219,15 @@ class Run:
     def _report_written(self) -> None:
         written = self.writer.num_written - self._num_reported
         if self.progress is not None:  # every loop: a bar moves with tokens, not only with finished requests
-            self.progress(self, written)
+            self.progress(self.snapshot(written))
         self._num_reported += written
+
+    def snapshot(self, num_written: int) -> ProgressSnapshot:
+        """The run as a progress bar shows it now."""
+        phase = self.phase or ("decoding" if self.num_input_requests is not None else "reading input")
+        return ProgressSnapshot(num_written, self.num_input_requests, self.skipped,
+                                max(self.decoded_tokens, self.tokens["output"]), phase,
+                                self.statuses[RequestStatus.FAILED], self.statuses[RequestStatus.INVALID])
 
 
 class Runner:

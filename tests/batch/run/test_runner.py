@@ -15,7 +15,7 @@ from batch.run.decode_loop import DecodeLoop
 from batch.run.ledger import OpenedRun, RunError, RunLedger
 from batch.run.options import RunOptions
 from batch.run.reader import read_requests
-from batch.run.runner import Runner
+from batch.run.runner import ProgressSnapshot, Runner
 from batch.run.session import Session, SessionOptions
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding
@@ -267,6 +267,19 @@ def assert_one_row_per_line(store, num_lines, num_responses=None):
     orphans = """SELECT count(*) FROM {} WHERE response_id NOT IN (SELECT response_id FROM requests)"""
     for table in ("responses", "events", "turns"):
         assert rows(store, orphans.format(table)) == [(0,)]
+
+
+def test_the_progress_callback_gets_snapshots_of_the_run(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [*SIX, "not json"])
+    snapshots: list[ProgressSnapshot] = []
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                         prompt=PromptOptions(conversation_date="2025-01-01"))
+    Runner(store, backend_for(), options, progress=snapshots.append).run()
+    assert all(isinstance(snapshot, ProgressSnapshot) for snapshot in snapshots)
+    assert sum(snapshot.num_written for snapshot in snapshots) == 7  # every row, counted once
+    last = snapshots[-1]
+    assert (last.num_input_requests, last.num_skipped, last.num_failed, last.num_invalid) == (7, 0, 0, 1)
+    assert last.num_tokens > 0 and last.phase == "decoding"
 
 
 def test_resuming_a_finished_run_admits_nothing(tmp_path, store):
