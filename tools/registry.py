@@ -1,11 +1,12 @@
-"""Request tools -> harmony tool sections; harmony recipient -> the tool it names.
+"""The tools a request enabled; harmony recipient -> the tool it names.
 
 gpt-oss knows two built-in tools by harmony name: `python` (the request's
 `code_interpreter`) and `browser` (`web_search`/`web_search_preview`). Function tools
 live in the `functions` namespace, MCP servers in a namespace named by their
 `server_label`. An MCP server whose label names a built-in tool (`code_interpreter`,
 `python`, `browser`, ...) is served by the built-in tool's harmony section, so
-`to=python` becomes an `mcp_call` on that label, as vLLM does.
+`to=python` becomes an `mcp_call` on that label, as vLLM does. Rendering the tools into
+the prompt is the protocol's side: batch/harmony/tool_sections.py.
 
 An MCP server's tools are known only once it is listed: `add_listing()` (filtered by
 the tool's `allowed_tools`) must come before the prompt is rendered. `tool_choice`
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import cast
-
-from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
 from tools.kinds import ToolErrorKind, ToolType
 from tools.servers import BROWSER_LABELS, PYTHON_LABELS
@@ -41,6 +40,15 @@ class ToolTarget:
     server_label: str | None = None
 
 
+@dataclass(frozen=True)
+class ListedTool:
+    """One tool a namespaced MCP server listed, as the model is shown it."""
+
+    name: str
+    description: str
+    parameters: dict | None  # the tool's input JSON Schema
+
+
 @dataclass
 class ServerListing:
     """One MCP server's tools as a response's `mcp_list_tools` item shows them."""
@@ -59,7 +67,7 @@ class ToolRegistry:
     python_label: str | None = None      # None: python off; "" built-in; else MCP label
     browser_label: str | None = None
     mcp_servers: dict[str, dict] = field(default_factory=dict)  # namespaced (non built-in) servers
-    mcp_tools: dict[str, list[ToolDescription]] = field(default_factory=dict)
+    mcp_tools: dict[str, list[ListedTool]] = field(default_factory=dict)  # what the model is shown, by label
     mcp_definitions: dict[str, dict] = field(default_factory=dict)  # every mcp tool, by label
     listings: list[ServerListing] = field(default_factory=list)
     read_only: dict[str, set[str]] = field(default_factory=dict)  # label -> tools annotated readOnlyHint
@@ -102,8 +110,7 @@ class ToolRegistry:
         kept = [tool for tool in tools or [] if self.allows(label, tool.name)]
         self.listings.append(ServerListing(label, [_listed(tool) for tool in kept], error, error_kind))
         if label in self.mcp_servers and error is None:
-            self.mcp_tools[label] = [ToolDescription.new(t.name, t.description or "",
-                                                         parameters=t.input_schema) for t in kept]
+            self.mcp_tools[label] = [ListedTool(t.name, t.description or "", t.input_schema) for t in kept]
 
     def allows(self, label: str, name: str) -> bool:
         """Whether the mcp tool `label` lets the model call `name` (its `allowed_tools`; `read_only`
@@ -148,30 +155,6 @@ class ToolRegistry:
         if label not in self.mcp_tools:
             return None
         return {tool.name for tool in self.mcp_tools[label]}
-
-    # -- rendering --------------------------------------------------------
-    def add_to_system(self, content: SystemContent) -> SystemContent:
-        if self.browser_label is not None:
-            content = content.with_browser_tool()
-        if self.python_label is not None:
-            content = content.with_python_tool()
-        return content
-
-    def add_to_developer(self, content: DeveloperContent) -> DeveloperContent:
-        for label, descriptions in self.mcp_tools.items():
-            server = self.mcp_servers.get(label, {})
-            content = content.with_tools(ToolNamespaceConfig(
-                name=label, description=server.get("server_description"), tools=descriptions))
-        if self.functions:
-            content = content.with_function_tools([
-                ToolDescription.new(t["name"], t.get("description") or "", parameters=t.get("parameters"))
-                for t in self.functions.values()
-            ])
-        return content
-
-    @property
-    def has_developer_tools(self) -> bool:
-        return bool(self.functions or self.mcp_tools)
 
     # -- tool_choice ------------------------------------------------------
     def callable_recipients(self) -> list[tuple[str, str]]:
@@ -250,9 +233,9 @@ class ToolRegistry:
             return (tool.get("parameters") or ANY_OBJECT) if strict else ANY_OBJECT
         if recipient == "python":
             return None
-        for tool in self.mcp_tools.get(namespace, []):
-            if tool.name == name:
-                return tool.parameters or ANY_OBJECT
+        for listed in self.mcp_tools.get(namespace, []):
+            if listed.name == name:
+                return listed.parameters or ANY_OBJECT
         return ANY_OBJECT
 
     # -- resolving --------------------------------------------------------

@@ -1,7 +1,7 @@
 """A generated task -> the exact tokens batchrun decodes, with a mask of what the model must say.
 
 The prompt of each turn is what `batchrun submit` renders for the request (batch/harmony/render.py
-and tools/registry.py, the same code path); the model's turns are harmony messages; tool
+and tool_sections.py, the same code path); the model's turns are harmony messages; tool
 answers are rendered as the session feeds them back (`render_tool_output`). So a training
 sequence is token for token what the model sees and emits under `batchrun submit`.
 """

@@ -26,6 +26,7 @@ from openai_harmony import (
 
 from batch.responses.request import ResponsesRequest
 from batch.harmony.token_parser import MESSAGE_TOKEN
+from batch.harmony.tool_sections import has_developer_tools, with_developer_tools, with_system_tools
 from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
@@ -70,17 +71,17 @@ def _system_message(request: ResponsesRequest, registry: ToolRegistry, options: 
         options.knowledge_cutoff)
     if date:
         content = content.with_conversation_start_date(date)
-    return Message.from_role_and_content(Role.SYSTEM, registry.add_to_system(content))
+    return Message.from_role_and_content(Role.SYSTEM, with_system_tools(registry, content))
 
 
 def _developer_message(request: ResponsesRequest, registry: ToolRegistry) -> Message | None:
     instructions = request.instructions
-    if not instructions and not registry.has_developer_tools:
+    if not instructions and not has_developer_tools(registry):
         return None
     content = DeveloperContent.new()
     if instructions:
         content = content.with_instructions(instructions)
-    return Message.from_role_and_content(Role.DEVELOPER, registry.add_to_developer(content))
+    return Message.from_role_and_content(Role.DEVELOPER, with_developer_tools(registry, content))
 
 
 def _assistant(text: str, channel: str, recipient: str | None = None,
