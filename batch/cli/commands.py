@@ -5,6 +5,7 @@ Each is a thin function over the runner and the store; batch/cli/main.py registe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,8 @@ from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store 
                             resolve_run)
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
-from batch.cli.distribute import distribution_options, submit_distributed
-from batch.cli.submit import submit_options, submit_plan
+from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
+from batch.cli.submit import SubmitOptions, submit_options, submit_plan
 
 
 _read_db = click.option("--db", default=DEFAULT_DB, show_default=True,
@@ -37,9 +38,11 @@ _read_db = click.option("--db", default=DEFAULT_DB, show_default=True,
 @submit_options
 def submit(input_path: Path, db: str, **values: Any) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
-    values = resolve_latest(db, values)
-    options, backend = submit_plan(input_path, db, values)
-    submit_distributed(options, backend, db, values)
+    given = SubmitOptions.from_values(values)
+    given = dataclasses.replace(given, resume=resolve_latest(db, given.resume),
+                                retry_failed=resolve_latest(db, given.retry_failed))
+    options, backend = submit_plan(input_path, db, given)
+    submit_distributed(options, backend, db, DistributionOptions.from_values(values), quiet=given.quiet)
 
 
 @click.command()

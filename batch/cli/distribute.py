@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +39,22 @@ DISTRIBUTION_OPTIONS = [
 ]
 
 
+@dataclass(frozen=True)
+class DistributionOptions:
+    """The values of DISTRIBUTION_OPTIONS, typed: built once from click's values."""
+
+    shard: str | None
+    ray_address: str | None
+    workers: int
+    gpus_per_worker: float
+    cpus_per_worker: float
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> DistributionOptions:
+        """This class's fields from a command's keyword arguments (other options' values are left)."""
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
 def distribution_options(command: F) -> F:
     """Decorate a command that decodes (`submit`, `eval`) with DISTRIBUTION_OPTIONS."""
     for option in reversed(DISTRIBUTION_OPTIONS):
@@ -45,35 +62,36 @@ def distribution_options(command: F) -> F:
     return command
 
 
-def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, values: dict) -> None:
-    """Run `submit` as its --shard / --ray values ask (a plain run without them)."""
+def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, distribution: DistributionOptions, *,
+                       quiet: bool) -> None:
+    """Run `submit` as its --shard / --ray options ask (a plain run without them)."""
     from batch.run.shards import Shard, ShardSpecError
 
-    if values["ray_address"] is None:
+    if distribution.ray_address is None:
         given = [name for name, default in (("workers", 1), ("gpus_per_worker", 0.0), ("cpus_per_worker", 1.0))
-                 if values[name] != default]
+                 if getattr(distribution, name) != default]
         if given:
             raise click.UsageError(f"--{given[0].replace('_', '-')} needs --ray")
-    if values["shard"] is not None:
-        if values["ray_address"] is not None:
+    if distribution.shard is not None:
+        if distribution.ray_address is not None:
             raise click.UsageError("--shard and --ray are exclusive: a Ray run already spreads the input")
         try:
-            shard = Shard.parse(values["shard"])
+            shard = Shard.parse(distribution.shard)
         except ShardSpecError as exc:
             raise click.UsageError(str(exc)) from None
         options = dataclasses.replace(options, shard=shard, worker=shard.worker)
     # A Ray cluster's workers may see another filesystem: they check the model themselves.
-    check_before_loading(options, backend if values["ray_address"] in (None, "local") else None)
-    if values["ray_address"] is not None:
+    check_before_loading(options, backend if distribution.ray_address in (None, "local") else None)
+    if distribution.ray_address is not None:
         from batch.distributed.ray_runner import RayOptions
         from batch.cli.ray_submit import run_ray_submit
 
-        ray = RayOptions(address=None if values["ray_address"] == "local" else values["ray_address"],
-                         num_workers=values["workers"], gpus_per_worker=values["gpus_per_worker"],
-                         cpus_per_worker=values["cpus_per_worker"])
-        run_ray_submit(options, backend, ray, db=db, quiet=values["quiet"])
+        ray = RayOptions(address=None if distribution.ray_address == "local" else distribution.ray_address,
+                         num_workers=distribution.workers, gpus_per_worker=distribution.gpus_per_worker,
+                         cpus_per_worker=distribution.cpus_per_worker)
+        run_ray_submit(options, backend, ray, db=db, quiet=quiet)
         return
-    run_submit(options, backend, db=db, quiet=values["quiet"])
+    run_submit(options, backend, db=db, quiet=quiet)
 
 
 @click.command()

@@ -22,9 +22,9 @@ import click
 
 from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
                             resolve_run)
-from batch.cli.distribute import distribution_options, submit_distributed
+from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
 from batch.store.store import Store
-from batch.cli.submit import submit_options, submit_plan
+from batch.cli.submit import SubmitOptions, submit_options, submit_plan
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
 from evals.suite import Suite, SuiteError, builtin_suites, load_suite
@@ -79,17 +79,18 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     suite = _suite(suite_name)
     if resume and run_id:
         raise click.UsageError("--resume and --run-id are exclusive")
-    resume = resolve_latest(db, {"resume": resume})["resume"]
-    values = resolve_latest(db, values, ("retry_failed",))
-    if values["shard"] is not None and fail_under is not None:
+    resume = resolve_latest(db, resume)
+    values = {**values, "retry_failed": resolve_latest(db, values["retry_failed"])}
+    distribution = DistributionOptions.from_values(values)
+    if distribution.shard is not None and fail_under is not None:
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
                                "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
     run_id = resume or run_id or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
         requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
-        options, backend = submit_plan(requests, db, {**values, "run_id": None if resume else run_id,
-                                                      "resume": resume})
-        submit_distributed(options, backend, db, values)
+        given = SubmitOptions.from_values({**values, "run_id": None if resume else run_id, "resume": resume})
+        options, backend = submit_plan(requests, db, given)
+        submit_distributed(options, backend, db, distribution, quiet=given.quiet)
     with _open_store(db) as store:
         run = store.runs.get(run_id)
         if run is None:  # submit_distributed made it or exited
@@ -98,8 +99,8 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
         store.runs.update(run_id, input_path=str(suite.path),
                          notes={**notes, "eval_suite": suite.name})
         click.echo()
-        if values["shard"] is not None:
-            click.echo(_merge_hint(run_id, suite, suite_name, values["shard"], db))
+        if distribution.shard is not None:
+            click.echo(_merge_hint(run_id, suite, suite_name, distribution.shard, db))
             return
         _grade(store, run_id, suite, fail_under)
 

@@ -1,8 +1,8 @@
 """One `batchrun submit` run as functions: its options, what they ask for, the run itself.
 
 `batchrun submit` (batch/cli/commands.py) and `batchrun eval` (batch/cli/eval_commands.py) both take
-`submit_options`, turn the values into a plan with `submit_plan`, and call
-`run_submit`; neither command calls the other.
+`submit_options`, type click's values once (`SubmitOptions`), turn them into a plan with
+`submit_plan`, and call `run_submit`; neither command calls the other.
 """
 
 from __future__ import annotations
@@ -103,6 +103,42 @@ def submit_options(command: F) -> F:
 
 
 @dataclass(frozen=True)
+class SubmitOptions:
+    """The values of SUBMIT_OPTIONS plus --run-id and --resume, typed: built once from click's values."""
+
+    run_id: str | None
+    resume: str | None
+    model_dir: Path | None
+    backend: str
+    kv_cache_gb: float
+    device: str
+    kernels: str
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    retry_failed: str | None
+    limit: int | None
+    max_output_tokens: int
+    seed: int
+    temperature: float
+    max_inflight: int
+    max_line_bytes: int
+    keep_tokens: bool
+    conversation_date: str | None
+    reasoning_effort: str
+    threads: int | None
+    mcp_config: Path | None
+    tool_timeout: float
+    max_turns: int
+    max_tool_output_bytes: int
+    quiet: bool
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> SubmitOptions:
+        """This class's fields from a command's keyword arguments (other options' values are left)."""
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     """The decoder to load and how; run_submit loads it once the database is open,
     so a locked database fails before a slow model load."""
@@ -131,13 +167,13 @@ class BackendSpec:
             fail(str(exc))
 
 
-def submit_plan(input_path: Path, db: str, values: dict) -> tuple[RunOptions, BackendSpec]:
-    """What submit's option values (SUBMIT_OPTIONS plus run_id and resume) ask for."""
-    model_dir = values["model_dir"] or (DEFAULT_MODEL if (DEFAULT_MODEL / "config.json").exists() else None)
+def submit_plan(input_path: Path, db: str, submit: SubmitOptions) -> tuple[RunOptions, BackendSpec]:
+    """What submit's options ask for: the run and the decoder to load."""
+    model_dir = submit.model_dir or (DEFAULT_MODEL if (DEFAULT_MODEL / "config.json").exists() else None)
     if model_dir is None:
         fail("no model: pass --model DIR (a local HF gpt-oss checkpoint) or set BATCHRUN_MODEL")
-    options = dataclasses.replace(_run_options(input_path, model_dir, values), tools=_tool_options(values, db))
-    backend = BackendSpec(values["backend"], model_dir, values["threads"], _backend_options(values))
+    options = dataclasses.replace(_run_options(input_path, model_dir, submit), tool_options=_tool_options(submit, db))
+    backend = BackendSpec(submit.backend, model_dir, submit.threads, _backend_options(submit))
     return options, backend
 
 
@@ -239,35 +275,35 @@ def set_threads(threads: int | None, config: dict) -> None:
         torch.set_num_threads(threads)
 
 
-def _backend_options(values: dict) -> dict:
-    options = {"seed": values["seed"], "device": values["device"]}
-    if values["backend"] == "engine":
-        options.update(kv_cache_gb=values["kv_cache_gb"], max_num_seqs=values["max_num_seqs"],
-                       kernels=values["kernels"], gpu_memory_utilization=values["gpu_memory_utilization"])
+def _backend_options(submit: SubmitOptions) -> dict:
+    options: dict[str, Any] = {"seed": submit.seed, "device": submit.device}
+    if submit.backend == "engine":
+        options.update(kv_cache_gb=submit.kv_cache_gb, max_num_seqs=submit.max_num_seqs,
+                       kernels=submit.kernels, gpu_memory_utilization=submit.gpu_memory_utilization)
     return options
 
 
-def _tool_options(values: dict, db: str) -> ToolOptions:
+def _tool_options(submit: SubmitOptions, db: str) -> ToolOptions:
     from tools.servers import McpConfigError, load_mcp_config
 
     try:
-        servers = load_mcp_config(values["mcp_config"]) if values["mcp_config"] else {}
+        servers = load_mcp_config(submit.mcp_config) if submit.mcp_config else {}
     except McpConfigError as exc:
         fail(str(exc))
-    return ToolOptions(servers=servers, config_path=values["mcp_config"] and str(values["mcp_config"]),
-                       call_timeout_s=values["tool_timeout"], log_path=Path(f"{db}.tools.log"))
+    return ToolOptions(servers=servers, config_path=str(submit.mcp_config) if submit.mcp_config else None,
+                       call_timeout_s=submit.tool_timeout, log_path=Path(f"{db}.tools.log"))
 
 
-def _run_options(input_path: Path, model_dir: Path, values: dict) -> RunOptions:
-    if values["resume"] and values["retry_failed"]:
+def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> RunOptions:
+    if submit.resume and submit.retry_failed:
         raise click.UsageError("--resume and --retry-failed are exclusive")
     return RunOptions(
-        input_path=input_path, run_id=values["run_id"], resume=values["resume"],
-        retry_failed=values["retry_failed"], limit=values["limit"], max_inflight=values["max_inflight"],
-        max_line_bytes=values["max_line_bytes"],
-        prompt=PromptOptions(conversation_date=values["conversation_date"],
-                             reasoning_effort=values["reasoning_effort"]),
-        session=SessionOptions(model=model_dir.name, max_output_tokens=values["max_output_tokens"],
-                               seed=values["seed"], temperature=values["temperature"],
-                               keep_tokens=values["keep_tokens"], max_turns=values["max_turns"],
-                               max_tool_output_bytes=values["max_tool_output_bytes"]))
+        input_path=input_path, run_id=submit.run_id, resume=submit.resume,
+        retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
+        max_line_bytes=submit.max_line_bytes,
+        prompt=PromptOptions(conversation_date=submit.conversation_date,
+                             reasoning_effort=submit.reasoning_effort),
+        session=SessionOptions(model=model_dir.name, max_output_tokens=submit.max_output_tokens,
+                               seed=submit.seed, temperature=submit.temperature,
+                               keep_tokens=submit.keep_tokens, max_turns=submit.max_turns,
+                               max_tool_output_bytes=submit.max_tool_output_bytes))

@@ -121,10 +121,9 @@ def resolve_run(store: Store, run: str) -> str:
     return run
 
 
-def resolve_latest(db: str, values: dict, names: tuple[str, ...] = ("resume", "retry_failed")) -> dict:
-    """`values` with each of the options `names` that says `latest` set to the newest run's id in `db`."""
-    if not any(values.get(name) == "latest" for name in names):
-        return values
+def resolve_latest(db: str, run: str | None) -> str | None:
+    """`run` as given (a run id, or None), or the newest run's id in `db` when it says `latest`."""
+    if run != "latest":
+        return run
     with open_store(db, read_only=True) as store:
-        newest = resolve_run(store, "latest")
-    return {**values, **{name: newest for name in names if values.get(name) == "latest"}}
+        return resolve_run(store, "latest")

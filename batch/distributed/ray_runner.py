@@ -116,7 +116,7 @@ class RayRunner:
         self.slots: list[WorkerSlot] = []
         self.queue: ChunkQueue[Prepared] = ChunkQueue()
         # The driver never decodes: the engine lives in the workers.
-        self.run_state = Run(store, options, self._decode, ServerCatalog(options.tools.servers), progress,
+        self.run_state = Run(store, options, self._decode, ServerCatalog(options.tool_options.servers), progress,
                              on_close=self._kill_workers)
 
     @property
@@ -157,7 +157,7 @@ class RayRunner:
             slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
         return cast(dict, self.ray.get(self.slots[0].handle.describe.remote()))
 
-    # -- the decoding (Run.run opens and closes the run around it) ----------
+    # -- the decoding (Run.run opens and finishes the run around it) ----------
     def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
         exhausted = False
@@ -226,7 +226,7 @@ class RayRunner:
             return
         slot.chunks.pop(ref)
         for result in results:
-            self.run_state.finish(result)
+            self.run_state.finish_request(result)
 
     def _probed(self, slot: WorkerSlot, ref: Any) -> None:
         slot.probe = None
@@ -245,7 +245,7 @@ class RayRunner:
         given_up = self.queue.give_back(chunk, alone)
         if given_up is not None:
             line, run = given_up.line, self.run_state
-            run.finish(line_result(run.run_id, line, RequestStatus.FAILED,
+            run.finish_request(line_result(run.run_id, line, RequestStatus.FAILED,
                                    f"line {line.line_no}: a Ray worker died each of the {MAX_ATTEMPTS} times "
                                    "it decoded this request alone; it is failed so the run can go on"))
 

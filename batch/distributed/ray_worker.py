@@ -63,7 +63,7 @@ class ChunkDecoder:
 
     def __init__(self, backend: Backend, options: RunOptions):
         self.options = options
-        self.loop = DecodeLoop(backend, options, ServerCatalog(options.tools.servers))
+        self.loop = DecodeLoop(backend, options, ServerCatalog(options.tool_options.servers))
         self.run_id = ""  # the run of the chunks it holds (set by take)
         self.queued: deque[Prepared] = deque()  # given, waiting for room in the batch (oldest chunk first)
         self.owners: dict[int, ChunkJob] = {}  # line_no -> the job of every line given and not yet finished

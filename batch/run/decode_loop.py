@@ -41,8 +41,8 @@ class DecodeLoop:
 
     def __init__(self, backend: Backend, options: RunOptions, catalog: ServerCatalog):
         self.backend, self.options = backend, options
-        self.dispatcher = ToolDispatcher(catalog, call_timeout_s=options.tools.call_timeout_s,
-                                         errlog_path=options.tools.log_path)
+        self.dispatcher = ToolDispatcher(catalog, call_timeout_s=options.tool_options.call_timeout_s,
+                                         errlog_path=options.tool_options.log_path)
         self.run_id = ""  # the run of the lines it holds (set by add)
         self.sessions: dict[str, Session] = {}  # decoding, by engine request id
         self.awaiting: dict[Future, Session] = {}  # waiting on a hosted tool call
@@ -120,14 +120,14 @@ class DecodeLoop:
             except BaseException as exc:  # e.g. harmony panics on a prompt of 2 MB of spaces
                 reraise_interrupts(exc)
                 line = prepared.line
-                self._finish(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
+                self._finish_request(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
                 continue
             if isinstance(session, RequestResult):  # invalid
-                self._finish(session)
+                self._finish_request(session)
                 continue
             session.start()
             if session.outcome is not None:  # a server it uses could not be listed
-                self._end_response(session)
+                self._finish_response(session)
             else:
                 self._submit_turn(session)
         self.listing = waiting
@@ -138,7 +138,7 @@ class DecodeLoop:
                                      session.sampling())
         except ValueError as exc:  # e.g. prompt longer than the model's context: it never ran
             session.refuse(str(exc))
-            self._end_response(session)
+            self._finish_response(session)
             return
         self.sessions[session.engine_request_id] = session
 
@@ -167,7 +167,7 @@ class DecodeLoop:
             session.turns[-1].finish_reason = FinishReason.ABORT
         call = session.end_turn()
         if call is None:
-            self._end_response(session)
+            self._finish_response(session)
         else:
             self._start_tool_call(session, call)
 
@@ -202,7 +202,7 @@ class DecodeLoop:
             if session.outcome is None:
                 self._submit_turn(session)
             else:
-                self._end_response(session)
+                self._finish_response(session)
 
     # -- ends ---------------------------------------------------------------
     def _fail_response(self, session: Session, exc: BaseException) -> None:
@@ -210,17 +210,17 @@ class DecodeLoop:
         message = internal_error(session.line, exc)
         try:
             session.fail(message.split(": ", 1)[1])
-            self._end_response(session)
+            self._finish_response(session)
         except BaseException as broken:  # the session itself is broken: record the line without a response
             reraise_interrupts(broken)
             self.dispatcher.release(session.response_id)
-            self._finish(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
+            self._finish_request(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
 
-    def _end_response(self, session: Session) -> None:
+    def _finish_response(self, session: Session) -> None:
         self.dispatcher.release(session.response_id)
-        self._finish(result_of(session, self.run_id, session.finish()))
+        self._finish_request(result_of(session, self.run_id, session.finish()))
 
-    def _finish(self, result: RequestResult) -> None:
+    def _finish_request(self, result: RequestResult) -> None:
         """A request ended: its result goes out with this step's."""
         if result.request.worker is None:
             result.request.worker = self.options.worker

@@ -1,8 +1,12 @@
-"""The run ledger: a run's row in the store, opened (new, resumed or matched) and closed.
+"""The run ledger: a run's row in the store, opened (new, resumed or matched) and finished.
 
 Usable alone, over a store: `open` decides which run a submit continues (an explicit
 --resume/--retry-failed, else the unfinished run of the same input with the same model
-and RESUME_KEYS, else a new one) and which lines it has done; `close` records the end.
+and RESUME_KEYS, else a new one) and which lines it has done; `finish` records the end.
+
+Ending has one name: a request (`Run.finish_request`), a response (`Session.finish`) and a
+run (`RunLedger.finish`) finish; `close` is for what holds resources (a store, a writer,
+the decode loop's tool servers).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class OpenedRun:
 
 
 class RunLedger:
-    """Opens, matches and closes runs in one store."""
+    """Opens, matches and finishes runs in one store."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -90,7 +94,7 @@ class RunLedger:
             raise RunError(f"run {run_id}: no such run in this database")
         return run
 
-    def close(self, run_id: str, status: RunStatus, *, ignored: Counter,
+    def finish(self, run_id: str, status: RunStatus, *, ignored: Counter,
               num_input_requests: int | None) -> dict[str, int]:
         """Record the run's end: its status, the rows it has, and notes on its input and tools.
 
@@ -122,9 +126,9 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
                  "conversation_date": options.prompt.conversation_date,
                  "reasoning_effort": options.prompt.reasoning_effort,
                  "keep_tokens": options.session.keep_tokens, "max_turns": options.session.max_turns,
-                 "tool_timeout_s": options.tools.call_timeout_s,
-                 "mcp_config": options.tools.config_path,
-                 "mcp_servers": sorted(options.tools.servers),  # labels only: no secrets
+                 "tool_timeout_s": options.tool_options.call_timeout_s,
+                 "mcp_config": options.tool_options.config_path,
+                 "mcp_servers": sorted(options.tool_options.servers),  # labels only: no secrets
                  "max_tool_output_bytes": options.session.max_tool_output_bytes,
                  "shard": options.shard.label if options.shard else None},
         notes={}, batchrun_version=_version())

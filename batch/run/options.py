@@ -34,7 +34,7 @@ class RunOptions:
     max_line_bytes: int = 8 * 1024 * 1024
     prompt: PromptOptions = PromptOptions()
     session: SessionOptions = SessionOptions(model="")
-    tools: ToolOptions = ToolOptions()
+    tool_options: ToolOptions = ToolOptions()  # how the run reaches tools (`.tools` is always a list of tools)
     engine_config: dict = field(default_factory=dict)
     shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)

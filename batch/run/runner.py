@@ -1,7 +1,7 @@
 """A whole run in this process: the ledger opens it, a decode loop decodes it, results are batched to the writer.
 
 `Run` is what every run shares, however it decodes: the one pass over the input (hash
-and size), the ledger's open and close, the reading of lines not yet done (admission
+and size), the ledger's open and finish, the reading of lines not yet done (admission
 checks each one: invalid lines end here), and the batching of finished results to the
 store's writer thread. What turns admitted lines into results is given to it: the
 one-process `Runner` below composes a `DecodeLoop`; the Ray driver
@@ -58,7 +58,7 @@ class ProgressSnapshot:
 # What a run calls each time round its loop.
 Progress = Callable[[ProgressSnapshot], None]
 # What decodes a run's lines: it reads them from the iterator, admits them with `run.prepare`,
-# and hands every result to `run.finish`, until each line has its result.
+# and hands every result to `run.finish_request`, until each line has its result.
 Decode = Callable[["Run", Iterator[InputLine]], None]
 
 
@@ -101,8 +101,8 @@ class Run:
         self.skipped = 0
         self.num_input_requests: int | None = None  # known once run() has scanned the input
         self.stopped_at_limit = False
-        self.tool_errors: dict[str, int] = {}  # recorded by the ledger when the run closes
-        self.server_errors: list[str] = []  # what decoded the run reports before it closes
+        self.tool_errors: dict[str, int] = {}  # recorded by the ledger when the run finishes
+        self.server_errors: list[str] = []  # what decoded the run reports before it finishes
 
     def run(self) -> RunSummary:
         """Decode every line not yet finished in this run; returns the summary."""
@@ -128,7 +128,7 @@ class Run:
             status = RunStatus.INTERRUPTED
             raise
         finally:
-            status = self._close(status)
+            status = self._finish_run(status)
         return RunSummary(self.run_id, opened.resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
                           self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors,
@@ -140,14 +140,14 @@ class Run:
             prepared = prepare(line, self.store, self.run_id, self.catalog)
         except BaseException as exc:  # a bug or a dependency's panic costs one line, not the run
             reraise_interrupts(exc)
-            self.finish(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
+            self.finish_request(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
             return None
         if isinstance(prepared, RequestResult):  # invalid
-            self.finish(prepared)
+            self.finish_request(prepared)
             return None
         return prepared
 
-    def finish(self, result: RequestResult) -> None:
+    def finish_request(self, result: RequestResult) -> None:
         """A line's result: counted, and written with the next batch."""
         if result.request.worker is None:
             result.request.worker = self.options.worker
@@ -179,7 +179,7 @@ class Run:
         self.pending = []
         self._flushed_at = time.monotonic()
 
-    def _close(self, status: RunStatus) -> RunStatus:
+    def _finish_run(self, status: RunStatus) -> RunStatus:
         """Write what is left, stop the decoder's resources, record the run's end; returns the final status.
 
         A write error fails the run (and is raised, after the runs row says so).
@@ -198,7 +198,7 @@ class Run:
                 if self._on_close is not None:
                     self._on_close()
             finally:
-                self.tool_errors = self.ledger.close(self.run_id, status, ignored=self.ignored,
+                self.tool_errors = self.ledger.finish(self.run_id, status, ignored=self.ignored,
                                                      num_input_requests=self.num_input_requests)
         if error is not None:
             raise error
@@ -234,7 +234,7 @@ class Runner:
     """A run decoded in this process: a `Run` around a `DecodeLoop` over one backend."""
 
     def __init__(self, store: Store, backend: Backend, options: RunOptions, progress: Progress | None = None):
-        catalog = ServerCatalog(options.tools.servers)
+        catalog = ServerCatalog(options.tool_options.servers)
         self.loop = DecodeLoop(backend, options, catalog)
         self.run_state = Run(store, options, self._decode, catalog, progress, on_close=self._close_loop)
 
@@ -258,7 +258,7 @@ class Runner:
         finally:
             sys.setswitchinterval(switch_interval)
             for result in self.loop.drain():  # ended in a step an interrupt cut short: written too
-                run.finish(result)
+                run.finish_request(result)
 
     def _read_and_decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         loop = self.loop
@@ -274,6 +274,6 @@ class Runner:
                 if prepared is not None:
                     loop.add(prepared, run.run_id)
             for result in loop.step(block=True):
-                run.finish(result)
+                run.finish_request(result)
             run.decoded_tokens, run.phase = loop.decoded_tokens, loop.phase  # the bar moves with tokens
             run.flush(force=not loop.is_busy)

@@ -467,7 +467,7 @@ def test_the_decode_loop_decodes_prepared_lines_alone_without_a_run(tmp_path, st
     path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "python")])
     options = RunOptions(input_path=path, session=SessionOptions(model="scripted"), worker="w0",
                          prompt=PromptOptions(conversation_date="2025-01-01"))
-    catalog = ServerCatalog(options.tools.servers)
+    catalog = ServerCatalog(options.tool_options.servers)
     loop = DecodeLoop(backend_for(), options, catalog)
     try:
         for line in read_requests(path):
@@ -491,7 +491,7 @@ def test_the_ledger_opens_matches_and_closes_runs_alone(tmp_path, store):
     assert ledger.open(options, "sha-1") == OpenedRun(first.run_id, True, set())  # unfinished, same settings
     other_seed = dataclasses.replace(options, session=SessionOptions(model="scripted", seed=7))
     assert ledger.matching_unfinished_run(other_seed, "sha-1") is None  # another experiment: a new run
-    ledger.close(first.run_id, RunStatus.COMPLETED, ignored=Counter(stream=1), num_input_requests=1)
+    ledger.finish(first.run_id, RunStatus.COMPLETED, ignored=Counter(stream=1), num_input_requests=1)
     closed = store.runs.get(first.run_id)
     assert closed.status == "completed" and closed.notes["ignored_fields"] == {"stream": 1}
     assert ledger.matching_unfinished_run(options, "sha-1") is None

@@ -57,7 +57,7 @@ def run(tmp_path, store, backend, lines, *, timeout_s=30.0, max_turns=32, **opti
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     options = RunOptions(input_path=path, session=SessionOptions(model="scripted", max_turns=max_turns),
                          prompt=PromptOptions(conversation_date="2025-01-01"),
-                         tools=ToolOptions(servers={"echo": echo_stdio()}, call_timeout_s=timeout_s),
+                         tool_options=ToolOptions(servers={"echo": echo_stdio()}, call_timeout_s=timeout_s),
                          **options)
     return Runner(store, backend, options).run()
 
