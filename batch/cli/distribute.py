@@ -49,11 +49,6 @@ class DistributionOptions:
     gpus_per_worker: float
     cpus_per_worker: float
 
-    @classmethod
-    def from_values(cls, values: dict[str, Any]) -> DistributionOptions:
-        """This class's fields from a command's keyword arguments (other options' values are left)."""
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
-
 
 def distribution_options(command: F) -> F:
     """Decorate a command that decodes (`submit`, `eval`) with DISTRIBUTION_OPTIONS."""

@@ -20,8 +20,8 @@ from typing import Any
 
 import click
 
-from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_latest,
-                            resolve_run)
+from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, options_from,
+                            resolve_latest, resolve_run)
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
 from batch.store.store import Store
 from batch.cli.submit import SubmitOptions, submit_options, submit_plan
@@ -81,14 +81,14 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
         raise click.UsageError("--resume and --run-id are exclusive")
     resume = resolve_latest(db, resume)
     values = {**values, "retry_failed": resolve_latest(db, values["retry_failed"])}
-    distribution = DistributionOptions.from_values(values)
+    distribution = options_from(DistributionOptions, values)
     if distribution.shard is not None and fail_under is not None:
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
                                "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
     run_id = resume or run_id or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
         requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
-        given = SubmitOptions.from_values({**values, "run_id": None if resume else run_id, "resume": resume})
+        given = options_from(SubmitOptions, {**values, "run_id": None if resume else run_id, "resume": resume})
         options, backend = submit_plan(requests, db, given)
         submit_distributed(options, backend, db, distribution, quiet=given.quiet)
     with _open_store(db) as store:

@@ -132,11 +132,6 @@ class SubmitOptions:
     max_tool_output_bytes: int
     quiet: bool
 
-    @classmethod
-    def from_values(cls, values: dict[str, Any]) -> SubmitOptions:
-        """This class's fields from a command's keyword arguments (other options' values are left)."""
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
-
 
 @dataclass(frozen=True)
 class BackendSpec:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -17,6 +18,7 @@ from batch.store.errors import StoreLockedError, StoreOpenError
 DEFAULT_DB = "batchrun.duckdb"
 LOCK_WAIT_S = 3.0  # a reader waits this long for a locked file's first snapshot (or for the file)
 LOCK_RETRY_S = 0.2
+T = TypeVar("T")
 
 
 def fail(message: str) -> NoReturn:
@@ -119,6 +121,12 @@ def resolve_run(store: Store, run: str) -> str:
     if store.runs.get(run) is None:
         fail(f"no run {run!r} in {store.path} (see `batchrun runs`)")
     return run
+
+
+def options_from(options_type: type[T], values: dict[str, Any]) -> T:
+    """An options dataclass from a command's keyword arguments: its fields, by name (click's values
+    for other options are left)."""
+    return options_type(**{f.name: values[f.name] for f in dataclasses.fields(options_type)})  # type: ignore[arg-type]
 
 
 def resolve_latest(db: str, run: str | None) -> str | None:

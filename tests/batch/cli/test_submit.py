@@ -8,6 +8,7 @@ from batch.cli.commands import submit
 from batch.cli.distribute import DistributionOptions
 from batch.cli.eval_commands import eval_command
 from batch.cli.submit import SubmitOptions
+from batch.cli.util import options_from
 
 
 def _fields(cls: type) -> set[str]:
@@ -28,6 +29,6 @@ def test_eval_takes_the_same_options_and_its_own():
 def test_the_typed_options_read_only_their_own_values(tmp_path):
     (tmp_path / "in.jsonl").write_text("{}\n")
     values = submit.make_context("submit", [str(tmp_path / "in.jsonl"), "--seed", "7", "--shard", "1/2"]).params
-    given = SubmitOptions.from_values(values)
+    given = options_from(SubmitOptions, values)
     assert (given.seed, given.max_turns, given.retry_failed, given.quiet) == (7, 32, None, False)
-    assert DistributionOptions.from_values(values) == DistributionOptions("1/2", None, 1, 0.0, 1.0)
+    assert options_from(DistributionOptions, values) == DistributionOptions("1/2", None, 1, 0.0, 1.0)
