@@ -10,6 +10,7 @@ threshold failed), 2 usage errors.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import sys
 import tempfile
@@ -79,16 +80,18 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     suite = _suite(suite_name)
     if resume and run_id:
         raise click.UsageError("--resume and --run-id are exclusive")
-    resume = resolve_latest(db, resume)
-    values = {**values, "retry_failed": resolve_latest(db, values["retry_failed"])}
+    given = options_from(SubmitOptions, {**values, "run_id": run_id, "resume": resume})
+    given = dataclasses.replace(given, resume=resolve_latest(db, given.resume),
+                                retry_failed=resolve_latest(db, given.retry_failed))
     distribution = options_from(DistributionOptions, values)
     if distribution.shard is not None and fail_under is not None:
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
                                "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
-    run_id = resume or run_id or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
+    run_id = (given.resume or given.run_id
+              or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}")
+    given = dataclasses.replace(given, run_id=None if given.resume else run_id)
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
         requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
-        given = options_from(SubmitOptions, {**values, "run_id": None if resume else run_id, "resume": resume})
         options, backend = submit_plan(requests, db, given)
         submit_distributed(options, backend, db, distribution, quiet=given.quiet)
     with _open_store(db) as store:

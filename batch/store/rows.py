@@ -39,8 +39,6 @@ from batch.responses.tool_calls import ToolCallRecord
 # this field metadata marks them.
 JSON_METADATA = {b"duckdb_type": b"JSON"}
 
-__all__ = ["Int32", "Json", "JsonText"]  # re-exported: the rows' column types
-
 _ARROW_TYPES: dict[Any, pa.DataType] = {
     str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_(),
     datetime: pa.timestamp("us", tz="UTC"),
