@@ -20,6 +20,7 @@ from typing import cast
 
 from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
+from batch.harmony.sections import harmony_schema
 from tools.kinds import ToolErrorKind, ToolType
 from tools.servers import BROWSER_LABELS, PYTHON_LABELS
 
@@ -161,7 +162,9 @@ class ToolRegistry:
         for label, descriptions in self.mcp_tools.items():
             server = self.mcp_servers.get(label, {})
             content = content.with_tools(ToolNamespaceConfig(
-                name=label, description=server.get("server_description"), tools=descriptions))
+                name=label, description=server.get("server_description"), tools=[
+                    ToolDescription.new(t.name, t.description, parameters=harmony_schema(t.parameters))
+                    for t in descriptions]))
         if self.functions:
             content = content.with_function_tools([
                 ToolDescription.new(t["name"], t.get("description") or "", parameters=t.get("parameters"))
@@ -172,6 +175,13 @@ class ToolRegistry:
     @property
     def has_developer_tools(self) -> bool:
         return bool(self.functions or self.mcp_tools)
+
+    def commentary_namespaces(self) -> list[str]:
+        """The developer-message namespaces whose calls go to commentary when an MCP namespace is
+        among them (batch/harmony/sections.py renders the system line); empty when harmony's own
+        line, for `functions` only, is the whole truth."""
+        labels = [label for label, tools in self.mcp_tools.items() if tools]
+        return (["functions"] if self.functions else []) + labels if labels else []
 
     # -- tool_choice ------------------------------------------------------
     def callable_recipients(self) -> list[tuple[str, str]]:
