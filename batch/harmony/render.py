@@ -132,7 +132,7 @@ def _head_text_edits(head: list[Message], namespaces: tuple[str, ...], response_
     it), so a text message holding harmony's rendered text plus the additions is token for token
     what harmony would render if it had them.
     """
-    texts = harmony_messages_text(harmony_encoding(), head)
+    texts = _message_texts(harmony_encoding(), head)
     system_text = texts[0]
     if namespaces:
         # harmony wrote the line for `functions` only (when there are function tools)
@@ -146,7 +146,7 @@ def _head_text_edits(head: list[Message], namespaces: tuple[str, ...], response_
     return edited
 
 
-def harmony_messages_text(encoding: HarmonyEncoding, messages: list[Message]) -> list[str]:
+def _message_texts(encoding: HarmonyEncoding, messages: list[Message]) -> list[str]:
     """Each message's content text as harmony renders it within their conversation."""
     tokens = encoding.render_conversation(Conversation.from_messages(messages))
     texts: list[str] = []
@@ -256,7 +256,8 @@ class _HeadCache:
     declares functions), and both sit in the head; the analysis messages a
     conversation drops are assistant ones, all in the tail. So head + tail equals
     the whole conversation's rendering (tests/batch/harmony/test_harmony.py checks it),
-    and the head, most of a prompt's rendering time, is rendered once.
+    and the head, most of a prompt's rendering time, is rendered once. The guide's additions
+    (batch/harmony/sections.py) are part of the key and of the cached tokens.
     """
 
     def __init__(self, size: int) -> None:
