@@ -414,3 +414,28 @@ def test_batchrun_renders_the_guides_prompt(name):
     except NotInGuide:
         return
     assert tokens != own  # still a difference: else the entry must go
+
+
+def test_batchrun_submit_stores_the_guides_prompt(tmp_path, tiny_model_dir):
+    """End to end: the prompt `batchrun submit --keep-tokens` decoded from is the guide's, for every
+    body that needs no MCP server (the renderer test above covers those with their listings)."""
+    import subprocess
+    import sys
+
+    from batch.store.store import Store
+
+    names = [name for name, body in CORPUS.items() if not any(t["type"] == "mcp" for t in body.get("tools", []))]
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("".join(json.dumps({"custom_id": f"b{i}", **CORPUS[name]}) + "\n"
+                             for i, name in enumerate(names)))
+    subprocess.run([sys.executable, "-m", "batch.cli", "submit", str(lines), "--db", str(tmp_path / "t.duckdb"),
+                    "--model", str(tiny_model_dir), "--run-id", "r", "--keep-tokens", "--max-output-tokens", "1",
+                    "--quiet"], check=True)
+    with Store(tmp_path / "t.duckdb", read_only=True) as store:
+        rows = store.db.rows("""SELECT q.custom_id, t.prompt_token_ids FROM tokens t JOIN requests q
+                              ON q.run_id = t.run_id AND q.response_id = t.response_id WHERE t.turn = 0""")
+    prompts = {row["custom_id"]: list(row["prompt_token_ids"]) for row in rows}
+    assert len(prompts) == len(names) >= 40
+    for i, name in enumerate(names):
+        body = INTENDED[name][1] if name in INTENDED else CORPUS[name]
+        assert prompts[f"b{i}"] == guide_prompt(body), name
