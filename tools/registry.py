@@ -156,6 +156,13 @@ class ToolRegistry:
             return None
         return {tool.name for tool in self.mcp_tools[label]}
 
+    def commentary_namespaces(self) -> list[str]:
+        """The developer-message namespaces whose calls go to commentary when an MCP namespace is
+        among them (batch/harmony/render.py writes the system line); empty when harmony's own
+        line, for `functions` only, is the whole truth."""
+        labels = [label for label, tools in self.mcp_tools.items() if tools]
+        return (["functions"] if self.functions else []) + labels if labels else []
+
     # -- tool_choice ------------------------------------------------------
     def callable_recipients(self) -> list[tuple[str, str]]:
         """(recipient, channel) of every tool the model may call: functions and MCP tools on

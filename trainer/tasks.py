@@ -450,8 +450,8 @@ def structured_context(rng: random.Random) -> Context:
 
 
 def structured_task(rng: random.Random, custom_id: str, context: Context) -> Task:
-    """A JSON answer under `text.format` (json_schema, strict; or json_object). batchrun does
-    not show the format in the prompt (the grammar holds the answer to it), so the request
+    """A JSON answer under `text.format` (json_schema, strict; or json_object). A json_schema
+    format is in the prompt (`# Response Formats`), json_object is not, so the request also
     names the keys and values; the answer is the JSON object in the schema's key order."""
     name, city = rng.choice(PEOPLE), rng.choice(CITIES)
     text_format: dict

@@ -17,6 +17,7 @@ from openai_harmony import (
     Author,
     Conversation,
     DeveloperContent,
+    HarmonyEncoding,
     Message,
     ReasoningEffort,
     Role,
@@ -24,8 +25,9 @@ from openai_harmony import (
     TextContent,
 )
 
-from batch.responses.request import ResponsesRequest
-from batch.harmony.token_parser import MESSAGE_TOKEN
+from batch.responses.request import ResponsesRequest, TextFormatJsonSchema
+from batch.harmony.sections import COMMENTARY_LINE, commentary_line, response_format_section
+from batch.harmony.token_parser import END_TOKEN, MESSAGE_TOKEN
 from batch.harmony.tool_sections import has_developer_tools, with_developer_tools, with_system_tools
 from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
@@ -74,14 +76,89 @@ def _system_message(request: ResponsesRequest, registry: ToolRegistry, options: 
     return Message.from_role_and_content(Role.SYSTEM, with_system_tools(registry, content))
 
 
-def _developer_message(request: ResponsesRequest, registry: ToolRegistry) -> Message | None:
-    instructions = request.instructions
+def _instructions(request: ResponsesRequest, items: str | list[dict] | None) -> str | None:
+    """The developer message's `# Instructions`: the request's `instructions`, then the text of each
+    system/developer input message, in order, as paragraphs.
+
+    The guide has one developer message, and the "system prompt" is its `# Instructions`; a
+    Responses input message with role system or developer is such a prompt (vLLM puts it there
+    too). A bare second developer message has no header and would follow the `# Tools` section.
+    """
+    parts = [request.instructions] if request.instructions else []
+    if isinstance(items, list):
+        parts += [_text_of(item.get("content")) for item in items
+                  if item.get("type", "message") == "message" and item.get("role") in ("system", "developer")]
+    parts = [part for part in parts if part]
+    return "\n\n".join(parts) if parts else None
+
+
+def _response_format(request: ResponsesRequest) -> str | None:
+    """The guide's `# Response Formats` section for a json_schema `text.format` (None otherwise).
+
+    `json_object` has no name or schema to show and the guide has no form for it: only the
+    grammar holds such an answer to JSON.
+    """
+    text_format = request.text and request.text.format
+    if not isinstance(text_format, TextFormatJsonSchema):
+        return None
+    return response_format_section(text_format.name, text_format.json_schema, text_format.description)
+
+
+def _developer_message(request: ResponsesRequest, registry: ToolRegistry,
+                       items: str | list[dict] | None = None) -> Message | None:
+    instructions = _instructions(request, items)
     if not instructions and not has_developer_tools(registry):
         return None
     content = DeveloperContent.new()
     if instructions:
         content = content.with_instructions(instructions)
     return Message.from_role_and_content(Role.DEVELOPER, with_developer_tools(registry, content))
+
+
+def _head_messages(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
+                   options: PromptOptions) -> tuple[list[Message], tuple[str, ...], str | None]:
+    """The system (+ developer) messages harmony renders, and the text batchrun adds to them:
+    the namespaces the system message must route to commentary, the response-format section."""
+    head = [_system_message(request, registry, options)]
+    developer = _developer_message(request, registry, items)
+    if developer is not None:
+        head.append(developer)
+    return head, tuple(registry.commentary_namespaces()), _response_format(request)
+
+
+def _head_text_edits(head: list[Message], namespaces: tuple[str, ...], response_format: str | None) -> list[Message]:
+    """The head with the guide's additions harmony has no builder for, as text messages.
+
+    Harmony renders a message's content as one text (tests/batch/harmony/test_sections.py checks
+    it), so a text message holding harmony's rendered text plus the additions is token for token
+    what harmony would render if it had them.
+    """
+    texts = _message_texts(harmony_encoding(), head)
+    system_text = texts[0]
+    if namespaces:
+        # harmony wrote the line for `functions` only (when there are function tools)
+        system_text = system_text.split("\n" + COMMENTARY_LINE)[0] + "\n" + commentary_line(list(namespaces))
+    edited = [Message.from_role_and_content(Role.SYSTEM, system_text)]
+    if len(texts) > 1 or response_format:
+        developer_text = texts[1] if len(texts) > 1 else ""
+        if response_format:  # the guide: at the end of the developer message
+            developer_text = f"{developer_text}\n\n{response_format}" if developer_text else response_format
+        edited.append(Message.from_role_and_content(Role.DEVELOPER, developer_text))
+    return edited
+
+
+def _message_texts(encoding: HarmonyEncoding, messages: list[Message]) -> list[str]:
+    """Each message's content text as harmony renders it within their conversation."""
+    tokens = encoding.render_conversation(Conversation.from_messages(messages))
+    texts: list[str] = []
+    start: int | None = None
+    for position, token in enumerate(tokens):
+        if token == MESSAGE_TOKEN:
+            start = position + 1
+        elif token == END_TOKEN and start is not None:
+            texts.append(encoding.decode(tokens[start:position]))
+            start = None
+    return texts
 
 
 def _assistant(text: str, channel: str, recipient: str | None = None,
@@ -107,9 +184,15 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         text = _text_of(item.get("content"))
         if role == "assistant":
             return [_assistant(text, "final")]
-        return [Message.from_role_and_content(Role.USER if role == "user" else Role.DEVELOPER, text)]
+        if role in ("system", "developer"):
+            return []  # in the developer message's `# Instructions` (_instructions)
+        return [Message.from_role_and_content(Role.USER, text)]
     if kind == "reasoning":
-        text = _text_of(item.get("content")) or _text_of(item.get("summary"))
+        # The analysis channel holds the model's raw chain of thought (the guide's Reasoning
+        # section); a summary is not that text, so an item with only a summary renders nothing
+        # (as vLLM). Content parts are pieces of one chain of thought: joined by a newline, as
+        # vLLM does, so the last word of one part and the first of the next stay apart.
+        text = "\n".join(part.get("text", "") for part in item.get("content") or [])
         return [_assistant(text, "analysis")] if text else []
     if kind == "function_call":
         call_names[item["call_id"]] = item["name"]
@@ -174,17 +257,21 @@ class _HeadCache:
     declares functions), and both sit in the head; the analysis messages a
     conversation drops are assistant ones, all in the tail. So head + tail equals
     the whole conversation's rendering (tests/batch/harmony/test_harmony.py checks it),
-    and the head, most of a prompt's rendering time, is rendered once.
+    and the head, most of a prompt's rendering time, is rendered once. The guide's additions
+    (batch/harmony/sections.py) are part of the key and of the cached tokens.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._tokens: OrderedDict[str, list[int]] = OrderedDict()
 
-    def tokens(self, head: list[Message]) -> list[int]:
-        key = json.dumps([message.to_dict() for message in head])
+    def tokens(self, head: list[Message], namespaces: tuple[str, ...] = (),
+               response_format: str | None = None) -> list[int]:
+        key = json.dumps([[message.to_dict() for message in head], namespaces, response_format])
         tokens = self._tokens.get(key)
         if tokens is None:
+            if namespaces or response_format:
+                head = _head_text_edits(head, namespaces, response_format)
             tokens = harmony_encoding().render_conversation(Conversation.from_messages(head))
             self._tokens[key] = tokens
             if len(self._tokens) > self.size:
@@ -268,11 +355,8 @@ def _assistant_header() -> list[int]:
 def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
                   options: PromptOptions) -> list[int]:
     """Prompt tokens for a request whose conversation input is `items`."""
-    head = [_system_message(request, registry, options)]
-    developer = _developer_message(request, registry)
-    if developer is not None:
-        head.append(developer)
-    return [*_HEADS.tokens(head), *_tail_tokens(input_messages(items))]
+    head, namespaces, response_format = _head_messages(request, items, registry, options)
+    return [*_HEADS.tokens(head, namespaces, response_format), *_tail_tokens(input_messages(items))]
 
 
 def render_tool_output(author: str, text: str) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from openai_harmony import DeveloperContent, SystemContent, ToolDescription, ToolNamespaceConfig
 
+from batch.harmony.sections import harmony_schema
 from tools.registry import ToolRegistry
 
 
@@ -28,7 +29,8 @@ def with_developer_tools(registry: ToolRegistry, content: DeveloperContent) -> D
         server = registry.mcp_servers.get(label, {})
         content = content.with_tools(ToolNamespaceConfig(
             name=label, description=server.get("server_description"),
-            tools=[ToolDescription.new(tool.name, tool.description, parameters=tool.parameters) for tool in tools]))
+            tools=[ToolDescription.new(tool.name, tool.description, parameters=harmony_schema(tool.parameters))
+                   for tool in tools]))
     if registry.functions:
         content = content.with_function_tools([
             ToolDescription.new(t["name"], t.get("description") or "", parameters=t.get("parameters"))

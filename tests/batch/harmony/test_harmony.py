@@ -55,7 +55,9 @@ def test_input_items_map_to_harmony_messages():
         {"type": "function_call_output", "call_id": "c1", "output": '{"t":18}'},
     ]
     text, _ = render({"input": items, "tools": [WEATHER]})
-    assert "<|start|>developer<|message|>Use metric.<|end|>" in text
+    # a developer input message is the developer message's `# Instructions` (the guide's one developer message)
+    assert "<|start|>developer<|message|># Instructions\n\nUse metric.\n\n# Tools\n\n## functions" in text
+    assert text.count("<|start|>developer") == 1
     assert "<|start|>assistant<|channel|>analysis<|message|>Call it.<|end|>" in text
     assert ("to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>"
             in text)
@@ -102,7 +104,7 @@ def _whole_conversation(body, options=PromptOptions()):
     request, _ = parse_request(body)
     registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
     messages = [_system_message(request, registry, options)]
-    developer = _developer_message(request, registry)
+    developer = _developer_message(request, registry, request.input_items())
     messages += [developer] if developer is not None else []
     messages += input_messages(request.input_items())
     return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
