@@ -42,7 +42,7 @@ def _suite(name: str) -> Suite:
 
 def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) -> None:
     """Grade, write the grades, print pass rates; exit 1 under the ``fail_under`` percentage."""
-    from evals.grading import grade_run, request_totals, summary_text
+    from evals.grading import grade_run, summary_text
 
     grading = grade_run(store, run_id, suite)
     store.grades.write(run_id, grading.rows)
@@ -50,9 +50,10 @@ def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) ->
     if grading.missing:
         click.echo(f"note: {len(grading.missing)} suite case(s) have no line in run {run_id}: "
                    + ", ".join(grading.missing[:10]))
-    total, passed = request_totals(store, run_id)
-    if fail_under is not None and (not total or 100 * passed / total < fail_under):
-        _fail(f"pass rate {100 * passed / max(total, 1):.1f}% is under --fail-under {fail_under:g}%")
+    headline = store.reports.pass_rate_per_run(run_id)  # with epochs, the mean over cases
+    rate = headline["pass_rate"] if headline else 0.0
+    if fail_under is not None and 100 * rate < fail_under:
+        _fail(f"pass rate {100 * rate:.1f}% is under --fail-under {fail_under:g}%")
 
 
 _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metavar="PERCENT",

@@ -67,6 +67,9 @@ SUBMIT_OPTIONS = [
                  help="Default output budget for requests that do not set max_output_tokens."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Run seed; per-request seeds derive from it."),
+    click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Decode each line K times with distinct seeds (from --seed and the epoch): K rows "
+                      "of one custom_id, told apart by requests.epoch; graders average over them."),
     click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
                  help="Default temperature for requests that do not set one (0: greedy)."),
     click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
@@ -264,7 +267,7 @@ def _run_options(input_path: Path, model_dir: Path, values: dict) -> RunOptions:
     return RunOptions(
         input_path=input_path, run_id=values["run_id"], resume=values["resume"],
         retry_failed=values["retry_failed"], limit=values["limit"], max_inflight=values["max_inflight"],
-        max_line_bytes=values["max_line_bytes"],
+        max_line_bytes=values["max_line_bytes"], epochs=values["epochs"],
         prompt=PromptOptions(conversation_date=values["conversation_date"],
                              reasoning_effort=values["reasoning_effort"]),
         session=SessionOptions(model=model_dir.name, max_output_tokens=values["max_output_tokens"],
