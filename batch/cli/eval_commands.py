@@ -223,11 +223,15 @@ def _run_ref(ref: str, db: str) -> tuple[str, str]:
 
 @click.command("report")
 @click.argument("run")
+@click.argument("run_b", required=False)
 @_db_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="HTML file to write [default: report-<RUN_ID>.html].")
-def report_command(run: str, db: str, output: Path | None) -> None:
-    """Write a self-contained HTML report of RUN (plots, pass rates) and print a summary."""
+              help="HTML file to write [default: report-<RUN_ID>.html, or report-<RUN>-vs-<RUN_B>.html].")
+def report_command(run: str, run_b: str | None, db: str, output: Path | None) -> None:
+    """Write a self-contained HTML report of RUN and print a summary: pass rates with intervals, a
+    sortable, filterable case table, each case's transcript, plots. With RUN_B (in the same --db),
+    the two runs side by side per case, differences marked, and the paired difference."""
+    from evals.browse_data import browse_payload
     from evals.report import render_html, terminal_summary
     from evals.report_data import load_report_data
 
@@ -235,9 +239,18 @@ def report_command(run: str, db: str, output: Path | None) -> None:
         check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         run_id = resolve_run(store, run)
+        run_b_id = resolve_run(store, run_b) if run_b else None
         data = load_report_data(store, run_id)
-    output = output or Path(f"report-{run_id}.html")
-    output.write_text(render_html(data), encoding="utf-8")
+        data_b = load_report_data(store, run_b_id) if run_b_id else None
+        payload = browse_payload(store, run_id, run_b_id)
+    output = output or Path(f"report-{run_id}.html" if run_b_id is None else f"report-{run_id}-vs-{run_b_id}.html")
+    output.write_text(render_html(data, payload, data_b), encoding="utf-8")
     click.echo(terminal_summary(data))
+    if data_b is not None:
+        click.echo(terminal_summary(data_b))
+        paired = payload["paired"]
+        if paired is not None:
+            click.echo(f"B - A pass rate: {paired['difference']:+.1%} (95% CI {paired['ci_low']:+.1%} to "
+                       f"{paired['ci_high']:+.1%}, {paired['method']}, p = {paired['p_value']:.3g})")
     click.echo(f"report: {output}")
 

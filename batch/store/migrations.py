@@ -387,8 +387,8 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
     -- One row per case: pass_mean is the share of its epochs that passed every grader (inspect's
     -- 'mean' epoch reducer); passed: every epoch did. With one epoch pass_mean is 0 or 1.
     CREATE OR REPLACE VIEW request_grades AS
-    SELECT run_id, custom_id, any_value(tags) AS tags, sum(n_grades) AS n_grades,
-           sum(n_passed) AS n_passed, bool_and(passed) AS passed, avg(score) AS score,
+    SELECT run_id, custom_id, any_value(tags) AS tags, sum(n_grades)::BIGINT AS n_grades,
+           sum(n_passed)::BIGINT AS n_passed, bool_and(passed) AS passed, avg(score) AS score,
            count(*) AS n_epochs, avg(passed::INTEGER) AS pass_mean
     FROM sample_grades
     GROUP BY run_id, custom_id;
@@ -432,7 +432,7 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
 
     -- n_graded / n_passed count grade rows (every epoch); pass_rate is over cases.
     CREATE OR REPLACE VIEW pass_rate_per_grader AS
-    SELECT run_id, grader, sum(n_graded) AS n_graded, sum(n_passed) AS n_passed,
+    SELECT run_id, grader, sum(n_graded)::BIGINT AS n_graded, sum(n_passed)::BIGINT AS n_passed,
            CASE WHEN max(n_epochs) > 1 THEN avg(pass_mean) ELSE sum(n_passed) / sum(n_graded) END AS pass_rate,
            sum(mean_score * n_graded) / sum(n_graded) AS mean_score,
            CASE WHEN max(n_epochs) > 1 THEN any_value(b.boot_low)
@@ -493,6 +493,45 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
                 ELSE mcnemar_p(s.a_only, s.b_only) END AS p_value,
            CASE WHEN s.k > 1 THEN 'sign-flip permutation' ELSE 'mcnemar-exact' END AS method
     FROM s LEFT JOIN bq USING (run_a, run_b) LEFT JOIN fp USING (run_a, run_b);
+
+    -- The report's case table, one row per sample (a line's epoch; a duplicate custom_id's later,
+    -- invalid lines are left out, as grading leaves them out): status, usage, tool calls, grades.
+    CREATE VIEW sample_summary AS
+    SELECT q.run_id, q.custom_id, q.line_no, q.epoch, q.status, q.error, q.response_id,
+           s.input_tokens, s.cached_tokens, s.output_tokens, s.reasoning_tokens, s.num_turns,
+           s.latency_s, s.ttft_s, coalesce(c.n_tool_calls, 0) AS n_tool_calls,
+           coalesce(c.n_tool_errors, 0) AS n_tool_errors,
+           g.n_grades, g.n_passed, g.passed, g.score
+    FROM requests q
+    LEFT JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
+    LEFT JOIN (SELECT run_id, response_id, count(*) AS n_tool_calls,
+                      count(*) FILTER (WHERE status = '{ToolCallStatus.FAILED}' OR error IS NOT NULL) AS n_tool_errors
+               FROM tool_calls GROUP BY run_id, response_id) c
+      ON c.run_id = q.run_id AND c.response_id = q.response_id
+    LEFT JOIN sample_grades g ON g.run_id = q.run_id AND g.custom_id = q.custom_id AND g.epoch = q.epoch
+    QUALIFY q.line_no = min(q.line_no) OVER (PARTITION BY q.run_id, q.custom_id);
+
+    -- One row per case: its epochs' means (pass_mean as request_grades has it; NULL when ungraded).
+    CREATE VIEW case_summary AS
+    SELECT run_id, custom_id, min(line_no) AS line_no, count(*) AS n_epochs,
+           CASE WHEN count(DISTINCT status) = 1 THEN any_value(status) ELSE 'mixed' END AS status,
+           avg(passed::INTEGER) AS pass_mean, sum(n_grades)::BIGINT AS n_grades, sum(n_passed)::BIGINT AS n_passed,
+           avg(score) AS score, avg(input_tokens) AS input_tokens, avg(output_tokens) AS output_tokens,
+           avg(reasoning_tokens) AS reasoning_tokens, avg(num_turns) AS num_turns,
+           avg(latency_s) AS latency_s, avg(ttft_s) AS ttft_s, avg(n_tool_calls) AS n_tool_calls,
+           sum(n_tool_errors)::BIGINT AS n_tool_errors
+    FROM sample_summary
+    GROUP BY run_id, custom_id;
+
+    -- A response's event sequence with runs of one type folded (a token's deltas are one row):
+    -- the first sequence number, how many, the turn, and the first and last t_ms.
+    CREATE VIEW event_runs AS
+    SELECT run_id, response_id, min(sequence_number) AS sequence_number, type, count(*) AS n_events,
+           min(turn) AS turn, min(t_ms) AS first_ms, max(t_ms) AS last_ms
+    FROM (SELECT *, sequence_number - row_number() OVER (PARTITION BY run_id, response_id, type
+                                                         ORDER BY sequence_number) AS island
+          FROM events)
+    GROUP BY run_id, response_id, type, island;
     """)
 
 

@@ -148,6 +148,13 @@ class Reports:
             ORDER BY r.pass_mean, r.n_grades - r.n_passed DESC, r.n_passed / r.n_grades, g.custom_id,
                      g.epoch, g.grader""", [run_id])
 
+    def paired_difference(self, run_a: str, run_b: str) -> dict | None:
+        """The paired_differences row of B minus A (n, n_epochs, difference, a_only, b_only, ci_low,
+        ci_high, p_value, method), or None when the runs share no graded case."""
+        rows = self.db.rows("SELECT * EXCLUDE (run_a, run_b) FROM paired_differences WHERE run_a = ? AND run_b = ?",
+                            [run_a, run_b])
+        return rows[0] if rows else None
+
     def pass_rate_per_run(self, run_id: str) -> dict | None:
         """The headline (view pass_rate_per_run): n_requests (cases), n_passed (a sum of per-case means
         over epochs), pass_rate, n_epochs, ci_low, ci_high, ci_method; None without grades."""

@@ -64,9 +64,10 @@ EXPECTED_DDL = {
 EXPECTED_COLUMNS = {
     table: [tuple(col.split(" ")) for col in ddl.split(", ")]
     for table, ddl in EXPECTED_DDL.items()}
-VIEWS = ["event_type_counts", "grader_case_scores", "latency_percentiles", "paired_case_differences",
+VIEWS = ["case_summary", "event_runs", "event_type_counts", "grader_case_scores", "latency_percentiles", "paired_case_differences",
          "paired_differences", "pass_rate_per_grader", "pass_rate_per_run", "pass_rate_per_tag",
-         "request_grades", "request_status_counts", "run_throughput", "sample_grades", "tag_case_scores",
+         "request_grades", "request_status_counts", "run_throughput", "sample_grades", "sample_summary",
+         "tag_case_scores",
          "tool_error_rates", "tool_errors_by_kind", "usage_per_run", "worker_throughput"]
 
 
