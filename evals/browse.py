@@ -40,7 +40,8 @@ th { background: #f3f3f3; }
 .msg .role { font-size: 11px; text-transform: uppercase; color: #666; }
 .msg-user { border-color: #4a7bd0; } .msg-instructions { border-color: #888; }
 .out-reasoning { border-color: #b9a5e8; background: #faf8ff; } .out-message { border-color: #1a7f37; }
-pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0; font-size: 12px; max-height: 320px; overflow: auto; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0; font-size: 12px; max-height: 320px;
+      overflow: auto; }
 .differs { color: #9a6700; } .differs-box { outline: 2px solid #f0c75e; }
 .error { color: #cf222e; } .expl { font-size: 12px; }
 .epochs a { margin-right: 8px; } .epochs a.on { font-weight: bold; text-decoration: none; color: #222; }
@@ -107,5 +108,6 @@ def page(title: str, top: str, payload: dict, plots: str, footer: str) -> str:
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
             f"<h1>{escape(title)}</h1>{top}{cases_html(payload)}"
-            f'<details class="plots"><summary><h2 style="display:inline">Plots and timings</h2></summary>{plots}</details>'
+            '<details class="plots"><summary><h2 style="display:inline">Plots and timings</h2></summary>'
+            f"{plots}</details>"
             f'<p class="muted">{footer}</p></body></html>\n')

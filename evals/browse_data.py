@@ -67,9 +67,15 @@ def output_items(response: dict | None) -> list[dict]:
     return items
 
 
-def _sample(row: dict) -> dict:
-    events = [[e["sequence_number"], e["type"], e["n_events"], e["turn"], e["first_ms"], e["last_ms"]]
-              for e in row["events"]]
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _sample(row: dict, event_types: dict[str, int]) -> dict:
+    # Events as [sequence_number, type (an index into the run's event_types), count, turn, first ms,
+    # last ms]: a 10,000-case page stays a few bytes per folded run of events.
+    events = [[e["sequence_number"], event_types.setdefault(e["type"], len(event_types)), e["n_events"], e["turn"],
+               _ms(e["first_ms"]), _ms(e["last_ms"])] for e in row["events"]]
     calls = [{**call, "arguments": cut(call["arguments"]), "output": cut(call["output"])} for call in row["tool_calls"]]
     keys = ("epoch", "status", "error", "response_id", "input_tokens", "cached_tokens", "output_tokens",
             "reasoning_tokens", "num_turns", "latency_s", "ttft_s", "passed")
@@ -82,13 +88,15 @@ def run_part(store: Store, run_id: str) -> dict:
     """One run's part of the page: its cases (case_summary) and their samples' transcripts, the
     headline (pass_rate_per_run) and the per-grader and per-tag rates with intervals."""
     samples = store.transcripts.samples(run_id)
+    event_types: dict[str, int] = {}
+    shaped = {custom_id: [_sample(row, event_types) for row in rows] for custom_id, rows in samples.items()}
     return {"run_id": run_id,
             "headline": store.reports.pass_rate_per_run(run_id),
             "graders": store.reports.pass_rates_per_grader(run_id),
             "tags": store.reports.pass_rates_per_tag(run_id),
             "cases": {row["custom_id"]: {key: row[key] for key in ("line_no", *CASE_KEYS)}
                       for row in store.transcripts.cases(run_id)},
-            "samples": {custom_id: [_sample(row) for row in rows] for custom_id, rows in samples.items()}}
+            "samples": shaped, "event_types": list(event_types)}
 
 
 def change_kind(a: dict | None, b: dict | None, samples_a: list[dict], samples_b: list[dict]) -> str:

@@ -96,7 +96,7 @@
       items.map((it) => "<tr>" + keys.map((k) => `<td>${typeof k === "function" ? k(it) : esc(it[k] == null ? "–" : it[k])}</td>`).join("") + "</tr>").join("") + "</table>";
   }
 
-  function transcript(s, other, label) {
+  function transcript(s, other, label, types) {
     if (!s) return `<div class="transcript"><h3>${label}</h3><p class="muted">no such sample in this run</p></div>`;
     const otherGrades = {};
     ((other && other.grades) || []).forEach((g) => { otherGrades[g.grader] = g.passed; });
@@ -113,7 +113,7 @@
     const turns = table(s.turns, ["turn", "prompt_tokens", "cached_tokens", "output_tokens", "tool_output_tokens",
       (t) => num(t.prefill_s, 3), (t) => num(t.decode_s, 3), "finish_reason"],
       ["turn", "prompt", "cached", "output", "tool output", "prefill s", "decode s", "finish"]);
-    const events = table(s.events.map((e) => ({ seq: e[0], type: e[1], n: e[2], turn: e[3], ms: e[4] == null ? "–" : e[4] === e[5] ? num(e[4], 1) : `${num(e[4], 1)}–${num(e[5], 1)}` })),
+    const events = table(s.events.map((e) => ({ seq: e[0], type: types[e[1]], n: e[2], turn: e[3], ms: e[4] == null ? "–" : e[4] === e[5] ? num(e[4], 1) : `${num(e[4], 1)}–${num(e[5], 1)}` })),
       ["seq", "type", (e) => (e.n > 1 ? "×" + e.n : ""), "turn", "ms"], ["seq", "type", "count", "turn", "t ms"]);
     return `<div class="transcript"><h3>${label}</h3>
       <p class="facts"><span class="st st-${esc(s.status)}">${esc(s.status)}</span> · epoch ${s.epoch} ·
@@ -142,8 +142,8 @@
       `<a href="#case=${encodeURIComponent(id)}&epoch=${e}" class="${e === epoch ? "on" : ""}">epoch ${e}</a>`).join(" ") + "</p>" : "";
     const pick = (list) => list.find((s) => s.epoch === epoch) || null;
     const panes = compare
-      ? `<div class="side-by-side">${transcript(pick(samples[0]), pick(samples[1]), "A: " + esc(D.runs[0].run_id))}${transcript(pick(samples[1]), pick(samples[0]), "B: " + esc(D.runs[1].run_id))}</div>`
-      : transcript(pick(samples[0]), null, esc(D.runs[0].run_id));
+      ? `<div class="side-by-side">${transcript(pick(samples[0]), pick(samples[1]), "A: " + esc(D.runs[0].run_id), D.runs[0].event_types)}${transcript(pick(samples[1]), pick(samples[0]), "B: " + esc(D.runs[1].run_id), D.runs[1].event_types)}</div>`
+      : transcript(pick(samples[0]), null, esc(D.runs[0].run_id), D.runs[0].event_types);
     box.innerHTML = `<h2 id="detail-title">${esc(id)}${row.change ? ` <span class="ch ch-${row.change}">${row.change}</span>` : ""}</h2>${tabs}${panes}`;
     document.querySelectorAll(".case-row").forEach((tr) => tr.classList.toggle("open", tr.dataset.id === id));
   }

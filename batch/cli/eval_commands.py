@@ -86,7 +86,8 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
                                "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
     # --retry-failed continues that run too: it is the run to grade.
-    run_id = resume or values["retry_failed"] or run_id or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
+    run_id = (resume or values["retry_failed"] or run_id
+              or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}")
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
         requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
         options, backend = submit_plan(requests, db, {**values, "run_id": None if resume else run_id,

@@ -66,7 +66,8 @@ class ChunkDecoder:
         self.loop = DecodeLoop(backend, options, ServerCatalog(options.tools.servers))
         self.run_id = ""  # the run of the chunks it holds (set by take)
         self.queued: deque[Prepared] = deque()  # given, waiting for room in the batch (oldest chunk first)
-        self.owners: dict[tuple[int, int], ChunkJob] = {}  # (line_no, epoch) -> the job of every line given and not yet finished
+        # (line_no, epoch) -> the job of every line (sample) given and not yet finished
+        self.owners: dict[tuple[int, int], ChunkJob] = {}
         self.wake_on: Future | None = None  # ends a wait on tool futures early (a new chunk came)
 
     @property

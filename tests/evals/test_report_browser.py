@@ -73,7 +73,8 @@ def test_a_case_opens_its_whole_transcript(reports):
     for heading in ("Grades", "Input", "Output", "Tool calls", "Turns: usage and timing", "Event sequence"):
         assert f"<h4>{heading}" in detail or f">{heading}" in detail, heading
     with duckdb.connect(str(reports["db"]), read_only=True) as con:
-        explanation, = con.sql("SELECT explanation FROM grades WHERE run_id = 'a' AND custom_id = 'weather'").fetchall()[0]
+        explanation, = con.sql("SELECT explanation FROM grades "
+                               "WHERE run_id = 'a' AND custom_id = 'weather'").fetchall()[0]
         n_events, = con.sql("""SELECT count(*) FROM events JOIN requests USING (run_id, response_id)
                                WHERE run_id = 'a' AND custom_id = 'weather'""").fetchall()[0]
         n_turns, = con.sql("""SELECT count(*) FROM turns JOIN requests USING (run_id, response_id)

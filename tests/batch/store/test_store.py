@@ -64,7 +64,8 @@ EXPECTED_DDL = {
 EXPECTED_COLUMNS = {
     table: [tuple(col.split(" ")) for col in ddl.split(", ")]
     for table, ddl in EXPECTED_DDL.items()}
-VIEWS = ["case_summary", "event_runs", "event_type_counts", "grader_case_scores", "latency_percentiles", "paired_case_differences",
+VIEWS = ["case_summary", "event_runs", "event_type_counts", "grader_case_scores", "latency_percentiles",
+         "paired_case_differences",
          "paired_differences", "pass_rate_per_grader", "pass_rate_per_run", "pass_rate_per_tag",
          "request_grades", "request_status_counts", "run_throughput", "sample_grades", "sample_summary",
          "tag_case_scores",
@@ -615,7 +616,8 @@ def test_paired_differences_view(store):
     row = store.con.sql("SELECT n, difference, a_only, b_only, p_value, method FROM paired_differences "
                         "WHERE run_a = 'a' AND run_b = 'b'").fetchall()[0]
     assert row == (10, pytest.approx(-0.5), 5, 0, pytest.approx(0.0625), "mcnemar-exact")
-    mirrored = store.con.sql("SELECT difference FROM paired_differences WHERE run_a = 'b' AND run_b = 'a'").fetchall()[0]
+    mirrored = store.con.sql("SELECT difference FROM paired_differences "
+                             "WHERE run_a = 'b' AND run_b = 'a'").fetchall()[0]
     assert mirrored == (pytest.approx(0.5),)
 
 
