@@ -185,6 +185,8 @@
     renderDetail();
   }
   init();
+  // When the first page was ready, in ms since navigation began (large-run checks read it).
+  document.documentElement.dataset.readyMs = String(Math.round(performance.now()));
   // A link to a case opens at its transcript (when the window does not show it already).
   if (location.hash.includes("case=") && $("#detail").getBoundingClientRect().top > innerHeight - 200) {
     $("#detail").scrollIntoView();
