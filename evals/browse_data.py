@@ -8,9 +8,11 @@ Long texts are cut at MAX_TEXT characters so one runaway output cannot make the 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from batch.store.store import Store
+from evals.stats import paired_difference
 
 MAX_TEXT = 20_000
 CASE_KEYS = ("status", "pass_mean", "n_grades", "n_passed", "score", "input_tokens", "output_tokens",
@@ -114,10 +116,28 @@ def change_kind(a: dict | None, b: dict | None, samples_a: list[dict], samples_b
     return "changed" if a["status"] != b["status"] or texts[0] != texts[1] else "same"
 
 
-def browse_payload(store: Store, run_a: str, run_b: str | None = None) -> dict:
+def paired_from_samples(part_a: dict, part_b: dict) -> dict | None:
+    """The paired_differences row for two runs in two files (no one query sees both): the same test
+    (evals/stats.py) over each case's graded epochs."""
+    def outcomes(part: dict) -> dict[str, Sequence[bool]]:
+        return {custom_id: [s["passed"] for s in samples if s["passed"] is not None]
+                for custom_id, samples in part["samples"].items()}
+
+    a, b = outcomes(part_a), outcomes(part_b)
+    difference = paired_difference(a, b)
+    if not difference.n:
+        return None
+    epochs = max(len(v) for v in [*a.values(), *b.values()])
+    return {"n": difference.n, "n_epochs": epochs, "difference": difference.difference,
+            "a_only": difference.a_only, "b_only": difference.b_only, "ci_low": difference.low,
+            "ci_high": difference.high, "p_value": difference.p_value, "method": difference.method}
+
+
+def browse_payload(store: Store, run_a: str, run_b: str | None = None, store_b: Store | None = None) -> dict:
     """Everything the page's script shows: one run, or two runs paired by custom_id with each case's
-    change kind and the paired difference (view paired_differences)."""
-    parts = [run_part(store, run_a)] + ([run_part(store, run_b)] if run_b else [])
+    change kind and the paired difference (view paired_differences; run B from ``store_b`` when it
+    lives in another file, and then the difference from evals/stats.py)."""
+    parts = [run_part(store, run_a)] + ([run_part(store_b or store, run_b)] if run_b else [])
     order = list(parts[0]["cases"]) + ([c for c in parts[1]["cases"] if c not in parts[0]["cases"]] if run_b else [])
     cases = []
     for custom_id in order:
@@ -130,7 +150,8 @@ def browse_payload(store: Store, run_a: str, run_b: str | None = None) -> dict:
         cases.append(entry)
     return {"mode": "compare" if run_b else "run", "cases": cases,
             "runs": [{k: v for k, v in part.items() if k != "cases"} for part in parts],
-            "paired": store.reports.paired_difference(run_a, run_b) if run_b else None}
+            "paired": None if not run_b else paired_from_samples(*parts) if store_b not in (None, store)
+            else store.reports.paired_difference(run_a, run_b)}
 
 
 def script_json(payload: dict) -> str:

@@ -230,20 +230,23 @@ def _run_ref(ref: str, db: str) -> tuple[str, str]:
               help="HTML file to write [default: report-<RUN_ID>.html, or report-<RUN>-vs-<RUN_B>.html].")
 def report_command(run: str, run_b: str | None, db: str, output: Path | None) -> None:
     """Write a self-contained HTML report of RUN and print a summary: pass rates with intervals, a
-    sortable, filterable case table, each case's transcript, plots. With RUN_B (in the same --db),
-    the two runs side by side per case, differences marked, and the paired difference."""
+    sortable, filterable case table, each case's transcript, plots. With RUN_B, the two runs side
+    by side per case, differences marked, and the paired difference. A run is RUN (in --db) or
+    FILE.duckdb:RUN."""
     from evals.browse_data import browse_payload
     from evals.report import render_html, terminal_summary
     from evals.report_data import load_report_data
 
     if output is not None:
         check_output(output, "-o")
-    with _open_store(db, read_only=True) as store:
+    (db_a, run), (db_b, run_b) = _run_ref(run, db), _run_ref(run_b, db) if run_b else (db, None)
+    with _open_store(db_a, read_only=True) as store, contextlib.ExitStack() as stack:
+        store_b = store if db_b == db_a else stack.enter_context(_open_store(db_b, read_only=True))
         run_id = resolve_run(store, run)
-        run_b_id = resolve_run(store, run_b) if run_b else None
+        run_b_id = resolve_run(store_b, run_b) if run_b else None
         data = load_report_data(store, run_id)
-        data_b = load_report_data(store, run_b_id) if run_b_id else None
-        payload = browse_payload(store, run_id, run_b_id)
+        data_b = load_report_data(store_b, run_b_id) if run_b_id else None
+        payload = browse_payload(store, run_id, run_b_id, store_b)
     output = output or Path(f"report-{run_id}.html" if run_b_id is None else f"report-{run_id}-vs-{run_b_id}.html")
     output.write_text(render_html(data, payload, data_b), encoding="utf-8")
     click.echo(terminal_summary(data))

@@ -159,3 +159,34 @@ def test_timeline_of_a_real_run_with_a_hosted_tool_call(tmp_path):
     assert [s["kind"] for s in chat["spans"]] == ["turn"]
     assert [label for label, _, _ in timeline_rows(timeline(data))] == ["calc", "chat"]
     assert re.search(r"calc: \d\.\d{3}s, 2 turns, tool calls \d\.\d{3}s \(1\)", terminal_summary(data))
+
+
+def _graded_run(store, run_id, passed):
+    store.runs.create(make_run(run_id))
+    store.write_results([make_result(run_id, n, f"c{n}", [message("x")]) for n in range(1, len(passed) + 1)])
+    store.grades.write(run_id, [{"custom_id": f"c{n}", "grader": "g", "passed": ok}
+                                for n, ok in enumerate(passed, 1)])
+
+
+def test_report_of_runs_in_two_files_pairs_them_as_the_view_does(tmp_path):
+    from click.testing import CliRunner
+
+    from batch.cli.main import main
+
+    a, b = [True] * 10, [False] * 5 + [True] * 5
+    with (Store(tmp_path / "a.duckdb") as one, Store(tmp_path / "b.duckdb") as two,
+          Store(tmp_path / "both.duckdb") as both):
+        _graded_run(one, "a", a)
+        _graded_run(two, "b", b)
+        _graded_run(both, "a", a)
+        _graded_run(both, "b", b)
+        from_view = both.reports.paired_difference("a", "b")
+    out = tmp_path / "ab.html"
+    result = CliRunner().invoke(main, ["report", f"{tmp_path / 'a.duckdb'}:a", f"{tmp_path / 'b.duckdb'}:b",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "B - A pass rate: -50.0%" in result.output and "mcnemar-exact, p = 0.0625" in result.output
+    payload = json.loads(re.search(r'id="report-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    assert payload["paired"] == {**from_view, "ci_low": pytest.approx(from_view["ci_low"]),
+                                 "ci_high": pytest.approx(from_view["ci_high"])}
+    assert [case["change"] for case in payload["cases"]] == ["regression"] * 5 + ["same"] * 5
