@@ -339,14 +339,18 @@ def m012_tool_call_result(con: duckdb.DuckDBPyConnection) -> None:
 BOOTSTRAP_DRAWS = 1000
 
 
+# A group whose cases disagree across their epochs: its interval is a bootstrap over cases.
+_MIXED = "(max(n_epochs) > 1 AND bool_or(pass_mean > 0 AND pass_mean < 1))"
+
+
 def bootstrap_sql(source: str, keys: str) -> str:
     """Per group of ``keys`` in ``source`` (one row per case: custom_id, pass_mean, n_epochs), the 2.5%
     and 97.5% percentiles of the mean of pass_mean over bootstrap resamples of the cases. Groups whose
-    cases have one epoch each are left out (they get Wilson). It is a Poisson bootstrap (each case
-    weighted by a Poisson(1) draw, the usual large-n stand-in for resampling n of n, with no join),
-    drawn by hash: the same rows give the same interval."""
+    cases have one epoch each, or passed all or none of their epochs each, are left out (Wilson's).
+    It is a Poisson bootstrap (each case weighted by a Poisson(1) draw, the usual large-n stand-in
+    for resampling n of n, with no join), drawn by hash: the same rows give the same interval."""
     return f"""
-    WITH g AS (SELECT {keys} FROM {source} GROUP BY {keys} HAVING max(n_epochs) > 1),
+    WITH g AS (SELECT {keys} FROM {source} GROUP BY {keys} HAVING {_MIXED}),
     w AS (SELECT {keys}, draw, pass_mean AS v, poisson1_weight(hash({keys}, custom_id, draw)) AS wt
           FROM {source} JOIN g USING ({keys}), range({BOOTSTRAP_DRAWS}) t(draw)),
     m AS (SELECT {keys}, draw, sum(wt * v) / nullif(sum(wt), 0) AS mean FROM w GROUP BY {keys}, draw)
@@ -407,26 +411,28 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
     FROM request_grades;
 
     -- Rates: with one epoch per case, the Wilson interval of passes over cases (as m013); with
-    -- epochs, the mean over cases of each case's pass_mean and a bootstrap over cases (ci_method).
+    -- epochs, the mean over cases of each case's pass_mean and a bootstrap over cases (ci_method),
+    -- unless no case's epochs disagree: then each case is one pass or fail, the bootstrap would
+    -- say 0%-0% at a rate of 0, and Wilson over cases is the honest interval.
     CREATE OR REPLACE VIEW pass_rate_per_run AS
     SELECT run_id, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
            max(n_epochs) AS n_epochs,
-           CASE WHEN max(n_epochs) > 1 THEN any_value(b.boot_low)
+           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
                 ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
-           CASE WHEN max(n_epochs) > 1 THEN any_value(b.boot_high)
+           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
                 ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
-           CASE WHEN max(n_epochs) > 1 THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
     FROM request_grades LEFT JOIN ({bootstrap_sql("request_grades", "run_id")}) b USING (run_id)
     GROUP BY run_id;
 
     CREATE OR REPLACE VIEW pass_rate_per_tag AS
     SELECT run_id, tag, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
            max(n_epochs) AS n_epochs,
-           CASE WHEN max(n_epochs) > 1 THEN any_value(b.boot_low)
+           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
                 ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
-           CASE WHEN max(n_epochs) > 1 THEN any_value(b.boot_high)
+           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
                 ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
-           CASE WHEN max(n_epochs) > 1 THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
     FROM tag_case_scores LEFT JOIN ({bootstrap_sql("tag_case_scores", "run_id, tag")}) b USING (run_id, tag)
     GROUP BY run_id, tag;
 
@@ -435,12 +441,14 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
     SELECT run_id, grader, sum(n_graded)::BIGINT AS n_graded, sum(n_passed)::BIGINT AS n_passed,
            CASE WHEN max(n_epochs) > 1 THEN avg(pass_mean) ELSE sum(n_passed) / sum(n_graded) END AS pass_rate,
            sum(mean_score * n_graded) / sum(n_graded) AS mean_score,
-           CASE WHEN max(n_epochs) > 1 THEN any_value(b.boot_low)
+           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
+                WHEN max(n_epochs) > 1 THEN wilson_low(sum(pass_mean), count(*))
                 ELSE wilson_low(sum(n_passed), sum(n_graded)) END AS ci_low,
-           CASE WHEN max(n_epochs) > 1 THEN any_value(b.boot_high)
+           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
+                WHEN max(n_epochs) > 1 THEN wilson_high(sum(pass_mean), count(*))
                 ELSE wilson_high(sum(n_passed), sum(n_graded)) END AS ci_high,
            count(*) AS n_cases, max(n_epochs) AS n_epochs,
-           CASE WHEN max(n_epochs) > 1 THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
     FROM grader_case_scores
     LEFT JOIN ({bootstrap_sql("grader_case_scores", "run_id, grader")}) b USING (run_id, grader)
     GROUP BY run_id, grader;

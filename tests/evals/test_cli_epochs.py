@@ -49,14 +49,15 @@ def test_epochs_decode_each_case_k_times_with_distinct_seeds(epochs_db):
                          JOIN tokens t USING (run_id, response_id) WHERE q.run_id = 'e1' GROUP BY 1""")
     assert sorted(n for _, n in tokens) == [3, 3, 3], tokens
     assert rows(db, "SELECT count(*), count(DISTINCT (custom_id, epoch)) FROM grades WHERE run_id = 'e1'") == [(9, 9)]
-    assert rows(db, "SELECT n_epochs, ci_method FROM pass_rate_per_run WHERE run_id = 'e1'") == [
-        (3, "bootstrap over cases")]
+    # Every sample is incomplete at 6 tokens, so each case passes all or none of its epochs: the
+    # interval is Wilson's over the 3 cases (a bootstrap would have nothing to resample).
+    assert rows(db, "SELECT n_requests, n_epochs, ci_method FROM pass_rate_per_run WHERE run_id = 'e1'") == [
+        (3, 3, "wilson")]
 
 
 def test_eval_headline_averages_epochs_and_names_the_interval(epochs_db):
     headline = next(line for line in epochs_db["output"].splitlines() if line.startswith("run e1:"))
-    assert headline.endswith("of requests passed every grader (mean over 3 epochs per case; "
-                             "interval: bootstrap over cases)")
+    assert headline.endswith("of requests passed every grader (mean over 3 epochs per case; interval: wilson)")
     assert "/3 (" in headline and "95% CI" in headline
 
 

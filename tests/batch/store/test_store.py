@@ -607,6 +607,12 @@ def test_grade_views_average_epochs_per_case_and_bootstrap_over_cases(store):
     assert (grader["n_graded"], grader["n_passed"], grader["n_cases"]) == (9, 5, 3)
     assert (grader["ci_low"], grader["ci_high"]) == (run["ci_low"], run["ci_high"])
     assert [r["custom_id"] for r in store.reports.failing_grades("r1")] == ["c", "c", "c", "a"]
+    # Epochs that never disagree: no bootstrap (it would say 0%-0%), Wilson over the cases.
+    store.grades.write("r2", [{"custom_id": case, "epoch": epoch, "grader": "g", "passed": False}
+                              for case in ("a", "b") for epoch in range(3)])
+    assert store.reports.pass_rate_per_run("r2")["ci_method"] == "wilson"
+    assert store.reports.pass_rate_per_run("r2")["ci_high"] == pytest.approx(wilson(0, 2).high)
+    assert store.reports.pass_rates_per_grader("r2")[0]["ci_high"] == pytest.approx(wilson(0, 2).high)
 
 
 def test_paired_differences_view(store):
