@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from batch.tables import table
 from batch.store.store import Store
 from evals.output import Output
-from evals.stats import PairedDifference, Rate, paired_difference, wilson
+from evals.stats import PairedDifference, Rate, case_rate, paired_difference
 
 KINDS = ("regression", "missing", "improvement", "changed", "new", "same")
 
@@ -31,7 +31,17 @@ class RequestSide:
     text: str
     output_tokens: int | None
     latency_s: float | None
-    grades: dict[str, bool] = field(default_factory=dict)  # "grader" or "grader#2" -> passed
+    grades: dict[str, bool] = field(default_factory=dict)  # "grader" or "grader#2" -> passed (epoch 0)
+    # With --epochs: every epoch's status and grades (epoch 0's are the fields above).
+    epoch_status: dict[int, str] = field(default_factory=dict)
+    epoch_grades: dict[int, dict[str, bool]] = field(default_factory=dict)
+
+    def outcomes(self) -> list[bool]:
+        """Per epoch, whether the sample passed: every grader (graded epochs only, as the view
+        request_grades counts them); in a run without grades, the response completed."""
+        if self.epoch_grades:
+            return [all(grades.values()) for _, grades in sorted(self.epoch_grades.items())]
+        return [status == "completed" for _, status in sorted(self.epoch_status.items())]
 
 
 @dataclass
@@ -44,20 +54,25 @@ class RequestChange:
 
 
 def load_side(store: Store, run_id: str) -> dict[str, RequestSide]:
-    """custom_id -> RequestSide for every request line of a run (first line per custom_id)."""
+    """custom_id -> RequestSide for every request line of a run (first line per custom_id and epoch)."""
     sides: dict[str, RequestSide] = {}
     for row in store.responses.outcomes(run_id):
-        if row["custom_id"] not in sides:
+        side = sides.get(row["custom_id"])
+        if side is None:
             output = Output(row["custom_id"], row["status"], row["response"])
-            sides[row["custom_id"]] = RequestSide(row["status"], output.text,
-                                                  row["output_tokens"], row["latency_s"])
+            side = sides[row["custom_id"]] = RequestSide(row["status"], output.text,
+                                                         row["output_tokens"], row["latency_s"])
+        side.epoch_status.setdefault(row["epoch"], row["status"])
     for row in store.grades.read(run_id):
         side = sides.get(row["custom_id"])
         if side is not None:
+            grades = side.epoch_grades.setdefault(row["epoch"], {})
             key, n = row["grader"], 2
-            while key in side.grades:
+            while key in grades:
                 key, n = f"{row['grader']}#{n}", n + 1
-            side.grades[key] = bool(row["passed"])
+            grades[key] = bool(row["passed"])
+    for side in sides.values():
+        side.grades = side.epoch_grades.get(min(side.epoch_status), {}) if side.epoch_status else {}
     return sides
 
 
@@ -67,6 +82,12 @@ def classify(a: RequestSide | None, b: RequestSide | None) -> tuple[str, list[st
         return "missing", []
     if a is None:
         return "new", []
+    if len(a.epoch_status) > 1 or len(b.epoch_status) > 1:  # epochs: the share of epochs that passed
+        mean_a, mean_b = _mean(a.outcomes()), _mean(b.outcomes())
+        flip = [f"passed {mean_a:.0%} -> {mean_b:.0%} of epochs"] if mean_a != mean_b else []
+        if mean_b != mean_a:
+            return ("regression" if mean_b < mean_a else "improvement"), flip
+        return ("changed" if a.text != b.text or a.status != b.status else "same"), flip
     flips = [f"{name}: {_verdict(a.grades[name])} -> {_verdict(b.grades.get(name))}"
              for name in a.grades if a.grades[name] != b.grades.get(name)]
     worse = any(a.grades[name] and not b.grades.get(name) for name in a.grades)
@@ -81,6 +102,10 @@ def classify(a: RequestSide | None, b: RequestSide | None) -> tuple[str, list[st
     if a.text != b.text or a.status != b.status:
         return "changed", flips
     return "same", flips
+
+
+def _mean(outcomes: list[bool]) -> float:
+    return sum(outcomes) / len(outcomes) if outcomes else 0.0
 
 
 def _verdict(passed: bool | None) -> str:
@@ -127,15 +152,17 @@ def case_passed(side: RequestSide) -> bool:
 
 
 def pass_rate(sides: list[RequestSide]) -> Rate:
-    """The share of cases that passed, with its Wilson interval."""
-    return wilson(sum(case_passed(s) for s in sides), len(sides))
+    """The share of cases that passed with its interval: Wilson with one epoch per case; with
+    epochs, the mean over cases of each case's share of passing epochs and a bootstrap over cases."""
+    return case_rate([side.outcomes() or [case_passed(side)] for side in sides])
 
 
 def paired(changes: list[RequestChange]) -> PairedDifference:
-    """B's pass rate minus A's over the cases both ran, with McNemar's exact test."""
+    """B's pass rate minus A's over the cases both ran: McNemar's exact test with one epoch; with
+    epochs, a bootstrap over cases and a sign-flip permutation test on the per-case differences."""
     both = [c for c in changes if c.a is not None and c.b is not None]
-    return paired_difference({c.custom_id: [case_passed(c.a)] for c in both if c.a},
-                             {c.custom_id: [case_passed(c.b)] for c in both if c.b})
+    return paired_difference({c.custom_id: c.a.outcomes() or [case_passed(c.a)] for c in both if c.a},
+                             {c.custom_id: c.b.outcomes() or [case_passed(c.b)] for c in both if c.b})
 
 
 def is_significant_regression(changes: list[RequestChange]) -> bool:

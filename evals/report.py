@@ -1,7 +1,9 @@
-"""`batchrun report`: one self-contained offline HTML file per run, and a terminal summary.
+"""`batchrun report`: one self-contained offline HTML file per run (or two side by side), and a
+terminal summary.
 
-The HTML has inline CSS and inline SVG only (no scripts, fonts or links), so it
-opens from disk anywhere and can be attached to a CI job as is.
+The HTML has inline CSS, inline SVG, its data as inline JSON and one inline script (evals/browse.py
+and browse_page.js: the case table and the transcripts); no fonts, links or fetches, so it opens
+from disk anywhere and can be attached to a CI job as is.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from html import escape
 from batch.responses.status import RequestStatus
 from evals import svg
 from evals.report_data import ReportData
-from evals.stats import wilson
+from evals.browse import page, paired_html, rates_html
+from evals.grading import run_rate
 
 _CSS = """
 body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1200px; }
@@ -58,9 +61,8 @@ def summary_facts(data: ReportData) -> list[tuple[str, str]]:
         facts.append(("per worker" if i == 0 else "",
                       f"{row['worker']}: {row['n_requests']} requests, "
                       f"{row['output_tokens_per_s'] or 0.0:.1f} output tok/s over {row['busy_s'] or 0.0:.1f}s"))
-    total, passed = data.request_totals
-    if total:  # the same headline as eval and grade: requests that passed every grader
-        facts.append(("passed every grader", str(wilson(passed, total))))
+    if data.headline is not None:  # the same headline as eval and grade: requests that passed every grader
+        facts.append(("passed every grader", str(run_rate(data.headline))))
     return facts
 
 
@@ -118,7 +120,7 @@ def timeline(data: ReportData) -> str:
 
 
 def plots(data: ReportData) -> list[str]:
-    """Every plot of the report, in display order."""
+    """Every plot of the report, in display order (the pass-rate plots only for a graded run)."""
     calls = sorted(data.tool_calls_per_response.items())
     throughput = [(0.0, 0, 0), *data.throughput] if data.throughput else []
     return [
@@ -132,31 +134,39 @@ def plots(data: ReportData) -> list[str]:
         svg.line_chart([t for t, _, _ in throughput], [k for _, _, k in throughput],
                        "Output tokens over the run", "seconds since start", "output tokens",
                        integer=True),
-        svg.bar_chart([r["tag"] for r in data.pass_rates_per_tag],
-                      [100 * r["pass_rate"] for r in data.pass_rates_per_tag],
-                      "Pass rate per tag (%)", max_value=100, value_format="{:.0f}%")
-        if data.pass_rates_per_tag else svg.empty("Pass rate per tag (%)",
-                                                  "no grades: run `batchrun eval`"),
-        svg.bar_chart([r["grader"] for r in data.pass_rates_per_grader],
-                      [100 * r["pass_rate"] for r in data.pass_rates_per_grader],
-                      "Pass rate per grader (%)", max_value=100, value_format="{:.0f}%")
-        if data.pass_rates_per_grader else svg.empty("Pass rate per grader (%)", "no grades"),
+        *([svg.bar_chart([r["tag"] for r in data.pass_rates_per_tag],
+                         [100 * r["pass_rate"] for r in data.pass_rates_per_tag],
+                         "Pass rate per tag (%)", max_value=100, value_format="{:.0f}%"),
+           svg.bar_chart([r["grader"] for r in data.pass_rates_per_grader],
+                         [100 * r["pass_rate"] for r in data.pass_rates_per_grader],
+                         "Pass rate per grader (%)", max_value=100, value_format="{:.0f}%")]
+          if data.pass_rates_per_grader else []),
         svg.bar_chart([t for t, _ in data.event_types], [n for _, n in data.event_types],
                       "Events per type"),
     ]
 
 
-def render_html(data: ReportData) -> str:
-    """The whole report as one HTML document."""
-    facts = "".join(f"<tr><th>{escape(label)}</th><td>{escape(value)}</td></tr>"
-                    for label, value in summary_facts(data))
+def _facts_table(data: ReportData) -> str:
+    return "<table>" + "".join(f"<tr><th>{escape(label)}</th><td>{escape(value)}</td></tr>"
+                               for label, value in summary_facts(data)) + "</table>"
+
+
+def _plots_html(data: ReportData) -> str:
     figures = "".join(f"<figure>{plot}</figure>" for plot in plots(data))
-    title = f"batchrun report: {data.run.run_id}"
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
-            f"<h1>{escape(title)}</h1><table>{facts}</table>"
-            f'<h2>Plots</h2><div class="plots">{figures}</div>'
-            f"<h2>Slowest responses</h2><figure>{timeline(data)}</figure>"
-            f'<p class="muted">input {escape(str(data.run.input_path))}; '
-            f"started {escape(str(data.run.started_at)[:19])}; "
-            f"batchrun {escape(str(data.run.batchrun_version))}</p></body></html>\n")
+    return (f"<h3>{escape(data.run.run_id)}</h3>"
+            f'<div class="plots-grid">{figures}<figure>{timeline(data)}</figure></div>')
+
+
+def render_html(data: ReportData, payload: dict, data_b: ReportData | None = None) -> str:
+    """The whole report as one HTML document: facts and pass rates, the case browser over
+    ``payload`` (evals.browse_data.browse_payload), then the plots; two runs when ``data_b``."""
+    runs = [data] + ([data_b] if data_b is not None else [])
+    columns = "".join(f'<div class="run-col">{_facts_table(run)}<div>{rates_html(part)}</div></div>'
+                      for run, part in zip(runs, payload["runs"]))
+    top = (paired_html(payload["paired"]) if data_b is not None else "") + f'<div class="runs">{columns}</div>'
+
+    ids = " vs ".join(run.run.run_id for run in runs)
+    footer = "; ".join(f"{escape(run.run.run_id)}: input {escape(str(run.run.input_path))}, "
+                       f"started {escape(str(run.run.started_at)[:19])}, "
+                       f"batchrun {escape(str(run.run.batchrun_version))}" for run in runs)
+    return page(f"batchrun report: {ids}", top, payload, "".join(_plots_html(run) for run in runs), footer)

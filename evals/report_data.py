@@ -28,6 +28,7 @@ class ReportData:
     timelines: list[dict] = field(default_factory=list)  # store.reports.response_timelines, slowest first
     workers: list[dict] = field(default_factory=list)  # Store.worker_throughput, for shard and Ray runs
     request_totals: tuple[int, int] = (0, 0)  # (graded requests, requests that passed every grader)
+    headline: dict | None = None  # the pass_rate_per_run row (epochs averaged per case), None without grades
 
 
 def load_report_data(store: Store, run_id: str) -> ReportData:
@@ -50,4 +51,5 @@ def load_report_data(store: Store, run_id: str) -> ReportData:
         timelines=store.reports.response_timelines(run_id, limit=TIMELINE_RESPONSES),
         workers=[row for row in store.reports.worker_throughput(run_id) if row["worker"] is not None],
         request_totals=store.reports.request_totals(run_id),
+        headline=store.reports.pass_rate_per_run(run_id),
     )

@@ -119,14 +119,15 @@ def normalize(events: list[dict], level: str) -> list:
 def snapshot_run(store: Store, run_id: str, level: str) -> dict[str, dict]:
     """custom_id -> golden entry for every request line of the run, in line order.
 
-    A custom_id seen again (an invalid duplicate line) is keyed ``ID#line<N>``.
+    A later epoch of a line (--epochs) is keyed ``ID#epoch<E>``; a custom_id seen again (an
+    invalid duplicate line) is keyed ``ID#line<N>``.
     """
     entries: dict[str, dict] = {}
     lines = list(store.responses.iter_lines(run_id))
     wanted = {row["response_id"] for row in lines if row["response_id"] is not None}
     events = {rid: payloads for rid, payloads in store.responses.iter_events(run_id) if rid in wanted}
     for row in lines:
-        key = row["custom_id"]
+        key = row["custom_id"] if not row["epoch"] else f"{row['custom_id']}#epoch{row['epoch']}"
         if key in entries:
             key = f"{key}#line{row['line_no']}"
         entry = {"custom_id": key, "level": level, "status": row["status"],

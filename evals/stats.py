@@ -93,10 +93,13 @@ def wilson(passed: int, n: int, z: float = Z95) -> Rate:
 def case_rate(per_case: Sequence[Sequence[bool]], seed: int = 0) -> Rate:
     """The pass rate of cases sampled one or more times each (a list of epochs' outcomes per case).
 
-    With one sample per case, Wilson; with more, the mean per case and a bootstrap over cases.
+    With one sample per case, Wilson; with more, the mean per case and a bootstrap over cases,
+    unless every case passed all or none of its epochs: then each case is one pass or fail, a
+    bootstrap would give 0%-0% at a rate of 0, and Wilson over cases is the honest interval (as the
+    views pass_rate_per_* do).
     """
     cases = [list(outcomes) for outcomes in per_case if len(outcomes)]
-    if all(len(outcomes) == 1 for outcomes in cases):
+    if all(len(set(map(bool, outcomes))) == 1 for outcomes in cases):
         return wilson(sum(bool(o[0]) for o in cases), len(cases))
     means = [sum(map(bool, outcomes)) / len(outcomes) for outcomes in cases]
     low, high = _bootstrap_mean(means, seed)

@@ -26,7 +26,9 @@ def batch_output_line(run_id: str, row: dict) -> dict:
     """One line of OpenAI Batch output for a stored request (an `iter_responses` row)."""
     response = row.get("response")
     message = row.get("error") or ""
-    request_id = response["id"] if response is not None else f"req_{run_id}_{row['line_no']}"
+    # With --epochs a line has K rows: a later epoch's ids name it (epoch 0 keeps the plain ids).
+    line = f"{row['line_no']}" if not row.get("epoch") else f"{row['line_no']}_epoch{row['epoch']}"
+    request_id = response["id"] if response is not None else f"req_{run_id}_{line}"
     if response is not None and not _never_ran(response):
         answer = {"status_code": 200, "request_id": request_id, "body": response}
     elif response is not None:
@@ -38,7 +40,7 @@ def batch_output_line(run_id: str, row: dict) -> dict:
         answer = _error(400, request_id, message, "invalid_request_error", param=field and field.group(1))
     else:
         answer = _error(500, request_id, message, "server_error")
-    return {"id": f"batch_req_{run_id}_{row['line_no']}", "custom_id": row["custom_id"],
+    return {"id": f"batch_req_{run_id}_{line}", "custom_id": row["custom_id"],
             "response": answer, "error": None}
 
 

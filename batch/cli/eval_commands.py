@@ -43,7 +43,7 @@ def _suite(name: str) -> Suite:
 
 def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) -> None:
     """Grade, write the grades, print pass rates; exit 1 under the ``fail_under`` percentage."""
-    from evals.grading import grade_run, request_totals, summary_text
+    from evals.grading import grade_run, summary_text
 
     grading = grade_run(store, run_id, suite)
     store.grades.write(run_id, grading.rows)
@@ -51,9 +51,10 @@ def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) ->
     if grading.missing:
         click.echo(f"note: {len(grading.missing)} suite case(s) have no line in run {run_id}: "
                    + ", ".join(grading.missing[:10]))
-    total, passed = request_totals(store, run_id)
-    if fail_under is not None and (not total or 100 * passed / total < fail_under):
-        _fail(f"pass rate {100 * passed / max(total, 1):.1f}% is under --fail-under {fail_under:g}%")
+    headline = store.reports.pass_rate_per_run(run_id)  # with epochs, the mean over cases
+    rate = headline["pass_rate"] if headline else 0.0
+    if fail_under is not None and 100 * rate < fail_under:
+        _fail(f"pass rate {100 * rate:.1f}% is under --fail-under {fail_under:g}%")
 
 
 _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metavar="PERCENT",
@@ -87,7 +88,8 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     if distribution.shard is not None and fail_under is not None:
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
                                "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
-    run_id = (given.resume or given.run_id
+    # --retry-failed continues that run too: it is the run to grade.
+    run_id = (given.resume or given.retry_failed or given.run_id
               or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}")
     given = dataclasses.replace(given, run_id=None if given.resume else run_id)
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
@@ -225,21 +227,37 @@ def _run_ref(ref: str, db: str) -> tuple[str, str]:
 
 @click.command("report")
 @click.argument("run")
+@click.argument("run_b", required=False)
 @_db_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="HTML file to write [default: report-<RUN_ID>.html].")
-def report_command(run: str, db: str, output: Path | None) -> None:
-    """Write a self-contained HTML report of RUN (plots, pass rates) and print a summary."""
+              help="HTML file to write [default: report-<RUN_ID>.html, or report-<RUN>-vs-<RUN_B>.html].")
+def report_command(run: str, run_b: str | None, db: str, output: Path | None) -> None:
+    """Write a self-contained HTML report of RUN and print a summary: pass rates with intervals, a
+    sortable, filterable case table, each case's transcript, plots. With RUN_B, the two runs side
+    by side per case, differences marked, and the paired difference. A run is RUN (in --db) or
+    FILE.duckdb:RUN."""
+    from evals.browse_data import browse_payload
     from evals.report import render_html, terminal_summary
     from evals.report_data import load_report_data
 
     if output is not None:
         check_output(output, "-o")
-    with _open_store(db, read_only=True) as store:
+    (db_a, run), (db_b, run_b) = _run_ref(run, db), _run_ref(run_b, db) if run_b else (db, None)
+    with _open_store(db_a, read_only=True) as store, contextlib.ExitStack() as stack:
+        store_b = store if db_b == db_a else stack.enter_context(_open_store(db_b, read_only=True))
         run_id = resolve_run(store, run)
+        run_b_id = resolve_run(store_b, run_b) if run_b else None
         data = load_report_data(store, run_id)
-    output = output or Path(f"report-{run_id}.html")
-    output.write_text(render_html(data), encoding="utf-8")
+        data_b = load_report_data(store_b, run_b_id) if run_b_id else None
+        payload = browse_payload(store, run_id, run_b_id, store_b)
+    output = output or Path(f"report-{run_id}.html" if run_b_id is None else f"report-{run_id}-vs-{run_b_id}.html")
+    output.write_text(render_html(data, payload, data_b), encoding="utf-8")
     click.echo(terminal_summary(data))
+    if data_b is not None:
+        click.echo(terminal_summary(data_b))
+        paired = payload["paired"]
+        if paired is not None:
+            click.echo(f"B - A pass rate: {paired['difference']:+.1%} (95% CI {paired['ci_low']:+.1%} to "
+                       f"{paired['ci_high']:+.1%}, {paired['method']}, p = {paired['p_value']:.3g})")
     click.echo(f"report: {output}")
 

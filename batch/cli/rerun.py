@@ -27,7 +27,7 @@ def settings(options: RunOptions) -> dict:
             "temperature": session.temperature, "top_p": session.top_p,
             "conversation_date": prompt.conversation_date, "reasoning_effort": prompt.reasoning_effort,
             "max_turns": session.max_turns, "max_tool_output_bytes": session.max_tool_output_bytes,
-            "shard": options.shard.label if options.shard else None}
+            "shard": options.shard.label if options.shard else None, "epochs": options.epochs}
 
 
 def finished_run(store: Store, options: RunOptions) -> ListedRun | None:

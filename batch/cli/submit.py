@@ -67,6 +67,9 @@ SUBMIT_OPTIONS = [
                  help="Default output budget for requests that do not set max_output_tokens."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Run seed; per-request seeds derive from it."),
+    click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Decode each line K times with distinct seeds (from --seed and the epoch): K rows "
+                      "of one custom_id, told apart by requests.epoch; graders average over them."),
     click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
                  help="Default temperature for requests that do not set one (0: greedy)."),
     click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
@@ -122,6 +125,7 @@ class SubmitOptions:
     temperature: float
     max_inflight: int
     max_line_bytes: int
+    epochs: int
     keep_tokens: bool
     conversation_date: str | None
     reasoning_effort: str
@@ -295,7 +299,7 @@ def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> Ru
     return RunOptions(
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
-        max_line_bytes=submit.max_line_bytes,
+        max_line_bytes=submit.max_line_bytes, epochs=submit.epochs,
         prompt=PromptOptions(conversation_date=submit.conversation_date,
                              reasoning_effort=submit.reasoning_effort),
         session=SessionOptions(model=model_dir.name, max_output_tokens=submit.max_output_tokens,

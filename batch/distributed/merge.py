@@ -188,7 +188,9 @@ def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
         # shard None: a plain `submit` on the merged file continues a partial merge.
         options={**(first.options or {}), "shard": None},
         status=RunStatus.COMPLETED if plan.is_complete else RunStatus.PARTIAL,
-        n_requests=sum(len(part.line_nos) for part in plan.parts) + len(plan.earlier_lines), notes=notes,
+        # requests rows: with --epochs K each line has K (a shard owns every epoch of its lines).
+        n_requests=(sum(len(part.line_nos) for part in plan.parts) + len(plan.earlier_lines))
+        * int((first.options or {}).get("epochs") or 1), notes=notes,
         batchrun_version=first.batchrun_version)
 
 

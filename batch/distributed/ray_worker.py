@@ -66,7 +66,8 @@ class ChunkDecoder:
         self.loop = DecodeLoop(backend, options, ServerCatalog(options.tool_options.servers))
         self.run_id = ""  # the run of the chunks it holds (set by take)
         self.queued: deque[Prepared] = deque()  # given, waiting for room in the batch (oldest chunk first)
-        self.owners: dict[int, ChunkJob] = {}  # line_no -> the job of every line given and not yet finished
+        # (line_no, epoch) -> the job of every line (sample) given and not yet finished
+        self.owners: dict[tuple[int, int], ChunkJob] = {}
         self.wake_on: Future | None = None  # ends a wait on tool futures early (a new chunk came)
 
     @property
@@ -80,7 +81,7 @@ class ChunkDecoder:
             return
         self.run_id = job.run_id
         for prepared in job.chunk:
-            self.owners[prepared.line.line_no] = job
+            self.owners[prepared.line.line_no, prepared.line.epoch] = job
             self.queued.append(prepared)
         if not job.chunk:
             job.done.set()
@@ -94,7 +95,7 @@ class ChunkDecoder:
         while self.queued and self.loop.num_inflight < self.options.max_inflight:
             self.loop.add(self.queued.popleft(), self.run_id)
         for result in self.loop.step(block=block, wake=self.wake_on):
-            self.owners.pop(result.request.line_no).add(result)
+            self.owners.pop((result.request.line_no, result.request.epoch)).add(result)
 
     def fail_all(self, error: BaseException) -> None:
         """The loop failed: every job held raises it; what was in flight is dropped (best effort)."""

@@ -86,6 +86,12 @@ def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) 
     return Prepared(line, request, items, registry)
 
 
+def sample_seed(run_seed: int, line: InputLine) -> int:
+    """The seed of one sample of a line: epoch 0 keeps the line's seed of a run without --epochs;
+    each further epoch gets its own, derived from the run seed, the custom_id and the epoch."""
+    return derive_seed(run_seed, line.custom_id if line.epoch == 0 else f"{line.custom_id}#epoch{line.epoch}")
+
+
 def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
           options: SessionOptions, run_id: str) -> Session | RequestResult:
     """Render a prepared line with its servers' listings: a Session, or an `invalid` result."""
@@ -96,7 +102,7 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
         registry.add_listing(label, listing.tools, listing.error, listing.error_kind)
     if any(listing.error for listing in listings.values()):  # as the API: the response fails, at start
         return Session(response_id=new_id("resp"), request=request, prompt_token_ids=[], registry=registry,
-                       options=options, seed=derive_seed(options.seed, line.custom_id), line=line,
+                       options=options, seed=sample_seed(options.seed, line), line=line,
                        input_items=prepared.items)
     text_format = request.text_format_json()
     try:
@@ -110,5 +116,5 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     except (RenderError, ToolChoiceError, ConstraintError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
     return Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,
-                   registry=registry, options=options, seed=derive_seed(options.seed, line.custom_id),
+                   registry=registry, options=options, seed=sample_seed(options.seed, line),
                    line=line, input_items=prepared.items, grammars=grammars)

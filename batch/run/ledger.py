@@ -25,9 +25,9 @@ from batch.store.store import Store
 
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
-               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard")
+               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs")
 # What a run recorded before a key existed ran with (so a rerun still continues it).
-RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES}
+RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1}
 
 
 class RunError(RuntimeError):
@@ -40,7 +40,7 @@ class OpenedRun:
 
     run_id: str
     resumed: bool
-    done: set[int]
+    done: set[tuple[int, int]]  # (line_no, epoch) of every sample with a requests row
 
 
 class RunLedger:
@@ -64,10 +64,10 @@ class RunLedger:
             return OpenedRun(run_id, False, set())
         if self.get(run_id).input_sha256 != input_sha:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
-        done = self.store.runs.finished_line_numbers(run_id)
+        done = self.store.runs.finished_samples(run_id)
         if options.retry_failed:
             failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
-            done -= self.store.runs.finished_line_numbers(run_id, statuses=failed)
+            done -= self.store.runs.finished_samples(run_id, statuses=failed)
         self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None)
         return OpenedRun(run_id, True, done)
 
@@ -130,7 +130,7 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
                  "mcp_config": options.tool_options.config_path,
                  "mcp_servers": sorted(options.tool_options.servers),  # labels only: no secrets
                  "max_tool_output_bytes": options.session.max_tool_output_bytes,
-                 "shard": options.shard.label if options.shard else None},
+                 "shard": options.shard.label if options.shard else None, "epochs": options.epochs},
         notes={}, batchrun_version=_version())
 
 

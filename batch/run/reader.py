@@ -55,6 +55,7 @@ class InputLine:
     request: ResponsesRequest | None
     ignored_fields: list[str] = field(default_factory=list)
     error: str | None = None
+    epoch: int = 0  # which of the run's --epochs samples of this line (each is its own requests row)
 
     @property
     def is_valid(self) -> bool:

@@ -18,7 +18,7 @@ def request_row(run_id: str, line: InputLine, status: RequestStatus, error: str 
                 response_id: str | None = None) -> RequestRow:
     """The `requests` row of a line: the body (and its hash) with secrets redacted."""
     body = redact_secrets(line.body) if isinstance(line.body, dict) else None
-    return RequestRow(run_id=run_id, custom_id=line.custom_id, line_no=line.line_no,
+    return RequestRow(run_id=run_id, custom_id=line.custom_id, line_no=line.line_no, epoch=line.epoch,
                       request_hash=request_hash(body) if body is not None else None,
                       body=body, status=status, error=error, response_id=response_id)
 

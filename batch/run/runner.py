@@ -15,6 +15,7 @@ what was in flight, and a rerun skips every line that already has a row.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import Counter
@@ -204,7 +205,7 @@ class Run:
             raise error
         return status
 
-    def _lines(self, done: set[int]) -> Iterator[InputLine]:
+    def _lines(self, done: set[tuple[int, int]]) -> Iterator[InputLine]:
         for count, line in enumerate(read_requests(self.options.input_path,
                                                    max_line_bytes=self.options.max_line_bytes)):
             if self.options.limit is not None and count >= self.options.limit:
@@ -213,8 +214,9 @@ class Run:
             if self.options.shard is not None and not self.options.shard.owns(line.line_no):
                 continue  # another shard's line: it gets its row there
             self.ignored.update(line.ignored_fields)  # every line of the run, resumed or not
-            if line.line_no not in done:
-                yield line
+            for epoch in range(self.options.epochs):  # a shard owns every epoch of its lines
+                if (line.line_no, epoch) not in done:
+                    yield line if epoch == 0 else dataclasses.replace(line, epoch=epoch)
 
     def _report_written(self) -> None:
         written = self.writer.num_written - self._num_reported

@@ -128,22 +128,38 @@ class Reports:
         """grader, n_graded, n_passed, pass_rate (0..1), mean_score (rounded to 3 places)
         of a run, by grader."""
         return self.db.rows("""
-            SELECT grader, n_graded, n_passed, pass_rate, round(mean_score, 3) AS mean_score, ci_low, ci_high
+            SELECT grader, n_graded, n_passed, pass_rate, round(mean_score, 3) AS mean_score, ci_low, ci_high,
+                   n_cases, n_epochs, ci_method
             FROM pass_rate_per_grader WHERE run_id = ? ORDER BY grader""", [run_id])
 
     def pass_rates_per_tag(self, run_id: str) -> list[dict]:
         """tag, n_requests, n_passed, pass_rate (0..1) of a run, by tag."""
         return self.db.rows("""
-            SELECT tag, n_requests, n_passed, pass_rate, ci_low, ci_high FROM pass_rate_per_tag
+            SELECT tag, n_requests, n_passed, pass_rate, ci_low, ci_high, n_epochs, ci_method FROM pass_rate_per_tag
             WHERE run_id = ? ORDER BY tag""", [run_id])
 
     def failing_grades(self, run_id: str) -> list[dict]:
-        """custom_id, grader, explanation of each failed grade, the cases failing most graders first."""
+        """custom_id, epoch, grader, explanation of each failed grade: the cases that passed in the
+        fewest epochs first, then those failing most graders."""
         return self.db.rows("""
-            SELECT g.custom_id, g.grader, g.explanation FROM grades g
+            SELECT g.custom_id, g.epoch, g.grader, g.explanation FROM grades g
             JOIN request_grades r ON r.run_id = g.run_id AND r.custom_id = g.custom_id
             WHERE g.run_id = ? AND NOT g.passed
-            ORDER BY r.n_grades - r.n_passed DESC, r.n_passed / r.n_grades, g.custom_id, g.grader""", [run_id])
+            ORDER BY r.pass_mean, r.n_grades - r.n_passed DESC, r.n_passed / r.n_grades, g.custom_id,
+                     g.epoch, g.grader""", [run_id])
+
+    def paired_difference(self, run_a: str, run_b: str) -> dict | None:
+        """The paired_differences row of B minus A (n, n_epochs, difference, a_only, b_only, ci_low,
+        ci_high, p_value, method), or None when the runs share no graded case."""
+        rows = self.db.rows("SELECT * EXCLUDE (run_a, run_b) FROM paired_differences WHERE run_a = ? AND run_b = ?",
+                            [run_a, run_b])
+        return rows[0] if rows else None
+
+    def pass_rate_per_run(self, run_id: str) -> dict | None:
+        """The headline (view pass_rate_per_run): n_requests (cases), n_passed (a sum of per-case means
+        over epochs), pass_rate, n_epochs, ci_low, ci_high, ci_method; None without grades."""
+        rows = self.db.rows("SELECT * EXCLUDE (run_id) FROM pass_rate_per_run WHERE run_id = ?", [run_id])
+        return rows[0] if rows else None
 
     def request_totals(self, run_id: str) -> tuple[int, int]:
         """(graded requests, requests that passed every grader) of a run."""

@@ -76,18 +76,18 @@ class Responses:
     def iter_lines(self, run_id: str) -> Iterator[dict]:
         """Yield every request line of a run in line order, with its response or None.
 
-        Each dict has line_no, custom_id, status, error, response_id and response.
+        Each dict has line_no, epoch, custom_id, status, error, response_id and response.
         Streams in Arrow batches on a separate cursor, so the caller may query
         the store while iterating.
         """
         cursor = self.db.con.cursor()
         try:
             reader = cursor.sql("""
-                SELECT q.line_no, q.custom_id, q.status, q.error, q.response_id,
+                SELECT q.line_no, q.epoch, q.custom_id, q.status, q.error, q.response_id,
                        s.response
                 FROM requests q LEFT JOIN responses s
                   ON s.run_id = q.run_id AND s.response_id = q.response_id
-                WHERE q.run_id = ? ORDER BY q.line_no""", params=[run_id]).arrow()
+                WHERE q.run_id = ? ORDER BY q.line_no, q.epoch""", params=[run_id]).arrow()
             for batch in reader:
                 for row in batch.to_pylist():
                     row["response"] = loads(row["response"])
@@ -107,14 +107,14 @@ class Responses:
     def outcomes(self, run_id: str) -> list[dict]:
         """Every request line of a run in line order, for comparing runs.
 
-        Each dict has custom_id, status, and its response's response (decoded),
+        Each dict has custom_id, epoch, status, and its response's response (decoded),
         output_tokens and latency_s (all None for a line without a response).
         """
         rows = self.db.rows("""
-            SELECT q.custom_id, q.status, s.response, s.output_tokens, s.latency_s
+            SELECT q.custom_id, q.epoch, q.status, s.response, s.output_tokens, s.latency_s
             FROM requests q LEFT JOIN responses s
               ON s.run_id = q.run_id AND s.response_id = q.response_id
-            WHERE q.run_id = ? ORDER BY q.line_no""", [run_id])
+            WHERE q.run_id = ? ORDER BY q.line_no, q.epoch""", [run_id])
         for row in rows:
             row["response"] = loads(row["response"])
         return rows

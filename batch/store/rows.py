@@ -77,6 +77,7 @@ class RequestRow:
     response_id: str | None = None
     written_at: datetime | None = None
     worker: str | None = None  # the shard or Ray worker that decoded it (None: a one-process run)
+    epoch: Int32 = 0  # which of the line's --epochs samples (0..K-1): K rows share one line and custom_id
 
 
 @dataclass(slots=True)
@@ -135,6 +136,7 @@ class GradeRow:
     options: Json = None  # the grader's options, `expected` included
     suite: str | None = None
     graded_at: datetime | None = None
+    epoch: Int32 = 0  # the sample of the case it grades (requests.epoch)
 
 
 @dataclass(slots=True)

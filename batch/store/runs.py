@@ -100,6 +100,16 @@ class Runs:
             params.append(list(statuses))
         return {row["line_no"] for row in self.db.rows(query, params)}
 
+    def finished_samples(self, run_id: str, *,
+                         statuses: tuple[str, ...] | None = None) -> set[tuple[int, int]]:
+        """(line_no, epoch) of every requests row of this run (only ``statuses`` if given)."""
+        query = "SELECT line_no, epoch FROM requests WHERE run_id = ?"
+        params: list[str | list[str]] = [run_id]
+        if statuses is not None:
+            query += " AND list_contains(?, status)"
+            params.append(list(statuses))
+        return {(row["line_no"], row["epoch"]) for row in self.db.rows(query, params)}
+
     def num_rows(self, table: str, run_id: str) -> int:
         """How many rows of ``table`` belong to ``run_id``."""
         if table not in SCHEMAS:

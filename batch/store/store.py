@@ -1,7 +1,8 @@
 """The batchrun DuckDB file: the only writer of it, and typed lookups for readers.
 
 A `Store` is an open database (opening.py checks the file) and the parts that read and
-write it, each over the same connection: `runs`, `responses`, `reports`, `grades`.
+write it, each over the same connection: `runs`, `responses`, `reports`, `grades`,
+`transcripts`.
 Results are written through Arrow: each batch becomes one ``pa.Table`` per table,
 inserted in one transaction (writes.py), directly or on the `background_writer`'s
 thread. Every operation raises StoreError for a database error (errors.py).
@@ -21,6 +22,7 @@ from batch.store.reports import Reports
 from batch.store.responses import Responses
 from batch.store.rows import BenchRow, RequestResult, to_arrow
 from batch.store.runs import Runs
+from batch.store.transcripts import Transcripts
 from batch.store.writes import ResultWriter, write_results
 
 
@@ -49,6 +51,7 @@ class Store:
         self.responses = Responses(self.db)
         self.reports = Reports(self.db)
         self.grades = Grades(self.db)
+        self.transcripts = Transcripts(self.db)
 
     def publish_live(self) -> LivePublisher:
         """Publish live snapshots of this (writable) database for other processes' readers

@@ -40,11 +40,11 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
         request = result.request
         if not isinstance(request, RequestRow):
             raise TypeError(f"requests rows must be RequestRow, got {type(request).__name__}")
-        key = (request.run_id, request.line_no)
+        key = (request.run_id, request.line_no, request.epoch)
         if key in seen:
             if seen[key] is result:
                 continue  # handed over twice (an interrupt between submit and its bookkeeping)
-            raise ValueError(f"run {key[0]} line {key[1]} appears twice in one batch")
+            raise ValueError(f"run {key[0]} line {key[1]} epoch {key[2]} appears twice in one batch")
         seen[key] = result
         request.written_at = now
         requests.append(request)
@@ -71,13 +71,13 @@ def _delete_statements(new_requests: str) -> list[str]:
     """Statements deleting the requests rows on the lines of ``new_requests`` and what hangs off them."""
     # The requests rows go last: they say which responses are old.
     old = f"""(SELECT q.run_id, q.response_id FROM requests q
-               JOIN {new_requests} k USING (run_id, line_no)
+               JOIN {new_requests} k USING (run_id, line_no, epoch)
                WHERE q.response_id IS NOT NULL) o"""
     statements = [f"""DELETE FROM {table} t USING {old}
                       WHERE t.run_id = o.run_id AND t.response_id = o.response_id"""
                   for table in ("responses", *TRACE_TABLES)]
     return [*statements, f"""DELETE FROM requests q USING {new_requests} k
-                             WHERE q.run_id = k.run_id AND q.line_no = k.line_no"""]
+                             WHERE q.run_id = k.run_id AND q.line_no = k.line_no AND q.epoch = k.epoch"""]
 
 
 @contextlib.contextmanager

@@ -220,7 +220,8 @@ def test_report_writes_one_offline_html_file(runs, tmp_path):
         "requests             4 (0 completed, 3 incomplete, 0 failed, 1 invalid)")
     assert result.output.splitlines()[-1] == f"report: {out}"
     html = out.read_text()
-    assert html.count("<svg") == 9 and "<script" not in html and "href=" not in html
+    assert html.count("<svg") == 9 and "<script src" not in html and not re.search(r'href="(?!#)', html)
+    assert '<script type="application/json" id="report-data">' in html  # the cases, for the inline script
     assert html.count('<g class="timeline-row">') == 3  # one row per response
     missing = batchrun("report", "zzz", "--db", runs["db"], "-o", out)
     assert missing.exit_code == 1 and "no run 'zzz'" in missing.output

@@ -14,12 +14,13 @@ from batch.store.store import Store
 from evals.report import TIMELINE_TITLE, render_html, terminal_summary, timeline
 from evals.stats import wilson
 from evals.report_data import load_report_data
+from evals.browse_data import browse_payload
 from tests.evals.factories import function_call, make_result, make_run, mcp_call, message
 from tests.support.fakes import ScriptedBackend
 
 
 @pytest.fixture
-def data(tmp_path):
+def store(tmp_path):
     with Store(tmp_path / "b.duckdb") as store:
         store.runs.create(make_run("r1"))
         store.write_results([
@@ -33,7 +34,17 @@ def data(tmp_path):
              "explanation": "", "tags": tags}
             for c, ok, tags in [("a", True, ["chat"]), ("b", True, ["tools"]),
                                 ("c", False, ["chat"])]])
-        return load_report_data(store, "r1")
+        yield store
+
+
+@pytest.fixture
+def data(store):
+    return load_report_data(store, "r1")
+
+
+@pytest.fixture
+def html(store, data):
+    return render_html(data, browse_payload(store, "r1"))
 
 
 def test_report_data(data):
@@ -60,18 +71,33 @@ class _Resources(HTMLParser):
             self.found.append((tag, None, None))
 
 
-def test_html_is_self_contained_with_every_plot(data):
-    html = render_html(data)
+def test_html_is_self_contained_with_every_plot(html):
     parser = _Resources()
     parser.feed(html)
-    assert parser.found == []
+    # Two inline scripts (the data, and the browser) and nothing that loads from elsewhere.
+    assert parser.found == [("script", None, None), ("script", None, None)]
     assert set(re.findall(r"https?://[^\s\"']+", html)) == {"http://www.w3.org/2000/svg"}
+    assert not re.search(r"\b(fetch|XMLHttpRequest|import)\s*\(", html)
     titles = re.findall(r"<svg[^>]*><title>([^<]*)</title>", html)
     assert titles == ["Latency per response", "Output tokens per turn",
                       "Tool calls per response (responses)", "Responses finished over the run",
                       "Output tokens over the run", "Pass rate per tag (%)",
                       "Pass rate per grader (%)", "Events per type", TIMELINE_TITLE]
     assert f"<th>passed every grader</th><td>{wilson(2, 3)}</td>" in html
+
+
+def test_html_embeds_every_case_and_transcript(store, html):
+    payload = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html,
+                                   re.S).group(1).replace("<\\/", "</"))
+    assert [case["id"] for case in payload["cases"]] == ["a", "b", "c", "d"]
+    assert payload["cases"][2]["a"]["pass_mean"] == 0.0 and payload["cases"][3]["a"]["pass_mean"] is None
+    [b] = payload["runs"][0]["samples"]["b"]
+    assert [item["kind"] for item in b["output"]] == ["mcp_call", "function_call", "function_call"]
+    assert b["output"][0]["name"] == "srv.lookup" and '"output": "x"' in b["output"][0]["text"]
+    assert payload["runs"][0]["event_types"][b["events"][0][1]] == "response.created"
+    assert b["turns"][0]["output_tokens"] == 5
+    assert b["grades"] == [{"grader": "status", "passed": True, "score": 1.0, "explanation": ""}]
+    assert payload["runs"][0]["headline"]["ci_method"] == "wilson"
 
 
 def test_terminal_summary(data):
@@ -92,11 +118,10 @@ def timeline_rows(svg: str) -> list[tuple[str, str, list[str]]]:
              re.findall(r'<rect [^>]*fill="([^"]+)"><title>', row)) for row in rows]
 
 
-def test_timeline_has_one_row_per_slow_response(data):
+def test_timeline_has_one_row_per_slow_response(data, html):
     assert [t["custom_id"] for t in data.timelines] == ["c", "b", "a"]
     assert [s["kind"] for s in data.timelines[1]["spans"]] == ["turn", "tool"]
-    html = render_html(data)
-    [figure] = re.findall(r"<h2>Slowest responses</h2><figure>(<svg.*?</svg>)</figure>", html)
+    [figure] = re.findall(r"<figure>(<svg[^>]*><title>Slowest responses.*?</svg>)</figure>", html)
     assert figure == timeline(data)
     rows = timeline_rows(figure)
     assert [(label, note) for label, note, _ in rows] == [("c", "0.800s"), ("b", "0.700s"), ("a", "0.600s")]
@@ -134,3 +159,34 @@ def test_timeline_of_a_real_run_with_a_hosted_tool_call(tmp_path):
     assert [s["kind"] for s in chat["spans"]] == ["turn"]
     assert [label for label, _, _ in timeline_rows(timeline(data))] == ["calc", "chat"]
     assert re.search(r"calc: \d\.\d{3}s, 2 turns, tool calls \d\.\d{3}s \(1\)", terminal_summary(data))
+
+
+def _graded_run(store, run_id, passed):
+    store.runs.create(make_run(run_id))
+    store.write_results([make_result(run_id, n, f"c{n}", [message("x")]) for n in range(1, len(passed) + 1)])
+    store.grades.write(run_id, [{"custom_id": f"c{n}", "grader": "g", "passed": ok}
+                                for n, ok in enumerate(passed, 1)])
+
+
+def test_report_of_runs_in_two_files_pairs_them_as_the_view_does(tmp_path):
+    from click.testing import CliRunner
+
+    from batch.cli.main import main
+
+    a, b = [True] * 10, [False] * 5 + [True] * 5
+    with (Store(tmp_path / "a.duckdb") as one, Store(tmp_path / "b.duckdb") as two,
+          Store(tmp_path / "both.duckdb") as both):
+        _graded_run(one, "a", a)
+        _graded_run(two, "b", b)
+        _graded_run(both, "a", a)
+        _graded_run(both, "b", b)
+        from_view = both.reports.paired_difference("a", "b")
+    out = tmp_path / "ab.html"
+    result = CliRunner().invoke(main, ["report", f"{tmp_path / 'a.duckdb'}:a", f"{tmp_path / 'b.duckdb'}:b",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "B - A pass rate: -50.0%" in result.output and "mcnemar-exact, p = 0.0625" in result.output
+    payload = json.loads(re.search(r'id="report-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    assert payload["paired"] == {**from_view, "ci_low": pytest.approx(from_view["ci_low"]),
+                                 "ci_high": pytest.approx(from_view["ci_high"])}
+    assert [case["change"] for case in payload["cases"]] == ["regression"] * 5 + ["same"] * 5

@@ -111,3 +111,13 @@ def test_ci_golden_file_covers_the_demo_set():
     assert level == "full" and list(entries) == demo
     assert "--level full" in (root / ".ci/golden-check").read_text()
     assert ".ci/golden-check" in (root / ".ci/run").read_text()
+
+
+def test_every_epoch_of_a_line_has_its_own_entry(store):
+    later = [make_result("r1", 1, "a", [message(f"hi {epoch}")]) for epoch in (1, 2)]
+    for epoch, result in enumerate(later, 1):
+        result.request.epoch = epoch
+    store.write_results(later)
+    entries = snapshot_run(store, "r1", "types")
+    assert list(entries) == ["a", "a#epoch1", "a#epoch2", "b", "c"]
+    assert entries["a#epoch2"]["custom_id"] == "a#epoch2" and entries["a#epoch2"]["status"] == "completed"

@@ -66,6 +66,13 @@ def test_case_rate_bootstraps_over_cases_with_epochs_and_is_seeded():
     assert case_rate([[True], [False], [True]]).method == "wilson"
 
 
+def test_epochs_that_never_disagree_get_wilson_over_cases_not_a_zero_width_bootstrap():
+    # Every case failed all its epochs: a bootstrap would say 0%-0%; Wilson over the 10 cases does not.
+    rate = case_rate([[False, False, False]] * 10)
+    assert (rate.method, rate.low, rate.high) == ("wilson", 0.0, wilson(0, 10).high)
+    assert case_rate([[True, True], [False, False]]) == wilson(1, 2)
+
+
 def test_the_databases_wilson_macros_give_the_same_interval(tmp_path):
     """Dashboards read intervals by SQL (wilson_low/high, the pass_rate_* views): they agree with Python's."""
     from batch.store.store import Store

@@ -497,3 +497,27 @@ def test_the_ledger_opens_matches_and_closes_runs_alone(tmp_path, store):
     assert ledger.matching_unfinished_run(options, "sha-1") is None
     with pytest.raises(RunError, match="no such run"):
         ledger.open(dataclasses.replace(options, resume="nope"), "sha-1")
+
+
+def test_epochs_decode_each_line_k_times_and_a_rerun_finishes_the_missing_samples(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "short"),
+                                               '{"custom_id": "c3", "input": 5}'])
+
+    def crash(backend):
+        if backend.num_steps == 3:
+            raise RuntimeError("engine died")
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        run(store, backend_for(on_step=crash), path, epochs=3, max_inflight=2)
+    done = set(rows(store, "SELECT line_no, epoch FROM requests"))
+    assert 0 < len(done) < 9
+    backend = backend_for()
+    summary = run(store, backend, path, epochs=3)  # continues the unfinished run, sample by sample
+    assert summary.resumed and summary.skipped == len(done)
+    assert rows(store, "SELECT custom_id, line_no, epoch, status FROM requests ORDER BY line_no, epoch") == [
+        (f"c{line}", line, epoch, "invalid" if line == 3 else "completed") for line in (1, 2, 3) for epoch in range(3)]
+    missing = {(line, epoch) for line in (1, 2) for epoch in range(3)} - done  # line 3 is invalid: no decode
+    assert len(backend.added) == len(missing)
+    seeds = {(custom_id, a.sampling.seed) for custom_id, a in zip(added_custom_ids(backend), backend.added)}
+    assert len(seeds) == len(missing)  # every sample its own seed
+    assert store.runs.get(summary.run_id)["options"]["epochs"] == 3

@@ -39,7 +39,7 @@ EXPECTED_DDL = {
             "status VARCHAR, n_requests BIGINT, notes JSON, batchrun_version VARCHAR",
     "requests": "run_id VARCHAR, custom_id VARCHAR, line_no BIGINT, request_hash VARCHAR, "
                 "body JSON, status VARCHAR, error VARCHAR, response_id VARCHAR, "
-                "written_at TSTZ, worker VARCHAR",
+                "written_at TSTZ, worker VARCHAR, epoch INTEGER",
     "responses": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, status VARCHAR, "
                  "response JSON, input_items JSON, input_tokens BIGINT, "
                  "cached_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, "
@@ -59,7 +59,7 @@ EXPECTED_DDL = {
               "prompt_token_ids INTEGER[], completion_token_ids INTEGER[]",
     "grades": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, grader VARCHAR, "
               "score DOUBLE, passed BOOLEAN, explanation VARCHAR, tags VARCHAR[], "
-              "options JSON, suite VARCHAR, graded_at TSTZ",
+              "options JSON, suite VARCHAR, graded_at TSTZ, epoch INTEGER",
     "bench": "bench_id VARCHAR, started_at TSTZ, model VARCHAR, workload VARCHAR, system VARCHAR, "
              "num_requests BIGINT, prompt_tokens BIGINT, prefill_tokens BIGINT, output_tokens BIGINT, "
              "wall_s DOUBLE, ttft_s DOUBLE, output_tok_s DOUBLE, total_tok_s DOUBLE, "
@@ -69,8 +69,11 @@ EXPECTED_DDL = {
 EXPECTED_COLUMNS = {
     table: [tuple(col.split(" ")) for col in ddl.split(", ")]
     for table, ddl in EXPECTED_DDL.items()}
-VIEWS = ["event_type_counts", "latency_percentiles", "pass_rate_per_grader", "pass_rate_per_run",
-         "pass_rate_per_tag", "request_grades", "request_status_counts", "run_throughput",
+VIEWS = ["case_summary", "event_runs", "event_type_counts", "grader_case_scores", "latency_percentiles",
+         "paired_case_differences",
+         "paired_differences", "pass_rate_per_grader", "pass_rate_per_run", "pass_rate_per_tag",
+         "request_grades", "request_status_counts", "run_throughput", "sample_grades", "sample_summary",
+         "tag_case_scores",
          "tool_error_rates", "tool_errors_by_kind", "usage_per_run", "worker_throughput"]
 
 
@@ -179,7 +182,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (6, "m006_event_timeline"), (7, "m007_views_from_enums"),
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
                             (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
-                            (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals")]
+                            (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
+                            (14, "m014_epochs")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -575,16 +579,58 @@ def test_grade_lookups(store):
         {"custom_id": "b", "grader": "exact", "score": 2 / 3, "passed": True, "tags": ["x", "y"]}])
     def ci(passed: int, n: int) -> dict:
         rate = wilson(passed, n)
-        return {"ci_low": pytest.approx(rate.low), "ci_high": pytest.approx(rate.high)}
+        return {"ci_low": pytest.approx(rate.low), "ci_high": pytest.approx(rate.high), "n_epochs": 1,
+                "ci_method": "wilson"}
 
     assert store.reports.pass_rates_per_grader("r1") == [
-        {"grader": "exact", "n_graded": 2, "n_passed": 2, "pass_rate": 1.0, "mean_score": 0.833, **ci(2, 2)},
-        {"grader": "len", "n_graded": 1, "n_passed": 0, "pass_rate": 0.0, "mean_score": 0.0, **ci(0, 1)}]
+        {"grader": "exact", "n_graded": 2, "n_passed": 2, "pass_rate": 1.0, "mean_score": 0.833, **ci(2, 2),
+         "n_cases": 2},
+        {"grader": "len", "n_graded": 1, "n_passed": 0, "pass_rate": 0.0, "mean_score": 0.0, **ci(0, 1),
+         "n_cases": 1}]
     assert store.reports.pass_rates_per_tag("r1") == [
         {"tag": "x", "n_requests": 2, "n_passed": 1, "pass_rate": 0.5, **ci(1, 2)},
         {"tag": "y", "n_requests": 1, "n_passed": 1, "pass_rate": 1.0, **ci(1, 1)}]
     assert store.reports.request_totals("r1") == (2, 1)
-    assert store.reports.failing_grades("r1") == [{"custom_id": "a", "grader": "len", "explanation": None}]
+    assert store.reports.pass_rate_per_run("r1") == {"n_requests": 2, "n_passed": 1, "pass_rate": 0.5, **ci(1, 2)}
+    assert store.reports.failing_grades("r1") == [{"custom_id": "a", "epoch": 0, "grader": "len",
+                                                   "explanation": None}]
+
+
+def test_grade_views_average_epochs_per_case_and_bootstrap_over_cases(store):
+    # Case a passes 2 of 3 epochs, b 3 of 3, c none: the run's rate is the mean of 2/3, 1, 0.
+    outcomes = {"a": [True, True, False], "b": [True, True, True], "c": [False, False, False]}
+    store.grades.write("r1", [{"custom_id": case, "epoch": epoch, "grader": "g", "passed": passed,
+                               "score": float(passed)}
+                              for case, runs in outcomes.items() for epoch, passed in enumerate(runs)])
+    cases = store.con.sql("SELECT custom_id, n_epochs, pass_mean FROM request_grades ORDER BY 1").fetchall()
+    assert cases == [("a", 3, pytest.approx(2 / 3)), ("b", 3, 1.0), ("c", 3, 0.0)]
+    run = store.reports.pass_rate_per_run("r1")
+    assert run["pass_rate"] == pytest.approx(5 / 9) and run["n_passed"] == pytest.approx(5 / 3)
+    assert run["n_epochs"] == 3 and run["ci_method"] == "bootstrap over cases"
+    assert 0.0 <= run["ci_low"] < 5 / 9 < run["ci_high"] <= 1.0
+    assert store.reports.pass_rate_per_run("r1") == run  # hash-seeded: the same interval every time
+    grader = store.reports.pass_rates_per_grader("r1")[0]
+    assert (grader["n_graded"], grader["n_passed"], grader["n_cases"]) == (9, 5, 3)
+    assert (grader["ci_low"], grader["ci_high"]) == (run["ci_low"], run["ci_high"])
+    assert [r["custom_id"] for r in store.reports.failing_grades("r1")] == ["c", "c", "c", "a"]
+    # Epochs that never disagree: no bootstrap (it would say 0%-0%), Wilson over the cases.
+    store.grades.write("r2", [{"custom_id": case, "epoch": epoch, "grader": "g", "passed": False}
+                              for case in ("a", "b") for epoch in range(3)])
+    assert store.reports.pass_rate_per_run("r2")["ci_method"] == "wilson"
+    assert store.reports.pass_rate_per_run("r2")["ci_high"] == pytest.approx(wilson(0, 2).high)
+    assert store.reports.pass_rates_per_grader("r2")[0]["ci_high"] == pytest.approx(wilson(0, 2).high)
+
+
+def test_paired_differences_view(store):
+    # One epoch: 5 cases fail in B that passed in A, none the other way (McNemar exact p = 1/16).
+    for run, passed in (("a", [True] * 10), ("b", [False] * 5 + [True] * 5)):
+        store.grades.write(run, [{"custom_id": f"c{i}", "grader": "g", "passed": p} for i, p in enumerate(passed)])
+    row = store.con.sql("SELECT n, difference, a_only, b_only, p_value, method FROM paired_differences "
+                        "WHERE run_a = 'a' AND run_b = 'b'").fetchall()[0]
+    assert row == (10, pytest.approx(-0.5), 5, 0, pytest.approx(0.0625), "mcnemar-exact")
+    mirrored = store.con.sql("SELECT difference FROM paired_differences "
+                             "WHERE run_a = 'b' AND run_b = 'a'").fetchall()[0]
+    assert mirrored == (pytest.approx(0.5),)
 
 
 def test_list_tool_calls_by_start(store):

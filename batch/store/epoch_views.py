@@ -1,0 +1,219 @@
+"""Migration m014 (--epochs), kept beside migrations.py for its length: the requests key gains the
+epoch, and the views that reduce epochs per case, give every rate its interval (Wilson, or a
+bootstrap over cases) and pair two runs, plus the report's per-case and per-sample views.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from batch.responses.status import ToolCallStatus
+
+_Z95 = "1.959963984540054"  # the standard normal's 97.5% quantile (evals/stats.py Z95)
+
+# Draws of the SQL bootstraps and sign-flip tests (hash-seeded: the same rows give the same interval).
+BOOTSTRAP_DRAWS = 1000
+
+
+# A group whose cases disagree across their epochs: its interval is a bootstrap over cases.
+_MIXED = "(max(n_epochs) > 1 AND bool_or(pass_mean > 0 AND pass_mean < 1))"
+
+
+def bootstrap_sql(source: str, keys: str) -> str:
+    """Per group of ``keys`` in ``source`` (one row per case: custom_id, pass_mean, n_epochs), the 2.5%
+    and 97.5% percentiles of the mean of pass_mean over bootstrap resamples of the cases. Groups whose
+    cases have one epoch each, or passed all or none of their epochs each, are left out (Wilson's).
+    It is a Poisson bootstrap (each case weighted by a Poisson(1) draw, the usual large-n stand-in
+    for resampling n of n, with no join), drawn by hash: the same rows give the same interval."""
+    return f"""
+    WITH g AS (SELECT {keys} FROM {source} GROUP BY {keys} HAVING {_MIXED}),
+    w AS (SELECT {keys}, draw, pass_mean AS v, poisson1_weight(hash({keys}, custom_id, draw)) AS wt
+          FROM {source} JOIN g USING ({keys}), range({BOOTSTRAP_DRAWS}) t(draw)),
+    m AS (SELECT {keys}, draw, sum(wt * v) / nullif(sum(wt), 0) AS mean FROM w GROUP BY {keys}, draw)
+    SELECT {keys}, quantile_disc(mean, 0.025) AS boot_low, quantile_disc(mean, 0.975) AS boot_high
+    FROM m GROUP BY {keys}"""
+
+
+def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
+    """--epochs: K samples (rows) per input line, a case's score as the mean over its epochs, and
+    intervals clustered by case (a bootstrap over cases) when a run has epochs; paired differences."""
+    # A primary key cannot be altered in place: the requests table is rebuilt with the epoch in it.
+    con.execute("""
+    CREATE TABLE requests_with_epochs (
+        run_id VARCHAR, custom_id VARCHAR, line_no BIGINT, request_hash VARCHAR,
+        body JSON, status VARCHAR, error VARCHAR, response_id VARCHAR, written_at TIMESTAMPTZ,
+        worker VARCHAR, epoch INTEGER DEFAULT 0,
+        PRIMARY KEY (run_id, line_no, epoch));
+    INSERT INTO requests_with_epochs SELECT *, 0 FROM requests;
+    DROP TABLE requests;
+    ALTER TABLE requests_with_epochs RENAME TO requests;
+    ALTER TABLE grades ADD COLUMN epoch INTEGER DEFAULT 0;
+    """)
+    z = _Z95
+    con.execute(f"""
+    -- poisson1_weight(hash): a Poisson(1) draw from a 64-bit hash (its inverse CDF), for bootstraps.
+    CREATE MACRO poisson1_weight(h) AS
+        CASE WHEN h % 1000000 < 367879 THEN 0 WHEN h % 1000000 < 735759 THEN 1
+             WHEN h % 1000000 < 919699 THEN 2 WHEN h % 1000000 < 981012 THEN 3
+             WHEN h % 1000000 < 996340 THEN 4 WHEN h % 1000000 < 999406 THEN 5 ELSE 6 END;
+
+    -- One row per sample (a case's epoch): it passes when every one of its graders passed.
+    CREATE VIEW sample_grades AS
+    SELECT run_id, custom_id, epoch, any_value(tags) AS tags, count(*) AS n_grades,
+           count(*) FILTER (WHERE passed) AS n_passed, bool_and(passed) AS passed, avg(score) AS score
+    FROM grades
+    GROUP BY run_id, custom_id, epoch;
+
+    -- One row per case: pass_mean is the share of its epochs that passed every grader (inspect's
+    -- 'mean' epoch reducer); passed: every epoch did. With one epoch pass_mean is 0 or 1.
+    CREATE OR REPLACE VIEW request_grades AS
+    SELECT run_id, custom_id, any_value(tags) AS tags, sum(n_grades)::BIGINT AS n_grades,
+           sum(n_passed)::BIGINT AS n_passed, bool_and(passed) AS passed, avg(score) AS score,
+           count(*) AS n_epochs, avg(passed::INTEGER) AS pass_mean
+    FROM sample_grades
+    GROUP BY run_id, custom_id;
+
+    -- One row per case and grader: the share of its epochs that grader passed.
+    CREATE VIEW grader_case_scores AS
+    SELECT run_id, grader, custom_id, count(DISTINCT epoch) AS n_epochs, count(*) AS n_graded,
+           count(*) FILTER (WHERE passed) AS n_passed, avg(passed::INTEGER) AS pass_mean,
+           avg(score) AS mean_score
+    FROM grades
+    GROUP BY run_id, grader, custom_id;
+
+    CREATE VIEW tag_case_scores AS
+    SELECT run_id, unnest(CASE WHEN len(coalesce(tags, [])) = 0 THEN ['(untagged)'] ELSE tags END) AS tag,
+           custom_id, n_epochs, pass_mean
+    FROM request_grades;
+
+    -- Rates: with one epoch per case, the Wilson interval of passes over cases (as m013); with
+    -- epochs, the mean over cases of each case's pass_mean and a bootstrap over cases (ci_method),
+    -- unless no case's epochs disagree: then each case is one pass or fail, the bootstrap would
+    -- say 0%-0% at a rate of 0, and Wilson over cases is the honest interval.
+    CREATE OR REPLACE VIEW pass_rate_per_run AS
+    SELECT run_id, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
+           max(n_epochs) AS n_epochs,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
+                ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
+                ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
+           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+    FROM request_grades LEFT JOIN ({bootstrap_sql("request_grades", "run_id")}) b USING (run_id)
+    GROUP BY run_id;
+
+    CREATE OR REPLACE VIEW pass_rate_per_tag AS
+    SELECT run_id, tag, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
+           max(n_epochs) AS n_epochs,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
+                ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
+                ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
+           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+    FROM tag_case_scores LEFT JOIN ({bootstrap_sql("tag_case_scores", "run_id, tag")}) b USING (run_id, tag)
+    GROUP BY run_id, tag;
+
+    -- n_graded / n_passed count grade rows (every epoch); pass_rate is over cases.
+    CREATE OR REPLACE VIEW pass_rate_per_grader AS
+    SELECT run_id, grader, sum(n_graded)::BIGINT AS n_graded, sum(n_passed)::BIGINT AS n_passed,
+           CASE WHEN max(n_epochs) > 1 THEN avg(pass_mean) ELSE sum(n_passed) / sum(n_graded) END AS pass_rate,
+           sum(mean_score * n_graded) / sum(n_graded) AS mean_score,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
+                WHEN max(n_epochs) > 1 THEN wilson_low(sum(pass_mean), count(*))
+                ELSE wilson_low(sum(n_passed), sum(n_graded)) END AS ci_low,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
+                WHEN max(n_epochs) > 1 THEN wilson_high(sum(pass_mean), count(*))
+                ELSE wilson_high(sum(n_passed), sum(n_graded)) END AS ci_high,
+           count(*) AS n_cases, max(n_epochs) AS n_epochs,
+           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+    FROM grader_case_scores
+    LEFT JOIN ({bootstrap_sql("grader_case_scores", "run_id, grader")}) b USING (run_id, grader)
+    GROUP BY run_id, grader;
+
+    -- Two graded runs side by side, case by case (paired by custom_id): filter on run_a and run_b.
+    CREATE VIEW paired_case_differences AS
+    SELECT a.run_id AS run_a, b.run_id AS run_b, custom_id, a.n_epochs AS epochs_a, b.n_epochs AS epochs_b,
+           a.pass_mean AS pass_a, b.pass_mean AS pass_b, b.pass_mean - a.pass_mean AS difference
+    FROM request_grades a JOIN request_grades b USING (custom_id)
+    WHERE a.run_id <> b.run_id;
+
+    -- mcnemar_p(a_only, b_only): McNemar's exact two-sided p-value on the discordant pairs.
+    CREATE MACRO mcnemar_p(x, y) AS
+        CASE WHEN x + y = 0 THEN 1.0 ELSE least(1.0, 2 * (
+            SELECT sum(exp(lgamma(x + y + 1) - lgamma(i + 1) - lgamma(x + y - i + 1) - (x + y) * ln(2)))
+            FROM range(0, least(x, y) + 1) t(i))) END;
+
+    -- B minus A over the cases both runs graded: with one epoch, a Wald interval on the discordant
+    -- pairs and McNemar's exact test; with epochs, a Poisson bootstrap over cases of the mean difference
+    -- and a sign-flip permutation test ({BOOTSTRAP_DRAWS} hash-seeded draws each).
+    CREATE VIEW paired_differences AS
+    WITH d AS (SELECT *, greatest(max(epochs_a) OVER (PARTITION BY run_a, run_b),
+                               max(epochs_b) OVER (PARTITION BY run_a, run_b)) AS k
+               FROM paired_case_differences),
+    s AS (SELECT run_a, run_b, count(*) AS n, avg(difference) AS difference, max(k) AS k,
+                 count(*) FILTER (WHERE difference < 0) AS a_only,
+                 count(*) FILTER (WHERE difference > 0) AS b_only
+          FROM d GROUP BY run_a, run_b),
+    boot AS (SELECT run_a, run_b, draw, sum(wt * difference) / nullif(sum(wt), 0) AS mean
+             FROM (SELECT d.run_a, d.run_b, draw, d.difference,
+                          poisson1_weight(hash(d.run_a, d.run_b, d.custom_id, draw)) AS wt
+                   FROM d, range({BOOTSTRAP_DRAWS}) t(draw) WHERE d.k > 1)
+             GROUP BY run_a, run_b, draw),
+    flips AS (SELECT d.run_a, d.run_b, draw,
+                     abs(sum(CASE WHEN hash(d.custom_id, draw) % 2 = 0 THEN d.difference
+                                  ELSE -d.difference END)) AS flipped
+              FROM d, range({BOOTSTRAP_DRAWS}) t(draw) WHERE d.k > 1 GROUP BY d.run_a, d.run_b, draw),
+    bq AS (SELECT run_a, run_b, quantile_disc(mean, 0.025) AS low, quantile_disc(mean, 0.975) AS high
+           FROM boot GROUP BY run_a, run_b),
+    fp AS (SELECT f.run_a, f.run_b,
+                  (count(*) FILTER (WHERE f.flipped >= abs(s.difference * s.n) - 1e-9) + 1)
+                      / ({BOOTSTRAP_DRAWS} + 1) AS p
+           FROM flips f JOIN s USING (run_a, run_b) GROUP BY f.run_a, f.run_b)
+    SELECT s.run_a, s.run_b, s.n, s.k AS n_epochs, s.difference, s.a_only, s.b_only,
+           CASE WHEN s.k > 1 THEN bq.low ELSE greatest(-1.0, s.difference - {z} * sqrt(greatest(0.0,
+               ((s.a_only + s.b_only) - (s.b_only - s.a_only) ^ 2 / s.n) / (s.n * s.n)))) END AS ci_low,
+           CASE WHEN s.k > 1 THEN bq.high ELSE least(1.0, s.difference + {z} * sqrt(greatest(0.0,
+               ((s.a_only + s.b_only) - (s.b_only - s.a_only) ^ 2 / s.n) / (s.n * s.n)))) END AS ci_high,
+           CASE WHEN s.k > 1 THEN CASE WHEN s.a_only + s.b_only = 0 THEN 1.0 ELSE fp.p END
+                ELSE mcnemar_p(s.a_only, s.b_only) END AS p_value,
+           CASE WHEN s.k > 1 THEN 'sign-flip permutation' ELSE 'mcnemar-exact' END AS method
+    FROM s LEFT JOIN bq USING (run_a, run_b) LEFT JOIN fp USING (run_a, run_b);
+
+    -- The report's case table, one row per sample (a line's epoch; a duplicate custom_id's later,
+    -- invalid lines are left out, as grading leaves them out): status, usage, tool calls, grades.
+    CREATE VIEW sample_summary AS
+    SELECT q.run_id, q.custom_id, q.line_no, q.epoch, q.status, q.error, q.response_id,
+           s.input_tokens, s.cached_tokens, s.output_tokens, s.reasoning_tokens, s.num_turns,
+           s.latency_s, s.ttft_s, coalesce(c.n_tool_calls, 0) AS n_tool_calls,
+           coalesce(c.n_tool_errors, 0) AS n_tool_errors,
+           g.n_grades, g.n_passed, g.passed, g.score
+    FROM requests q
+    LEFT JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
+    LEFT JOIN (SELECT run_id, response_id, count(*) AS n_tool_calls,
+                      count(*) FILTER (WHERE status = '{ToolCallStatus.FAILED}' OR error IS NOT NULL) AS n_tool_errors
+               FROM tool_calls GROUP BY run_id, response_id) c
+      ON c.run_id = q.run_id AND c.response_id = q.response_id
+    LEFT JOIN sample_grades g ON g.run_id = q.run_id AND g.custom_id = q.custom_id AND g.epoch = q.epoch
+    QUALIFY q.line_no = min(q.line_no) OVER (PARTITION BY q.run_id, q.custom_id);
+
+    -- One row per case: its epochs' means (pass_mean as request_grades has it; NULL when ungraded).
+    CREATE VIEW case_summary AS
+    SELECT run_id, custom_id, min(line_no) AS line_no, count(*) AS n_epochs,
+           CASE WHEN count(DISTINCT status) = 1 THEN any_value(status) ELSE 'mixed' END AS status,
+           avg(passed::INTEGER) AS pass_mean, sum(n_grades)::BIGINT AS n_grades, sum(n_passed)::BIGINT AS n_passed,
+           avg(score) AS score, avg(input_tokens) AS input_tokens, avg(output_tokens) AS output_tokens,
+           avg(reasoning_tokens) AS reasoning_tokens, avg(num_turns) AS num_turns,
+           avg(latency_s) AS latency_s, avg(ttft_s) AS ttft_s, avg(n_tool_calls) AS n_tool_calls,
+           sum(n_tool_errors)::BIGINT AS n_tool_errors
+    FROM sample_summary
+    GROUP BY run_id, custom_id;
+
+    -- A response's event sequence with runs of one type folded (a token's deltas are one row):
+    -- the first sequence number, how many, the turn, and the first and last t_ms.
+    CREATE VIEW event_runs AS
+    SELECT run_id, response_id, min(sequence_number) AS sequence_number, type, count(*) AS n_events,
+           min(turn) AS turn, min(t_ms) AS first_ms, max(t_ms) AS last_ms
+    FROM (SELECT *, sequence_number - row_number() OVER (PARTITION BY run_id, response_id, type
+                                                         ORDER BY sequence_number) AS island
+          FROM events)
+    GROUP BY run_id, response_id, type, island;
+    """)
