@@ -520,4 +520,4 @@ def test_epochs_decode_each_line_k_times_and_a_rerun_finishes_the_missing_sample
     assert len(backend.added) == len(missing)
     seeds = {(custom_id, a.sampling.seed) for custom_id, a in zip(added_custom_ids(backend), backend.added)}
     assert len(seeds) == len(missing)  # every sample its own seed
-    assert store.runs.get(summary.run_id)["options"]["epochs"] == 3
+    assert store.runs.get(summary.run_id).options["epochs"] == 3
