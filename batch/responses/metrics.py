@@ -21,6 +21,7 @@ class TurnMetrics:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str | None = None
+    kind: str = "model"  # "sampling": decoded for an MCP server's sampling request (batch/run/sampling.py)
 
 
 def usage_from_turns(turns: list[TurnMetrics]) -> dict:
@@ -43,6 +44,7 @@ class ResponseMetrics:
     """The turns of one response and its clocks (latency, time to first token)."""
 
     turns: list[TurnMetrics] = field(default_factory=list)
+    sampled: list[TurnMetrics] = field(default_factory=list)  # sampling turns its tool calls' servers asked for
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -78,7 +80,14 @@ class ResponseMetrics:
         self.finished_at = time.monotonic()
 
     def usage(self) -> dict:
-        return usage_from_turns(self.turns)
+        """The response's usage: its model turns and the sampling turns its tool calls asked for."""
+        return usage_from_turns(self.turns + self.sampled)
+
+    def all_turns(self) -> list[TurnMetrics]:
+        """Model turns in order, then sampling turns in the order they finished, numbered on from them."""
+        for index, turn in enumerate(self.sampled):
+            turn.turn = len(self.turns) + index
+        return self.turns + self.sampled
 
     @property
     def tool_output_tokens(self) -> int:

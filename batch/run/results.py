@@ -48,7 +48,7 @@ def result_of(session: Session, run_id: str, response: dict) -> RequestResult:
             tool_output_tokens=metrics.tool_output_tokens, total_tokens=usage["total_tokens"],
             num_turns=len(metrics.turns), latency_s=metrics.latency_s, ttft_s=metrics.ttft_s),
         events=session.events.columns,
-        turns=[row_from(TurnRow, t, run_id=run_id, response_id=rid) for t in metrics.turns],
+        turns=[row_from(TurnRow, t, run_id=run_id, response_id=rid) for t in metrics.all_turns()],
         tool_calls=[row_from(ToolCallRow, c, run_id=run_id, response_id=rid) for c in session.tool_calls],
         tokens=[TokenRow(run_id=run_id, response_id=rid, turn=row["turn"], prompt_token_ids=row["prompt_token_ids"],
                          completion_token_ids=row["completion_token_ids"])

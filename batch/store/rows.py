@@ -125,6 +125,7 @@ class TurnRow:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str | None = None
+    kind: str = "model"  # "sampling": decoded for an MCP server's sampling request
 
 
 @dataclass(slots=True)

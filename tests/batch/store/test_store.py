@@ -173,7 +173,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (6, "m006_event_timeline"), (7, "m007_views_from_enums"),
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
                             (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
-                            (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals")]
+                            (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
+                            (14, "m014_sampling_turns")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
