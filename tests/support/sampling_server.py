@@ -47,6 +47,7 @@ def add(a: int, b: int) -> int:
 
 
 if __name__ == "__main__":
+    print("sampling server: starting", file=sys.stderr, flush=True)
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.settings.port, server.settings.host = int(sys.argv[2]), "127.0.0.1"
         server.run("streamable-http")
