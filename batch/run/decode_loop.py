@@ -258,8 +258,12 @@ class DecodeLoop:
         return turn.sampling(temperature, top_p, owner.seed + SAMPLING_SEED_STRIDE * number)
 
     def _caller(self, request: SamplingRequest) -> Session | None:
-        """The response whose tool call the server was running, while it waits on that call."""
-        return next((s for s in self.awaiting.values() if s.response_id == request.owner), None)
+        """The response whose tool call the server was running, while it waits on that call; if it waits
+        no more (a legacy connection's guess can be wrong, tools/sampling.py), one that waits on a call
+        to the same server; None if none does (the turn is then decoded and answered, not recorded)."""
+        waiting = list(self.awaiting.values())
+        return (next((s for s in waiting if s.response_id == request.owner), None)
+                or next((s for s in waiting if s.tool_policy.calls_server(request.server_label)), None))
 
     def _advance_sampled(self, out: RequestOutput) -> None:
         turn = self.sampled[out.request_id]
@@ -295,9 +299,6 @@ class DecodeLoop:
             self._finish(line_result(self.run_id, session.line, RequestStatus.FAILED, message))
 
     def _end_response(self, session: Session) -> None:
-        for request_id, turn in list(self.sampled.items()):  # a call that timed out left its sampling behind
-            if turn.request.owner == session.response_id:
-                self._drop_sampled(request_id, "the response that asked for it ended")
         self._sampled_per_response.pop(session.response_id, None)
         self.dispatcher.release(session.response_id)
         self._finish(result_of(session, self.run_id, session.finish()))

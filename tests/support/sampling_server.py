@@ -30,12 +30,14 @@ async def summarize(text: str, max_tokens: int, ctx: Context) -> str:
 async def ask_twice(question: str, ctx: Context) -> str:
     """Two sampling requests in one call, the second one with the first answer in its conversation."""
     first = await ctx.session.create_message(
-        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=question))], max_tokens=16)
+        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=question))], max_tokens=16,
+        system_prompt="Answer in a word.")
     answer = first.content.text if isinstance(first.content, TextContent) else ""
     second = await ctx.session.create_message(
         messages=[SamplingMessage(role="user", content=TextContent(type="text", text=question)),
                   SamplingMessage(role="assistant", content=TextContent(type="text", text=answer)),
-                  SamplingMessage(role="user", content=TextContent(type="text", text="Again?"))], max_tokens=16)
+                  SamplingMessage(role="user", content=TextContent(type="text", text="Again?"))], max_tokens=16,
+        system_prompt="Answer in a word.")
     again = second.content.text if isinstance(second.content, TextContent) else ""
     return json.dumps([answer, again])
 

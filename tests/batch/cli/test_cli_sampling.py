@@ -21,11 +21,15 @@ SUMMARY = "A one-line summary."
 
 
 def script(prompt_text: str, turn: int) -> str:
-    """A sampling request (its system prompt is the developer's instructions) gets SUMMARY; a response's
-    first turn calls the tool its user text names, its second answers."""
+    """A sampling request (its system prompt is the developer's instructions) gets SUMMARY, or `WordN.`
+    where N counts the earlier answers in its conversation; a response's first turn calls the tool its
+    user text names, its second answers."""
     if "<|start|>developer<|message|># Instructions\n\nYou write one-line summaries." in prompt_text:
         return ("<|channel|>analysis<|message|>Short.<|end|>"
                 f"<|start|>assistant<|channel|>final<|message|>{SUMMARY}<|return|>")
+    if "<|start|>developer<|message|># Instructions\n\nAnswer in a word." in prompt_text:
+        earlier = prompt_text.count("<|start|>assistant<|channel|>final<|message|>")
+        return f"<|channel|>final<|message|>Word{earlier}.<|return|>"
     if turn > 0:
         return FINAL
     recipient, _, arguments = user_text(prompt_text).partition(" ")
@@ -46,12 +50,16 @@ def backend(monkeypatch):
 
 @needs_mcp1
 def test_a_servers_sampling_request_is_decoded_by_the_run_as_a_turn_of_its_own(tmp_path, backend):
-    tool = {"type": "mcp", "server_label": "sampler"}
-    lines = [{"custom_id": "summary", "input": 'sampler.summarize {"text": "a long story", "max_tokens": 40}',
-              "tools": [tool], "tool_choice": {"type": "mcp", "server_label": "sampler", "name": "summarize"}},
-             {"custom_id": "short", "input": 'sampler.summarize {"text": "another story", "max_tokens": 5}',
-              "tools": [tool], "tool_choice": {"type": "mcp", "server_label": "sampler", "name": "summarize"}}]
-    db, _ = run(tmp_path, lines, config_file(tmp_path, {"sampler": sampling_entry()}), "--quiet")
+    # Two servers, one call each: over a legacy connection (mcp 1.x) a sampling request is linked to its
+    # call only by being the one call in flight there (tools/sampling.py).
+    lines = [{"custom_id": "summary", "input": 'long.summarize {"text": "a long story", "max_tokens": 40}',
+              "tools": [{"type": "mcp", "server_label": "long"}],
+              "tool_choice": {"type": "mcp", "server_label": "long", "name": "summarize"}},
+             {"custom_id": "short", "input": 'short.summarize {"text": "another story", "max_tokens": 5}',
+              "tools": [{"type": "mcp", "server_label": "short"}],
+              "tool_choice": {"type": "mcp", "server_label": "short", "name": "summarize"}}]
+    config = config_file(tmp_path, {"long": sampling_entry(), "short": sampling_entry()})
+    db, _ = run(tmp_path, lines, config, "--quiet")
     assert rows(db, "SELECT DISTINCT status FROM requests") == [("completed",)]
     outputs = dict(rows(db, "SELECT q.custom_id, t.output FROM tool_calls t JOIN requests q USING (response_id)"))
     [(model,)] = rows(db, "SELECT DISTINCT response->>'$.model' FROM responses")
@@ -65,14 +73,24 @@ def test_a_servers_sampling_request_is_decoded_by_the_run_as_a_turn_of_its_own(t
     # recorded as a turn of its own, numbered after the response's two model turns, and counted in usage
     turns = rows(db, "SELECT q.custom_id, t.turn, t.kind, t.prompt_tokens, t.output_tokens FROM turns t "
                      "JOIN requests q USING (response_id) ORDER BY q.custom_id, t.turn")
-    # Two calls ran at once on one server over a legacy connection, which links no request to its call:
-    # each response is given one of the two (which one is not knowable), and the totals are exact.
     by_line = {cid: [(turn, kind) for c, turn, kind, _, _ in turns if c == cid] for cid in ("summary", "short")}
     assert by_line["summary"] == by_line["short"] == [(0, "model"), (1, "model"), (2, "sampling")]
-    assert 5 in [t[4] for t in turns if t[2] == "sampling"]
+    assert [t[4] for t in turns if t[0] == "short" and t[2] == "sampling"] == [5]
     for cid, input_tokens, output_tokens in rows(
             db, "SELECT q.custom_id, s.input_tokens, s.output_tokens FROM responses s JOIN requests q "
                 "USING (response_id)"):
         assert input_tokens == sum(t[3] for t in turns if t[0] == cid)
         assert output_tokens == sum(t[4] for t in turns if t[0] == cid)
     validate_all(db)
+
+
+@pytest.mark.slow
+@needs_mcp1
+def test_two_sampling_requests_of_one_call_are_two_turns_and_the_second_sees_the_first_answer(tmp_path, backend):
+    lines = [{"custom_id": "twice", "input": 'sampler.ask_twice {"question": "Why?"}',
+              "tools": [{"type": "mcp", "server_label": "sampler"}],
+              "tool_choice": {"type": "mcp", "server_label": "sampler", "name": "ask_twice"}}]
+    db, _ = run(tmp_path, lines, config_file(tmp_path, {"sampler": sampling_entry()}), "--quiet")
+    assert rows(db, "SELECT t.output FROM tool_calls t") == [('["Word0.", "Word1."]',)]
+    assert rows(db, "SELECT turn, kind FROM turns ORDER BY turn") == [
+        (0, "model"), (1, "model"), (2, "sampling"), (3, "sampling")]
