@@ -45,7 +45,7 @@ EXPECTED_DDL = {
               "turn INTEGER, t_ms DOUBLE",
     "turns": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, prompt_tokens BIGINT, "
              "cached_tokens BIGINT, output_tokens BIGINT, tool_output_tokens BIGINT, "
-             "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR",
+             "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR, kind VARCHAR",
     "tool_calls": "run_id VARCHAR, response_id VARCHAR, call_id VARCHAR, tool_type VARCHAR, "
                   "server_label VARCHAR, name VARCHAR, arguments VARCHAR, output VARCHAR, "
                   "status VARCHAR, error VARCHAR, started_at TSTZ, duration_s DOUBLE, "
