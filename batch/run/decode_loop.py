@@ -21,6 +21,7 @@ recorded with the response whose call asked.
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 from datetime import UTC, datetime
@@ -114,8 +115,9 @@ class DecodeLoop:
                 pass
         for session in self.awaiting.values():
             self.dispatcher.release(session.response_id)
-        for request_id in list(self.sampled):
-            self._drop_sampled(request_id, "the run stopped decoding")
+        for request_id in list(self.sampled):  # each waiting server gets its error, even if abort fails
+            with contextlib.suppress(Exception):
+                self._drop_sampled(request_id, "the run stopped decoding")
         self.sessions, self.awaiting, self.listing, self._ended = {}, {}, [], []
 
     def close(self) -> None:

@@ -7,12 +7,13 @@ server got back is known.
 """
 
 import json
+import sys
 
 import pytest
 
 from tests.batch.cli.test_cli_mcp import FINAL, config_file, run, user_text, validate_all
 from tests.support.db import rows
-from tests.support.mcp_servers import has_mcp1, sampling_entry
+from tests.support.mcp_servers import REPO, has_mcp1, sampling_entry
 import engine.factory
 from tests.support.fakes import ScriptedBackend
 
@@ -94,3 +95,19 @@ def test_two_sampling_requests_of_one_call_are_two_turns_and_the_second_sees_the
     assert rows(db, "SELECT t.output FROM tool_calls t") == [('["Word0.", "Word1."]',)]
     assert rows(db, "SELECT turn, kind FROM turns ORDER BY turn") == [
         (0, "model"), (1, "model"), (2, "sampling"), (3, "sampling")]
+
+
+@pytest.mark.slow
+def test_on_the_2026_protocol_each_calls_sampling_is_counted_in_its_own_response(tmp_path, backend):
+    """Four calls at once on one mcp 2.x server: the requests ride their calls, so each sampling turn
+    is counted in the response that asked (its maxTokens cut it, so its output tokens name it)."""
+    entry = {"command": sys.executable, "args": [str(REPO / "tests" / "support" / "modern_sampling_server.py")]}
+    tool = {"type": "mcp", "server_label": "modern"}
+    lines = [{"custom_id": f"max-{n}", "input": f'modern.summarize {{"text": "story {n}", "max_tokens": {n}}}',
+              "tools": [tool], "tool_choice": {"type": "mcp", "server_label": "modern", "name": "summarize"}}
+             for n in (3, 4, 5, 6)]
+    db, _ = run(tmp_path, lines, config_file(tmp_path, {"modern": entry}), "--quiet")
+    assert rows(db, "SELECT DISTINCT status FROM requests") == [("completed",)]
+    assert sorted(rows(db, "SELECT q.custom_id, t.output_tokens FROM turns t JOIN requests q USING (response_id) "
+                           "WHERE t.kind = 'sampling'")) == [(f"max-{n}", n) for n in (3, 4, 5, 6)]
+    assert all(output.startswith("maxTokens: ") for (output,) in rows(db, "SELECT output FROM tool_calls"))
