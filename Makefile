@@ -23,6 +23,7 @@ $(VENV)/.installed: pyproject.toml
 MCP_SERVERS ?= .cache/mcp-servers
 SERVER_EVERYTHING_VERSION := 2026.8.31
 MCP_SERVER_TIME_VERSION := 2026.10.19
+MCP1_VERSION := 1.30.0
 
 $(MCP_SERVERS)/.installed: | $(VENV)/.installed
 	-command -v npm >/dev/null && npm install --silent --no-audit --no-fund --prefix $(MCP_SERVERS)/node \
@@ -30,7 +31,12 @@ $(MCP_SERVERS)/.installed: | $(VENV)/.installed
 	$(PY) -m pip install --quiet --target $(MCP_SERVERS)/python mcp-server-time==$(MCP_SERVER_TIME_VERSION)
 	touch $@
 
-setup: $(VENV)/.installed $(MCP_SERVERS)/.installed
+# A server built on mcp 1.x (tests/support/sampling_server.py runs on it), apart from the venv's 2.x.
+$(MCP_SERVERS)/mcp1/.installed: | $(VENV)/.installed
+	$(PY) -m pip install --quiet --target $(MCP_SERVERS)/mcp1 mcp==$(MCP1_VERSION)
+	touch $@
+
+setup: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
 
 $(DEMO_MODEL)/config.json: | $(VENV)/.installed
 	$(VENV)/bin/batchrun make-random-model $(DEMO_MODEL)
@@ -44,10 +50,10 @@ demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
 	@echo "  $(VENV)/bin/batchrun runs --db $(DEMO_DB)"
 	@echo "  $(VENV)/bin/batchrun sql --db $(DEMO_DB) \"SELECT custom_id, status, output_tokens, latency_s FROM responses\""
 
-test: $(VENV)/.installed $(MCP_SERVERS)/.installed
+test: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-all: $(VENV)/.installed $(MCP_SERVERS)/.installed
+test-all: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
 	$(PY) -m pytest -q -m '' $(PYTEST_ARGS)
 
 # ruff over the whole repo; mypy over every package (engine/ and batch/ with every def annotated;

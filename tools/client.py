@@ -16,36 +16,37 @@ retried call. A server that cannot be reached fails each call to it, not the run
 A call that runs past the per-call timeout fails with kind `timeout`: one deadline per call,
 from when it is sent, that covers its retry and the waits and restart before it.
 Listings are cached per run, failures included, so every response of a run sees the
-same tools. The client declares elicitation (declined at once: nobody to ask offline)
-and roots (none); tools that can only run as MCP tasks are left out of listings.
+same tools. The client declares sampling when the run's model can answer it (a
+`SamplingInbox`: tools/sampling.py), elicitation (declined at once: nobody to ask offline)
+and roots (none); tools that can only run as MCP tasks are left out of listings (mcp 2.3
+has no client side for the tasks utility: its `tasks/*` methods are absent on purpose).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, TextIO, cast
+from typing import IO, Any, cast
 
-from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ListRootsResult, Tool
+from mcp.types import CallToolResult, Tool
 
 from tools.arguments import argument_errors, mask_injected, schema_without
 from tools.content import raw_result, readable_text
 from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
-from tools.masked_log import MaskedStderr
+from tools.connection import Connection
+from tools.sampling import CALLER, SamplingInbox
 from tools.servers import ServerSpec
 
 CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
@@ -76,85 +77,26 @@ class CallOutcome:
     result: dict | None = None  # the MCP result as the server sent it (tools/content.py), secrets masked
 
 
-class _Connection:
-    """One live MCP session, held open by a task of its own (anyio scopes stay in one task)."""
-
-    def __init__(self, spec: ServerSpec, errlog: IO[str], connect_timeout_s: float):
-        self.spec, self.errlog, self.connect_timeout_s = spec, errlog, connect_timeout_s
-        self.client: Client | None = None
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self.client is not None and self._task is not None and not self._task.done()
-
-    async def open(self) -> Client:
-        ready: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._task = asyncio.create_task(self._hold(ready))
-        try:
-            client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout_s)
-            self.client = client
-        except BaseException:
-            await self.close()
-            raise
-        return client
-
-    async def _hold(self, ready: asyncio.Future) -> None:
-        try:
-            async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(Client(
-                    await self._transport(stack), elicitation_callback=_decline_elicitation,
-                    list_roots_callback=_no_roots))
-                ready.set_result(client)
-                await self._stop.wait()
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `ready`
-            if not ready.done():
-                ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
-        finally:
-            self.client = None
-
-    async def _transport(self, stack: AsyncExitStack):
-        spec = self.spec
-        if spec.is_stdio:
-            params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
-                                           env=dict(spec.env) or None, cwd=spec.cwd)
-            errlog = self.errlog
-            if spec.secret_values:
-                masked = MaskedStderr(self.errlog, spec.mask)
-                stack.callback(masked.close)
-                errlog = masked.writer
-            return stdio_client(params, errlog=cast(TextIO, errlog))
-        # A client we pass in is ours to close: the stack closes it after the session.
-        http = await stack.enter_async_context(create_mcp_http_client(headers=dict(spec.headers) or None))
-        return streamable_http_client(cast(str, spec.url), http_client=http)  # not stdio: a url
-
-    async def close(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-            except (TimeoutError, Exception):  # noqa: BLE001 - closing: nothing to report to
-                self._task.cancel()
-        self.client = None
-
-
 class ToolClient:
     """The run's MCP connections; call `close()` (or use `with`) to stop servers."""
 
     def __init__(self, *, call_timeout_s: float = 60.0, connect_timeout_s: float = 30.0,
-                 errlog_path: str | Path | None = None):
-        """`errlog_path`: where stdio servers' stderr goes (appended; default: discarded)."""
+                 errlog_path: str | Path | None = None, sampling: SamplingInbox | None = None):
+        """`errlog_path`: where stdio servers' stderr goes (appended; default: discarded);
+        `sampling`: where servers' sampling requests go (None: sampling is not declared)."""
+        self.sampling = sampling
         self.call_timeout_s, self.connect_timeout_s = call_timeout_s, connect_timeout_s
         self._errlog: IO[str] = open(errlog_path or os.devnull, "a", encoding="utf-8")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="batchrun-tools", daemon=True)
         self._thread.start()
-        self._connections: dict[ServerSpec, _Connection] = {}
+        self._connections: dict[ServerSpec, Connection] = {}
         self._locks: dict[ServerSpec, asyncio.Lock] = {}
         self._gates: dict[ServerSpec, CrashGate] = {}
         self._listed: dict[ServerSpec, Future] = {}  # the runner's side
         self._listings: dict[ServerSpec, asyncio.Future] = {}  # the loop's side
+        self._in_flight: dict[ServerSpec, list[str | None]] = {}  # the callers of the calls running, oldest first
+        self._asking: dict[ServerSpec, list[str | None]] = {}  # the callers whose sampling requests are decoding
         self._closed = False
 
     def __enter__(self) -> ToolClient:
@@ -171,14 +113,16 @@ class ToolClient:
         return self._listed[spec]
 
     def call(self, spec: ServerSpec, name: str, arguments: dict[str, Any],
-             timeout_s: float | None = None, injected: dict[str, Any] | None = None) -> Future:
+             timeout_s: float | None = None, injected: dict[str, Any] | None = None,
+             caller: str | None = None) -> Future:
         """Future[CallOutcome] of one tool call.
 
         `arguments` are the model's, checked against the listed input schema first;
-        `injected` are batchrun's own (not checked, sent beside them, masked in the answer).
+        `injected` are batchrun's own (not checked, sent beside them, masked in the answer);
+        `caller`: the response that made the call (its sampling requests are counted there).
         """
         return self._submit(self._call(spec, name, arguments, timeout_s or self.call_timeout_s,
-                                       dict(injected or {})))
+                                       dict(injected or {}), caller))
 
     def listing_errors(self) -> list[str]:
         """The error of every listing that failed so far (a run's servers that cannot start)."""
@@ -205,16 +149,17 @@ class ToolClient:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     # -- the loop's side ----------------------------------------------------
-    async def _connection(self, spec: ServerSpec) -> _Connection:
+    async def _connection(self, spec: ServerSpec) -> Connection:
         async with self._locks.setdefault(spec, asyncio.Lock()):
             connection = self._connections.get(spec)
             if connection is None or not connection.is_open:
-                connection = _Connection(spec, self._errlog, self.connect_timeout_s)
+                connection = Connection(spec, self._errlog, self.connect_timeout_s, self.sampling,
+                                        claim=lambda: self._claim(spec))
                 self._connections[spec] = connection
                 await connection.open()
             return connection
 
-    async def _drop(self, spec: ServerSpec, connection: _Connection) -> None:
+    async def _drop(self, spec: ServerSpec, connection: Connection) -> None:
         """Forget a broken connection if it is still the current one: the next call reconnects."""
         if self._connections.get(spec) is connection:
             del self._connections[spec]
@@ -250,8 +195,34 @@ class ToolClient:
             self._listings[spec] = asyncio.ensure_future(self._list(spec))
         return await asyncio.shield(self._listings[spec])
 
+    @contextlib.contextmanager
+    def _claim(self, spec: ServerSpec) -> Iterator[str | None]:
+        """Whose call a server's sampling request serves, held while the model answers it: the call's
+        own task knows (the 2026 protocol); on a legacy connection, the oldest call in flight on that
+        server that is not already waiting on a sampling answer (exact when one call runs at a time)."""
+        caller = CALLER.get()
+        asking = self._asking.setdefault(spec, [])
+        if caller is None:
+            in_flight = self._in_flight.get(spec) or [None]
+            caller = next((call for call in in_flight if call not in asking), in_flight[0])
+        asking.append(caller)
+        try:
+            yield caller
+        finally:
+            asking.remove(caller)
+
     async def _call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float,
-                    injected: dict[str, Any]) -> CallOutcome:
+                    injected: dict[str, Any], caller: str | None = None) -> CallOutcome:
+        CALLER.set(caller)  # this task's own context: what the server asks while it runs is the caller's
+        in_flight = self._in_flight.setdefault(spec, [])
+        in_flight.append(caller)
+        try:
+            return await self._checked_call(spec, name, arguments, timeout_s, injected)
+        finally:
+            in_flight.remove(caller)
+
+    async def _checked_call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float,
+                            injected: dict[str, Any]) -> CallOutcome:
         started_at, clock = datetime.now(UTC), time.monotonic()
         error = argument_errors(arguments, await self._input_schema(spec, name, set(injected)))
         if error is not None:
@@ -308,7 +279,7 @@ class ToolClient:
                              f"crashes it and is not retried again ({outcome.error})")
         return outcome
 
-    async def _start(self, spec: ServerSpec) -> _Connection:
+    async def _start(self, spec: ServerSpec) -> Connection:
         """The server's connection, (re)started if need be (bounded by connect_timeout_s). Shielded:
         a call whose deadline passes meanwhile leaves at once; the start goes on for the calls after it."""
         starting = asyncio.ensure_future(self._connection(spec))
@@ -340,16 +311,6 @@ class ToolClient:
     async def _close_all(self) -> None:
         connections, self._connections = list(self._connections.values()), {}
         await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
-
-
-async def _decline_elicitation(context: object, params: ElicitRequestParams) -> ElicitResult:
-    """Elicitation (form and URL mode) is declared and declined at once: offline there is nobody to ask."""
-    return ElicitResult(action="decline")
-
-
-async def _no_roots(context: object) -> ListRootsResult:
-    """Roots are declared, and there are none: batchrun offers a server no part of the file system."""
-    return ListRootsResult(roots=[])
 
 
 def _unreachable(spec: ServerSpec, exc: BaseException) -> CallOutcome:

@@ -26,6 +26,7 @@ from pathlib import Path
 from tools.client import INVALID_PARAMS, CallOutcome, ToolClient
 from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry, ToolTarget
+from tools.sampling import SamplingInbox
 from tools.servers import ServerCatalog, ServerSpec, builtin_kind
 
 
@@ -123,8 +124,10 @@ class ToolDispatcher:
     """Tools of one run: listings, calls, per-response state. Thread: the runner's."""
 
     def __init__(self, catalog: ServerCatalog | None = None, *, call_timeout_s: float = 60.0,
-                 errlog_path: str | Path | None = None):
+                 errlog_path: str | Path | None = None, sampling: SamplingInbox | None = None):
+        """`sampling`: where MCP servers' sampling requests go, for the run's model (None: not declared)."""
         self.catalog = catalog or ServerCatalog()
+        self.sampling = sampling
         self.call_timeout_s = call_timeout_s
         self._errlog_path = errlog_path
         self._client: ToolClient | None = None  # started on first use
@@ -133,7 +136,8 @@ class ToolDispatcher:
     @property
     def client(self) -> ToolClient:
         if self._client is None:
-            self._client = ToolClient(call_timeout_s=self.call_timeout_s, errlog_path=self._errlog_path)
+            self._client = ToolClient(call_timeout_s=self.call_timeout_s, errlog_path=self._errlog_path,
+                                      sampling=self.sampling)
         return self._client
 
     def listings(self, registry: ToolRegistry) -> dict[str, Future]:
@@ -157,7 +161,7 @@ class ToolDispatcher:
             return future
         if plan.spec.builtin is not None:
             self._stateful.setdefault(session_id, set()).add(plan.spec)
-        return self.client.call(plan.spec, plan.name, plan.arguments, injected=plan.injected)
+        return self.client.call(plan.spec, plan.name, plan.arguments, injected=plan.injected, caller=session_id)
 
     def release(self, session_id: str) -> None:
         """The response is done: drop its python interpreter and browser pages (not awaited)."""

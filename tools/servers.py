@@ -5,7 +5,7 @@ process) or a streamable-HTTP url with headers. Its `headers` and `env` may hold
 secrets: they are left out of its repr and of `describe()`, and never stored. Every
 value `${NAME}` put into a config entry, and every header value, is a secret:
 `mask()` replaces it with `[redacted]` in what the server answers (outputs, errors),
-and in its stderr on the way to the tools log (tools/masked_log.py).
+and in its stderr on the way to the tools log (tools/server_log.py).
 
 `--mcp-config FILE` is JSON in the common `mcpServers` shape; any string value may
 name environment variables as `${NAME}`, so tokens stay out of the file:

@@ -40,7 +40,8 @@ _EFFORT = {
     "high": ReasoningEffort.HIGH,
 }
 
-__all__ = ["RenderError", "PromptOptions", "render_prompt", "render_tool_output", "input_messages"]
+__all__ = ["RenderError", "PromptOptions", "render_prompt", "render_tool_output", "input_messages",
+           "render_sampling"]
 
 
 class RenderError(ValueError):
@@ -362,3 +363,21 @@ def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: 
 def render_tool_output(author: str, text: str) -> list[int]:
     """Tokens of a tool's answer followed by the header of the assistant's next message."""
     return _tail_tokens([_tool(author, text)])
+
+
+def render_sampling(system_prompt: str | None, messages: list[tuple[str, str]], options: PromptOptions) -> list[int]:
+    """Prompt tokens for an MCP server's sampling request: harmony's system message (the run's
+    effort and date, no tools), the server's system prompt as the developer's instructions, then
+    its `(role, text)` turns: a user's as user messages, an assistant's as final answers."""
+    content = SystemContent.new().with_reasoning_effort(_EFFORT[options.reasoning_effort]).with_knowledge_cutoff(
+        options.knowledge_cutoff)
+    if options.conversation_date:
+        content = content.with_conversation_start_date(options.conversation_date)
+    conversation = [Message.from_role_and_content(Role.SYSTEM, content)]
+    if system_prompt:
+        conversation.append(Message.from_role_and_content(
+            Role.DEVELOPER, DeveloperContent.new().with_instructions(system_prompt)))
+    conversation += [_assistant(text, "final") if role == "assistant"
+                     else Message.from_role_and_content(Role.USER, text) for role, text in messages]
+    return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(conversation),
+                                                                  Role.ASSISTANT)

@@ -21,6 +21,7 @@ class TurnMetrics:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str | None = None
+    kind: str = "model"  # "sampling": decoded for an MCP server's sampling request (batch/run/sampling.py)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class ResponseMetrics:
     """The turns of one response and its clocks (latency, time to first token)."""
 
     turns: list[TurnMetrics] = field(default_factory=list)
+    sampled: list[TurnMetrics] = field(default_factory=list)  # sampling turns its tool calls' servers asked for
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -88,10 +90,18 @@ class ResponseMetrics:
         self.finished_at = time.monotonic()
 
     def usage(self, reasoning_tokens: int) -> Usage:
-        """The response's usage; `reasoning_tokens`: its output tokens on the analysis channel."""
-        return Usage(input_tokens=sum(t.prompt_tokens for t in self.turns),
-                     cached_tokens=sum(t.cached_tokens for t in self.turns),
-                     output_tokens=self.output_tokens, reasoning_tokens=reasoning_tokens)
+        """The response's usage: its model turns and the sampling turns its tool calls asked for;
+        `reasoning_tokens`: its output tokens on the analysis channel."""
+        turns = self.turns + self.sampled
+        return Usage(input_tokens=sum(t.prompt_tokens for t in turns),
+                     cached_tokens=sum(t.cached_tokens for t in turns),
+                     output_tokens=sum(t.output_tokens for t in turns), reasoning_tokens=reasoning_tokens)
+
+    def all_turns(self) -> list[TurnMetrics]:
+        """Model turns in order, then sampling turns in the order they finished, numbered on from them."""
+        for index, turn in enumerate(self.sampled):
+            turn.turn = len(self.turns) + index
+        return self.turns + self.sampled
 
     @property
     def tool_output_tokens(self) -> int:

@@ -48,7 +48,7 @@ def result_of(session: Session, run_id: str, finished: FinishedResponse) -> Requ
             tool_output_tokens=metrics.tool_output_tokens, total_tokens=usage.total_tokens,
             num_turns=len(metrics.turns), latency_s=metrics.latency_s, ttft_s=metrics.ttft_s),
         events=session.events.columns,
-        turns=metrics.turns,
+        turns=metrics.all_turns(),
         tool_calls=session.tool_calls,
         tokens=[TokenRow(run_id=run_id, response_id=rid, turn=row["turn"], prompt_token_ids=row["prompt_token_ids"],
                          completion_token_ids=row["completion_token_ids"])

@@ -231,6 +231,10 @@ class Session:
             model=self.options.model, max_output_tokens=self.max_output_tokens,
             temperature=self._temperature(), top_p=self._top_p(), status=status, **fields)
 
+    def temperature_and_top_p(self) -> tuple[float, float]:
+        """The response's temperature and top_p (a server's sampling request without its own takes them)."""
+        return self._temperature(), self._top_p()
+
     def _temperature(self) -> float:
         value = self.request.temperature
         return self.options.temperature if value is None else value

@@ -87,6 +87,11 @@ class ToolCallPolicy:
         self.pending = PendingToolCall(target, message.recipient, message.text, over_limit=over_limit)
         return self.pending
 
+    def calls_server(self, server_label: str) -> bool:
+        """Whether the pending call is to the MCP server `server_label`."""
+        target = self.pending.target if self.pending is not None else None
+        return target is not None and target.server_label == server_label
+
     def record_listing_failure(self, listing: ServerListing, item_id: str) -> None:
         """A server that could not be listed (`tools/list`), as a failed row of its own."""
         self.calls.append(ToolCallRecord(

@@ -336,10 +336,17 @@ def m012_tool_call_result(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE tool_calls ADD COLUMN result JSON")
 
 
+def m015_sampling_turns(con: duckdb.DuckDBPyConnection) -> None:
+    """A turn's kind: "model" (the response's own), or "sampling" (decoded for an MCP server's
+    sampling request while the response's tool call ran; numbered after its model turns)."""
+    con.execute("ALTER TABLE turns ADD COLUMN kind VARCHAR DEFAULT 'model'")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
     m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
-    m011_bench_latency_percentiles, m012_tool_call_result, m013_pass_rate_intervals, m014_epochs]
+    m011_bench_latency_percentiles, m012_tool_call_result, m013_pass_rate_intervals, m014_epochs,
+    m015_sampling_turns]
 
 
 def _version(migration: Callable) -> int:

@@ -52,3 +52,17 @@ def echo_http() -> Iterator[str]:
     port = free_port()
     with http_server([*ECHO_COMMAND, "--http", str(port)], port, "the echo server", cwd=REPO) as url:
         yield url
+
+
+# tests/support/sampling_server.py runs on mcp 1.x, which `make setup` installs apart from the venv's 2.x.
+MCP1_PATH = REPO / ".cache" / "mcp-servers" / "mcp1"
+SAMPLING_SERVER = str(REPO / "tests" / "support" / "sampling_server.py")
+
+
+def sampling_entry() -> dict:
+    """An `--mcp-config` entry for the mcp 1.x sampling server over stdio."""
+    return {"command": sys.executable, "args": [SAMPLING_SERVER], "env": {"PYTHONPATH": str(MCP1_PATH)}}
+
+
+def has_mcp1() -> bool:
+    return (MCP1_PATH / "mcp" / "server" / "fastmcp").is_dir()

@@ -23,8 +23,14 @@ def user_text(prompt_text: str) -> str:
     return prompt_text.rsplit("<|start|>user<|message|>", 1)[1].split("<|end|>", 1)[0]
 
 
+SAMPLED = "Sampled by the run's model."
+
+
 def call_script(prompt_text: str, turn: int) -> str:
-    """The user text is `LABEL.TOOL ARGUMENTS`: the first turn calls it, the second answers."""
+    """The user text is `LABEL.TOOL ARGUMENTS`: the first turn calls it, the second answers. A server's
+    sampling request (a developer message of instructions and no tools) is answered SAMPLED."""
+    if "<|start|>developer<|message|># Instructions" in prompt_text and "# Tools" not in prompt_text:
+        return f"<|channel|>final<|message|>{SAMPLED}<|return|>"
     if turn > 0:
         return FINAL
     recipient, _, arguments = user_text(prompt_text).partition(" ")

@@ -6,6 +6,13 @@ and streamable HTTP on 127.0.0.1) and `mcp-server-time` (PyPI), both pinned and 
 its own mcp never replaces the venv's). Each tool is forced once by the scripted backend;
 the items, rows, events and the content kept are checked. Skipped, with the reason, where
 node or the install is absent.
+
+server-everything has 19 tools. Two it registers only for a client that declares task-augmented
+sampling and elicitation (`trigger-sampling-request-async`, `trigger-elicitation-request-async`),
+which batchrun does not (mcp 2.3 has no client side for the tasks utility); one can only run as a
+task (`simulate-research-query`, `execution.taskSupport: "required"`), which batchrun does not list
+for the same reason. The other 16 are listed, and each forced call completes; the sampling one is
+answered by the run's model (the scripted backend), as a turn of its own.
 """
 
 import contextlib
@@ -17,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.batch.cli.test_cli_mcp import calls_by_line, config_file, run, scripted, validate_all  # noqa: F401
+from tests.batch.cli.test_cli_mcp import SAMPLED, calls_by_line, config_file, run, scripted, validate_all  # noqa: F401
 from tests.support.db import rows
 from tests.support.mcp_servers import free_port, http_server
 
@@ -46,7 +53,9 @@ EVERYTHING_CALLS = {
     "get-roots-list": ({}, "no roots"),
     "trigger-elicitation-request": ({}, "decline"),
     "trigger-url-elicitation": ({"url": "https://example.com/consent", "message": "consent"}, "decline"),
+    "trigger-sampling-request": ({"prompt": "hello", "maxTokens": 20}, SAMPLED),
 }
+TASK_ONLY = "simulate-research-query"  # execution.taskSupport "required": not listed
 
 
 def lines_for(label: str, calls: dict) -> list[dict]:
@@ -75,6 +84,23 @@ def test_server_everything_over_stdio(tmp_path, scripted):  # noqa: F811
     config = config_file(tmp_path, {"everything": {"command": str(EVERYTHING), "args": ["stdio"]}})
     db, _ = run(tmp_path, lines_for("everything", EVERYTHING_CALLS), config, "--quiet")
     check_run(db, "everything", EVERYTHING_CALLS)
+    check_everything(db)
+
+
+def check_everything(db) -> None:
+    """The task-only tool is not listed; the sampling tool's answer came from the run's model, recorded
+    as a turn of its own."""
+    [(listing,)] = rows(db, "SELECT response->'$.output[0]' FROM responses LIMIT 1")
+    assert TASK_ONLY not in {tool["name"] for tool in json.loads(listing)["tools"]}
+    # One turn, after its response's two model turns. Which of the 16 lines it is counted in is not
+    # knowable here: they call the server at once over a legacy connection, which links no request to
+    # its call (tools/sampling.py); the run's totals are exact.
+    assert rows(db, "SELECT turn FROM turns WHERE kind = 'sampling'") == [(2,)]
+    assert rows(db, "SELECT sum(input_tokens + output_tokens) FROM responses") == rows(
+        db, "SELECT sum(prompt_tokens + output_tokens) FROM turns")
+    [(output, model)] = rows(db, "SELECT t.output, s.response->>'$.model' FROM tool_calls t JOIN responses s "
+                                 "USING (response_id) WHERE t.name = 'trigger-sampling-request'")
+    assert f'"model": "{model}"' in output and '"stopReason": "endTurn"' in output
 
 
 @contextlib.contextmanager
@@ -91,6 +117,7 @@ def test_server_everything_over_streamable_http(tmp_path, scripted):  # noqa: F8
         config = config_file(tmp_path, {"everything": {"url": url}})
         db, _ = run(tmp_path, lines_for("everything", EVERYTHING_CALLS), config, "--quiet")
     check_run(db, "everything", EVERYTHING_CALLS)
+    check_everything(db)
 
 
 TIME_CALLS = {

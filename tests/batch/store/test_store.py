@@ -50,7 +50,7 @@ EXPECTED_DDL = {
               "turn INTEGER, t_ms DOUBLE",
     "turns": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, prompt_tokens BIGINT, "
              "cached_tokens BIGINT, output_tokens BIGINT, tool_output_tokens BIGINT, "
-             "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR",
+             "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR, kind VARCHAR",
     "tool_calls": "run_id VARCHAR, response_id VARCHAR, call_id VARCHAR, tool_type VARCHAR, "
                   "server_label VARCHAR, name VARCHAR, arguments VARCHAR, output VARCHAR, "
                   "status VARCHAR, error VARCHAR, started_at TSTZ, duration_s DOUBLE, "
@@ -183,7 +183,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
                             (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
                             (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
-                            (14, "m014_epochs")]
+                            (14, "m014_epochs"), (15, "m015_sampling_turns")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
