@@ -7,6 +7,9 @@ TINY_MODEL ?= data/models/batchrun-tiny
 DEMO_MODEL ?= $(if $(wildcard $(TINY_MODEL)/config.json),$(TINY_MODEL),.cache/models/tiny-random)
 DEMO_DB    ?= demo.duckdb
 PYTEST_ARGS ?=             # e.g. --durations=25 (.ci/run)
+# Test processes: two keep both cores busy while end-to-end tests wait on their subprocesses
+# (`make test PYTEST_WORKERS=0` runs in one process). Ray tests share one worker (xdist_group).
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-all lint gpu-check train-model eval-model clean
 
@@ -51,10 +54,10 @@ demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
 	@echo "  $(VENV)/bin/batchrun sql --db $(DEMO_DB) \"SELECT custom_id, status, output_tokens, latency_s FROM responses\""
 
 test: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-all: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
-	$(PY) -m pytest -q -m '' $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m '' -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # ruff over the whole repo; mypy over every package (engine/ and batch/ with every def annotated;
 # see pyproject.toml).

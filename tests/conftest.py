@@ -34,3 +34,14 @@ def tiny_model_dir_bf16(tmp_path_factory) -> Path:
     from engine.checkpoint import make_random_checkpoint
 
     return make_random_checkpoint(tmp_path_factory.mktemp("tiny-gpt-oss-bf16"), seed=0, dtype=torch.bfloat16)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers), tests that start a Ray cluster share one
+    worker (`--dist loadgroup`): two local clusters at once would compete for the machine's cores."""
+    from tests.support import ray_cluster
+
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and getattr(module, "simulated_cluster", None) is ray_cluster.simulated_cluster:
+            item.add_marker(pytest.mark.xdist_group("ray"))
