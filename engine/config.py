@@ -179,7 +179,8 @@ class EngineConfig:
         if self.moe_weights not in MOE_WEIGHTS:
             raise ValueError(f"unknown moe_weights {self.moe_weights!r}; use one of {', '.join(MOE_WEIGHTS)}")
         if self.moe_weights == "mxfp4" and self.kernels != "triton":
-            raise ValueError("moe_weights='mxfp4' needs kernels='triton' (the torch path dequantises experts on load)")
+            raise ValueError("moe_weights='mxfp4' needs kernels='triton' (--moe-weights mxfp4 --kernels triton): "
+                             "the torch path dequantises the experts on load")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

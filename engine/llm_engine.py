@@ -173,6 +173,8 @@ class LLMEngine:
         on_cuda = c.device.startswith("cuda")
         return {"backend": "engine", "model": str(c.model_dir), "model_name": self.model_name,
                 "dtype": str(self.dtype).removeprefix("torch."), "device": c.device, "kernels": c.kernels,
+                "moe_weights": c.moe_weights,  # and what it came to: experts held packed, or dense
+                "mxfp4_experts": any(name.endswith("_blocks") for name, _ in self.runner.model.named_parameters()),
                 "block_size": c.block_size, "num_blocks": self.num_blocks,
                 # on CUDA the cache is sized from free memory: record what it came to
                 "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,
