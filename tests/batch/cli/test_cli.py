@@ -480,3 +480,22 @@ def test_bench_passes_moe_weights_to_the_engine(tmp_path, tiny_model_dir, monkey
     assert result.exit_code == 0, result.output
     assert seen == [("engine", "dense")]
     assert rows(db, "SELECT system, num_requests FROM bench") == [("engine", 1)]
+
+
+@pytest.mark.slow  # the Triton interpreter decodes twice
+def test_an_mxfp4_checkpoint_decodes_the_same_with_packed_and_dense_experts(tmp_path):
+    from engine.real_layout import write_checkpoint
+
+    model = write_checkpoint(tmp_path / "real-layout", "tiny", seed=0)  # openai/gpt-oss-20b's layout, tiny widths
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
+    outputs = {}
+    for moe_weights in ("mxfp4", "dense"):
+        db = tmp_path / f"{moe_weights}.duckdb"
+        result = submit(source, "--db", db, "--device", "cpu", "--kernels", "triton", "--moe-weights", moe_weights,
+                        "--temperature", "0", "--max-output-tokens", "3", "--keep-tokens", model=model)
+        assert result.exit_code == 0, result.output
+        [(config,)] = rows(db, "SELECT engine_config FROM runs")
+        assert json.loads(config)["mxfp4_experts"] == (moe_weights == "mxfp4")
+        outputs[moe_weights] = rows(db, "SELECT completion_token_ids FROM tokens")
+    assert outputs["mxfp4"] == outputs["dense"] and len(outputs["mxfp4"][0][0]) == 3
