@@ -75,7 +75,7 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
     vocab = logits.shape[1]
     table = _row_table(rows, params, seeds, positions, vocab, logits.device)
     index = table[:, 0].long()
-    scores = logits.index_select(0, index).div_(table[:, 2:3].float())  # [R, vocab]: the one full-size copy
+    scores = logits.index_select(0, index).float().div_(table[:, 2:3].float())  # [R, vocab]: the one fp32 copy
     if filtered:
         # top-k alone needs only the k largest of a row (a partial sort); top-p needs the whole row sorted
         width = vocab if any(params[row].top_p < 1.0 for row in filtered) else \
