@@ -19,6 +19,7 @@ from transformers import GptOssConfig
 
 from engine.api import ModelLoadError
 from engine.device import resolve_device, resolve_kernels
+from engine.device_sampler import sampler_temporary_bytes
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -178,7 +179,8 @@ class EngineConfig:
         if self.moe_weights not in MOE_WEIGHTS:
             raise ValueError(f"unknown moe_weights {self.moe_weights!r}; use one of {', '.join(MOE_WEIGHTS)}")
         if self.moe_weights == "mxfp4" and self.kernels != "triton":
-            raise ValueError("moe_weights='mxfp4' needs kernels='triton' (the torch path dequantises experts on load)")
+            raise ValueError("moe_weights='mxfp4' needs kernels='triton' (--moe-weights mxfp4 --kernels triton): "
+                             "the torch path dequantises the experts on load")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -220,26 +222,20 @@ def _checkpoint_dtype(dtype: object) -> torch.dtype:
     return torch.bfloat16
 
 
+def activation_bytes(config: ModelConfig, num_tokens: int) -> int:
+    """A bound on a forward's transient memory over `num_tokens` tokens (no logits): a few hidden-sized fp32
+    buffers a token, two copies of its queries, keys and values (projected, rotated), and the MoE's
+    intermediate rows. tests/engine/test_graph_memory.py holds a piece and a decode step to it."""
+    hidden = num_tokens * config.hidden_size * 4 * 8
+    qkv_width = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    attention = num_tokens * qkv_width * 4 * 2
+    moe = num_tokens * config.num_experts_per_tok * config.intermediate_size * 2 * 4 * 2
+    return hidden + attention + moe
+
+
 def activation_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """A bound on one step's transient memory: a few hidden-sized buffers per batched token, the MoE's
-    intermediate rows, and for every sequence sampled its fp32 logits and the sampler's temporaries
-    (engine.device_sampler: a float copy, the int64 hash and its shift, float64 uniforms, a sort)."""
-    hidden = max_num_batched_tokens * config.hidden_size * 4 * 8
-    moe = max_num_batched_tokens * config.num_experts_per_tok * config.intermediate_size * 2 * 4 * 2
-    logits = max_num_seqs * config.vocab_size * 32  # bytes a vocabulary entry at the sampler's peak
-    return hidden + moe + logits
-
-
-def graph_pool_bytes(config: ModelConfig, max_num_seqs: int) -> int:
-    """A bound on the CUDA graphs' memory pool. The graphs share one pool, captured largest batch first,
-    so it holds one decode step's activations at `max_num_seqs` rows (no logits: they are computed
-    outside the graphs); it stays allocated beside the KV cache for the engine's life."""
-    return activation_reserve_bytes(config, max_num_batched_tokens=max_num_seqs, max_num_seqs=0)
-
-
-def kv_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int, cuda_graphs: bool) -> int:
-    """What the KV-cache budget leaves free on a GPU: one eager step's activations, plus the graphs' pool
-    when CUDA graphs are captured (their pool is private: eager steps cannot reuse it)."""
-    reserve = activation_reserve_bytes(config, max_num_batched_tokens, max_num_seqs)
-    return reserve + (graph_pool_bytes(config, max_num_seqs) if cuda_graphs else 0)
-
+    """A bound on one eager step's transient memory: the forward's activations, and for every sequence
+    sampled its fp32 logits and the sampler's temporaries (engine.device_sampler.sampler_temporary_bytes)."""
+    logits = max_num_seqs * config.vocab_size * 4
+    return activation_bytes(config, max_num_batched_tokens) + logits \
+        + sampler_temporary_bytes(max_num_seqs, config.vocab_size)

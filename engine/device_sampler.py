@@ -9,10 +9,19 @@ One algorithm for CPU and CUDA, whatever the batch size and the mix of rows:
   mass, ties of its last token included), and tokens below it are masked;
 - the draw: Gumbel-max, argmax(l - log E) with E = -log U ~ Exp(1) (an
   exponential race, a draw from softmax(l)). U is counter-based: a hash of
-  (request seed, position of the token being sampled, token id), computed in
-  integer tensor ops, so no generator state exists and a row's draw depends on
-  nothing but its own logits, seed and position: not on the batch, not on
-  preemptions, not on the device.
+  (request seed, position of the token being sampled, token id), so no generator
+  state exists and a row's draw depends on nothing but its own logits, seed and
+  position: not on the batch, not on preemptions, not on the device. The
+  (seed, position) half of the hash is a row's key, made on the host (a few
+  numpy ops for the whole batch); the token half runs in integer tensor ops.
+
+Memory: the sampled rows' logits are copied once (fp32) and everything else works
+on that copy in place. The noise, the big part (an int64 hash and its shift, then
+float64 uniforms: 16 bytes a logit), is made and subtracted in NOISE_CHUNKS slices of
+the vocabulary, a fixed number of ops whatever the batch. The filtered rows come first,
+so their sort reads a view, and one threshold a row masks them in place. The peak is
+SAMPLER_BYTES_PER_LOGIT a sampled row's vocabulary entry (engine.sampler_costs measures
+it; the KV reserve counts it); it was 20-27 (a copy per stage, the noise all at once).
 
 Bit-exactness: the hash is exact integer arithmetic (every product fits in
 int64), U = (h + 0.5) / 2^32 is exact in float64, and log E is computed in float64
@@ -25,18 +34,30 @@ rounding of top_p.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.api import SamplingParams
 
 MASK32 = 0xFFFF_FFFF
-_COLUMNS = 7  # row, seed high word, seed low word, position, temperature, top_k (vocab: off), top_p
+_MULTIPLIERS = (0x2C1B3C6D, 0x297A2D39)
+_COLUMNS = 5  # row, key, temperature, top_k - 1 (vocab - 1: off), top_p (inf: off)
+NOISE_CHUNKS = 4  # vocabulary slices the noise is made in: its memory / 4, for 3 x 17 more ops a step
+# Peak temporaries of a step a sampled row's vocabulary entry, with every row filtered by top-p (the
+# worst mix): the fp32 copy (4) + its sort's values and int64 indices (12). Unfiltered rows peak at
+# 4 + 16 / NOISE_CHUNKS = 8. engine.sampler_costs measures it; tests hold the measure to this bound.
+SAMPLER_BYTES_PER_LOGIT = 16
+SAMPLER_BYTES_PER_ROW = 64  # and a sampled row's own: its parameters, key, index, threshold, token
+
+
+def sampler_temporary_bytes(num_rows: int, vocab: int) -> int:
+    """A bound on one step's temporaries when `num_rows` rows sample from `vocab` logits each."""
+    return num_rows * (SAMPLER_BYTES_PER_LOGIT * vocab + SAMPLER_BYTES_PER_ROW)
 
 
 def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> Tensor:
@@ -45,45 +66,56 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
     Row i draws with `seeds[i]` at `positions[i]` (the index the sampled token will have).
     """
     token_ids = torch.argmax(logits, dim=-1)
-    rows = [row for row, p in enumerate(params) if not p.is_greedy]
-    if not rows:
+    sampled = [row for row, p in enumerate(params) if not p.is_greedy]
+    if not sampled:
         return token_ids
+    # the filtered rows first: they are then scores[:F], a view to sort (no copy)
+    filtered = [row for row in sampled if params[row].top_k or params[row].top_p < 1.0]
+    rows = filtered + [row for row in sampled if not (params[row].top_k or params[row].top_p < 1.0)]
     vocab = logits.shape[1]
-    filtered = [i for i, row in enumerate(rows) if params[row].top_k or params[row].top_p < 1.0]
-    table, filtered_index = _row_table(rows, filtered, params, seeds, positions, vocab, logits.device)
+    table = _row_table(rows, params, seeds, positions, vocab, logits.device)
     index = table[:, 0].long()
-    scaled = logits.index_select(0, index).float() / table[:, 4:5].float()  # [R, vocab]
+    scores = logits.index_select(0, index).float().div_(table[:, 2:3].float())  # [R, vocab]: the one fp32 copy
     if filtered:
-        rows_table = table.index_select(0, filtered_index)
         # top-k alone needs only the k largest of a row (a partial sort); top-p needs the whole row sorted
-        needs_sort = any(params[rows[i]].top_p < 1.0 for i in filtered)
-        width = vocab if needs_sort else max(min(params[rows[i]].top_k, vocab) for i in filtered)
-        kept = mask_below_threshold(scaled.index_select(0, filtered_index), rows_table[:, 5:6].long(),
-                                    rows_table[:, 6:7].float(), width)
-        scaled.index_copy_(0, filtered_index, kept)
-    keys = row_keys(table[:, 1].long(), table[:, 2].long(), table[:, 3].long())
-    scores = scaled.sub_(log_exponentials(keys, vocab))
+        width = vocab if any(params[row].top_p < 1.0 for row in filtered) else \
+            max(min(params[row].top_k, vocab) for row in filtered)
+        rows_table = table[:len(filtered)]
+        kept = row_thresholds(scores[:len(filtered)], rows_table[:, 3:4].long(), rows_table[:, 4:5].float(), width)
+        thresholds = F.pad(kept, (0, 0, 0, len(rows) - len(filtered)), value=float("-inf"))  # [R, 1]
+        scores.masked_fill_(scores < thresholds, float("-inf"))
+    subtract_noise(scores, table[:, 1:2].long())
     return token_ids.index_copy_(0, index, scores.argmax(dim=-1))
 
 
-def mask_below_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor, width: int | None = None) -> Tensor:
-    """Rows of fp32 logits with every token below the row's top-k/top-p threshold set to -inf.
+def row_thresholds(logits: Tensor, kth: Tensor, mass_limit: Tensor, width: int | None = None) -> Tensor:
+    """[F, 1] each row's lowest kept logit under top-k then top-p (renormalised over what top-k keeps).
 
-    `top_k` [F, 1] long (vocab: off), `top_p` [F, 1] float (1: off); top-k applies first and
-    top-p to what it keeps, renormalised. One sort for all rows, of the `width` largest logits of
-    each (default: all; fewer only when no row has top-p and every top_k is <= width).
+    `kth` [F, 1] long: top_k - 1 (vocab - 1: off); `mass_limit` [F, 1] float: top_p, or inf where top-p
+    is off. One sort for all rows, of the `width` largest logits of each (default: all; fewer only when
+    no row has top-p and every top_k is <= width).
     """
     vocab = logits.shape[1]
     if width is None or width >= vocab:
         ordered = torch.sort(logits, dim=-1, descending=True).values
     else:
         ordered = torch.topk(logits, width, dim=-1).values  # sorted, largest first
-    in_top_k = ordered >= ordered.gather(1, top_k - 1)
-    probs = torch.softmax(ordered.masked_fill(~in_top_k, float("-inf")), dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # the top token has 0 before it: always kept
-    kept = in_top_k & ((mass_before < top_p) | (top_p >= 1.0))  # a prefix of the sorted row
-    threshold = ordered.gather(1, kept.sum(dim=-1, keepdim=True) - 1)
-    return logits.masked_fill(logits < threshold, float("-inf"))
+    kth_value = ordered.gather(1, kth)
+    probs = torch.softmax(ordered.masked_fill(ordered < kth_value, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1).sub_(probs)  # the top token has 0 before it: always kept
+    del probs
+    kept = (mass_before < mass_limit).logical_and_(ordered >= kth_value)  # a prefix of the sorted row
+    return ordered.gather(1, kept.sum(dim=-1, keepdim=True) - 1)
+
+
+def mask_below_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor, width: int | None = None) -> Tensor:
+    """Rows of fp32 logits with every token below the row's top-k/top-p threshold set to -inf.
+
+    `top_k` [F, 1] long (vocab: off), `top_p` [F, 1] float (1: off); top-k applies first and
+    top-p to what it keeps, renormalised (`row_thresholds`).
+    """
+    mass_limit = top_p.masked_fill(top_p >= 1.0, float("inf"))
+    return logits.masked_fill(logits < row_thresholds(logits, top_k - 1, mass_limit, width), float("-inf"))
 
 
 def mix32(x: Tensor) -> Tensor:
@@ -92,83 +124,77 @@ def mix32(x: Tensor) -> Tensor:
     Both multipliers are below 2^31, so no product leaves int64: the same bits on every device.
     """
     x ^= x >> 15
-    x.mul_(0x2C1B3C6D).bitwise_and_(MASK32)
+    x.mul_(_MULTIPLIERS[0]).bitwise_and_(MASK32)
     x ^= x >> 12
-    x.mul_(0x297A2D39).bitwise_and_(MASK32)
+    x.mul_(_MULTIPLIERS[1]).bitwise_and_(MASK32)
     x ^= x >> 15
     return x
 
 
-def row_keys(seed_high: Tensor, seed_low: Tensor, position: Tensor) -> Tensor:
-    """[R] 32-bit keys from each row's 64-bit seed (two 32-bit words) and draw position (seed_low is mixed in place)."""
-    return mix32(mix32(mix32(seed_low) ^ seed_high) ^ position)
+def mix32_host(x: np.ndarray) -> np.ndarray:
+    """mix32 on the host: uint64 numpy values below 2^32, the same bits (no product reaches 2^63)."""
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(_MULTIPLIERS[0])) & np.uint64(MASK32)
+    x = x ^ (x >> np.uint64(12))
+    x = (x * np.uint64(_MULTIPLIERS[1])) & np.uint64(MASK32)
+    return x ^ (x >> np.uint64(15))
 
 
-def uniform_bits(keys: Tensor, vocab: int) -> Tensor:
-    """[R, vocab] int64 hashes in [0, 2^32): one per (row key, token), independent across tokens."""
-    return mix32(keys[:, None] ^ _token_salts(vocab, str(keys.device))[None, :])
+def row_keys(seeds: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    """[R] uint64 32-bit keys, each from a row's 64-bit seed (two 32-bit words) and draw position."""
+    seeds = [seed & 0xFFFF_FFFF_FFFF_FFFF for seed in seeds]
+    high = np.array([seed >> 32 for seed in seeds], dtype=np.uint64)
+    low = np.array([seed & MASK32 for seed in seeds], dtype=np.uint64)
+    return mix32_host(mix32_host(mix32_host(low) ^ high) ^ np.array(positions, dtype=np.uint64))
 
 
-def log_exponentials(keys: Tensor, vocab: int) -> Tensor:
-    """[R, vocab] float32 log E, E = -log U ~ Exp(1), U = (bits + 0.5) / 2^32 (in float64: never 0 or 1)."""
-    uniforms = uniform_bits(keys, vocab).double().add_(0.5).mul_(2.0**-32)
+def uniform_bits(keys: Tensor, salts: Tensor) -> Tensor:
+    """[R, V] int64 hashes in [0, 2^32): one per (row key [R, 1], token salt [1, V]), independent across tokens."""
+    return mix32(keys ^ salts)
+
+
+def log_exponentials(keys: Tensor, salts: Tensor) -> Tensor:
+    """[R, V] float32 log E, E = -log U ~ Exp(1), U = (bits + 0.5) / 2^32 (in float64: never 0 or 1)."""
+    half, scale = _uniform_constants(str(keys.device))
+    uniforms = torch.addcmul(half, uniform_bits(keys, salts), scale)  # float64: bits * 2^-32 + 2^-33, exact
     return uniforms.log_().neg_().log_().float()
 
 
+def subtract_noise(scores: Tensor, keys: Tensor) -> Tensor:
+    """scores [R, vocab] - log E in place (the Gumbel-max draw is its argmax), one vocabulary slice at a time."""
+    for part, salts in zip(scores.tensor_split(NOISE_CHUNKS, dim=1), _salt_chunks(scores.shape[1], str(scores.device))):
+        part.sub_(log_exponentials(keys, salts))
+    return scores
+
+
 @lru_cache(maxsize=8)
-def _token_salts(vocab: int, device: str) -> Tensor:
+def token_salts(vocab: int, device: str) -> Tensor:
     """[vocab] distinct 32-bit salts, one per token id (made once per vocabulary and device)."""
     return mix32(torch.arange(vocab, dtype=torch.int64).mul_(0x9E3779B1).bitwise_and_(MASK32)).to(device)
 
 
-def _row_table(rows: list[int], filtered: list[int], params: list[SamplingParams], seeds: list[int],
-               positions: list[int], vocab: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """The sampled rows' parameters ([R, _COLUMNS] float64) and the filtered rows' index into them ([F] long),
-    sent in one host-to-device copy. Every value is exact in float64 (seed words < 2^32)."""
+@lru_cache(maxsize=8)
+def _salt_chunks(vocab: int, device: str) -> tuple[Tensor, ...]:
+    """The salts as NOISE_CHUNKS [1, width] slices, as `Tensor.tensor_split` cuts the scores (made once)."""
+    return tuple(chunk[None, :] for chunk in token_salts(vocab, device).tensor_split(NOISE_CHUNKS))
+
+
+@lru_cache(maxsize=8)
+def _uniform_constants(device: str) -> tuple[Tensor, Tensor]:
+    """2^-33 and 2^-32 as float64 scalars on `device`: U = bits * 2^-32 + 2^-33 in one op, in float64."""
+    return (torch.tensor(2.0**-33, dtype=torch.float64, device=device),
+            torch.tensor(2.0**-32, dtype=torch.float64, device=device))
+
+
+def _row_table(rows: list[int], params: list[SamplingParams], seeds: list[int], positions: list[int],
+               vocab: int, device: torch.device) -> Tensor:
+    """The sampled rows' parameters, [R, _COLUMNS] float64, sent in one host-to-device copy: row, key,
+    temperature, top_k - 1, top_p (inf: off). Every value is exact in float64 (keys < 2^32)."""
+    keys = row_keys([seeds[row] for row in rows], [positions[row] for row in rows]).tolist()
     values: list[float] = []
-    for row in rows:
-        p, seed = params[row], seeds[row] & 0xFFFF_FFFF_FFFF_FFFF
+    for row, key in zip(rows, keys):
+        p = params[row]
         top_k = min(p.top_k, vocab) if p.top_k else vocab
-        values += [row, seed >> 32, seed & MASK32, positions[row], p.temperature, top_k, p.top_p]
-    values += filtered
+        values += [row, key, p.temperature, top_k - 1, p.top_p if p.top_p < 1.0 else float("inf")]
     # pageable host memory is staged at once; torch.tensor(..., device=) would wait for the queued forward
-    packed = torch.tensor(values, dtype=torch.float64).to(device, non_blocking=True)
-    table = packed[:len(rows) * _COLUMNS].view(len(rows), _COLUMNS)
-    return table, packed[len(rows) * _COLUMNS:].long()
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the aten ops run inside it (each a kernel launch on a GPU, but for views)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count_ops(fn: Callable[[], object]) -> int:
-    """aten ops that `fn()` runs."""
-    with OpCounter() as counter:
-        fn()
-    return counter.count
-
-
-
-def ops_per_step(batches: tuple[int, ...], vocab: int = 4096) -> dict[int, int]:
-    """aten ops (kernel launches on a GPU, views included) of one sampling step at each batch size, rows
-    cycling through temperature + top-p (first: a batch of 1 takes the longest path), greedy, temperature,
-    top-k, and all three. The count does not depend on the vocabulary (engine.proxies reports it)."""
-    kinds = [SamplingParams(max_tokens=1, top_p=0.9), SamplingParams(max_tokens=1, temperature=0),
-             SamplingParams(max_tokens=1, temperature=0.7), SamplingParams(max_tokens=1, top_k=40),
-             SamplingParams(max_tokens=1, temperature=1.2, top_k=20, top_p=0.8)]
-    counts = {}
-    for batch in batches:
-        logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch))
-        rows = [kinds[i % len(kinds)] for i in range(batch)]
-        seeds = list(range(batch))
-        sample_tokens(logits, rows, seeds, [0] * batch)  # the token salts are made once
-        counts[batch] = count_ops(lambda: sample_tokens(logits, rows, seeds, [1] * batch))  # noqa: B023 (called here)
-    return counts
+    return torch.tensor(values, dtype=torch.float64).to(device, non_blocking=True).view(len(rows), _COLUMNS)

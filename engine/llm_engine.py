@@ -13,8 +13,9 @@ import time
 import torch
 
 from engine.api import RequestOutput, SamplingParams
-from engine.config import EngineConfig, ModelConfig, kv_reserve_bytes
+from engine.config import EngineConfig, ModelConfig
 from engine.device import kv_cache_budget, use_device
+from engine.graph_memory import kv_reserve_bytes
 from engine.kv_cache import BlockManager, num_blocks_for_budget
 from engine.loader import load_model
 from engine.model import GptOssModel, kv_cache_bytes_per_block
@@ -36,8 +37,13 @@ class LLMEngine:
         self.dtype = next(model.parameters()).dtype
         block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
         # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.
-        graphs = config.cuda_graphs and config.device.startswith("cuda")  # their memory pool is reserved too
-        reserve = kv_reserve_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs, graphs)
+        # CUDA graphs: their static buffers and memory pool are reserved too, sized from the plan's shapes
+        graphs = config.cuda_graphs and config.device.startswith("cuda") and config.kernels == "triton"
+        reserve = kv_reserve_bytes(self.model_config, max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_num_seqs=config.max_num_seqs, block_size=config.block_size, dtype=self.dtype,
+                                   max_model_len=min(config.max_model_len or self.model_config.max_position_embeddings,
+                                                     self.model_config.max_position_embeddings),
+                                   cuda_graphs=graphs)
         budget = kv_cache_budget(config.device, config.kv_cache_gb, config.gpu_memory_utilization, reserve)
         self.num_blocks = num_blocks_for_budget(budget, block_bytes)
         self.kv_cache_bytes = self.num_blocks * block_bytes
@@ -167,6 +173,8 @@ class LLMEngine:
         on_cuda = c.device.startswith("cuda")
         return {"backend": "engine", "model": str(c.model_dir), "model_name": self.model_name,
                 "dtype": str(self.dtype).removeprefix("torch."), "device": c.device, "kernels": c.kernels,
+                "moe_weights": c.moe_weights,  # and what it came to: experts held packed, or dense
+                "mxfp4_experts": any(name.endswith("_blocks") for name, _ in self.runner.model.named_parameters()),
                 "block_size": c.block_size, "num_blocks": self.num_blocks,
                 # on CUDA the cache is sized from free memory: record what it came to
                 "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,

@@ -36,6 +36,9 @@ def load_model(config: EngineConfig) -> tuple[GptOssModel, ModelConfig]:
     model_dir = config.model_dir
     check_model_dir(model_dir)
     model_config = ModelConfig.from_pretrained(model_dir)
+    if config.moe_weights == "mxfp4" and model_config.quant_method != "mxfp4":
+        raise ModelLoadError(f"--moe-weights mxfp4: --model {model_dir} holds its experts dense (config.json has no "
+                             "mxfp4 quantization_config), so there is nothing to keep packed; use --moe-weights auto")
     dtype, device = config.resolve_dtype(model_config), torch.device(config.device)
     if config.kernels == "triton":
         require_triton(device)  # before a kernel module loads: names the extra if missing, the interpreter on CPU

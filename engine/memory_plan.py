@@ -3,7 +3,8 @@
 The weights are counted from the engine's model built on the meta device (no memory is touched), as
 the engine holds them on CUDA: MXFP4 experts packed (4-bit codes, an 8-bit scale per 32), the rest
 bf16. The KV cache then gets what `engine.device.gpu_kv_cache_budget` gives it once the weights and an
-allowance for the CUDA context are in use, less `engine.config.activation_reserve_bytes`, in blocks of
+allowance for the CUDA context are in use, less the engine's reserve (`engine.graph_memory.kv_reserve_bytes`:
+one step's activations and sampling, and the CUDA graphs' buffers and pool), in blocks of
 `engine.model.kv_cache_bytes_per_block` (every layer holds every token: sliding-window layers too).
 
 `python -m engine.memory_plan --preset 120b` prints the plan for gpt-oss-120b's shape on the GPU torch
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelConfig, activation_reserve_bytes
+from engine.config import ModelConfig
 from engine.device import gpu_kv_cache_budget
+from engine.graph_memory import kv_reserve_bytes
 from engine.kv_cache import num_blocks_for_budget
 from engine.model import GptOssModel, kv_cache_bytes_per_block
 
@@ -41,7 +43,8 @@ class MemoryPlan:
     weight_bytes: int
     expert_bytes: int
     context_bytes: int
-    reserve_bytes: int
+    reserve_bytes: int  # activations and sampling of one step, and graph_bytes
+    graph_bytes: int  # of which: the CUDA graphs' buffers and pool
     kv_bytes: int
     kv_block_bytes: int
     block_size: int
@@ -85,14 +88,17 @@ def weight_bytes(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> tu
 
 
 def plan_memory(config: ModelConfig, total_bytes: int, *, utilization: float = 0.9, block_size: int = 16,
-                max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
+                max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, cuda_graphs: bool = True,
                 context_bytes: int = CONTEXT_BYTES, dtype: torch.dtype = torch.bfloat16) -> MemoryPlan:
     """The engine's KV-cache sizing for `config` on a device of `total_bytes` with nothing else on it."""
     weights, experts = weight_bytes(config, dtype)
-    reserve = activation_reserve_bytes(config, max_num_batched_tokens, max_num_seqs)
+    reserve, eager = (kv_reserve_bytes(config, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                       max_model_len=config.max_position_embeddings, block_size=block_size,
+                                       dtype=dtype, cuda_graphs=graphed) for graphed in (cuda_graphs, False))
+    graphs = reserve - eager
     block_bytes = kv_cache_bytes_per_block(config, block_size, dtype)
     free = total_bytes - weights - context_bytes
-    plan = functools.partial(MemoryPlan, total_bytes, utilization, weights, experts, context_bytes, reserve)
+    plan = functools.partial(MemoryPlan, total_bytes, utilization, weights, experts, context_bytes, reserve, graphs)
     try:
         if free < 0:
             raise ValueError(f"the weights alone ({weights / GIB:.1f} GiB) exceed the device")
@@ -112,7 +118,9 @@ def format_plan(name: str, plan: MemoryPlan) -> str:
         f"  weights        {plan.weight_bytes / GIB:7.2f} GiB  (MXFP4 experts {plan.expert_bytes / GIB:.2f} GiB, "
         f"the rest bf16 {(plan.weight_bytes - plan.expert_bytes) / GIB:.2f} GiB)",
         f"  CUDA context   {plan.context_bytes / GIB:7.2f} GiB  (assumed)",
-        f"  activations    {plan.reserve_bytes / GIB:7.2f} GiB  (the engine's reserve for one step)",
+        f"  activations    {(plan.reserve_bytes - plan.graph_bytes) / GIB:7.2f} GiB  (the engine's reserve for one "
+        f"step and its sampling)",
+        f"  CUDA graphs    {plan.graph_bytes / GIB:7.2f} GiB  (static buffers and pool of the graph plan)",
         f"  KV cache       {plan.kv_bytes / GIB:7.2f} GiB  = {plan.num_blocks:,} blocks of {plan.block_size} tokens "
         f"= {plan.kv_tokens:,} tokens ({per_token / 1024:.0f} KiB per token)",
     ]

@@ -2,7 +2,8 @@
 
 A proxy is a number that predicts GPU speed and can be measured on a CPU machine: the MoE inner
 loop's instruction count compiled for sm_90, the share of decode tokens a CUDA graph would compute,
-the host's milliseconds per step, the sampler's launches per step, the KV bookkeeping's build time.
+the host's milliseconds per step, the sampler's launches and peak temporaries per step, the KV
+bookkeeping's build time.
 Each measure lives beside the code it measures and is listed in MEASURES; `python -m engine.bench
 --proxies` (the benchmark, on torch alone: the GPU check runs it) and `python -m engine.proxies` print
 them all.
@@ -63,12 +64,26 @@ def _block_manager_build() -> list[ProxyFigure]:
 
 
 def _sampler_ops() -> list[ProxyFigure]:
-    from engine.device_sampler import ops_per_step
+    from engine.sampler_costs import ops_per_step
 
     counts = ops_per_step((1, 64, 256))
     constant = len(set(counts.values())) == 1
     return [ProxyFigure(f"sampler ops per step, batch {batch}", count, "aten ops (mixed rows)", "constant", constant)
             for batch, count in counts.items()]
+
+
+def sampler_temporary_figures() -> list[ProxyFigure]:
+    """The sampler's peak temporaries at batch 256 over gpt-oss's vocabulary (measured per vocabulary entry
+    on a small one), against what the KV reserve allows for them (engine.config.activation_reserve_bytes)."""
+    from engine.device_sampler import sampler_temporary_bytes
+    from engine.sampler_costs import GPT_OSS_VOCAB, MEASURE_VOCAB, temporaries
+
+    batch, mib = 256, 2**20
+    bound = batch * sampler_temporary_bytes(1, GPT_OSS_VOCAB) / mib
+    # ok: within the bound at the measured vocabulary (its per-row part weighs more there)
+    return [ProxyFigure(f"sampler temporaries, B=256, {kind}", per_logit * batch * GPT_OSS_VOCAB / mib, "MiB (peak)",
+                        f"<= {bound:.0f}", per_logit * MEASURE_VOCAB <= sampler_temporary_bytes(1, MEASURE_VOCAB))
+            for kind, per_logit in temporaries(batch).items()]
 
 
 # Each entry measures one concern and returns its figures. Imports stay inside the measures so a
@@ -79,6 +94,7 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
     ("host prepare ms/step", host_prepare_figures),
     ("block manager build", _block_manager_build),
     ("sampler ops per step", _sampler_ops),
+    ("sampler temporaries", sampler_temporary_figures),
 ]
 
 

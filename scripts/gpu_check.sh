@@ -94,7 +94,8 @@ step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
 step gpu_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/engine
 step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}"
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
-step proxies 60 "$PY" -m engine.bench --proxies
+# the graph-share proxy decodes 512 requests with a tiny model on the CPU: about a minute on a quiet core
+step proxies 120 "$PY" -m engine.bench --proxies
 
 {
     # the figures again, where a reader of the output's tail sees them

@@ -21,7 +21,7 @@ from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store 
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
-from batch.cli.submit import SubmitOptions, submit_options, submit_plan
+from batch.cli.submit import MOE_WEIGHT_CHOICES, SubmitOptions, submit_options, submit_plan
 
 
 _read_db = click.option("--db", default=DEFAULT_DB, show_default=True,
@@ -148,6 +148,9 @@ def make_random_model(directory: Path, seed: int) -> None:
               help="The engine's kernels (auto: Triton on CUDA when triton is installed, else torch).")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
               show_default=True, help="On CUDA, the fraction of GPU memory the engine may use.")
+@click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
+              help="The engine's MXFP4 experts with --kernels triton: mxfp4 (packed), dense (dequantised on "
+                   "load), auto (mxfp4). Run the engine twice to measure which is faster.")
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Requests of the host system's seeded mix (~280 output tokens each).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -156,7 +159,7 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
     `host` measures the host path alone."""
     engine_options = {name: kw[name] for name in ("kv_cache_gb", "max_num_seqs", "device", "kernels",
-                                                  "gpu_memory_utilization")}
+                                                  "gpu_memory_utilization", "moe_weights")}
     plan = BenchPlan(model_dir, preset, workloads.split(","), systems.split(","), kw["num_requests"],
                      kw["batch_size"], kw["seed"], kw["host_requests"], engine_options)
     bench_id = run_bench(plan, db)

@@ -37,6 +37,8 @@ from engine.api import Backend
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
+# engine.config.MOE_WEIGHTS, spelled out: importing the engine here would load torch for `--help`
+MOE_WEIGHT_CHOICES = ["auto", "mxfp4", "dense"]
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,6 +60,9 @@ SUBMIT_OPTIONS = [
     click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
                  show_default=True, help="On CUDA, the fraction of GPU memory the engine may use; the KV cache "
                                          "gets what the model and activations leave of it."),
+    click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
+                 help="How the engine holds an MXFP4 checkpoint's experts with --kernels triton: mxfp4 (packed, "
+                      "decoded in the MoE kernel), dense (dequantised on load: 20b ~41 GB in bf16), auto (mxfp4)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Sequences the engine decodes in one step."),
     click.option("--retry-failed", metavar="RUN_ID",
@@ -117,6 +122,7 @@ class SubmitOptions:
     device: str
     kernels: str
     gpu_memory_utilization: float
+    moe_weights: str
     max_num_seqs: int
     retry_failed: str | None
     limit: int | None
@@ -278,7 +284,10 @@ def _backend_options(submit: SubmitOptions) -> dict:
     options: dict[str, Any] = {"seed": submit.seed, "device": submit.device}
     if submit.backend == "engine":
         options.update(kv_cache_gb=submit.kv_cache_gb, max_num_seqs=submit.max_num_seqs,
-                       kernels=submit.kernels, gpu_memory_utilization=submit.gpu_memory_utilization)
+                       kernels=submit.kernels, gpu_memory_utilization=submit.gpu_memory_utilization,
+                       moe_weights=submit.moe_weights)
+    elif submit.moe_weights != "auto":
+        fail(f"--moe-weights {submit.moe_weights} applies to --backend engine only")
     return options
 
 

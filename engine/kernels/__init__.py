@@ -14,6 +14,9 @@ import os
 import torch
 
 INSTALL_HINT = "pip install 'batchrun[gpu]'"
+# Keys per decode partition of the attention kernel (split-K); here, free of triton, because the CUDA
+# graphs' memory plan (engine.graph_memory) sizes the partitions' partial results from it.
+PARTITION_SIZE = 512
 
 
 def triton_available() -> bool:

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from engine.attention import AttentionMetadata
-from engine.kernels import require_triton
+from engine.kernels import PARTITION_SIZE, require_triton
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
 require_triton("cuda" if torch.cuda.is_available() else "cpu")
@@ -55,7 +55,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read by triton when t
 # upcast the operands to fp32 first, which gives what a 16-bit MMA with fp32 accumulation gives.
 UPCAST_DOT_OPERANDS = INTERPRETED
 
-PARTITION_SIZE = 512  # keys per decode partition (split-K); best a multiple of DECODE_BLOCK_N
+# PARTITION_SIZE (engine.kernels): keys per decode partition; best a multiple of DECODE_BLOCK_N
 DECODE_BLOCK_N = 64  # keys per tile in the decode kernel
 PREFILL_BLOCK_N = 64  # keys per tile in the prefill kernel
 PREFILL_ROWS = 64  # query rows (queries x heads of a group) per prefill tile

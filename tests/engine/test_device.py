@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.checkpoint import tiny_config
-from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes, graph_pool_bytes, kv_reserve_bytes
+from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
 from engine.device import (ForwardTimer, cuda_index, gpu_kv_cache_budget, kv_cache_budget, resolve_device,
                            resolve_kernels, use_device)
 from engine.kernels import triton_available
@@ -79,20 +79,6 @@ def test_use_device_sets_the_current_cuda_device_for_cuda_n_only(monkeypatch):
     for name in ("cpu", "cuda", "cuda:2"):
         use_device(name)
     assert calls == [2]
-
-
-def test_the_reserve_counts_the_graph_pool_when_graphs_are_captured():
-    config = ModelConfig.from_hf(tiny_config(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64,
-                                             num_key_value_heads=8, head_dim=64, intermediate_size=2880,
-                                             num_local_experts=32, num_experts_per_tok=4))
-    eager = kv_reserve_bytes(config, 8192, 256, cuda_graphs=False)
-    graphed = kv_reserve_bytes(config, 8192, 256, cuda_graphs=True)
-    assert eager == activation_reserve_bytes(config, 8192, 256)
-    # one decode step at 256 rows, no logits: the activations of 256 batched tokens
-    assert graphed - eager == graph_pool_bytes(config, 256) == activation_reserve_bytes(config, 256, 0) > 0
-    # made-up figures: 80 GiB device, 20 GiB in use, at 0.9: the pool comes out of the KV cache, byte for byte
-    budget = lambda reserve: gpu_kv_cache_budget(60 * GIB, 80 * GIB, 0.9, reserve)  # noqa: E731
-    assert budget(eager) - budget(graphed) == graph_pool_bytes(config, 256)
 
 
 class FakeEvent:

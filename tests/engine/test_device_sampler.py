@@ -5,11 +5,15 @@ Its tensor ops run on any device, so the algorithm is checked here on CPU tensor
 the gpu-marked tests run it where it is meant to run.
 """
 
+import numpy as np
 import pytest
 import torch
 
 from engine.api import SamplingParams
-from engine.device_sampler import count_ops, mask_below_threshold, row_keys, sample_tokens, uniform_bits
+from engine.device_sampler import (NOISE_CHUNKS, mask_below_threshold, mix32, mix32_host, row_keys, sample_tokens,
+                                   sampler_temporary_bytes, token_salts, uniform_bits)
+from engine.op_trace import count_ops
+from engine.sampler_costs import UNIFORM, bytes_per_logit, temporaries
 
 VOCAB = 300
 HAS_CUDA = torch.cuda.is_available()
@@ -101,13 +105,27 @@ def test_draws_follow_the_distribution(sampling, support):
 
 
 def test_the_hash_bits_are_uniform_and_independent_between_neighbouring_positions():
-    keys = row_keys(torch.zeros(2000, dtype=torch.long), torch.full((2000,), 9), torch.arange(2000))
-    bits = uniform_bits(keys, 64)  # [2000, 64]
+    keys = torch.from_numpy(row_keys([9] * 2000, range(2000)).astype(np.int64))[:, None]
+    bits = uniform_bits(keys, token_salts(64, "cpu")[None, :])  # [2000, 64]
     buckets = torch.bincount((bits >> 28).flatten(), minlength=16).double()
     assert chi_square(buckets, torch.full((16,), 1 / 16, dtype=torch.double)) < 60  # 15 dof
     high = (bits >> 31).double()  # one bit per (position, token): consecutive positions uncorrelated
     correlation = torch.corrcoef(torch.stack([high[:-1].flatten(), high[1:].flatten()]))[0, 1]
     assert abs(float(correlation)) < 0.02
+
+
+def test_the_host_keys_hash_as_the_device_does():
+    values = torch.randint(0, 2**32, (10_000,), generator=torch.Generator().manual_seed(0))
+    assert mix32_host(values.numpy().astype(np.uint64)).tolist() == mix32(values.clone()).tolist()
+
+
+def test_the_draws_are_the_ones_recorded_before_the_sampler_saved_memory():
+    # tokens the sampler drew before its noise went in slices and its keys to the host (the same algorithm):
+    # a recorded trace's tokens must not move
+    logits = torch.randn(20, VOCAB, generator=torch.Generator().manual_seed(5)) * 3
+    rows = [MIX[i % len(MIX)] for i in range(20)]
+    drawn = sample_tokens(logits, rows, [2**40 + i for i in range(20)], [i * 13 for i in range(20)]).tolist()
+    assert drawn == [229, 244, 177, 104, 291, 209, 92, 190, 181, 153, 42, 186, 143, 293, 204, 248, 10, 181, 224, 80]
 
 
 def test_a_seeded_row_draws_the_same_alone_and_in_a_batch_of_mixed_rows():
@@ -143,6 +161,25 @@ def test_the_ops_proxy_is_registered_and_constant():
     figures = dict(MEASURES)["sampler ops per step"]()
     assert [f.name for f in figures] == [f"sampler ops per step, batch {b}" for b in (1, 64, 256)]
     assert all(f.ok for f in figures) and len({f.value for f in figures}) == 1
+
+
+def test_the_peak_temporaries_stay_within_what_the_kv_reserve_allows():
+    vocab = 1024
+    figures = temporaries(batch=64, vocab=vocab)
+    assert set(figures) == {*UNIFORM, "mixed"}
+    assert all(per_logit * vocab <= sampler_temporary_bytes(1, vocab) for per_logit in figures.values()), figures
+    # unfiltered rows: the fp32 copy and one slice of the noise (int64 hash + shift), a few bytes a row; it was 20
+    assert figures["temperature 1"] < 4 + 16 / NOISE_CHUNKS + 0.1
+    # the measure is per entry: a batch 4x larger costs 4x the bytes, not more
+    assert bytes_per_logit([UNIFORM["top-p 0.9"]] * 16, 1024) == figures["top-p 0.9"]
+
+
+def test_the_temporaries_proxy_is_registered_and_within_its_bound():
+    from engine.proxies import MEASURES
+
+    figures = dict(MEASURES)["sampler temporaries"]()
+    assert [f.name for f in figures] == [f"sampler temporaries, B=256, {kind}" for kind in (*UNIFORM, "mixed")]
+    assert all(f.ok for f in figures)
 
 
 @pytest.mark.gpu

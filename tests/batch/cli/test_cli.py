@@ -420,3 +420,82 @@ def test_bench_at_the_20b_shape_on_the_gpu(tmp_path):
     assert result.exit_code == 0, result.output
     assert "batch-1 decode:" in result.output and "x the roofline" in result.output
     assert rows(db, "SELECT system, model, num_requests FROM bench") == [("engine", "preset-20b", 8)]
+
+
+def test_moe_weights_reach_the_engine_and_are_recorded(tmp_path, tiny_model_dir):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
+    db = tmp_path / "o.duckdb"
+    result = submit(source, "--db", db, "--device", "cpu", "--moe-weights", "dense", "--max-output-tokens", "2",
+                    model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    [(config,)] = rows(db, "SELECT engine_config FROM runs")
+    config = json.loads(config)
+    assert (config["moe_weights"], config["mxfp4_experts"]) == ("dense", False)  # the tiny model's experts: dense
+
+
+def test_moe_weights_that_cannot_work_fail_with_one_line_before_a_run_starts(tmp_path, tiny_model_dir):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
+    db = tmp_path / "o.duckdb"
+    cases = [(["--kernels", "torch"], "error: moe_weights='mxfp4' needs kernels='triton' (--moe-weights mxfp4 "),
+             # a checkpoint with dense experts has nothing to keep packed
+             (["--kernels", "triton"], f"error: --moe-weights mxfp4: --model {tiny_model_dir} holds its experts dense"),
+             (["--backend", "transformers"], "error: --moe-weights mxfp4 applies to --backend engine only")]
+    for options, expected in cases:
+        result = submit(source, "--db", db, "--device", "cpu", "--moe-weights", "mxfp4", *options,
+                        model=tiny_model_dir)
+        assert result.exit_code == 1, result.output
+        [line] = result.output.strip().splitlines()
+        assert line.startswith(expected), line
+    assert not db.exists() or rows(db, "SELECT count(*) FROM runs") == [(0,)]
+    bad = submit(source, "--db", db, "--moe-weights", "fp8", model=tiny_model_dir)
+    assert bad.exit_code == 2 and "'fp8' is not one of 'auto', 'mxfp4', 'dense'" in bad.output
+
+
+def test_the_cli_offers_the_engines_moe_weights():
+    from batch.cli.submit import MOE_WEIGHT_CHOICES
+    from engine.config import MOE_WEIGHTS
+
+    assert sorted(MOE_WEIGHT_CHOICES) == sorted(MOE_WEIGHTS)
+    for command in ("submit", "eval", "bench"):
+        assert "--moe-weights [auto|mxfp4|dense]" in CliRunner().invoke(main, [command, "--help"]).output, command
+
+
+@pytest.mark.slow  # ~5 s: a benchmark run
+def test_bench_passes_moe_weights_to_the_engine(tmp_path, tiny_model_dir, monkeypatch):
+    import engine.bench
+
+    real_run_system, seen = engine.bench.run_system, []
+
+    def recording(system, *args, engine_options, **kwargs):
+        seen.append((system, engine_options["moe_weights"]))
+        return real_run_system(system, *args, engine_options=engine_options, **kwargs)
+
+    monkeypatch.setattr(engine.bench, "run_system", recording)
+    db = tmp_path / "bench.duckdb"
+    result = CliRunner().invoke(main, ["bench", "--model", str(tiny_model_dir), "--db", str(db), "--device", "cpu",
+                                       "--workloads", "sharegpt", "--num-requests", "1", "--systems", "engine",
+                                       "--kv-cache-gb", "0.05", "--moe-weights", "dense"])
+    assert result.exit_code == 0, result.output
+    assert seen == [("engine", "dense")]
+    assert rows(db, "SELECT system, num_requests FROM bench") == [("engine", 1)]
+
+
+@pytest.mark.slow  # the Triton interpreter decodes twice
+def test_an_mxfp4_checkpoint_decodes_the_same_with_packed_and_dense_experts(tmp_path):
+    from engine.real_layout import write_checkpoint
+
+    model = write_checkpoint(tmp_path / "real-layout", "tiny", seed=0)  # openai/gpt-oss-20b's layout, tiny widths
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
+    outputs = {}
+    for moe_weights in ("mxfp4", "dense"):
+        db = tmp_path / f"{moe_weights}.duckdb"
+        result = submit(source, "--db", db, "--device", "cpu", "--kernels", "triton", "--moe-weights", moe_weights,
+                        "--temperature", "0", "--max-output-tokens", "3", "--keep-tokens", model=model)
+        assert result.exit_code == 0, result.output
+        [(config,)] = rows(db, "SELECT engine_config FROM runs")
+        assert json.loads(config)["mxfp4_experts"] == (moe_weights == "mxfp4")
+        outputs[moe_weights] = rows(db, "SELECT completion_token_ids FROM tokens")
+    assert outputs["mxfp4"] == outputs["dense"] and len(outputs["mxfp4"][0][0]) == 3

@@ -1,0 +1,88 @@
+"""What the CUDA graphs hold beside the KV cache, from the graph plan's shapes: the reserve's graph part.
+
+The graphs are set up after the KV cache is sized, so the cache must leave them room. They hold:
+
+- static buffers, allocated as ordinary tensors: the full decode graphs' inputs
+  (engine.cuda_graphs.StaticDecodeInputs: ids, positions, slots, lengths, a block table row of the
+  longest context per row) and the piecewise graphs' pieces' buffers (engine.piecewise_graphs: ids,
+  positions, slots, the residual stream, RoPE cos/sin, queries, attention output, final hidden
+  states) at the largest token count;
+- one private memory pool, shared by every graph, captured largest first: each capture's transient
+  activations (freed within it, so the next capture reuses them: the pool peaks at the largest step,
+  the piecewise graphs' largest token count or the decode graphs' largest batch with the split-K
+  partial results of its longest context bound) and every full decode graph's output, which it keeps.
+
+The buffers are counted exactly (tests/engine/test_graph_memory.py checks them against the tensors
+the graph classes allocate); the activations with `engine.config.activation_bytes`, a bound a test
+checks against a piece and a decode step run eagerly on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig, activation_bytes, activation_reserve_bytes
+from engine.cuda_graphs import GraphPlan
+from engine.kernels import PARTITION_SIZE
+
+LONG = 8  # bytes of an int64 index
+
+
+def piecewise_buffer_bytes(config: ModelConfig, num_tokens: int, dtype: torch.dtype) -> int:
+    """Bytes of engine.piecewise_graphs.PiecewiseGraphs' static buffers at `num_tokens` rows."""
+    size = torch.empty((), dtype=dtype).element_size()
+    q_width = config.num_attention_heads * config.head_dim
+    per_token = (3 * LONG  # input_ids, positions, slot_mapping
+                 + 2 * config.hidden_size * size  # x (the residual stream), hidden
+                 + 2 * (config.head_dim // 2) * 4  # cos, sin (fp32)
+                 + 2 * q_width * size)  # q, o
+    return num_tokens * per_token
+
+
+def decode_input_bytes(max_batch: int, max_blocks: int) -> int:
+    """Bytes of engine.cuda_graphs.StaticDecodeInputs for `max_batch` rows of `max_blocks` blocks."""
+    return LONG * (4 * max_batch + (max_batch + 1) + max_batch * max_blocks)
+
+
+def decode_output_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
+    """Bytes of the full decode graphs' outputs, one [batch, hidden] per (batch size, context bound), kept."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(plan.batch_sizes) * len(plan.context_bounds) * config.hidden_size * size
+
+
+def split_k_bytes(config: ModelConfig, batch: int, context: int) -> int:
+    """Bytes of the decode attention's split-K partial results (max, sum, fp32 accumulator) at `batch` rows
+    of up to `context` keys (engine.kernels.attention; one partition needs none)."""
+    parts = -(-context // PARTITION_SIZE)
+    return 0 if parts == 1 else batch * config.num_attention_heads * parts * (config.head_dim + 2) * 4
+
+
+def graph_pool_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
+    """A bound on the shared pool: the largest capture's transient activations, plus the decode outputs."""
+    pieces = activation_bytes(config, plan.token_sizes[-1])
+    decode = activation_bytes(config, plan.batch_sizes[-1]) \
+        + split_k_bytes(config, plan.batch_sizes[-1], plan.context_bounds[-1])
+    return max(pieces, decode) + decode_output_bytes(config, plan, dtype)
+
+
+def graph_memory_bytes(config: ModelConfig, plan: GraphPlan, *, max_model_len: int, block_size: int,
+                       dtype: torch.dtype) -> int:
+    """Everything the CUDA graphs of `plan` add beside the KV cache: static buffers and the pool."""
+    max_blocks = -(-max_model_len // block_size)
+    return (piecewise_buffer_bytes(config, plan.token_sizes[-1], dtype)
+            + decode_input_bytes(plan.batch_sizes[-1], max_blocks)
+            + graph_pool_bytes(config, plan, dtype))
+
+
+def kv_reserve_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+                     block_size: int, dtype: torch.dtype, cuda_graphs: bool) -> int:
+    """What the KV-cache budget leaves free on a GPU: one eager step's activations and sampling, plus,
+    when CUDA graphs are captured, their buffers and pool (private: eager steps cannot reuse it). The plan
+    is the one engine.model_runner builds, at `max_model_len` (the cache may clamp it: fewer graphs)."""
+    step_tokens = max(max_num_batched_tokens, max_num_seqs)  # the scheduler's token budget
+    reserve = activation_reserve_bytes(config, step_tokens, max_num_seqs)
+    if not cuda_graphs:
+        return reserve
+    plan = GraphPlan(max_batch=max_num_seqs, max_model_len=max_model_len, max_tokens=step_tokens)
+    return reserve + graph_memory_bytes(config, plan, max_model_len=max_model_len, block_size=block_size,
+                                        dtype=dtype)

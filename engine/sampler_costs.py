@@ -1,0 +1,58 @@
+"""What the batched sampler costs a step, measured on CPU: its aten ops and its peak temporaries.
+
+Both predict the device: each aten op is a launch on a GPU (views aside), and the same ops allocate
+the same sizes there. The temporaries grow with rows x vocabulary, so they are measured on a small
+vocabulary and reported per sampled row's vocabulary entry, and at gpt-oss's 201,088 tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.api import SamplingParams
+from engine.device_sampler import sample_tokens
+from engine.op_trace import count_ops, peak_bytes
+
+GPT_OSS_VOCAB = 201_088
+MEASURE_VOCAB = 4096  # the vocabulary the proxies measure on (the bytes a logit do not depend on it)
+# Rows cycling through temperature + top-p (first: a batch of 1 takes the longest path), greedy,
+# temperature, top-k, and all three.
+MIXED = (SamplingParams(max_tokens=1, top_p=0.9), SamplingParams(max_tokens=1, temperature=0),
+         SamplingParams(max_tokens=1, temperature=0.7), SamplingParams(max_tokens=1, top_k=40),
+         SamplingParams(max_tokens=1, temperature=1.2, top_k=20, top_p=0.8))
+# Every row alike: submit's default (temperature 1, no filter), and the costliest filter (top-p: a full sort).
+UNIFORM = {"temperature 1": SamplingParams(max_tokens=1), "top-p 0.9": SamplingParams(max_tokens=1, top_p=0.9)}
+
+
+def _step(batch: int, vocab: int, rows: list[SamplingParams]) -> tuple[torch.Tensor, list[int]]:
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch))
+    seeds = list(range(batch))
+    sample_tokens(logits, rows, seeds, [0] * batch)  # the token salts are made once
+    return logits, seeds
+
+
+def ops_per_step(batches: tuple[int, ...], vocab: int = MEASURE_VOCAB) -> dict[int, int]:
+    """aten ops (kernel launches on a GPU, views included) of one sampling step at each batch size, rows
+    cycling through MIXED. The count depends on neither the batch nor the vocabulary."""
+    counts = {}
+    for batch in batches:
+        rows = [MIXED[i % len(MIXED)] for i in range(batch)]
+        logits, seeds = _step(batch, vocab, rows)
+        counts[batch] = count_ops(lambda: sample_tokens(logits, rows, seeds, [1] * batch))  # noqa: B023 (called here)
+    return counts
+
+
+def bytes_per_logit(rows: list[SamplingParams], vocab: int = MEASURE_VOCAB) -> float:
+    """Peak temporaries of one sampling step of `rows` over a `vocab`-wide vocabulary, in bytes a sampled
+    row's vocabulary entry (the [N, vocab] logits themselves are the input: not counted)."""
+    batch = len(rows)
+    logits, seeds = _step(batch, vocab, rows)
+    peak = peak_bytes(lambda: sample_tokens(logits, rows, seeds, [1] * batch))
+    return peak / (sum(not p.is_greedy for p in rows) * vocab)
+
+
+def temporaries(batch: int = 256, vocab: int = MEASURE_VOCAB) -> dict[str, float]:
+    """Bytes a sampled row's vocabulary entry at `batch` rows, for each of UNIFORM's row kinds and MIXED."""
+    figures = {name: bytes_per_logit([params] * batch, vocab) for name, params in UNIFORM.items()}
+    figures["mixed"] = bytes_per_logit([MIXED[i % len(MIXED)] for i in range(batch)], vocab)
+    return figures

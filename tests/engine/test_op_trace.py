@@ -1,0 +1,35 @@
+"""The op and memory tracers the sampler's proxies rest on: they must see what they claim to see."""
+
+import torch
+
+from engine.op_trace import count_ops, peak_bytes
+
+
+def test_count_ops_counts_every_aten_op_views_included():
+    x = torch.ones(8)
+    assert count_ops(lambda: (x + 1).view(2, 4).sum()) == 3
+
+
+def test_peak_bytes_counts_live_temporaries_not_inputs_views_or_in_place_results():
+    x = torch.ones(1000)  # 4,000 bytes, made outside: never counted
+
+    def two_at_once() -> torch.Tensor:
+        a = x * 2  # 4,000
+        b = a + 1  # 8,000 live
+        del a
+        b.mul_(3).view(10, 100)  # in place and a view: nothing new
+        return b + 1  # 8,000 live again: the peak stays 8,000
+
+    assert peak_bytes(two_at_once) == 8000
+    assert peak_bytes(lambda: x.double().float()) == 8000 + 4000  # the float64 copy is alive while cast down
+
+
+def test_peak_bytes_sees_a_freed_temporary_go():
+    x = torch.ones(1000)
+
+    def one_at_a_time() -> None:
+        for _ in range(5):
+            y = x * 2  # each replaces the last: 8,000 at most (the new one made before the old one goes)
+            del y
+
+    assert peak_bytes(one_at_a_time) == 4000
