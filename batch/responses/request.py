@@ -57,7 +57,8 @@ _SHAPES: dict[type, str] = {str: "str", list: "list", dict: "dict"}
 
 
 def _shape(value: Any) -> str | None:
-    return _SHAPES.get(type(value))
+    # On the way out (model_dump) the value of an object branch is the parsed model, not a dict.
+    return "dict" if isinstance(value, BaseModel) else _SHAPES.get(type(value))
 
 
 def _str_or(other: Any, message: str, shape: str = "list") -> Any:
