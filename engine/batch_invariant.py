@@ -38,18 +38,17 @@ def tiled_matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, keep_
     elementwise ops on the result see a size that is a multiple of ROW_TILE too.
     """
     num_rows, num_in = x.shape
-    num_out = weight.shape[1]
-    pad = -num_rows % ROW_TILE
-    if pad or num_rows == 0:
-        x = torch.cat([x, x.new_zeros(pad or ROW_TILE, num_in)])
-    tiles = x.view(-1, ROW_TILE, num_in)
-    n = tiles.shape[0]
-    w = weight.expand(n, num_in, num_out)
-    if bias is None:
-        y = torch.bmm(tiles, w)
-    else:
-        y = torch.baddbmm(bias.expand(n, ROW_TILE, num_out), tiles, w)
-    y = y.view(-1, num_out)
+    pad = -num_rows % ROW_TILE or (ROW_TILE if num_rows == 0 else 0)
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, num_in)])
+    y = x.new_empty(x.shape[0], weight.shape[1])
+    # One call per tile: a batched call would copy an expanded weight (the lm_head's is 25M entries).
+    for start in range(0, x.shape[0], ROW_TILE):
+        rows = slice(start, start + ROW_TILE)
+        if bias is None:
+            torch.mm(x[rows], weight, out=y[rows])
+        else:
+            torch.addmm(bias, x[rows], weight, out=y[rows])
     return y if keep_padding else y[:num_rows]
 
 
@@ -59,42 +58,53 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return tiled_matmul(rows, weight.t(), bias).view(*x.shape[:-1], weight.shape[0])
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor, scale: float) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor, scale: float, *,
+           key_tile: int) -> Tensor:
     """engine.attention.attend's contract, batch-invariant per query row (all math in fp32).
 
-    q: [N, kvh, g, R, d]; k, v: [N, L, kvh, d]; mask: [N, L, R] bool; sinks: [kvh, g] fp32.
-    Returns [N, kvh, g, R, d] in q's dtype. Rows are processed in chunks that bound the products'
-    memory; a row's result does not depend on the chunk.
+    q: [N, kvh, g, R, d]; k, v: [N, L, kvh, d] whose key 0 sits at an absolute position that is a multiple
+    of key_tile, L a multiple of key_tile (whole cache blocks); mask: [N, L, R] bool; sinks: [kvh, g] fp32.
+    Returns [N, kvh, g, R, d] in q's dtype. Rows are processed in chunks that bound the products' memory;
+    a row's result depends neither on the chunk nor on the other rows.
+
+    Each key tile (the same keys wherever the row is computed: tiles are absolute) is summed as a
+    fixed-length innermost reduction; the tiles' partial sums are then added in position order by
+    `cumsum` (sequential), the sink's term first. A tile with nothing attended adds exactly 0.
     """
     n, kvh, g, r, d = q.shape
-    length = k.shape[1]
-    padded = -(-(length + 1) // KEY_PAD) * KEY_PAD  # the sink in front, then the keys, then -inf
+    tiles = k.shape[1] // key_tile
+    # A tile in front for the sink, then the keys, then -inf tiles up to a multiple of KEY_PAD keys.
+    padded = -(-(tiles + 1) * key_tile // KEY_PAD) * KEY_PAD // key_tile
     out = torch.empty(n, kvh, g, r, d, dtype=q.dtype, device=q.device)
-    per_row = padded * kvh * g * d
+    per_row = padded * key_tile * kvh * g * d
     if n > 1:  # rows of different sequences: chunk over sequences
         step = max(1, MAX_PRODUCT // (per_row * r))
         for s in range(0, n, step):
             out[s:s + step] = _attend_rows(q[s:s + step], k[s:s + step], v[s:s + step], mask[s:s + step],
-                                           sinks, scale, padded)
+                                           sinks, scale, key_tile, padded)
         return out
     step = max(1, MAX_PRODUCT // per_row)  # one sequence's rows share its keys: chunk over rows
     for s in range(0, r, step):
         out[..., s:s + step, :] = _attend_rows(q[..., s:s + step, :], k, v, mask[..., s:s + step], sinks,
-                                               scale, padded)
+                                               scale, key_tile, padded)
     return out
 
 
 def _attend_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor, scale: float,
-                 padded: int) -> Tensor:
+                 key_tile: int, padded: int) -> Tensor:
     n, kvh, g, r, d = q.shape
     length = k.shape[1]
-    qf = q.float()[:, None]  # [N, 1, kvh, g, R, d]
-    kf = k.float()[:, :, :, None, None, :]  # [N, L, kvh, 1, 1, d]
-    scores = torch.full((n, padded, kvh, g, r), float("-inf"), dtype=torch.float32, device=q.device)
-    scores[:, 0] = sinks.view(1, kvh, g, 1)  # the sink: a key with a logit and no value, first in order
-    keys = (kf * qf).sum(-1).mul_(scale)  # [N, L, kvh, g, R]: a length-d sum per score
-    scores[:, 1:length + 1] = keys.masked_fill_(~mask[:, :, None, None, :], float("-inf"))
-    probs = scores.sub_(scores.amax(1, keepdim=True)).exp_()  # size a multiple of KEY_PAD: no scalar tail
-    denom = probs.cumsum(1)[:, -1]  # [N, kvh, g, R], sequential in key order
-    weighted = probs[:, 1:length + 1, ..., None] * v.float()[:, :, :, None, None, :]  # [N, L, kvh, g, R, d]
-    return (weighted.cumsum(1)[:, -1] / denom[..., None]).to(q.dtype)
+    qf = q.float()[:, :, :, :, None, :]  # [N, kvh, g, R, 1, d]
+    kf = k.float().permute(0, 2, 1, 3)[:, :, None, None]  # [N, kvh, 1, 1, L, d]
+    scores = torch.full((n, kvh, g, r, padded * key_tile), float("-inf"), dtype=torch.float32, device=q.device)
+    scores[..., 0] = sinks.view(1, kvh, g, 1)  # the sink: a key with a logit and no value, first in order
+    keys = (kf * qf).sum(-1).mul_(scale)  # [N, kvh, g, R, L]: a length-d sum per score
+    keys.masked_fill_(~mask.permute(0, 2, 1)[:, None, None], float("-inf"))
+    scores[..., key_tile:key_tile + length] = keys
+    probs = scores.sub_(scores.amax(-1, keepdim=True)).exp_()  # size a multiple of KEY_PAD: no scalar tail
+    probs = probs.view(n, kvh, g, r, padded, key_tile)
+    denom = probs.sum(-1).cumsum(-1)[..., -1]  # [N, kvh, g, R]: tiles in position order, the sink's first
+    vt = v.float().permute(0, 2, 3, 1).reshape(n, kvh, 1, 1, d, length // key_tile, key_tile)
+    weighted = probs[:, :, :, :, None, 1:1 + length // key_tile] * vt  # [N, kvh, g, R, d, tiles, key_tile]
+    o = weighted.sum(-1).cumsum(-1)[..., -1]  # [N, kvh, g, R, d]
+    return (o / denom[..., None]).to(q.dtype)

@@ -58,6 +58,9 @@ SUBMIT_OPTIONS = [
     click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
                  show_default=True, help="On CUDA, the fraction of GPU memory the engine may use; the KV cache "
                                          "gets what the model and activations leave of it."),
+    click.option("--deterministic/--no-deterministic", default=False, show_default=True,
+                 help="Batch-invariant decoding: a request's tokens depend on the request and its seed only, "
+                      "not on what else shares its batches or how the run is split (slower; README)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Sequences the engine decodes in one step."),
     click.option("--retry-failed", metavar="RUN_ID",
@@ -243,7 +246,8 @@ def _backend_options(values: dict) -> dict:
     options = {"seed": values["seed"], "device": values["device"]}
     if values["backend"] == "engine":
         options.update(kv_cache_gb=values["kv_cache_gb"], max_num_seqs=values["max_num_seqs"],
-                       kernels=values["kernels"], gpu_memory_utilization=values["gpu_memory_utilization"])
+                       kernels=values["kernels"], gpu_memory_utilization=values["gpu_memory_utilization"],
+                       deterministic=values["deterministic"])
     return options
 
 

@@ -22,6 +22,7 @@ from tests.support.logits_capture import Request, decode_capturing
 
 BLOCK_SIZE = 16
 WINDOW = 24  # sliding layers: prompts run well past the window
+SHARED_PREFIX = 2 * BLOCK_SIZE + 3
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +33,14 @@ def model_dir(tmp_path_factory):
                                   pad_token_id=1022, bos_token_id=1021)
 
 
-def make_requests(rng: random.Random, num: int, max_tokens: int, max_prompt: int) -> list[Request]:
-    """Mixed lengths; every other request starts with a shared prefix (prefix-cache hits), sampled at T=1."""
-    shared = [rng.randrange(1, 1000) for _ in range(2 * BLOCK_SIZE + 3)]
+def make_requests(rng: random.Random, num: int, max_tokens: int, max_prompt: int,
+                  lengths: list[int] | None = None) -> list[Request]:
+    """Mixed lengths (random, or `lengths`); every other request starts with a shared prefix of
+    SHARED_PREFIX tokens (prefix-cache hits); sampled at T=1."""
+    shared = [rng.randrange(1, 1000) for _ in range(SHARED_PREFIX)]
     requests = []
     for i in range(num):
-        length = rng.randrange(1, max_prompt)
+        length = lengths[i] if lengths else rng.randrange(1, max_prompt)
         prompt = [rng.randrange(1, 1000) for _ in range(length)]
         if i % 2:
             prompt = shared + prompt
@@ -110,12 +113,19 @@ def test_without_deterministic_batches_change_the_logits(model_dir):
 def test_triton_kernels_logits_are_bitwise_identical_alone_and_batched(model_dir):
     """The Triton kernels (interpreted on CPU): every row through one attention kernel, fixed MoE tiles."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rng = random.Random(2)
-    requests = make_requests(rng, num=4, max_tokens=3, max_prompt=40)
+    # Prompts that end on a block boundary (16, 35 + 13 = 48): the first new token of each needs a block.
+    requests = make_requests(random.Random(2), num=4, max_tokens=3, max_prompt=16, lengths=[16, 13, 16, 13])
     reference = alone(model_dir, requests, kernels="triton", device=device)
-    for trial, (budget, blocks) in enumerate([(7, 256), (4096, 10)]):
+    # Chunks of 13 tokens, r3 arriving after r1 has cached their shared prefix; then every prompt at once
+    # in 8 blocks, which the prompts fill (preemption at the first decode step).
+    trials = [(13, 256, [0, 0, 2, 8]), (4096, 8, [0, 0, 0, 0])]
+    hits = preempted = 0
+    for budget, blocks, arrivals in trials:
         llm = engine(model_dir, deterministic=True, kernels="triton", device=device,
                      max_num_batched_tokens=budget, blocks=blocks)
-        staggered = [Request(r.request_id, r.prompt, r.sampling, i % 2) for i, r in enumerate(requests)]
+        staggered = [Request(r.request_id, r.prompt, r.sampling, step) for r, step in zip(requests, arrivals)]
         _, captured = decode_capturing(llm, staggered)
-        assert_same_logits(reference, captured, f"triton composition {trial}")
+        assert_same_logits(reference, captured, f"triton, budget {budget}, {blocks} blocks")
+        hits += llm.block_manager.hit_rate > 0
+        preempted += llm.scheduler.num_preemptions
+    assert hits and preempted
