@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

@@ -324,9 +324,7 @@ class GptOssModel(nn.Module):
     def set_batch_invariant(self, on: bool) -> None:
         """Compute every row the same way in any batch, chunk or decode step (EngineConfig.deterministic)."""
         for module in self.modules():
-            if isinstance(module, Linear):
-                module.batch_invariant = on
-            elif isinstance(module, (GptOssAttention, GptOssRouter, GptOssExperts)):
+            if isinstance(module, (Linear, GptOssAttention, GptOssRouter, GptOssExperts)):
                 module.batch_invariant = on
 
     def forward(self, input_ids: Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]) -> Tensor:
