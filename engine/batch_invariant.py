@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-ROW_TILE = 16  # rows per GEMM tile (the smallest M of the kernel class that serves every larger M)
+ROW_TILE = 16  # rows per GEMM call: every call has this M, so BLAS picks one kernel for every row
 KEY_PAD = 64  # the key axis is padded to a multiple of this: no exp tail whatever the vector width
 MAX_PRODUCT = 1 << 24  # elements of the [rows, keys, heads, head_dim] products of one attention call
 
