@@ -18,7 +18,7 @@ from tests.support.mcp_servers import echo_http
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED_MODEL = REPO / "data" / "models" / "batchrun-tiny"
-SAMPLED = ["--temperature", "1", "--seed", "0", "--deterministic", "--max-output-tokens", "32",
+SAMPLED = ["--temperature", "1", "--seed", "0", "--deterministic", "--max-output-tokens", "32", "--kv-cache-gb", "0.05",
            "--conversation-date", "2026-01-01", "--tool-timeout", "60", "--quiet"]
 
 pytestmark = pytest.mark.skipif(not (SHIPPED_MODEL / "config.json").exists(),
