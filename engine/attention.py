@@ -22,13 +22,18 @@ once per step and reused by every layer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from engine.batch_invariant import attend as batch_invariant_attend
+
 # Bounds on the transient tensors of one attention call, in elements.
 MAX_DECODE_KEYS = 1 << 17  # gathered key rows per decode batch (B * keys)
 MAX_SCORES = 1 << 23  # fp32 scores per prefill tile (heads * queries * keys)
+ALIGNED_QUERY_TILE = 32  # queries per prefill tile of the batch-invariant path
 
 
 @dataclass
@@ -109,22 +114,24 @@ def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mappin
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
-                    sinks: Tensor, sliding_window: int | None, scale: float) -> Tensor:
+                    sinks: Tensor, sliding_window: int | None, scale: float, batch_invariant: bool = False) -> Tensor:
     """Causal attention of each new token over its own sequence's cached keys.
 
     q: [T, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
     (this step's K/V already written); sinks: [num_heads], a learned logit per head that joins
     the softmax denominator; sliding_window: keys at positions > q_pos - window only (None: all).
-    Returns [T, num_heads, head_dim].
+    Returns [T, num_heads, head_dim]. batch_invariant: each row's result is the same bits in any batch,
+    chunk or decode step (engine.batch_invariant.attend; slower).
     """
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    attend_fn = partial(batch_invariant_attend, key_tile=meta.block_size) if batch_invariant else attend
     sinks = sinks.float().view(num_kv_heads, num_heads // num_kv_heads)  # [kvh, g]
     plan = meta.plan(sliding_window)
     out = torch.empty_like(q)
     for batch in plan.decode:
-        out[batch.token_idx] = _decode(q[batch.token_idx], k_cache, v_cache, batch, sinks, scale)
+        out[batch.token_idx] = _decode(q[batch.token_idx], k_cache, v_cache, batch, sinks, scale, attend_fn)
     for seq in plan.prefill:
-        _prefill(q, k_cache, v_cache, seq, sliding_window, sinks, scale, out)
+        _prefill(q, k_cache, v_cache, seq, sliding_window, sinks, scale, out, attend_fn, aligned=batch_invariant)
     return out
 
 
@@ -155,6 +162,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor, scale: 
     return out.view(kvh, n, g, r, d).transpose(0, 1)
 
 
+AttendFn = Callable[..., Tensor]  # attend's signature
+
+
 # -- the CPU (torch ops) implementation ----------------------------------------
 def _gather(cache: Tensor, block_ids: Tensor) -> Tensor:
     """cache: [num_blocks, bs, kvh, d]; block_ids: [..., nb] -> keys [..., nb * bs, kvh, d] in block order."""
@@ -163,18 +173,18 @@ def _gather(cache: Tensor, block_ids: Tensor) -> Tensor:
 
 
 def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: DecodeBatch, sinks: Tensor,
-            scale: float) -> Tensor:
+            scale: float, attend_fn: AttendFn) -> Tensor:
     """q: [B, H, d] -> [B, H, d]."""
     num_seqs, num_heads, head_dim = q.shape
     kvh, g = sinks.shape
     k = _gather(k_cache, batch.block_ids)  # [B, L, kvh, d]
     v = _gather(v_cache, batch.block_ids)
-    out = attend(q.view(num_seqs, kvh, g, 1, head_dim), k, v, batch.mask[:, :, None], sinks, scale)
+    out = attend_fn(q.view(num_seqs, kvh, g, 1, head_dim), k, v, batch.mask[:, :, None], sinks, scale)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
 def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq: PrefillSeq, window: int | None,
-             sinks: Tensor, scale: float, out: Tensor) -> None:
+             sinks: Tensor, scale: float, out: Tensor, attend_fn: AttendFn, aligned: bool = False) -> None:
     """Attend seq's queries (rows of q) to its keys, query tile by tile; writes rows of out."""
     kvh, g = sinks.shape
     head_dim = q.shape[-1]
@@ -184,18 +194,24 @@ def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq: PrefillSeq, windo
     last_pos = seq.first_pos + num_queries - 1
     span = min(window, last_pos + 1) if window else last_pos + 1  # most keys one query sees
     tile = max(1, MAX_SCORES // (kvh * g * (span + num_queries)))
+    block_size = k.shape[0] // seq.block_ids.numel()
+    if aligned:  # short query tiles: each reads keys up to its own last query (the products cost per key)
+        tile = min(tile, ALIGNED_QUERY_TILE)
     for r0 in range(0, num_queries, tile):
         r1 = min(r0 + tile, num_queries)
         q_pos = torch.arange(seq.first_pos + r0, seq.first_pos + r1, device=q.device)
         lo = max(0, seq.first_pos + r0 - window + 1) if window else 0
-        k_pos = torch.arange(lo, seq.first_pos + r1, device=q.device)
+        hi = seq.first_pos + r1
+        if aligned:  # whole cache blocks: the batch-invariant attend sums keys by absolute tile
+            lo, hi = lo // block_size * block_size, -(-hi // block_size) * block_size
+        k_pos = torch.arange(lo, hi, device=q.device)
         mask = k_pos[:, None] <= q_pos[None, :]  # [L, R]
         if window:
             mask &= k_pos[:, None] > q_pos[None, :] - window
-        keys = slice(lo - seq.first_block_pos, seq.first_pos + r1 - seq.first_block_pos)
+        keys = slice(lo - seq.first_block_pos, hi - seq.first_block_pos)
         rows = slice(seq.q_start + r0, seq.q_start + r1)
         q_tile = q[rows].view(r1 - r0, kvh, g, head_dim).permute(1, 2, 0, 3)  # [kvh, g, R, d]
-        o = attend(q_tile[None], k[None, keys], v[None, keys], mask[None], sinks, scale)  # [1, kvh, g, R, d]
+        o = attend_fn(q_tile[None], k[None, keys], v[None, keys], mask[None], sinks, scale)  # [1, kvh, g, R, d]
         out[rows] = o[0].permute(2, 0, 1, 3).reshape(r1 - r0, -1, head_dim)
 
 

@@ -32,9 +32,11 @@ def run_system(system: str, model_dir: str | Path, workload: Workload, *, batch_
     from engine.device import resolve_device
     from engine.factory import load_backend
 
-    if system == "engine":
-        backend = cast("LLMEngine", load_backend("engine", model_dir, **engine_options))
-        result = run_backend("engine", backend, workload)
+    if system in ("engine", "engine_deterministic"):
+        # engine_deterministic: the same engine with batch-invariant numerics, for their cost in one run
+        options = {**engine_options, "deterministic": True} if system == "engine_deterministic" else engine_options
+        backend = cast("LLMEngine", load_backend("engine", model_dir, **options))
+        result = run_backend(system, backend, workload)
         return result, backend.stats()
     device = resolve_device(engine_options.get("device", "cpu"))
     if system == "reference":
@@ -45,7 +47,8 @@ def run_system(system: str, model_dir: str | Path, workload: Workload, *, batch_
         return run_generate(load_hf_model(model_dir, device=device), workload, batch_size), {}
     if system == "hf_generate_batch":
         return run_generate_batch(load_hf_model(model_dir, "paged|eager", device=device), workload), {}
-    raise ValueError(f"unknown system {system!r}; known: engine, reference, hf_generate, hf_generate_batch")
+    raise ValueError(f"unknown system {system!r}; known: engine, engine_deterministic, reference, hf_generate, "
+                     "hf_generate_batch")
 
 
 def _ms(seconds: float | None) -> str:

@@ -15,6 +15,8 @@ little else, so bytes read per step / HBM bandwidth bounds its time from below.
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import time
 from collections.abc import Iterator
@@ -155,10 +157,12 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
         raise ValueError("--preset 20b is built on the GPU: pass --device cuda")
     _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
-        if system == "engine":
+        if system in ("engine", "engine_deterministic"):
+            if system == "engine_deterministic":  # batch-invariant numerics, for their cost in the same run
+                engine_config = dataclasses.replace(engine_config, deterministic=True)
             engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels,
                                                                  moe_weights=engine_config.moe_weights))
-            result = run_backend("engine", engine, workload)
+            result = run_backend(system, engine, workload)
             stats = engine.stats()  # the workload's, before the batch-1 run adds its steps
             prompt_len, num_tokens = DRY_RUN_BATCH1 if dry_run else (BATCH1_PROMPT, BATCH1_TOKENS)
             batch1 = batch1_decode(engine, hbm_bytes_per_s(device) if on_gpu else None, prompt_len, num_tokens)
@@ -168,7 +172,8 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
                 return run_generate(build_hf_model(config, device, dtype), workload, batch_size), {}
             model = build_hf_model(config, device, dtype, attn_implementation="paged|eager")
             return run_generate_batch(model, workload, kv_cache_gb=8.0 if on_gpu else 0.05), {}
-        raise ValueError(f"--preset 20b runs engine, hf_generate and hf_generate_batch, not {system!r}")
+        raise ValueError(f"--preset 20b runs engine, engine_deterministic, hf_generate and hf_generate_batch, "
+                         f"not {system!r}")
     finally:
         _release_gpu_memory()
 

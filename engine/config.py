@@ -169,6 +169,10 @@ class EngineConfig:
     # decoded inside the MoE kernel); "dense" dequantises them on load into the model's dtype (gpt-oss-20b:
     # ~41 GB in bf16) for the dense-weight MoE kernel; "auto" keeps mxfp4 (no GPU has measured which is faster).
     moe_weights: str = "auto"
+    # Batch-invariant numerics (engine.batch_invariant): a request's logits are the same bits whatever else
+    # shares its steps, however its prompt is chunked, with or without prefix-cache hits or preemption.
+    # Off by default: on the CPU torch path it costs throughput (README: the measured cost).
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)

@@ -182,4 +182,4 @@ class LLMEngine:
                 "cuda_graphs": self.runner.graphs is not None, "async_scheduling": self.async_scheduling,
                 "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
                 "max_model_len": self.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
-                "seed": c.seed, "torch_version": torch.__version__}
+                "seed": c.seed, "deterministic": c.deterministic, "torch_version": torch.__version__}

@@ -14,12 +14,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine import batch_invariant as invariant
 from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
 from engine.mxfp4 import MXFP4_BLOCK
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+
+
+class Linear(nn.Linear):
+    """nn.Linear that multiplies in fixed row tiles when `batch_invariant` (engine.batch_invariant)."""
+
+    batch_invariant = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.batch_invariant:
+            return invariant.linear(x, self.weight, self.bias)
+        return super().forward(x)
 
 
 class RMSNorm(nn.Module):
@@ -95,13 +107,14 @@ class GptOssAttention(nn.Module):
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
-        self.q_proj = nn.Linear(h, self.num_heads * d)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d)
-        self.o_proj = nn.Linear(self.num_heads * d, h)
+        self.q_proj = Linear(h, self.num_heads * d)
+        self.k_proj = Linear(h, self.num_kv_heads * d)
+        self.v_proj = Linear(h, self.num_kv_heads * d)
+        self.o_proj = Linear(self.num_heads * d, h)
         self.sinks = nn.Parameter(torch.empty(self.num_heads))
         self.sliding_window = config.window(layer_idx)
         self.scale = d**-0.5
+        self.batch_invariant = False  # GptOssModel.set_batch_invariant
         self.paged_attention = paged_attention
         if kernels == "triton":
             from engine.kernels.attention import triton_paged_attention  # triton is an optional extra
@@ -126,7 +139,8 @@ class GptOssAttention(nn.Module):
     def attend(self, q: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         """q: [T, heads, head_dim] -> [T, heads * head_dim] over the paged cache (depends on the step's shape)."""
         o = self.paged_attention(q, kv_cache[0], kv_cache[1], meta, sinks=self.sinks,
-                                 sliding_window=self.sliding_window, scale=self.scale)  # [T, heads, head_dim]
+                                 sliding_window=self.sliding_window, scale=self.scale,
+                                 batch_invariant=self.batch_invariant)  # [T, heads, head_dim]
         return o.reshape(q.shape[0], -1)
 
 
@@ -136,10 +150,13 @@ class GptOssRouter(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
         self.bias = nn.Parameter(torch.empty(config.num_local_experts))
+        self.batch_invariant = False
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x: [T, hidden] -> expert ids [T, top_k], their weights [T, top_k] (softmax over the top k)."""
-        top_logits, expert_ids = torch.topk(F.linear(x, self.weight, self.bias), self.top_k, dim=-1)
+        logits = invariant.linear(x, self.weight, self.bias) if self.batch_invariant \
+            else F.linear(x, self.weight, self.bias)
+        top_logits, expert_ids = torch.topk(logits, self.top_k, dim=-1)
         return expert_ids, torch.softmax(top_logits, dim=-1)
 
 
@@ -164,6 +181,7 @@ class GptOssExperts(nn.Module):
         self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
         self.down_proj_bias = nn.Parameter(torch.empty(e, h))
         self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+        self.batch_invariant = False  # fixed tiles: a pair's result does not depend on its expert's other rows
         self.triton_moe: ModuleType | None = None
         if kernels == "triton":
             from engine.kernels import moe  # triton is an optional extra: imported only when asked for
@@ -176,12 +194,17 @@ class GptOssExperts(nn.Module):
         if moe is not None:
             return moe.moe_experts(x, expert_ids, weights, *self._weight_and_scales("gate_up_proj"),
                                    self.gate_up_proj_bias, *self._weight_and_scales("down_proj"), self.down_proj_bias,
-                                   self.alpha, self.limit)
+                                   self.alpha, self.limit, moe.INVARIANT_BLOCK_M if self.batch_invariant else 0)
         top_k = expert_ids.shape[1]
         flat_ids = expert_ids.reshape(-1)  # [T * top_k]
         sorted_ids, order = torch.sort(flat_ids, stable=True)
         token_idx = order // top_k  # the token of each (token, expert) pair, grouped by expert
         x_sorted = x[token_idx]
+        if self.batch_invariant:
+            # Each pair's row in fixed tiles; the top_k results of a token summed in slot order.
+            y = self._per_expert(x_sorted, flat_ids, tiled=True) * weights.reshape(-1)[order, None]
+            per_pair = torch.empty_like(y).index_copy_(0, order, y)
+            return per_pair.view(-1, top_k, x.shape[1]).float().cumsum(1)[:, -1].to(x.dtype)
         if self._can_group(x):
             # One grouped matmul per projection: the expert boundaries stay on the device (no host sync).
             ends = torch.searchsorted(sorted_ids, torch.arange(1, self.gate_up_proj.shape[0] + 1, device=x.device))
@@ -200,16 +223,24 @@ class GptOssExperts(nn.Module):
         return x.device.type == "cpu" and hasattr(torch, "_grouped_mm") \
             and all(w * x.element_size() % 16 == 0 for w in widths)
 
-    def _per_expert(self, x_sorted: Tensor, flat_ids: Tensor) -> Tensor:
-        """One matmul pair per hit expert; reads the expert counts back to the host."""
+    def _per_expert(self, x_sorted: Tensor, flat_ids: Tensor, tiled: bool = False) -> Tensor:
+        """One matmul pair per hit expert; reads the expert counts back to the host.
+
+        tiled: each in fixed row tiles (engine.batch_invariant), the SwiGLU over the padded tiles too.
+        """
         counts = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
         y = torch.empty_like(x_sorted)
         start = 0
         for expert, count in enumerate(counts):
             if count:
                 rows = slice(start, start + count)
-                gate_up = x_sorted[rows] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
-                y[rows] = self._swiglu(gate_up) @ self.down_proj[expert] + self.down_proj_bias[expert]
+                w1, b1 = self.gate_up_proj[expert], self.gate_up_proj_bias[expert]
+                w2, b2 = self.down_proj[expert], self.down_proj_bias[expert]
+                if tiled:
+                    act = self._swiglu(invariant.tiled_matmul(x_sorted[rows], w1, b1, keep_padding=True))
+                    y[rows] = invariant.tiled_matmul(act, w2, b2)[:count]
+                else:
+                    y[rows] = self._swiglu(x_sorted[rows] @ w1 + b1) @ w2 + b2
                 start += count
         return y
 
@@ -288,7 +319,13 @@ class GptOssModel(nn.Module):
         super().__init__()
         self.config = config
         self.model = GptOssDecoder(config, kernels)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """Compute every row the same way in any batch, chunk or decode step (EngineConfig.deterministic)."""
+        for module in self.modules():
+            if isinstance(module, (Linear, GptOssAttention, GptOssRouter, GptOssExperts)):
+                module.batch_invariant = on
 
     def forward(self, input_ids: Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]) -> Tensor:
         """input_ids: [T] (the step's new tokens, sequences contiguous) -> final-norm hidden [T, hidden]."""

@@ -49,6 +49,7 @@ class ModelRunner:
     def __init__(self, model: GptOssModel, model_config: ModelConfig, config: EngineConfig,
                  num_blocks: int, dtype: torch.dtype, max_model_len: int | None = None):
         self.model, self.model_config = model, model_config
+        model.set_batch_invariant(config.deterministic)  # before any graph captures the forward
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         max_model_len = max_model_len or model_config.max_position_embeddings

@@ -23,7 +23,7 @@ from batch.store.rows import BenchRow
 from batch.cli.submit import set_threads
 
 PRESETS = ("tiny", "medium", "20b")
-SYSTEMS = ("engine", "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
+SYSTEMS = ("engine", "engine_deterministic", "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
 _OWN_RUN = ("host", "constrained")  # systems that run their own workload, not --workloads
 
 

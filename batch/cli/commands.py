@@ -133,7 +133,8 @@ def make_random_model(directory: Path, seed: int) -> None:
                    "built on the GPU; needs --device cuda).")
 @click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
 @click.option("--systems", default="engine,hf_generate", show_default=True,
-              help="Comma list of engine, hf_generate, hf_generate_batch, reference, host (the host "
+              help="Comma list of engine, engine_deterministic (the engine with batch-invariant numerics), "
+                   "hf_generate, hf_generate_batch, reference, host (the host "
                    "path alone: reader, sessions, harmony, events, DuckDB, over an instant backend), and "
                    "constrained (the engine's step with and without JSON-schema token masks, "
                    "--num-requests at once).")
@@ -151,6 +152,8 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
               help="The engine's MXFP4 experts with --kernels triton: mxfp4 (packed), dense (dequantised on "
                    "load), auto (mxfp4). Run the engine twice to measure which is faster.")
+@click.option("--deterministic/--no-deterministic", default=False, show_default=True,
+              help="The engine system decodes batch-invariantly (the engine_deterministic system always does).")
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Requests of the host system's seeded mix (~280 output tokens each).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -159,7 +162,7 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
     `host` measures the host path alone."""
     engine_options = {name: kw[name] for name in ("kv_cache_gb", "max_num_seqs", "device", "kernels",
-                                                  "gpu_memory_utilization", "moe_weights")}
+                                                  "gpu_memory_utilization", "moe_weights", "deterministic")}
     plan = BenchPlan(model_dir, preset, workloads.split(","), systems.split(","), kw["num_requests"],
                      kw["batch_size"], kw["seed"], kw["host_requests"], engine_options)
     bench_id = run_bench(plan, db)

@@ -63,6 +63,9 @@ SUBMIT_OPTIONS = [
     click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
                  help="How the engine holds an MXFP4 checkpoint's experts with --kernels triton: mxfp4 (packed, "
                       "decoded in the MoE kernel), dense (dequantised on load: 20b ~41 GB in bf16), auto (mxfp4)."),
+    click.option("--deterministic/--no-deterministic", default=False, show_default=True,
+                 help="Batch-invariant decoding: a request's tokens depend on the request and its seed only, "
+                      "not on what else shares its batches or how the run is split (slower; README)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Sequences the engine decodes in one step."),
     click.option("--retry-failed", metavar="RUN_ID",
@@ -123,6 +126,7 @@ class SubmitOptions:
     kernels: str
     gpu_memory_utilization: float
     moe_weights: str
+    deterministic: bool
     max_num_seqs: int
     retry_failed: str | None
     limit: int | None
@@ -285,9 +289,11 @@ def _backend_options(submit: SubmitOptions) -> dict:
     if submit.backend == "engine":
         options.update(kv_cache_gb=submit.kv_cache_gb, max_num_seqs=submit.max_num_seqs,
                        kernels=submit.kernels, gpu_memory_utilization=submit.gpu_memory_utilization,
-                       moe_weights=submit.moe_weights)
+                       moe_weights=submit.moe_weights, deterministic=submit.deterministic)
     elif submit.moe_weights != "auto":
         fail(f"--moe-weights {submit.moe_weights} applies to --backend engine only")
+    elif submit.deterministic:
+        fail("--deterministic applies to --backend engine only")
     return options
 
 

@@ -217,8 +217,10 @@ def _prefill_kernel(
         stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
         stride_vh, stride_bt, block_size, window, scale,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (flat query tile, KV head): BLOCK_M queries x the group's heads of a prefill sequence."""
+        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr,
+        MIN_Q_LEN: tl.constexpr):
+    """Program (flat query tile, KV head): BLOCK_M queries x the group's heads of a sequence with at least
+    MIN_Q_LEN new tokens (2: prefill sequences; 1: every sequence, the batch-invariant mode)."""
     seq, tile = _tile_sequence(query_start_loc, num_seqs, tl.program_id(0), BLOCK_M)
     kv_head = tl.program_id(1)
     q_start = tl.load(query_start_loc + seq)
@@ -229,7 +231,7 @@ def _prefill_kernel(
     rows = tl.arange(0, BLOCK_M * GROUP_PAD)
     qi = tile * BLOCK_M + rows // GROUP_PAD  # query index within the sequence
     hi = rows % GROUP_PAD  # head within the group
-    row_ok = (qi < tl.where(q_len > 1, q_len, 0)) & (hi < GROUP)
+    row_ok = (qi < tl.where(q_len >= MIN_Q_LEN, q_len, 0)) & (hi < GROUP)
     head = kv_head * GROUP + hi
     q_pos = first_pos + qi
     d = tl.arange(0, BLOCK_D)
@@ -248,8 +250,11 @@ def _prefill_kernel(
     key_hi = tl.minimum(tile_first + BLOCK_M, seq_len)
     key_lo = 0
     if SLIDING:
-        key_lo = tl.maximum(tile_first - window + 1, 0)
-    key_hi = tl.where((q_len > 1) & (tile * BLOCK_M < q_len), key_hi, key_lo)  # not ours, or past the end
+        # Key tiles start at multiples of BLOCK_N (absolute positions): a query meets the same tiles, in the
+        # same order, whatever its tile's first query (chunk boundaries, decode or prefill); the keys before
+        # its window are masked, and a tile with nothing seen leaves the running sums exactly as they were.
+        key_lo = tl.maximum(tile_first - window + 1, 0) // BLOCK_N * BLOCK_N
+    key_hi = tl.where((q_len >= MIN_Q_LEN) & (tile * BLOCK_M < q_len), key_hi, key_lo)  # not ours, or past the end
     m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
                                  stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST)
@@ -259,8 +264,14 @@ def _prefill_kernel(
 
 
 def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
-                           sinks: Tensor, sliding_window: int | None, scale: float) -> Tensor:
-    """`engine.attention.paged_attention` in Triton: same arguments, same result (see there)."""
+                           sinks: Tensor, sliding_window: int | None, scale: float,
+                           batch_invariant: bool = False) -> Tensor:
+    """`engine.attention.paged_attention` in Triton: same arguments, same result (see there).
+
+    batch_invariant: every row, decode ones too, goes through the prefill kernel: one online softmax over
+    the same absolute key tiles for a query wherever it is computed (no split-K, whose partition count
+    follows the step's longest sequence, and no decode kernel, whose tile shape differs from prefill's).
+    """
     if q.device.type == "cpu" and not INTERPRETED:
         raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before "
                            "engine.kernels.attention is imported")
@@ -281,6 +292,10 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
                   stride_vb=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
                   stride_bt=meta.block_tables.stride(0), block_size=meta.block_size, window=window, scale=scale)
 
+    if batch_invariant:
+        _launch_prefill(q, out, k_cache, v_cache, meta, sinks, num_seqs, group, block_d, sliding, common,
+                        min_q_len=1)
+        return out
     # Decode rows: split-K over partitions, then a reduce (one partition: neither). Sliding layers read at
     # most `window` keys.
     span = min(max_seq_len, window) if sliding else max_seq_len
@@ -304,14 +319,23 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
             num_parts, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_parts))
 
     if max_query_len > 1:  # prefill rows
-        group_pad = triton.next_power_of_2(group)
-        block_m = max(1, PREFILL_ROWS // group_pad, triton.cdiv(MIN_DOT, group_pad))
-        _prefill_kernel[(num_tokens // block_m + num_seqs, num_kv_heads)](
-            q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks, num_seqs,
-            stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            BLOCK_N=PREFILL_BLOCK_N, SLIDING=sliding, UPCAST=UPCAST_DOT_OPERANDS, **common)
+        _launch_prefill(q, out, k_cache, v_cache, meta, sinks, num_seqs, group, block_d, sliding, common,
+                        min_q_len=2)
     return out
+
+
+def _launch_prefill(q: Tensor, out: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
+                    sinks: Tensor, num_seqs: int, group: int, block_d: int, sliding: bool, common: dict, *,
+                    min_q_len: int) -> None:
+    """The prefill kernel over the sequences with at least `min_q_len` new tokens."""
+    num_tokens, _, head_dim = q.shape
+    group_pad = triton.next_power_of_2(group)
+    block_m = max(1, PREFILL_ROWS // group_pad, triton.cdiv(MIN_DOT, group_pad))
+    _prefill_kernel[(num_tokens // block_m + num_seqs, k_cache.shape[2])](
+        q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks, num_seqs,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_N=PREFILL_BLOCK_N, SLIDING=sliding, UPCAST=UPCAST_DOT_OPERANDS, MIN_Q_LEN=min_q_len, **common)
 
 
 def _host_bounds(meta: AttentionMetadata) -> tuple[int, int]:

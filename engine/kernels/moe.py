@@ -111,6 +111,11 @@ def route(expert_ids: Tensor, num_experts: int, block_m: int) -> Routing:
     return Routing(order.int(), offsets.int(), tile_expert.int(), row_start.int(), block_m)
 
 
+# Rows per tile when batch-invariant: one tile shape for every batch, so a pair's products never depend on
+# how many pairs its expert got (block_m_for would pick the shape from the batch).
+INVARIANT_BLOCK_M = 16
+
+
 def block_m_for(num_pairs: int, num_experts: int) -> int:
     """Rows per tile from the shapes alone (no data): about the mean rows per expert, 16 to 64."""
     mean = max(1, num_pairs // num_experts)
@@ -118,15 +123,18 @@ def block_m_for(num_pairs: int, num_experts: int) -> int:
 
 
 def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
-                  down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float) -> Tensor:
-    """The gpt-oss MoE: x [T, hidden], expert_ids / weights [T, top_k] -> [T, hidden] in x's dtype."""
+                  down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float, block_m: int = 0) -> Tensor:
+    """The gpt-oss MoE: x [T, hidden], expert_ids / weights [T, top_k] -> [T, hidden] in x's dtype.
+
+    block_m: rows per tile (INVARIANT_BLOCK_M for batch-invariant results); 0 picks it from the shapes.
+    """
     num_tokens, top_k = expert_ids.shape
     num_experts, hidden, two_inter = gate_up.shape
     if down.shape != (num_experts, two_inter // 2, hidden) or x.shape != (num_tokens, hidden):
         raise ValueError(f"MoE shapes do not match: x {tuple(x.shape)}, gate_up {gate_up.shape}, down {down.shape}")
     if hidden % 2 or two_inter % 4:
         raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
-    routing = route(expert_ids, num_experts, block_m_for(num_tokens * top_k, num_experts))
+    routing = route(expert_ids, num_experts, block_m or block_m_for(num_tokens * top_k, num_experts))
     activated = gate_up_swiglu(x, routing, top_k, gate_up, gate_up_bias, alpha, limit)
     per_pair = down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous())
     return per_pair.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
@@ -135,19 +143,19 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
 @torch.library.custom_op("batchrun::moe_experts", mutates_args=())
 def moe_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Tensor, gate_up_scales: Tensor | None,
                 gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
-                alpha: float, limit: float) -> Tensor:
+                alpha: float, limit: float, block_m: int = 0) -> Tensor:
     """`fused_experts` as one opaque op, so torch.compile traces over it (the kernels' launches stay inside).
 
     A weight with scales is MXFP4 blocks; without, dense.
     """
     return fused_experts(x, expert_ids, weights, _expert_weight(gate_up, gate_up_scales), gate_up_bias,
-                         _expert_weight(down, down_scales), down_bias, alpha, limit)
+                         _expert_weight(down, down_scales), down_bias, alpha, limit, block_m)
 
 
 @moe_experts.register_fake
 def _moe_experts_fake(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Tensor, gate_up_scales: Tensor | None,
                       gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
-                      alpha: float, limit: float) -> Tensor:
+                      alpha: float, limit: float, block_m: int = 0) -> Tensor:
     return torch.empty_like(x)
 
 

@@ -204,7 +204,9 @@ for fn, constants in [
                                                 SINGLE=True)),
         (kernels._decode_partition_kernel, dict(GROUP=8, BLOCK_G=16, BLOCK_N=64, PARTITION=512, SLIDING=False,
                                                 SINGLE=False)),
-        (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=True)),
+        (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=True, MIN_Q_LEN=2)),
+        # the batch-invariant mode: every row, decode ones too
+        (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=False, MIN_Q_LEN=1)),
         (kernels._decode_reduce_kernel, dict(BLOCK_P=16))]:
     constants = {**shape, **constants, "UPCAST": False} if "UPCAST" in fn.arg_names else {**shape, **constants}
     signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in fn.arg_names}

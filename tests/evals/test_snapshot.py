@@ -103,13 +103,16 @@ def test_bad_golden_files(tmp_path):
 
 
 def test_ci_golden_file_covers_the_demo_set():
-    """.ci/golden-check compares the demo set's traces with this file at level full."""
+    """.ci/golden-check compares the demo set's greedy traces at level full, its T=1 ones at level items."""
     root = Path(__file__).resolve().parents[2]
     level, entries = read_golden(root / "tests/evals/golden/demo-quickstart.jsonl")
     demo = [json.loads(line)["custom_id"]
             for line in (root / "data/examples/quickstart.jsonl").read_text().splitlines()]
     assert level == "full" and list(entries) == demo
-    assert "--level full" in (root / ".ci/golden-check").read_text()
+    level, sampled = read_golden(root / "tests/evals/golden/demo-quickstart-t1.jsonl")  # the T=1 set
+    assert level == "items" and list(sampled) == demo
+    script = (root / ".ci/golden-check").read_text()
+    assert "--level full" in script and "--temperature 1 --deterministic" in script
     assert ".ci/golden-check" in (root / ".ci/run").read_text()
 
 

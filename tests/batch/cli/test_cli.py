@@ -291,14 +291,16 @@ def test_bench_prints_ratios_and_fills_the_bench_table(tmp_path, tiny_model_dir)
     db = tmp_path / "bench.duckdb"
     result = CliRunner().invoke(main, ["bench", "--model", str(tiny_model_dir), "--db", str(db),
                                        "--workloads", "sharegpt", "--num-requests", "2",
-                                       "--systems", "engine,reference", "--kv-cache-gb", "0.05"])
+                                       "--systems", "engine,engine_deterministic,reference",
+                                       "--kv-cache-gb", "0.05"])
     assert result.exit_code == 0, result.output
     assert "out tok/s" in result.output and "peak RSS" in result.output
     assert rows(db, "SELECT system, num_requests FROM bench ORDER BY system") == [
-        ("engine", 2), ("reference", 2)]
+        ("engine", 2), ("engine_deterministic", 2), ("reference", 2)]
     engine_line = next(line for line in result.output.splitlines()
                        if re.match(r"sharegpt\s+engine\s", line))
     assert engine_line.split()[-3:-1] == ["1.00", "1.00"]  # the baseline's own ratios
+    assert re.search(r"sharegpt\s+engine_deterministic\s", result.output)  # its cost, against engine
 
 
 def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path, tiny_model_dir, monkeypatch):
