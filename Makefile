@@ -39,7 +39,18 @@ $(MCP_SERVERS)/mcp1/.installed: | $(VENV)/.installed
 	$(PY) -m pip install --quiet --target $(MCP_SERVERS)/mcp1 mcp==$(MCP1_VERSION)
 	touch $@
 
-setup: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
+# Headless Chromium for the report's browser tests (tests/evals/test_report_browser.py), from the
+# distribution's packages where apt and root are at hand (~3 min once); elsewhere those tests skip
+# and say why.
+TEST_TOOLS ?= .cache/test-tools
+$(TEST_TOOLS)/chromium.checked:
+	-command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+	mkdir -p $(TEST_TOOLS) && touch $@
+
+TEST_DEPS := $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed $(TEST_TOOLS)/chromium.checked
+
+setup: $(TEST_DEPS)
 
 $(DEMO_MODEL)/config.json: | $(VENV)/.installed
 	$(VENV)/bin/batchrun make-random-model $(DEMO_MODEL)
@@ -53,10 +64,10 @@ demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
 	@echo "  $(VENV)/bin/batchrun runs --db $(DEMO_DB)"
 	@echo "  $(VENV)/bin/batchrun sql --db $(DEMO_DB) \"SELECT custom_id, status, output_tokens, latency_s FROM responses\""
 
-test: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
+test: $(TEST_DEPS)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-test-all: $(VENV)/.installed $(MCP_SERVERS)/.installed $(MCP_SERVERS)/mcp1/.installed
+test-all: $(TEST_DEPS)
 	$(PY) -m pytest -q -m '' -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # ruff over the whole repo; mypy over every package (engine/ and batch/ with every def annotated;
