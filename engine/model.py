@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from types import ModuleType
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -357,5 +358,16 @@ def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dty
     Zeroed: attention reads (and masks) slots no token has written yet, and 0 * NaN garbage would be NaN.
     """
     shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(config.num_hidden_layers)]
+    return [(_zeroed(shape, dtype, device), _zeroed(shape, dtype, device)) for _ in range(config.num_hidden_layers)]
+
+
+def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """Zeroed memory; on CPU from calloc (numpy's zeros), whose untouched pages stay unmapped.
+
+    torch.zeros writes every byte, so a CPU run's 2 GB default cache was resident from the start,
+    used or not (two test processes with a few engines each ran a 24 GB machine out of memory).
+    """
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)

@@ -2,6 +2,8 @@
 
 import math
 import random
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -160,3 +162,26 @@ def test_kv_cache_count_mismatch_is_an_error(tiny_model_dir):
                              torch.tensor([[0]]), 16)
     with pytest.raises(ValueError, match="KV caches"):
         model(torch.tensor([1]), meta, allocate_kv_cache(config, 2, 16, torch.float32, "cpu")[:1])
+
+
+def _rss_mb() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads resident memory from /proc (Linux)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_kv_cache_is_zero_and_resident_only_where_written(dtype):
+    config = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=8, head_dim=64)  # what it reads
+    num_blocks, block_size = 4096, 16  # 2 layers x (k, v) x 4096 x 16 x heads x head_dim: hundreds of MB
+    size_mb = 2 * 2 * num_blocks * block_size * config.num_key_value_heads * config.head_dim * dtype.itemsize >> 20
+    before = _rss_mb()
+    caches = allocate_kv_cache(config, num_blocks, block_size, dtype, "cpu")
+    grown = _rss_mb() - before
+    assert size_mb >= 128 and grown < size_mb // 8, f"{grown} MB resident of a {size_mb} MB cache no token wrote"
+    k_cache, v_cache = caches[1]
+    assert k_cache.shape == (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    assert k_cache.dtype == dtype and k_cache.is_contiguous()
+    assert not k_cache[-1].any() and not v_cache[1234].any()
+    k_cache[7, 3] = 1.5  # writable, and only that slot changed
+    assert k_cache[7, 3].eq(1.5).all() and k_cache[7].sum().item() == 1.5 * config.num_key_value_heads * config.head_dim
