@@ -17,6 +17,13 @@ BOOTSTRAP_DRAWS = 1000
 
 # A group whose cases disagree across their epochs: its interval is a bootstrap over cases.
 _MIXED = "(max(n_epochs) > 1 AND bool_or(pass_mean > 0 AND pass_mean < 1))"
+# A rate's epochs, interval and method, per group of cases joined with its bootstrap as `b`.
+_RATE_INTERVAL = f"""max(n_epochs) AS n_epochs,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
+                ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
+           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
+                ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
+           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method"""
 
 
 def bootstrap_sql(source: str, keys: str) -> str:
@@ -92,23 +99,13 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
     -- say 0%-0% at a rate of 0, and Wilson over cases is the honest interval.
     CREATE OR REPLACE VIEW pass_rate_per_run AS
     SELECT run_id, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
-           max(n_epochs) AS n_epochs,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
-                ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
-                ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
-           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+           {_RATE_INTERVAL}
     FROM request_grades LEFT JOIN ({bootstrap_sql("request_grades", "run_id")}) b USING (run_id)
     GROUP BY run_id;
 
     CREATE OR REPLACE VIEW pass_rate_per_tag AS
     SELECT run_id, tag, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
-           max(n_epochs) AS n_epochs,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
-                ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
-                ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
-           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
+           {_RATE_INTERVAL}
     FROM tag_case_scores LEFT JOIN ({bootstrap_sql("tag_case_scores", "run_id, tag")}) b USING (run_id, tag)
     GROUP BY run_id, tag;
 

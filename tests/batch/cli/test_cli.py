@@ -328,15 +328,19 @@ def test_submit_reads_the_input_once_before_decoding_and_once_to_decode(tmp_path
     assert "3/3" in result.output  # the progress bar's total came from the scan
 
 
-def test_device_and_kernels_are_recorded_in_the_runs_engine_config(tmp_path, tiny_model_dir):
+def recorded_engine_config(tmp_path, model_dir, *options: str) -> dict:
+    """The runs row's engine_config after a one-line submit with `options`."""
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
     db = tmp_path / "o.duckdb"
-    result = submit(source, "--db", db, "--device", "cpu", "--kernels", "auto", "--max-output-tokens", "2",
-                    model=tiny_model_dir)
+    result = submit(source, "--db", db, "--device", "cpu", *options, "--max-output-tokens", "2", model=model_dir)
     assert result.exit_code == 0, result.output
     [(config,)] = rows(db, "SELECT engine_config FROM runs")
-    config = json.loads(config)
+    return json.loads(config)
+
+
+def test_device_and_kernels_are_recorded_in_the_runs_engine_config(tmp_path, tiny_model_dir):
+    config = recorded_engine_config(tmp_path, tiny_model_dir, "--kernels", "auto")
     assert (config["device"], config["kernels"], config["gpu_memory_utilization"]) == ("cpu", "torch", None)
 
 
@@ -425,14 +429,7 @@ def test_bench_at_the_20b_shape_on_the_gpu(tmp_path):
 
 
 def test_moe_weights_reach_the_engine_and_are_recorded(tmp_path, tiny_model_dir):
-    source = tmp_path / "in.jsonl"
-    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
-    db = tmp_path / "o.duckdb"
-    result = submit(source, "--db", db, "--device", "cpu", "--moe-weights", "dense", "--max-output-tokens", "2",
-                    model=tiny_model_dir)
-    assert result.exit_code == 0, result.output
-    [(config,)] = rows(db, "SELECT engine_config FROM runs")
-    config = json.loads(config)
+    config = recorded_engine_config(tmp_path, tiny_model_dir, "--moe-weights", "dense")
     assert (config["moe_weights"], config["mxfp4_experts"]) == ("dense", False)  # the tiny model's experts: dense
 
 
