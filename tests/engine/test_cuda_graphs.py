@@ -16,6 +16,20 @@ from tests.engine.test_decode_trace import decode_step, fresh
 HAS_CUDA = torch.cuda.is_available()
 
 
+def restore(kv_caches, saved) -> None:
+    """Put the KV caches back as `saved` (a forward writes its rows' keys and values)."""
+    for (k, v), (k0, v0) in zip(kv_caches, saved):
+        k.copy_(k0)
+        v.copy_(v0)
+
+
+def assert_padding_wrote_only_scratch(kv_caches, saved, scratch: int, meta) -> None:
+    """The padding rows wrote only the scratch block (the real rows wrote their own slots)."""
+    for (k, v), (k0, v0) in zip(kv_caches, saved):
+        changed = ((k != k0).flatten(1).any(1) | (v != v0).flatten(1).any(1)).nonzero().flatten().tolist()
+        assert scratch in changed and set(changed) <= {scratch} | set((meta.slot_mapping // 16).tolist())
+
+
 def test_the_ladders_cover_every_size_up_to_the_limit():
     assert ladder(64, (1, 2, 4, 8, 16, 24, 32, 48, 64, 96)) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
     assert ladder(5, (1, 2, 4, 8)) == [1, 2, 4, 5]
@@ -31,17 +45,13 @@ def test_padding_rows_change_nothing_for_the_real_rows(tiny_model_dir):
     inputs.block_tables.fill_(7)  # stale rows from an earlier, wider step must not leak in
     with torch.inference_mode():
         unpadded = model(input_ids, fresh(meta), kv_caches)
-        for (k, v), (k0, v0) in zip(kv_caches, saved):
-            k.copy_(k0)
-            v.copy_(v0)
+        restore(kv_caches, saved)
         inputs.fill(input_ids, meta, 8)
         padded_ids, padded_meta = inputs.view(8, 1024)
         padded = model(padded_ids, padded_meta, kv_caches)
     torch.testing.assert_close(padded[:3], unpadded, rtol=1e-5, atol=1e-5)
     assert padded_meta.query_start_loc.tolist() == list(range(9)) and padded_meta.seq_lens[3:].tolist() == [1] * 5
-    for (k, v), (k0, v0) in zip(kv_caches, saved):  # the padding wrote only the scratch block (and the real rows)
-        changed = ((k != k0).flatten(1).any(1) | (v != v0).flatten(1).any(1)).nonzero().flatten().tolist()
-        assert scratch in changed and set(changed) <= {scratch} | set((meta.slot_mapping // 16).tolist())
+    assert_padding_wrote_only_scratch(kv_caches, saved, scratch, meta)
 
 
 def test_the_plan_picks_the_smallest_graph_that_covers_the_step():
@@ -96,9 +106,7 @@ def piecewise_against_eager(engine, input_ids, meta, capture: bool):
     pieces.o.fill_(1e4)  # stale rows from an earlier, wider step must not leak in
     with torch.inference_mode():
         eager = model(input_ids, fresh(meta), kv_caches)
-        for (k, v), (k0, v0) in zip(kv_caches, saved):
-            k.copy_(k0)
-            v.copy_(v0)
+        restore(kv_caches, saved)
         padded = pieces.run(96, input_ids, fresh(meta))
     return padded, eager, pieces, saved
 
@@ -109,9 +117,7 @@ def test_piecewise_padding_changes_nothing_for_the_real_rows(tiny_model_dir):
     scratch, kv_caches = engine.num_blocks - 1, engine.runner.kv_caches
     torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
     assert pieces.slot_mapping[64:96].tolist() == [scratch * 16] * 32 and pieces.positions[64:96].eq(0).all()
-    for (k, v), (k0, v0) in zip(kv_caches, saved):  # the padding wrote only the scratch block (and the real rows)
-        changed = ((k != k0).flatten(1).any(1) | (v != v0).flatten(1).any(1)).nonzero().flatten().tolist()
-        assert scratch in changed and set(changed) <= {scratch} | set((meta.slot_mapping // 16).tolist())
+    assert_padding_wrote_only_scratch(kv_caches, saved, scratch, meta)
 
 
 def test_a_cpu_run_counts_the_decode_tokens_a_gpu_run_would_replay(tiny_model_dir):
