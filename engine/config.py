@@ -165,9 +165,10 @@ class EngineConfig:
     # (attention, MoE); on CPU tensors they run in Triton's interpreter (TRITON_INTERPRET=1).
     # "auto": triton on CUDA when it is importable, else torch.
     kernels: str = "torch"
-    # An MXFP4 checkpoint's experts with kernels="triton": "mxfp4" keeps them packed (4.25 bits a weight,
-    # decoded inside the MoE kernel); "dense" dequantises them on load into the model's dtype (gpt-oss-20b:
-    # ~41 GB in bf16) for the dense-weight MoE kernel; "auto" keeps mxfp4 (no GPU has measured which is faster).
+    # An MXFP4 checkpoint's experts: "mxfp4" keeps them packed (4.25 bits a weight; decoded inside the Triton
+    # MoE kernel, or per hit expert and step on the torch path); "dense" dequantises them on load into the
+    # model's dtype (gpt-oss-20b: ~41 GB in bf16); "auto" keeps them packed: the only way a 20b fits a
+    # 24 GB machine, and no GPU has measured which is faster there.
     moe_weights: str = "auto"
     # Batch-invariant numerics (engine.batch_invariant): a request's logits are the same bits whatever else
     # shares its steps, however its prompt is chunked, with or without prefix-cache hits or preemption.
@@ -182,9 +183,6 @@ class EngineConfig:
             raise ValueError(f"unknown kernels {self.kernels!r}; use one of {', '.join(KERNELS)}")
         if self.moe_weights not in MOE_WEIGHTS:
             raise ValueError(f"unknown moe_weights {self.moe_weights!r}; use one of {', '.join(MOE_WEIGHTS)}")
-        if self.moe_weights == "mxfp4" and self.kernels != "triton":
-            raise ValueError("moe_weights='mxfp4' needs kernels='triton' (--moe-weights mxfp4 --kernels triton): "
-                             "the torch path dequantises the experts on load")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

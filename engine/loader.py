@@ -4,9 +4,8 @@ The model is built on the meta device in the target dtype (no memory, no init),
 given uninitialised storage on the target device, and every parameter is then
 filled from the checkpoint tensor of the same name, one tensor at a time. MXFP4
 experts (`*_blocks` + `*_scales`, as the published gpt-oss checkpoints ship
-them) are dequantised into the target dtype on load, unless the model keeps
-them packed (kernels="triton" and moe_weights other than "dense": decoded
-inside the MoE kernel).
+them) stay packed unless moe_weights="dense" dequantises them into the target
+dtype on load (engine.model.GptOssExperts decodes packed ones as it runs).
 """
 
 from __future__ import annotations

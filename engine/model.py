@@ -19,7 +19,7 @@ from engine import batch_invariant as invariant
 from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
-from engine.mxfp4 import MXFP4_BLOCK
+from engine.mxfp4 import MXFP4_BLOCK, dequantize_expert
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -164,15 +164,18 @@ class GptOssRouter(nn.Module):
 class GptOssExperts(nn.Module):
     """Per-expert SwiGLU MLPs; gate/up columns interleaved as in the checkpoint.
 
-    kernels="triton" runs the Triton grouped GEMMs of engine.kernels.moe; an MXFP4 checkpoint
-    (config.quant_method) then keeps its packed `*_blocks` / `*_scales` (engine.mxfp4),
-    dequantised inside the kernel, instead of `gate_up_proj` / `down_proj`.
+    An MXFP4 checkpoint (config.quant_method, unless EngineConfig.moe_weights="dense") keeps its
+    packed `*_blocks` / `*_scales` (engine.mxfp4) instead of `gate_up_proj` / `down_proj`:
+    kernels="triton" runs the Triton grouped GEMMs of engine.kernels.moe, dequantising inside the
+    kernel; the torch path dequantises each hit expert per step (engine.mxfp4.dequantize_expert),
+    so a gpt-oss-20b holds ~13 GB, not the ~41 GB of its experts dequantised.
     """
 
     def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
         e, h, i = config.num_local_experts, config.hidden_size, config.intermediate_size
-        self.is_mxfp4 = kernels == "triton" and config.quant_method == "mxfp4"
+        self.num_experts = e
+        self.is_mxfp4 = config.quant_method == "mxfp4"
         if self.is_mxfp4:
             self.gate_up_proj_blocks, self.gate_up_proj_scales = _packed_mxfp4(e, h, 2 * i)
             self.down_proj_blocks, self.down_proj_scales = _packed_mxfp4(e, i, h)
@@ -206,7 +209,7 @@ class GptOssExperts(nn.Module):
             y = self._per_expert(x_sorted, flat_ids, tiled=True) * weights.reshape(-1)[order, None]
             per_pair = torch.empty_like(y).index_copy_(0, order, y)
             return per_pair.view(-1, top_k, x.shape[1]).float().cumsum(1)[:, -1].to(x.dtype)
-        if self._can_group(x):
+        if not self.is_mxfp4 and self._can_group(x):
             # One grouped matmul per projection: the expert boundaries stay on the device (no host sync).
             ends = torch.searchsorted(sorted_ids, torch.arange(1, self.gate_up_proj.shape[0] + 1, device=x.device))
             gate_up = torch._grouped_mm(x_sorted, self.gate_up_proj, offs=ends.int()) \
@@ -229,14 +232,14 @@ class GptOssExperts(nn.Module):
 
         tiled: each in fixed row tiles (engine.batch_invariant), the SwiGLU over the padded tiles too.
         """
-        counts = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
         y = torch.empty_like(x_sorted)
         start = 0
         for expert, count in enumerate(counts):
             if count:
                 rows = slice(start, start + count)
-                w1, b1 = self.gate_up_proj[expert], self.gate_up_proj_bias[expert]
-                w2, b2 = self.down_proj[expert], self.down_proj_bias[expert]
+                w1, b1 = self._expert_weight("gate_up_proj", expert, x_sorted.dtype), self.gate_up_proj_bias[expert]
+                w2, b2 = self._expert_weight("down_proj", expert, x_sorted.dtype), self.down_proj_bias[expert]
                 if tiled:
                     act = self._swiglu(invariant.tiled_matmul(x_sorted[rows], w1, b1, keep_padding=True))
                     y[rows] = invariant.tiled_matmul(act, w2, b2)[:count]
@@ -244,6 +247,13 @@ class GptOssExperts(nn.Module):
                     y[rows] = self._swiglu(x_sorted[rows] @ w1 + b1) @ w2 + b2
                 start += count
         return y
+
+    def _expert_weight(self, name: str, expert: int, dtype: torch.dtype) -> Tensor:
+        """One expert's [in, out] weight: a view of the dense parameter, or its packed bytes decoded now."""
+        if not self.is_mxfp4:
+            return getattr(self, name)[expert]
+        blocks, scales = getattr(self, name + "_blocks"), getattr(self, name + "_scales")
+        return dequantize_expert(blocks[expert], scales[expert], dtype).T
 
     def _swiglu(self, gate_up: Tensor) -> Tensor:
         gate = gate_up[..., ::2].clamp(max=self.limit)

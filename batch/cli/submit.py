@@ -61,8 +61,9 @@ SUBMIT_OPTIONS = [
                  show_default=True, help="On CUDA, the fraction of GPU memory the engine may use; the KV cache "
                                          "gets what the model and activations leave of it."),
     click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
-                 help="How the engine holds an MXFP4 checkpoint's experts with --kernels triton: mxfp4 (packed, "
-                      "decoded in the MoE kernel), dense (dequantised on load: 20b ~41 GB in bf16), auto (mxfp4)."),
+                 help="How the engine holds an MXFP4 checkpoint's experts: mxfp4 (packed: decoded in the Triton "
+                      "MoE kernel, or per step on the torch path), dense (dequantised on load: 20b ~41 GB in bf16), "
+                      "auto (mxfp4)."),
     click.option("--deterministic/--no-deterministic", default=False, show_default=True,
                  help="Batch-invariant decoding: a request's tokens depend on the request and its seed only, "
                       "not on what else shares its batches or how the run is split (slower; README)."),

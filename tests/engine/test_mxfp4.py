@@ -24,6 +24,17 @@ def test_dequantize_equals_transformers(dtype):
     assert torch.equal(got, convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).to(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_expert_decoded_for_a_step_equals_the_load_time_dequantisation(dtype):
+    # the torch path's packed experts: [out, in] per expert, every bit as `dequantize` (subnormal scales too)
+    blocks, scales = random_packed(num_out=16, num_groups=4)
+    whole = mxfp4.dequantize(blocks, scales, dtype)
+    for e in range(2):
+        got = mxfp4.dequantize_expert(blocks[e], scales[e], dtype)
+        assert got.shape == (16, 128) and got.dtype == dtype
+        assert torch.equal(got, whole[e].T), e
+
+
 def test_low_nibble_is_the_even_input():
     weight = torch.zeros(1, 32, 1)
     weight[0, 0, 0], weight[0, 1, 0], weight[0, 31, 0] = 1.0, -0.5, 6.0  # codes 2, 9 (sign + 1), 7

@@ -71,13 +71,19 @@ def test_the_layout_is_the_published_one(real_dir):
 
 
 def test_experts_dequantise_as_transformers_does(real_dir, hf_model):
-    model, _ = load_model(EngineConfig(str(real_dir), device="cpu", kernels="torch", dtype=torch.float32))
-    ours = dict(model.named_parameters())
+    # held dense (dequantised on load) and held packed (decoded per expert as a step runs): the same weights
+    dense, _ = load_model(EngineConfig(str(real_dir), device="cpu", kernels="torch", dtype=torch.float32,
+                                       moe_weights="dense"))
+    packed, _ = load_model(EngineConfig(str(real_dir), device="cpu", kernels="torch", dtype=torch.float32))
     for layer in range(SHAPES["tiny"]["layers"]):
         theirs = hf_model.model.layers[layer].mlp.experts
+        held_dense, held_packed = (m.model.layers[layer].mlp.experts for m in (dense, packed))
+        assert held_packed.is_mxfp4 and not held_dense.is_mxfp4
         for proj in ("gate_up_proj", "down_proj"):
-            mine = ours[f"model.layers.{layer}.mlp.experts.{proj}"]
-            assert torch.equal(mine, getattr(theirs, proj).detach().float()), (layer, proj)
+            want = getattr(theirs, proj).detach().float()
+            assert torch.equal(getattr(held_dense, proj), want), (layer, proj)
+            decoded = torch.stack([held_packed._expert_weight(proj, e, torch.float32) for e in range(len(want))])
+            assert torch.equal(decoded, want), (layer, proj)
 
 
 def test_prefill_logits_match_transformers(real_dir, hf_model):
