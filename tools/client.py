@@ -186,7 +186,7 @@ class ToolClient:
         """Every page of the listing; task-only tools only where the server takes task-augmented calls."""
         tools: list[Tool] = []
         cursor = None
-        runs_tasks = runs_tool_tasks(client)
+        runs_tasks = runs_tool_tasks(client.session)
         while True:
             page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
             tools.extend(tool for tool in page.tools if runs_tasks or not requires_task(tool))

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import mcp.types as types
-from mcp import Client
+from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from tools.task_session import TaskClient, TaskSession
+from tools.task_session import TaskSession
 from tools.task_store import TERMINAL
 
 TASKS_VERSION = "2025-11-25"  # the one revision with tasks in its core (2026-07-28 moved them to an extension)
@@ -62,11 +62,12 @@ def requires_task(tool: types.Tool) -> bool:
     return tool.execution is not None and tool.execution.task_support == "required"
 
 
-def runs_tool_tasks(client: Client) -> bool:
-    """Whether this client may call the server's tools as tasks: it declares task-augmented `tools/call`
-    on the revision that has tasks, and the client is a `TaskClient`."""
-    tasks = client.session.server_capabilities.tasks if client.session.server_capabilities else None
-    return (isinstance(client, TaskClient) and client.session.protocol_version == TASKS_VERSION
+def runs_tool_tasks(session: ClientSession) -> bool:
+    """Whether this session may call the server's tools as tasks: a `TaskSession`, on the revision that
+    has tasks, to a server that declares task-augmented `tools/call`."""
+    capabilities = session.server_capabilities
+    tasks = capabilities.tasks if capabilities is not None else None
+    return (isinstance(session, TaskSession) and session.protocol_version == TASKS_VERSION
             and tasks is not None and tasks.requests is not None and tasks.requests.tools is not None
             and tasks.requests.tools.call is not None)
 

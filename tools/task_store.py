@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -63,7 +63,7 @@ class TaskStore:
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
 
-    def create(self, work: Awaitable[dict[str, Any]], ttl_ms: int | None) -> dict[str, Any]:
+    def create(self, work: Coroutine[Any, Any, dict[str, Any]], ttl_ms: int | None) -> dict[str, Any]:
         """Start `work` as a new task; the `CreateTaskResult` to answer the server with."""
         now = self._clock()
         entry = _Entry(task_id=str(uuid.uuid4()), ttl_ms=ttl_ms if ttl_ms is not None else DEFAULT_TTL_MS,
@@ -71,9 +71,10 @@ class TaskStore:
         self._evict_expired()
         self._entries[entry.task_id] = entry
         entry.job = asyncio.ensure_future(self._run(entry, work))
+        entry.job.add_done_callback(lambda _: work.close())  # a job cancelled before it started never awaited it
         return {"task": entry.wire()}
 
-    async def _run(self, entry: _Entry, work: Awaitable[dict[str, Any]]) -> None:
+    async def _run(self, entry: _Entry, work: Coroutine[Any, Any, dict[str, Any]]) -> None:
         try:
             result = await work
         except asyncio.CancelledError:
@@ -130,9 +131,12 @@ class TaskStore:
 
     async def close(self) -> None:
         """Cancel every task still running (the connection ends) and wait for their jobs."""
-        jobs = [entry.job for entry in self._entries.values() if entry.job is not None and not entry.job.done()]
-        for job in jobs:
-            job.cancel()
+        jobs = []
+        for entry in self._entries.values():
+            self._end(entry, "cancelled", "The connection closed.")  # also a job that never started
+            if entry.job is not None and not entry.job.done():
+                entry.job.cancel()
+                jobs.append(entry.job)
         await asyncio.gather(*jobs, return_exceptions=True)
 
     def _entry(self, task_id: str) -> _Entry:
