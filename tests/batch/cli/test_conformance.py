@@ -161,3 +161,19 @@ def test_a_task_whose_call_times_out_is_cancelled(tmp_path, scripted):  # noqa: 
     assert (status, kind, output) == ("failed", "timeout", None)
     assert error.startswith("the tool call timed out after 1 s; its task ")
     assert error.endswith(" was cancelled (tasks/cancel): the server says 'cancelled'")
+
+
+@pytest.mark.slow
+@needs_node
+def test_sampling_run_as_a_task_is_a_turn_of_the_response_whose_call_asked(tmp_path, scripted):  # noqa: F811
+    """One call at a time: the sampling request that server-everything sends as a task is decoded as a
+    turn of the response that called the tool, and counted in its usage, as a plain one is."""
+    config = config_file(tmp_path, {"everything": {"command": str(EVERYTHING), "args": ["stdio"]}})
+    calls = {"trigger-sampling-request-async": EVERYTHING_CALLS["trigger-sampling-request-async"]}
+    db, _ = run(tmp_path, lines_for("everything", calls), config, "--quiet")
+    [(status, output)] = rows(db, "SELECT status, output FROM tool_calls")
+    assert status == "completed" and SAMPLED in output
+    [(response_id, turn)] = rows(db, "SELECT response_id, turn FROM turns WHERE kind = 'sampling'")
+    assert turn == 2 and rows(db, "SELECT response_id FROM responses") == [(response_id,)]
+    assert rows(db, "SELECT input_tokens + output_tokens FROM responses") == rows(
+        db, "SELECT sum(prompt_tokens + output_tokens) FROM turns")
