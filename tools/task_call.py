@@ -41,7 +41,6 @@ class _TaskCallRequest(types.Request[types.CallToolRequestParams, Literal["tools
 
     method: Literal["tools/call"] = "tools/call"
     params: types.CallToolRequestParams
-    name_param = "name"
 
 
 @dataclass

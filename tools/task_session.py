@@ -93,8 +93,11 @@ class TaskSession(ClientSession):
         return result_type.model_validate(raw, by_name=False)
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
-        await self.tasks.close()  # the tasks it runs for the server end with the connection
-        return await super().__aexit__(*exc_info)
+        try:
+            await self.tasks.close()  # the tasks it runs for the server end with the connection
+        finally:  # even when closing is cancelled: the session's own task group must still be left
+            result = await super().__aexit__(*exc_info)
+        return result
 
 
 class TaskClient(Client):
