@@ -224,6 +224,16 @@ class ToolClient:
             return await self._checked_call(spec, name, arguments, timeout_s, injected)
         finally:
             in_flight.remove(caller)
+            if not in_flight:
+                self._cancel_orphaned_tasks(spec)
+
+    def _cancel_orphaned_tasks(self, spec: ServerSpec) -> None:
+        """No call is left running on the server: the tasks batchrun still runs for it (a sampling
+        request sent as a task by a call that timed out) answer nobody; their decoding stops, as a
+        plain request's does when the server cancels it with its call."""
+        connection = self._connections.get(spec)
+        if connection is not None and connection.client is not None:
+            connection.client.task_session.tasks.cancel_running("No call that could want its answer is running.")
 
     async def _checked_call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float,
                             injected: dict[str, Any]) -> CallOutcome:

@@ -129,6 +129,14 @@ class TaskStore:
             entry.job.cancel()
         return entry.wire()
 
+    def cancel_running(self, reason: str) -> None:
+        """Cancel every task still running, saying why (nobody is left to want their answers)."""
+        for entry in self._entries.values():
+            if entry.status not in TERMINAL:
+                self._end(entry, "cancelled", reason)
+                if entry.job is not None:
+                    entry.job.cancel()
+
     async def close(self) -> None:
         """Cancel every task still running (the connection ends) and wait for their jobs."""
         jobs = []

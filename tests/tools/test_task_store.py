@@ -101,3 +101,14 @@ async def test_close_cancels_what_still_runs():
     task_id = store.create(asyncio.Event().wait(), None)["task"]["taskId"]  # type: ignore[arg-type]
     await store.close()
     assert store.get(task_id)["status"] == "cancelled"
+
+
+async def test_cancel_running_cancels_only_what_still_runs_and_says_why():
+    store = TaskStore()
+    done_id = store.create(answer({"action": "decline"}), None)["task"]["taskId"]
+    await store.result(done_id)
+    running_id = store.create(answer({}, asyncio.Event()), None)["task"]["taskId"]
+    store.cancel_running("nobody waits")
+    assert store.get(done_id)["status"] == "completed"
+    assert (store.get(running_id)["status"], store.get(running_id)["statusMessage"]) == ("cancelled", "nobody waits")
+    await store.close()
