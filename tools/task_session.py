@@ -30,8 +30,8 @@ import mcp.types as types
 from mcp import Client
 from mcp.client.session import ClientSession, _default_sampling_callback
 from mcp.shared.dispatcher import CallOptions, DispatchContext
-from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
-from pydantic import BaseModel
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel, ValidationError
 
 from tools.task_store import TaskStore
 
@@ -71,9 +71,12 @@ class TaskSession(ClientSession):
         return await super()._on_request(dctx, method, params)
 
     async def _serve_task_request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        if method == "tasks/list":
-            return self.tasks.list(types.PaginatedRequestParams.model_validate(params, by_name=False).cursor)
-        task_id = types.GetTaskRequestParams.model_validate(params, by_name=False).task_id  # one shape for all three
+        try:
+            if method == "tasks/list":
+                return self.tasks.list(types.PaginatedRequestParams.model_validate(params, by_name=False).cursor)
+            task_id = types.GetTaskRequestParams.model_validate(params, by_name=False).task_id  # one shape for three
+        except ValidationError as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Invalid params for {method}: {exc}") from None
         if method == "tasks/get":
             return self.tasks.get(task_id)
         if method == "tasks/cancel":
@@ -86,10 +89,7 @@ class TaskSession(ClientSession):
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
         opts: CallOptions = {}
         self._stamp(data, opts)  # the protocol-version header on HTTP, as every request has
-        params: dict[str, Any] = data.get("params") or {}
-        if (key := type(request).name_param) is not None and isinstance(params.get(key), str):
-            opts.setdefault("headers", {}).setdefault(MCP_NAME_HEADER, encode_header_value(params[key]))
-        raw = await self._dispatcher.send_raw_request(data["method"], params, opts)
+        raw = await self._dispatcher.send_raw_request(data["method"], data.get("params"), opts)
         return result_type.model_validate(raw, by_name=False)
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:

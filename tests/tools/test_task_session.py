@@ -120,3 +120,9 @@ def test_tool_calls_run_as_tasks_only_where_the_server_declares_them_on_the_task
     assert not runs_tool_tasks(adopted("2025-11-25", ServerTasksCapability()))  # tasks, but not for tools/call
     assert not runs_tool_tasks(adopted("2025-11-25", None))
     assert not runs_tool_tasks(adopted("2025-06-18", calls))  # a revision without tasks
+
+
+async def test_a_task_request_without_its_task_id_is_invalid_params():
+    with pytest.raises(MCPError) as raised:
+        await session()._on_request(DISPATCH, "tasks/get", {})
+    assert raised.value.code == INVALID_PARAMS and "taskId" in raised.value.error.message
