@@ -17,9 +17,11 @@ A call that runs past the per-call timeout fails with kind `timeout`: one deadli
 from when it is sent, that covers its retry and the waits and restart before it.
 Listings are cached per run, failures included, so every response of a run sees the
 same tools. The client declares sampling when the run's model can answer it (a
-`SamplingInbox`: tools/sampling.py), elicitation (declined at once: nobody to ask offline)
-and roots (none); tools that can only run as MCP tasks are left out of listings (mcp 2.3
-has no client side for the tasks utility: its `tasks/*` methods are absent on purpose).
+`SamplingInbox`: tools/sampling.py), elicitation (declined at once: nobody to ask offline),
+roots (none) and MCP's tasks utility: a tool that can only run as a task is called as one
+(tools/task_call.py; a timed-out call cancels its task), and a server's task-augmented
+sampling and elicitation are served (tools/task_session.py). A server that does not declare
+task-augmented tool calls does not list its task-only tools.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, cast
 
-from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool
 
@@ -47,6 +48,8 @@ from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
 from tools.connection import Connection
 from tools.sampling import CALLER, SamplingInbox
+from tools.task_call import TaskCall, TaskFailed, call_as_task, requires_task, runs_tool_tasks
+from tools.task_session import TaskClient
 from tools.servers import ServerSpec
 
 CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
@@ -172,20 +175,21 @@ class ToolClient:
         except Exception as exc:  # noqa: BLE001 - every failure is a listing error
             return _listing_error(spec, exc)
         try:
-            return Listing(await self._list_pages(cast(Client, connection.client)))  # connected
+            return Listing(await self._list_pages(cast(TaskClient, connection.client)))  # connected
         except Exception as exc:  # noqa: BLE001
             await self._drop(spec, connection)
             if may_retry and _is_connection_lost(exc):
                 return await self._list(spec, may_retry=False)
             return _listing_error(spec, exc)
 
-    async def _list_pages(self, client: Client) -> list[Tool]:
-        """Every page of the listing, less the tools that can only run as tasks (not supported)."""
+    async def _list_pages(self, client: TaskClient) -> list[Tool]:
+        """Every page of the listing; task-only tools only where the server takes task-augmented calls."""
         tools: list[Tool] = []
         cursor = None
+        runs_tasks = runs_tool_tasks(client.session)
         while True:
             page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
-            tools.extend(tool for tool in page.tools if not _requires_task(tool))
+            tools.extend(tool for tool in page.tools if runs_tasks or not requires_task(tool))
             cursor = page.next_cursor
             if not cursor:
                 return tools
@@ -220,15 +224,28 @@ class ToolClient:
             return await self._checked_call(spec, name, arguments, timeout_s, injected)
         finally:
             in_flight.remove(caller)
+            if not in_flight:
+                self._cancel_orphaned_tasks(spec)
+
+    def _cancel_orphaned_tasks(self, spec: ServerSpec) -> None:
+        """No call is left running on the server: the tasks batchrun still runs for it (a sampling
+        request sent as a task by a call that timed out) answer nobody; their decoding stops, as a
+        plain request's does when the server cancels it with its call."""
+        connection = self._connections.get(spec)
+        if connection is not None and connection.client is not None:
+            connection.client.task_session.tasks.cancel_running("No call that could want its answer is running.")
 
     async def _checked_call(self, spec: ServerSpec, name: str, arguments: dict, timeout_s: float,
                             injected: dict[str, Any]) -> CallOutcome:
         started_at, clock = datetime.now(UTC), time.monotonic()
-        error = argument_errors(arguments, await self._input_schema(spec, name, set(injected)))
+        tool = await self._listed_tool(spec, name)
+        schema = schema_without(tool.input_schema, set(injected)) if tool is not None else None
+        error = argument_errors(arguments, schema)
         if error is not None:
             outcome = CallOutcome(error=error, error_kind=ToolErrorKind.INVALID_ARGUMENTS, error_code=INVALID_PARAMS)
         else:
-            outcome = await self._call_with_retry(spec, name, {**arguments, **injected}, timeout_s)
+            task = TaskCall(timeout_s) if tool is not None and requires_task(tool) else None
+            outcome = await self._call_with_retry(spec, name, {**arguments, **injected}, timeout_s, task)
             outcome.output = spec.mask(mask_injected(outcome.output, injected))
             outcome.error = spec.mask(mask_injected(outcome.error, injected))
             if outcome.result is not None:
@@ -236,17 +253,17 @@ class ToolClient:
         outcome.started_at, outcome.duration_s = started_at, time.monotonic() - clock
         return outcome
 
-    async def _input_schema(self, spec: ServerSpec, name: str, injected: set[str]) -> dict | None:
-        """The listed tool's input schema less the injected properties; None when not listed."""
+    async def _listed_tool(self, spec: ServerSpec, name: str) -> Tool | None:
+        """The tool as the server listed it; None when not listed."""
         listing = await self._listing(spec)
-        tool = next((tool for tool in listing.tools if tool.name == name), None)
-        return schema_without(tool.input_schema, injected) if tool is not None else None
+        return next((tool for tool in listing.tools if tool.name == name), None)
 
     async def _call_with_retry(self, spec: ServerSpec, name: str, arguments: dict,
-                               timeout_s: float) -> CallOutcome:
+                               timeout_s: float, task: TaskCall | None = None) -> CallOutcome:
         """The call within one deadline, `timeout_s` from when it is sent (a server starting
         first is not counted): its attempt, and after a crash its wait for a turn alone, the
-        restart and its retry (#28: retries that ran one after another took far longer)."""
+        restart and its retry (#28: retries that ran one after another took far longer).
+        `task`: the tool runs only as an MCP task; a deadline that passes cancels the task."""
         attempts = [1]
         try:
             await self._start(spec)  # a server's (re)start before the call is not the call's time
@@ -254,24 +271,26 @@ class ToolClient:
             return _unreachable(spec, exc)
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._attempts(spec, name, arguments, attempts)
+                return await self._attempts(spec, name, arguments, attempts, task)
         except TimeoutError:
             retried = " (its retry on the restarted server included)" if attempts[0] == 2 else ""
-            return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s{retried}",
+            cancelled = f"; {task.cancelled}" if task is not None and task.cancelled else ""
+            return CallOutcome(error=f"the tool call timed out after {timeout_s:g} s{retried}{cancelled}",
                                error_kind=ToolErrorKind.TIMEOUT, error_code=REQUEST_TIMEOUT, attempts=attempts[0])
 
-    async def _attempts(self, spec: ServerSpec, name: str, arguments: dict, attempts: list[int]) -> CallOutcome:
+    async def _attempts(self, spec: ServerSpec, name: str, arguments: dict, attempts: list[int],
+                        task: TaskCall | None) -> CallOutcome:
         """Run the call beside others; if the server's connection is lost meanwhile, run it once
         more, alone on the restarted server, and fail it if the server is lost again."""
         gate = self._gates.setdefault(spec, CrashGate())
         async with gate.shared():
-            outcome, lost = await self._attempt(spec, name, arguments)
+            outcome, lost = await self._attempt(spec, name, arguments, task)
             if not lost:
                 return outcome
             gate.queue_alone()  # before leaving shared use: no new call slips in ahead of the retry
         attempts[0] = 2
         async with gate.alone():
-            outcome, lost = await self._attempt(spec, name, arguments)
+            outcome, lost = await self._attempt(spec, name, arguments, task)
         outcome.attempts = 2
         if lost:
             outcome.error = (f"MCP server {spec.label!r} closed the connection while this call ran, and again "
@@ -286,14 +305,21 @@ class ToolClient:
         starting.add_done_callback(lambda task: task.cancelled() or task.exception())
         return await asyncio.shield(starting)
 
-    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict) -> tuple[CallOutcome, bool]:
+    async def _attempt(self, spec: ServerSpec, name: str, arguments: dict,
+                       task: TaskCall | None) -> tuple[CallOutcome, bool]:
         """One try: (its outcome, whether the server's connection was lost while it ran)."""
         try:
             connection = await self._start(spec)
         except Exception as exc:  # noqa: BLE001 - unreachable url, spawn failure, failed handshake
             return _unreachable(spec, exc), False
+        client = cast(TaskClient, connection.client)  # connected
         try:
-            result = await cast(Client, connection.client).call_tool(name, arguments)  # connected
+            if task is not None:
+                result = await call_as_task(client.task_session, name, arguments, task)
+            else:
+                result = await client.call_tool(name, arguments)
+        except TaskFailed as exc:
+            return CallOutcome(error=str(exc), error_kind=ToolErrorKind.TOOL_ERROR), False
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED:
                 return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
@@ -316,11 +342,6 @@ class ToolClient:
 def _unreachable(spec: ServerSpec, exc: BaseException) -> CallOutcome:
     return CallOutcome(error=f"cannot reach MCP server {spec.label!r}: {describe_error(exc, spec)}",
                        error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED)
-
-
-def _requires_task(tool: Tool) -> bool:
-    """`execution.taskSupport: "required"`: callable only through MCP's tasks utility."""
-    return tool.execution is not None and tool.execution.task_support == "required"
 
 
 def _is_connection_lost(exc: BaseException) -> bool:

@@ -4,7 +4,8 @@
 exit in one task): `open()` starts that task and waits for the handshake, `close()` ends
 it. The client declares what it can answer: sampling (when the run gives a
 `SamplingInbox`: its model answers, tools/sampling.py), elicitation (declined at once:
-offline there is nobody to ask) and roots (none).
+offline there is nobody to ask), roots (none) and MCP's tasks utility (tools/task_session.py:
+task-augmented tool calls, sampling and elicitation).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 from contextlib import AsyncExitStack
 from typing import IO, TextIO, cast
 
-from mcp import Client, StdioServerParameters
+from mcp import StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -21,6 +22,7 @@ from mcp.types import ElicitRequestParams, ElicitResult, ListRootsResult
 
 from tools.sampling import CALLER, Claim, SamplingInbox, no_claim, sampling_callback
 from tools.server_log import ServerStderr
+from tools.task_session import TaskClient
 from tools.servers import ServerSpec
 
 
@@ -31,7 +33,7 @@ class Connection:
                  sampling: SamplingInbox | None = None, claim: Claim = no_claim):
         self.spec, self.errlog, self.connect_timeout_s = spec, errlog, connect_timeout_s
         self.sampling, self.claim = sampling, claim
-        self.client: Client | None = None
+        self.client: TaskClient | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -39,7 +41,7 @@ class Connection:
     def is_open(self) -> bool:
         return self.client is not None and self._task is not None and not self._task.done()
 
-    async def open(self) -> Client:
+    async def open(self) -> TaskClient:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(ready))
         try:
@@ -59,7 +61,7 @@ class Connection:
                     if self.sampling is not None else None)
         try:
             async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(Client(
+                client = await stack.enter_async_context(TaskClient(
                     await self._transport(stack), sampling_callback=callback,
                     elicitation_callback=_decline_elicitation, list_roots_callback=_no_roots))
                 ready.set_result(client)
