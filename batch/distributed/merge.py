@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batch.store.rows import RunRow
-from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
+from batch.run.ledger import RESUME_KEYS, recorded_setting
 from batch.run.shards import Shard, ShardSpecError
 from batch.responses.status import RunStatus
 from batch.store.store import Store
@@ -85,10 +85,6 @@ def read_part(path: Path) -> ShardPart:
     return ShardPart(path, run, shard, line_nos)
 
 
-def _setting(run: RunRow, key: str) -> object:
-    return (run.options or {}).get(key, RESUME_DEFAULTS.get(key))
-
-
 def _check_same_run(parts: list[ShardPart]) -> None:
     first = parts[0]
     for part in parts[1:]:
@@ -100,9 +96,9 @@ def _check_same_run(parts: list[ShardPart]) -> None:
         if part.shard.count != first.shard.count:
             raise MergeError(f"{where} split the input {part.shard.count} and {first.shard.count} ways")
         for key in RESUME_KEYS:
-            if key not in _PER_PART and _setting(part.run, key) != _setting(first.run, key):
-                raise MergeError(f"{where} differ in {key} ({_setting(part.run, key)!r} vs "
-                                 f"{_setting(first.run, key)!r})")
+            if key not in _PER_PART and recorded_setting(part.run, key) != recorded_setting(first.run, key):
+                raise MergeError(f"{where} differ in {key} ({recorded_setting(part.run, key)!r} vs "
+                                 f"{recorded_setting(first.run, key)!r})")
         if part.shard.index == first.shard.index:
             raise MergeError(f"{where} are the same shard")
     seen: set[int] = set()
@@ -135,7 +131,7 @@ def _earlier_merge(store: Store, plan: MergePlan) -> RunRow | None:
         shards = (run.notes or {}).get("shards") or []
         if (shards and run.input_sha256 == first.run.input_sha256 and run.model == first.run.model
                 and Shard.parse(shards[0]["shard"]).count == first.shard.count
-                and all(_setting(run, key) == _setting(first.run, key)
+                and all(recorded_setting(run, key) == recorded_setting(first.run, key)
                         for key in RESUME_KEYS if key not in _PER_PART)):
             return run
     return None
