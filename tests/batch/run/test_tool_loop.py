@@ -6,6 +6,7 @@ label `echo`; the built-in python and browser servers are the shipped ones.
 """
 
 import json
+import os
 import time
 from collections import Counter
 
@@ -20,6 +21,7 @@ from batch.harmony.vocab import harmony_encoding
 from tests.support.fakes import ScriptedBackend
 from tests.support.mcp_servers import echo_stdio
 from tests.support.oracles import validate_event, validate_response
+from tools.process_tree import live_descendants
 
 ECHO = {"type": "mcp", "server_label": "echo"}
 MODEL_ERRORS = {"invalid_arguments", "unknown_recipient", "not_enabled", "max_tool_calls"}
@@ -242,6 +244,36 @@ def test_python_state_lives_for_one_response(tmp_path, store):
     items = response_of(store, "p1")["output"]
     assert [item["type"] for item in items] == ["code_interpreter_call", "code_interpreter_call", "message"]
     assert items[1]["outputs"] == [{"type": "logs", "logs": "42\n"}]
+
+
+@pytest.mark.slow  # ~10 s: two servers start; tests/tools/test_client.py has the fast check
+def test_an_interrupted_run_leaves_no_tool_server_alive(tmp_path, store):
+    """Ctrl-C while a python call and an MCP call are in flight (another response decoding): every
+    server process of the run ends with it, none restarted for the calls the closing cut off."""
+    scripts = {"slow": [think() + call("python", "import time; time.sleep(60)", "analysis", "code"), final("-")],
+               "echo": [think() + call("echo.sleep", '{"seconds": 60}'), final("-")],
+               "long": [final("word " * 1500)]}
+    lines = [request("p", "slow", tools=[{"type": "code_interpreter"}]), request("e", "echo", tools=[ECHO]),
+             request("l", "long")]
+    before = set(live_descendants(os.getpid()))
+    runner: list = []
+
+    def interrupt_once_both_calls_run(backend):
+        if len(runner[0].loop.awaiting) == 2:
+            raise KeyboardInterrupt
+        time.sleep(0.02)  # paces "long" while the servers start: it must still decode then
+
+    backend = backend_for(scripts, on_step=interrupt_once_both_calls_run, tokens_per_step=1)
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                         prompt=PromptOptions(conversation_date="2025-01-01"),
+                         tool_options=ToolOptions(servers={"echo": echo_stdio()}, call_timeout_s=120))
+    runner.append(Runner(store, backend, options))
+    with pytest.raises(KeyboardInterrupt):
+        runner[0].run()
+    assert set(live_descendants(os.getpid())) - before == set()
+    assert rows(store, "SELECT status FROM runs") == [("interrupted",)]
 
 
 def test_browser_search_is_a_web_search_call(tmp_path, store):
