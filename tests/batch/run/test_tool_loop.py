@@ -339,3 +339,28 @@ def test_unknown_mcp_server_label_is_an_invalid_line(tmp_path, store):
     [(error,)] = rows(store, "SELECT error FROM requests")
     assert error == ("line 1: tools[0].server_label: mcp server 'nowhere' has no server_url "
                      "and no --mcp-config entry")
+
+
+def test_tools_that_would_answer_one_harmony_name_make_an_invalid_line(tmp_path, store):
+    """A label served by a built-in's section (python, browser) beside that built-in, one label twice, or
+    the `functions` namespace: the model could not tell the tools apart, so the line is refused."""
+    python_mcp = {"type": "mcp", "server_label": "python", "server_url": "http://127.0.0.1:9/mcp"}
+    browser_mcp = {"type": "mcp", "server_label": "browser", "server_url": "http://127.0.0.1:9/mcp"}
+    lines = [request("c1", "x", tools=[{"type": "code_interpreter"}, python_mcp]),
+             request("c2", "x", tools=[browser_mcp, {"type": "web_search_preview"}]),
+             request("c3", "x", tools=[browser_mcp, {**browser_mcp, "server_label": "web_search"}]),
+             request("c4", "x", tools=[ECHO, {"type": "function", "name": "f"}, ECHO]),
+             request("c5", "x", tools=[{**ECHO, "server_label": "functions"}])]
+    summary = run(tmp_path, store, backend_for({"x": [final("no")]}), lines)
+    assert summary.statuses == Counter(invalid=5)
+    assert [error for (error,) in rows(store, "SELECT error FROM requests ORDER BY line_no")] == [
+        "line 1: tools[1].server_label: mcp server 'python' would answer the built-in python tool (to=python), "
+        "as tools[0] (code_interpreter) does: the model could not tell them apart; keep one",
+        "line 2: tools[1].type: web_search_preview would answer the built-in browser tool (to=browser.*), "
+        "as tools[0] (mcp server 'browser') does: the model could not tell them apart; keep one",
+        "line 3: tools[1].server_label: mcp server 'web_search' would answer the built-in browser tool "
+        "(to=browser.*), as tools[0] (mcp server 'browser') does: the model could not tell them apart; keep one",
+        "line 4: tools[2].server_label: mcp server 'echo' would answer the namespace echo (to=echo.*), "
+        "as tools[0] (mcp server 'echo') does: the model could not tell them apart; keep one",
+        "line 5: tools[0].server_label: 'functions' is the namespace of function tools (to=functions.*): "
+        "give the MCP server another label"]
