@@ -257,9 +257,11 @@ def test_an_interrupted_run_leaves_no_tool_server_alive(tmp_path, store):
              request("l", "long")]
     before = set(live_descendants(os.getpid()))
     runner: list = []
+    during: set[int] = set()  # the servers and the python cell's sandbox, as the interrupt comes
 
     def interrupt_once_both_calls_run(backend):
         if len(runner[0].loop.awaiting) == 2:
+            during.update(set(live_descendants(os.getpid())) - before)
             raise KeyboardInterrupt
         time.sleep(0.02)  # paces "long" while the servers start: it must still decode then
 
@@ -273,7 +275,17 @@ def test_an_interrupted_run_leaves_no_tool_server_alive(tmp_path, store):
     with pytest.raises(KeyboardInterrupt):
         runner[0].run()
     assert set(live_descendants(os.getpid())) - before == set()
+    # None lives on elsewhere either (an orphan is re-parented away from this process).
+    assert len(during) >= 3 and [pid for pid in during if _alive(pid)] == []
     assert rows(store, "SELECT status FROM runs") == [("interrupted",)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_browser_search_is_a_web_search_call(tmp_path, store):
