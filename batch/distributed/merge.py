@@ -134,7 +134,7 @@ def plan_merge(paths: list[Path]) -> MergePlan:
                     or [max(part.line_nos, default=0) for part in parts])
     count = parts[0].shard.count
     present = {part.shard.index for part in parts}
-    epochs = int(cast(int, recorded_setting(parts[0].run, "epochs")))
+    epochs = cast(int, recorded_setting(parts[0].run, "epochs"))  # a JSON number in runs.options
     missing_lines = sorted(line for part in parts for line in part.shard.line_numbers(num_lines)
                            if not _has_every_epoch(line, epochs, part.samples))
     return MergePlan(parts, num_lines, [Shard(k, count) for k in range(count) if k not in present],
