@@ -156,6 +156,9 @@ class ToolClient:
         async with self._locks.setdefault(spec, asyncio.Lock()):
             connection = self._connections.get(spec)
             if connection is None or not connection.is_open:
+                if self._closed:  # a call that closing cut off must not restart its server for a retry:
+                    # that process would start after `_close_all` took the connections, and outlive the client
+                    raise ConnectionError("the tool client is closing: no server is started or restarted")
                 connection = Connection(spec, self._errlog, self.connect_timeout_s, self.sampling,
                                         claim=lambda: self._claim(spec))
                 self._connections[spec] = connection
@@ -337,6 +340,12 @@ class ToolClient:
     async def _close_all(self) -> None:
         connections, self._connections = list(self._connections.values()), {}
         await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+        # What still runs (a cut-off call waiting to retry, a listing) ends here, its future cancelled,
+        # rather than pending forever on a stopped loop.
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
 
 def _unreachable(spec: ServerSpec, exc: BaseException) -> CallOutcome:

@@ -5,7 +5,8 @@ gpt-oss knows two built-in tools by harmony name: `python` (the request's
 live in the `functions` namespace, MCP servers in a namespace named by their
 `server_label`. An MCP server whose label names a built-in tool (`code_interpreter`,
 `python`, `browser`, ...) is served by the built-in tool's harmony section, so
-`to=python` becomes an `mcp_call` on that label, as vLLM does. Rendering the tools into
+`to=python` becomes an `mcp_call` on that label, as vLLM does; beside the built-in itself
+(or a second such label) it is refused (`check_harmony_names`). Rendering the tools into
 the prompt is the protocol's side: batch/harmony/tool_sections.py.
 
 An MCP server's tools are known only once it is listed: `add_listing()` (filtered by
@@ -29,6 +30,60 @@ _HARMONY_NAMES = {"python": ("python",), "browser": BROWSER_ACTIONS}
 
 class ToolChoiceError(ValueError):
     """`tool_choice` names a tool the request does not enable."""
+
+
+class ToolNameError(ValueError):
+    """Two of a request's tools would answer one harmony name (the message names the field)."""
+
+
+def check_harmony_names(tools: list[dict]) -> None:
+    """Raise ToolNameError when an mcp tool shares its harmony name with another tool.
+
+    An mcp tool labelled as a built-in is served by the built-in's section (`to=python`,
+    `to=browser.*`): beside that built-in, or beside another such label, the calls of the two
+    could not be told apart (the registry kept whichever came last). One label twice is one
+    namespace twice; `functions` is the function tools' namespace. Function tools, and
+    built-ins among themselves, are not checked here."""
+    claimed: dict[str, int] = {}
+    for index, tool in enumerate(tools):
+        name = _harmony_name(tool)
+        if name is None:
+            continue
+        field = f"tools[{index}].server_label" if tool["type"] == "mcp" else f"tools[{index}].type"
+        if tool["type"] == "mcp" and name == "functions":
+            raise ToolNameError(f"{field}: 'functions' is the namespace of function tools (to=functions.*): "
+                                "give the MCP server another label")
+        other = claimed.get(name)
+        if other is not None and "mcp" in (tool["type"], tools[other]["type"]):
+            raise ToolNameError(f"{field}: {_described(tool)} would answer {_described_name(name)}, as "
+                                f"tools[{other}] ({_described(tools[other])}) does: the model could not tell "
+                                "them apart; keep one")
+        claimed.setdefault(name, index)
+
+
+def _harmony_name(tool: dict) -> str | None:
+    """The harmony name (built-in tool or namespace) a tool answers; None for function tools."""
+    kind = tool["type"]
+    if kind == "code_interpreter":
+        return "python"
+    if kind.startswith("web_search"):
+        return "browser"
+    if kind == "mcp":
+        label = tool["server_label"]
+        return "python" if label in PYTHON_LABELS else "browser" if label in BROWSER_LABELS else label
+    return None
+
+
+def _described(tool: dict) -> str:
+    return f"mcp server {tool['server_label']!r}" if tool["type"] == "mcp" else tool["type"]
+
+
+def _described_name(name: str) -> str:
+    if name == "python":
+        return "the built-in python tool (to=python)"
+    if name == "browser":
+        return "the built-in browser tool (to=browser.*)"
+    return f"the namespace {name} (to={name}.*)"
 
 
 @dataclass(frozen=True)

@@ -123,13 +123,16 @@ def worker_lines(workers: list[dict]) -> list[str]:
 
 def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> str:
     """What `batchrun merge` did: the merged run, its parts, and what is missing."""
+    epochs = f" x {plan.epochs} epochs: {run.n_requests} requests" if plan.epochs > 1 else ""
     lines = [f"merged {len(plan.parts)} shard(s) of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
-             f"{run.n_requests} of {plan.num_lines} lines ({run.status})"]
+             f"{plan.num_lines_present} of {plan.num_lines} lines{epochs} ({run.status})"]
     if plan.earlier_run is not None:
+        kept = len(plan.earlier_samples) if plan.epochs > 1 else len({line for line, _ in plan.earlier_samples})
         lines.append(f"  merged again: run {run.run_id} was there; the parts' lines replaced its copies of them"
-                     + (f", {len(plan.earlier_lines)} other lines kept" if plan.earlier_lines else ""))
+                     + (f", {kept} other {'rows' if plan.epochs > 1 else 'lines'} kept" if kept else ""))
     lines += [f"  shard {part.shard.label}: {part.path} run {part.run.run_id} ({part.run.status}), "
-              f"{len(part.line_nos)} rows" for part in plan.parts]
+              + (f"{len(part.line_nos)} lines, " if plan.epochs > 1 else "") + f"{len(part.samples)} rows"
+              for part in plan.parts]
     lines += worker_lines(workers)
     if plan.missing_shards:
         lines.append("missing shards: " + ", ".join(shard.label for shard in plan.missing_shards)

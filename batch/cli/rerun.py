@@ -14,7 +14,7 @@ import click
 
 from batch.responses.status import RequestStatus, RunStatus
 from batch.run.reader import scan_input
-from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
+from batch.run.ledger import RESUME_KEYS, recorded_setting
 from batch.run.options import RunOptions
 from batch.store.runs import ListedRun
 from batch.store.store import Store
@@ -27,7 +27,8 @@ def settings(options: RunOptions) -> dict:
             "temperature": session.temperature, "top_p": session.top_p,
             "conversation_date": prompt.conversation_date, "reasoning_effort": prompt.reasoning_effort,
             "max_turns": session.max_turns, "max_tool_output_bytes": session.max_tool_output_bytes,
-            "shard": options.shard.label if options.shard else None, "epochs": options.epochs}
+            "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
+            "deterministic": options.deterministic}
 
 
 def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
@@ -43,8 +44,7 @@ def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
         return None
     sha256, ours = scan_input(options.input_path).sha256, settings(options)
     for listed in candidates:  # newest first
-        stored = listed.run.options or {}
-        if listed.run.input_sha256 == sha256 and all(stored.get(key, RESUME_DEFAULTS.get(key)) == ours[key]
+        if listed.run.input_sha256 == sha256 and all(recorded_setting(listed.run, key) == ours[key]
                                                      for key in RESUME_KEYS):
             return listed
     return None

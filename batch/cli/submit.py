@@ -315,7 +315,7 @@ def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> Ru
     return RunOptions(
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
-        max_line_bytes=submit.max_line_bytes, epochs=submit.epochs,
+        max_line_bytes=submit.max_line_bytes, epochs=submit.epochs, deterministic=submit.deterministic,
         prompt=PromptOptions(conversation_date=submit.conversation_date,
                              reasoning_effort=submit.reasoning_effort),
         session=SessionOptions(model=model_dir.name, max_output_tokens=submit.max_output_tokens,

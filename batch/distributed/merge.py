@@ -20,9 +20,10 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from batch.store.rows import RunRow
-from batch.run.ledger import RESUME_DEFAULTS, RESUME_KEYS
+from batch.run.ledger import RESUME_KEYS, recorded_setting
 from batch.run.shards import Shard, ShardSpecError
 from batch.responses.status import RunStatus
 from batch.store.store import Store
@@ -39,12 +40,16 @@ class MergeError(ValueError):
 
 @dataclass
 class ShardPart:
-    """One shard database: its shard run and the line numbers that have rows."""
+    """One shard database: its shard run and the samples (line, epoch) that have rows."""
 
     path: Path
     run: RunRow
     shard: Shard
-    line_nos: set[int]
+    samples: set[tuple[int, int]]  # with --epochs K a line has K, and a shard owns every epoch of its lines
+
+    @property
+    def line_nos(self) -> set[int]:
+        return {line for line, _ in self.samples}
 
 
 @dataclass
@@ -54,13 +59,24 @@ class MergePlan:
     parts: list[ShardPart]
     num_lines: int
     missing_shards: list[Shard] = field(default_factory=list)
-    missing_lines: list[int] = field(default_factory=list)  # lines of present shards without a row
+    missing_lines: list[int] = field(default_factory=list)  # lines of present shards lacking a sample's row
+    epochs: int = 1  # --epochs K: rows per line
     earlier_run: str | None = None  # the output's run that an earlier merge of this split made
-    earlier_lines: set[int] = field(default_factory=set)  # its lines no part holds (kept)
+    earlier_samples: set[tuple[int, int]] = field(default_factory=set)  # its samples no part holds (kept)
 
     @property
     def is_complete(self) -> bool:
         return not self.missing_shards and not self.missing_lines
+
+    @property
+    def num_rows(self) -> int:
+        """The merged run's requests rows: the parts' and the earlier merge's kept ones."""
+        return sum(len(part.samples) for part in self.parts) + len(self.earlier_samples)
+
+    @property
+    def num_lines_present(self) -> int:
+        """Lines with at least one row in the merged run."""
+        return len(set().union(*(part.line_nos for part in self.parts)) | {line for line, _ in self.earlier_samples})
 
 
 def read_part(path: Path) -> ShardPart:
@@ -71,22 +87,18 @@ def read_part(path: Path) -> ShardPart:
             if not runs:
                 raise MergeError(f"{path}: no run made with --shard K/N in this database")
             run = runs[0]
-            line_nos = store.runs.finished_line_numbers(run.run_id)
+            samples = store.runs.finished_samples(run.run_id)
     except (StoreOpenError, FileNotFoundError) as exc:
         raise MergeError(str(exc)) from None
     try:
         shard = Shard.parse(run.options["shard"])
     except ShardSpecError as exc:
         raise MergeError(f"{path}: run {run.run_id}: {exc}") from None
-    foreign = sorted(line for line in line_nos if not shard.owns(line))
+    foreign = sorted(line for line, _ in samples if not shard.owns(line))
     if foreign:
         raise MergeError(f"{path}: run {run.run_id} (shard {shard.label}) holds line {foreign[0]}, "
                          "which is another shard's")
-    return ShardPart(path, run, shard, line_nos)
-
-
-def _setting(run: RunRow, key: str) -> object:
-    return (run.options or {}).get(key, RESUME_DEFAULTS.get(key))
+    return ShardPart(path, run, shard, samples)
 
 
 def _check_same_run(parts: list[ShardPart]) -> None:
@@ -100,9 +112,9 @@ def _check_same_run(parts: list[ShardPart]) -> None:
         if part.shard.count != first.shard.count:
             raise MergeError(f"{where} split the input {part.shard.count} and {first.shard.count} ways")
         for key in RESUME_KEYS:
-            if key not in _PER_PART and _setting(part.run, key) != _setting(first.run, key):
-                raise MergeError(f"{where} differ in {key} ({_setting(part.run, key)!r} vs "
-                                 f"{_setting(first.run, key)!r})")
+            if key not in _PER_PART and recorded_setting(part.run, key) != recorded_setting(first.run, key):
+                raise MergeError(f"{where} differ in {key} ({recorded_setting(part.run, key)!r} vs "
+                                 f"{recorded_setting(first.run, key)!r})")
         if part.shard.index == first.shard.index:
             raise MergeError(f"{where} are the same shard")
     seen: set[int] = set()
@@ -122,10 +134,16 @@ def plan_merge(paths: list[Path]) -> MergePlan:
                     or [max(part.line_nos, default=0) for part in parts])
     count = parts[0].shard.count
     present = {part.shard.index for part in parts}
+    epochs = cast(int, recorded_setting(parts[0].run, "epochs"))  # a JSON number in runs.options
     missing_lines = sorted(line for part in parts for line in part.shard.line_numbers(num_lines)
-                           if line not in part.line_nos)
+                           if not _has_every_epoch(line, epochs, part.samples))
     return MergePlan(parts, num_lines, [Shard(k, count) for k in range(count) if k not in present],
-                     missing_lines)
+                     missing_lines, epochs)
+
+
+def _has_every_epoch(line: int, epochs: int, samples: set[tuple[int, int]]) -> bool:
+    """Whether each of the line's K samples has a row (a shard killed mid-line may hold some only)."""
+    return all((line, epoch) in samples for epoch in range(epochs))
 
 
 def _earlier_merge(store: Store, plan: MergePlan) -> RunRow | None:
@@ -135,7 +153,7 @@ def _earlier_merge(store: Store, plan: MergePlan) -> RunRow | None:
         shards = (run.notes or {}).get("shards") or []
         if (shards and run.input_sha256 == first.run.input_sha256 and run.model == first.run.model
                 and Shard.parse(shards[0]["shard"]).count == first.shard.count
-                and all(_setting(run, key) == _setting(first.run, key)
+                and all(recorded_setting(run, key) == recorded_setting(first.run, key)
                         for key in RESUME_KEYS if key not in _PER_PART)):
             return run
     return None
@@ -155,13 +173,16 @@ def with_earlier_merge(store: Store, plan: MergePlan, run_id: str | None) -> Mer
         raise MergeError(f"{store.path}: run {earlier.run_id} there already merges these shards; merge "
                          f"again without --run-id (or with --run-id {earlier.run_id}) to complete it, "
                          "or write to another -o")
-    held = {line for part in plan.parts for line in part.line_nos}
-    kept = store.runs.finished_line_numbers(earlier.run_id) - held
+    held = set().union(*(part.samples for part in plan.parts))
+    kept = store.runs.finished_samples(earlier.run_id) - held
+    merged = held | kept
     missing_shards = [shard for shard in plan.missing_shards
-                      if not set(shard.line_numbers(plan.num_lines)) <= kept]
+                      if not all(_has_every_epoch(line, plan.epochs, merged)
+                                 for line in shard.line_numbers(plan.num_lines))]
     return dataclasses.replace(plan, missing_shards=missing_shards,
-                               missing_lines=[line for line in plan.missing_lines if line not in kept],
-                               earlier_run=earlier.run_id, earlier_lines=kept)
+                               missing_lines=[line for line in plan.missing_lines
+                                              if not _has_every_epoch(line, plan.epochs, merged)],
+                               earlier_run=earlier.run_id, earlier_samples=kept)
 
 
 def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
@@ -178,7 +199,7 @@ def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
              "missing_lines": len(plan.missing_lines),
              "missing_shards": [shard.label for shard in plan.missing_shards],
              "shards": [{"shard": part.shard.label, "db": str(part.path), "run_id": part.run.run_id,
-                         "status": part.run.status, "n_requests": len(part.line_nos)}
+                         "status": part.run.status, "n_requests": len(part.samples)}
                         for part in plan.parts]}
     return RunRow(
         run_id=run_id or f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}",
@@ -188,9 +209,7 @@ def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
         # shard None: a plain `submit` on the merged file continues a partial merge.
         options={**(first.options or {}), "shard": None},
         status=RunStatus.COMPLETED if plan.is_complete else RunStatus.PARTIAL,
-        # requests rows: with --epochs K each line has K (a shard owns every epoch of its lines).
-        n_requests=(sum(len(part.line_nos) for part in plan.parts) + len(plan.earlier_lines))
-        * int((first.options or {}).get("epochs") or 1), notes=notes,
+        n_requests=plan.num_rows, notes=notes,
         batchrun_version=first.batchrun_version)
 
 

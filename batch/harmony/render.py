@@ -31,6 +31,7 @@ from batch.harmony.token_parser import END_TOKEN, MESSAGE_TOKEN
 from batch.harmony.tool_sections import has_developer_tools, with_developer_tools, with_system_tools
 from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
+from tools.servers import builtin_kind
 
 KNOWLEDGE_CUTOFF = "2024-06"
 _EFFORT = {
@@ -213,9 +214,15 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         code = _string_field(item, index, "code")
         return [_assistant(code, "analysis", "python", "code"), _tool("python", logs)]
     if kind == "mcp_call":
-        recipient = f"{item['server_label']}.{item['name']}"
         output = _string_field(item, index, "output") or _error_text(item.get("error"))
         arguments = _string_field(item, index, "arguments")
+        builtin = builtin_kind(item["server_label"])
+        if builtin == "python":  # served by the built-in's section: the call was `to=python`, as the guide's
+            return [_assistant(arguments, "analysis", "python", "code"), _tool("python", output)]
+        if builtin == "browser":  # ... and `to=browser.<action>`, never `web_search.search` nor on commentary
+            recipient = f"browser.{item['name']}"
+            return [_assistant(arguments, "analysis", recipient, "<|constrain|>json"), _tool(recipient, output)]
+        recipient = f"{item['server_label']}.{item['name']}"
         return [_assistant(arguments, "commentary", recipient, "<|constrain|>json"), _tool(recipient, output)]
     return []  # web_search_call, mcp_list_tools: nothing the model needs to re-read
 

@@ -28,7 +28,7 @@ from batch.responses.status import RequestStatus
 from batch.store.store import Store
 from engine.api import derive_seed
 from tools.client import Listing
-from tools.registry import ToolChoiceError, ToolRegistry
+from tools.registry import ToolChoiceError, ToolNameError, ToolRegistry, check_harmony_names
 from tools.servers import ServerCatalog
 
 
@@ -79,9 +79,10 @@ def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) 
     try:
         items = conversation_items(request, store)
         tools = request.tool_dicts()
+        check_harmony_names(tools)
         registry = ToolRegistry.from_tools(tools, request.tool_choice_json())
         _check_servers(tools, registry, catalog)
-    except AdmissionError as exc:
+    except (AdmissionError, ToolNameError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
     return Prepared(line, request, items, registry)
 

@@ -25,9 +25,12 @@ from batch.store.store import Store
 
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
-               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs")
+               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs", "deterministic")
 # What a run recorded before a key existed ran with (so a rerun still continues it).
-RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1}
+RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1, "deterministic": False}
+# Keys even an explicit --resume/--retry-failed must match: --deterministic promises the same
+# tokens however a run is split, and a resume is a split; its runs row names one numerics.
+STRICT_RESUME_KEYS = ("deterministic",)
 
 
 class RunError(RuntimeError):
@@ -62,8 +65,12 @@ class RunLedger:
                 raise RunError(f"--run-id {run_id}: a run with that id exists; use --resume {run_id}")
             self.store.runs.create(run_row(options, run_id, input_sha))
             return OpenedRun(run_id, False, set())
-        if self.get(run_id).input_sha256 != input_sha:
+        stored = self.get(run_id)
+        if stored.input_sha256 != input_sha:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
+        if options.resume or options.retry_failed:
+            _check_strict_settings(stored, run_row(options, run_id, input_sha).options,
+                                   "--resume" if options.resume else "--retry-failed")
         done = self.store.runs.finished_samples(run_id)
         if options.retry_failed:
             failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
@@ -83,8 +90,7 @@ class RunLedger:
         stored = self.get(run_id)
         ours = run_row(options, run_id, input_sha)
         same = stored.model == ours.model and all(
-            (stored.options or {}).get(key, RESUME_DEFAULTS.get(key)) == ours.options[key]
-            for key in RESUME_KEYS)
+            recorded_setting(stored, key) == ours.options[key] for key in RESUME_KEYS)
         return run_id if same else None
 
     def get(self, run_id: str) -> RunRow:
@@ -114,6 +120,32 @@ class RunLedger:
         return rows if any(row["worker"] for row in rows) else []
 
 
+def recorded_setting(run: RunRow, key: str) -> object:
+    """The value of resume setting `key` that `run` recorded (what a run from before the key ran with)."""
+    options = run.options or {}
+    if key in options:
+        return options[key]
+    if key == "deterministic":  # recorded in engine_config alone before it was a resume key
+        return bool((run.engine_config or {}).get("deterministic", False))
+    return RESUME_DEFAULTS.get(key)
+
+
+def _check_strict_settings(stored: RunRow, ours: dict, flag: str) -> None:
+    for key in STRICT_RESUME_KEYS:
+        theirs = recorded_setting(stored, key)
+        if theirs != ours[key]:
+            raise RunError(f"{flag} {stored.run_id}: the run was started with {_flag(key, theirs)}; "
+                           f"this command has {_flag(key, ours[key])}: pass {_flag(key, theirs)} to continue it, "
+                           "or decode a new run (--run-id NEW_ID)")
+
+
+def _flag(key: str, value: object) -> str:
+    name = key.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    return f"--{name} {value}"
+
+
 def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
     """The runs row a new run of `options` starts with; its options are what RESUME_KEYS compare."""
     return RunRow(
@@ -130,7 +162,8 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
                  "mcp_config": options.tool_options.config_path,
                  "mcp_servers": sorted(options.tool_options.servers),  # labels only: no secrets
                  "max_tool_output_bytes": options.session.max_tool_output_bytes,
-                 "shard": options.shard.label if options.shard else None, "epochs": options.epochs},
+                 "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
+                 "deterministic": options.deterministic},
         notes={}, batchrun_version=_version())
 
 

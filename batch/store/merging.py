@@ -27,8 +27,8 @@ def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]], *, rep
 
     Rows keep their columns but run_id, which becomes `run.run_id`; a source
     missing a newer column gets its default. With ``replace``, `run` exists: its runs row
-    is replaced and so is each line a source holds (the line's requests row, its response
-    and that response's traces); its other lines stay. Nothing is written if anything fails.
+    is replaced and so is each sample (line, epoch) a source holds (its requests row, its response
+    and that response's traces); its other samples stay. Nothing is written if anything fails.
     """
     aliases = [f"_batchrun_part_{index}" for index in range(len(sources))]
     con = store.con
@@ -60,11 +60,13 @@ def _as_store_errors() -> Iterator[None]:
 
 
 def _delete_lines(con: duckdb.DuckDBPyConnection, run_id: str, alias: str, source_run: str) -> None:
-    """Delete the lines of run `run_id` that `alias`'s run `source_run` holds, with what hangs off them."""
-    lines = f"SELECT line_no FROM {alias}.requests WHERE run_id = $source"
-    old = f"SELECT response_id FROM requests WHERE run_id = $run AND line_no IN ({lines})"
+    """Delete the samples (line, epoch) of run `run_id` that `alias`'s run `source_run` holds, with what
+    hangs off them. By sample, not line: with --epochs a part may hold some epochs of a line only, and
+    the run's other epochs of it (a plain submit decoded them) stay."""
+    held = (f"EXISTS (SELECT 1 FROM {alias}.requests s WHERE s.run_id = $source "
+            "AND s.line_no = requests.line_no AND s.epoch = requests.epoch)")
+    old = f"SELECT response_id FROM requests WHERE run_id = $run AND {held}"
     for table in ("responses", *TRACE_TABLES):  # the requests rows go last: they say which responses are old
         con.execute(f"DELETE FROM {table} WHERE run_id = $run AND response_id IN ({old})",
                     {"run": run_id, "source": source_run})
-    con.execute(f"DELETE FROM requests WHERE run_id = $run AND line_no IN ({lines})",
-                {"run": run_id, "source": source_run})
+    con.execute(f"DELETE FROM requests WHERE run_id = $run AND {held}", {"run": run_id, "source": source_run})

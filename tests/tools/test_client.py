@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 
 import pytest
 
 from tests.support.mcp_servers import echo_http, echo_stdio
 from tools.client import ToolClient
+from tools.process_tree import live_descendants
 from tools.servers import ServerSpec
 
 SECRET = "tok-not-stored-4711"
@@ -114,6 +116,20 @@ def test_closing_stops_stdio_servers():
     assert not _alive(pid)
     with pytest.raises(RuntimeError, match="closed"):
         client.call(echo_stdio(), "pid", {})
+
+
+def test_closing_with_calls_in_flight_restarts_no_server():
+    """A call whose connection closing cuts off is not retried on a restarted server: after close()
+    no process of the client is left (a retry's server used to outlive it)."""
+    before = set(live_descendants(os.getpid()))
+    client = ToolClient(call_timeout_s=120)
+    spec = echo_stdio()
+    in_flight = [client.call(spec, "sleep", {"seconds": 60}) for _ in range(2)]
+    assert call(client, spec, "add", a=1, b=2).output == "3"  # the server is up, the sleeps sent before
+    client.close()
+    assert set(live_descendants(os.getpid())) - before == set()
+    # Each cut-off call has ended, cancelled or failed: none is left pending on the stopped loop.
+    assert all(future.cancelled() or future.result().error for future in in_flight)
 
 
 def _alive(pid: int) -> bool:

@@ -181,6 +181,14 @@ def guide_prompt(body: dict) -> list[int]:
             text = "\n".join(part["text"] for part in item.get("content") or [])
             if text:
                 messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"))
+        elif kind == "mcp_call" and item["server_label"] in PYTHON_LABELS | BROWSER_LABELS:
+            # A built-in's label is served by the built-in's section: the call was the guide's built-in call,
+            # on analysis, to `python` (code) or `browser.<action>` (as a function call's JSON otherwise).
+            is_python = item["server_label"] in PYTHON_LABELS
+            recipient = "python" if is_python else f"browser.{item['name']}"
+            messages.append(Message.from_role_and_content(Role.ASSISTANT, item["arguments"]).with_channel("analysis")
+                            .with_recipient(recipient).with_content_type("code" if is_python else "<|constrain|>json"))
+            messages.append(_tool_message(recipient, item.get("output") or item.get("error") or ""))
         elif kind in ("function_call", "mcp_call"):  # the guide's "Receiving tool calls"
             recipient = (f"functions.{item['name']}" if kind == "function_call"
                          else f"{item['server_label']}.{item['name']}")
@@ -316,6 +324,15 @@ CORPUS: dict[str, dict] = {
     "mcp_call error replayed": {"tools": [MCP_CALC], "input": [
         {"role": "user", "content": "1+2?"},
         {"type": "mcp_call", "server_label": "calc", "name": "add", "arguments": "{}", "error": "bad arguments"}]},
+    "mcp_call replayed, python label": {"tools": [{"type": "mcp", "server_label": "python",
+                                                   "server_url": "http://127.0.0.1:9/mcp"}], "input": [
+        {"role": "user", "content": "12**5?"},
+        {"type": "mcp_call", "id": "mcp_2", "server_label": "python", "name": "python", "arguments": "print(12**5)",
+         "output": "248832\n"}]},
+    "mcp_call replayed, web_search label": {"input": [  # the tool is gone from this request: the call stays
+        {"role": "user", "content": "News?"},
+        {"type": "mcp_call", "id": "mcp_3", "server_label": "web_search", "name": "search",
+         "arguments": '{"query": "news"}', "output": "[0] Nothing new"}]},
     "mcp_list_tools replayed": {"tools": [MCP_CALC], "input": [
         {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "calc", "tools": []},
         {"role": "user", "content": "1+2?"}]},

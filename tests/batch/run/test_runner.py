@@ -499,6 +499,20 @@ def test_the_ledger_opens_matches_and_closes_runs_alone(tmp_path, store):
         ledger.open(dataclasses.replace(options, resume="nope"), "sha-1")
 
 
+def test_a_run_from_before_deterministic_was_a_resume_key_is_matched_by_its_engine_config(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short")])
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"), deterministic=True,
+                         engine_config={"deterministic": True})
+    ledger = RunLedger(store)
+    first = ledger.open(options, "sha-1")
+    older = {key: value for key, value in store.runs.get(first.run_id).options.items() if key != "deterministic"}
+    store.runs.update(first.run_id, options=older)
+    assert ledger.matching_unfinished_run(options, "sha-1") == first.run_id
+    assert ledger.matching_unfinished_run(dataclasses.replace(options, deterministic=False), "sha-1") is None
+    with pytest.raises(RunError, match="started with --deterministic; this command has --no-deterministic"):
+        ledger.open(dataclasses.replace(options, deterministic=False, resume=first.run_id), "sha-1")
+
+
 def test_epochs_decode_each_line_k_times_and_a_rerun_finishes_the_missing_samples(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl", [request("c1", "short"), request("c2", "short"),
                                                '{"custom_id": "c3", "input": 5}'])

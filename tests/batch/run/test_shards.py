@@ -196,3 +196,48 @@ def test_merging_again_keeps_lines_a_plain_submit_decoded(tmp_path, tiny_model_d
     assert "missing" not in result.output
     assert rows(merged, "SELECT count(*), count(DISTINCT line_no), any_value(run_id) FROM requests") == \
         [(4, 4, "m")]
+
+
+def test_shards_with_epochs_merge_every_sample_once(tmp_path, tiny_model_dir, small):
+    """`--shard K/N --epochs K` parts merged: each (line, epoch) once with its status, as one process
+    decodes them; a shard that lost one epoch of a line is reported, and a plain submit decodes it."""
+    source = tmp_path / "in.jsonl"
+    source.write_text(small.read_text() + '{"custom_id": "bad", "input": 5}\n')  # line 5: invalid
+    epochs = ["--epochs", "2"]
+    single = tmp_path / "single.duckdb"
+    assert cli("submit", source, "--db", single, "--model", tiny_model_dir, *GREEDY, *epochs).exit_code == 0
+    parts = run_shards(tmp_path, source, tiny_model_dir, 2, extra=epochs)
+    merged = tmp_path / "run.duckdb"
+    result = cli("merge", *parts, "-o", merged, "--run-id", "m")
+    assert result.exit_code == 0, result.output
+    assert "5 of 5 lines x 2 epochs: 10 requests (completed)" in result.output, result.output
+    assert "shard 1/2:" in result.output and "2 lines, 4 rows" in result.output, result.output
+    query = "SELECT line_no, epoch, custom_id, status FROM requests ORDER BY line_no, epoch"
+    samples = rows(merged, query)
+    assert [(line, epoch) for line, epoch, _, _ in samples] == [(line, e) for line in range(1, 6) for e in (0, 1)]
+    assert samples == rows(single, query)
+    assert [status for *_, status in samples[-2:]] == ["invalid", "invalid"]
+    assert rows(merged, "SELECT n_requests, status FROM runs") == [(10, "completed")]
+    assert rows(merged, "SELECT count(DISTINCT response_id) FROM responses") == [(8,)]
+    [(second,)] = rows(merged, "SELECT response_id FROM requests WHERE line_no = 2 AND epoch = 1")
+    shown = cli("show", second, "--db", merged)
+    assert shown.exit_code == 0 and second in shown.output, shown.output
+
+    # Shard 1 lost line 4's second sample (killed before writing it): that sample is missing.
+    with duckdb.connect(str(parts[1])) as con:  # its request, response and traces: one write, not made
+        lost = "SELECT response_id FROM requests WHERE line_no = 4 AND epoch = 1"
+        for table in ("responses", "events", "turns", "tool_calls", "tokens"):
+            con.execute(f"DELETE FROM {table} WHERE response_id IN ({lost})")
+        con.execute("DELETE FROM requests WHERE line_no = 4 AND epoch = 1")
+    lossy = tmp_path / "lossy.duckdb"
+    result = cli("merge", *parts, "-o", lossy, "--run-id", "l")
+    assert result.exit_code == 1 and "missing lines of present shards: 1 (4)" in result.output, result.output
+    assert rows(lossy, "SELECT n_requests, status FROM runs") == [(9, "partial")]
+    resumed = cli("submit", source, "--db", lossy, "--model", tiny_model_dir, *GREEDY, *epochs)
+    assert "1 requests this time" in resumed.output and "9 already done" in resumed.output, resumed.output
+    assert rows(lossy, query) == samples
+    # Merging the same parts again keeps the sample that plain submit decoded (the parts lack it).
+    again = cli("merge", *parts, "-o", lossy)
+    assert again.exit_code == 0 and "10 requests (completed)" in again.output, again.output
+    assert "1 other rows kept" in again.output, again.output
+    assert rows(lossy, query) == samples and rows(lossy, "SELECT n_requests FROM runs") == [(10,)]

@@ -6,6 +6,7 @@ label `echo`; the built-in python and browser servers are the shipped ones.
 """
 
 import json
+import os
 import time
 from collections import Counter
 
@@ -20,6 +21,7 @@ from batch.harmony.vocab import harmony_encoding
 from tests.support.fakes import ScriptedBackend
 from tests.support.mcp_servers import echo_stdio
 from tests.support.oracles import validate_event, validate_response
+from tools.process_tree import live_descendants
 
 ECHO = {"type": "mcp", "server_label": "echo"}
 MODEL_ERRORS = {"invalid_arguments", "unknown_recipient", "not_enabled", "max_tool_calls"}
@@ -244,6 +246,48 @@ def test_python_state_lives_for_one_response(tmp_path, store):
     assert items[1]["outputs"] == [{"type": "logs", "logs": "42\n"}]
 
 
+@pytest.mark.slow  # ~10 s: two servers start; tests/tools/test_client.py has the fast check
+def test_an_interrupted_run_leaves_no_tool_server_alive(tmp_path, store):
+    """Ctrl-C while a python call and an MCP call are in flight (another response decoding): every
+    server process of the run ends with it, none restarted for the calls the closing cut off."""
+    scripts = {"slow": [think() + call("python", "import time; time.sleep(60)", "analysis", "code"), final("-")],
+               "echo": [think() + call("echo.sleep", '{"seconds": 60}'), final("-")],
+               "long": [final("word " * 1500)]}
+    lines = [request("p", "slow", tools=[{"type": "code_interpreter"}]), request("e", "echo", tools=[ECHO]),
+             request("l", "long")]
+    before = set(live_descendants(os.getpid()))
+    runner: list = []
+    during: set[int] = set()  # the servers and the python cell's sandbox, as the interrupt comes
+
+    def interrupt_once_both_calls_run(backend):
+        if len(runner[0].loop.awaiting) == 2:
+            during.update(set(live_descendants(os.getpid())) - before)
+            raise KeyboardInterrupt
+        time.sleep(0.02)  # paces "long" while the servers start: it must still decode then
+
+    backend = backend_for(scripts, on_step=interrupt_once_both_calls_run, tokens_per_step=1)
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                         prompt=PromptOptions(conversation_date="2025-01-01"),
+                         tool_options=ToolOptions(servers={"echo": echo_stdio()}, call_timeout_s=120))
+    runner.append(Runner(store, backend, options))
+    with pytest.raises(KeyboardInterrupt):
+        runner[0].run()
+    assert set(live_descendants(os.getpid())) - before == set()
+    # None lives on elsewhere either (an orphan is re-parented away from this process).
+    assert len(during) >= 3 and [pid for pid in during if _alive(pid)] == []
+    assert rows(store, "SELECT status FROM runs") == [("interrupted",)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_browser_search_is_a_web_search_call(tmp_path, store):
     scripts = {"find": [think() + call("browser.search", '{"query": "python"}', "analysis"), final("Found.")]}
     summary = run(tmp_path, store, backend_for(scripts), [request("b1", "find", tools=[{"type": "web_search"}])])
@@ -307,3 +351,28 @@ def test_unknown_mcp_server_label_is_an_invalid_line(tmp_path, store):
     [(error,)] = rows(store, "SELECT error FROM requests")
     assert error == ("line 1: tools[0].server_label: mcp server 'nowhere' has no server_url "
                      "and no --mcp-config entry")
+
+
+def test_tools_that_would_answer_one_harmony_name_make_an_invalid_line(tmp_path, store):
+    """A label served by a built-in's section (python, browser) beside that built-in, one label twice, or
+    the `functions` namespace: the model could not tell the tools apart, so the line is refused."""
+    python_mcp = {"type": "mcp", "server_label": "python", "server_url": "http://127.0.0.1:9/mcp"}
+    browser_mcp = {"type": "mcp", "server_label": "browser", "server_url": "http://127.0.0.1:9/mcp"}
+    lines = [request("c1", "x", tools=[{"type": "code_interpreter"}, python_mcp]),
+             request("c2", "x", tools=[browser_mcp, {"type": "web_search_preview"}]),
+             request("c3", "x", tools=[browser_mcp, {**browser_mcp, "server_label": "web_search"}]),
+             request("c4", "x", tools=[ECHO, {"type": "function", "name": "f"}, ECHO]),
+             request("c5", "x", tools=[{**ECHO, "server_label": "functions"}])]
+    summary = run(tmp_path, store, backend_for({"x": [final("no")]}), lines)
+    assert summary.statuses == Counter(invalid=5)
+    assert [error for (error,) in rows(store, "SELECT error FROM requests ORDER BY line_no")] == [
+        "line 1: tools[1].server_label: mcp server 'python' would answer the built-in python tool (to=python), "
+        "as tools[0] (code_interpreter) does: the model could not tell them apart; keep one",
+        "line 2: tools[1].type: web_search_preview would answer the built-in browser tool (to=browser.*), "
+        "as tools[0] (mcp server 'browser') does: the model could not tell them apart; keep one",
+        "line 3: tools[1].server_label: mcp server 'web_search' would answer the built-in browser tool "
+        "(to=browser.*), as tools[0] (mcp server 'browser') does: the model could not tell them apart; keep one",
+        "line 4: tools[2].server_label: mcp server 'echo' would answer the namespace echo (to=echo.*), "
+        "as tools[0] (mcp server 'echo') does: the model could not tell them apart; keep one",
+        "line 5: tools[0].server_label: 'functions' is the namespace of function tools (to=functions.*): "
+        "give the MCP server another label"]

@@ -1,0 +1,61 @@
+"""Resuming a run through `batchrun submit`, with the shipped model: which settings must match the run's."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from batch.cli.main import main
+from tests.support.db import rows
+
+REPO = Path(__file__).resolve().parents[3]
+SHIPPED_MODEL = REPO / "data" / "models" / "batchrun-tiny"
+
+pytestmark = pytest.mark.skipif(not (SHIPPED_MODEL / "config.json").exists(),
+                                reason="the shipped model is not in this checkout")
+
+
+def batchrun(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+def test_deterministic_is_a_resume_setting(tmp_path):
+    """A run decoded with --deterministic is not continued without it (nor the other way round):
+    its rows would come from two numerics while its runs row names one."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
+    db = tmp_path / "out.duckdb"
+    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
+              "--kv-cache-gb", "0.05", "--quiet"]
+    assert batchrun(*common, "--deterministic", "--limit", "1", "--run-id", "det").exit_code == 0
+
+    refused = batchrun(*common, "--resume", "det")
+    assert refused.exit_code == 1
+    assert refused.output.startswith("error: --resume det: the run was started with --deterministic; "
+                                     "this command has --no-deterministic"), refused.output
+    retry = batchrun(*common, "--retry-failed", "det")
+    assert retry.exit_code == 1 and "this command has --no-deterministic" in retry.output, retry.output
+    assert rows(db, "SELECT count(*) FROM requests") == [(1,)]  # nothing was decoded by either
+
+    # A plain rerun without the flag is another experiment: a new run, as with another --seed.
+    other = batchrun(*common)
+    assert other.exit_code == 0, other.output
+    assert rows(db, "SELECT run_id, options->>'deterministic' FROM runs ORDER BY run_id = 'det'")[1:] == [
+        ("det", "true")]
+    assert rows(db, "SELECT count(*) FROM requests WHERE run_id = 'det'") == [(1,)]
+    # The same flag continues it.
+    resumed = batchrun(*common, "--deterministic", "--resume", "det")
+    assert resumed.exit_code == 0 and "1 already done" in resumed.output, resumed.output
+
+
+def test_a_finished_runs_command_with_another_deterministic_is_a_new_run(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "q", "input": "Hi"}) + "\n")
+    db = tmp_path / "out.duckdb"
+    command = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
+               "--kv-cache-gb", "0.05", "--quiet"]
+    assert batchrun(*command).exit_code == 0
+    again = batchrun(*command, "--deterministic")
+    assert again.exit_code == 0 and not again.output.startswith("nothing to do"), again.output
+    assert rows(db, "SELECT count(*) FROM runs") == [(2,)]
