@@ -42,10 +42,17 @@ def check_harmony_names(tools: list[dict]) -> None:
     An mcp tool labelled as a built-in is served by the built-in's section (`to=python`,
     `to=browser.*`): beside that built-in, or beside another such label, the calls of the two
     could not be told apart (the registry kept whichever came last). One label twice is one
-    namespace twice; `functions` is the function tools' namespace. Function tools, and
-    built-ins among themselves, are not checked here."""
+    namespace twice; `functions` is the function tools' namespace. Two function tools of one
+    name are refused too (a call to functions.f could be either). Built-ins among themselves are not checked."""
     claimed: dict[str, int] = {}
+    functions: dict[str, int] = {}
     for index, tool in enumerate(tools):
+        if tool["type"] == "function":
+            first = functions.setdefault(tool["name"], index)
+            if first != index:
+                raise ToolNameError(f"tools[{index}].name: function {tool['name']!r} is defined twice "
+                                    f"(tools[{first}] too): the model could not tell them apart; keep one")
+            continue
         name = _harmony_name(tool)
         if name is None:
             continue

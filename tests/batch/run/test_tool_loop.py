@@ -362,9 +362,12 @@ def test_tools_that_would_answer_one_harmony_name_make_an_invalid_line(tmp_path,
              request("c2", "x", tools=[browser_mcp, {"type": "web_search_preview"}]),
              request("c3", "x", tools=[browser_mcp, {**browser_mcp, "server_label": "web_search"}]),
              request("c4", "x", tools=[ECHO, {"type": "function", "name": "f"}, ECHO]),
-             request("c5", "x", tools=[{**ECHO, "server_label": "functions"}])]
+             request("c5", "x", tools=[{**ECHO, "server_label": "functions"}]),
+             # two function tools of one name: the registry kept the last one's schema without a word
+             request("c6", "x", tools=[{"type": "function", "name": "f"}, {"type": "function", "name": "g"},
+                                       {"type": "function", "name": "f", "parameters": {"type": "object"}}])]
     summary = run(tmp_path, store, backend_for({"x": [final("no")]}), lines)
-    assert summary.statuses == Counter(invalid=5)
+    assert summary.statuses == Counter(invalid=6)
     assert [error for (error,) in rows(store, "SELECT error FROM requests ORDER BY line_no")] == [
         "line 1: tools[1].server_label: mcp server 'python' would answer the built-in python tool (to=python), "
         "as tools[0] (code_interpreter) does: the model could not tell them apart; keep one",
@@ -375,4 +378,6 @@ def test_tools_that_would_answer_one_harmony_name_make_an_invalid_line(tmp_path,
         "line 4: tools[2].server_label: mcp server 'echo' would answer the namespace echo (to=echo.*), "
         "as tools[0] (mcp server 'echo') does: the model could not tell them apart; keep one",
         "line 5: tools[0].server_label: 'functions' is the namespace of function tools (to=functions.*): "
-        "give the MCP server another label"]
+        "give the MCP server another label",
+        "line 6: tools[2].name: function 'f' is defined twice (tools[0] too): the model could not tell them "
+        "apart; keep one"]
