@@ -131,10 +131,13 @@ class ToolDispatcher:
         self.call_timeout_s = call_timeout_s
         self._errlog_path = errlog_path
         self._client: ToolClient | None = None  # started on first use
+        self._closed = False
         self._stateful: dict[str, set[ServerSpec]] = {}  # session id -> built-in servers it used
 
     @property
     def client(self) -> ToolClient:
+        if self._closed:  # a new client would start servers that outlive the run
+            raise RuntimeError("the run's tools are closed")
         if self._client is None:
             self._client = ToolClient(call_timeout_s=self.call_timeout_s, errlog_path=self._errlog_path,
                                       sampling=self.sampling)
@@ -164,8 +167,12 @@ class ToolDispatcher:
         return self.client.call(plan.spec, plan.name, plan.arguments, injected=plan.injected, caller=session_id)
 
     def release(self, session_id: str) -> None:
-        """The response is done: drop its python interpreter and browser pages (not awaited)."""
-        for spec in self._stateful.pop(session_id, ()):
+        """The response is done: drop its python interpreter and browser pages (not awaited; nothing to
+        drop once the tools are closed: their servers are gone)."""
+        specs = self._stateful.pop(session_id, ())
+        if self._closed:
+            return
+        for spec in specs:
             self.client.call(spec, "reset", {}, injected={"session_id": session_id})
 
     def listing_errors(self) -> list[str]:
@@ -173,6 +180,7 @@ class ToolDispatcher:
         return self._client.listing_errors() if self._client is not None else []
 
     def close(self) -> None:
+        self._closed = True
         if self._client is not None:
             self._client.close()
             self._client = None
