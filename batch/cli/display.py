@@ -129,7 +129,8 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
     if plan.earlier_run is not None:
         kept = len(plan.earlier_samples) if plan.epochs > 1 else len({line for line, _ in plan.earlier_samples})
         lines.append(f"  merged again: run {run.run_id} was there; the parts' lines replaced its copies of them"
-                     + (f", {kept} other {'rows' if plan.epochs > 1 else 'lines'} kept" if kept else ""))
+                     + (f", {kept} other {'row' if plan.epochs > 1 else 'line'}{'s' if kept > 1 else ''} kept"
+                        if kept else ""))
     lines += [f"  shard {part.shard.label}: {part.path} run {part.run.run_id} ({part.run.status}), "
               + (f"{len(part.line_nos)} lines, " if plan.epochs > 1 else "") + f"{len(part.samples)} rows"
               for part in plan.parts]

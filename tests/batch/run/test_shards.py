@@ -239,5 +239,5 @@ def test_shards_with_epochs_merge_every_sample_once(tmp_path, tiny_model_dir, sm
     # Merging the same parts again keeps the sample that plain submit decoded (the parts lack it).
     again = cli("merge", *parts, "-o", lossy)
     assert again.exit_code == 0 and "10 requests (completed)" in again.output, again.output
-    assert "1 other rows kept" in again.output, again.output
+    assert "1 other row kept" in again.output, again.output
     assert rows(lossy, query) == samples and rows(lossy, "SELECT n_requests FROM runs") == [(10,)]
