@@ -83,11 +83,13 @@ GPU_CHECK_OUT ?= $(or $(OUT),gpu-check-out)
 gpu-check:
 	PYTHON=$(PYTHON) GPU_CHECK_DRY_RUN=$(GPU_CHECK_DRY_RUN) bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
-# Train the embedded tiny model from scratch (seed 0, ~40 min on 2 shared CPU cores; it prints
+# Train the embedded tiny model from scratch (seed 0, ~40-50 min on 2 shared CPU cores; it prints
 # the share of 200 held-out tasks greedy decoding reproduces as it goes); eval-model measures it
 # through `batchrun submit` on 240 tasks per held-out set (see trainer/ and the README).
+# One thread, as the shipped model was trained (results are bit-identical only for the same count):
+# with two, any other process on a 2-core machine stalls every step (5-10x slower, measured).
 train-model: $(VENV)/.installed
-	$(PY) -m trainer.train --out $(TINY_MODEL)
+	$(PY) -m trainer.train --threads 1 --out $(TINY_MODEL)
 
 eval-model: $(VENV)/.installed
 	$(PY) -m trainer.evaluate --model $(TINY_MODEL)
