@@ -11,7 +11,7 @@ from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tenso
 
 from engine.attention import AttentionMetadata
 from engine.api import ModelLoadError
-from engine.config import EngineConfig, ModelConfig
+from engine.config import EngineConfig, ModelConfig, held_model_config
 from engine.loader import dequantize_mxfp4, load_model
 from engine.model import GptOssModel, allocate_kv_cache, kv_cache_bytes_per_block
 
@@ -136,7 +136,7 @@ def mxfp4_dirs(tiny_model_dir, tmp_path_factory):
 
 def test_mxfp4_dequantisation_equals_transformers(mxfp4_dirs):
     mxfp4_dir, _, packed = mxfp4_dirs
-    model, config = load_model(EngineConfig(mxfp4_dir))
+    model, config = load_model(EngineConfig(mxfp4_dir, moe_weights="dense"))  # dequantised on load
     assert config.quant_method == "mxfp4"
     params = dict(model.named_parameters())
     for name, (blocks, scales) in packed.items():
@@ -205,10 +205,14 @@ def test_published_configs_give_the_real_shapes(tmp_path, num_layers, num_expert
     # 2 (K, V) x layers x 16 tokens x 8 KV heads x 64 dims x 2 bytes
     assert kv_cache_bytes_per_block(config, 16, torch.bfloat16) == 2 * num_layers * 16 * 8 * 64 * 2
     assert config.num_params / 1e9 == pytest.approx(billions, abs=0.1)
-    with torch.device("meta"):  # shapes without memory
-        model = GptOssModel(config)
+    with torch.device("meta"):  # shapes without memory: experts held dense, and packed (the default)
+        model = GptOssModel(held_model_config(config, "dense"))
+        packed = GptOssModel(config).model.layers[0].mlp.experts
     assert sum(p.numel() for p in model.parameters()) == config.num_params
     experts = model.model.layers[0].mlp.experts
     assert experts.gate_up_proj.shape == (num_experts, 2880, 5760)
     assert experts.down_proj.shape == (num_experts, 2880, 2880)
+    # [experts, out, in / 32, 16] bytes and [experts, out, in / 32] scales, as the checkpoint ships them
+    assert packed.gate_up_proj_blocks.shape == (num_experts, 5760, 90, 16)
+    assert packed.down_proj_scales.shape == (num_experts, 2880, 90)
     assert model.model.layers[0].self_attn.q_proj.weight.shape == (4096, 2880)
