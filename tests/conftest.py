@@ -1,6 +1,7 @@
 """Fixtures shared by the whole test suite."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,13 @@ def tiny_model_dir_bf16(tmp_path_factory) -> Path:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test` runs two workers), tests that start a Ray cluster share one
-    worker (`--dist loadgroup`): two local clusters at once would compete for the machine's cores."""
-    from tests.support import ray_cluster
+    worker (`--dist loadgroup`): two local clusters at once would compete for the machine's cores.
 
+    Looked up, not imported: importing it imports the runner, which the GPU check's image cannot (no
+    llguidance, duckdb, ...); a test module that uses it has imported it already."""
+    ray_cluster = sys.modules.get("tests.support.ray_cluster")
+    if ray_cluster is None:
+        return
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and getattr(module, "simulated_cluster", None) is ray_cluster.simulated_cluster:

@@ -33,6 +33,17 @@ def test_the_packages_the_gpu_image_lacks_cannot_be_imported_under_the_check():
     assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr
 
 
+def test_the_gpu_tests_collect_without_the_packages_the_gpu_image_lacks():
+    # the check's gpu_tests step: the test tree's conftest hooks must not import the runner (llguidance,
+    # duckdb, ...): a collection hook that did left the GPU check with no tests at all
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p",
+                           "no:cacheprovider", "tests/engine/test_mxfp4.py", "tests/engine/test_triton_moe.py"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": f"{REPO / 'scripts' / 'engine_only'}:{REPO}"})
+    assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]  # 5: no gpu test in these files
+    assert "INTERNALERROR" not in done.stdout + done.stderr
+
+
 def test_a_hung_step_times_out_and_the_budget_skips_the_rest(tmp_path):
     hang = tmp_path / "python"
     hang.write_text("#!/bin/sh\nsleep 60\n")
