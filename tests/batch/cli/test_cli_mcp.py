@@ -23,18 +23,23 @@ def user_text(prompt_text: str) -> str:
     return prompt_text.rsplit("<|start|>user<|message|>", 1)[1].split("<|end|>", 1)[0]
 
 
-SAMPLED = "Sampled by the run's model."
-
-
-def call_script(prompt_text: str, turn: int) -> str:
-    """The user text is `LABEL.TOOL ARGUMENTS`: the first turn calls it, the second answers. A server's
-    sampling request (a developer message of instructions and no tools) is answered SAMPLED."""
-    if "<|start|>developer<|message|># Instructions" in prompt_text and "# Tools" not in prompt_text:
-        return f"<|channel|>final<|message|>{SAMPLED}<|return|>"
+def call_then_answer(prompt_text: str, turn: int) -> str:
+    """The user text is `LABEL.TOOL ARGUMENTS`: the first turn calls it, the second answers FINAL."""
     if turn > 0:
         return FINAL
     recipient, _, arguments = user_text(prompt_text).partition(" ")
     return f"<|channel|>commentary to={recipient} <|constrain|>json<|message|>{arguments}<|call|>"
+
+
+SAMPLED = "Sampled by the run's model."
+
+
+def call_script(prompt_text: str, turn: int) -> str:
+    """call_then_answer; a server's sampling request (a developer message of instructions and no tools)
+    is answered SAMPLED."""
+    if "<|start|>developer<|message|># Instructions" in prompt_text and "# Tools" not in prompt_text:
+        return f"<|channel|>final<|message|>{SAMPLED}<|return|>"
+    return call_then_answer(prompt_text, turn)
 
 
 @pytest.fixture

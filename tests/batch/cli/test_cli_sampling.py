@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.batch.cli.test_cli_mcp import FINAL, config_file, run, user_text, validate_all
+from tests.batch.cli.test_cli_mcp import call_then_answer, config_file, run, validate_all
 from tests.support.db import rows
 from tests.support.mcp_servers import REPO, has_mcp1, sampling_entry
 import engine.factory
@@ -31,10 +31,7 @@ def script(prompt_text: str, turn: int) -> str:
     if "<|start|>developer<|message|># Instructions\n\nAnswer in a word." in prompt_text:
         earlier = prompt_text.count("<|start|>assistant<|channel|>final<|message|>")
         return f"<|channel|>final<|message|>Word{earlier}.<|return|>"
-    if turn > 0:
-        return FINAL
-    recipient, _, arguments = user_text(prompt_text).partition(" ")
-    return f"<|channel|>commentary to={recipient} <|constrain|>json<|message|>{arguments}<|call|>"
+    return call_then_answer(prompt_text, turn)
 
 
 @pytest.fixture
