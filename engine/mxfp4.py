@@ -14,6 +14,8 @@ values below. Every value times a power of two is exact in bf16 and fp32.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -63,7 +65,7 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
     return out
 
 
-
+@lru_cache(maxsize=8)
 def _quad_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[65536, 4]: two packed bytes (read as one little-endian uint16) -> their four e2m1 values in input
     order (low nibble first). One row gather per two bytes is the cheapest CPU decode measured (README)."""
@@ -72,16 +74,10 @@ def _quad_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.stack([values[(codes >> (4 * k)) & 0x0F] for k in range(4)], dim=-1).to(device)
 
 
-_QUAD_TABLES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-
-
 def dequantize_expert(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """One expert's packed weight ([out, G, 16] blocks, [out, G] scales) -> `dtype` [out, in] (F.linear's
     layout, no transpose), equal to `dequantize`; the torch path's per-step decode of a packed expert."""
-    key = (dtype, blocks.device)
-    table = _QUAD_TABLES.get(key)
-    if table is None:
-        table = _QUAD_TABLES[key] = _quad_table(dtype, blocks.device)
+    table = _quad_table(dtype, blocks.device)
     num_out, num_groups, _ = blocks.shape
     pairs = blocks.contiguous().view(torch.uint16).reshape(-1).int()
     values = table.index_select(0, pairs).view(num_out, num_groups, MXFP4_BLOCK)
