@@ -30,7 +30,7 @@ LONG = 8  # bytes of an int64 index
 
 def piecewise_buffer_bytes(config: ModelConfig, num_tokens: int, dtype: torch.dtype) -> int:
     """Bytes of engine.piecewise_graphs.PiecewiseGraphs' static buffers at `num_tokens` rows."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     q_width = config.num_attention_heads * config.head_dim
     per_token = (3 * LONG  # input_ids, positions, slot_mapping
                  + 2 * config.hidden_size * size  # x (the residual stream), hidden
@@ -46,7 +46,7 @@ def decode_input_bytes(max_batch: int, max_blocks: int) -> int:
 
 def decode_output_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
     """Bytes of the full decode graphs' outputs, one [batch, hidden] per (batch size, context bound), kept."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     return sum(plan.batch_sizes) * len(plan.context_bounds) * config.hidden_size * size
 
 

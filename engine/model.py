@@ -379,5 +379,5 @@ def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | s
     """
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    num_bytes = math.prod(shape) * dtype.itemsize
     return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)

@@ -284,7 +284,6 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
         return out
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("paged attention wants q and the caches contiguous in head_dim")
-    max_query_len, max_seq_len = _host_bounds(meta)
     sliding = sliding_window is not None
     window = sliding_window or 0
     block_d = max(MIN_DOT, triton.next_power_of_2(head_dim))
@@ -296,6 +295,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
         _launch_prefill(q, out, k_cache, v_cache, meta, sinks, num_seqs, group, block_d, sliding, common,
                         min_q_len=1)
         return out
+    max_query_len, max_seq_len = _host_bounds(meta)  # the batch-invariant path above needs neither
     # Decode rows: split-K over partitions, then a reduce (one partition: neither). Sliding layers read at
     # most `window` keys.
     span = min(max_seq_len, window) if sliding else max_seq_len
