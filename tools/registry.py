@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from tools.kinds import ToolErrorKind, ToolType
-from tools.servers import BROWSER_LABELS, PYTHON_LABELS
+from tools.servers import BROWSER_LABELS, PYTHON_LABELS, builtin_kind
 
 BROWSER_ACTIONS = ("search", "open", "find")
 ANY_OBJECT: dict = {"type": "object"}
@@ -77,7 +77,7 @@ def _harmony_name(tool: dict) -> str | None:
         return "browser"
     if kind == "mcp":
         label = tool["server_label"]
-        return "python" if label in PYTHON_LABELS else "browser" if label in BROWSER_LABELS else label
+        return builtin_kind(label) or label
     return None
 
 
@@ -177,7 +177,7 @@ class ToolRegistry:
     def allows(self, label: str, name: str) -> bool:
         """Whether the mcp tool `label` lets the model call `name` (its `allowed_tools`; `read_only`
         reads the tools' annotations from the server's listing: unlisted, nothing is read-only)."""
-        builtin = "python" if label in PYTHON_LABELS else "browser" if label in BROWSER_LABELS else None
+        builtin = builtin_kind(label)
         if builtin is not None and name not in _HARMONY_NAMES[builtin]:
             return False
         allowed = self.mcp_definitions.get(label, {}).get("allowed_tools")
