@@ -124,28 +124,28 @@ class TaskStore:
         entry = self._entry(task_id)
         if entry.status in TERMINAL:
             raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task in terminal status: {entry.status}")
-        self._end(entry, "cancelled", "The task was cancelled by request.")
-        if entry.job is not None:
-            entry.job.cancel()
+        self._cancel(entry, "The task was cancelled by request.")
         return entry.wire()
 
     def cancel_running(self, reason: str) -> None:
         """Cancel every task still running, saying why (nobody is left to want their answers)."""
         for entry in self._entries.values():
             if entry.status not in TERMINAL:
-                self._end(entry, "cancelled", reason)
-                if entry.job is not None:
-                    entry.job.cancel()
+                self._cancel(entry, reason)
 
     async def close(self) -> None:
         """Cancel every task still running (the connection ends) and wait for their jobs."""
-        jobs = []
-        for entry in self._entries.values():
-            self._end(entry, "cancelled", "The connection closed.")  # also a job that never started
-            if entry.job is not None and not entry.job.done():
-                entry.job.cancel()
-                jobs.append(entry.job)
+        # every entry: an ended one's job may still be finishing; one that never started has none
+        jobs = [job for entry in self._entries.values() if (job := self._cancel(entry, "The connection closed."))]
         await asyncio.gather(*jobs, return_exceptions=True)
+
+    def _cancel(self, entry: _Entry, message: str) -> asyncio.Task | None:
+        """End the entry as cancelled (unless it has ended) and stop its job; the job, if still running."""
+        self._end(entry, "cancelled", message)
+        if entry.job is None or entry.job.done():
+            return None
+        entry.job.cancel()
+        return entry.job
 
     def _entry(self, task_id: str) -> _Entry:
         self._evict_expired()
