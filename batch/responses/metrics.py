@@ -23,6 +23,12 @@ class TurnMetrics:
     finish_reason: str | None = None
     kind: str = "model"  # "sampling": decoded for an MCP server's sampling request (batch/run/sampling.py)
 
+    def count(self, out: RequestOutput) -> None:
+        """This turn's counters after one engine output."""
+        self.cached_tokens, self.prefill_s, self.decode_s = out.num_cached_tokens, out.prefill_s, out.decode_s
+        self.finish_reason = out.finish_reason
+        self.output_tokens += len(out.new_token_ids)
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -78,11 +84,7 @@ class ResponseMetrics:
 
     def on_output(self, out: RequestOutput) -> None:
         """Counters of the current turn from one engine output."""
-        turn = self.turns[-1]
-        turn.cached_tokens, turn.prefill_s, turn.decode_s = (
-            out.num_cached_tokens, out.prefill_s, out.decode_s)
-        turn.finish_reason = out.finish_reason
-        turn.output_tokens += len(out.new_token_ids)
+        self.turns[-1].count(out)
         if out.new_token_ids and self.first_token_at is None:
             self.first_token_at = time.monotonic()
 

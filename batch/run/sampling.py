@@ -40,10 +40,7 @@ class SampledTurn:
 
     def on_output(self, out: RequestOutput) -> None:
         self.completion.extend(out.new_token_ids)
-        metrics = self.metrics
-        metrics.cached_tokens, metrics.prefill_s, metrics.decode_s = out.num_cached_tokens, out.prefill_s, out.decode_s
-        metrics.output_tokens += len(out.new_token_ids)
-        metrics.finish_reason = out.finish_reason
+        self.metrics.count(out)
 
     def answer(self, model: str) -> SamplingAnswer:
         """The model's final answer; cut at the first of the request's stop sequences, if one is in it."""
