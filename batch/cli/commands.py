@@ -5,7 +5,6 @@ Each is a thin function over the runner and the store; batch/cli/main.py registe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from batch.cli.batch_output import batch_output_line
 from batch.cli.show_text import request_text, response_text
 from batch.cli.sql_output import FORMATS, render, terminal_width
 from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, options_from,
-                            resolve_latest, resolve_run)
+                            resolve_run)
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
@@ -39,8 +38,7 @@ _read_db = click.option("--db", default=DEFAULT_DB, show_default=True,
 def submit(input_path: Path, db: str, **values: Any) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
     given = options_from(SubmitOptions, values)
-    given = dataclasses.replace(given, resume=resolve_latest(db, given.resume),
-                                retry_failed=resolve_latest(db, given.retry_failed))
+    given = given.with_latest_resolved(db)
     options, backend = submit_plan(input_path, db, given)
     submit_distributed(options, backend, db, options_from(DistributionOptions, values), quiet=given.quiet)
 

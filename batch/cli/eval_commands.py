@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, options_from,
-                            resolve_latest, resolve_run)
+                            resolve_run)
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
 from batch.store.store import Store
 from batch.cli.submit import SubmitOptions, submit_options, submit_plan
@@ -82,8 +82,7 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     if resume and run_id:
         raise click.UsageError("--resume and --run-id are exclusive")
     given = options_from(SubmitOptions, {**values, "run_id": run_id, "resume": resume})
-    given = dataclasses.replace(given, resume=resolve_latest(db, given.resume),
-                                retry_failed=resolve_latest(db, given.retry_failed))
+    given = given.with_latest_resolved(db)
     distribution = options_from(DistributionOptions, values)
     if distribution.shard is not None and fail_under is not None:
         raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "

@@ -22,7 +22,7 @@ import click
 
 from batch.cli import display
 from batch.cli.rerun import exit_if_done
-from batch.cli.util import fail, open_store
+from batch.cli.util import fail, open_store, resolve_latest
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
 from batch.run.reader import InputFormatError, check_input
@@ -146,6 +146,11 @@ class SubmitOptions:
     max_turns: int
     max_tool_output_bytes: int
     quiet: bool
+
+    def with_latest_resolved(self, db: str) -> SubmitOptions:
+        """--resume / --retry-failed `latest` as the newest run's id in `db`."""
+        return dataclasses.replace(self, resume=resolve_latest(db, self.resume),
+                                   retry_failed=resolve_latest(db, self.retry_failed))
 
 
 @dataclass(frozen=True)
