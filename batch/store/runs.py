@@ -22,7 +22,11 @@ class ListedRun:
 
     run: RunRow
     counts: dict[RequestStatus, int]
-    num_written: int  # requests rows of every status
+
+    @property
+    def num_written(self) -> int:
+        """Requests rows of every status."""
+        return sum(self.counts.values())
 
 
 def run_row(row: dict) -> RunRow:
@@ -76,11 +80,10 @@ class Runs:
         counts = ",\n".join(f"count(*) FILTER (WHERE q.status = '{status}') AS {status}"
                              for status in RequestStatus)
         rows = self.db.rows(f"""
-            SELECT r.*, count(q.line_no) AS n_written, {counts}
+            SELECT r.*, {counts}
             FROM runs r LEFT JOIN requests q USING (run_id)
             GROUP BY ALL ORDER BY r.started_at DESC, r.run_id DESC""")
-        return [ListedRun(run_row(row), {status: row[status] for status in RequestStatus}, row["n_written"])
-                for row in rows]
+        return [ListedRun(run_row(row), {status: row[status] for status in RequestStatus}) for row in rows]
 
     def find_unfinished(self, input_sha256: str) -> str | None:
         """The newest run over this input whose status is not 'completed', or None."""
