@@ -71,11 +71,15 @@ def _text_of(content: str | list[dict[str, Any]] | None) -> str:
 def _system_message(request: ResponsesRequest, registry: ToolRegistry, options: PromptOptions) -> Message:
     effort = (request.reasoning and request.reasoning.effort) or options.reasoning_effort
     date = (request.metadata or {}).get("conversation_date") or options.conversation_date
+    content = with_system_tools(registry, _system_content(effort, date, options))
+    return Message.from_role_and_content(Role.SYSTEM, content)
+
+
+def _system_content(effort: str, date: str | None, options: PromptOptions) -> SystemContent:
+    """Harmony's system content: reasoning effort, knowledge cutoff, and the date when there is one."""
     content = SystemContent.new().with_reasoning_effort(_EFFORT[effort]).with_knowledge_cutoff(
         options.knowledge_cutoff)
-    if date:
-        content = content.with_conversation_start_date(date)
-    return Message.from_role_and_content(Role.SYSTEM, with_system_tools(registry, content))
+    return content.with_conversation_start_date(date) if date else content
 
 
 def _instructions(request: ResponsesRequest, items: str | list[dict] | None) -> str | None:
@@ -376,10 +380,7 @@ def render_sampling(system_prompt: str | None, messages: list[tuple[str, str]], 
     """Prompt tokens for an MCP server's sampling request: harmony's system message (the run's
     effort and date, no tools), the server's system prompt as the developer's instructions, then
     its `(role, text)` turns: a user's as user messages, an assistant's as final answers."""
-    content = SystemContent.new().with_reasoning_effort(_EFFORT[options.reasoning_effort]).with_knowledge_cutoff(
-        options.knowledge_cutoff)
-    if options.conversation_date:
-        content = content.with_conversation_start_date(options.conversation_date)
+    content = _system_content(options.reasoning_effort, options.conversation_date, options)
     conversation = [Message.from_role_and_content(Role.SYSTEM, content)]
     if system_prompt:
         conversation.append(Message.from_role_and_content(
