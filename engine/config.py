@@ -193,6 +193,17 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
+    @property
+    def step_tokens(self) -> int:
+        """The scheduler's token budget per step (also the largest piecewise graph)."""
+        return step_token_budget(self.max_num_batched_tokens, self.max_num_seqs)
+
+    @property
+    def captures_graphs(self) -> bool:
+        """Whether live CUDA graphs are captured: CUDA and the Triton path (the torch MoE reads expert
+        counts back to the host)."""
+        return self.cuda_graphs and self.device.startswith("cuda") and self.kernels == "triton"
+
     def resolve_dtype(self, model_config: ModelConfig) -> torch.dtype:
         """The dtype the model runs in: `dtype`, or the checkpoint's for "auto"."""
         if isinstance(self.dtype, torch.dtype):
@@ -205,6 +216,11 @@ class EngineConfig:
 
 
 
+
+
+def step_token_budget(max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """Tokens one step may hold: at least one a sequence, so a full decode batch always fits."""
+    return max(max_num_batched_tokens, max_num_seqs)
 
 
 def held_model_config(model_config: ModelConfig, moe_weights: str) -> ModelConfig:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig, activation_bytes, activation_reserve_bytes
+from engine.config import ModelConfig, activation_bytes, activation_reserve_bytes, step_token_budget
 from engine.cuda_graphs import GraphPlan
 from engine.kernels import PARTITION_SIZE
 
@@ -79,7 +79,7 @@ def kv_reserve_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_nu
     """What the KV-cache budget leaves free on a GPU: one eager step's activations and sampling, plus,
     when CUDA graphs are captured, their buffers and pool (private: eager steps cannot reuse it). The plan
     is the one engine.model_runner builds, at `max_model_len` (the cache may clamp it: fewer graphs)."""
-    step_tokens = max(max_num_batched_tokens, max_num_seqs)  # the scheduler's token budget
+    step_tokens = step_token_budget(max_num_batched_tokens, max_num_seqs)
     reserve = activation_reserve_bytes(config, step_tokens, max_num_seqs)
     if not cuda_graphs:
         return reserve

@@ -38,23 +38,21 @@ class LLMEngine:
         block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
         # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.
         # CUDA graphs: their static buffers and memory pool are reserved too, sized from the plan's shapes
-        graphs = config.cuda_graphs and config.device.startswith("cuda") and config.kernels == "triton"
+        positions = self.model_config.max_position_embeddings
+        configured_len = min(config.max_model_len or positions, positions)
         reserve = kv_reserve_bytes(self.model_config, max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_num_seqs=config.max_num_seqs, block_size=config.block_size, dtype=self.dtype,
-                                   max_model_len=min(config.max_model_len or self.model_config.max_position_embeddings,
-                                                     self.model_config.max_position_embeddings),
-                                   cuda_graphs=graphs)
+                                   max_model_len=configured_len, cuda_graphs=config.captures_graphs)
         budget = kv_cache_budget(config.device, config.kv_cache_gb, config.gpu_memory_utilization, reserve)
         self.num_blocks = num_blocks_for_budget(budget, block_bytes)
         self.kv_cache_bytes = self.num_blocks * block_bytes
         # A sequence can never outgrow the cache: clamp the context to what the budget holds.
-        limit = min(config.max_model_len or self.model_config.max_position_embeddings,
-                    self.model_config.max_position_embeddings, self.num_blocks * config.block_size)
+        limit = min(configured_len, self.num_blocks * config.block_size)
         self.max_model_len = limit
         self.model_name = config.model_dir.name
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+                                   max_num_batched_tokens=config.step_tokens,
                                    max_model_len=limit)
         self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.dtype, limit)
         self.step_s = 0.0

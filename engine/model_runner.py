@@ -57,9 +57,8 @@ class ModelRunner:
         # CUDA, the Triton path (the torch MoE reads expert counts back on CUDA) and one scratch block past
         # the block manager's for their padding rows.
         self.plan = GraphPlan(max_batch=config.max_num_seqs, max_model_len=max_model_len,
-                              max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs)) \
-            if config.cuda_graphs else None
-        use_graphs = config.cuda_graphs and self.device.type == "cuda" and config.kernels == "triton"
+                              max_tokens=config.step_tokens) if config.cuda_graphs else None
+        use_graphs = config.captures_graphs
         self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, dtype, self.device)
         self.graphs: DecodeGraphs | None = None
         self.pieces: PiecewiseGraphs | None = None
