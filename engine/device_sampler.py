@@ -39,7 +39,6 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from engine.api import SamplingParams
@@ -81,9 +80,9 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
         width = vocab if any(params[row].top_p < 1.0 for row in filtered) else \
             max(min(params[row].top_k, vocab) for row in filtered)
         rows_table = table[:len(filtered)]
-        kept = row_thresholds(scores[:len(filtered)], rows_table[:, 3:4].long(), rows_table[:, 4:5].float(), width)
-        thresholds = F.pad(kept, (0, 0, 0, len(rows) - len(filtered)), value=float("-inf"))  # [R, 1]
-        scores.masked_fill_(scores < thresholds, float("-inf"))
+        head = scores[:len(filtered)]  # the unfiltered rows below keep every token
+        kept = row_thresholds(head, rows_table[:, 3:4].long(), rows_table[:, 4:5].float(), width)
+        head.masked_fill_(head < kept, float("-inf"))
     subtract_noise(scores, table[:, 1:2].long())
     return token_ids.index_copy_(0, index, scores.argmax(dim=-1))
 
