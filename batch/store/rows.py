@@ -243,13 +243,19 @@ def owned_to_arrow(table: str, owners: list[tuple[str, str | None]], records: li
     """Arrow table of a turns or tool_calls batch: each response's records under its (run_id, response_id)."""
     flat = [record for group in records for record in group]
     _check_types(table, OWNED_TYPES[table], flat)
-    run_ids, response_ids = [], []
-    for (run_id, response_id), group in zip(owners, records):
-        run_ids.extend([run_id] * len(group))
-        response_ids.extend([response_id] * len(group))
-    columns = {"run_id": run_ids, "response_id": response_ids,
+    columns = {**_owner_columns(owners, [len(group) for group in records]),
                **_columns(table, SCHEMAS[table].names[len(OWNER_FIELDS):], flat)}
     return pa.table(columns, schema=SCHEMAS[table])
+
+
+def _owner_columns(owners: list[tuple[str, str | None]], counts: list[int]) -> dict[str, list]:
+    """run_id and response_id columns: each owner's ids repeated once per row it owns."""
+    run_ids: list = []
+    response_ids: list = []
+    for (run_id, response_id), count in zip(owners, counts):
+        run_ids.extend([run_id] * count)
+        response_ids.extend([response_id] * count)
+    return {"run_id": run_ids, "response_id": response_ids}
 
 
 def json_columns(table: str) -> set[str]:
@@ -270,12 +276,9 @@ if set(EventColumns.__slots__) != set(EVENT_COLUMNS):
 
 def events_to_arrow(owners: list[tuple[str, str | None]], columns: list[EventColumns]) -> pa.Table:
     """One Arrow table of the events of several responses: (run_id, response_id) each."""
-    data: dict[str, list] = {"run_id": [], "response_id": []}
+    data = _owner_columns(owners, [len(events) for events in columns])
     data.update({name: [] for name in EVENT_COLUMNS})
-    for (run_id, response_id), events in zip(owners, columns):
-        count = len(events)
-        data["run_id"].extend([run_id] * count)
-        data["response_id"].extend([response_id] * count)
+    for events in columns:
         for name in EVENT_COLUMNS:
             data[name].extend(getattr(events, name))
     return pa.table(data, schema=SCHEMAS["events"])
