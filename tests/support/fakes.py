@@ -131,3 +131,19 @@ class ScriptedBackend:
 
 def turn_of(request_id: str) -> int:
     return int(request_id.rsplit("/", 1)[1])
+
+
+def use_scripted_backend(monkeypatch, script: Callable[[str, int], str], **kwargs) -> list[ScriptedBackend]:
+    """`batchrun submit` decodes with a ScriptedBackend(script, **kwargs) (any --model directory will do);
+    returns the backends it loads, in order."""
+    import engine.factory
+
+    backends: list[ScriptedBackend] = []
+
+    def load(*_args, **_kwargs) -> ScriptedBackend:
+        backends.append(ScriptedBackend(script, **kwargs))
+        return backends[-1]
+
+    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
+    monkeypatch.setattr(engine.factory, "load_backend", load)
+    return backends

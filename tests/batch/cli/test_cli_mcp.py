@@ -8,11 +8,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import engine.factory
 from batch.cli.main import main
 from tests.support.db import rows
 from batch.harmony.vocab import harmony_encoding
-from tests.support.fakes import ScriptedBackend
+from tests.support.fakes import use_scripted_backend
 from tests.support.mcp_servers import REPO
 from tests.support.oracles import validate_event, validate_response
 
@@ -44,8 +43,7 @@ def call_script(prompt_text: str, turn: int) -> str:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(call_script))
+    use_scripted_backend(monkeypatch, call_script)
 
 
 def config_file(tmp_path, servers: dict) -> str:
@@ -224,9 +222,7 @@ def test_every_content_kind_is_kept_readable_for_the_model_and_raw_in_the_row(tm
 def test_a_repeated_key_is_refused_before_the_call(tmp_path, monkeypatch):
     """A key repeated in a call's arguments (a backend without the grammar, or a schema the grammar
     does not pin down) is refused, naming it, and never sent."""
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.factory, "load_backend",
-                        lambda *a, **kw: ScriptedBackend(call_script, tells_constraints=False))
+    use_scripted_backend(monkeypatch, call_script, tells_constraints=False)
     lines = [{"custom_id": "twice", "input": 'echo.add {"a": 1, "a": 2, "b": 3}',
               "tools": [{"type": "mcp", "server_label": "echo"}]}]
     db, _ = run(tmp_path, lines, config_file(tmp_path, {"echo": echo_entry()}), "--quiet")

@@ -14,8 +14,7 @@ import pytest
 from tests.batch.cli.test_cli_mcp import call_then_answer, config_file, run, validate_all
 from tests.support.db import rows
 from tests.support.mcp_servers import REPO, has_mcp1, sampling_entry
-import engine.factory
-from tests.support.fakes import ScriptedBackend
+from tests.support.fakes import use_scripted_backend
 
 needs_mcp1 = pytest.mark.skipif(not has_mcp1(), reason="mcp 1.x is absent (make setup installs it with pip --target)")
 SUMMARY = "A one-line summary."
@@ -36,14 +35,7 @@ def script(prompt_text: str, turn: int) -> str:
 
 @pytest.fixture
 def backend(monkeypatch):
-    backends = []
-
-    def load(*args, **kwargs):
-        backends.append(ScriptedBackend(script))
-        return backends[-1]
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.factory, "load_backend", load)
-    return backends
+    return use_scripted_backend(monkeypatch, script)
 
 
 @needs_mcp1

@@ -10,9 +10,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import engine.factory
 from batch.cli.main import main
-from tests.support.fakes import ScriptedBackend
+from tests.support.fakes import use_scripted_backend
 from tests.support.fork_tree import fork_tree_code, kill_marked, live_marked_pids, new_marker
 from tests.support.mcp_servers import REPO, echo_http
 from tests.support.oracles import validate_event, validate_response
@@ -44,8 +43,7 @@ def script(prompt_text: str, turn: int) -> str:
 @pytest.fixture
 def scripted(monkeypatch):
     """`batchrun submit` decodes with the scripted backend (any --model directory will do)."""
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(script))
+    use_scripted_backend(monkeypatch, script)
 
 
 def test_submit_runs_stdio_http_and_builtin_tools(tmp_path, scripted, monkeypatch):
@@ -177,8 +175,7 @@ def test_a_cells_process_tree_is_gone_when_the_call_returns(tmp_path, monkeypatc
             return "<|channel|>final<|message|>Done.<|return|>"
         return f"<|channel|>analysis to=python code<|message|>{cells[turn]}<|call|>"
 
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(fork_tree_script))
+    use_scripted_backend(monkeypatch, fork_tree_script)
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps({"custom_id": "tree", "input": "fork", "tools": [{"type": "code_interpreter"}]}))
     db = tmp_path / "out.duckdb"
@@ -206,8 +203,7 @@ def crash_script(prompt_text: str, turn: int) -> str:
 def test_a_crash_fails_only_the_call_that_crashes_the_server_twice(tmp_path, monkeypatch):
     """Calls in flight when one call crashes the server are retried once, alone on the restarted
     server: the bystanders complete; the crashing call crashes it again and fails."""
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(crash_script))
+    use_scripted_backend(monkeypatch, crash_script)
     echo = [{"type": "mcp", "server_label": "echo"}]
     lines = [{"custom_id": custom_id, "input": custom_id.rstrip("12"), "tools": echo}
              for custom_id in ("sleep1", "crash", "sleep2")]

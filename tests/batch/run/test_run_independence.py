@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import engine.factory
 from batch.cli.main import main
 from batch.harmony.vocab import harmony_encoding
 from tests.support.db import rows
-from tests.support.fakes import ScriptedBackend
+from tests.support.fakes import use_scripted_backend
 
 FINAL = "<|channel|>final<|message|>Done.<|return|>"
 # Turn by turn: a search missing its `query`, one with a wrong type, a good one, a python cell.
@@ -55,8 +54,7 @@ def assert_same_prompts(first, second) -> None:
 
 
 def test_two_runs_render_every_prompt_alike_with_failing_tool_calls(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
-    monkeypatch.setattr(engine.factory, "load_backend", lambda *a, **kw: ScriptedBackend(script))
+    use_scripted_backend(monkeypatch, script)
     source = tmp_path / "in.jsonl"
     tools = [{"type": "web_search"}, {"type": "code_interpreter"}]
     source.write_text("".join(json.dumps({"custom_id": f"c{i}", "input": f"Look up {i}.", "tools": tools}) + "\n"
