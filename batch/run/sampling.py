@@ -60,15 +60,13 @@ def answer_text(completion: list[int]) -> str:
                                                                             strict=False)
     except HarmonyError:
         messages = []
-    texts = {message.channel: "".join(part.text for part in message.content if hasattr(part, "text"))
-             for message in messages}
-    if "final" in texts:
-        return "".join(_final_texts(messages))
+    finals = [_text(message) for message in messages if message.channel == "final"]
+    if finals:
+        return "".join(finals)
     if messages:
-        return list(texts.values())[-1]
+        return _text(messages[-1])
     return harmony_encoding().decode_utf8([t for t in completion if t < FIRST_SPECIAL_TOKEN])
 
 
-def _final_texts(messages: list) -> list[str]:
-    return ["".join(part.text for part in message.content if hasattr(part, "text"))
-            for message in messages if message.channel == "final"]
+def _text(message) -> str:
+    return "".join(part.text for part in message.content if hasattr(part, "text"))

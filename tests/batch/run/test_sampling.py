@@ -30,6 +30,13 @@ def test_the_answer_is_the_final_message_and_else_the_text_it_wrote():
     assert answer_text(tokens("no harmony at all<|return|>")) == "no harmony at all"
 
 
+def test_without_a_final_message_the_answer_is_the_last_message_written():
+    # a channel written twice must not keep its first place: the last message is the one cut off
+    assert answer_text(tokens("<|channel|>analysis<|message|>first<|end|>"
+                              "<|start|>assistant<|channel|>commentary<|message|>note<|end|>"
+                              "<|start|>assistant<|channel|>analysis<|message|>last")) == "last"
+
+
 def finished_turn(request: SamplingRequest, text: str, finish: str) -> SampledTurn:
     turn = SampledTurn(request, "r/sampling/0", PromptOptions())
     turn.on_output(RequestOutput(request_id="r/sampling/0", new_token_ids=tokens(text), finish_reason=finish,
