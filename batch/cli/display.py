@@ -12,6 +12,7 @@ import click
 from tqdm import tqdm
 
 from batch.responses.status import RequestStatus
+from batch.run.ledger import setting_flag
 from batch.tables import table
 
 if TYPE_CHECKING:
@@ -88,6 +89,11 @@ def summary_text(summary: RunSummary, db: str) -> str:
     if len(summary.invalid_reasons) > MAX_REASONS_SHOWN:
         lines.append(f"  invalid: {len(summary.invalid_reasons) - MAX_REASONS_SHOWN} other reason(s) "
                      "(SELECT line_no, error FROM requests WHERE status = 'invalid')")
+    if summary.changed_settings:
+        ours = " ".join(setting_flag(key, new) for key, (_, new) in summary.changed_settings.items())
+        theirs = " ".join(setting_flag(key, old) for key, (old, _) in summary.changed_settings.items())
+        lines.append(f"note: these lines were decoded with {ours}; the run was started with {theirs} "
+                     "(its runs row keeps those; notes.resumed_with lists each resume's)")
     if summary.ignored_fields:
         fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
         lines.append(f"note: fields accepted but not honoured offline: {fields}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from batch.responses.status import RequestStatus, RunStatus
@@ -44,6 +44,8 @@ class OpenedRun:
     run_id: str
     resumed: bool
     done: set[tuple[int, int]]  # (line_no, epoch) of every sample with a requests row
+    # An explicit --resume/--retry-failed with other RESUME_KEYS values: key -> (the run's, this command's)
+    changed_settings: dict[str, tuple[object, object]] = field(default_factory=dict)
 
 
 class RunLedger:
@@ -68,15 +70,23 @@ class RunLedger:
         stored = self.get(run_id)
         if stored.input_sha256 != input_sha:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
+        changed: dict[str, tuple[object, object]] = {}
+        recorded: dict = {}
         if options.resume or options.retry_failed:
-            _check_strict_settings(stored, run_row(options, run_id, input_sha).options,
-                                   "--resume" if options.resume else "--retry-failed")
+            ours = run_row(options, run_id, input_sha).options
+            _check_strict_settings(stored, ours, "--resume" if options.resume else "--retry-failed")
+            changed = {key: (recorded_setting(stored, key), ours[key]) for key in RESUME_KEYS
+                       if recorded_setting(stored, key) != ours[key]}
+            if changed:  # the runs row keeps the settings it started with; its notes say what else ran
+                notes = stored.notes or {}
+                recorded["notes"] = {**notes, "resumed_with": [*notes.get("resumed_with", []),
+                                                               {key: new for key, (_, new) in changed.items()}]}
         done = self.store.runs.finished_samples(run_id)
         if options.retry_failed:
             failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
             done -= self.store.runs.finished_samples(run_id, statuses=failed)
-        self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None)
-        return OpenedRun(run_id, True, done)
+        self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None, **recorded)
+        return OpenedRun(run_id, True, done, changed)
 
     def matching_unfinished_run(self, options: RunOptions, input_sha: str) -> str | None:
         """The unfinished run of this input, if it decoded with the same model and settings.
@@ -134,12 +144,14 @@ def _check_strict_settings(stored: RunRow, ours: dict, flag: str) -> None:
     for key in STRICT_RESUME_KEYS:
         theirs = recorded_setting(stored, key)
         if theirs != ours[key]:
-            raise RunError(f"{flag} {stored.run_id}: the run was started with {_flag(key, theirs)}; "
-                           f"this command has {_flag(key, ours[key])}: pass {_flag(key, theirs)} to continue it, "
+            raise RunError(f"{flag} {stored.run_id}: the run was started with {setting_flag(key, theirs)}; "
+                           f"this command has {setting_flag(key, ours[key])}: pass {setting_flag(key, theirs)} "
+                           "to continue it, "
                            "or decode a new run (--run-id NEW_ID)")
 
 
-def _flag(key: str, value: object) -> str:
+def setting_flag(key: str, value: object) -> str:
+    """A resume setting as the submit option that sets it (`--seed 7`, `--no-deterministic`)."""
     name = key.replace("_", "-")
     if isinstance(value, bool):
         return f"--{name}" if value else f"--no-{name}"

@@ -77,6 +77,7 @@ class RunSummary:
     tool_errors: dict[str, int] = field(default_factory=dict)  # failed tool calls per error kind
     server_errors: list[str] = field(default_factory=list)  # why a server could not be listed
     invalid_reasons: Counter = field(default_factory=Counter)  # an invalid line's error without "line N: "
+    changed_settings: dict = field(default_factory=dict)  # setting -> (the run's, this resume's) values
 
 
 class Run:
@@ -133,7 +134,7 @@ class Run:
         return RunSummary(self.run_id, opened.resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
                           self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors,
-                          self.invalid_reasons)
+                          self.invalid_reasons, opened.changed_settings)
 
     def prepare(self, line: InputLine) -> Prepared | None:
         """The line checked and ready to decode, or None when it ended here (invalid, or failed)."""

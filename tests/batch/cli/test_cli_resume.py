@@ -59,3 +59,17 @@ def test_a_finished_runs_command_with_another_deterministic_is_a_new_run(tmp_pat
     again = batchrun(*command, "--deterministic")
     assert again.exit_code == 0 and not again.output.startswith("nothing to do"), again.output
     assert rows(db, "SELECT count(*) FROM runs") == [(2,)]
+
+
+def test_an_explicit_resume_with_another_seed_continues_and_says_so(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
+    db = tmp_path / "out.duckdb"
+    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
+              "--kv-cache-gb", "0.05", "--quiet"]
+    assert batchrun(*common, "--limit", "1", "--run-id", "r").exit_code == 0
+    resumed = batchrun(*common, "--seed", "7", "--resume", "r")
+    assert resumed.exit_code == 0 and "1 already done" in resumed.output, resumed.output
+    assert ("note: these lines were decoded with --seed 7; the run was started with --seed 0" in resumed.output
+            ), resumed.output
+    assert rows(db, "SELECT options->>'seed', notes->'resumed_with' FROM runs") == [("0", '[{"seed":7}]')]

@@ -499,6 +499,26 @@ def test_the_ledger_opens_matches_and_closes_runs_alone(tmp_path, store):
         ledger.open(dataclasses.replace(options, resume="nope"), "sha-1")
 
 
+def test_an_explicit_resume_with_other_settings_continues_and_records_them(tmp_path, store):
+    """--resume continues a run whatever its settings; the runs row keeps those it started with,
+    and its notes say which lines' settings differed."""
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short")])
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"))
+    ledger = RunLedger(store)
+    first = ledger.open(options, "sha-1")
+    assert first.changed_settings == {}
+    other = dataclasses.replace(options, session=SessionOptions(model="scripted", seed=7, temperature=0.5),
+                                resume=first.run_id)
+    opened = ledger.open(other, "sha-1")
+    assert opened.run_id == first.run_id and opened.changed_settings == {
+        "seed": (0, 7), "temperature": (1.0, 0.5)}
+    row = store.runs.get(first.run_id)
+    assert (row.options["seed"], row.options["temperature"]) == (0, 1.0)
+    assert row.notes["resumed_with"] == [{"seed": 7, "temperature": 0.5}]
+    assert ledger.open(dataclasses.replace(options, resume=first.run_id), "sha-1").changed_settings == {}
+    assert store.runs.get(first.run_id).notes["resumed_with"] == [{"seed": 7, "temperature": 0.5}]
+
+
 def test_a_run_from_before_deterministic_was_a_resume_key_is_matched_by_its_engine_config(tmp_path, store):
     path = write_input(tmp_path / "in.jsonl", [request("c1", "short")])
     options = RunOptions(input_path=path, session=SessionOptions(model="scripted"), deterministic=True,
