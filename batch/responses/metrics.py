@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batch.responses.columns import Int32
 from engine.api import RequestOutput
@@ -101,9 +101,7 @@ class ResponseMetrics:
 
     def all_turns(self) -> list[TurnMetrics]:
         """Model turns in order, then sampling turns in the order they finished, numbered on from them."""
-        for index, turn in enumerate(self.sampled):
-            turn.turn = len(self.turns) + index
-        return self.turns + self.sampled
+        return self.turns + [replace(turn, turn=len(self.turns) + index) for index, turn in enumerate(self.sampled)]
 
     @property
     def tool_output_tokens(self) -> int:
