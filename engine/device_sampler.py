@@ -80,9 +80,8 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
         width = vocab if any(params[row].top_p < 1.0 for row in filtered) else \
             max(min(params[row].top_k, vocab) for row in filtered)
         rows_table = table[:len(filtered)]
-        head = scores[:len(filtered)]  # the unfiltered rows below keep every token
-        kept = row_thresholds(head, rows_table[:, 3:4].long(), rows_table[:, 4:5].float(), width)
-        head.masked_fill_(head < kept, float("-inf"))
+        # the unfiltered rows below keep every token
+        mask_below_threshold_(scores[:len(filtered)], rows_table[:, 3:4].long(), rows_table[:, 4:5].float(), width)
     subtract_noise(scores, table[:, 1:2].long())
     return token_ids.index_copy_(0, index, scores.argmax(dim=-1))
 
@@ -107,14 +106,13 @@ def row_thresholds(logits: Tensor, kth: Tensor, mass_limit: Tensor, width: int |
     return ordered.gather(1, kept.sum(dim=-1, keepdim=True) - 1)
 
 
-def mask_below_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor, width: int | None = None) -> Tensor:
-    """Rows of fp32 logits with every token below the row's top-k/top-p threshold set to -inf.
+def mask_below_threshold_(logits: Tensor, kth: Tensor, mass_limit: Tensor, width: int | None = None) -> Tensor:
+    """Set every fp32 logit below its row's top-k/top-p threshold to -inf, in place; returns `logits`.
 
-    `top_k` [F, 1] long (vocab: off), `top_p` [F, 1] float (1: off); top-k applies first and
-    top-p to what it keeps, renormalised (`row_thresholds`).
+    `kth` and `mass_limit` as `row_thresholds` takes them: top-k applies first and top-p to what it
+    keeps, renormalised.
     """
-    mass_limit = top_p.masked_fill(top_p >= 1.0, float("inf"))
-    return logits.masked_fill(logits < row_thresholds(logits, top_k - 1, mass_limit, width), float("-inf"))
+    return logits.masked_fill_(logits < row_thresholds(logits, kth, mass_limit, width), float("-inf"))
 
 
 def mix32(x: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.api import SamplingParams
-from engine.device_sampler import (NOISE_CHUNKS, mask_below_threshold, mix32, mix32_host, row_keys, sample_tokens,
+from engine.device_sampler import (NOISE_CHUNKS, mask_below_threshold_, mix32, mix32_host, row_keys, sample_tokens,
                                    sampler_temporary_bytes, token_salts, uniform_bits)
 from engine.op_trace import count_ops
 from engine.sampler_costs import UNIFORM, bytes_per_logit, temporaries
@@ -56,6 +56,11 @@ def test_greedy_rows_are_the_first_largest_logit():
     assert token_ids.tolist() == logits.argmax(dim=-1).tolist() and token_ids[2] == 10
 
 
+def mask_below(logits, top_k, top_p, width=None):
+    """A copy of `logits` masked as sample_tokens masks its filtered rows (top_k: vocab when off, top_p: 1)."""
+    return mask_below_threshold_(logits.clone(), top_k - 1, top_p.masked_fill(top_p >= 1.0, float("inf")), width)
+
+
 @pytest.mark.parametrize("top_k,top_p,temperature", [(0, 1.0, 1.0), (7, 1.0, 0.8), (0, 0.6, 1.3), (20, 0.9, 0.5),
                                                      (1, 1.0, 1.0), (0, 0.05, 1.0)])
 def test_the_filters_are_the_row_by_row_references(top_k, top_p, temperature):
@@ -64,7 +69,7 @@ def test_the_filters_are_the_row_by_row_references(top_k, top_p, temperature):
     k = torch.full((4, 1), top_k or VOCAB)
     p = torch.full((4, 1), top_p)
     for width in (None, top_k or None):  # the whole sort, and the partial one top-k alone allows
-        masked = mask_below_threshold(logits, k, p, width if top_p >= 1.0 else None)
+        masked = mask_below(logits, k, p, width if top_p >= 1.0 else None)
         for row in range(4):
             expected = logits[row]
             if top_k:
@@ -78,7 +83,7 @@ def test_the_filters_are_the_row_by_row_references(top_k, top_p, temperature):
 def test_top_p_keeps_the_smallest_set_that_reaches_the_mass():
     logits = logits_for(2, 1)
     for top_p in (0.05, 0.5, 0.9, 0.99):
-        kept = torch.isfinite(mask_below_threshold(logits, torch.tensor([[VOCAB]]), torch.tensor([[top_p]])))[0]
+        kept = torch.isfinite(mask_below(logits, torch.tensor([[VOCAB]]), torch.tensor([[top_p]])))[0]
         probs = torch.softmax(logits[0], -1)
         kept_probs = probs[kept].sort(descending=True).values
         assert kept_probs.sum() >= top_p - 1e-6 and kept_probs[:-1].sum() < top_p
