@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from engine.workloads import PERCENTILES, WORKLOADS, BenchResult, Workload, make_workloads, run_backend
+from engine.workloads import ENGINE_SYSTEMS, PERCENTILES, WORKLOADS, BenchResult, Workload, make_workloads, run_backend
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -32,10 +32,8 @@ def run_system(system: str, model_dir: str | Path, workload: Workload, *, batch_
     from engine.device import resolve_device
     from engine.factory import load_backend
 
-    if system in ("engine", "engine_deterministic"):
-        # engine_deterministic: the same engine with batch-invariant numerics, for their cost in one run
-        options = {**engine_options, "deterministic": True} if system == "engine_deterministic" else engine_options
-        backend = cast("LLMEngine", load_backend("engine", model_dir, **options))
+    if system in ENGINE_SYSTEMS:
+        backend = cast("LLMEngine", load_backend("engine", model_dir, **{**engine_options, **ENGINE_SYSTEMS[system]}))
         result = run_backend(system, backend, workload)
         return result, backend.stats()
     device = resolve_device(engine_options.get("device", "cpu"))

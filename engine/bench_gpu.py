@@ -31,7 +31,7 @@ from engine.checkpoint import parameter_specs, tiny_config
 from engine.config import EngineConfig, ModelConfig, held_model_config
 from engine.model import GptOssModel
 from engine.mxfp4 import MXFP4_BLOCK, dequantize, quantize
-from engine.workloads import BenchResult, Workload, run_backend
+from engine.workloads import ENGINE_SYSTEMS, BenchResult, Workload, run_backend
 
 PRESET_20B = dict(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
                   head_dim=64, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4,
@@ -157,9 +157,8 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
         raise ValueError("--preset 20b is built on the GPU: pass --device cuda")
     _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
-        if system in ("engine", "engine_deterministic"):
-            if system == "engine_deterministic":  # batch-invariant numerics, for their cost in the same run
-                engine_config = dataclasses.replace(engine_config, deterministic=True)
+        if system in ENGINE_SYSTEMS:
+            engine_config = dataclasses.replace(engine_config, **ENGINE_SYSTEMS[system])
             engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels,
                                                                  moe_weights=engine_config.moe_weights))
             result = run_backend(system, engine, workload)

@@ -12,6 +12,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import asdict, dataclass, field
 
 from engine.api import Backend, RequestOutput, SamplingParams
@@ -141,6 +142,9 @@ class BenchResult:
                    peak_rss_mb(), *percentiles(ttfts), *percentiles(tpots))
 
 
+# The engine systems a bench runs, and the engine options each adds to the run's: engine_deterministic
+# is the same engine with batch-invariant numerics, for their cost measured in one run.
+ENGINE_SYSTEMS: dict[str, dict[str, Any]] = {"engine": {}, "engine_deterministic": {"deterministic": True}}
 PERCENTILES = (50, 90, 99)
 
 
