@@ -12,7 +12,6 @@ from types import ModuleType
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine import batch_invariant as invariant
@@ -145,19 +144,16 @@ class GptOssAttention(nn.Module):
         return o.reshape(q.shape[0], -1)
 
 
-class GptOssRouter(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.top_k = config.num_experts_per_tok
-        self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
-        self.bias = nn.Parameter(torch.empty(config.num_local_experts))
-        self.batch_invariant = False
+class GptOssRouter(Linear):
+    """The experts' scores ([experts, hidden] weight and bias, as the checkpoint names them) and the top k."""
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config.hidden_size, config.num_local_experts)
+        self.top_k = config.num_experts_per_tok
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x: [T, hidden] -> expert ids [T, top_k], their weights [T, top_k] (softmax over the top k)."""
-        logits = invariant.linear(x, self.weight, self.bias) if self.batch_invariant \
-            else F.linear(x, self.weight, self.bias)
-        top_logits, expert_ids = torch.topk(logits, self.top_k, dim=-1)
+        top_logits, expert_ids = torch.topk(self(x), self.top_k, dim=-1)
         return expert_ids, torch.softmax(top_logits, dim=-1)
 
 
@@ -282,7 +278,7 @@ class GptOssMLP(nn.Module):
         self.experts = GptOssExperts(config, kernels)
 
     def forward(self, x: Tensor) -> Tensor:
-        expert_ids, weights = self.router(x)
+        expert_ids, weights = self.router.route(x)
         return self.experts(x, expert_ids, weights)
 
 
@@ -335,7 +331,7 @@ class GptOssModel(nn.Module):
     def set_batch_invariant(self, on: bool) -> None:
         """Compute every row the same way in any batch, chunk or decode step (EngineConfig.deterministic)."""
         for module in self.modules():
-            if isinstance(module, (Linear, GptOssAttention, GptOssRouter, GptOssExperts)):
+            if isinstance(module, (Linear, GptOssAttention, GptOssExperts)):
                 module.batch_invariant = on
 
     def forward(self, input_ids: Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]) -> Tensor:
