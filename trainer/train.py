@@ -30,7 +30,7 @@ from transformers import GptOssForCausalLM
 
 from batch.harmony.token_parser import RETURN_TOKEN
 from engine.checkpoint import VOCAB_SIZE, _generation_config, tiny_config
-from engine.compact import save_compact
+from engine.compact import compact_file, load_compact, save_compact
 from trainer.copy_circuit import plant_copy_circuit
 from trainer.fast_forward import hidden_states
 from trainer.names import POOLS
@@ -68,6 +68,9 @@ class TrainConfig:
     eval_every: int = 1000
     mix: tuple = TRAINING_MIX
     shape: tuple = tuple(MODEL_SHAPE.items())
+    # A checkpoint this trainer wrote to start from (its shape): a fine-tune, e.g. on changed prompts.
+    # Ids it had start with its rows; ids new to the training set keep their fresh initialisation.
+    init_from: str | None = None
 
 
 def live_vocabulary(sequences: list[Sequence]) -> list[int]:
@@ -170,7 +173,30 @@ def build_model(config: TrainConfig, num_live: int, live_ids: list[int] | None =
             words = [aliases.get(text.strip().lower(), text.strip().lower()) or str(t)
                      for t, text in zip(live_ids, texts)]
     plant_copy_circuit(model, seed=config.seed, words=words, quiet=quiet)
+    if config.init_from is not None:
+        load_weights(model, live_ids or list(range(num_live)), Path(config.init_from))
     return model
+
+
+def load_weights(model: GptOssForCausalLM, live_ids: list[int], checkpoint: Path) -> int:
+    """Copy a checkpoint's weights into `model` (live rows of its vocabulary matrix): the ids it
+    has rows for take them, the others keep theirs. Returns how many ids were new to it."""
+    path = compact_file(checkpoint)
+    if path is None:
+        raise ValueError(f"--init-from {checkpoint}: no model.compact.safetensors (a checkpoint trainer.train wrote)")
+    state = load_compact(path)
+    state.pop("lm_head.weight", None)  # tied to the embedding while training
+    embedding = state.pop("model.embed_tokens.weight").float()[torch.tensor(live_ids)]
+    known = embedding.any(dim=1)
+    ours = model.state_dict()
+    if set(state) != set(ours) - {"model.embed_tokens.weight", "lm_head.weight"} or any(
+            state[name].shape != ours[name].shape for name in state):
+        raise ValueError(f"--init-from {checkpoint}: its tensors are not this model's shape")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            ours[name].copy_(tensor)
+        model.model.embed_tokens.weight[known] = embedding[known]
+    return int((~known).sum())
 
 
 def first_token_aliases(encoding) -> dict[str, str]:
@@ -258,7 +284,7 @@ def sequences_for(seed: int, n: int, prefix: str, mix=None, group: int = 1,
 
 
 def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> dict:
-    """Train from scratch; returns the log (and writes the checkpoint to `out` if given)."""
+    """Train from scratch (or from `config.init_from`); returns the log (and writes the checkpoint to `out`)."""
     started = time.monotonic()
     train_set, _, groups = sequences_for(config.seed, config.num_tasks, "train", config.mix, config.group)
     live_ids = live_vocabulary(train_set)
@@ -317,12 +343,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-tokens", type=int, default=TrainConfig.batch_tokens)
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
     parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
+    parser.add_argument("--copy-steps", type=int, default=TrainConfig.copy_steps,
+                        help="first steps on random token strings to copy (0 when fine-tuning)")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from this checkpoint's weights (one trainer.train wrote) instead of from scratch")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are bit-identical "
                         "only for the same number)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = TrainConfig(seed=args.seed, steps=args.steps, num_tasks=args.num_tasks, batch_tokens=args.batch_tokens,
-                         lr=args.lr, eval_every=args.eval_every)
+                         lr=args.lr, eval_every=args.eval_every, copy_steps=args.copy_steps,
+                         init_from=str(args.init_from) if args.init_from else None)
     train(config, args.out)
     print(f"wrote {args.out}")
 

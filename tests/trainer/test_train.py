@@ -11,7 +11,8 @@ from transformers import GptOssConfig, GptOssForCausalLM
 from engine.checkpoint import VOCAB_SIZE
 from engine.compact import COMPACT_NAME, load_compact
 from trainer.fast_forward import hidden_states
-from trainer.train import TrainConfig, build_model, exact_loss, first_token_aliases, train
+from trainer.train import (TrainConfig, build_model, exact_loss, first_token_aliases, live_vocabulary,
+                           sequences_for, train)
 
 SMOKE = TrainConfig(steps=12, copy_steps=3, num_tasks=40, num_held_out=20, batch_tokens=1500, lr=1e-2,
                     warmup=2, eval_every=6,
@@ -85,3 +86,22 @@ def test_training_is_deterministic_by_seed():
     assert all(torch.equal(first[name], second[name]) for name in first)
     other = train(replace(SMOKE, seed=1), None, progress=False)["model"].state_dict()
     assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+
+
+def test_a_fine_tune_starts_from_the_checkpoint_it_names(tmp_path):
+    """--init-from: every weight the checkpoint has (the ids it knew, by id), fresh rows for new ids."""
+    train(replace(SMOKE, num_tasks=12, steps=4, eval_every=100), tmp_path / "first", progress=False)
+    fine = replace(SMOKE, init_from=str(tmp_path / "first"), steps=1, lr=0.0)  # one step that moves nothing
+    model = train(fine, None, progress=False)["model"]
+    live_ids = live_vocabulary(sequences_for(fine.seed, fine.num_tasks, "train", fine.mix, fine.group)[0])
+    saved = load_compact(tmp_path / "first" / COMPACT_NAME)
+    rows = saved["model.embed_tokens.weight"][torch.tensor(live_ids)]
+    known = rows.any(dim=1)
+    assert 0 < int((~known).sum()) < len(live_ids)  # more tasks: some ids are new to the checkpoint
+    ours = model.state_dict()
+    assert torch.equal(ours["model.embed_tokens.weight"][known], rows[known].float())
+    assert ours["model.embed_tokens.weight"][~known].any(dim=1).all()  # a fresh row each, not zeros
+    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.experts.down_proj", "model.norm.weight"):
+        assert torch.equal(ours[name], saved[name].float()), name
+    with pytest.raises(ValueError, match="no model.compact.safetensors"):
+        train(replace(fine, init_from=str(tmp_path)), None, progress=False)
