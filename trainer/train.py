@@ -15,6 +15,7 @@ and log(num_dead). Saving scatters the live rows into the full vocabulary.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -232,8 +233,11 @@ def random_copies(live_ids: list[int], batch_tokens: int, rng: random.Random) ->
     return result
 
 
-def save(model: GptOssForCausalLM, live_ids: list[int], out: Path, config: TrainConfig, log: list[dict]) -> None:
-    """An HF checkpoint with the full 201,088-row vocabulary, dead rows zero, in bf16."""
+def save(model: GptOssForCausalLM, live_ids: list[int], out: Path, config: TrainConfig, log: list[dict],
+         provenance: dict | None = None) -> None:
+    """An HF checkpoint with the full 201,088-row vocabulary, dead rows zero, in bf16; `provenance`
+    goes into its training.json beside the configuration."""
+    provenance = provenance or {}
     out.mkdir(parents=True, exist_ok=True)
     full = tiny_config(**dict(config.shape))
     full.dtype = torch.bfloat16
@@ -254,8 +258,8 @@ def save(model: GptOssForCausalLM, live_ids: list[int], out: Path, config: Train
     (out / "model.safetensors").unlink(missing_ok=True)
     save_compact(tensors, out)
     shutil.copy(Path(__file__).with_name("model_card.md"), out / "README.md")
-    (out / "training.json").write_text(json.dumps({"config": {**config.__dict__, "shape": dict(config.shape)},
-                                                   "num_live_ids": len(live_ids), "log": log}, indent=1) + "\n")
+    record = {"config": {**config.__dict__, "shape": dict(config.shape)}, "num_live_ids": len(live_ids), **provenance}
+    (out / "training.json").write_text(json.dumps({**record, "log": log}, indent=1) + "\n")
 
 
 def evaluate(model, sequences, families, to_live, num_dead, batch_tokens) -> tuple[float, dict[str, float]]:
@@ -298,6 +302,9 @@ def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> di
         kept = [i for i, s in enumerate(sequences) if all(t in to_live for t in s.token_ids)]
         evaluation[key] = ([sequences[i] for i in kept], [families[i] for i in kept])
     num_dead = VOCAB_SIZE - len(live_ids)
+    # which weights a fine-tune started from, named by content (its directory may be overwritten)
+    base = compact_file(config.init_from) if config.init_from else None
+    provenance = {"init_from_sha256": hashlib.sha256(base.read_bytes()).hexdigest()} if base else {}
     model = build_model(config, len(live_ids), live_ids)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                   betas=(0.9, config.beta2))
@@ -330,7 +337,7 @@ def train(config: TrainConfig, out: Path | None, *, progress: bool = True) -> di
             log.append({**entry, "elapsed_s": round(time.monotonic() - started, 1)})
             tqdm.write(json.dumps(log[-1])) if progress else print(json.dumps(log[-1]), flush=True)
     if out is not None:
-        save(model, live_ids, out, config, log)
+        save(model, live_ids, out, config, log, provenance)
     return {"log": log, "num_live_ids": len(live_ids), "model": model}
 
 

@@ -1,6 +1,7 @@
 """Training smoke test: the loop learns, the fast forward is transformers' math, the saved
 checkpoint is a full-vocabulary gpt-oss checkpoint both loaders read."""
 
+import hashlib
 import json
 from dataclasses import replace
 
@@ -103,5 +104,8 @@ def test_a_fine_tune_starts_from_the_checkpoint_it_names(tmp_path):
     assert ours["model.embed_tokens.weight"][~known].any(dim=1).all()  # a fresh row each, not zeros
     for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.experts.down_proj", "model.norm.weight"):
         assert torch.equal(ours[name], saved[name].float()), name
+    train(fine, tmp_path / "fine", progress=False)
+    record = json.loads((tmp_path / "fine" / "training.json").read_text())
+    assert record["init_from_sha256"] == hashlib.sha256((tmp_path / "first" / COMPACT_NAME).read_bytes()).hexdigest()
     with pytest.raises(ValueError, match="no model.compact.safetensors"):
         train(replace(fine, init_from=str(tmp_path)), None, progress=False)
