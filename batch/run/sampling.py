@@ -10,7 +10,7 @@ response's usage. The engine sees token ids, like any turn.
 
 from __future__ import annotations
 
-from openai_harmony import HarmonyError, Role
+from openai_harmony import HarmonyError, Message, Role
 
 from batch.harmony.render import PromptOptions, render_sampling
 from batch.harmony.token_parser import FIRST_SPECIAL_TOKEN, STOP_TOKEN_IDS
@@ -68,5 +68,5 @@ def answer_text(completion: list[int]) -> str:
     return harmony_encoding().decode_utf8([t for t in completion if t < FIRST_SPECIAL_TOKEN])
 
 
-def _text(message) -> str:
+def _text(message: Message) -> str:
     return "".join(part.text for part in message.content if hasattr(part, "text"))
