@@ -12,8 +12,8 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from engine.api import Backend, RequestOutput, SamplingParams
 

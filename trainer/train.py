@@ -179,9 +179,9 @@ def build_model(config: TrainConfig, num_live: int, live_ids: list[int] | None =
     return model
 
 
-def load_weights(model: GptOssForCausalLM, live_ids: list[int], checkpoint: Path) -> int:
+def load_weights(model: GptOssForCausalLM, live_ids: list[int], checkpoint: Path) -> None:
     """Copy a checkpoint's weights into `model` (live rows of its vocabulary matrix): the ids it
-    has rows for take them, the others keep theirs. Returns how many ids were new to it."""
+    has rows for take them, the others keep theirs."""
     path = compact_file(checkpoint)
     if path is None:
         raise ValueError(f"--init-from {checkpoint}: no model.compact.safetensors (a checkpoint trainer.train wrote)")
@@ -197,7 +197,6 @@ def load_weights(model: GptOssForCausalLM, live_ids: list[int], checkpoint: Path
         for name, tensor in state.items():
             ours[name].copy_(tensor)
         model.model.embed_tokens.weight[known] = embedding[known]
-    return int((~known).sum())
 
 
 def first_token_aliases(encoding) -> dict[str, str]:

@@ -14,7 +14,7 @@ import click
 
 from batch.responses.status import RequestStatus, RunStatus
 from batch.run.reader import scan_input
-from batch.run.ledger import RESUME_KEYS, recorded_setting
+from batch.run.ledger import changed_settings
 from batch.run.options import RunOptions
 from batch.store.runs import ListedRun
 from batch.store.store import Store
@@ -44,8 +44,7 @@ def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
         return None
     sha256, ours = scan_input(options.input_path).sha256, settings(options)
     for listed in candidates:  # newest first
-        if listed.run.input_sha256 == sha256 and all(recorded_setting(listed.run, key) == ours[key]
-                                                     for key in RESUME_KEYS):
+        if listed.run.input_sha256 == sha256 and not changed_settings(listed.run, ours):
             return listed
     return None
 

@@ -73,10 +73,8 @@ class RunLedger:
         changed: dict[str, tuple[object, object]] = {}
         recorded: dict = {}
         if options.resume or options.retry_failed:
-            ours = run_row(options, run_id, input_sha).options
-            _check_strict_settings(stored, ours, "--resume" if options.resume else "--retry-failed")
-            changed = {key: (recorded_setting(stored, key), ours[key]) for key in RESUME_KEYS
-                       if recorded_setting(stored, key) != ours[key]}
+            changed = changed_settings(stored, run_row(options, run_id, input_sha).options)
+            _check_strict_settings(stored.run_id, changed, "--resume" if options.resume else "--retry-failed")
             if changed:  # the runs row keeps the settings it started with; its notes say what else ran
                 notes = stored.notes or {}
                 recorded["notes"] = {**notes, "resumed_with": [*notes.get("resumed_with", []),
@@ -99,8 +97,7 @@ class RunLedger:
             return None
         stored = self.get(run_id)
         ours = run_row(options, run_id, input_sha)
-        same = stored.model == ours.model and all(
-            recorded_setting(stored, key) == ours.options[key] for key in RESUME_KEYS)
+        same = stored.model == ours.model and not changed_settings(stored, ours.options)
         return run_id if same else None
 
     def get(self, run_id: str) -> RunRow:
@@ -140,14 +137,19 @@ def recorded_setting(run: RunRow, key: str) -> object:
     return RESUME_DEFAULTS.get(key)
 
 
-def _check_strict_settings(stored: RunRow, ours: dict, flag: str) -> None:
-    for key in STRICT_RESUME_KEYS:
-        theirs = recorded_setting(stored, key)
-        if theirs != ours[key]:
-            raise RunError(f"{flag} {stored.run_id}: the run was started with {setting_flag(key, theirs)}; "
-                           f"this command has {setting_flag(key, ours[key])}: pass {setting_flag(key, theirs)} "
-                           "to continue it, "
-                           "or decode a new run (--run-id NEW_ID)")
+def changed_settings(stored: RunRow, ours: dict) -> dict[str, tuple[object, object]]:
+    """The RESUME_KEYS whose value in `ours` (a runs row's options) is not what `stored` recorded:
+    key -> (recorded, ours)."""
+    return {key: (theirs, ours[key]) for key in RESUME_KEYS if (theirs := recorded_setting(stored, key)) != ours[key]}
+
+
+def _check_strict_settings(run_id: str, changed: dict[str, tuple[object, object]], flag: str) -> None:
+    for key in STRICT_RESUME_KEYS:  # each one of RESUME_KEYS
+        if key in changed:
+            theirs, ours = changed[key]
+            raise RunError(f"{flag} {run_id}: the run was started with {setting_flag(key, theirs)}; "
+                           f"this command has {setting_flag(key, ours)}: pass {setting_flag(key, theirs)} "
+                           "to continue it, or decode a new run (--run-id NEW_ID)")
 
 
 def setting_flag(key: str, value: object) -> str:
