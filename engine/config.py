@@ -115,7 +115,10 @@ class ModelConfig:
             num_local_experts=hf.num_local_experts, num_experts_per_tok=hf.num_experts_per_tok,
             sliding_window=hf.sliding_window, layer_types=tuple(hf.layer_types or ()),
             rope_theta=float(rope.get("rope_theta", 150000.0)), rope_parameters=rope,
-            rms_norm_eps=hf.rms_norm_eps, swiglu_alpha=hf.swiglu_alpha, swiglu_limit=hf.swiglu_limit,
+            rms_norm_eps=hf.rms_norm_eps,
+            # transformers before 5.2x (the GPU image's 5.17) keeps these as constants of its modeling code
+            swiglu_alpha=getattr(hf, "swiglu_alpha", cls.swiglu_alpha),
+            swiglu_limit=getattr(hf, "swiglu_limit", cls.swiglu_limit),
             max_position_embeddings=hf.max_position_embeddings, eos_token_ids=eos_ids,
             pad_token_id=hf.pad_token_id, bos_token_id=hf.bos_token_id,
             torch_dtype=_checkpoint_dtype(hf.dtype), quant_method=quant.get("quant_method"),
