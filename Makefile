@@ -11,7 +11,7 @@ PYTEST_ARGS ?=             # e.g. --durations=25 (.ci/run)
 # (`make test PYTEST_WORKERS=0` runs in one process). Ray tests share one worker (xdist_group).
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-all lint gpu-check train-model eval-model clean
+.PHONY: setup demo test test-all lint gpu-check gpu-check-image train-model eval-model clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -82,6 +82,21 @@ lint: $(VENV)/.installed
 GPU_CHECK_OUT ?= $(or $(OUT),gpu-check-out)
 gpu-check:
 	PYTHON=$(PYTHON) GPU_CHECK_DRY_RUN=$(GPU_CHECK_DRY_RUN) bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
+
+# The same dry run under the GPU image's transformers and triton (5.17 and 3.6; torch stays this machine's
+# 2.13 CPU build, Python 3.11 for the image's 3.12), in a venv of its own: the venv's newer transformers
+# hid an AttributeError that failed every engine step of the check under 5.17. CI runs it.
+GPU_IMAGE_VENV ?= .cache/gpu-image-venv
+GPU_IMAGE_PACKAGES := transformers==5.17.0 triton==3.6.0 safetensors numpy pytest
+$(GPU_IMAGE_VENV)/.installed:
+	test -x $(GPU_IMAGE_VENV)/bin/python || $(PYTHON) -m venv $(GPU_IMAGE_VENV)
+	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet $(GPU_IMAGE_PACKAGES)
+	touch $@
+
+gpu-check-image: $(GPU_IMAGE_VENV)/.installed
+	PYTHON=$(GPU_IMAGE_VENV)/bin/python GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh $(GPU_CHECK_OUT) || \
+		{ tail -n 60 $(GPU_CHECK_OUT)/gpu_check.log; exit 1; }
 
 # Train the embedded tiny model from scratch (seed 0, ~40-50 min on 2 shared CPU cores; it prints
 # the share of 200 held-out tasks greedy decoding reproduces as it goes); eval-model measures it

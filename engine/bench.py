@@ -45,7 +45,7 @@ def run_system(system: str, model_dir: str | Path, workload: Workload, *, batch_
         return run_generate(load_hf_model(model_dir, device=device), workload, batch_size), {}
     if system == "hf_generate_batch":
         return run_generate_batch(load_hf_model(model_dir, "paged|eager", device=device), workload), {}
-    raise ValueError(f"unknown system {system!r}; known: engine, engine_deterministic, reference, hf_generate, "
+    raise ValueError(f"unknown system {system!r}; known: {', '.join(ENGINE_SYSTEMS)}, reference, hf_generate, "
                      "hf_generate_batch")
 
 
@@ -146,14 +146,14 @@ def _run(args: argparse.Namespace) -> None:
     engine_options = {"device": args.device, "kernels": args.kernels, "max_num_seqs": args.max_num_seqs,
                       "gpu_memory_utilization": args.gpu_memory_utilization, "moe_weights": args.moe_weights}
     results: list[BenchResult] = []
-    batch1: dict = {}
+    runs: list[tuple[str, dict]] = []
     options = {"random": {"input_len": args.random_input_len, "output_len": args.random_output_len},
                "sharegpt": {"output_len": args.sharegpt_output_len}}
     workloads = make_workloads(args.workloads.split(","), args.num_requests, args.seed, options)
     for workload in workloads:
         for system in args.systems.split(","):
             load = workload
-            if system != "engine" and args.baseline_requests:
+            if system not in ENGINE_SYSTEMS and args.baseline_requests:
                 load = Workload(workload.name, workload.conversations[:args.baseline_requests])
             if args.preset:
                 from engine.bench_gpu import run_preset_system
@@ -164,15 +164,15 @@ def _run(args: argparse.Namespace) -> None:
                 result, stats = run_system(system, args.model_dir, load, batch_size=args.batch_size,
                                            engine_options=engine_options)
             results.append(result)
-            batch1 = batch1 or {k: v for k, v in stats.items() if k.startswith(("batch1", "roofline", "hbm"))}
+            runs.append((result.system, stats))
             print(format_result(result), flush=True)
             if stats:
                 print(f"{workload.name} {result.system} stats: {format_stats(stats)}", flush=True)
     print(format_table(results))
-    if batch1:
-        from engine.bench_gpu import batch1_report
+    from engine.bench_gpu import batch1_reports
 
-        print(batch1_report(batch1))
+    for line in batch1_reports(runs):
+        print(line)
 
 
 if __name__ == "__main__":

@@ -162,7 +162,9 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
             engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels,
                                                                  moe_weights=engine_config.moe_weights))
             result = run_backend(system, engine, workload)
-            stats = engine.stats()  # the workload's, before the batch-1 run adds its steps
+            held = engine.describe()  # what the options came to: experts packed or dense, the KV cache left
+            stats = {**engine.stats(), "mxfp4_experts": held["mxfp4_experts"], "kv_cache_gb": held["kv_cache_gb"],
+                     "num_blocks": held["num_blocks"]}  # the workload's, before the batch-1 run adds its steps
             prompt_len, num_tokens = DRY_RUN_BATCH1 if dry_run else (BATCH1_PROMPT, BATCH1_TOKENS)
             batch1 = batch1_decode(engine, hbm_bytes_per_s(device) if on_gpu else None, prompt_len, num_tokens)
             return result, {**stats, **batch1}
@@ -171,7 +173,7 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
                 return run_generate(build_hf_model(config, device, dtype), workload, batch_size), {}
             model = build_hf_model(config, device, dtype, attn_implementation="paged|eager")
             return run_generate_batch(model, workload, kv_cache_gb=8.0 if on_gpu else 0.05), {}
-        raise ValueError(f"--preset 20b runs engine, engine_deterministic, hf_generate and hf_generate_batch, "
+        raise ValueError(f"--preset 20b runs {', '.join(ENGINE_SYSTEMS)}, hf_generate and hf_generate_batch, "
                          f"not {system!r}")
     finally:
         _release_gpu_memory()
@@ -204,9 +206,19 @@ def batch1_decode(engine: Any, bandwidth: float | None, prompt_len: int = BATCH1
     return stats
 
 
-def batch1_report(stats: dict) -> str:
-    """One line: batch-1 decode speed and how far it is from the roofline."""
-    line = (f"batch-1 decode: {stats['batch1_s_per_token'] * 1e3:.2f} ms/token "
+def batch1_reports(runs: list[tuple[str, dict]]) -> list[str]:
+    """A batch-1 line for each engine system of (system, stats) runs that measured one, from its first run."""
+    firsts: dict[str, dict] = {}
+    for system, stats in runs:
+        if "batch1_s_per_token" in stats:
+            firsts.setdefault(system, stats)
+    return [batch1_report(stats, system) for system, stats in firsts.items()]
+
+
+def batch1_report(stats: dict, system: str = "engine") -> str:
+    """One line: batch-1 decode speed and how far it is from the roofline (`system` named unless the engine)."""
+    label = "batch-1 decode" if system == "engine" else f"batch-1 decode ({system})"
+    line = (f"{label}: {stats['batch1_s_per_token'] * 1e3:.2f} ms/token "
             f"({1 / stats['batch1_s_per_token']:.0f} tok/s) at ~{stats['batch1_context']} tokens of context")
     if "roofline_s_per_token" in stats:
         ratio = stats["batch1_s_per_token"] / stats["roofline_s_per_token"]

@@ -142,9 +142,12 @@ class BenchResult:
                    peak_rss_mb(), *percentiles(ttfts), *percentiles(tpots))
 
 
-# The engine systems a bench runs, and the engine options each adds to the run's: engine_deterministic
-# is the same engine with batch-invariant numerics, for their cost measured in one run.
-ENGINE_SYSTEMS: dict[str, dict[str, Any]] = {"engine": {}, "engine_deterministic": {"deterministic": True}}
+# The engine systems a bench runs, and the engine options each adds to the run's, so that one run measures
+# what an option costs against `engine`: engine_deterministic decodes with batch-invariant numerics,
+# engine_dense holds MXFP4 experts dequantised to bf16 (which of packed and dense is faster decides what
+# `--moe-weights auto` should pick).
+ENGINE_SYSTEMS: dict[str, dict[str, Any]] = {"engine": {}, "engine_deterministic": {"deterministic": True},
+                                             "engine_dense": {"moe_weights": "dense"}}
 PERCENTILES = (50, 90, 99)
 
 

@@ -94,6 +94,11 @@ step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
 step gpu_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/engine
 step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}"
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
+# what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
+# bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics
+step moe_dense 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_dense
+step deterministic 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" \
+    --systems engine_deterministic
 # the graph-share proxy decodes 512 requests with a tiny model on the CPU: about a minute on a quiet core
 step proxies 120 "$PY" -m engine.bench --proxies
 

@@ -21,9 +21,10 @@ import click
 from batch.cli.util import fail, open_store
 from batch.store.rows import BenchRow
 from batch.cli.submit import set_threads
+from engine.workloads import ENGINE_SYSTEMS
 
 PRESETS = ("tiny", "medium", "20b")
-SYSTEMS = ("engine", "engine_deterministic", "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
+SYSTEMS = (*ENGINE_SYSTEMS, "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
 _OWN_RUN = ("host", "constrained")  # systems that run their own workload, not --workloads
 
 
@@ -85,11 +86,10 @@ def _model_bench(plan: BenchPlan, systems: list[str], save: Callable[[dict], Non
     for workload_name, system, stats in all_stats:
         click.echo(f"{workload_name} {system}: {benchmark.format_stats(stats)}")
     click.echo(f"peak RSS {max(r.peak_rss_mb for r in results):.0f} MB")
-    batch1 = next((stats for _, _, stats in all_stats if "batch1_s_per_token" in stats), None)
-    if batch1 is not None:  # the 20b preset's batch-1 decode line and roofline
-        from engine.bench_gpu import batch1_report
+    from engine.bench_gpu import batch1_reports
 
-        click.echo(batch1_report(batch1))
+    for line in batch1_reports([(system, stats) for _, system, stats in all_stats]):
+        click.echo(line)  # the 20b preset's batch-1 decode lines and roofline
 
 
 @dataclass

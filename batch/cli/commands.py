@@ -132,9 +132,9 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
 @click.option("--systems", default="engine,hf_generate", show_default=True,
               help="Comma list of engine, engine_deterministic (the engine with batch-invariant numerics), "
-                   "hf_generate, hf_generate_batch, reference, host (the host "
-                   "path alone: reader, sessions, harmony, events, DuckDB, over an instant backend), and "
-                   "constrained (the engine's step with and without JSON-schema token masks, "
+                   "engine_dense (the engine with MXFP4 experts held as bf16), hf_generate, hf_generate_batch, "
+                   "reference, host (the host path alone: reader, sessions, harmony, events, DuckDB, over an "
+                   "instant backend), and constrained (the engine's step with and without JSON-schema token masks, "
                    "--num-requests at once).")
 @click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
@@ -149,7 +149,7 @@ def make_random_model(directory: Path, seed: int) -> None:
               show_default=True, help="On CUDA, the fraction of GPU memory the engine may use.")
 @click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
               help="The engine's MXFP4 experts with --kernels triton: mxfp4 (packed), dense (dequantised on "
-                   "load), auto (mxfp4). Run the engine twice to measure which is faster.")
+                   "load), auto (mxfp4). The engine_dense system measures dense against engine in the same run.")
 @click.option("--deterministic/--no-deterministic", default=False, show_default=True,
               help="The engine system decodes batch-invariantly (the engine_deterministic system always does).")
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,

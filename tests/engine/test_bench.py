@@ -75,10 +75,15 @@ def test_proxies_alone_print_their_table_and_run_no_workload(monkeypatch, capsys
 def test_the_20b_presets_dry_run_goes_through_its_code_at_a_tiny_shape_on_cpu(capsys):
     from engine.bench import main
 
-    main(["--preset", "20b", "--dry-run", "--device", "cpu", "--kernels", "torch", "--systems", "engine",
-          "--workloads", "random", "--num-requests", "2", "--random-input-len", "8", "--random-output-len", "3"])
+    main(["--preset", "20b", "--dry-run", "--device", "cpu", "--kernels", "torch", "--systems", "engine,engine_dense",
+          "--workloads", "random", "--num-requests", "2", "--random-input-len", "8", "--random-output-len", "3",
+          "--baseline-requests", "1"])  # for the transformers systems only: every engine system decodes both
     out = capsys.readouterr().out
     assert "random engine stats: num_steps=" in out and "batch1_s_per_token=" in out
+    # the same engine twice in one run: its experts packed (the preset's MXFP4), then dequantised
+    assert "mxfp4_experts=True" in out.split("random engine stats:")[1].splitlines()[0]
+    assert "mxfp4_experts=False" in out.split("random engine_dense stats:")[1].splitlines()[0]
     table = [line.split() for line in out.splitlines() if line.startswith("random ")]
-    assert table[-1][:3] == ["random", "engine", "2"]
+    assert [row[:3] for row in table[-2:]] == [["random", "engine", "2"], ["random", "engine_dense", "2"]]
     assert "batch-1 decode: " in out and "roofline" not in out  # no bandwidth on the CPU
+    assert "batch-1 decode (engine_dense): " in out

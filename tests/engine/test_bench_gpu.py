@@ -85,6 +85,15 @@ def test_batch1_decode_reports_its_speed_against_the_roofline():
     assert line.startswith("batch-1 decode: ") and f"{ratio:.2f}x the roofline" in line
 
 
+def test_batch1_lines_name_each_engine_system_from_its_first_run():
+    runs = [("engine", {"batch1_s_per_token": 0.002, "batch1_context": 9}), ("hf_generate", {}),
+            ("engine_dense", {"batch1_s_per_token": 0.004, "batch1_context": 9}),
+            ("engine", {"batch1_s_per_token": 0.1, "batch1_context": 9})]
+    assert bench_gpu.batch1_reports(runs) == [
+        "batch-1 decode: 2.00 ms/token (500 tok/s) at ~9 tokens of context",
+        "batch-1 decode (engine_dense): 4.00 ms/token (250 tok/s) at ~9 tokens of context"]
+
+
 def test_the_preset_is_gpt_oss_20b():
     assert ModelConfig.from_hf(preset_config()).num_params == pytest.approx(20.9e9, rel=0.01)
     assert PRESET_20B["num_hidden_layers"] == 24

@@ -9,7 +9,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "proxies"]
+STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "moe_dense", "deterministic",
+         "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -72,4 +73,9 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
         rows = [line.split() for line in log.splitlines() if line.startswith(f"{workload} ")]
         assert {row[1] for row in rows} >= {"engine", "hf_generate_bs2"}
     assert log.count("batch-1 decode: ") >= 4  # in each bench step and again under figures
+    for system, packed in (("engine_dense", False), ("engine_deterministic", True)):  # an option's cost each
+        assert f"sharegpt {system} stats: num_steps=" in log and f"batch-1 decode ({system}): " in log
+        assert f"mxfp4_experts={packed}" in log.split(f"sharegpt {system} stats:")[1].splitlines()[0]
+    figures = log.split("=== figures")[1]
+    assert "sharegpt engine_dense: " in figures and "batch-1 decode (engine_dense): " in figures
     assert "proxies: none registered" in log or "proxy " in log
