@@ -163,7 +163,7 @@ class LLMEngine:
                 "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions,
                 "async_scheduling": self.async_scheduling, "num_sync_steps": self.num_sync_steps,
                 # decode tokens computed in a CUDA graph: replayed on CUDA, counted by the same plan on CPU
-                **self.runner.counts.stats()}
+                **self.runner.counts.stats(), **self.runner.capture_stats}
 
     def describe(self) -> dict:
         """Configuration for the runs table."""

@@ -6,12 +6,15 @@ block manager own them. It holds the model and its paged KV cache.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.device import ForwardTimer
+from engine.graph_memory import graph_memory_bytes
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.api import SamplingParams
@@ -62,7 +65,9 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, dtype, self.device)
         self.graphs: DecodeGraphs | None = None
         self.pieces: PiecewiseGraphs | None = None
+        self.capture_stats: dict = {}  # on CUDA: what capturing the graphs took (LLMEngine.stats() has it)
         if use_graphs and self.plan is not None:
+            start, reserved = time.perf_counter(), _reserved_bytes(self.device)
             self.graphs = DecodeGraphs(model, self.kv_caches, self.plan, max_model_len=max_model_len,
                                        block_size=self.block_size, scratch_block=num_blocks)
             self.pieces = PiecewiseGraphs(model, self.kv_caches, self.plan.token_sizes, block_size=self.block_size,
@@ -70,6 +75,13 @@ class ModelRunner:
             pool = torch.cuda.graph_pool_handle()
             self.graphs.capture(pool)
             self.pieces.capture(pool)
+            # measured against what the KV reserve set aside for them (engine.graph_memory), on the GPU
+            estimate = graph_memory_bytes(model_config, self.plan, max_model_len=max_model_len,
+                                          block_size=self.block_size, dtype=dtype)
+            self.capture_stats = {"capture_s": time.perf_counter() - start,
+                                  "num_graphs": len(self.graphs.graphs) + len(self.pieces.graphs),
+                                  "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30,
+                                  "graph_reserve_gb": estimate / 2**30}
         self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
@@ -141,3 +153,10 @@ class ModelRunner:
         if choice.kind == "piecewise" and self.pieces is not None:
             return self.pieces.run(choice.size, input_ids, meta)
         return self.model(input_ids, meta, self.kv_caches)
+
+
+def _reserved_bytes(device: torch.device) -> int:
+    """Device memory the caching allocator holds once its free cached blocks are released: what the graphs'
+    static buffers and private pool add to it is theirs (warm-up activations go back with the release)."""
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)

@@ -179,6 +179,9 @@ def test_the_gpu_engine_counts_replayed_graphs(tiny_model_dir):
                                     kernels="triton", max_num_batched_tokens=64))
     assert engine.runner.graphs is not None and engine.runner.pieces is not None
     assert len(engine.runner.pieces.graphs) == len(engine.runner.plan.token_sizes) * engine.runner.pieces.num_pieces
+    stats = engine.stats()  # what the capture took, beside what the KV reserve set aside for it
+    assert stats["num_graphs"] == len(engine.runner.graphs.graphs) + len(engine.runner.pieces.graphs)
+    assert stats["capture_s"] > 0 and stats["graph_memory_gb"] > 0 and stats["graph_reserve_gb"] > 0
 
 
 def test_nearly_every_decode_token_of_a_sharegpt_run_is_in_a_graph():
@@ -187,6 +190,7 @@ def test_nearly_every_decode_token_of_a_sharegpt_run_is_in_a_graph():
     stats = sharegpt_graph_stats(num_requests=64, max_num_seqs=32, max_num_batched_tokens=64)
     assert stats["decode_tokens"] > 2000 and stats["graph_share"] >= 0.9
     assert stats["full_graph_decode_tokens"] < 0.9 * stats["decode_tokens"]  # decode-only steps alone would not
+    assert "capture_s" not in stats  # counted by the plan; nothing was captured on the CPU
 
 
 @pytest.mark.slow
