@@ -90,6 +90,9 @@ def kv_cache_budget(device: str, kv_cache_gb: float, utilization: float, reserve
     else `kv_cache_gb`."""
     if torch.device(device).type != "cuda":
         return int(kv_cache_gb * 2**30)
+    # What loading freed (temporaries, e.g. the 20b preset's fp32 draws) stays cached by torch's allocator,
+    # and mem_get_info counts it as in use: hand it back first.
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(torch.device(device))
     return gpu_kv_cache_budget(free, total, utilization, reserve_bytes)
 

@@ -144,3 +144,12 @@ def test_an_engine_on_cuda_1_runs_there(tiny_model_dir):
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.runner.kv_caches[0][0].device == torch.device("cuda:1")
+
+
+def test_the_cuda_budget_counts_memory_the_allocator_only_caches_as_free(monkeypatch):
+    # Loading leaves freed temporaries (the 20b preset's fp32 expert draws: GBs) cached by torch's allocator,
+    # which mem_get_info reports as used: the budget must see them after they are handed back.
+    cached = {"bytes": 6 * GIB}
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: cached.update(bytes=0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * GIB - cached["bytes"], 80 * GIB))
+    assert kv_cache_budget("cuda", 1.0, 0.9, reserve_bytes=2 * GIB) == 50 * GIB
