@@ -88,9 +88,10 @@ def format_stats(stats: dict) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("model_dir", nargs="?")
-    parser.add_argument("--preset", choices=["20b"], help="gpt-oss-20b's shape, random, built on the GPU")
+    parser.add_argument("--preset", choices=["20b", "120b"],
+                        help="gpt-oss-20b's or -120b's shape, random, built on the GPU (120b: engine systems only)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="--preset 20b's code path at a tiny shape on any device: checks the harness, "
+                        help="--preset's code path at a tiny shape on any device: checks the harness, "
                              "measures nothing")
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     parser.add_argument("--systems", default="engine,hf_generate")
@@ -106,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--moe-weights", default="auto", help="MXFP4 experts: auto, mxfp4 (packed) or dense")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--memory-gib", type=float,
+                        help="size the KV cache as on a GPU of this many GiB (79.6: an H100 80GB) when the GPU "
+                             "has more: --gpu-memory-utilization of it, not of the device")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--proxies", action="store_true",
                         help="also print the GPU path's CPU-measured proxies (engine.proxies); alone: only them")
@@ -126,9 +130,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.model_dir is None and args.preset is None:
             return
     if (args.model_dir is None) == (args.preset is None):
-        parser.error("give MODEL_DIR or --preset 20b")
+        parser.error("give MODEL_DIR or --preset 20b|120b")
     if args.dry_run and not args.preset:
-        parser.error("--dry-run goes with --preset 20b")
+        parser.error("--dry-run goes with --preset")
     if args.preset and not args.dry_run:
         from engine.device import resolve_device
 
@@ -137,14 +141,28 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             parser.error(str(exc))
         if not on_gpu:
-            parser.error("--preset 20b is built on the GPU: pass --device cuda")
+            parser.error(f"--preset {args.preset} is built on the GPU: pass --device cuda")
     _run(args)
+
+
+def capped_utilization(utilization: float, memory_gib: float | None, device: str) -> float:
+    """--gpu-memory-utilization as a share of the device, for a KV cache sized as on a GPU of `memory_gib`
+    (unchanged without it, off CUDA, or on a device no bigger)."""
+    import torch
+
+    from engine.device import resolve_device
+
+    if memory_gib is None or not resolve_device(device).startswith("cuda"):
+        return utilization
+    total = torch.cuda.mem_get_info(torch.device(resolve_device(device)))[1]
+    return utilization * min(1.0, memory_gib * 2**30 / total)
 
 
 def _run(args: argparse.Namespace) -> None:
     """Every system on every workload, one line each as it lands; then the table and the batch-1 line."""
+    utilization = capped_utilization(args.gpu_memory_utilization, args.memory_gib, args.device)
     engine_options = {"device": args.device, "kernels": args.kernels, "max_num_seqs": args.max_num_seqs,
-                      "gpu_memory_utilization": args.gpu_memory_utilization, "moe_weights": args.moe_weights}
+                      "gpu_memory_utilization": utilization, "moe_weights": args.moe_weights}
     results: list[BenchResult] = []
     runs: list[tuple[str, dict]] = []
     options = {"random": {"input_len": args.random_input_len, "output_len": args.random_output_len},
@@ -158,7 +176,7 @@ def _run(args: argparse.Namespace) -> None:
             if args.preset:
                 from engine.bench_gpu import run_preset_system
 
-                result, stats = run_preset_system(system, load, batch_size=args.batch_size,
+                result, stats = run_preset_system(system, load, batch_size=args.batch_size, preset=args.preset,
                                                   engine_options=engine_options, dry_run=args.dry_run)
             else:
                 result, stats = run_system(system, args.model_dir, load, batch_size=args.batch_size,

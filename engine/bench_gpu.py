@@ -3,6 +3,8 @@
 `batchrun bench --device cuda --preset 20b` decodes the workloads on a
 gpt-oss-20b-shaped model with random weights (MXFP4 experts, as the published
 checkpoint ships them) built directly in GPU memory: no 13 GB file is written.
+`python -m engine.bench --preset 120b` does the same at gpt-oss-120b's shape (~61 GB
+of weights), for the engine alone: transformers would hold its experts as bf16 (~230 GB).
 Our engine gets the packed experts (dequantised inside the Triton MoE kernel);
 transformers `generate` gets the same weights with the experts dequantised to
 bf16 (its eager path), on the same GPU, one system at a time.
@@ -36,6 +38,8 @@ from engine.workloads import ENGINE_SYSTEMS, BenchResult, Workload, run_backend
 PRESET_20B = dict(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
                   head_dim=64, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4,
                   sliding_window=128, max_position_embeddings=131072)
+PRESET_120B = {**PRESET_20B, "num_hidden_layers": 36, "num_local_experts": 128}
+PRESETS = {"20b": PRESET_20B, "120b": PRESET_120B}
 MXFP4_BITS = 4 + 8 / MXFP4_BLOCK  # a 4-bit code per weight and an 8-bit scale per 32
 # Peak HBM bandwidth by device name, for when torch does not report the memory clock and bus width.
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
@@ -54,16 +58,19 @@ def random_weights(config: GptOssConfig, device: torch.device | str, dtype: torc
     """(checkpoint name, tensor) of a random model drawn on `device`, one tensor at a time; experts as MXFP4
     `*_blocks`/`*_scales` pairs. The same seed on the same device gives the same weights."""
     generator = torch.Generator(device=device).manual_seed(seed)
+
+    def draw(shape: tuple[int, ...], std: float, mean: float) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).mul_(std).add_(mean)
+
     for name, (shape, std, mean) in parameter_specs(config).items():
-        tensor = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).mul_(std).add_(mean)
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            # expert by expert: quantize's transients are ~8x the weight it is given
-            packed = [quantize(tensor[e:e + 1]) for e in range(shape[0])]
-            del tensor
+            # drawn and quantised expert by expert: a whole fp32 expert tensor is 8.5 GB at the 120b shape,
+            # and quantize's transients are ~8x the weight it is given
+            packed = [quantize(draw((1, *shape[1:]), std, mean)) for _ in range(shape[0])]
             yield name + "_blocks", torch.cat([blocks for blocks, _ in packed])
             yield name + "_scales", torch.cat([scales for _, scales in packed])
         else:
-            yield name, tensor.to(dtype)
+            yield name, draw(shape, std, mean).to(dtype)
 
 
 def build_engine_model(config: GptOssConfig, device: torch.device | str, dtype: torch.dtype, kernels: str,
@@ -142,19 +149,23 @@ DRY_RUN_BATCH1 = (64, 8)  # prompt tokens, decoded tokens
 
 
 def run_preset_system(system: str, workload: Workload, *, batch_size: int, engine_options: dict[str, Any],
-                      dry_run: bool = False) -> tuple[BenchResult, dict]:
-    """One system on one workload at the 20b shape, its model built fresh on the GPU and freed after.
+                      dry_run: bool = False, preset: str = "20b") -> tuple[BenchResult, dict]:
+    """One system on one workload at a preset's shape (PRESETS), its model built fresh on the GPU and freed
+    after.
 
     dry_run: the same code at DRY_RUN_SHAPE on any device (a check of the harness, not a measurement)."""
     from engine.bench_hf import run_generate, run_generate_batch
     from engine.llm_engine import LLMEngine
 
-    config, dtype = preset_config(**(DRY_RUN_SHAPE if dry_run else {})), torch.bfloat16
-    engine_config = EngineConfig(Path("preset-20b"), dtype=dtype, **engine_options)
+    config, dtype = preset_config(**{**PRESETS[preset], **(DRY_RUN_SHAPE if dry_run else {})}), torch.bfloat16
+    engine_config = EngineConfig(Path(f"preset-{preset}"), dtype=dtype, **engine_options)
     device = engine_config.device
     on_gpu = device.startswith("cuda")
     if not on_gpu and not dry_run:
-        raise ValueError("--preset 20b is built on the GPU: pass --device cuda")
+        raise ValueError(f"--preset {preset} is built on the GPU: pass --device cuda")
+    if preset != "20b" and system not in ENGINE_SYSTEMS:
+        raise ValueError(f"--preset {preset} runs the engine systems ({', '.join(ENGINE_SYSTEMS)}) only: "
+                         f"transformers holds the experts as bf16")
     _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
         if system in ENGINE_SYSTEMS:
@@ -173,7 +184,7 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
                 return run_generate(build_hf_model(config, device, dtype), workload, batch_size), {}
             model = build_hf_model(config, device, dtype, attn_implementation="paged|eager")
             return run_generate_batch(model, workload, kv_cache_gb=8.0 if on_gpu else 0.05), {}
-        raise ValueError(f"--preset 20b runs {', '.join(ENGINE_SYSTEMS)}, hf_generate and hf_generate_batch, "
+        raise ValueError(f"--preset {preset} runs {', '.join(ENGINE_SYSTEMS)}, hf_generate and hf_generate_batch, "
                          f"not {system!r}")
     finally:
         _release_gpu_memory()

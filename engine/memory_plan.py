@@ -29,10 +29,6 @@ GIB = 2**30
 H100_80GB_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports (nvidia-smi, torch)
 # What torch's CUDA context and cuBLAS workspace take before any tensor (an assumption, ~0.5-1 GiB on Hopper).
 CONTEXT_BYTES = 1 * GIB
-PRESET_120B = dict(hidden_size=2880, num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8,
-                   head_dim=64, intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
-                   sliding_window=128, max_position_embeddings=131072)
-
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -138,12 +134,11 @@ def format_plan(name: str, plan: MemoryPlan) -> str:
 
 def preset_model_config(preset: str) -> ModelConfig:
     """ModelConfig of gpt-oss-120b's or -20b's shape (MXFP4 experts)."""
-    from engine.bench_gpu import PRESET_20B, preset_config
+    from engine.bench_gpu import PRESETS, preset_config
 
-    shapes = {"120b": PRESET_120B, "20b": PRESET_20B}
-    if preset not in shapes:
-        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(shapes)}")
-    return ModelConfig.from_hf(preset_config(**shapes[preset]))
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    return ModelConfig.from_hf(preset_config(**PRESETS[preset]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,15 +25,20 @@ if [ "$DRY" = 1 ]; then
     BUDGET_S=${GPU_CHECK_BUDGET_S:-1500}
     SCALE=4  # a shared CPU imports and runs everything several times slower than the GPU machine
     DEVICE=cpu
-    # the 20b preset's code at a tiny shape; few, short requests
-    BENCH=(--preset 20b --dry-run --device cpu --kernels torch --max-num-seqs 8 --batch-size 2)
+    # the presets' code at a tiny shape; few, short requests
+    ON=(--dry-run --device cpu --kernels torch --max-num-seqs 8)
+    BENCH=(--preset 20b "${ON[@]}" --batch-size 2)
     SHAREGPT=(--num-requests 4 --baseline-requests 2 --sharegpt-output-len 6)
     RANDOM_MIX=(--num-requests 4 --baseline-requests 2 --random-input-len 48 --random-output-len 12)
+    MIX_120B=(--num-requests 4 --random-input-len 48 --random-output-len 12)
 else
     BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
     SCALE=1
     DEVICE=cuda
     BENCH=(--preset 20b --device cuda --max-num-seqs 256 --batch-size 64)
+    # 120b: ~61 GB of weights leave ~104k KV tokens on an 80 GB GPU (engine.memory_plan): 64 x 1,200 fit
+    ON=(--device cuda --max-num-seqs 64)
+    MIX_120B=(--num-requests 64 --random-input-len 1000 --random-output-len 200)
     # transformers decodes one static batch of each workload: a batch runs to its longest output (1,084
     # tokens for the first 64 ShareGPT-like requests), and more batches would take the whole budget
     SHAREGPT=(--num-requests 512 --baseline-requests 64)
@@ -94,6 +99,9 @@ step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
 step gpu_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/engine
 step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}"
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
+# gpt-oss-120b's shape decodes within an H100 80GB's memory (--memory-gib caps a bigger GPU's KV cache to it)
+step decode_120b 120 "$PY" -m engine.bench --preset 120b "${ON[@]}" --memory-gib 79.6 --systems engine \
+    --workloads random "${MIX_120B[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics
 step moe_dense 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_dense
@@ -105,7 +113,7 @@ step proxies 120 "$PY" -m engine.bench --proxies
 {
     # the figures again, where a reader of the output's tail sees them
     echo "=== figures"
-    grep -E '^(sharegpt|random) |^batch-1 decode|^  (weights|KV cache|fits|the engine clamps)' "$LOG"
+    grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^  (weights|KV cache|fits|the engine clamps)' "$LOG"
     echo "=== summary: $(($(date +%s) - START)) s of a ${BUDGET_S} s budget (dry run=$DRY, device=$DEVICE)"
     printf '%s\n' "${SUMMARY[@]}"
 } | tee -a "$LOG"

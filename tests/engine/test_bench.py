@@ -1,5 +1,8 @@
 """The benchmark harness: workloads are seeded, every system decodes the same tokens' worth."""
 
+import pytest
+import torch
+
 from engine.bench import run_system
 from engine.workloads import make_workloads, multi_turn_mix, sharegpt_mix
 
@@ -87,3 +90,25 @@ def test_the_20b_presets_dry_run_goes_through_its_code_at_a_tiny_shape_on_cpu(ca
     assert [row[:3] for row in table[-2:]] == [["random", "engine", "2"], ["random", "engine_dense", "2"]]
     assert "batch-1 decode: " in out and "roofline" not in out  # no bandwidth on the CPU
     assert "batch-1 decode (engine_dense): " in out
+
+
+def test_the_120b_presets_dry_run_runs_the_engine_and_refuses_transformers(capsys):
+    from engine.bench import main
+
+    args = ["--preset", "120b", "--dry-run", "--device", "cpu", "--kernels", "torch", "--workloads", "random",
+            "--num-requests", "2", "--random-input-len", "8", "--random-output-len", "3"]
+    main([*args, "--systems", "engine"])
+    out = capsys.readouterr().out
+    assert "random engine stats: num_steps=" in out and "mxfp4_experts=True" in out
+    with pytest.raises(ValueError, match="--preset 120b runs the engine systems"):
+        main([*args, "--systems", "hf_generate"])
+
+
+def test_memory_gib_sizes_the_kv_cache_as_on_a_smaller_gpu(monkeypatch):
+    from engine.bench import capped_utilization
+
+    assert capped_utilization(0.9, 79.6, "cpu") == 0.9 and capped_utilization(0.9, None, "cuda") == 0.9
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (130 * 2**30, 139 * 2**30))  # an H200
+    assert capped_utilization(0.9, 79.6, "cuda") == pytest.approx(0.9 * 79.6 / 139)
+    assert capped_utilization(0.9, 200, "cuda") == 0.9  # a bigger figure than the device: the device's

@@ -9,8 +9,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "moe_dense", "deterministic",
-         "proxies"]
+STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "decode_120b", "moe_dense",
+         "deterministic", "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -77,5 +77,7 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
         assert f"sharegpt {system} stats: num_steps=" in log and f"batch-1 decode ({system}): " in log
         assert f"mxfp4_experts={packed}" in log.split(f"sharegpt {system} stats:")[1].splitlines()[0]
     figures = log.split("=== figures")[1]
+    decode_120b = figures.split("=== decode_120b")[1].split("\n=== ")[0]  # each step's lines under its name
+    assert "random engine stats: num_steps=" in decode_120b and "batch-1 decode: " in decode_120b
     assert "sharegpt engine_dense: " in figures and "batch-1 decode (engine_dense): " in figures
     assert "proxies: none registered" in log or "proxy " in log
