@@ -12,6 +12,7 @@ the cache is the fixed `--kv-cache-gb`.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from typing import Any
@@ -90,6 +91,11 @@ def kv_cache_budget(device: str, kv_cache_gb: float, utilization: float, reserve
     else `kv_cache_gb`."""
     if torch.device(device).type != "cuda":
         return int(kv_cache_gb * 2**30)
+    # The driver counts what torch's caching allocator keeps reserved as in use: blocks the loader's
+    # temporaries freed, and an earlier engine's KV cache (an engine sits in reference cycles, so its
+    # tensors go only when the collector runs). Both would shrink this cache, or leave it no room at all.
+    gc.collect()
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(torch.device(device))
     return gpu_kv_cache_budget(free, total, utilization, reserve_bytes)
 
