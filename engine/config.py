@@ -24,6 +24,7 @@ from engine.device_sampler import sampler_temporary_bytes
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
 SLIDING, FULL = "sliding_attention", "full_attention"
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU, where a config does not say
 
 
 def read_config_json(model_dir: str | Path) -> dict:
@@ -115,7 +116,10 @@ class ModelConfig:
             num_local_experts=hf.num_local_experts, num_experts_per_tok=hf.num_experts_per_tok,
             sliding_window=hf.sliding_window, layer_types=tuple(hf.layer_types or ()),
             rope_theta=float(rope.get("rope_theta", 150000.0)), rope_parameters=rope,
-            rms_norm_eps=hf.rms_norm_eps, swiglu_alpha=hf.swiglu_alpha, swiglu_limit=hf.swiglu_limit,
+            rms_norm_eps=hf.rms_norm_eps,
+            # older transformers (5.17, the GPU image's) has no such fields: its model hard-codes these values
+            swiglu_alpha=getattr(hf, "swiglu_alpha", SWIGLU_ALPHA),
+            swiglu_limit=getattr(hf, "swiglu_limit", SWIGLU_LIMIT),
             max_position_embeddings=hf.max_position_embeddings, eos_token_ids=eos_ids,
             pad_token_id=hf.pad_token_id, bos_token_id=hf.bos_token_id,
             torch_dtype=_checkpoint_dtype(hf.dtype), quant_method=quant.get("quant_method"),
