@@ -92,8 +92,8 @@ def kv_cache_budget(device: str, kv_cache_gb: float, utilization: float, reserve
     if torch.device(device).type != "cuda":
         return int(kv_cache_gb * 2**30)
     # The driver counts what torch's caching allocator keeps reserved as in use: blocks the loader's
-    # temporaries freed, and an earlier engine's KV cache (an engine sits in reference cycles, so its
-    # tensors go only when the collector runs). Both would shrink this cache, or leave it no room at all.
+    # temporaries freed, and a dropped engine's KV cache (with some torch builds a dropped engine stays in
+    # a reference cycle until the collector runs). Both would shrink this cache, or leave it no room at all.
     gc.collect()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(torch.device(device))
