@@ -12,6 +12,7 @@ the cache is the fixed `--kv-cache-gb`.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from typing import Any
@@ -90,8 +91,10 @@ def kv_cache_budget(device: str, kv_cache_gb: float, utilization: float, reserve
     else `kv_cache_gb`."""
     if torch.device(device).type != "cuda":
         return int(kv_cache_gb * 2**30)
-    # What loading freed (temporaries, e.g. the 20b preset's fp32 draws) stays cached by torch's allocator,
-    # and mem_get_info counts it as in use: hand it back first.
+    # The driver counts what torch's caching allocator keeps reserved as in use: blocks the loader's
+    # temporaries freed, and a dropped engine's KV cache (with some torch builds a dropped engine stays in
+    # a reference cycle until the collector runs). Both would shrink this cache, or leave it no room at all.
+    gc.collect()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(torch.device(device))
     return gpu_kv_cache_budget(free, total, utilization, reserve_bytes)

@@ -77,7 +77,11 @@ def test_counts_share_decode_tokens_by_how_their_step_ran():
 
 
 def mixed_step(model_dir, **options):
-    """An engine whose next step decodes 3 sequences and prefills 2 (one a chunk), and that step's inputs."""
+    """An engine whose next step decodes 3 sequences and prefills 2 (one a chunk), and that step's inputs.
+
+    Scheduled synchronously whatever the device: the step is scheduled by hand, and its decode rows need
+    their last token on the host (under async scheduling, CUDA's default, it is still on the device)."""
+    options = {**options, "async_scheduling": False}
     engine = LLMEngine(EngineConfig(model_dir, kv_cache_gb=0.01, block_size=16, max_num_batched_tokens=64,
                                     **options))
     for index, length in enumerate([3, 17, 29]):
@@ -118,6 +122,13 @@ def test_piecewise_padding_changes_nothing_for_the_real_rows(tiny_model_dir):
     torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
     assert pieces.slot_mapping[64:96].tolist() == [scratch * 16] * 32 and pieces.positions[64:96].eq(0).all()
     assert_padding_wrote_only_scratch(kv_caches, saved, scratch, meta)
+
+
+def test_the_hand_scheduled_mixed_step_has_real_input_ids_under_async_scheduling(tiny_model_dir):
+    # async scheduling is CUDA's default: a decode row scheduled by hand after an async step would read its
+    # PLACEHOLDER (-1) as input id, an out-of-range embedding index (a device-side assert on CUDA)
+    _, input_ids, _ = mixed_step(tiny_model_dir, async_scheduling=True)
+    assert int(input_ids.min()) >= 0
 
 
 def test_a_cpu_run_counts_the_decode_tokens_a_gpu_run_would_replay(tiny_model_dir):
@@ -167,7 +178,10 @@ def test_the_gpu_engine_gives_the_cpu_engines_greedy_tokens(tiny_model_dir):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_piecewise_graphs_replay_the_eager_forward(tiny_model_dir):
-    engine, input_ids, meta = mixed_step(tiny_model_dir, device="cuda", kernels="triton", cuda_graphs=False)
+    # piecewise_against_eager clones the whole KV cache, which on CUDA is sized from free memory: 0.2 of the
+    # GPU leaves room for the clone (at the default 0.9 it could not fit beside the cache)
+    engine, input_ids, meta = mixed_step(tiny_model_dir, device="cuda", kernels="triton", cuda_graphs=False,
+                                         gpu_memory_utilization=0.2)
     padded, eager, _, _ = piecewise_against_eager(engine, input_ids, meta, capture=True)
     torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
 
