@@ -96,7 +96,8 @@ echo "gpu check: dry run=$DRY, device=$DEVICE, budget ${BUDGET_S} s, log $LOG" |
 step env 30 bash -c env_report
 step imports 45 "$PY" scripts/engine_only/check_imports.py
 step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
-step gpu_tests 120 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/engine
+# one line per test as it ends (-v), so a step stopped by its timeout still says which passed
+step gpu_tests 120 "$PY" -m pytest -m gpu -v -rs --durations=10 -p no:cacheprovider tests/engine
 step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}"
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
 # gpt-oss-120b's shape decodes within an H100 80GB's memory (--memory-gib caps a bigger GPU's KV cache to it)
