@@ -23,7 +23,8 @@ from batch.store.rows import BenchRow
 from batch.cli.submit import set_threads
 from engine.workloads import ENGINE_SYSTEMS
 
-PRESETS = ("tiny", "medium", "20b")
+PRESETS = ("tiny", "medium", "20b", "120b")
+GPU_PRESETS = ("20b", "120b")  # built in GPU memory (engine.bench_gpu); 120b for the engine systems only
 SYSTEMS = (*ENGINE_SYSTEMS, "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
 _OWN_RUN = ("host", "constrained")  # systems that run their own workload, not --workloads
 
@@ -48,6 +49,11 @@ def run_bench(plan: BenchPlan, db: str) -> str:
     unknown = [s for s in plan.systems if s not in SYSTEMS]
     if unknown:
         raise click.UsageError(f"--systems: unknown {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
+    if plan.model_dir is None and plan.preset == "120b":
+        others = [s for s in plan.systems if s not in ENGINE_SYSTEMS]
+        if others:
+            raise click.UsageError(f"--preset 120b runs the engine systems ({', '.join(ENGINE_SYSTEMS)}) only, not "
+                                   f"{', '.join(others)}: transformers would hold its experts as bf16 (~230 GB)")
     open_store(db).close()  # a database that cannot be written fails before anything is measured
     bench_id, started = f"bench_{uuid.uuid4().hex[:8]}", datetime.now(UTC)
 
@@ -94,10 +100,11 @@ def _model_bench(plan: BenchPlan, systems: list[str], save: Callable[[dict], Non
 
 @dataclass
 class _ModelSource:
-    """A checkpoint directory, or a random model built in memory on the device (the 20b preset)."""
+    """A checkpoint directory, or a random model built in memory on the device (a GPU_PRESETS shape)."""
 
     name: str
     model_dir: Path | None = None
+    preset: str = "20b"
 
     def run(self, system: str, workload: Any, batch_size: int, engine_options: dict) -> tuple[Any, dict]:
         if self.model_dir is not None:
@@ -107,22 +114,23 @@ class _ModelSource:
                               engine_options=engine_options)
         from engine.bench_gpu import run_preset_system
 
-        return run_preset_system(system, workload, batch_size=batch_size, engine_options=engine_options)
+        return run_preset_system(system, workload, batch_size=batch_size, engine_options=engine_options,
+                                 preset=self.preset)
 
 
 def _model_source(plan: BenchPlan) -> _ModelSource:
     from engine.config import read_config_json
 
-    if plan.model_dir is None and plan.preset == "20b":
+    if plan.model_dir is None and plan.preset in GPU_PRESETS:
         if plan.engine_options.get("device") not in ("cuda", "auto"):
-            fail("--preset 20b is built on the GPU: pass --device cuda")
+            fail(f"--preset {plan.preset} is built on the GPU: pass --device cuda")
         from engine.device import resolve_device
 
         try:
             resolve_device("cuda")
         except ValueError as exc:
-            fail(f"--preset 20b: {exc}")
-        return _ModelSource("preset-20b")
+            fail(f"--preset {plan.preset}: {exc}")
+        return _ModelSource(f"preset-{plan.preset}", preset=plan.preset)
     model_dir = plan.model_dir or bench_model(plan.preset)
     set_threads(None, read_config_json(model_dir))  # the same thread policy as submit
     return _ModelSource(str(model_dir), model_dir)

@@ -127,8 +127,8 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Checkpoint to benchmark (default: a random model of --preset, made once).")
 @click.option("--preset", type=click.Choice(PRESETS), default="medium", show_default=True,
-              help="Random model shape when no --model is given (20b: gpt-oss-20b's shape with MXFP4 experts, "
-                   "built on the GPU; needs --device cuda).")
+              help="Random model shape when no --model is given (20b, 120b: gpt-oss-20b's or -120b's shape "
+                   "with MXFP4 experts, built on the GPU; need --device cuda; 120b: engine systems only).")
 @click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
 @click.option("--systems", default="engine,hf_generate", show_default=True,
               help="Comma list of engine, engine_deterministic (the engine with batch-invariant numerics), "
