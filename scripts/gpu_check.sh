@@ -26,8 +26,8 @@ if [ "$DRY" = 1 ]; then
     SCALE=4  # a shared CPU imports and runs everything several times slower than the GPU machine
     DEVICE=cpu
     # the presets' code at a tiny shape; few, short requests
-    ON=(--dry-run --device cpu --kernels torch --max-num-seqs 8)
-    BENCH=(--preset 20b "${ON[@]}" --batch-size 2)
+    PRESET_OPTS=(--dry-run --device cpu --kernels torch --max-num-seqs 8)
+    BENCH=(--preset 20b "${PRESET_OPTS[@]}" --batch-size 2)
     SHAREGPT=(--num-requests 4 --baseline-requests 2 --sharegpt-output-len 6)
     RANDOM_MIX=(--num-requests 4 --baseline-requests 2 --random-input-len 48 --random-output-len 12)
     MIX_120B=(--num-requests 4 --random-input-len 48 --random-output-len 12)
@@ -37,7 +37,7 @@ else
     DEVICE=cuda
     BENCH=(--preset 20b --device cuda --max-num-seqs 256 --batch-size 64)
     # 120b: ~61 GB of weights leave ~104k KV tokens on an 80 GB GPU (engine.memory_plan): 64 x 1,200 fit
-    ON=(--device cuda --max-num-seqs 64)
+    PRESET_OPTS=(--device cuda --max-num-seqs 64)
     MIX_120B=(--num-requests 64 --random-input-len 1000 --random-output-len 200)
     # transformers decodes one static batch of each workload: a batch runs to its longest output (1,084
     # tokens for the first 64 ShareGPT-like requests), and more batches would take the whole budget
@@ -99,22 +99,25 @@ step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
 # one line per test as it ends (-v), so a step stopped by its timeout still says which passed
 step gpu_tests 120 "$PY" -m pytest -m gpu -v -rs --durations=10 -p no:cacheprovider tests/engine
 step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}"
-step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
-# gpt-oss-120b's shape decodes within an H100 80GB's memory (--memory-gib caps a bigger GPU's KV cache to it)
-step decode_120b 120 "$PY" -m engine.bench --preset 120b "${ON[@]}" --memory-gib 79.6 --systems engine \
+# gpt-oss-120b's shape decodes within an H100 80GB's memory (--memory-gib h100 caps a bigger GPU's KV cache)
+step decode_120b 120 "$PY" -m engine.bench --preset 120b "${PRESET_OPTS[@]}" --memory-gib h100 --systems engine \
     --workloads random "${MIX_120B[@]}"
+step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
-# bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics
+# bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
+# Within 8 minutes these may be SKIPPED: GPU_CHECK_STEPS=moe_dense,deterministic runs them in a second call.
 step moe_dense 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_dense
 step deterministic 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" \
     --systems engine_deterministic
 # the graph-share proxy decodes 512 requests with a tiny model on the CPU: about a minute on a quiet core
 step proxies 120 "$PY" -m engine.bench --proxies
 
+# the figures again, where a reader of the output's tail sees them: read before anything is appended (a
+# grep reading the log that its own output is appended to could feed on itself)
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^  (weights|KV cache|fits|the engine clamps)' "$LOG")
 {
-    # the figures again, where a reader of the output's tail sees them
     echo "=== figures"
-    grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^  (weights|KV cache|fits|the engine clamps)' "$LOG"
+    printf '%s\n' "$FIGURES"
     echo "=== summary: $(($(date +%s) - START)) s of a ${BUDGET_S} s budget (dry run=$DRY, device=$DEVICE)"
     printf '%s\n' "${SUMMARY[@]}"
 } | tee -a "$LOG"

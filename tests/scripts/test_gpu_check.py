@@ -55,6 +55,22 @@ def test_a_hung_step_times_out_and_the_budget_skips_the_rest(tmp_path):
     assert summary(log) == {"imports": "TIMEOUT", "memory_plan": "SKIPPED", "proxies": "SKIPPED"}
 
 
+def test_the_figures_are_copied_once_however_long_the_log(tmp_path):
+    # a grep reading the log while its matches are appended to it fed on itself: GBs in seconds
+    chatty = tmp_path / "python"
+    chatty.write_text("#!/bin/sh\nfor i in $(seq 30000); do echo \"sharegpt engine: line $i\"; done\n")
+    chatty.chmod(0o755)
+    out = tmp_path / "out"
+    environment = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": str(chatty), "GPU_CHECK_STEPS": "imports"}
+    # files capped at 64 MiB and a minute: a regression must fail this test, not fill the disk
+    done = subprocess.run(["bash", "-c", f"ulimit -f 65536; exec bash {SCRIPT} {out}"], env=environment,
+                          capture_output=True, text=True, timeout=60)
+    log = (out / "gpu_check.log").read_text()
+    assert done.returncode == 0 and summary(log) == {"imports": "PASS"}
+    assert log.count("sharegpt engine: line 30000\n") == 2  # the step's output, and once under figures
+    assert log.count("sharegpt engine: line ") == 60000 and log.count("=== figures") == 1
+
+
 def test_a_failing_step_is_reported_and_fails_the_check(tmp_path):
     done, log = gpu_check(tmp_path, python="false", GPU_CHECK_STEPS="imports")
     assert done.returncode == 1 and summary(log) == {"imports": "FAIL(1)"}
