@@ -88,7 +88,7 @@ gpu-check:
 # hid an AttributeError that failed every engine step of the check under 5.17. CI runs it.
 GPU_IMAGE_VENV ?= .cache/gpu-image-venv
 GPU_IMAGE_PACKAGES := transformers==5.17.0 triton==3.6.0 safetensors numpy pytest
-$(GPU_IMAGE_VENV)/.installed:
+$(GPU_IMAGE_VENV)/.installed: Makefile  # new pins reinstall
 	test -x $(GPU_IMAGE_VENV)/bin/python || $(PYTHON) -m venv $(GPU_IMAGE_VENV)
 	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet $(GPU_IMAGE_PACKAGES)

@@ -107,8 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--moe-weights", default="auto", help="MXFP4 experts: auto, mxfp4 (packed) or dense")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--memory-gib", type=float,
-                        help="size the KV cache as on a GPU of this many GiB (79.6: an H100 80GB) when the GPU "
+    parser.add_argument("--memory-gib", type=_memory_gib,
+                        help="size the KV cache as on a GPU of this many GiB (h100: an H100 80GB's) when the GPU "
                              "has more: --gpu-memory-utilization of it, not of the device")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--proxies", action="store_true",
@@ -116,8 +116,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _memory_gib(text: str) -> float:
+    from engine.memory_plan import H100_80GB_BYTES
+
+    if text == "h100":
+        return H100_80GB_BYTES / 2**30
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of GiB, or h100")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m engine.bench [MODEL_DIR | --preset 20b] [--proxies]`: the benchmark with torch and
+    """`python -m engine.bench [MODEL_DIR | --preset 20b|120b] [--proxies]`: the benchmark with torch and
     transformers only (no DuckDB: results are printed), e.g. on a GPU machine with nothing else installed."""
     parser = _parser()
     args = parser.parse_args(argv)
@@ -142,6 +156,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(exc))
         if not on_gpu:
             parser.error(f"--preset {args.preset} is built on the GPU: pass --device cuda")
+    if args.preset:
+        from engine.bench_gpu import preset_problem
+
+        problem = preset_problem(args.preset, args.systems.split(","), args.moe_weights)
+        if problem:
+            parser.error(problem)
     _run(args)
 
 
@@ -161,6 +181,9 @@ def capped_utilization(utilization: float, memory_gib: float | None, device: str
 def _run(args: argparse.Namespace) -> None:
     """Every system on every workload, one line each as it lands; then the table and the batch-1 line."""
     utilization = capped_utilization(args.gpu_memory_utilization, args.memory_gib, args.device)
+    if utilization != args.gpu_memory_utilization:
+        print(f"KV cache sized as on a GPU of {args.memory_gib:.1f} GiB: --gpu-memory-utilization "
+              f"{args.gpu_memory_utilization} of it is {utilization:.3f} of this device", flush=True)
     engine_options = {"device": args.device, "kernels": args.kernels, "max_num_seqs": args.max_num_seqs,
                       "gpu_memory_utilization": utilization, "moe_weights": args.moe_weights}
     results: list[BenchResult] = []

@@ -1,10 +1,11 @@
-"""The GPU benchmark at gpt-oss-20b's shape: a random checkpoint built on the device, and its roofline.
+"""The GPU benchmark at gpt-oss-20b's (or -120b's) shape: a random checkpoint built on the device, and its roofline.
 
 `batchrun bench --device cuda --preset 20b` decodes the workloads on a
 gpt-oss-20b-shaped model with random weights (MXFP4 experts, as the published
 checkpoint ships them) built directly in GPU memory: no 13 GB file is written.
-`python -m engine.bench --preset 120b` does the same at gpt-oss-120b's shape (~61 GB
-of weights), for the engine alone: transformers would hold its experts as bf16 (~230 GB).
+`--preset 120b` (here and in `batchrun bench`) does the same at gpt-oss-120b's shape (~61 GB
+of weights), for the engine with packed experts only (PRESET_SYSTEMS): held as bf16, as
+transformers and `--moe-weights dense` would, its experts take ~230 GB.
 Our engine gets the packed experts (dequantised inside the Triton MoE kernel);
 transformers `generate` gets the same weights with the experts dequantised to
 bf16 (its eager path), on the same GPU, one system at a time.
@@ -40,6 +41,9 @@ PRESET_20B = dict(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64
                   sliding_window=128, max_position_embeddings=131072)
 PRESET_120B = {**PRESET_20B, "num_hidden_layers": 36, "num_local_experts": 128}
 PRESETS = {"20b": PRESET_20B, "120b": PRESET_120B}
+# The systems each preset can hold on one GPU: 120b's experts fit packed only (~57 GB; ~214 GiB as bf16).
+PRESET_SYSTEMS = {"20b": (*ENGINE_SYSTEMS, "hf_generate", "hf_generate_batch"),
+                  "120b": tuple(s for s, options in ENGINE_SYSTEMS.items() if options.get("moe_weights") != "dense")}
 MXFP4_BITS = 4 + 8 / MXFP4_BLOCK  # a 4-bit code per weight and an 8-bit scale per 32
 # Peak HBM bandwidth by device name, for when torch does not report the memory clock and bus width.
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
@@ -120,14 +124,17 @@ def _fill(params: dict[str, torch.nn.Parameter], weights: Iterator[tuple[str, to
             raise KeyError(f"no parameter for {name}")
 
 
-def decode_bytes_per_step(config: ModelConfig, context_len: int, dtype_bytes: int = 2) -> int:
-    """Bytes a batch-1 decode step reads from memory at `context_len` tokens of context (see the module doc)."""
+def decode_bytes_per_step(config: ModelConfig, context_len: int, dtype_bytes: int = 2,
+                          mxfp4_experts: bool = True) -> int:
+    """Bytes a batch-1 decode step reads from memory at `context_len` tokens of context (see the module doc);
+    the experts' weights as MXFP4, or at `dtype_bytes` when held dense."""
     h, i, e, k = config.hidden_size, config.intermediate_size, config.num_local_experts, config.num_experts_per_tok
     expert_weights = h * 2 * i + i * h
     expert_biases = 2 * i + h
     dense = config.num_params - config.num_hidden_layers * e * (expert_weights + expert_biases) \
         - config.vocab_size * h  # every non-expert parameter but the embedding table (one row is read)
-    experts = config.num_hidden_layers * k * (expert_weights * MXFP4_BITS / 8 + expert_biases * dtype_bytes)
+    weight_bytes = MXFP4_BITS / 8 if mxfp4_experts else dtype_bytes
+    experts = config.num_hidden_layers * k * (expert_weights * weight_bytes + expert_biases * dtype_bytes)
     kv_per_token = 2 * config.num_key_value_heads * config.head_dim * dtype_bytes
     kv = sum(min(context_len, config.window(layer) or context_len) for layer in range(config.num_hidden_layers))
     return int((dense + h) * dtype_bytes + experts + kv * kv_per_token)
@@ -148,6 +155,18 @@ DRY_RUN_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
 DRY_RUN_BATCH1 = (64, 8)  # prompt tokens, decoded tokens
 
 
+def preset_problem(preset: str, systems: list[str], moe_weights: str = "auto") -> str | None:
+    """Why `systems` cannot run at `preset` on one GPU, or None (both CLIs ask before building anything)."""
+    allowed = PRESET_SYSTEMS[preset]
+    others = [s for s in systems if s not in allowed]
+    if others:
+        return (f"--preset {preset} runs {', '.join(allowed)}, not {', '.join(others)}: "
+                f"its experts fit one GPU packed only")
+    if preset != "20b" and moe_weights == "dense":
+        return f"--preset {preset} with --moe-weights dense: its experts fit one GPU packed only"
+    return None
+
+
 def run_preset_system(system: str, workload: Workload, *, batch_size: int, engine_options: dict[str, Any],
                       dry_run: bool = False, preset: str = "20b") -> tuple[BenchResult, dict]:
     """One system on one workload at a preset's shape (PRESETS), its model built fresh on the GPU and freed
@@ -163,9 +182,9 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
     on_gpu = device.startswith("cuda")
     if not on_gpu and not dry_run:
         raise ValueError(f"--preset {preset} is built on the GPU: pass --device cuda")
-    if preset != "20b" and system not in ENGINE_SYSTEMS:
-        raise ValueError(f"--preset {preset} runs the engine systems ({', '.join(ENGINE_SYSTEMS)}) only: "
-                         f"transformers holds the experts as bf16")
+    problem = preset_problem(preset, [system], engine_options.get("moe_weights", "auto"))
+    if problem:
+        raise ValueError(problem)
     _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
         if system in ENGINE_SYSTEMS:
@@ -211,7 +230,8 @@ def batch1_decode(engine: Any, bandwidth: float | None, prompt_len: int = BATCH1
     context = prompt_len + num_tokens // 2
     stats: dict[str, Any] = {"batch1_s_per_token": per_token, "batch1_context": context}
     if bandwidth:
-        step_bytes = decode_bytes_per_step(engine.model_config, context)
+        step_bytes = decode_bytes_per_step(engine.model_config, context,
+                                           mxfp4_experts=engine.describe()["mxfp4_experts"])
         stats.update(roofline_bytes_per_step=step_bytes, hbm_bytes_per_s=bandwidth,
                      roofline_s_per_token=step_bytes / bandwidth)
     return stats

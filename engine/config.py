@@ -116,7 +116,7 @@ class ModelConfig:
             sliding_window=hf.sliding_window, layer_types=tuple(hf.layer_types or ()),
             rope_theta=float(rope.get("rope_theta", 150000.0)), rope_parameters=rope,
             rms_norm_eps=hf.rms_norm_eps,
-            # transformers before 5.2x (the GPU image's 5.17) keeps these as constants of its modeling code
+            # transformers 5.17 (the GPU image's) keeps these as constants of its modeling code; 5.24 has them
             swiglu_alpha=getattr(hf, "swiglu_alpha", cls.swiglu_alpha),
             swiglu_limit=getattr(hf, "swiglu_limit", cls.swiglu_limit),
             max_position_embeddings=hf.max_position_embeddings, eos_token_ids=eos_ids,

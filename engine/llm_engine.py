@@ -8,6 +8,8 @@ frees sequences. Implements `engine.api.Backend`.
 
 from __future__ import annotations
 
+from functools import partial
+
 import time
 
 import torch
@@ -40,9 +42,12 @@ class LLMEngine:
         # CUDA graphs: their static buffers and memory pool are reserved too, sized from the plan's shapes
         positions = self.model_config.max_position_embeddings
         configured_len = min(config.max_model_len or positions, positions)
-        reserve = kv_reserve_bytes(self.model_config, max_num_batched_tokens=config.max_num_batched_tokens,
-                                   max_num_seqs=config.max_num_seqs, block_size=config.block_size, dtype=self.dtype,
-                                   max_model_len=configured_len, cuda_graphs=config.captures_graphs)
+        reserve_for = partial(kv_reserve_bytes, self.model_config, max_num_batched_tokens=config.max_num_batched_tokens,
+                              max_num_seqs=config.max_num_seqs, block_size=config.block_size, dtype=self.dtype,
+                              max_model_len=configured_len)
+        reserve = reserve_for(cuda_graphs=config.captures_graphs)
+        # the graphs' part, set beside what capturing them took (stats(), on CUDA)
+        self.graph_reserve_bytes = reserve - reserve_for(cuda_graphs=False)
         budget = kv_cache_budget(config.device, config.kv_cache_gb, config.gpu_memory_utilization, reserve)
         self.num_blocks = num_blocks_for_budget(budget, block_bytes)
         self.kv_cache_bytes = self.num_blocks * block_bytes
@@ -163,7 +168,8 @@ class LLMEngine:
                 "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions,
                 "async_scheduling": self.async_scheduling, "num_sync_steps": self.num_sync_steps,
                 # decode tokens computed in a CUDA graph: replayed on CUDA, counted by the same plan on CPU
-                **self.runner.counts.stats(), **self.runner.capture_stats}
+                **self.runner.counts.stats(), **self.runner.capture_stats,
+                **({"graph_reserve_gb": self.graph_reserve_bytes / 2**30} if self.runner.capture_stats else {})}
 
     def describe(self) -> dict:
         """Configuration for the runs table."""

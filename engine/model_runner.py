@@ -14,7 +14,6 @@ from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.device import ForwardTimer
-from engine.graph_memory import graph_memory_bytes
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.api import SamplingParams
@@ -75,13 +74,9 @@ class ModelRunner:
             pool = torch.cuda.graph_pool_handle()
             self.graphs.capture(pool)
             self.pieces.capture(pool)
-            # measured against what the KV reserve set aside for them (engine.graph_memory), on the GPU
-            estimate = graph_memory_bytes(model_config, self.plan, max_model_len=max_model_len,
-                                          block_size=self.block_size, dtype=dtype)
             self.capture_stats = {"capture_s": time.perf_counter() - start,
                                   "num_graphs": len(self.graphs.graphs) + len(self.pieces.graphs),
-                                  "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30,
-                                  "graph_reserve_gb": estimate / 2**30}
+                                  "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30}
         self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)

@@ -24,7 +24,7 @@ from batch.cli.submit import set_threads
 from engine.workloads import ENGINE_SYSTEMS
 
 PRESETS = ("tiny", "medium", "20b", "120b")
-GPU_PRESETS = ("20b", "120b")  # built in GPU memory (engine.bench_gpu); 120b for the engine systems only
+GPU_PRESETS = ("20b", "120b")  # built in GPU memory (engine.bench_gpu.PRESETS, PRESET_SYSTEMS)
 SYSTEMS = (*ENGINE_SYSTEMS, "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
 _OWN_RUN = ("host", "constrained")  # systems that run their own workload, not --workloads
 
@@ -49,11 +49,13 @@ def run_bench(plan: BenchPlan, db: str) -> str:
     unknown = [s for s in plan.systems if s not in SYSTEMS]
     if unknown:
         raise click.UsageError(f"--systems: unknown {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
-    if plan.model_dir is None and plan.preset == "120b":
-        others = [s for s in plan.systems if s not in ENGINE_SYSTEMS]
-        if others:
-            raise click.UsageError(f"--preset 120b runs the engine systems ({', '.join(ENGINE_SYSTEMS)}) only, not "
-                                   f"{', '.join(others)}: transformers would hold its experts as bf16 (~230 GB)")
+    if plan.model_dir is None and plan.preset in GPU_PRESETS:
+        from engine.bench_gpu import preset_problem
+
+        problem = preset_problem(plan.preset, [s for s in plan.systems if s not in _OWN_RUN],
+                                 plan.engine_options.get("moe_weights", "auto"))
+        if problem:
+            raise click.UsageError(problem)
     open_store(db).close()  # a database that cannot be written fails before anything is measured
     bench_id, started = f"bench_{uuid.uuid4().hex[:8]}", datetime.now(UTC)
 

@@ -100,8 +100,13 @@ def test_the_120b_presets_dry_run_runs_the_engine_and_refuses_transformers(capsy
     main([*args, "--systems", "engine"])
     out = capsys.readouterr().out
     assert "random engine stats: num_steps=" in out and "mxfp4_experts=True" in out
-    with pytest.raises(ValueError, match="--preset 120b runs the engine systems"):
-        main([*args, "--systems", "hf_generate"])
+    # refused before anything is built: bf16 experts at this shape take ~214 GiB
+    for refused in (["--systems", "engine,hf_generate"], ["--systems", "engine_dense"],
+                    ["--systems", "engine", "--moe-weights", "dense"]):
+        with pytest.raises(SystemExit):
+            main([*args, *refused])
+        out, err = capsys.readouterr()
+        assert not out and "--preset 120b" in err and "packed only" in err
 
 
 def test_memory_gib_sizes_the_kv_cache_as_on_a_smaller_gpu(monkeypatch):
@@ -112,3 +117,15 @@ def test_memory_gib_sizes_the_kv_cache_as_on_a_smaller_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (130 * 2**30, 139 * 2**30))  # an H200
     assert capped_utilization(0.9, 79.6, "cuda") == pytest.approx(0.9 * 79.6 / 139)
     assert capped_utilization(0.9, 200, "cuda") == 0.9  # a bigger figure than the device: the device's
+
+
+def test_memory_gib_takes_gib_or_h100_and_refuses_the_rest(capsys):
+    from engine.bench import _parser
+    from engine.memory_plan import H100_80GB_BYTES
+
+    assert _parser().parse_args(["--memory-gib", "h100"]).memory_gib == H100_80GB_BYTES / 2**30
+    assert _parser().parse_args(["--memory-gib", "40"]).memory_gib == 40.0
+    for bad in ("0", "-3", "big"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["--memory-gib", bad])
+        assert "a positive number of GiB, or h100" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from engine.config import ModelConfig
 
 
 class _ConfigWithoutSwiglu(type(tiny_config())):  # type: ignore[misc]
-    """A GptOssConfig as transformers before 5.2x builds it (the GPU image has 5.17): the SwiGLU's alpha and
+    """A GptOssConfig as transformers 5.17 (the GPU image's; 5.24 has the fields) builds it: the SwiGLU's alpha and
     clamp are constants of its modeling code, not attributes of the config."""
 
     def __getattribute__(self, name: str):

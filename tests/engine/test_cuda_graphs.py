@@ -124,7 +124,7 @@ def test_piecewise_padding_changes_nothing_for_the_real_rows(tiny_model_dir):
     assert_padding_wrote_only_scratch(kv_caches, saved, scratch, meta)
 
 
-def test_the_hand_scheduled_mixed_step_has_real_input_ids_under_async_scheduling(tiny_model_dir):
+def test_the_hand_scheduled_mixed_step_has_real_input_ids_on_an_async_engine(tiny_model_dir):
     # async scheduling is CUDA's default: a decode row scheduled by hand after an async step would read its
     # PLACEHOLDER (-1) as input id, an out-of-range embedding index (a device-side assert on CUDA)
     _, input_ids, _ = mixed_step(tiny_model_dir, async_scheduling=True)

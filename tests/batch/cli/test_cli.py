@@ -412,11 +412,15 @@ def test_the_20b_preset_asks_for_a_gpu(tmp_path):
     on_cpu = CliRunner().invoke(main, ["bench", "--preset", "20b", "--device", "cpu", "--db", str(db)])
     assert on_cpu.exit_code == 1
     assert on_cpu.output.strip() == "error: --preset 20b is built on the GPU: pass --device cuda"
-    big = CliRunner().invoke(main, ["bench", "--preset", "120b", "--device", "cpu", "--systems", "engine_dense",
+    big = CliRunner().invoke(main, ["bench", "--preset", "120b", "--device", "cpu", "--systems", "engine",
                                     "--db", str(db)])
     assert big.exit_code == 1 and big.output.strip() == "error: --preset 120b is built on the GPU: pass --device cuda"
-    with_transformers = CliRunner().invoke(main, ["bench", "--preset", "120b", "--device", "cuda", "--db", str(db)])
-    assert with_transformers.exit_code == 2 and "--preset 120b runs the engine systems" in with_transformers.output
+    refusals = {"hf_generate": ["--systems", "engine,hf_generate"], "engine_dense": ["--systems", "engine_dense"],
+                "--moe-weights dense": ["--systems", "engine", "--moe-weights", "dense"]}
+    for named, refused in refusals.items():  # before anything is built: as bf16 its experts take ~214 GiB
+        bf16 = CliRunner().invoke(main, ["bench", "--preset", "120b", "--device", "cuda", "--db", str(db), *refused])
+        assert bf16.exit_code == 2 and "--preset 120b" in bf16.output and named in bf16.output, bf16.output
+        assert "packed only" in bf16.output
     if not torch.cuda.is_available():
         auto = CliRunner().invoke(main, ["bench", "--preset", "20b", "--db", str(db)])
         assert auto.exit_code == 1 and auto.output.startswith("error: --preset 20b: --device cuda:")
