@@ -148,7 +148,7 @@ def _parse_grader(index: int, spec: object, line: dict) -> GraderSpec:
     if "expected" not in spec and name in GRADERS and needs_expected(name):
         expected = line.get("expected")
     try:
-        check_options(name, options, has_expected=expected is not None)
+        check_options(name, options, has_expected=expected is not None, expected=expected)
     except GraderError as exc:
         raise SuiteError(f"graders[{index}]: {exc}") from None
     return GraderSpec(name, expected, options)

@@ -128,6 +128,22 @@ def test_grade_regrades_a_run_and_fail_under(runs, db_copy, tmp_path):
     assert bad.exit_code == 1 and "no such suite file or built-in suite" in bad.output
 
 
+def test_an_option_of_the_wrong_type_fails_before_decoding_not_while_grading(runs, db_copy, tmp_path,
+                                                                            tiny_model_dir):
+    # A string tolerance once passed the suite check and raised a TypeError traceback in
+    # math.isclose while grading, after the whole suite had been decoded.
+    suite = write_suite(tmp_path / "typo.jsonl", [{**SUITE[1], "graders": [
+        {"grader": "numeric", "tolerance": "0.5"}]}])
+    db = tmp_path / "new.duckdb"
+    result = batchrun("eval", suite, "--db", db, "--model", tiny_model_dir, "--quiet")
+    assert result.exit_code == 1 and not db.exists()
+    assert result.output == (f"error: {suite}:1: graders[0]: numeric: option 'tolerance' must be "
+                             'a number, got "0.5"\n')
+    regrade = batchrun("grade", "a", suite, "--db", db_copy)
+    assert regrade.exit_code == 1 and "Traceback" not in regrade.output
+    assert "option 'tolerance' must be a number" in regrade.output
+
+
 @pytest.mark.parametrize("level", ["types", "items", "full"])
 def test_two_decodes_of_the_same_requests_check_equal(runs, tmp_path, level):
     golden = tmp_path / "golden.jsonl"
