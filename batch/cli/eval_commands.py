@@ -46,6 +46,12 @@ def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) ->
     from evals.grading import grade_run, summary_text
 
     grading = grade_run(store, run_id, suite)
+    if not grading.rows:
+        # Writing would replace the run's grades with none: a suite for another run (or a
+        # typo'd path to one) would wipe them and exit 0.
+        _fail(f"no case of suite {suite.name} has a line in run {run_id} (cases are matched by "
+              f"custom_id, e.g. {suite.cases[0].custom_id!r}): nothing graded; the run's grades "
+              "are unchanged")
     store.grades.write(run_id, grading.rows)
     click.echo(summary_text(store, run_id))
     if grading.missing:

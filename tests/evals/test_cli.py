@@ -128,6 +128,18 @@ def test_grade_regrades_a_run_and_fail_under(runs, db_copy, tmp_path):
     assert bad.exit_code == 1 and "no such suite file or built-in suite" in bad.output
 
 
+def test_grading_with_a_suite_of_another_run_keeps_the_grades(runs, db_copy, tmp_path):
+    # It replaced the run's grades with none and exited 0.
+    other = write_suite(tmp_path / "other.jsonl", [{"custom_id": "elsewhere", "input": "x"}])
+    before = query(db_copy, "SELECT count(*) FROM grades WHERE run_id = 'b'")
+    result = batchrun("grade", "b", other, "--db", db_copy)
+    assert result.exit_code == 1
+    assert result.output == ("error: no case of suite other has a line in run b (cases are matched "
+                             "by custom_id, e.g. 'elsewhere'): nothing graded; the run's grades are "
+                             "unchanged\n")
+    assert query(db_copy, "SELECT count(*) FROM grades WHERE run_id = 'b'") == before != [(0,)]
+
+
 def test_an_option_of_the_wrong_type_fails_before_decoding_not_while_grading(runs, db_copy, tmp_path,
                                                                             tiny_model_dir):
     # A string tolerance once passed the suite check and raised a TypeError traceback in
