@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import signal
 import sys
 import threading
@@ -41,6 +42,20 @@ EXIT_SIGTERM = 143  # 128 + SIGTERM
 MOE_WEIGHT_CHOICES = ["auto", "mxfp4", "dense"]
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check_date(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--conversation-date as the system message needs it: a real date, YYYY-MM-DD."""
+    # Anything went in verbatim ("Current date: tomorrow", "2026-13-01"), silently, in every
+    # prompt of the run.
+    if value is None:
+        return None
+    try:
+        if len(value) == 10 and datetime.date.fromisoformat(value):
+            return value
+    except ValueError:
+        pass
+    raise click.BadParameter(f"{value!r} is not a date in the form YYYY-MM-DD (e.g. 2026-01-31)")
 
 # Every option of `batchrun submit` but INPUT, --db, --run-id and --resume, which each
 # command declares in its own words.
@@ -86,7 +101,7 @@ SUBMIT_OPTIONS = [
     click.option("--max-line-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024,
                  show_default=True, help="Longer input lines are recorded invalid."),
     click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),
-    click.option("--conversation-date", metavar="YYYY-MM-DD",
+    click.option("--conversation-date", metavar="YYYY-MM-DD", callback=_check_date,
                  help="Date in the system message (a request's metadata.conversation_date wins)."),
     click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default="medium",
                  show_default=True, help="Default for requests without reasoning.effort."),

@@ -498,3 +498,17 @@ def test_an_mxfp4_checkpoint_decodes_the_same_with_packed_and_dense_experts(tmp_
         assert json.loads(config)["mxfp4_experts"] == (moe_weights == "mxfp4")
         outputs[moe_weights] = rows(db, "SELECT completion_token_ids FROM tokens")
     assert outputs["mxfp4"] == outputs["dense"] and len(outputs["mxfp4"][0][0]) == 3
+
+
+@pytest.mark.parametrize("command", ["submit", "eval"])
+@pytest.mark.parametrize("date", ["tomorrow", "2026-13-01", "2026-02-29", "20260101", "2026-1-1"])
+def test_a_conversation_date_that_is_not_yyyy_mm_dd_is_a_usage_error(tmp_path, command, date):
+    # It went into every prompt of the run verbatim ("Current date: tomorrow"), silently.
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"input": "Hi"}\n')
+    result = CliRunner().invoke(main, [command, str(source), "--db", str(tmp_path / "o.duckdb"),
+                                       "--conversation-date", date])
+    assert result.exit_code == 2
+    assert (f"Invalid value for '--conversation-date': '{date}' is not a date in the form "
+            "YYYY-MM-DD (e.g. 2026-01-31)") in result.output
+    assert not (tmp_path / "o.duckdb").exists()
