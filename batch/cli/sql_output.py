@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import decimal
 import io
 import json
 import shutil
@@ -25,8 +26,17 @@ def render(columns: list[str], rows: list[dict], fmt: str, width: int | None) ->
     if fmt == "csv":
         return _csv(columns, rows)
     if fmt == "json":
-        return "\n".join(json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=str) for row in rows)
+        return "\n".join(json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=_json_value)
+                         for row in rows)
     return _table(columns, rows, width)
+
+
+def _json_value(value: Any) -> Any:
+    """A value json cannot write: DuckDB's DECIMAL and HUGEINT results (sum() of an integer
+    column, a literal 1.5) as numbers, not strings; timestamps, UUIDs and the rest as text."""
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else float(value)
+    return str(value)
 
 
 def _csv(columns: list[str], rows: list[dict]) -> str:

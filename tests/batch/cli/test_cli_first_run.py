@@ -295,6 +295,17 @@ def test_sql_prints_a_table_that_fits_and_csv_or_json_on_request(one_run):
     assert max(len(line) for line in wide.output.splitlines()) > 200  # whole rows when asked
 
 
+def test_sql_json_writes_sums_and_decimals_as_numbers(one_run):
+    # DuckDB gives sum() of an integer column as a HUGEINT and 1.5 as a DECIMAL, which reach
+    # Python as Decimal: they were written as strings ("118").
+    query = "SELECT sum(output_tokens) AS tokens, 1.5 AS half, DATE '2026-01-02' AS day FROM responses"
+    result = batchrun("sql", query, "--db", one_run, "--format", "json")
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.output)
+    assert isinstance(row["tokens"], int) and row["tokens"] > 0
+    assert (row["half"], row["day"]) == (1.5, "2026-01-02")
+
+
 def test_help_lists_the_built_in_suites_and_what_db_is():
     assert "Built-in suites: quickstart" in batchrun("eval", "--help").output
     for command in ("runs", "show", "export", "sql"):
