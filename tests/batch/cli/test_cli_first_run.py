@@ -306,6 +306,21 @@ def test_sql_json_writes_sums_and_decimals_as_numbers(one_run):
     assert (row["half"], row["day"]) == (1.5, "2026-01-02")
 
 
+def test_sql_prints_intervals_as_duckdb_does(one_run):
+    # Through Arrow they were pyarrow's MonthDayNano tuples, printed as
+    # "MonthDayNano(months=0, days=0, nanoseconds=...)", in the README's progress query too.
+    query = ("SELECT INTERVAL 90 MINUTE AS a, INTERVAL '1 day 2 hours 3.5 seconds' AS b, "
+             "INTERVAL '-3 seconds' AS c, INTERVAL '14 months' AS d, INTERVAL 0 SECOND AS e")
+    table = batchrun("sql", query, "--db", one_run)
+    assert table.exit_code == 0, table.output
+    assert table.output.splitlines()[2].split("  ") == [
+        "01:30:00", "1 day 02:00:03.5", "-00:00:03", "1 year 2 months", "00:00:00"]
+    assert json.loads(batchrun("sql", query, "--db", one_run, "--format", "json").output)["a"] == "01:30:00"
+    progress = batchrun("sql", "SELECT now() - started_at AS elapsed FROM runs", "--db", one_run)
+    assert "MonthDayNano" not in progress.output and re.fullmatch(r"\d+:\d\d:\d\d(\.\d+)?",
+                                                                   progress.output.splitlines()[2])
+
+
 def test_help_lists_the_built_in_suites_and_what_db_is():
     assert "Built-in suites: quickstart" in batchrun("eval", "--help").output
     for command in ("runs", "show", "export", "sql"):
