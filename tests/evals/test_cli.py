@@ -156,6 +156,32 @@ def test_an_option_of_the_wrong_type_fails_before_decoding_not_while_grading(run
     assert "option 'tolerance' must be a number" in regrade.output
 
 
+def test_report_default_name_holds_any_run_id(runs, db_copy, tmp_path, tiny_model_dir, monkeypatch):
+    # `report-<RUN_ID>.html` with a "/" in the id named a missing folder: a FileNotFoundError
+    # traceback once the report was built.
+    source = write_suite(tmp_path / "in.jsonl", [{"input": "Hi"}])
+    made = batchrun("submit", source, "--db", db_copy, "--model", tiny_model_dir, "--run-id", "nightly/1",
+                    "--max-output-tokens", 2, "--quiet")
+    assert made.exit_code == 0, made.output
+    monkeypatch.chdir(tmp_path)
+    result = batchrun("report", "nightly/1", "a", "--db", db_copy)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == "report: report-nightly_1-vs-a.html"
+    assert (tmp_path / "report-nightly_1-vs-a.html").stat().st_size > 0
+
+
+@pytest.mark.parametrize("command", [["submit", "in.jsonl"], ["eval", "in.jsonl"],
+                                     ["merge", "in.jsonl", "-o", "m.duckdb"]])
+def test_latest_is_not_a_run_id_to_give(tmp_path, command, monkeypatch):
+    # `latest` means the newest run wherever a RUN is taken: a run named so could never be named.
+    monkeypatch.chdir(tmp_path)
+    write_suite(tmp_path / "in.jsonl", [{"input": "Hi"}])
+    result = batchrun(*command, "--run-id", "latest")
+    assert result.exit_code == 2
+    assert "Invalid value for '--run-id': 'latest' names the newest run wherever a RUN is taken" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
 @pytest.mark.parametrize("level", ["types", "items", "full"])
 def test_two_decodes_of_the_same_requests_check_equal(runs, tmp_path, level):
     golden = tmp_path / "golden.jsonl"
