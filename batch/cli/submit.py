@@ -97,7 +97,8 @@ SUBMIT_OPTIONS = [
     click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
                  help="Default temperature for requests that do not set one (0: greedy)."),
     click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
-                 help="Requests decoded at once; finished ones wait for the database writer, at most as many again."),
+                 help="Requests decoded at once (or waiting for the database writer, which holds at most "
+                      "four times as many finished ones)."),
     click.option("--max-line-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024,
                  show_default=True, help="Longer input lines are recorded invalid."),
     click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),

@@ -512,3 +512,12 @@ def test_a_conversation_date_that_is_not_yyyy_mm_dd_is_a_usage_error(tmp_path, c
     assert (f"Invalid value for '--conversation-date': '{date}' is not a date in the form "
             "YYYY-MM-DD (e.g. 2026-01-31)") in result.output
     assert not (tmp_path / "o.duckdb").exists()
+
+
+def test_max_inflight_help_states_the_writers_bound():
+    # It said finished requests wait "at most as many again"; the writer holds WRITER_HOLDS times as many.
+    from batch.run.runner import WRITER_HOLDS
+
+    text = " ".join(CliRunner().invoke(main, ["submit", "--help"]).output.split())
+    words = {4: "four"}[WRITER_HOLDS]
+    assert f"which holds at most {words} times as many finished ones" in text
