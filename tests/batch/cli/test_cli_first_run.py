@@ -2,6 +2,7 @@
 did, through `batchrun`, and checks what is printed and the exit code."""
 
 import csv
+import gzip
 import io
 import json
 import re
@@ -78,6 +79,22 @@ def test_an_empty_file_fails_and_writes_nothing(tmp_path, no_model_load):
     result = batchrun("submit", source, "--db", db)
     assert result.exit_code == 1 and "the file is empty: no requests to run" in result.output
     assert not db.exists()
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"not gzip at all", "Not a gzipped file"),
+    (gzip.compress(b"\n" * 5 + b'{"input": "a"}\n', mtime=0)[:20],
+     "Compressed file ended before the end-of-stream marker"),
+], ids=["not-gzip", "cut-short"])
+def test_a_gz_input_that_is_not_gzip_fails_with_one_line(tmp_path, no_model_load, data, reason):
+    # The input check read it with gzip.open, whose BadGzipFile / EOFError came out as a traceback.
+    source = tmp_path / "in.jsonl.gz"
+    source.write_bytes(data)
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1 and not db.exists()
+    assert result.output.startswith(f"error: {source}: cannot read as gzip: ") and reason in result.output
+    assert len(result.output.splitlines()) == 1, result.output
 
 
 def test_only_the_lines_limit_takes_are_checked(tmp_path, no_model_load):
