@@ -74,6 +74,16 @@ def test_values_of_the_types_graders_take_load(tmp_path):
     assert len(load_suite(str(path)).cases) == 2
 
 
+def test_a_bom_and_crlf_load_as_submit_reads_them_and_bad_utf8_names_its_line(tmp_path):
+    # A BOM failed as "not JSON (Unexpected UTF-8 BOM ...)" and bad UTF-8 was a traceback.
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"custom_id": "a", "input": "Hi"}\r\n{"custom_id": "b", "input": "Yo"}\r\n')
+    assert [c.custom_id for c in load_suite(str(path)).cases] == ["a", "b"]
+    path.write_bytes(b'{"custom_id": "a", "input": "Hi"}\n{"custom_id": "b", "input": "\xff"}\n')
+    with pytest.raises(SuiteError, match=f"^{path}:2: invalid UTF-8 at byte 29$"):
+        load_suite(str(path))
+
+
 def test_duplicate_ids_missing_suites_and_empty_files(tmp_path):
     with pytest.raises(SuiteError, match="custom_id 'a' is also on line 1"):
         load_suite(str(write(tmp_path, {"custom_id": "a", "input": "x"},
