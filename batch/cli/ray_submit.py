@@ -23,7 +23,7 @@ def run_ray_submit(options: RunOptions, backend: object, ray_options: RayOptions
     """`submit --ray`: exits and prints as `run_submit` does (130/143 on Ctrl-C/SIGTERM, the summary)."""
     from batch.cli.submit import report_run
 
-    return report_run(lambda: _run(options, backend, ray_options, db=db, quiet=quiet), db)
+    return report_run(lambda: _run(options, backend, ray_options, db=db, quiet=quiet), db, run_id=options.run_id)
 
 
 def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: str, quiet: bool) -> RunSummary:

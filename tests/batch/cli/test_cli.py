@@ -521,3 +521,27 @@ def test_max_inflight_help_states_the_writers_bound():
     text = " ".join(CliRunner().invoke(main, ["submit", "--help"]).output.split())
     words = {4: "four"}[WRITER_HOLDS]
     assert f"which holds at most {words} times as many finished ones" in text
+
+
+
+@pytest.mark.parametrize("command", ["submit", "eval"])
+def test_an_interrupted_run_with_its_own_id_says_to_resume_it_by_that_id(tmp_path, tiny_model_dir, monkeypatch,
+                                                                        command):
+    # The message said "run the same command again", which for `submit --run-id R` fails (the id
+    # exists) and for `eval` starts another run that decodes everything again.
+    import batch.run.runner
+
+    def interrupted(self, done):
+        raise KeyboardInterrupt
+        yield  # a generator, as Run._lines is: the run is open when it is first read
+
+    monkeypatch.setattr(batch.run.runner.Run, "_lines", interrupted)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"custom_id": "a", "input": "Hi"}\n')
+    db = tmp_path / "out.duckdb"
+    result = CliRunner().invoke(main, [command, str(source), "--db", str(db), "--model", str(tiny_model_dir),
+                                       "--run-id", "r1", "--quiet"])
+    assert result.exit_code == 130, result.output
+    assert ("interrupted: finished requests are saved; continue run r1 with --resume r1 "
+            "(in place of any --run-id)") in result.output
+    assert rows(db, "SELECT run_id, status FROM runs") == [("r1", "interrupted")]
