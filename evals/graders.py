@@ -80,7 +80,7 @@ def _numbers(text: str) -> list[float]:
 
 
 @grader("numeric")
-def numeric(output: Output, expected: float, tolerance: float = 0.0, relative: float = 0.0,
+def numeric(output: Output, expected: float | str, tolerance: float = 0.0, relative: float = 0.0,
             match: str = "last") -> Grade:
     """A number in the text is within tolerance of ``expected`` (``match``: last | any).
 

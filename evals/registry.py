@@ -7,14 +7,18 @@ its own keyword options, and returns a ``Grade``::
     def starts_with(output: Output, expected: str) -> Grade:
         return Grade.check(output.text.startswith(expected), f"text starts {output.text[:20]!r}")
 
-Options are checked against the function's signature when a suite is loaded, so a
-misspelt option fails before anything is decoded.
+Options are checked against the function's signature (names, and the types its
+annotations name) when a suite is loaded, so a misspelt option fails before anything
+is decoded.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import json
+import types
+import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from evals.output import Output
@@ -57,8 +61,9 @@ def needs_expected(name: str) -> bool:
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
-def check_options(name: str, options: dict, *, has_expected: bool) -> None:
-    """Raise GraderError when ``name`` is unknown or would not accept these options."""
+def check_options(name: str, options: dict, *, has_expected: bool, expected: object = None) -> None:
+    """Raise GraderError when ``name`` is unknown or would not accept these options (or this
+    ``expected`` value): unknown names, and values of a type the grader's annotations rule out."""
     fn = GRADERS.get(name)
     if fn is None:
         raise GraderError(f"unknown grader {name!r} (known: {', '.join(sorted(GRADERS))})")
@@ -71,6 +76,56 @@ def check_options(name: str, options: dict, *, has_expected: bool) -> None:
         raise GraderError(f"{name}: takes no `expected` value")
     if needs_expected(name) and not has_expected:
         raise GraderError(f"{name}: needs an `expected` value")
+    given = {**options, **({"expected": expected} if expected is not None else {})}
+    _check_types(name, fn, given)
+
+
+def _check_types(name: str, fn: GraderFn, given: dict) -> None:
+    # A wrong type found only while grading would fail after the whole suite was decoded (a
+    # string `tolerance` made math.isclose raise), so values are checked against the
+    # grader's annotations when the suite is loaded; hints this check does not know pass.
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # a custom grader's annotation that cannot be resolved: not checked
+        return
+    for key, value in given.items():
+        hint = hints.get(key)
+        if hint is not None and not _fits(value, hint):
+            label = "`expected`" if key == "expected" else f"option {key!r}"
+            raise GraderError(f"{name}: {label} must be {_describe(hint)}, got {json.dumps(value)}")
+
+
+def _fits(value: object, hint: object) -> bool:
+    """Whether a JSON value fits a grader parameter's annotation (unknown hints: yes)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
+    if origin in (list, Sequence):
+        return isinstance(value, list) and all(_fits(item, args[0]) for item in value)
+    return True
+
+
+def _describe(hint: object) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args)
+    if origin in (list, Sequence):
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    names: dict[object, str] = {type(None): "null", bool: "true or false", int: "an integer",
+                                float: "a number", str: "a string", dict: "an object"}
+    return names.get(hint) or names.get(origin) or str(hint)
 
 
 def run_grader(name: str, output: Output, expected: object, options: dict) -> Grade:

@@ -145,6 +145,9 @@ def write_golden(path: Path, entries: dict[str, dict]) -> None:
             handle.write(json.dumps(entry, sort_keys=True, ensure_ascii=False) + "\n")
 
 
+GOLDEN_KEYS = ("custom_id", "level", "status", "events")
+
+
 def read_golden(path: Path) -> tuple[str, dict[str, dict]]:
     """(level, custom_id -> entry) of a golden file; raises GoldenError on a bad line."""
     entries: dict[str, dict] = {}
@@ -155,10 +158,16 @@ def read_golden(path: Path) -> tuple[str, dict[str, dict]]:
                 continue
             try:
                 entry = json.loads(text)
-                key, level = entry["custom_id"], entry["level"]
-                entry["events"], entry["status"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise GoldenError(f"{path}:{line_no}: not a golden entry ({exc})") from None
+            except ValueError as exc:
+                raise GoldenError(f"{path}:{line_no}: not a golden entry (not JSON: {exc})") from None
+            # A KeyError's text alone ("('level')") or a TypeError on a list said nothing useful,
+            # e.g. for a requests file given as --golden.
+            missing = [k for k in GOLDEN_KEYS if k not in entry] if isinstance(entry, dict) else None
+            if missing is None or missing:
+                found = f"no {', '.join(map(repr, missing))}" if missing else f"a JSON {type(entry).__name__}"
+                raise GoldenError(f"{path}:{line_no}: not a golden entry ({found}; each line `batchrun "
+                                  f"snapshot` writes is an object with {', '.join(GOLDEN_KEYS)})")
+            key, level = entry["custom_id"], entry["level"]
             if level not in LEVELS:
                 raise GoldenError(f"{path}:{line_no}: unknown level {level!r}")
             levels.add(level)

@@ -27,6 +27,7 @@ from evals.registry import GRADERS, GraderError, check_options, needs_expected
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 EVAL_KEYS = ("expected", "graders", "tags")
 DEFAULT_GRADERS = ("status",)
+_BOM = b"\xef\xbb\xbf"
 
 
 class SuiteError(ValueError):
@@ -100,8 +101,14 @@ def load_suite(name_or_path: str) -> Suite:
     path = resolve_suite(name_or_path)
     cases: list = []
     seen: dict = {}
-    with open(path, encoding="utf-8") as handle:
-        for line_no, text in enumerate(handle, start=1):
+    # Bytes, decoded line by line as `submit` reads its input: a leading BOM is dropped (it failed
+    # as "not JSON") and invalid UTF-8 names its line (it was a UnicodeDecodeError traceback).
+    with open(path, "rb") as handle:
+        for line_no, data in enumerate(handle, start=1):
+            try:
+                text = data.removeprefix(_BOM if line_no == 1 else b"").decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SuiteError(f"{path}:{line_no}: invalid UTF-8 at byte {exc.start}") from None
             if not text.strip():
                 continue
             try:
@@ -148,7 +155,7 @@ def _parse_grader(index: int, spec: object, line: dict) -> GraderSpec:
     if "expected" not in spec and name in GRADERS and needs_expected(name):
         expected = line.get("expected")
     try:
-        check_options(name, options, has_expected=expected is not None)
+        check_options(name, options, has_expected=expected is not None, expected=expected)
     except GraderError as exc:
         raise SuiteError(f"graders[{index}]: {exc}") from None
     return GraderSpec(name, expected, options)

@@ -15,8 +15,8 @@ from batch.cli import display
 from batch.cli.batch_output import batch_output_line
 from batch.cli.show_text import request_text, response_text
 from batch.cli.sql_output import FORMATS, render, terminal_width
-from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, options_from,
-                            resolve_run)
+from batch.cli.util import (DEFAULT_DB, check_new_run_id, check_output, fail as _fail, open_store as _open_store,
+                            options_from, resolve_run)
 from batch.store.errors import StoreError
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
@@ -30,7 +30,7 @@ _read_db = click.option("--db", default=DEFAULT_DB, show_default=True,
 @click.command()
 @click.argument("input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
-@click.option("--run-id", help="Id for a new run (default: generated).")
+@click.option("--run-id", help="Id for a new run (default: generated).", callback=check_new_run_id)
 @click.option("--resume", "resume", metavar="RUN_ID",
               help="Continue this run (or `latest`, the newest), skipping finished lines.")
 @distribution_options

@@ -47,8 +47,8 @@ def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
 
     def update(snapshot: ProgressSnapshot) -> None:
         nonlocal shown_at
-        if bar.total is None and snapshot.num_input_requests is not None:
-            bar.total = snapshot.num_input_requests
+        if bar.total is None and snapshot.num_requests is not None:
+            bar.total = snapshot.num_requests
             bar.update(snapshot.num_skipped)
         if snapshot.num_written:
             bar.update(snapshot.num_written)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
-from batch.cli.util import check_output, fail, open_store
+from batch.cli.util import check_new_run_id, check_output, fail, open_store
 from batch.store.errors import StoreError
 from batch.run.options import RunOptions
 from batch.cli.submit import BackendSpec, check_before_loading, run_submit
@@ -92,7 +92,7 @@ def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, distr
 @click.command()
 @click.argument("parts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", required=True, help="DuckDB file to write the merged run into.")
-@click.option("--run-id", help="Id of the merged run (default: generated).")
+@click.option("--run-id", help="Id of the merged run (default: generated).", callback=check_new_run_id)
 def merge(parts: tuple[Path, ...], output: str, run_id: str | None) -> None:
     """Join the shard databases of one `submit --shard K/N` split into one run in OUTPUT.
 

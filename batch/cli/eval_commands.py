@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 import sys
 import tempfile
@@ -21,8 +22,8 @@ from typing import Any
 
 import click
 
-from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, options_from,
-                            resolve_run)
+from batch.cli.util import (DEFAULT_DB, check_new_run_id, check_output, fail as _fail, open_store as _open_store,
+                            options_from, resolve_run)
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
 from batch.store.store import Store
 from batch.cli.submit import SubmitOptions, submit_options, submit_plan
@@ -46,6 +47,12 @@ def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) ->
     from evals.grading import grade_run, summary_text
 
     grading = grade_run(store, run_id, suite)
+    if not grading.rows:
+        # Writing would replace the run's grades with none: a suite for another run (or a
+        # typo'd path to one) would wipe them and exit 0.
+        _fail(f"no case of suite {suite.name} has a line in run {run_id} (cases are matched by "
+              f"custom_id, e.g. {suite.cases[0].custom_id!r}): nothing graded; the run's grades "
+              "are unchanged")
     store.grades.write(run_id, grading.rows)
     click.echo(summary_text(store, run_id))
     if grading.missing:
@@ -64,7 +71,7 @@ _fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metava
 @click.command("eval", epilog=f"Built-in suites: {', '.join(builtin_suites()) or 'none'} (evals/suites/).")
 @click.argument("suite_name", metavar="SUITE")
 @_db_option
-@click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).")
+@click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).", callback=check_new_run_id)
 @click.option("--resume", metavar="RUN_ID",
               help="Continue an interrupted eval run (or `latest`, the newest), then grade it.")
 @_fail_under
@@ -249,7 +256,12 @@ def report_command(run: str, run_b: str | None, db: str, output: Path | None) ->
         data = load_report_data(store, run_id)
         data_b = load_report_data(store_b, run_b_id) if run_b_id else None
         payload = browse_payload(store, run_id, run_b_id, store_b)
-    output = output or Path(f"report-{run_id}.html" if run_b_id is None else f"report-{run_id}-vs-{run_b_id}.html")
+    if output is None:
+        # A run id may hold any character: `--run-id a/b` made the default name a missing folder
+        # (a FileNotFoundError traceback after the report was built).
+        name = run_id if run_b_id is None else f"{run_id}-vs-{run_b_id}"
+        output = Path(f"report-{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.html")
+        check_output(output, "-o")
     output.write_text(render_html(data, payload, data_b), encoding="utf-8")
     click.echo(terminal_summary(data))
     if data_b is not None:

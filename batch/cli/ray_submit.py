@@ -23,7 +23,7 @@ def run_ray_submit(options: RunOptions, backend: object, ray_options: RayOptions
     """`submit --ray`: exits and prints as `run_submit` does (130/143 on Ctrl-C/SIGTERM, the summary)."""
     from batch.cli.submit import report_run
 
-    return report_run(lambda: _run(options, backend, ray_options, db=db, quiet=quiet), db)
+    return report_run(lambda: _run(options, backend, ray_options, db=db, quiet=quiet), db, run_id=options.run_id)
 
 
 def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: str, quiet: bool) -> RunSummary:
@@ -43,7 +43,11 @@ def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: s
         raise
     display.status("starting a local Ray cluster ..." if ray_options.address is None else
                    f"joining the Ray cluster at {ray_options.address} ...", quiet=quiet)
-    started = start_ray(ray, ray_options)
+    try:
+        started = start_ray(ray, ray_options)
+    except RunError as exc:
+        store.close()
+        fail(str(exc))
     try:
         runner = RayRunner(store, options, ray_options, backend)
         display.status(f"starting {ray_options.num_workers} Ray worker(s), each loading the model ...", quiet=quiet)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import csv
+import decimal
 import io
 import json
 import shutil
 import sys
 from typing import Any
+
+import pyarrow as pa
 
 FORMATS = ("table", "csv", "json")
 MIN_COLUMN_WIDTH = 6
@@ -22,11 +25,41 @@ def terminal_width() -> int | None:
 
 def render(columns: list[str], rows: list[dict], fmt: str, width: int | None) -> str:
     """`rows` as `fmt`; a table's columns are cut to fit `width` characters (None: no limit)."""
+    # Rows come through Arrow, whose INTERVAL values are MonthDayNano tuples: printed as such,
+    # the README's `now() - started_at AS elapsed` read "MonthDayNano(months=0, days=0, ...)".
+    rows = [{c: _interval_text(v) if isinstance(v, pa.MonthDayNano) else v for c, v in row.items()}
+            for row in rows]
     if fmt == "csv":
         return _csv(columns, rows)
     if fmt == "json":
-        return "\n".join(json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=str) for row in rows)
+        return "\n".join(json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=_json_value)
+                         for row in rows)
     return _table(columns, rows, width)
+
+
+def _interval_text(value: pa.MonthDayNano) -> str:
+    """An interval as DuckDB writes one: `1 year 2 months 3 days 04:05:06.5`."""
+    years, months = divmod(abs(value.months), 12)
+    direction = -1 if value.months < 0 else 1
+    parts = [f"{n} {unit}{'' if abs(n) == 1 else 's'}"
+             for n, unit in ((direction * years, "year"), (direction * months, "month"), (value.days, "day")) if n]
+    if value.nanoseconds or not parts:
+        micros = abs(value.nanoseconds) // 1000
+        hours, micros = divmod(micros, 3_600_000_000)
+        minutes, micros = divmod(micros, 60_000_000)
+        seconds, micros = divmod(micros, 1_000_000)
+        fraction = f".{micros:06d}".rstrip("0") if micros else ""
+        sign = "-" if value.nanoseconds < 0 else ""
+        parts.append(f"{sign}{hours:02d}:{minutes:02d}:{seconds:02d}{fraction}")
+    return " ".join(parts)
+
+
+def _json_value(value: Any) -> Any:
+    """A value json cannot write: DuckDB's DECIMAL and HUGEINT results (sum() of an integer
+    column, a literal 1.5) as numbers, not strings; timestamps, UUIDs and the rest as text."""
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else float(value)
+    return str(value)
 
 
 def _csv(columns: list[str], rows: list[dict]) -> str:

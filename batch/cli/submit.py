@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import signal
 import sys
 import threading
@@ -41,6 +42,20 @@ EXIT_SIGTERM = 143  # 128 + SIGTERM
 MOE_WEIGHT_CHOICES = ["auto", "mxfp4", "dense"]
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check_date(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--conversation-date as the system message needs it: a real date, YYYY-MM-DD."""
+    # Anything went in verbatim ("Current date: tomorrow", "2026-13-01"), silently, in every
+    # prompt of the run.
+    if value is None:
+        return None
+    try:
+        if len(value) == 10 and datetime.date.fromisoformat(value):
+            return value
+    except ValueError:
+        pass
+    raise click.BadParameter(f"{value!r} is not a date in the form YYYY-MM-DD (e.g. 2026-01-31)")
 
 # Every option of `batchrun submit` but INPUT, --db, --run-id and --resume, which each
 # command declares in its own words.
@@ -82,11 +97,12 @@ SUBMIT_OPTIONS = [
     click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
                  help="Default temperature for requests that do not set one (0: greedy)."),
     click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
-                 help="Requests decoded at once; finished ones wait for the database writer, at most as many again."),
+                 help="Requests decoded at once (or waiting for the database writer, which holds at most "
+                      "four times as many finished ones)."),
     click.option("--max-line-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024,
                  show_default=True, help="Longer input lines are recorded invalid."),
     click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),
-    click.option("--conversation-date", metavar="YYYY-MM-DD",
+    click.option("--conversation-date", metavar="YYYY-MM-DD", callback=_check_date,
                  help="Date in the system message (a request's metadata.conversation_date wins)."),
     click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default="medium",
                  show_default=True, help="Default for requests without reasoning.effort."),
@@ -233,25 +249,42 @@ def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: boo
 
     Exits 1 when the run cannot start or go on, or no line was valid; on Ctrl-C 130 and on SIGTERM 143 (128 + the
     signal), the run recorded `interrupted` and every finished request saved."""
-    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db, whole_run=options.shard is None)
+    return report_run(lambda: _run(options, backend, db=db, quiet=quiet), db, whole_run=options.shard is None,
+                      run_id=options.run_id)
 
 
-def report_run(run: Callable[[], RunSummary], db: str, *, whole_run: bool = True) -> RunSummary:
+def report_run(run: Callable[[], RunSummary], db: str, *, whole_run: bool = True,
+               run_id: str | None = None) -> RunSummary:
     """Run a submit (one process or Ray) with SIGTERM as Ctrl-C; print its summary, or on either
     signal say how to resume and exit 130 / 143. Exit 1 after the summary when no line of a
-    `whole_run` (not a shard: other shards may hold the valid lines) was valid."""
+    `whole_run` (not a shard: other shards may hold the valid lines) was valid. `run_id`: the id
+    the command gave its new run (--run-id, or eval's own), which the same command cannot take again."""
     with sigterm_as_interrupt():
         try:
             summary = run()
         except KeyboardInterrupt as exc:
             stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-            click.echo(f"\n{stopped}: finished requests are saved; run the same command again to resume",
-                       err=True)
+            click.echo(f"\n{stopped}: finished requests are saved; {_how_to_resume(db, run_id)}", err=True)
             sys.exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
     click.echo(display.summary_text(summary, db))
     if whole_run and no_line_was_valid(summary):
         fail(f"no line of run {summary.run_id} was a valid request: nothing was decoded (the reasons above)")
     return summary
+
+
+def _how_to_resume(db: str, run_id: str | None) -> str:
+    # A command that named its new run (--run-id R, or `eval`, which names each run it starts)
+    # does not continue it when run again: it fails ("a run with that id exists") or, for eval,
+    # starts another run and decodes everything again. Only --resume R continues it.
+    if run_id is not None and Path(db).exists():
+        try:
+            with open_store(db, read_only=True) as store:
+                started = store.runs.get(run_id) is not None
+        except (SystemExit, Exception):  # cannot tell: the plain advice
+            started = False
+        if started:
+            return f"continue run {run_id} with --resume {run_id} (in place of any --run-id)"
+    return "run the same command again to resume"
 
 
 def no_line_was_valid(summary: RunSummary) -> bool:

@@ -111,6 +111,14 @@ def _lock_message(db: str, locked: StoreLockedError) -> str:
             "time); wait for it to finish or pass another --db")
 
 
+def check_new_run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --run-id for a new run: never `latest`, which every command taking a RUN reads as the
+    newest run, so a run of that name could not be named (and `export latest` took another)."""
+    if value == "latest":
+        raise click.BadParameter("'latest' names the newest run wherever a RUN is taken; pick another id")
+    return value
+
+
 def resolve_run(store: Store, run: str) -> str:
     """The run id `run` names: an existing id, or `latest` for the newest run."""
     if run == "latest":

@@ -98,7 +98,11 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
     if ray.is_initialized():
         return False
     if options.address is not None:
-        ray.init(address=options.address, logging_level="WARNING", log_to_driver=True)
+        try:
+            ray.init(address=options.address, logging_level="WARNING", log_to_driver=True)
+        except ConnectionError as exc:  # a wrong address, a cluster not started: not a traceback
+            raise RunError(f"--ray {options.address}: cannot join a Ray cluster there ({exc}); start one "
+                           "with `ray start --head`, or pass --ray alone for a local cluster") from None
         return False
     num_cpus = max(os.cpu_count() or 1, math.ceil(options.num_workers * options.cpus_per_worker))
     ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",

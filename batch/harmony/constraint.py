@@ -95,8 +95,15 @@ def _explain(grammar: TurnGrammar, error: str) -> ConstraintError:
         alone = llguidance.LLMatcher.grammar_from_json_schema(schema)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(alone, harmony_tokenizer())
         if is_error:
-            return ConstraintError(field, f"cannot be enforced: {messages[0]}")
-    return ConstraintError("tools", f"cannot be enforced: {error}")
+            return ConstraintError(field, f"cannot be enforced: {_one_line(messages[0])}")
+    return ConstraintError("tools", f"cannot be enforced: {_one_line(error)}")
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message on one line: a regex error spans lines (the pattern, a line of ^
+    under it, `error: ...`), which split the run summary into what looked like an error of its own."""
+    lines = (line.strip() for line in message.splitlines())
+    return " ".join(line for line in lines if line and set(line) != {"^"})
 
 
 def check_grammar(grammar: TurnGrammar) -> None:

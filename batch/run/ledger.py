@@ -30,7 +30,10 @@ RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversatio
 RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1, "deterministic": False}
 # Keys even an explicit --resume/--retry-failed must match: --deterministic promises the same
 # tokens however a run is split, and a resume is a split; its runs row names one numerics.
-STRICT_RESUME_KEYS = ("deterministic",)
+# --epochs and --shard say which rows the run holds: resumed with another value (`--resume ID`
+# alone after an --epochs 2 run) the run ended `completed` without the samples of the missing
+# epochs, or a shard's database took the other shards' lines, which merge then refused.
+STRICT_RESUME_KEYS = ("deterministic", "epochs", "shard")
 
 
 class RunError(RuntimeError):
@@ -147,14 +150,17 @@ def _check_strict_settings(run_id: str, changed: dict[str, tuple[object, object]
     for key in STRICT_RESUME_KEYS:  # each one of RESUME_KEYS
         if key in changed:
             theirs, ours = changed[key]
+            fix = f"pass {setting_flag(key, theirs)}" if theirs is not None else f"leave out --{key}"
             raise RunError(f"{flag} {run_id}: the run was started with {setting_flag(key, theirs)}; "
-                           f"this command has {setting_flag(key, ours)}: pass {setting_flag(key, theirs)} "
+                           f"this command has {setting_flag(key, ours)}: {fix} "
                            "to continue it, or decode a new run (--run-id NEW_ID)")
 
 
 def setting_flag(key: str, value: object) -> str:
     """A resume setting as the submit option that sets it (`--seed 7`, `--no-deterministic`)."""
     name = key.replace("_", "-")
+    if value is None:  # not given (no --shard, no --conversation-date)
+        return f"no --{name}"
     if isinstance(value, bool):
         return f"--{name}" if value else f"--no-{name}"
     return f"--{name} {value}"

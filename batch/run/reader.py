@@ -191,8 +191,17 @@ class _LineCounter:
 
 
 def _read_jsonl_file(path: Path, compressed: bool, max_line_bytes: int) -> Iterator[InputLine]:
-    with (gzip.open(path, "rb") if compressed else path.open("rb")) as handle:
-        yield from iter_jsonl(handle, max_line_bytes=max_line_bytes)
+    if not compressed:
+        with path.open("rb") as handle:
+            yield from iter_jsonl(handle, max_line_bytes=max_line_bytes)
+        return
+    # A file that is not gzip (BadGzipFile, an OSError), or one cut or corrupt before the first
+    # valid line (EOFError, zlib.error), ended `submit`'s input check in a traceback.
+    try:
+        with gzip.open(path, "rb") as handle:
+            yield from iter_jsonl(handle, max_line_bytes=max_line_bytes)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputFormatError(f"{path}: cannot read as gzip: {exc}") from None
 
 
 def iter_jsonl(handle: ByteStream, *,

@@ -48,8 +48,8 @@ class ProgressSnapshot:
     """What a progress bar shows of a run, taken each time round its loop."""
 
     num_written: int  # requests written since the last snapshot
-    num_input_requests: int | None  # known once the input is scanned
-    num_skipped: int  # lines done before this run started (resumed)
+    num_requests: int | None  # rows the run holds once done (known once the input is scanned)
+    num_skipped: int  # of those, the ones done before this run started (resumed)
     num_tokens: int  # output tokens sampled so far (a Ray driver counts those of finished requests)
     phase: str  # what the run waits on now
     num_failed: int
@@ -102,6 +102,8 @@ class Run:
         self.phase = ""  # what decoding waits on now (set by the decoder; "" when it does not say)
         self.skipped = 0
         self.num_input_requests: int | None = None  # known once run() has scanned the input
+        self.num_requests: int | None = None  # the progress bar's total: rows the run holds once done
+        self.num_skipped_in_scope = 0  # of those, the ones done before this run started
         self.stopped_at_limit = False
         self.tool_errors: dict[str, int] = {}  # recorded by the ledger when the run finishes
         self.server_errors: list[str] = []  # what decoded the run reports before it finishes
@@ -116,6 +118,7 @@ class Run:
         self.run_id = opened.run_id
         lines = self._lines(opened.done)
         self.skipped = len(opened.done)
+        self._count_requests(scan.num_requests, opened.done)
         # The total now, not at the end: a reader of the live snapshot can show % done and an ETA.
         self.store.runs.update(self.run_id, notes={**(self.ledger.get(self.run_id).notes or {}),
                                                    "input_lines": scan.num_requests})
@@ -219,6 +222,18 @@ class Run:
                 if (line.line_no, epoch) not in done:
                     yield line if epoch == 0 else dataclasses.replace(line, epoch=epoch)
 
+    def _count_requests(self, num_lines: int, done: set[tuple[int, int]]) -> None:
+        # The bar counts rows, not lines: --epochs K writes K per line, and --limit and --shard
+        # leave lines to another command (the bar ran past its total, or stopped short of it).
+        if self.options.limit is not None:
+            num_lines = min(num_lines, self.options.limit)
+        shard = self.options.shard
+        in_scope = num_lines if shard is None else sum(1 for _ in shard.line_numbers(num_lines))
+        self.num_requests = in_scope * self.options.epochs
+        self.num_skipped_in_scope = sum(1 for line_no, epoch in done
+                                        if line_no <= num_lines and (shard is None or shard.owns(line_no))
+                                        and epoch < self.options.epochs)
+
     def _report_written(self) -> None:
         written = self.writer.num_written - self._num_reported
         if self.progress is not None:  # every loop: a bar moves with tokens, not only with finished requests
@@ -228,7 +243,7 @@ class Run:
     def snapshot(self, num_written: int) -> ProgressSnapshot:
         """The run as a progress bar shows it now."""
         phase = self.phase or ("decoding" if self.num_input_requests is not None else "reading input")
-        return ProgressSnapshot(num_written, self.num_input_requests, self.skipped,
+        return ProgressSnapshot(num_written, self.num_requests, self.num_skipped_in_scope,
                                 max(self.decoded_tokens, self.tokens["output"]), phase,
                                 self.statuses[RequestStatus.FAILED], self.statuses[RequestStatus.INVALID])
 

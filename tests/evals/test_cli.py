@@ -128,6 +128,60 @@ def test_grade_regrades_a_run_and_fail_under(runs, db_copy, tmp_path):
     assert bad.exit_code == 1 and "no such suite file or built-in suite" in bad.output
 
 
+def test_grading_with_a_suite_of_another_run_keeps_the_grades(runs, db_copy, tmp_path):
+    # It replaced the run's grades with none and exited 0.
+    other = write_suite(tmp_path / "other.jsonl", [{"custom_id": "elsewhere", "input": "x"}])
+    before = query(db_copy, "SELECT count(*) FROM grades WHERE run_id = 'b'")
+    result = batchrun("grade", "b", other, "--db", db_copy)
+    assert result.exit_code == 1
+    assert result.output == ("error: no case of suite other has a line in run b (cases are matched "
+                             "by custom_id, e.g. 'elsewhere'): nothing graded; the run's grades are "
+                             "unchanged\n")
+    assert query(db_copy, "SELECT count(*) FROM grades WHERE run_id = 'b'") == before != [(0,)]
+
+
+def test_an_option_of_the_wrong_type_fails_before_decoding_not_while_grading(runs, db_copy, tmp_path,
+                                                                            tiny_model_dir):
+    # A string tolerance once passed the suite check and raised a TypeError traceback in
+    # math.isclose while grading, after the whole suite had been decoded.
+    suite = write_suite(tmp_path / "typo.jsonl", [{**SUITE[1], "graders": [
+        {"grader": "numeric", "tolerance": "0.5"}]}])
+    db = tmp_path / "new.duckdb"
+    result = batchrun("eval", suite, "--db", db, "--model", tiny_model_dir, "--quiet")
+    assert result.exit_code == 1 and not db.exists()
+    assert result.output == (f"error: {suite}:1: graders[0]: numeric: option 'tolerance' must be "
+                             'a number, got "0.5"\n')
+    regrade = batchrun("grade", "a", suite, "--db", db_copy)
+    assert regrade.exit_code == 1 and "Traceback" not in regrade.output
+    assert "option 'tolerance' must be a number" in regrade.output
+
+
+def test_report_default_name_holds_any_run_id(runs, db_copy, tmp_path, tiny_model_dir, monkeypatch):
+    # `report-<RUN_ID>.html` with a "/" in the id named a missing folder: a FileNotFoundError
+    # traceback once the report was built.
+    source = write_suite(tmp_path / "in.jsonl", [{"input": "Hi"}])
+    made = batchrun("submit", source, "--db", db_copy, "--model", tiny_model_dir, "--run-id", "nightly/1",
+                    "--max-output-tokens", 2, "--quiet")
+    assert made.exit_code == 0, made.output
+    monkeypatch.chdir(tmp_path)
+    result = batchrun("report", "nightly/1", "a", "--db", db_copy)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == "report: report-nightly_1-vs-a.html"
+    assert (tmp_path / "report-nightly_1-vs-a.html").stat().st_size > 0
+
+
+@pytest.mark.parametrize("command", [["submit", "in.jsonl"], ["eval", "in.jsonl"],
+                                     ["merge", "in.jsonl", "-o", "m.duckdb"]])
+def test_latest_is_not_a_run_id_to_give(tmp_path, command, monkeypatch):
+    # `latest` means the newest run wherever a RUN is taken: a run named so could never be named.
+    monkeypatch.chdir(tmp_path)
+    write_suite(tmp_path / "in.jsonl", [{"input": "Hi"}])
+    result = batchrun(*command, "--run-id", "latest")
+    assert result.exit_code == 2
+    assert "Invalid value for '--run-id': 'latest' names the newest run wherever a RUN is taken" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
 @pytest.mark.parametrize("level", ["types", "items", "full"])
 def test_two_decodes_of_the_same_requests_check_equal(runs, tmp_path, level):
     golden = tmp_path / "golden.jsonl"

@@ -94,8 +94,15 @@ def test_snapshot_of_a_run_in_line_order_with_invalid_lines(store, tmp_path):
 def test_bad_golden_files(tmp_path):
     path = tmp_path / "g.jsonl"
     path.write_text('{"custom_id": "a"}\n')
-    with pytest.raises(GoldenError, match="g.jsonl:1: not a golden entry"):
+    # the KeyError's own text was the message: "not a golden entry ('level')"
+    with pytest.raises(GoldenError, match=r"g.jsonl:1: not a golden entry \(no 'level', 'status', 'events'; "
+                                          r"each line `batchrun snapshot` writes is an object with custom_id, "
+                                          r"level, status, events\)"):
         read_golden(path)
+    for text, found in (("[1, 2]", "a JSON list"), ("{bad", "not JSON: ")):
+        path.write_text(text + "\n")
+        with pytest.raises(GoldenError, match=f"g.jsonl:1: not a golden entry \\({found}"):
+            read_golden(path)
     path.write_text('{"custom_id": "a", "level": "types", "status": "completed", "events": []}\n'
                     '{"custom_id": "b", "level": "full", "status": "completed", "events": []}\n')
     with pytest.raises(GoldenError, match="mixes levels"):

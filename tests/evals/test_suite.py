@@ -48,12 +48,40 @@ def test_defaults_envelopes_and_line_ids(tmp_path):
     ({"input": "x", "expected": 1, "graders": [{"grader": "numeric", "tol": 1}]},
      r"graders[0]: numeric: unknown option(s) ['tol']"),
     ({"input": "x", "tags": [1]}, "tags: expected a list of strings"),
+    ({"input": "x", "expected": 1, "graders": [{"grader": "numeric", "tolerance": "x"}]},
+     "graders[0]: numeric: option 'tolerance' must be a number, got \"x\""),
+    ({"input": "x", "expected": 408, "graders": ["contains"]},
+     "graders[0]: contains: `expected` must be a string or a list of strings, got 408"),
+    ({"input": "x", "expected": "a", "graders": [{"grader": "contains", "ignore_case": "no"}]},
+     "option 'ignore_case' must be true or false"),
+    ({"input": "x", "graders": [{"grader": "event_shape", "excludes": "response.failed"}]},
+     "option 'excludes' must be a list of strings"),
+    ({"input": "x", "graders": [{"grader": "tool_call_count", "expected": True}]},
+     "`expected` must be an integer or null, got true"),
 ])
 def test_bad_lines_name_the_file_line_and_key(tmp_path, line, message):
     path = write(tmp_path, {"input": "fine"}, line)
     with pytest.raises(SuiteError) as error:
         load_suite(str(path))
     assert str(error.value).startswith(f"{path}:2: ") and message in str(error.value)
+
+
+def test_values_of_the_types_graders_take_load(tmp_path):
+    path = write(tmp_path, {"input": "x", "expected": "3.11",
+                            "graders": [{"grader": "numeric", "tolerance": 1, "relative": 0.5}]},
+                 {"input": "y", "graders": [{"grader": "tool_called", "arguments": '{"a": 1}'},
+                                            {"grader": "event_shape", "includes": ["response.*"]}]})
+    assert len(load_suite(str(path)).cases) == 2
+
+
+def test_a_bom_and_crlf_load_as_submit_reads_them_and_bad_utf8_names_its_line(tmp_path):
+    # A BOM failed as "not JSON (Unexpected UTF-8 BOM ...)" and bad UTF-8 was a traceback.
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"custom_id": "a", "input": "Hi"}\r\n{"custom_id": "b", "input": "Yo"}\r\n')
+    assert [c.custom_id for c in load_suite(str(path)).cases] == ["a", "b"]
+    path.write_bytes(b'{"custom_id": "a", "input": "Hi"}\n{"custom_id": "b", "input": "\xff"}\n')
+    with pytest.raises(SuiteError, match=f"^{path}:2: invalid UTF-8 at byte 29$"):
+        load_suite(str(path))
 
 
 def test_duplicate_ids_missing_suites_and_empty_files(tmp_path):

@@ -507,3 +507,50 @@ def test_an_mxfp4_checkpoint_decodes_the_same_with_packed_and_dense_experts(tmp_
         assert json.loads(config)["mxfp4_experts"] == (moe_weights == "mxfp4")
         outputs[moe_weights] = rows(db, "SELECT completion_token_ids FROM tokens")
     assert outputs["mxfp4"] == outputs["dense"] and len(outputs["mxfp4"][0][0]) == 3
+
+
+@pytest.mark.parametrize("command", ["submit", "eval"])
+@pytest.mark.parametrize("date", ["tomorrow", "2026-13-01", "2026-02-29", "20260101", "2026-1-1"])
+def test_a_conversation_date_that_is_not_yyyy_mm_dd_is_a_usage_error(tmp_path, command, date):
+    # It went into every prompt of the run verbatim ("Current date: tomorrow"), silently.
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"input": "Hi"}\n')
+    result = CliRunner().invoke(main, [command, str(source), "--db", str(tmp_path / "o.duckdb"),
+                                       "--conversation-date", date])
+    assert result.exit_code == 2
+    assert (f"Invalid value for '--conversation-date': '{date}' is not a date in the form "
+            "YYYY-MM-DD (e.g. 2026-01-31)") in result.output
+    assert not (tmp_path / "o.duckdb").exists()
+
+
+def test_max_inflight_help_states_the_writers_bound():
+    # It said finished requests wait "at most as many again"; the writer holds WRITER_HOLDS times as many.
+    from batch.run.runner import WRITER_HOLDS
+
+    text = " ".join(CliRunner().invoke(main, ["submit", "--help"]).output.split())
+    words = {4: "four"}[WRITER_HOLDS]
+    assert f"which holds at most {words} times as many finished ones" in text
+
+
+
+@pytest.mark.parametrize("command", ["submit", "eval"])
+def test_an_interrupted_run_with_its_own_id_says_to_resume_it_by_that_id(tmp_path, tiny_model_dir, monkeypatch,
+                                                                        command):
+    # The message said "run the same command again", which for `submit --run-id R` fails (the id
+    # exists) and for `eval` starts another run that decodes everything again.
+    import batch.run.runner
+
+    def interrupted(self, done):
+        raise KeyboardInterrupt
+        yield  # a generator, as Run._lines is: the run is open when it is first read
+
+    monkeypatch.setattr(batch.run.runner.Run, "_lines", interrupted)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"custom_id": "a", "input": "Hi"}\n')
+    db = tmp_path / "out.duckdb"
+    result = CliRunner().invoke(main, [command, str(source), "--db", str(db), "--model", str(tiny_model_dir),
+                                       "--run-id", "r1", "--quiet"])
+    assert result.exit_code == 130, result.output
+    assert ("interrupted: finished requests are saved; continue run r1 with --resume r1 "
+            "(in place of any --run-id)") in result.output
+    assert rows(db, "SELECT run_id, status FROM runs") == [("r1", "interrupted")]

@@ -2,6 +2,7 @@
 did, through `batchrun`, and checks what is printed and the exit code."""
 
 import csv
+import gzip
 import io
 import json
 import re
@@ -78,6 +79,22 @@ def test_an_empty_file_fails_and_writes_nothing(tmp_path, no_model_load):
     result = batchrun("submit", source, "--db", db)
     assert result.exit_code == 1 and "the file is empty: no requests to run" in result.output
     assert not db.exists()
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"not gzip at all", "Not a gzipped file"),
+    (gzip.compress(b"\n" * 5 + b'{"input": "a"}\n', mtime=0)[:20],
+     "Compressed file ended before the end-of-stream marker"),
+], ids=["not-gzip", "cut-short"])
+def test_a_gz_input_that_is_not_gzip_fails_with_one_line(tmp_path, no_model_load, data, reason):
+    # The input check read it with gzip.open, whose BadGzipFile / EOFError came out as a traceback.
+    source = tmp_path / "in.jsonl.gz"
+    source.write_bytes(data)
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db)
+    assert result.exit_code == 1 and not db.exists()
+    assert result.output.startswith(f"error: {source}: cannot read as gzip: ") and reason in result.output
+    assert len(result.output.splitlines()) == 1, result.output
 
 
 def test_only_the_lines_limit_takes_are_checked(tmp_path, no_model_load):
@@ -293,6 +310,32 @@ def test_sql_prints_a_table_that_fits_and_csv_or_json_on_request(one_run):
     assert [o["custom_id"] for o in objects] == ["a", "b"] and isinstance(objects[0]["latency_s"], float)
     wide = batchrun("sql", query, "--db", one_run, "--width", "0")
     assert max(len(line) for line in wide.output.splitlines()) > 200  # whole rows when asked
+
+
+def test_sql_json_writes_sums_and_decimals_as_numbers(one_run):
+    # DuckDB gives sum() of an integer column as a HUGEINT and 1.5 as a DECIMAL, which reach
+    # Python as Decimal: they were written as strings ("118").
+    query = "SELECT sum(output_tokens) AS tokens, 1.5 AS half, DATE '2026-01-02' AS day FROM responses"
+    result = batchrun("sql", query, "--db", one_run, "--format", "json")
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.output)
+    assert isinstance(row["tokens"], int) and row["tokens"] > 0
+    assert (row["half"], row["day"]) == (1.5, "2026-01-02")
+
+
+def test_sql_prints_intervals_as_duckdb_does(one_run):
+    # Through Arrow they were pyarrow's MonthDayNano tuples, printed as
+    # "MonthDayNano(months=0, days=0, nanoseconds=...)", in the README's progress query too.
+    query = ("SELECT INTERVAL 90 MINUTE AS a, INTERVAL '1 day 2 hours 3.5 seconds' AS b, "
+             "INTERVAL '-3 seconds' AS c, INTERVAL '14 months' AS d, INTERVAL 0 SECOND AS e")
+    table = batchrun("sql", query, "--db", one_run)
+    assert table.exit_code == 0, table.output
+    assert table.output.splitlines()[2].split("  ") == [
+        "01:30:00", "1 day 02:00:03.5", "-00:00:03", "1 year 2 months", "00:00:00"]
+    assert json.loads(batchrun("sql", query, "--db", one_run, "--format", "json").output)["a"] == "01:30:00"
+    progress = batchrun("sql", "SELECT now() - started_at AS elapsed FROM runs", "--db", one_run)
+    assert "MonthDayNano" not in progress.output and re.fullmatch(r"\d+:\d\d:\d\d(\.\d+)?",
+                                                                   progress.output.splitlines()[2])
 
 
 def test_help_lists_the_built_in_suites_and_what_db_is():

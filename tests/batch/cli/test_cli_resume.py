@@ -73,3 +73,30 @@ def test_an_explicit_resume_with_another_seed_continues_and_says_so(tmp_path):
     assert ("note: these lines were decoded with --seed 7; the run was started with --seed 0" in resumed.output
             ), resumed.output
     assert rows(db, "SELECT options->>'seed', notes->'resumed_with' FROM runs") == [("0", '[{"seed":7}]')]
+
+
+@pytest.mark.parametrize("started, resumed, message", [
+    (["--epochs", "2"], [], "the run was started with --epochs 2; this command has --epochs 1: pass --epochs 2"),
+    (["--shard", "0/2"], [], "the run was started with --shard 0/2; this command has no --shard: pass --shard 0/2"),
+    ([], ["--shard", "1/2"], "the run was started with no --shard; this command has --shard 1/2: leave out --shard"),
+])
+def test_epochs_and_shard_are_resume_settings(tmp_path, started, resumed, message):
+    """They say which rows the run holds. `--resume ID` alone after an --epochs 2 run ended
+    `completed` with the unfinished lines' second samples never decoded; after a --shard run it
+    decoded the other shards' lines into the shard's database, which merge then refused."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(4)))
+    db = tmp_path / "out.duckdb"
+    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
+              "--kv-cache-gb", "0.05", "--quiet"]
+    assert batchrun(*common, *started, "--limit", "1", "--run-id", "r").exit_code == 0
+    before = rows(db, "SELECT count(*) FROM requests")
+    for flag in ("--resume", "--retry-failed"):
+        refused = batchrun(*common, *resumed, flag, "r")
+        assert refused.exit_code == 1
+        assert refused.output.startswith(f"error: {flag} r: {message}"), refused.output
+    assert rows(db, "SELECT count(*) FROM requests") == before  # nothing was decoded
+    continued = batchrun(*common, *started, "--resume", "r")
+    assert continued.exit_code == 0, continued.output
+    assert rows(db, "SELECT count(*) FROM requests") == [(4 * 2 if "--epochs" in started else
+                                                          2 if "--shard" in started else 4,)]

@@ -224,6 +224,20 @@ def test_without_ray_the_option_says_how_to_install_it(tmp_path, monkeypatch, mi
     assert "pip install 'batchrun[ray]'" in result.output
 
 
+def test_a_cluster_that_cannot_be_joined_is_one_error_line(tmp_path, monkeypatch, mixed):
+    # ray.init's ConnectionError for a wrong --ray address came out as a traceback.
+    def refuse(**kwargs):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", "10.0.0.9:6379", "--quiet")
+    assert result.exit_code == 1
+    assert result.output == ("error: --ray 10.0.0.9:6379: cannot join a Ray cluster there (Failed to connect to "
+                             "Ray cluster at 10.0.0.9:6379.); start one with `ray start --head`, or pass --ray "
+                             "alone for a local cluster\n")
+
+
 @pytest.mark.slow  # two Ray runs of the real engine in subprocesses (~40 s)
 def test_the_driver_killed_with_sigkill_is_resumed_by_the_same_command(tmp_path, tiny_model_dir, cluster):
     path = tmp_path / "in.jsonl"

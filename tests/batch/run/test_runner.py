@@ -17,6 +17,7 @@ from batch.run.options import RunOptions
 from batch.run.reader import read_requests
 from batch.run.runner import ProgressSnapshot, Runner
 from batch.run.session import Session, SessionOptions
+from batch.run.shards import Shard
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding
 from tests.support.fakes import ScriptedBackend
@@ -278,8 +279,34 @@ def test_the_progress_callback_gets_snapshots_of_the_run(tmp_path, store):
     assert all(isinstance(snapshot, ProgressSnapshot) for snapshot in snapshots)
     assert sum(snapshot.num_written for snapshot in snapshots) == 7  # every row, counted once
     last = snapshots[-1]
-    assert (last.num_input_requests, last.num_skipped, last.num_failed, last.num_invalid) == (7, 0, 0, 1)
+    assert (last.num_requests, last.num_skipped, last.num_failed, last.num_invalid) == (7, 0, 0, 1)
     assert last.num_tokens > 0 and last.phase == "decoding"
+
+
+def bar_counts(store, path, **options):
+    """(the bar's total, the rows it starts from, the rows it counts) of one run."""
+    snapshots: list[ProgressSnapshot] = []
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                         prompt=PromptOptions(conversation_date="2025-01-01"), **options)
+    Runner(store, backend_for(), options, progress=snapshots.append).run()
+    return (snapshots[-1].num_requests, snapshots[-1].num_skipped,
+            sum(snapshot.num_written for snapshot in snapshots))
+
+
+@pytest.mark.parametrize("options, total", [
+    ({"epochs": 2}, 12), ({"limit": 4}, 4), ({"shard": Shard(1, 4)}, 2),
+    ({"shard": Shard(0, 4), "limit": 5, "epochs": 3}, 6)])
+def test_the_progress_total_is_the_rows_this_run_writes(tmp_path, store, options, total):
+    # It was the input's lines: with --epochs the bar ran past its total; with --limit or
+    # --shard it ended short of it.
+    path = write_input(tmp_path / "in.jsonl", SIX)
+    assert bar_counts(store, path, **options) == (total, 0, total)
+
+
+def test_a_resumed_progress_bar_starts_from_the_rows_already_written(tmp_path, store):
+    path = write_input(tmp_path / "in.jsonl", SIX)
+    assert bar_counts(store, path, limit=2, epochs=2) == (4, 0, 4)
+    assert bar_counts(store, path, epochs=2) == (12, 4, 8)
 
 
 def test_resuming_a_finished_run_admits_nothing(tmp_path, store):
