@@ -40,7 +40,8 @@ import traceback
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
-_PR_SET_NO_NEW_PRIVS, _PR_SET_KEEPCAPS, _PR_SET_CHILD_SUBREAPER = 38, 8, 36
+_PR_SET_NO_NEW_PRIVS, _PR_SET_KEEPCAPS, _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 38, 8, 36, 1
+_SERVER_CHECK_S = 0.25  # how often the PID namespace's relay checks that its server is alive
 _CAP_DAC_READ_SEARCH = 2
 _SYS_LANDLOCK = (444, 445, 446)  # create_ruleset, add_rule, restrict_self (all architectures)
 _FS_FILE_RIGHTS = 1 | 2 | 4  # execute, write_file, read_file
@@ -85,15 +86,29 @@ def isolate_namespaces() -> tuple[dict[str, str], int]:
 
 def enter_pid_namespace(keep_fds: tuple[int, ...]) -> None:
     """Fork the namespace's process 1, which returns here. This process only relays SIGINT
-    (interrupt the cell) and SIGTERM (kill it) to it, reaps it, and exits as it did."""
+    (interrupt the cell) and SIGTERM (kill it) to it, reaps it, and exits as it did.
+
+    Neither outlives the server: a server killed while it was killing the interpreter (stopped
+    first, see tools/process_tree.kill_tree) left both behind for good, the interpreter stopped
+    and this process waiting on it. So this process kills it when the server is gone, and the
+    kernel kills it when this process is (a parent-death signal; not on this process itself:
+    the server starts interpreters from threads, and the signal follows the thread)."""
+    server = os.getppid()
     child = os.fork()
     if child == 0:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         return
     for fd in keep_fds:
         os.close(fd)
     signal.signal(signal.SIGINT, lambda *_: os.kill(child, signal.SIGINT))
     signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
-    status = os.waitpid(child, 0)[1]
+    while not (reaped := os.waitpid(child, os.WNOHANG))[0]:
+        if os.getppid() != server:  # orphaned: nobody reads the cell's output or will stop it
+            os.kill(child, signal.SIGKILL)
+            reaped = os.waitpid(child, 0)
+            break
+        time.sleep(_SERVER_CHECK_S)
+    status = reaped[1]
     if os.WIFSIGNALED(status):
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
