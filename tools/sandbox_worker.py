@@ -102,12 +102,13 @@ def enter_pid_namespace(keep_fds: tuple[int, ...]) -> None:
         os.close(fd)
     signal.signal(signal.SIGINT, lambda *_: os.kill(child, signal.SIGINT))
     signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
+    # SIGCHLD held pending, so that the wait wakes the moment the child ends (no thread: RLIMIT_NPROC
+    # is already the cell's, and a thread here would spend one of its processes)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     while not (reaped := os.waitpid(child, os.WNOHANG))[0]:
         if os.getppid() != server:  # orphaned: nobody reads the cell's output or will stop it
             os.kill(child, signal.SIGKILL)
-            reaped = os.waitpid(child, 0)
-            break
-        time.sleep(_SERVER_CHECK_S)
+        signal.sigtimedwait({signal.SIGCHLD}, _SERVER_CHECK_S)
     status = reaped[1]
     if os.WIFSIGNALED(status):
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
