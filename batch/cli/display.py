@@ -89,6 +89,11 @@ def summary_text(summary: RunSummary, db: str) -> str:
     if len(summary.invalid_reasons) > MAX_REASONS_SHOWN:
         lines.append(f"  invalid: {len(summary.invalid_reasons) - MAX_REASONS_SHOWN} other reason(s) "
                      "(SELECT line_no, error FROM requests WHERE status = 'invalid')")
+    for reason, count in summary.failed_reasons.most_common(MAX_REASONS_SHOWN):  # the first of each kind
+        lines.append(f"  failed x{count}: {reason}" if count == 1 else f"  failed x{count}, the first: {reason}")
+    if len(summary.failed_reasons) > MAX_REASONS_SHOWN:
+        lines.append(f"  failed: {len(summary.failed_reasons) - MAX_REASONS_SHOWN} other kind(s) of error "
+                     "(SELECT line_no, error FROM requests WHERE status = 'failed')")
     if summary.changed_settings:
         ours = " ".join(setting_flag(key, new) for key, (_, new) in summary.changed_settings.items())
         theirs = " ".join(setting_flag(key, old) for key, (old, _) in summary.changed_settings.items())

@@ -16,6 +16,7 @@ what was in flight, and a rerun skips every line that already has a row.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import time
 from collections import Counter
@@ -77,7 +78,16 @@ class RunSummary:
     tool_errors: dict[str, int] = field(default_factory=dict)  # failed tool calls per error kind
     server_errors: list[str] = field(default_factory=list)  # why a server could not be listed
     invalid_reasons: Counter = field(default_factory=Counter)  # an invalid line's error without "line N: "
+    failed_reasons: Counter = field(default_factory=Counter)  # a failed line's error, per kind (failure_kind)
     changed_settings: dict = field(default_factory=dict)  # setting -> (the run's, this resume's) values
+
+
+MAX_REASON_CHARS = 300  # of a failed line's error in the summary (the requests table keeps it whole)
+
+
+def failure_kind(error: str) -> str:
+    """Errors that differ only in their numbers ("prompt has 20003 tokens ...") are one kind."""
+    return re.sub(r"\d+", "N", error)
 
 
 class Run:
@@ -97,6 +107,8 @@ class Run:
         self.statuses: Counter = Counter()
         self.ignored: Counter = Counter()
         self.invalid_reasons: Counter = Counter()
+        self.failed_reasons: Counter = Counter()  # keyed by the first error of each kind
+        self._failure_kinds: dict[str, str] = {}  # failure_kind -> that first error
         self.tokens: Counter[str] = Counter()
         self.decoded_tokens = 0  # output tokens sampled so far, of finished requests or not (progress)
         self.phase = ""  # what decoding waits on now (set by the decoder; "" when it does not say)
@@ -137,7 +149,7 @@ class Run:
         return RunSummary(self.run_id, opened.resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
                           self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors,
-                          self.invalid_reasons, opened.changed_settings)
+                          self.invalid_reasons, self.failed_reasons, opened.changed_settings)
 
     def prepare(self, line: InputLine) -> Prepared | None:
         """The line checked and ready to decode, or None when it ended here (invalid, or failed)."""
@@ -162,6 +174,9 @@ class Run:
             self.tokens["output"] += result.response.output_tokens
         if result.request.status == RequestStatus.INVALID:
             self.invalid_reasons[(result.request.error or "").split(": ", 1)[-1]] += 1
+        elif result.request.status == RequestStatus.FAILED:
+            error = (result.request.error or "no error recorded").split(": ", 1)[-1][:MAX_REASON_CHARS]
+            self.failed_reasons[self._failure_kinds.setdefault(failure_kind(error), error)] += 1
         self.pending.append(result)
 
     def flush(self, force: bool = False) -> None:

@@ -230,6 +230,7 @@ def test_each_request_exports_as_the_one_answer_the_api_would_give(tmp_path, tin
     assert result.exit_code == 0, result.output
     tokens = int(re.search(r"tokens: (\d+) input", result.output).group(1))
     assert 0 < tokens < 200  # the short request's prompt only, not the 20,000-word one's
+    assert re.search(r"^  failed x1: prompt has \d+ tokens", result.output, re.M), result.output  # and why
     assert batchrun("export", "latest", "--db", db, "-o", out).exit_code == 0
     lines = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
     assert all(line["error"] is None for line in lines.values())

@@ -10,3 +10,17 @@ def test_item_text_names_what_each_item_did():
     assert _item_text({"type": "mcp_list_tools", "server_label": "calc", "tools": [],
                        "error": "unreachable"}) == "calc: no tools (error: unreachable)"
     assert _item_text({"type": "mcp_call", "name": "add", "arguments": "{}"}) == "add({})"
+
+
+def test_the_run_summary_says_why_lines_failed_one_line_per_kind():
+    from collections import Counter
+
+    from batch.cli.display import summary_text
+    from batch.run.runner import RunSummary, failure_kind
+
+    assert failure_kind("prompt has 20003 tokens, context 304") == failure_kind("prompt has 9 tokens, context 1")
+    summary = RunSummary("r1", False, Counter(failed=3), 0, 0, 0, 1.0, Counter(),
+                         failed_reasons=Counter({"prompt has 20003 tokens": 2, "internal error: boom": 1}))
+    lines = summary_text(summary, "x.duckdb").splitlines()
+    assert "  failed x2, the first: prompt has 20003 tokens" in lines
+    assert "  failed x1: internal error: boom" in lines
