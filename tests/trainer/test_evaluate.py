@@ -65,6 +65,7 @@ def test_command_prints_the_table(capsys, tmp_path):
     assert table.splitlines()[-1].split()[:2] == ["all", "6"]
 
 
+@pytest.mark.slow  # ~37-41 s; the default run keeps test_shipped_model_passes_held_out_tasks
 def test_shipped_model_copies_long_products_and_answers_phrasings_it_never_saw(tmp_path):
     """#19: 6-13 digit products copied from the python tool; wording held out of training."""
     long = evaluate(DEFAULT_MODEL, 0, HELD_OUT_SEED, tmp_path, "long")

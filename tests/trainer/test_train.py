@@ -89,6 +89,7 @@ def test_training_is_deterministic_by_seed():
     assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow  # ~26-37 s: two trainings; the default run keeps the smoke training (the suite nears 10 min)
 def test_a_fine_tune_starts_from_the_checkpoint_it_names(tmp_path):
     """--init-from: every weight the checkpoint has (the ids it knew, by id), fresh rows for new ids."""
     train(replace(SMOKE, num_tasks=12, steps=4, eval_every=100), tmp_path / "first", progress=False)
