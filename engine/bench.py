@@ -172,9 +172,12 @@ def capped_utilization(utilization: float, memory_gib: float | None, device: str
 
     from engine.device import resolve_device
 
-    if memory_gib is None or not resolve_device(device).startswith("cuda"):
+    if memory_gib is None:
         return utilization
-    total = torch.cuda.mem_get_info(torch.device(resolve_device(device)))[1]
+    resolved = resolve_device(device)
+    if not resolved.startswith("cuda"):
+        return utilization
+    total = torch.cuda.mem_get_info(torch.device(resolved))[1]
     return utilization * min(1.0, memory_gib * 2**30 / total)
 
 

@@ -8,9 +8,8 @@ frees sequences. Implements `engine.api.Backend`.
 
 from __future__ import annotations
 
-from functools import partial
-
 import time
+from functools import partial
 
 import torch
 
