@@ -17,6 +17,7 @@ without the ``.jsonl``.
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,6 @@ from evals.registry import GRADERS, GraderError, check_options, needs_expected
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 EVAL_KEYS = ("expected", "graders", "tags")
 DEFAULT_GRADERS = ("status",)
-_BOM = b"\xef\xbb\xbf"
 
 
 class SuiteError(ValueError):
@@ -106,7 +106,7 @@ def load_suite(name_or_path: str) -> Suite:
     with open(path, "rb") as handle:
         for line_no, data in enumerate(handle, start=1):
             try:
-                text = data.removeprefix(_BOM if line_no == 1 else b"").decode("utf-8")
+                text = data.removeprefix(codecs.BOM_UTF8 if line_no == 1 else b"").decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise SuiteError(f"{path}:{line_no}: invalid UTF-8 at byte {exc.start}") from None
             if not text.strip():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -84,16 +85,8 @@ def summary_text(summary: RunSummary, db: str) -> str:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary.tool_errors.items()))
         lines.append(f"tool errors: {kinds} (see the tool_calls table)")
     lines.extend(f"error: {error}" for error in summary.server_errors)
-    for reason, count in summary.invalid_reasons.most_common(MAX_REASONS_SHOWN):
-        lines.append(f"  invalid x{count}: {reason}")
-    if len(summary.invalid_reasons) > MAX_REASONS_SHOWN:
-        lines.append(f"  invalid: {len(summary.invalid_reasons) - MAX_REASONS_SHOWN} other reason(s) "
-                     "(SELECT line_no, error FROM requests WHERE status = 'invalid')")
-    for reason, count in summary.failed_reasons.most_common(MAX_REASONS_SHOWN):  # the first of each kind
-        lines.append(f"  failed x{count}: {reason}" if count == 1 else f"  failed x{count}, the first: {reason}")
-    if len(summary.failed_reasons) > MAX_REASONS_SHOWN:
-        lines.append(f"  failed: {len(summary.failed_reasons) - MAX_REASONS_SHOWN} other kind(s) of error "
-                     "(SELECT line_no, error FROM requests WHERE status = 'failed')")
+    lines += _reason_lines(RequestStatus.INVALID, summary.invalid_reasons, "reason(s)")
+    lines += _reason_lines(RequestStatus.FAILED, summary.failed_reasons, "kind(s) of error", first_of_kind=True)
     if summary.changed_settings:
         ours = " ".join(setting_flag(key, new) for key, (_, new) in summary.changed_settings.items())
         theirs = " ".join(setting_flag(key, old) for key, (old, _) in summary.changed_settings.items())
@@ -105,6 +98,17 @@ def summary_text(summary: RunSummary, db: str) -> str:
     lines.append(f"results: {db}  (e.g. batchrun sql --db {db} \"SELECT status, count(*) "
                  f"FROM requests WHERE run_id = '{summary.run_id}' GROUP BY ALL\")")
     return "\n".join(lines)
+
+
+def _reason_lines(status: str, reasons: Counter, other: str, first_of_kind: bool = False) -> list[str]:
+    """The most common reasons lines ended `status`, then how many more there were and where they are.
+    first_of_kind: each reason is the first error of its kind (runner.failure_kind)."""
+    lines = [f"  {status} x{count}{', the first' if first_of_kind and count > 1 else ''}: {reason}"
+             for reason, count in reasons.most_common(MAX_REASONS_SHOWN)]
+    if len(reasons) > MAX_REASONS_SHOWN:
+        lines.append(f"  {status}: {len(reasons) - MAX_REASONS_SHOWN} other {other} "
+                     f"(SELECT line_no, error FROM requests WHERE status = '{status}')")
+    return lines
 
 
 def no_valid_lines_text(path: object, check: InputCheck, limit: int | None) -> str:
