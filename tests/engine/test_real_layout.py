@@ -19,6 +19,7 @@ from engine.llm_engine import LLMEngine
 from engine.loader import checkpoint_files, load_model
 from engine.real_layout import SHAPES, write_checkpoint
 from tests.engine.test_model import PagedRun
+from tests.support.triton_mode import needs_interpreter
 
 NEW_TOKENS = 8
 _rng = random.Random(0)
@@ -102,8 +103,8 @@ def test_greedy_tokens_match_transformers(real_dir, hf_model):
 
 
 @pytest.mark.slow
-def test_greedy_tokens_match_transformers_with_packed_experts_in_triton(real_dir, hf_model, monkeypatch):
+@needs_interpreter
+def test_greedy_tokens_match_transformers_with_packed_experts_in_triton(real_dir, hf_model):
     pytest.importorskip("triton", reason="the Triton path needs triton (pip install 'batchrun[gpu]')")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     expected = {rid: hf_greedy(hf_model, ids) for rid, ids in PROMPTS.items()}
     assert engine_greedy(real_dir, "triton") == expected

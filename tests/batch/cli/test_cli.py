@@ -19,6 +19,7 @@ from openai.types.responses import Response
 
 from batch.cli.main import main
 from tests.support.db import rows
+from tests.support.triton_mode import needs_interpreter
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "data" / "examples"
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -491,6 +492,7 @@ def test_bench_passes_moe_weights_to_the_engine(tmp_path, tiny_model_dir, monkey
 
 
 @pytest.mark.slow  # the Triton interpreter decodes twice
+@needs_interpreter
 def test_an_mxfp4_checkpoint_decodes_the_same_with_packed_and_dense_experts(tmp_path):
     from engine.real_layout import write_checkpoint
 
