@@ -2,8 +2,10 @@
 
 `prepare_ms` builds B sequences of `context` tokens, then times StepInputs.prepare over consecutive decode
 steps: each step every sequence gains a token and, every `block_size` steps, a block, as the scheduler
-and block manager would leave them. It reports the median of the steps after the first (which sends
-every whole block table once, as a sequence's admission does). CPU tensors: the device ops run inline
+and block manager would leave them. It reports the lowest of a few rounds' medians, leaving out the
+first step (which sends every whole block table once, as a sequence's admission does): on a shared
+machine other processes' load only ever adds time, and a whole round can run slow (0.28 vs 0.59 ms in
+two runs a minute apart at batch 256, 4k context). CPU tensors: the device ops run inline
 here, so the figure includes them; on CUDA they are launches and one host-to-device copy.
 """
 
@@ -48,21 +50,23 @@ def advance(seqs: list[Sequence], block_size: int) -> None:
             seq.block_table.append(seq.block_table[-1] + 1)
 
 
-def prepare_ms(batch_size: int, context: int, num_steps: int = 200, block_size: int = 16) -> float:
-    """Median milliseconds of StepInputs.prepare over `num_steps` consecutive decode steps (CPU, 1 thread)."""
+def prepare_ms(batch_size: int, context: int, num_steps: int = 200, rounds: int = 3, block_size: int = 16) -> float:
+    """Milliseconds of StepInputs.prepare per decode step: the lowest of `rounds` medians, each over `num_steps`
+    consecutive decode steps (CPU, 1 thread)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         seqs = decode_sequences(batch_size, context, block_size)
-        inputs = StepInputs(batch_size, context + num_steps + block_size, block_size, torch.device("cpu"))
+        total = rounds * num_steps
+        inputs = StepInputs(batch_size, context + total + block_size, block_size, torch.device("cpu"))
         times = []
-        for _ in range(num_steps + 1):
+        for _ in range(total + 1):
             batch = ScheduledBatch([ScheduledSeq(seq, seq.num_tokens - 1, 1, True) for seq in seqs])
             start = time.perf_counter()
             inputs.prepare(batch)
             times.append(time.perf_counter() - start)
             advance(seqs, block_size)
-        return statistics.median(times[1:]) * 1e3
+        return min(statistics.median(times[1 + r * num_steps:1 + (r + 1) * num_steps]) for r in range(rounds)) * 1e3
     finally:
         torch.set_num_threads(threads)
 

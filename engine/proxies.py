@@ -40,7 +40,7 @@ def host_prepare_figures() -> list[ProxyFigure]:
     """The host's ms to prepare a decode step (engine.host_costs), at batch 64/256 and 1k/4k context."""
     from engine.host_costs import GOAL_MS, prepare_figures
 
-    return [ProxyFigure(f"host prepare ms/step, {case}", ms, "ms (median)", f"<= {GOAL_MS}", ms <= GOAL_MS)
+    return [ProxyFigure(f"host prepare ms/step, {case}", ms, "ms (best median)", f"<= {GOAL_MS}", ms <= GOAL_MS)
             for case, ms in prepare_figures()]
 
 
