@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
 
@@ -69,8 +69,9 @@ class SamplingParams:
     # included in the output tokens.
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # True: stop_token_ids are ignored (benchmarks force output length)
-    # Not None: also return the log-probability of each sampled token under the
-    # model's distribution before temperature/top-k/top-p (after a constraint's mask). Top-n: not yet.
+    # Not None: also return the log-probability of each sampled token under the model's
+    # distribution before temperature/top-k/top-p (after a constraint's mask), and of the
+    # `logprobs` most likely tokens there (0: the sampled token's alone).
     logprobs: int | None = None
     # Not None: only tokens the constraint allows are sampled (structured outputs).
     constraint: TokenConstraint | None = field(default=None, compare=False)
@@ -93,6 +94,14 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
+class TokenLogprob(NamedTuple):
+    """A sampled token's log-probability, and the (token id, log-probability) of the most likely tokens at its
+    position, most likely first (as many as its SamplingParams.logprobs asked for)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class RequestOutput:
     """What one request produced in one step."""
@@ -104,7 +113,7 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens served from a prefix cache (reference: always 0)
     prefill_s: float  # seconds spent on this request's prefill so far
     decode_s: float  # seconds spent decoding this request so far
-    logprobs: list[float] | None = None  # one per new token when SamplingParams.logprobs is set
+    logprobs: list[TokenLogprob] | None = None  # one per new token when SamplingParams.logprobs is set
 
     @property
     def finished(self) -> bool:

@@ -16,7 +16,7 @@ from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.device import ForwardTimer
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.piecewise_graphs import PiecewiseGraphs
-from engine.api import SamplingParams
+from engine.api import SamplingParams, TokenLogprob
 from engine.sampler import ConstraintMasks, Sampler, apply_bitmask
 from engine.scheduler import ScheduledBatch
 from engine.step_inputs import ExternalTokens, StepInputs
@@ -98,7 +98,7 @@ class ModelRunner:
         return step.input_ids, step.meta, step.logit_rows
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float | None] | None]:
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[TokenLogprob | None] | None]:
         """Forward the batch; sample a token for every item that needs one (in batch.sampled order)."""
         return self.collect(self.launch(batch))
 
@@ -127,7 +127,7 @@ class ModelRunner:
         keep = logits if any(p.logprobs is not None for p in params) else None
         return LaunchedStep(params, tokens, keep)
 
-    def collect(self, launched: LaunchedStep) -> tuple[list[int], list[float | None] | None]:
+    def collect(self, launched: LaunchedStep) -> tuple[list[int], list[TokenLogprob | None] | None]:
         """The launched step's tokens on the host (its one device read) and their logprobs if asked for."""
         if launched.tokens is None:
             return [], None

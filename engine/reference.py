@@ -24,11 +24,11 @@ import transformers
 from transformers import DynamicCache, GptOssConfig, GptOssForCausalLM
 from transformers.utils import logging as hf_logging
 
-from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams
+from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams, TokenLogprob
 from engine.compact import compact_file, load_compact
 from engine.config import DTYPES, check_model_dir
 from engine.device import resolve_device
-from engine.sampler import apply_bitmask, bitmask_words, request_seed
+from engine.sampler import apply_bitmask, bitmask_words, request_seed, token_logprobs
 from engine.sampler import sample_one as sample  # one sampling implementation, shared with the engine
 
 
@@ -151,7 +151,7 @@ class TransformersBackend:
             constraint.accept(token_id)
         logprobs = None
         if request.sampling.logprobs is not None:
-            logprobs = [torch.log_softmax(logits, dim=-1)[token_id].item()]
+            logprobs = token_logprobs(logits[None], [token_id], [request.sampling.logprobs])
         request.output_token_ids.append(token_id)
         elapsed = time.perf_counter() - start
         if is_prefill:
@@ -185,7 +185,7 @@ class TransformersBackend:
 
 
 def _output(request: _Request, new_token_ids: list[int], finish_reason: FinishReason | None,
-            logprobs: list[float] | None) -> RequestOutput:
+            logprobs: list[TokenLogprob] | None) -> RequestOutput:
     return RequestOutput(
         request_id=request.request_id, new_token_ids=new_token_ids, finish_reason=finish_reason,
         num_prompt_tokens=len(request.prompt_token_ids), num_cached_tokens=0,

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from engine.api import SamplingParams, TokenConstraint, derive_seed
+from engine.api import SamplingParams, TokenConstraint, TokenLogprob, derive_seed
 from engine.device_sampler import sample_tokens
 
 
@@ -98,6 +98,20 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int, position
     return int(sample_tokens(logits[None], [params], [seed], [position])[0])
 
 
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: list[int]) -> list[TokenLogprob]:
+    """Row i's `token_ids[i]` log-probability under `logits[i]` ([N, vocab], raw), and its `num_top[i]` most
+    likely tokens': one softmax and one top-k for all rows, three host reads (only rows asking for logprobs)."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [N, vocab]
+    chosen = torch.tensor(token_ids, device=logits.device)
+    values = log_probs.gather(1, chosen[:, None])[:, 0].tolist()
+    most = min(max(num_top, default=0), log_probs.shape[-1])
+    if most == 0:
+        return [TokenLogprob(value) for value in values]
+    top_values, top_ids = (t.tolist() for t in log_probs.topk(most, dim=-1))
+    return [TokenLogprob(value, tuple(zip(ids[:n], tops[:n])))
+            for value, ids, tops, n in zip(values, top_ids, top_values, num_top)]
+
+
 class Sampler:
     """Samples the rows of a step that need a token."""
 
@@ -115,17 +129,16 @@ class Sampler:
         return sample_tokens(logits, params, seeds, positions)
 
     def logprobs(self, logits: torch.Tensor, token_ids: list[int],
-                 params: list[SamplingParams]) -> list[float | None]:
-        """Log-probability of each sampled token under the raw logits, for rows that ask for it."""
+                 params: list[SamplingParams]) -> list[TokenLogprob | None]:
+        """Each sampled token's log-probability under the raw logits and its row's top ones, for rows that ask."""
         if len(token_ids) != logits.shape[0] or len(params) != logits.shape[0]:
             raise ValueError(f"{logits.shape[0]} logit rows, {len(token_ids)} tokens, {len(params)} params")
-        result: list[float | None] = [None] * len(params)
+        result: list[TokenLogprob | None] = [None] * len(params)
         rows = [row for row, p in enumerate(params) if p.logprobs is not None]
         if rows:
-            log_probs = torch.log_softmax(logits[rows].float(), dim=-1)  # [len(rows), vocab]
-            chosen = torch.tensor([token_ids[row] for row in rows], device=logits.device)
-            values = log_probs.gather(1, chosen[:, None])[:, 0].tolist()
-            for row, value in zip(rows, values):
+            found = token_logprobs(logits[rows], [token_ids[row] for row in rows],
+                                   [params[row].logprobs or 0 for row in rows])
+            for row, value in zip(rows, found):
                 result[row] = value
         return result
 

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from engine.api import FinishReason, RequestOutput
+from engine.api import FinishReason, RequestOutput, TokenLogprob
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
@@ -81,7 +81,7 @@ class StepOutput(NamedTuple):
     seq: Sequence
     new_token_ids: list[int]
     finish_reason: FinishReason | None  # as of this step
-    logprobs: list[float] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     def to_request_output(self) -> RequestOutput:
         """The step's `RequestOutput` (timings as the sequence holds them now)."""
@@ -225,7 +225,7 @@ class Scheduler:
 
     # -- postprocess ------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: list[int],
-                    logprobs: list[float | None] | None = None) -> list[StepOutput]:
+                    logprobs: list[TokenLogprob | None] | None = None) -> list[StepOutput]:
         """Record the step: computed tokens, new full blocks, sampled tokens, finishes.
 
         `sampled_token_ids` (and `logprobs`) align with `batch.sampled`. Returns the
@@ -311,7 +311,7 @@ class Scheduler:
         return live
 
     def resolve(self, batch: ScheduledBatch, live: list[int], sampled_token_ids: list[int],
-                logprobs: list[float | None] | None = None) -> list[StepOutput]:
+                logprobs: list[TokenLogprob | None] | None = None) -> list[StepOutput]:
         """The other half, once the batch's tokens are on the host: write them in, finish on stop tokens.
 
         `live` is what `advance` returned; the token lists align with batch.sampled, as in postprocess.

@@ -69,13 +69,13 @@ def test_stop_tokens_and_aborts_land_a_step_late_without_changing_outputs(tiny_m
 def test_constraints_and_logprobs_run_synchronously(tiny_model_dir):
     script = [1010, 1020, 1030]
     extra = {"constrained": SamplingParams(max_tokens=9, temperature=0.0, constraint=ScriptedConstraint(script)),
-             "logprobs": SamplingParams(max_tokens=5, temperature=0.0, logprobs=0)}
+             "logprobs": SamplingParams(max_tokens=5, temperature=0.0, logprobs=3)}
     sync, _ = run(tiny_model_dir, async_scheduling=False, extra=extra)
     extra = {"constrained": SamplingParams(max_tokens=9, temperature=0.0, constraint=ScriptedConstraint(script)),
-             "logprobs": SamplingParams(max_tokens=5, temperature=0.0, logprobs=0)}
+             "logprobs": SamplingParams(max_tokens=5, temperature=0.0, logprobs=3)}
     async_, stats = run(tiny_model_dir, async_scheduling=True, extra=extra)
     assert async_["constrained"][0] == script * 3  # each mask saw the token before it accepted
-    assert async_ == sync and len(async_["logprobs"][2]) == 5
+    assert async_ == sync and len(async_["logprobs"][2]) == 5 and len(async_["logprobs"][2][0].top) == 3
     assert stats["num_sync_steps"] > 0
 
 

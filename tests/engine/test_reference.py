@@ -160,13 +160,16 @@ def test_temperature_scales_the_logits(backend, tiny_model_dir):
 
 def test_logprobs_are_the_sampled_tokens_under_the_raw_distribution(backend, hf_model):
     prompt_ids = prompt(5, seed=5)
-    outputs = decode_one(backend, prompt_ids, max_tokens=3, temperature=2.0, seed=1, logprobs=0)
+    outputs = decode_one(backend, prompt_ids, max_tokens=3, temperature=2.0, seed=1, logprobs=2)
     ids = list(prompt_ids)
     for out in outputs:
         with torch.inference_mode():
-            logits = hf_model(torch.tensor([ids]), use_cache=False).logits[0, -1]
+            log_probs = torch.log_softmax(hf_model(torch.tensor([ids]), use_cache=False).logits[0, -1], -1)
         token = out.new_token_ids[0]
-        assert out.logprobs == pytest.approx([torch.log_softmax(logits, -1)[token].item()], abs=1e-4)
+        [found] = out.logprobs
+        assert found.logprob == pytest.approx(log_probs[token].item(), abs=1e-4)
+        assert [top for top, _ in found.top] == log_probs.topk(2).indices.tolist()
+        assert [value for _, value in found.top] == pytest.approx(log_probs.topk(2).values.tolist(), abs=1e-4)
         ids.append(token)
     assert decode_one(TransformersBackend(hf_model.name_or_path), prompt_ids, max_tokens=2)[0].logprobs is None
 

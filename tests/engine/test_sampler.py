@@ -94,8 +94,20 @@ def test_logprobs_are_of_the_raw_distribution_for_the_rows_that_ask():
     token_ids = [3, 4, 5]
     values = Sampler().logprobs(logits, token_ids, asked)
     assert values[1] is None
-    assert values[0] == pytest.approx(torch.log_softmax(logits[0], -1)[3].item(), abs=1e-6)
-    assert values[2] == pytest.approx(torch.log_softmax(logits[2], -1)[5].item(), abs=1e-6)
+    assert values[0].logprob == pytest.approx(torch.log_softmax(logits[0], -1)[3].item(), abs=1e-6)
+    assert values[2].logprob == pytest.approx(torch.log_softmax(logits[2], -1)[5].item(), abs=1e-6)
+    assert values[0].top == values[2].top == ()  # logprobs=0: the sampled token's alone
+
+
+def test_top_logprobs_are_each_rows_most_likely_tokens_as_many_as_it_asks():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(4))
+    asked = [params(logprobs=3), params(logprobs=0), params(logprobs=5)]
+    values = Sampler().logprobs(logits, [7, 8, 9], asked)
+    for row, count in ((0, 3), (2, 5)):
+        expected = torch.log_softmax(logits[row], -1).topk(count)
+        assert [token for token, _ in values[row].top] == expected.indices.tolist()
+        assert [value for _, value in values[row].top] == pytest.approx(expected.values.tolist(), abs=1e-6)
+    assert values[1].top == () and values[1].logprob == pytest.approx(torch.log_softmax(logits[1], -1)[8].item())
 
 
 def test_mismatched_inputs_are_refused():

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from engine.api import SamplingParams
+from engine.api import SamplingParams, TokenLogprob
 from engine.kv_cache import BlockManager
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -230,8 +230,9 @@ def test_only_requests_that_ask_for_logprobs_get_them_in_a_shared_batch():
     add(scheduler, "plain", prompt(5, seed=2), greedy(2))
     batch = scheduler.schedule()
     sampled = FakeModel(scheduler.block_manager).step(batch)
-    outputs = scheduler.postprocess(batch, sampled, [-0.5, None])  # as Sampler.logprobs returns them
-    assert {out.seq.request_id: out.logprobs for out in outputs} == {"asks": [-0.5], "plain": None}
+    asked = TokenLogprob(-0.5, ((3, -0.5),))
+    outputs = scheduler.postprocess(batch, sampled, [asked, None])  # as Sampler.logprobs returns them
+    assert {out.seq.request_id: out.logprobs for out in outputs} == {"asks": [asked], "plain": None}
 
 
 # -- finishing -------------------------------------------------------------------
