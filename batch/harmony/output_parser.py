@@ -7,9 +7,13 @@ resolves its recipient to an item kind once, through the request's tool registry
 
 from __future__ import annotations
 
+import itertools
+
 from batch.responses.events import ItemKind, ResponseEvents
-from batch.harmony.token_parser import CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser
+from batch.harmony.token_parser import (CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser,
+                                        token_text_and_bytes)
 from batch.responses.status import ItemStatus
+from engine.api import TokenLogprob
 from tools.kinds import ToolType
 from tools.registry import ToolRegistry
 
@@ -19,6 +23,17 @@ _KIND_OF_TOOL = {
     ToolType.WEB_SEARCH: ItemKind.WEB_SEARCH_CALL,
     ToolType.MCP: ItemKind.MCP_CALL,
 }
+
+
+_NO_LOGPROBS = itertools.repeat(None)
+
+
+def logprob_entry(token_id: int, logprob: TokenLogprob) -> dict:
+    """A token's entry in an output_text part's `logprobs` (the Responses API's shape)."""
+    token, data = token_text_and_bytes(token_id)
+    return {"token": token, "bytes": data, "logprob": logprob.logprob,
+            "top_logprobs": [dict(zip(("token", "bytes"), token_text_and_bytes(top)), logprob=value)
+                             for top, value in logprob.top]}
 
 
 class OutputParser:
@@ -48,13 +63,15 @@ class OutputParser:
         """The last complete message of this turn."""
         return None if self._tokens is None else self._tokens.last_message
 
-    def feed(self, token_ids: list[int]) -> str | None:
-        """Parse new tokens of the current turn; an error message if they are not harmony."""
+    def feed(self, token_ids: list[int], logprobs: list[TokenLogprob] | None = None) -> str | None:
+        """Parse new tokens of the current turn; an error message if they are not harmony.
+
+        `logprobs` (one per token, when the request includes them) go with a message's text tokens."""
         tokens, events = self._tokens, self.events
         if tokens is None:
             raise RuntimeError("tokens fed before the first turn began")
         step: str | Boundary | None = None
-        for token_id in token_ids:
+        for token_id, logprob in zip(token_ids, _NO_LOGPROBS if logprobs is None else logprobs):
             try:
                 step = tokens.feed(token_id)
             except HarmonyError as exc:
@@ -64,7 +81,9 @@ class OutputParser:
             if tokens.channel == "analysis":
                 self.reasoning_tokens += 1
             if step.__class__ is str:
-                if step:
+                if logprob is not None and events.current is not None and events.current.kind is ItemKind.MESSAGE:
+                    events.add_delta(step, logprob_entry(token_id, logprob))
+                elif step:
                     events.add_delta(step)
             elif step is Boundary.OPENED:
                 self._open_item(tokens.channel, tokens.recipient)

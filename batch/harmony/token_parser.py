@@ -79,6 +79,13 @@ def _token_bytes(token_id: int) -> bytes:
     return bytes(harmony_encoding()._inner.decode_bytes([token_id]))
 
 
+def token_text_and_bytes(token_id: int) -> tuple[str, list[int]]:
+    """A token's text (U+FFFD for the bytes of a character it leaves incomplete) and its bytes, as logprob
+    entries list them."""
+    data = _token_bytes(token_id)
+    return data.decode("utf-8", "replace"), list(data)
+
+
 def _whole_text(token_id: int) -> str | None:
     try:
         return _token_bytes(token_id).decode("utf-8")

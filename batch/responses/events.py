@@ -163,6 +163,10 @@ class OpenItem:
     extra: dict[str, Any] = field(default_factory=dict)
     parts: list[str] = field(default_factory=list)  # joined once, when the item closes
     delta: DeltaTemplate | None = None
+    # A message's token logprobs (include=["message.output_text.logprobs"]): every token's, in order; the first
+    # `logprobs_sent` are in delta events already (a token that ends inside a character waits for the next delta).
+    logprobs: list[dict] = field(default_factory=list)
+    logprobs_sent: int = 0
 
     @property
     def text(self) -> str:
@@ -172,16 +176,16 @@ class OpenItem:
         return self.parts[0] if self.parts else ""
 
 
-def _part(kind: ItemKind, text: str) -> dict:
+def _part(kind: ItemKind, text: str, logprobs: list[dict] | None = None) -> dict:
     if kind is ItemKind.REASONING:
         return {"type": "reasoning_text", "text": text}
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def item_body(item: OpenItem, status: ItemStatus) -> dict:
     """The output item as it appears in `output_item.*` events and the final response."""
     base = {"id": item.item_id, "type": item.kind.value}
-    content = [_part(item.kind, item.text)] if status != ItemStatus.IN_PROGRESS else []
+    content = [_part(item.kind, item.text, item.logprobs)] if status != ItemStatus.IN_PROGRESS else []
     body: dict[str, Any]
     if item.kind is ItemKind.REASONING:
         body = {"summary": [], "content": content}
@@ -346,23 +350,30 @@ class ResponseEvents:
         self._emit("response.output_item.done", output_index=item.output_index, item=body)
         return body
 
-    def add_delta(self, text: str) -> None:
-        """Text the model added to the open item (the per-token hot path)."""
+    def add_delta(self, text: str, logprob: dict | None = None) -> None:
+        """Text the model added to the open item (the per-token hot path), and the token's logprob entry when the
+        request includes logprobs (a message's tokens only; it goes out with the next non-empty delta)."""
         if self.state is not State.STREAMING:
             self._require(State.STREAMING)
-        if not text:
-            return
         item = self.current
         if item is None:
             raise EventOrderError("streaming with no open item")
+        if logprob is not None:
+            item.logprobs.append(logprob)
+        if not text:
+            return
         item.parts.append(text)
         delta = item.delta
         if delta is None:
             return  # web_search_call has no argument deltas in the spec
+        tail = delta.tail
+        if len(item.logprobs) > item.logprobs_sent:
+            tail = f',"content_index":0,"logprobs":{json_text(item.logprobs[item.logprobs_sent:])}}}'
+            item.logprobs_sent = len(item.logprobs)
         pending = self._delta_payloads
         sequence_number = len(self._columns.payload) + len(pending)
         pending.append(
-            f"{delta.head}{sequence_number}{delta.middle}{encode_basestring_ascii(text)}{delta.tail}")
+            f"{delta.head}{sequence_number}{delta.middle}{encode_basestring_ascii(text)}{tail}")
         self._delta_times.append(time.monotonic())
 
     def close_item(self, status: ItemStatus = ItemStatus.COMPLETED) -> OpenItem:
@@ -380,10 +391,10 @@ class ResponseEvents:
     def _emit_text_done(self, item: OpenItem) -> None:
         ids = self._ids(item)
         if item.kind in (ItemKind.REASONING, ItemKind.MESSAGE):
-            extra: dict[str, list] = {"logprobs": []} if item.kind is ItemKind.MESSAGE else {}
+            extra: dict[str, list] = {"logprobs": item.logprobs} if item.kind is ItemKind.MESSAGE else {}
             self._emit(_TEXT_DONE[item.kind], **ids, content_index=0, text=item.text, **extra)
             self._emit("response.content_part.done", **ids, content_index=0,
-                       part=_part(item.kind, item.text))
+                       part=_part(item.kind, item.text, item.logprobs))
         elif item.kind is ItemKind.FUNCTION_CALL:
             self._emit(_TEXT_DONE[item.kind], **ids, arguments=item.text, name=item.name)
         elif item.kind is ItemKind.CODE_INTERPRETER_CALL:

@@ -73,7 +73,7 @@ def build_response(request: ResponsesRequest, *, response_id: str, created_at: i
         "top_p": top_p,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
-        "top_logprobs": 0,
+        "top_logprobs": request.top_logprobs or 0,
         "temperature": temperature,
         "reasoning": {"effort": (request.reasoning and request.reasoning.effort) or "medium", "summary": None},
         "usage": usage,

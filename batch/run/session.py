@@ -126,6 +126,7 @@ class Session:
             seed=self.seed + 7919 * (len(self.turns) - 1),
             stop_token_ids=STOP_TOKEN_IDS,
             constraint=self.constraint,
+            logprobs=self.request.num_top_logprobs,
         )
 
     def on_output(self, out: RequestOutput) -> None:
@@ -133,7 +134,7 @@ class Session:
         self.metrics.on_output(out)
         self._completion.extend(out.new_token_ids)
         if self.outcome is None:
-            error = self.output.feed(out.new_token_ids)
+            error = self.output.feed(out.new_token_ids, out.logprobs)
             if error is None and self.constraint is not None and self.constraint.error is not None:
                 error = f"the output broke the turn's grammar: {self.constraint.error}"
             if error is not None:

@@ -556,3 +556,32 @@ def test_an_interrupted_run_with_its_own_id_says_to_resume_it_by_that_id(tmp_pat
     assert ("interrupted: finished requests are saved; continue run r1 with --resume r1 "
             "(in place of any --run-id)") in result.output
     assert rows(db, "SELECT run_id, status FROM runs") == [("r1", "interrupted")]
+
+
+def test_include_logprobs_gives_each_answer_token_its_logprob_and_top_tokens(tmp_path):
+    source = tmp_path / "in.jsonl"
+    asks = {"input": "What is 2+3?", "include": ["message.output_text.logprobs"], "top_logprobs": 3}
+    source.write_text(json.dumps(asks) + "\n" + json.dumps({"input": "What is 2+3?"}) + "\n")
+    db = tmp_path / "out.duckdb"
+    result = submit(source, "--db", db, "--temperature", "0")  # the shipped model: it answers on the final channel
+    assert result.exit_code == 0, result.output
+    (asked, echoed), (plain, _) = [(json.loads(response), top) for response, top in rows(
+        db, "SELECT response, response->>'$.top_logprobs' FROM responses JOIN requests USING (response_id) "
+            "ORDER BY line_no")]
+    Response.model_validate(asked)
+    [part] = [item for item in asked["output"] if item["type"] == "message"][-1]["content"]
+    entries = part["logprobs"]
+    assert entries and bytes(b for e in entries for b in e["bytes"]).decode() == part["text"]
+    for entry in entries:  # greedy: each token is its position's most likely one
+        top = entry["top_logprobs"]
+        assert len(top) == 3 and [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert (top[0]["token"], top[0]["logprob"]) == (entry["token"], entry["logprob"]) and entry["logprob"] <= 0
+    [[message_id]] = [[item["id"] for item in asked["output"] if item["type"] == "message"]]
+    events = [json.loads(payload) for (payload,) in rows(
+        db, f"SELECT payload FROM events WHERE item_id = '{message_id}' ORDER BY sequence_number")]
+    for event in events:
+        validate_event(event)
+    assert [e for event in events if event["type"] == "response.output_text.delta" for e in event["logprobs"]] \
+        == entries == next(event for event in events if event["type"] == "response.output_text.done")["logprobs"]
+    assert echoed == "3" and all(part["logprobs"] == [] for item in plain["output"] if item["type"] == "message"
+                                 for part in item["content"])

@@ -1,5 +1,7 @@
 """The event state machine on its own: spec event names, indexes, order, validation."""
 
+import json
+
 import pytest
 
 from tests.support.oracles import validate_event
@@ -142,3 +144,29 @@ def test_delta_payloads_are_the_json_of_the_event(kind):
     assert events.columns.payload[-1] == dumps(expected)
     assert events.columns.content_index[-1] == expected.get("content_index")
     validate_event(events.events[-1])
+
+
+def entry(token: str, logprob: float) -> dict:
+    return {"token": token, "bytes": list(token.encode()), "logprob": logprob,
+            "top_logprobs": [{"token": token, "bytes": list(token.encode()), "logprob": logprob}]}
+
+
+def test_a_messages_logprobs_go_with_its_deltas_and_all_of_them_with_its_done_events():
+    events = ResponseEvents("resp_1")
+    events.start(RESPONSE)
+    item = events.open_item(ItemKind.MESSAGE)
+    first, partial, rest = entry("Hi", -0.1), entry("\ufffd", -0.2), entry("\u00e9", -0.3)
+    events.add_delta("Hi", first)
+    events.add_delta("", partial)  # a token that ends inside a character: its entry waits for the next delta
+    events.add_delta("\u00e9", rest)
+    events.close_item()
+    deltas = [e for e in events.events if e["type"] == "response.output_text.delta"]
+    assert [(d["delta"], d["logprobs"]) for d in deltas] == [("Hi", [first]), ("\u00e9", [partial, rest])]
+    assert deltas[1] == json.loads(events.columns.payload[deltas[1]["sequence_number"]])
+    assert events.columns.payload[deltas[0]["sequence_number"]] == dumps(deltas[0])  # the template's JSON
+    done = next(e for e in events.events if e["type"] == "response.output_text.done")
+    part = next(e for e in events.events if e["type"] == "response.content_part.done")["part"]
+    assert done["logprobs"] == part["logprobs"] == events.output[0]["content"][0]["logprobs"] \
+        == [first, partial, rest]
+    assert item.logprobs_sent == 3
+    validate_all(events.events)

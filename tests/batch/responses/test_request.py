@@ -1,10 +1,13 @@
 """batch/responses/request.py: request bodies parsed and echoed."""
 
+import re
+import typing
 import warnings
 
 import pytest
 
-from batch.responses.request import parse_request
+from batch.responses.request import Includable, parse_request
+from batch.responses.request_errors import RequestError
 
 
 @pytest.mark.parametrize("allowed", [{"read_only": True}, {"tool_names": ["now"]}, ["now"]])
@@ -15,3 +18,30 @@ def test_an_mcp_tools_allowed_tools_echo_without_a_serializer_warning(allowed):
         warnings.simplefilter("error")  # pydantic's "PydanticSerializationUnexpectedValue" is a UserWarning
         tools = request.tool_dicts()
     assert tools[0]["allowed_tools"] == allowed
+
+
+def test_logprobs_are_asked_for_with_include_and_top_logprobs_says_how_many_top_tokens():
+    def top(**fields):
+        return parse_request({"input": "hi", **fields})[0].num_top_logprobs
+
+    assert top() is None and top(top_logprobs=5) is None  # without the include value: no logprobs
+    assert top(include=["message.output_text.logprobs"]) == 0
+    assert top(include=["reasoning.encrypted_content", "message.output_text.logprobs"], top_logprobs=20) == 20
+    assert top(include=["code_interpreter_call.outputs"]) is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"include": ["output_text.logprobs"]}, "include[0]: input should be 'file_search_call.results'"),
+    ({"include": "message.output_text.logprobs"}, "include: input should be a valid list"),
+    ({"top_logprobs": 21}, "top_logprobs: input should be less than or equal to 20"),
+    ({"top_logprobs": -1}, "top_logprobs: input should be greater than or equal to 0"),
+])
+def test_bad_include_and_top_logprobs_name_the_field(fields, message):
+    with pytest.raises(RequestError, match=re.escape(message)):
+        parse_request({"input": "hi", **fields})
+
+
+def test_the_include_values_are_the_apis():
+    from openai.types.responses import ResponseIncludable
+
+    assert typing.get_args(Includable) == typing.get_args(ResponseIncludable)
