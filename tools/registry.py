@@ -240,10 +240,11 @@ class ToolRegistry:
 
     def forced_recipients(self) -> list[str] | None:
         """The recipients `tool_choice` lets the first turn call (it must call one), or None
-        when the model may also answer without a call (auto, none).
+        when the model may also answer without a call (auto, none, allowed_tools in auto mode).
 
         A named function/mcp/hosted tool allows that tool (an mcp choice without a name,
-        any tool of the server; web_search, any browser action); `required`, every tool.
+        any tool of the server; web_search, any browser action); `required`, every tool;
+        allowed_tools in required mode, the tools it names.
         """
         choice = self.tool_choice
         if choice in ("auto", "none"):
@@ -254,6 +255,27 @@ class ToolRegistry:
                 raise ToolChoiceError("tool_choice: required, but the request enables no tools")
             return every
         choice = cast(dict, choice)  # a named choice: the request's model has checked its shape
+        if choice["type"] == "allowed_tools":
+            if choice["mode"] == "auto":
+                return None
+            allowed = self.allowed_recipients()
+            if not allowed:
+                raise ToolChoiceError("tool_choice: allowed_tools in required mode, but it allows no tool")
+            return allowed
+        return self._named_recipients(choice, every)
+
+    def allowed_recipients(self) -> list[str] | None:
+        """The recipients every turn may call under an `allowed_tools` tool_choice (in callable_recipients'
+        order), or None when no such choice limits them. Each tool it names must be among the request's."""
+        choice = self.tool_choice
+        if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+            return None
+        every = [recipient for recipient, _ in self.callable_recipients()]
+        named = {recipient for tool in choice["tools"] for recipient in self._named_recipients(tool, every)}
+        return [recipient for recipient in every if recipient in named]
+
+    def _named_recipients(self, choice: dict, every: list[str]) -> list[str]:
+        """The recipients one named tool (function, mcp, code_interpreter, web_search) stands for, of `every`."""
         kind = choice["type"]
         if kind == "function":
             if choice["name"] not in self.functions:

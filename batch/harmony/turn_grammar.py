@@ -14,6 +14,8 @@ out) pins that structure down, so:
 - `tool_choice` on the first turn: `required` or a named tool -> the turn ends
   with a call to one of `ToolRegistry.forced_recipients()`, after any reasoning;
   `none` -> no call (the registry then enables no tool); later turns are `auto`;
+- `tool_choice` allowed_tools: every turn calls only the tools it names (the prompt
+  still shows them all, as in the API); in `required` mode the first turn must call one;
 - no text, recipient or argument holds a harmony control token.
 
 A call's header is accepted where harmony renders the recipient, after the role
@@ -57,11 +59,13 @@ def turn_grammar(registry: ToolRegistry, text_format: dict | None, first_turn: b
     Raises ToolChoiceError (tools.registry) when tool_choice names nothing callable.
     """
     channels = dict(registry.callable_recipients())
+    allowed = registry.allowed_recipients()
     forced = registry.forced_recipients() if first_turn else None
-    callable_now = forced if forced is not None else list(channels)
+    callable_now = forced if forced is not None else list(channels) if allowed is None else allowed
     final_schema = _final_schema(text_format)
     argument_schemas = {recipient: registry.arguments_schema(recipient) for recipient in callable_now}
-    if forced is None and final_schema is None and all(s is None for s in argument_schemas.values()):
+    if forced is None and final_schema is None and len(callable_now) == len(channels) \
+            and all(s is None for s in argument_schemas.values()):
         return None
     rules = list(_COMMON_RULES)
     schemas: list[tuple[str, dict]] = []

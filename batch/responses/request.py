@@ -275,12 +275,28 @@ def _choice_tag(value: Any) -> str | None:
                     "web_search_preview": "hosted"})(value)
 
 
+if TYPE_CHECKING:
+    NamedChoice: TypeAlias = FunctionChoice | McpChoice | HostedChoice
+else:
+    NamedChoice = _tagged(("function", FunctionChoice), ("mcp", McpChoice), ("hosted", HostedChoice),
+                          tag=_choice_tag)
+
+
+class AllowedToolsChoice(_Strict):
+    """Of the request's tools, only these may be called (all stay in the prompt); `required`: the first turn
+    calls one of them."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[NamedChoice]
+
+
 ToolMode = Literal["auto", "none", "required"]
 if TYPE_CHECKING:
-    ToolChoice: TypeAlias = ToolMode | FunctionChoice | McpChoice | HostedChoice
+    ToolChoice: TypeAlias = ToolMode | FunctionChoice | McpChoice | HostedChoice | AllowedToolsChoice
 else:
-    ToolChoice = _tagged(("mode", ToolMode), ("function", FunctionChoice),
-                         ("mcp", McpChoice), ("hosted", HostedChoice), tag=_choice_tag)
+    ToolChoice = _tagged(("mode", ToolMode), ("function", FunctionChoice), ("mcp", McpChoice),
+                         ("hosted", HostedChoice), ("allowed_tools", AllowedToolsChoice), tag=_choice_tag)
 
 
 # --- text.format -----------------------------------------------------------

@@ -229,3 +229,27 @@ def test_a_repeated_key_is_refused_before_the_call(tmp_path, monkeypatch):
     call = calls_by_line(db)["twice"]
     assert call[4:7] == ("failed", "invalid_arguments", None)
     assert call[7] == "the arguments name the key 'a' twice; send each key once"
+
+
+def test_allowed_tools_let_the_model_call_only_the_tools_they_name(tmp_path, scripted):
+    tool = {"type": "mcp", "server_label": "echo"}
+    only_add = [{"type": "mcp", "server_label": "echo", "name": "add"}]
+    lines = [{"custom_id": "allowed", "input": 'echo.add {"a": 1, "b": 2}', "tools": [tool],
+              "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": only_add}},
+             {"custom_id": "not-allowed", "input": "echo.pid {}", "tools": [tool],
+              "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": only_add}},
+             {"custom_id": "required", "input": 'echo.add {"a": 2, "b": 2}', "tools": [tool],
+              "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": only_add}},
+             {"custom_id": "unknown", "input": "echo.add {}", "tools": [tool], "tool_choice": {
+                 "type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}}]
+    db, _ = run(tmp_path, lines, config_file(tmp_path, {"echo": echo_entry()}), "--quiet")
+    outcome = {cid: (status, error) for cid, status, error in rows(db, "SELECT custom_id, status, error FROM requests")}
+    assert outcome["allowed"] == ("completed", None) and outcome["required"] == ("completed", None)
+    assert outcome["not-allowed"][0] == "failed" and "broke the turn's grammar" in outcome["not-allowed"][1]
+    assert outcome["unknown"][0] == "invalid" and "no function tool named 'f'" in outcome["unknown"][1]
+    calls = calls_by_line(db)
+    assert calls["allowed"][3:7] == ("add", "completed", None, "3") and calls["required"][6] == "4"
+    [(listing,)] = rows(db, "SELECT response->'$.output[0]' FROM responses JOIN requests q USING (response_id) "
+                            "WHERE q.custom_id = 'allowed'")
+    assert {tool["name"] for tool in json.loads(listing)["tools"]} > {"add"}  # the prompt still lists them all
+    validate_all(db)

@@ -348,6 +348,8 @@ CORPUS: dict[str, dict] = {
                         "tool_choice": {"type": "mcp", "server_label": "weather", "name": "now"}},
     "tool_choice hosted": {"input": "2+2?", "tools": [{"type": "code_interpreter"}],
                            "tool_choice": {"type": "code_interpreter"}},
+    "tool_choice allowed_tools": {"input": "Oslo?", "tools": [WEATHER, CLOCK], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]}},
     "text.format text": {"input": "Hi", "text": {"format": {"type": "text"}, "verbosity": "low"}},
     "text.format json_schema": {**DATE, "input": "Ada, 36", "text": {"format": {
         "type": "json_schema", "name": "person", "schema": SCHEMA, "strict": True}}},
@@ -387,6 +389,9 @@ INTENDED: dict[str, tuple[str, dict]] = {
                         {**CORPUS["tool_choice mcp"], "tool_choice": "auto"}),
     "tool_choice hosted": ("as required: auto's prompt, the grammar forces the python call",
                            {**CORPUS["tool_choice hosted"], "tool_choice": "auto"}),
+    "tool_choice allowed_tools": ("auto's prompt, every tool shown (as the API keeps them in the prompt); the "
+                                  "grammar limits the calls", {**CORPUS["tool_choice allowed_tools"],
+                                                               "tool_choice": "auto"}),
     "text.format json_object": ("the guide's format is a named schema; json_object has none, so only the grammar "
                                 "holds the answer to JSON", {"input": "Give JSON"}),
     "mcp_list_tools replayed": ("a listing is not a message: the listed tools are in the developer message",

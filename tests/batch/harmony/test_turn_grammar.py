@@ -115,3 +115,35 @@ def test_a_schema_llguidance_cannot_enforce_names_its_field():
         GrammarConstraint(grammar([bad]))
     # one line, as every invalid line's error is (llguidance's spans three)
     assert "\n" not in str(error.value) and "(?<=a)b error: look-around" in str(error.value)
+
+
+def allowed(mode, *tools):
+    return {"type": "allowed_tools", "mode": mode, "tools": list(tools)}
+
+
+def test_allowed_tools_limit_every_turns_calls_and_required_mode_forces_one_on_the_first():
+    tools = [WEATHER, LOOSE, {"type": "code_interpreter"}]
+    weather = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"lat": 1, "lon": 2}<|call|>'
+    note = '<|channel|>commentary to=functions.note <|constrain|>json<|message|>{"a": 1}<|call|>'
+    python = " to=python<|channel|>analysis code<|message|>print(1)<|call|>"
+    answer = "<|channel|>final<|message|>Sunny.<|return|>"
+    weather_or_python = allowed("auto", {"type": "function", "name": "get_weather"}, {"type": "code_interpreter"})
+    for first_turn in (True, False):
+        auto = grammar(tools, weather_or_python, first_turn=first_turn)
+        assert accepts(auto, weather) and accepts(auto, python) and accepts(auto, answer)
+        assert not accepts(auto, note)
+    required = grammar(tools, allowed("required", {"type": "function", "name": "note"}))
+    assert accepts(required, note) and not accepts(required, weather) and not accepts(required, answer)
+    later = grammar(tools, allowed("required", {"type": "function", "name": "note"}), first_turn=False)
+    assert accepts(later, note) and accepts(later, answer) and not accepts(later, weather)
+    # allowing every tool limits nothing: no grammar, as for auto
+    assert grammar([{"type": "code_interpreter"}], allowed("auto", {"type": "code_interpreter"})) is None
+    none_allowed = grammar([{"type": "code_interpreter"}], allowed("auto"))
+    assert accepts(none_allowed, answer) and not accepts(none_allowed, python)
+
+
+def test_allowed_tools_naming_a_tool_the_request_lacks_is_an_error():
+    with pytest.raises(ToolChoiceError, match="no function tool named 'other'"):
+        grammar([WEATHER], allowed("auto", {"type": "function", "name": "other"}))
+    with pytest.raises(ToolChoiceError, match="allowed_tools in required mode, but it allows no tool"):
+        grammar([WEATHER], allowed("required"))
