@@ -10,6 +10,7 @@ A request with a `TokenConstraint` samples only the tokens its bitmask allows
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -100,7 +101,10 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int, position
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: list[int]) -> list[TokenLogprob]:
     """Row i's `token_ids[i]` log-probability under `logits[i]` ([N, vocab], raw), and its `num_top[i]` most
-    likely tokens': one softmax and one top-k for all rows, three host reads (only rows asking for logprobs)."""
+    likely tokens': one softmax and one top-k for all rows, three host reads (only rows asking for logprobs).
+
+    Tokens a constraint masked out (-inf) are not among the most likely: a row lists fewer when fewer remain
+    (the JSON the responses are stored as has no -inf)."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # [N, vocab]
     chosen = torch.tensor(token_ids, device=logits.device)
     values = log_probs.gather(1, chosen[:, None])[:, 0].tolist()
@@ -108,7 +112,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: list[int
     if most == 0:
         return [TokenLogprob(value) for value in values]
     top_values, top_ids = (t.tolist() for t in log_probs.topk(most, dim=-1))
-    return [TokenLogprob(value, tuple(zip(ids[:n], tops[:n])))
+    return [TokenLogprob(value, tuple((token, top) for token, top in zip(ids[:n], tops[:n]) if top != -math.inf))
             for value, ids, tops, n in zip(values, top_ids, top_values, num_top)]
 
 

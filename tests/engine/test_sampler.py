@@ -1,5 +1,7 @@
 """Sampler: greedy rows, draws keyed by (seed, position), top-k/top-p, one implementation with the reference."""
 
+import math
+
 import pytest
 import torch
 
@@ -194,3 +196,11 @@ def test_a_constrained_request_samples_only_what_its_constraint_allows(tiny_mode
     assert out["greedy"] == out["hot"] == expected
     assert constraints["greedy"].accepted == constraints["hot"].accepted == expected
     assert out["free"] != expected
+
+
+def test_tokens_a_constraint_masked_out_are_not_among_the_top_logprobs():
+    logits = torch.full((1, 50), -math.inf)
+    logits[0, [4, 9]] = torch.tensor([1.0, 2.0])  # two tokens allowed
+    [value] = Sampler().logprobs(logits, [9], [params(logprobs=5)])
+    assert [token for token, _ in value.top] == [9, 4] and all(math.isfinite(top) for _, top in value.top)
+    assert value.logprob == pytest.approx(math.log(math.e ** 2 / (math.e + math.e ** 2)))

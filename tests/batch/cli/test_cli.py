@@ -558,14 +558,23 @@ def test_an_interrupted_run_with_its_own_id_says_to_resume_it_by_that_id(tmp_pat
     assert rows(db, "SELECT run_id, status FROM runs") == [("r1", "interrupted")]
 
 
+def strict_json(text: str):
+    """JSON as the standard has it: NaN and Infinity, which Python's json writes, are not JSON."""
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} in stored JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
 def test_include_logprobs_gives_each_answer_token_its_logprob_and_top_tokens(tmp_path):
     source = tmp_path / "in.jsonl"
     asks = {"input": "What is 2+3?", "include": ["message.output_text.logprobs"], "top_logprobs": 3}
-    source.write_text(json.dumps(asks) + "\n" + json.dumps({"input": "What is 2+3?"}) + "\n")
+    structured = {**asks, "top_logprobs": 20, "text": {"format": {"type": "json_schema", "name": "n", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}}}}
+    source.write_text("".join(json.dumps(body) + "\n" for body in (asks, {"input": "What is 2+3?"}, structured)))
     db = tmp_path / "out.duckdb"
     result = submit(source, "--db", db, "--temperature", "0")  # the shipped model: it answers on the final channel
     assert result.exit_code == 0, result.output
-    (asked, echoed), (plain, _) = [(json.loads(response), top) for response, top in rows(
+    (asked, echoed), (plain, _), (constrained, _) = [(strict_json(response), top) for response, top in rows(
         db, "SELECT response, response->>'$.top_logprobs' FROM responses JOIN requests USING (response_id) "
             "ORDER BY line_no")]
     Response.model_validate(asked)
@@ -585,3 +594,8 @@ def test_include_logprobs_gives_each_answer_token_its_logprob_and_top_tokens(tmp
         == entries == next(event for event in events if event["type"] == "response.output_text.done")["logprobs"]
     assert echoed == "3" and all(part["logprobs"] == [] for item in plain["output"] if item["type"] == "message"
                                  for part in item["content"])
+    # under a grammar, tokens it masks out are not "likely": fewer than 20 where few are allowed, none -inf
+    [part] = constrained["output"][-1]["content"]
+    assert json.loads(part["text"]) and 0 < min(len(e["top_logprobs"]) for e in part["logprobs"]) < 20
+    for (payload,) in rows(db, "SELECT payload FROM events"):
+        strict_json(payload)
