@@ -78,7 +78,9 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, float):
         text = f"{value:.{FLOAT_DECIMALS}f}".rstrip("0").rstrip(".")
-        return "0" if text in ("-0", "") else text
+        if text in ("-0", "0", ""):  # a small value is not zero (a logprob of -6.9e-06, a p-value)
+            return f"{value:.3g}" if value else "0"
+        return text
     if isinstance(value, (dict, list)):
         value = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
     return str(value).replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")

@@ -324,6 +324,14 @@ def test_sql_json_writes_sums_and_decimals_as_numbers(one_run):
     assert (row["half"], row["day"]) == (1.5, "2026-01-02")
 
 
+def test_sql_tables_print_small_floats_in_scientific_notation_not_as_zero(one_run):
+    query = ("SELECT -6.9e-06::DOUBLE AS a, 0.00004::DOUBLE AS b, 0.0::DOUBLE AS c, 0.12345::DOUBLE AS d, "
+             "-0.0::DOUBLE AS e")
+    table = batchrun("sql", query, "--db", one_run)
+    assert table.exit_code == 0, table.output
+    assert table.output.splitlines()[2].split() == ["-6.9e-06", "4e-05", "0", "0.1235", "0"]
+
+
 def test_sql_prints_intervals_as_duckdb_does(one_run):
     # Through Arrow they were pyarrow's MonthDayNano tuples, printed as
     # "MonthDayNano(months=0, days=0, nanoseconds=...)", in the README's progress query too.
