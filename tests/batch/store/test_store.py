@@ -646,13 +646,30 @@ def test_list_tool_calls_by_start(store):
 
 def test_query_runs_any_sql(store):
     store.write_results([make_result("r1", 1), make_result("r1", 2)])
-    columns, rows = store.query("SELECT custom_id, started_at FROM requests JOIN runs USING (run_id) "
-                                "ORDER BY line_no")
-    assert columns == ["custom_id", "started_at"]
-    assert rows == [{"custom_id": "c1", "started_at": T0}, {"custom_id": "c2", "started_at": T0}]
-    assert store.query("-- a comment, no statement") is None
-    with pytest.raises(StoreError):
+    [result] = store.query("SELECT custom_id, started_at FROM requests JOIN runs USING (run_id) "
+                           "ORDER BY line_no")
+    assert result.columns == ["custom_id", "started_at"]
+    assert result.rows == [{"custom_id": "c1", "started_at": T0}, {"custom_id": "c2", "started_at": T0}]
+    assert store.query("-- a comment, no statement") == []
+    with pytest.raises(StoreError, match="^Catalog Error"):
         store.query("SELECT * FROM no_such_table")
+
+
+def test_query_gives_each_statements_result_in_order(store):
+    store.write_results([make_result("r1", 1)])
+    results = store.query("CREATE TEMP TABLE t AS SELECT 'a;b' AS s; SET threads = 1; "
+                          "SELECT s FROM t; -- a ';' in a comment\n DROP TABLE t; SELECT count(*) AS n FROM runs;")
+    # CREATE answers with its row count; SET and DROP with nothing; the SELECT of t ran before the DROP
+    assert [(r.columns, r.rows) for r in results] == [
+        (["Count"], [{"Count": 1}]), (["s"], [{"s": "a;b"}]), (["n"], [{"n": 1}])]
+
+
+def test_query_names_the_statement_that_failed(store):
+    with pytest.raises(StoreError, match=r"^statement 2 of 3 \(SELECT \* FROM no_such_table\): Catalog Error"):
+        store.query("SELECT 1; SELECT * FROM no_such_table; SELECT 3")
+    with pytest.raises(StoreError, match="^Parser Error"):  # nothing runs: DuckDB parses all first
+        store.query("CREATE TEMP TABLE t AS SELECT 1; SELEC 2")
+    assert store.query("SELECT count(*) AS n FROM duckdb_tables() WHERE table_name = 't'")[0].rows == [{"n": 0}]
 
 
 SOURCE_PACKAGES = ("batch", "engine", "evals", "tools", "trainer")
@@ -688,7 +705,7 @@ def test_error_kind_and_status_views_follow_the_enums(store):
     result = make_result("r1", 1)
     result.tool_calls = [tool_call(kind, status=ToolCallStatus.FAILED, error_kind=kind) for kind in ToolErrorKind]
     store.write_results([result])
-    rows = store.query("SELECT error_kind, is_model_error FROM tool_errors_by_kind")[1]
+    rows = store.query("SELECT error_kind, is_model_error FROM tool_errors_by_kind")[0].rows
     assert {row["error_kind"]: row["is_model_error"] for row in rows} == {
         kind.value: kind.is_model_error for kind in ToolErrorKind}
     assert sum(kind.is_model_error for kind in ToolErrorKind) == 4
