@@ -6,6 +6,8 @@ import ast
 import dataclasses
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -488,6 +490,18 @@ def test_open_errors_are_one_line_naming_the_file(tmp_path):
 
 # -- reads for evals, reports and the trainer ----------------------------------
 
+def test_latency_percentiles_interpolate_as_the_report_did_in_python(store):
+    # `batchrun report` printed statistics.quantiles(method="inclusive") of every fetched latency
+    # at 3 decimals; the database's quantile_cont interpolates the same way (to the last bits or so).
+    latencies = [random.Random(7).lognormvariate(0, 1) for _ in range(37)]
+    store.write_results([make_result("r1", i, latency_s=x) for i, x in enumerate(latencies, 1)])
+    got = store.reports.latency_percentiles("r1")
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    for q in (50, 90, 99):
+        assert got[f"latency_p{q}"] == pytest.approx(cuts[q - 1], rel=1e-12, abs=0)
+        assert f"{got[f'latency_p{q}']:.3f}" == f"{cuts[q - 1]:.3f}"
+
+
 def test_request_outcomes_in_line_order(store):
     store.write_results([make_result("r1", 2, output_tokens=7, latency_s=2.5),
                          make_result("r1", 1, status="invalid")])
@@ -503,7 +517,10 @@ def test_report_lookups(store):
     two = make_result("r1", 2, status="incomplete", n_events=1, latency_s=None, ttft_s=None)
     store.write_results([one, two, make_result("r1", 3, status="invalid")])
     assert store.reports.request_status_counts("r1") == {"completed": 1, "incomplete": 1, "invalid": 1}
-    assert store.reports.latencies("r1") == [1.0] and store.reports.ttfts("r1") == [0.1]
+    assert store.reports.latencies("r1") == [1.0]
+    assert store.reports.latency_percentiles("r1") == {
+        "latency_p50": 1.0, "latency_p90": 1.0, "latency_p99": 1.0, "ttft_p50": 0.1, "ttft_p90": 0.1, "ttft_p99": 0.1}
+    assert store.reports.latency_percentiles("missing") == {}
     assert store.reports.turn_output_tokens("r1") == [5, 5]
     assert store.reports.tool_calls_per_response("r1") == {0: 2}
     throughput = store.reports.throughput("r1")
