@@ -8,7 +8,6 @@ from disk anywhere and can be attached to a CI job as is.
 
 from __future__ import annotations
 
-import statistics
 from html import escape
 
 from batch.responses.status import RequestStatus
@@ -27,21 +26,13 @@ td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 """
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}s"
 
 
 def summary_facts(data: ReportData) -> list[tuple[str, str]]:
     """The headline numbers, as (label, value) pairs, for both outputs."""
-    usage, run = data.usage, data.run
+    usage, run, percentiles = data.usage, data.run, data.percentiles
     counts = ", ".join(f"{data.statuses.get(s, 0)} {s}" for s in RequestStatus)
     elapsed = data.throughput[-1][0] if data.throughput else 0.0
     tokens = usage.get("output_tokens", 0)
@@ -50,10 +41,10 @@ def summary_facts(data: ReportData) -> list[tuple[str, str]]:
         ("requests", f"{sum(data.statuses.values())} ({counts})"),
         ("tokens", f"{usage.get('input_tokens', 0)} input ({usage.get('cached_tokens', 0)} "
                    f"cached), {tokens} output, {usage.get('reasoning_tokens', 0)} reasoning"),
-        ("latency", f"p50 {_seconds(_quantile(data.latencies, 0.5))}, "
-                    f"p90 {_seconds(_quantile(data.latencies, 0.9))}, "
-                    f"p99 {_seconds(_quantile(data.latencies, 0.99))}"),
-        ("time to first token", f"p50 {_seconds(_quantile(data.ttfts, 0.5))}"),
+        ("latency", f"p50 {_seconds(percentiles.get('latency_p50'))}, "
+                    f"p90 {_seconds(percentiles.get('latency_p90'))}, "
+                    f"p99 {_seconds(percentiles.get('latency_p99'))}"),
+        ("time to first token", f"p50 {_seconds(percentiles.get('ttft_p50'))}"),
         ("throughput", f"{tokens / elapsed:.1f} output tok/s over {elapsed:.1f}s"
                        if elapsed else "-"),
     ]

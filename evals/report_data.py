@@ -16,8 +16,8 @@ class ReportData:
 
     run: RunRow
     statuses: dict[str, int]
-    latencies: list[float]
-    ttfts: list[float]
+    latencies: list[float]  # the histogram's; the percentiles come from the database
+    percentiles: dict[str, float | None]  # store.reports.latency_percentiles: latency_p50, ttft_p50, ...
     tokens_per_turn: list[int]
     tool_calls_per_response: dict[int, int]  # number of calls -> responses
     throughput: list[tuple[float, int, int]]  # (seconds since start, responses, output tokens)
@@ -40,7 +40,7 @@ def load_report_data(store: Store, run_id: str) -> ReportData:
     return ReportData(
         run=run,
         statuses=store.reports.request_status_counts(run_id),
-        latencies=store.reports.latencies(run_id), ttfts=store.reports.ttfts(run_id),
+        latencies=store.reports.latencies(run_id), percentiles=store.reports.latency_percentiles(run_id),
         tokens_per_turn=store.reports.turn_output_tokens(run_id),
         tool_calls_per_response=store.reports.tool_calls_per_response(run_id),
         throughput=store.reports.throughput(run_id),

@@ -14,7 +14,7 @@ import click
 from batch.cli import display
 from batch.cli.batch_output import batch_output_line
 from batch.cli.show_text import request_text, response_text
-from batch.cli.sql_output import FORMATS, render, terminal_width
+from batch.cli.sql_output import FORMATS, render_results, terminal_width
 from batch.cli.util import (DEFAULT_DB, check_new_run_id, check_output, fail as _fail, open_store as _open_store,
                             options_from, resolve_run)
 from batch.store.errors import StoreError
@@ -95,21 +95,25 @@ def export(run_id: str, db: str, output: Path) -> None:
 @click.argument("query")
 @_read_db
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="table: one line per row, floats rounded, cut to --width; csv; json: one object per line.")
+              help="table: one line per row, floats rounded, cut to --width; csv; json: one object per line "
+                   "(several results: one line per result, the list of its rows).")
 @click.option("--width", type=click.IntRange(min=0),
               help="Table width in characters, 0 for no limit [default: the terminal's; no limit in a pipe].")
 def sql(query: str, db: str, fmt: str, width: int | None) -> None:
-    """Run a SQL query on the run database and print the result (a table by default)."""
+    """Run SQL on the run database and print each statement's result in turn (a table by default).
+
+    Statements are separated by ';' (DuckDB splits them: a ';' in a string is no separator).
+    Statements without a result (SET, DROP, ...) print nothing; a failed statement prints only
+    the error, which names it."""
     with _open_store(db, read_only=True) as store:
         try:
-            result = store.query(query)
+            results = store.query(query)
         except StoreError as exc:
             _fail(str(exc).splitlines()[0])
-        if result is None:
-            return
-        columns, rows = result
         width = terminal_width() if width is None else (width or None)
-        click.echo(render(columns, rows, fmt, width))
+        text = render_results(results, fmt, width) if results else ""
+        if text:  # no result, or JSON of no rows: print nothing, not an empty line
+            click.echo(text)
 
 
 @click.command("make-random-model")

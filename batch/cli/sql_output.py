@@ -1,4 +1,9 @@
-"""What `batchrun sql` prints: a table that fits the terminal, CSV, or JSON lines."""
+"""What `batchrun sql` prints: a table that fits the terminal, CSV, or JSON lines.
+
+Several statements' results are printed in turn: tables and CSV blocks apart by a blank line;
+in JSON, one line per result holding the list of its rows (so the output stays JSON lines and
+says where each result ends).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from batch.store.statements import QueryResult
+
 FORMATS = ("table", "csv", "json")
 MIN_COLUMN_WIDTH = 6
 FLOAT_DECIMALS = 4
@@ -23,18 +30,38 @@ def terminal_width() -> int | None:
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
+def render_results(results: list[QueryResult], fmt: str, width: int | None) -> str:
+    """Each result as `fmt`, in turn; one result exactly as `render` prints it."""
+    if len(results) == 1:
+        return render(results[0].columns, results[0].rows, fmt, width)
+    if fmt == "json":
+        return "\n".join(_json([_json_row(r.columns, row) for row in _plain(r.rows)]) for r in results)
+    return "\n\n".join(render(r.columns, r.rows, fmt, width) for r in results)
+
+
 def render(columns: list[str], rows: list[dict], fmt: str, width: int | None) -> str:
     """`rows` as `fmt`; a table's columns are cut to fit `width` characters (None: no limit)."""
-    # Rows come through Arrow, whose INTERVAL values are MonthDayNano tuples: printed as such,
-    # the README's `now() - started_at AS elapsed` read "MonthDayNano(months=0, days=0, ...)".
-    rows = [{c: _interval_text(v) if isinstance(v, pa.MonthDayNano) else v for c, v in row.items()}
-            for row in rows]
+    rows = _plain(rows)
     if fmt == "csv":
         return _csv(columns, rows)
     if fmt == "json":
-        return "\n".join(json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=_json_value)
-                         for row in rows)
+        return "\n".join(_json(_json_row(columns, row)) for row in rows)
     return _table(columns, rows, width)
+
+
+def _plain(rows: list[dict]) -> list[dict]:
+    # Rows come through Arrow, whose INTERVAL values are MonthDayNano tuples: printed as such,
+    # the README's `now() - started_at AS elapsed` read "MonthDayNano(months=0, days=0, ...)".
+    return [{c: _interval_text(v) if isinstance(v, pa.MonthDayNano) else v for c, v in row.items()}
+            for row in rows]
+
+
+def _json_row(columns: list[str], row: dict) -> dict:
+    return {c: row[c] for c in columns}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=_json_value)
 
 
 def _interval_text(value: pa.MonthDayNano) -> str:

@@ -81,11 +81,13 @@ class Reports:
                           "AND latency_s IS NOT NULL", [run_id])
         return [row["latency_s"] for row in rows]
 
-    def ttfts(self, run_id: str) -> list[float]:
-        """``ttft_s`` (time to first token) of every response of a run that has one."""
-        rows = self.db.rows("SELECT ttft_s FROM responses WHERE run_id = ? "
-                          "AND ttft_s IS NOT NULL", [run_id])
-        return [row["ttft_s"] for row in rows]
+    def latency_percentiles(self, run_id: str) -> dict[str, float | None]:
+        """latency_p50/p90/p99 and ttft_p50/p90/p99 (seconds) of a run's responses, from the
+        ``latency_percentiles`` view: DuckDB's quantile_cont, linear between the closest ranks,
+        as Python's ``statistics.quantiles(method="inclusive")``; None where no response has one."""
+        rows = self.db.rows("SELECT * EXCLUDE (run_id, n_responses) FROM latency_percentiles "
+                            "WHERE run_id = ?", [run_id])
+        return rows[0] if rows else {}
 
     def turn_output_tokens(self, run_id: str) -> list[int]:
         """``output_tokens`` of every model turn of a run that has them."""

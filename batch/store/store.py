@@ -22,6 +22,7 @@ from batch.store.reports import Reports
 from batch.store.responses import Responses
 from batch.store.rows import BenchRow, RequestResult, to_arrow
 from batch.store.runs import Runs
+from batch.store.statements import QueryResult, run_statements
 from batch.store.transcripts import Transcripts
 from batch.store.writes import ResultWriter, write_results
 
@@ -104,11 +105,8 @@ class Store:
         """Append benchmark result rows."""
         self.db.insert("bench", to_arrow("bench", rows))
 
-    def query(self, sql: str) -> tuple[list[str], list[dict]] | None:
-        """Run any SQL (the user's, for ``batchrun sql``): (column names, rows as dicts),
-        or None for a statement without a result. Raises StoreError for a bad query."""
-        relation = self.con.sql(sql)
-        if relation is None:
-            return None
-        data = relation.to_arrow_table()
-        return data.column_names, data.to_pylist()
+    def query(self, sql: str) -> list[QueryResult]:
+        """Run any SQL (the user's, for ``batchrun sql``), one statement after another: the
+        result of each statement that returns one (batch/store/statements.py). Raises StoreError
+        for a bad query, naming the failed statement when there are several."""
+        return run_statements(self.con, sql)

@@ -347,6 +347,26 @@ def test_sql_prints_intervals_as_duckdb_does(one_run):
                                                                    progress.output.splitlines()[2])
 
 
+def test_sql_prints_every_statements_result_in_every_format(one_run):
+    # Only the last statement's result was printed; the ';' inside the literal is no separator.
+    query = ("SET threads = 1; SELECT custom_id FROM responses ORDER BY 1; "
+             "SELECT 'x;y' AS text, count(*) AS n FROM runs")
+    table = batchrun("sql", query, "--db", one_run)
+    assert table.exit_code == 0, table.output
+    assert table.output.split("\n\n") == ["custom_id\n---------\na\nb", "text  n\n----  -\nx;y   1\n"]
+    as_csv = batchrun("sql", query, "--db", one_run, "--format", "csv")
+    assert as_csv.output == "custom_id\na\nb\n\ntext,n\nx;y,1\n"
+    as_json = batchrun("sql", query, "--db", one_run, "--format", "json")
+    assert [json.loads(line) for line in as_json.output.splitlines()] == [
+        [{"custom_id": "a"}, {"custom_id": "b"}], [{"text": "x;y", "n": 1}]]
+    one = batchrun("sql", "SET threads = 1; SELECT 'x;y' AS text", "--db", one_run, "--format", "json")
+    assert one.output == '{"text": "x;y"}\n'  # one result: JSON lines of rows, as for one statement
+    assert batchrun("sql", "SELECT 1 WHERE false", "--db", one_run, "--format", "json").output == ""
+    failed = batchrun("sql", "SELECT 1 AS a; SELECT * FROM no_such_table", "--db", one_run)
+    assert failed.exit_code == 1 and failed.output.startswith(
+        "error: statement 2 of 2 (SELECT * FROM no_such_table): Catalog Error"), failed.output
+
+
 def test_help_lists_the_built_in_suites_and_what_db_is():
     assert "Built-in suites: quickstart" in batchrun("eval", "--help").output
     for command in ("runs", "show", "export", "sql"):

@@ -6,6 +6,8 @@ import ast
 import dataclasses
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -488,6 +490,18 @@ def test_open_errors_are_one_line_naming_the_file(tmp_path):
 
 # -- reads for evals, reports and the trainer ----------------------------------
 
+def test_latency_percentiles_interpolate_as_the_report_did_in_python(store):
+    # `batchrun report` printed statistics.quantiles(method="inclusive") of every fetched latency
+    # at 3 decimals; the database's quantile_cont interpolates the same way (to the last bits or so).
+    latencies = [random.Random(7).lognormvariate(0, 1) for _ in range(37)]
+    store.write_results([make_result("r1", i, latency_s=x) for i, x in enumerate(latencies, 1)])
+    got = store.reports.latency_percentiles("r1")
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    for q in (50, 90, 99):
+        assert got[f"latency_p{q}"] == pytest.approx(cuts[q - 1], rel=1e-12, abs=0)
+        assert f"{got[f'latency_p{q}']:.3f}" == f"{cuts[q - 1]:.3f}"
+
+
 def test_request_outcomes_in_line_order(store):
     store.write_results([make_result("r1", 2, output_tokens=7, latency_s=2.5),
                          make_result("r1", 1, status="invalid")])
@@ -503,7 +517,10 @@ def test_report_lookups(store):
     two = make_result("r1", 2, status="incomplete", n_events=1, latency_s=None, ttft_s=None)
     store.write_results([one, two, make_result("r1", 3, status="invalid")])
     assert store.reports.request_status_counts("r1") == {"completed": 1, "incomplete": 1, "invalid": 1}
-    assert store.reports.latencies("r1") == [1.0] and store.reports.ttfts("r1") == [0.1]
+    assert store.reports.latencies("r1") == [1.0]
+    assert store.reports.latency_percentiles("r1") == {
+        "latency_p50": 1.0, "latency_p90": 1.0, "latency_p99": 1.0, "ttft_p50": 0.1, "ttft_p90": 0.1, "ttft_p99": 0.1}
+    assert store.reports.latency_percentiles("missing") == {}
     assert store.reports.turn_output_tokens("r1") == [5, 5]
     assert store.reports.tool_calls_per_response("r1") == {0: 2}
     throughput = store.reports.throughput("r1")
@@ -646,13 +663,30 @@ def test_list_tool_calls_by_start(store):
 
 def test_query_runs_any_sql(store):
     store.write_results([make_result("r1", 1), make_result("r1", 2)])
-    columns, rows = store.query("SELECT custom_id, started_at FROM requests JOIN runs USING (run_id) "
-                                "ORDER BY line_no")
-    assert columns == ["custom_id", "started_at"]
-    assert rows == [{"custom_id": "c1", "started_at": T0}, {"custom_id": "c2", "started_at": T0}]
-    assert store.query("-- a comment, no statement") is None
-    with pytest.raises(StoreError):
+    [result] = store.query("SELECT custom_id, started_at FROM requests JOIN runs USING (run_id) "
+                           "ORDER BY line_no")
+    assert result.columns == ["custom_id", "started_at"]
+    assert result.rows == [{"custom_id": "c1", "started_at": T0}, {"custom_id": "c2", "started_at": T0}]
+    assert store.query("-- a comment, no statement") == []
+    with pytest.raises(StoreError, match="^Catalog Error"):
         store.query("SELECT * FROM no_such_table")
+
+
+def test_query_gives_each_statements_result_in_order(store):
+    store.write_results([make_result("r1", 1)])
+    results = store.query("CREATE TEMP TABLE t AS SELECT 'a;b' AS s; SET threads = 1; "
+                          "SELECT s FROM t; -- a ';' in a comment\n DROP TABLE t; SELECT count(*) AS n FROM runs;")
+    # CREATE answers with its row count; SET and DROP with nothing; the SELECT of t ran before the DROP
+    assert [(r.columns, r.rows) for r in results] == [
+        (["Count"], [{"Count": 1}]), (["s"], [{"s": "a;b"}]), (["n"], [{"n": 1}])]
+
+
+def test_query_names_the_statement_that_failed(store):
+    with pytest.raises(StoreError, match=r"^statement 2 of 3 \(SELECT \* FROM no_such_table\): Catalog Error"):
+        store.query("SELECT 1; SELECT * FROM no_such_table; SELECT 3")
+    with pytest.raises(StoreError, match="^Parser Error"):  # nothing runs: DuckDB parses all first
+        store.query("CREATE TEMP TABLE t AS SELECT 1; SELEC 2")
+    assert store.query("SELECT count(*) AS n FROM duckdb_tables() WHERE table_name = 't'")[0].rows == [{"n": 0}]
 
 
 SOURCE_PACKAGES = ("batch", "engine", "evals", "tools", "trainer")
@@ -688,7 +722,7 @@ def test_error_kind_and_status_views_follow_the_enums(store):
     result = make_result("r1", 1)
     result.tool_calls = [tool_call(kind, status=ToolCallStatus.FAILED, error_kind=kind) for kind in ToolErrorKind]
     store.write_results([result])
-    rows = store.query("SELECT error_kind, is_model_error FROM tool_errors_by_kind")[1]
+    rows = store.query("SELECT error_kind, is_model_error FROM tool_errors_by_kind")[0].rows
     assert {row["error_kind"]: row["is_model_error"] for row in rows} == {
         kind.value: kind.is_model_error for kind in ToolErrorKind}
     assert sum(kind.is_model_error for kind in ToolErrorKind) == 4
