@@ -69,7 +69,9 @@ def build_response(request: ResponsesRequest, *, response_id: str, created_at: i
         "tool_choice": request.tool_choice_json(),
         "truncation": "disabled",
         "parallel_tool_calls": request.parallel_tool_calls is not False,
-        "text": {"format": request.text_format_json()},
+        # verbosity: echoed as the API does; harmony's prompt has no place for it, so it changes nothing here
+        "text": {"format": request.text_format_json(),
+                 "verbosity": (request.text and request.text.verbosity) or "medium"},
         "top_p": top_p,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
