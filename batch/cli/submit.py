@@ -226,22 +226,37 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that it stops a run exactly as Ctrl-C does."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-    raise Terminated()
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop_run(signum: int, frame: object) -> None:
+    # The run now saves what finished, records itself interrupted, removes its live snapshot and
+    # exits: a second Ctrl-C or SIGTERM must not cut that short (a traceback, a stale
+    # X.live.duckdb beside the file, a runs row still `running`), so both are ignored from here on.
+    for stop_signal in _STOP_SIGNALS:
+        if signal.getsignal(stop_signal) is _stop_run:
+            signal.signal(stop_signal, signal.SIG_IGN)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """While the block runs, SIGTERM raises `Terminated` (a KeyboardInterrupt)."""
+def signals_stop_the_run() -> Iterator[None]:
+    """While the block runs, SIGINT raises KeyboardInterrupt and SIGTERM `Terminated` (a
+    KeyboardInterrupt), once: after either, both are ignored until the process exits."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers (and only it gets signals)
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    # A SIGINT ignored already (a job started in the background with `&`) stays ignored.
+    previous = {sig: handler for sig in _STOP_SIGNALS
+                if (handler := signal.getsignal(sig)) not in (signal.SIG_IGN, None)}
+    for sig in previous:
+        signal.signal(sig, _stop_run)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is _stop_run:  # not stopped: the process goes on as before
+                signal.signal(sig, handler)
 
 
 def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
@@ -259,7 +274,7 @@ def report_run(run: Callable[[], RunSummary], db: str, *, whole_run: bool = True
     signal say how to resume and exit 130 / 143. Exit 1 after the summary when no line of a
     `whole_run` (not a shard: other shards may hold the valid lines) was valid. `run_id`: the id
     the command gave its new run (--run-id, or eval's own), which the same command cannot take again."""
-    with sigterm_as_interrupt():
+    with signals_stop_the_run():
         try:
             summary = run()
         except KeyboardInterrupt as exc:

@@ -1,5 +1,6 @@
 """End to end through `batchrun` itself: a real checkpoint, a real DuckDB file."""
 
+import concurrent.futures
 import json
 import os
 import re
@@ -129,8 +130,8 @@ def test_export_is_openai_batch_output(tmp_path, tiny_model_dir, malformed):
             Response.model_validate(line["response"]["body"])
 
 
-def start_and_signal(source, db, model, sig, after, max_inflight=2):
-    """Run `batchrun submit` in a process; send `sig` once `after` requests are written."""
+def start_signalled(source, db, model, after, max_inflight=2):
+    """Run `batchrun submit` in a process; return it once `after` requests are written."""
     command = [sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db),
                "--model", str(model), "--max-output-tokens", "24", "--max-inflight", str(max_inflight)]
     # As from a terminal: a test run started in the background (`make test &`) ignores SIGINT, and
@@ -143,10 +144,16 @@ def start_and_signal(source, db, model, sig, after, max_inflight=2):
         seen += os.read(process.stderr.fileno(), 4096)
         counts = re.findall(rb"\| *(\d+)/30 \[", seen)  # tqdm: "decoding:  10%|#  | 6/30 [00:02<..."
         done = int(counts[-1]) if counts else 0
-    process.send_signal(sig)
-    seen += process.stderr.read()
-    process.wait()
     assert done >= after, seen[-500:]
+    return process
+
+
+def start_and_signal(source, db, model, sig, after, max_inflight=2):
+    """Run `batchrun submit` in a process; send `sig` once `after` requests are written."""
+    process = start_signalled(source, db, model, after, max_inflight)
+    process.send_signal(sig)
+    seen = process.stderr.read()
+    process.wait()
     return process.returncode, seen
 
 
@@ -164,6 +171,27 @@ def test_ctrl_c_saves_what_finished_and_says_how_to_resume(tmp_path, tiny_model_
     assert code == 130 and b"run the same command again to resume" in stderr
     assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
     assert rows(db, "SELECT count(*) > 0 FROM requests") == [(True,)]
+
+
+def test_ctrl_c_again_while_saving_is_ignored_and_the_live_snapshot_goes(tmp_path, tiny_model_dir, thirty):
+    """Impatient Ctrl-Cs: after the first, SIGINT every millisecond until the process exits. Each lands
+    somewhere in the saving (writer, runs row, the live snapshot's removal, the exit's teardown); none
+    may cut it short, leave `int.live.duckdb` beside the file, or print a traceback."""
+    db = tmp_path / "int.duckdb"
+    process = start_signalled(thirty, db, tiny_model_dir, after=1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stderr_read = pool.submit(process.stderr.read)  # drained meanwhile: a full pipe would block the run
+        deadline = time.monotonic() + 60
+        while process.poll() is None and time.monotonic() < deadline:
+            process.send_signal(signal.SIGINT)
+            time.sleep(0.001)
+        process.kill()  # a no-op once it has exited
+        process.wait()
+        stderr = stderr_read.result()
+    assert process.returncode == 130, stderr[-2000:]
+    assert b"Traceback" not in stderr and b"run the same command again to resume" in stderr, stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("int.")) == ["int.duckdb"]
+    assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
 
 
 def run_counts(db):
