@@ -31,6 +31,7 @@ from batch.run.ledger import RunError
 from batch.run.options import RunOptions, ToolOptions
 from batch.run.runner import RunSummary, Runner
 from batch.run.session import SessionOptions
+from batch.responses.request import REASONING_EFFORTS
 from batch.responses.status import RequestStatus
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
@@ -104,8 +105,9 @@ SUBMIT_OPTIONS = [
     click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),
     click.option("--conversation-date", metavar="YYYY-MM-DD", callback=_check_date,
                  help="Date in the system message (a request's metadata.conversation_date wins)."),
-    click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default="medium",
-                 show_default=True, help="Default for requests without reasoning.effort."),
+    click.option("--reasoning-effort", type=click.Choice(REASONING_EFFORTS), default="medium",
+                 show_default=True, help="Default for requests without reasoning.effort (minimal renders as "
+                                         "low: harmony has no lower effort)."),
     click.option("--threads", type=click.IntRange(min=1),
                  help="CPU threads for torch (default: 1 for tiny models, where more only add "
                       "synchronisation cost; otherwise torch's default)."),

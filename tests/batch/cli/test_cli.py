@@ -582,3 +582,16 @@ def test_an_interrupted_run_with_its_own_id_says_to_resume_it_by_that_id(tmp_pat
     assert ("interrupted: finished requests are saved; continue run r1 with --resume r1 "
             "(in place of any --run-id)") in result.output
     assert rows(db, "SELECT run_id, status FROM runs") == [("r1", "interrupted")]
+
+
+def test_reasoning_effort_minimal_is_a_run_default_rendered_as_low(tmp_path, tiny_model_dir):
+    source, db = tmp_path / "hi.jsonl", tmp_path / "effort.duckdb"
+    source.write_text(json.dumps({"custom_id": "hi", "input": "Hi"}) + "\n")
+    for effort in ("minimal", "low"):
+        result = submit(source, "--db", db, "--run-id", effort, "--reasoning-effort", effort, "--keep-tokens",
+                        "--max-output-tokens", "2", model=tiny_model_dir)
+        assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT run_id, response->>'$.reasoning.effort' FROM responses ORDER BY 1") == [
+        ("low", "low"), ("minimal", "minimal")]
+    prompts = rows(db, "SELECT run_id, prompt_token_ids FROM tokens ORDER BY 1")
+    assert prompts[0][1] == prompts[1][1]  # harmony has no minimal: the same prompt as low
