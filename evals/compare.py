@@ -3,7 +3,9 @@
 Requests are matched by custom_id. The summary gives each run's pass rate with its 95%
 interval and a paired test of the difference (evals/stats.py), so a change within noise says
 so. A case passes when it passed every grader, or, in a run without grades, when its response
-completed. Each request gets one change kind, listed in this order: ``regression``
+completed. When only one of the two runs has grades, both are compared on completion (a
+grade against no grade would count a case as passing on one side by one measure and on the
+other side by another), and the text says so. Each request gets one change kind, listed in this order: ``regression``
 (a grader that passed fails now, or with no grades, a completed response no longer
 completes), ``missing`` (only in run A),
 ``improvement``, ``changed`` (other output or status), ``new`` (only in run B),
@@ -36,10 +38,10 @@ class RequestSide:
     epoch_status: dict[int, str] = field(default_factory=dict)
     epoch_grades: dict[int, dict[str, bool]] = field(default_factory=dict)
 
-    def outcomes(self) -> list[bool]:
+    def outcomes(self, on_grades: bool = True) -> list[bool]:
         """Per epoch, whether the sample passed: every grader (graded epochs only, as the view
-        request_grades counts them); in a run without grades, the response completed."""
-        if self.epoch_grades:
+        request_grades counts them); in a run without grades, or not ``on_grades``, the response completed."""
+        if on_grades and self.epoch_grades:
             return [all(grades.values()) for _, grades in sorted(self.epoch_grades.items())]
         return [status == "completed" for _, status in sorted(self.epoch_status.items())]
 
@@ -76,23 +78,32 @@ def load_side(store: Store, run_id: str) -> dict[str, RequestSide]:
     return sides
 
 
-def classify(a: RequestSide | None, b: RequestSide | None) -> tuple[str, list[str]]:
-    """(change kind, grader flips) of one request between run A and run B."""
+def ungraded_run(changes: list[RequestChange]) -> str | None:
+    """"A" or "B" when that run has no grades and the other has: the two are then compared on
+    completion status, not on grades; None when both or neither have grades."""
+    graded = [any(c.a.epoch_grades for c in changes if c.a), any(c.b.epoch_grades for c in changes if c.b)]
+    return None if graded[0] == graded[1] else "AB"[graded.index(False)]
+
+
+def classify(a: RequestSide | None, b: RequestSide | None, on_grades: bool = True) -> tuple[str, list[str]]:
+    """(change kind, grader flips) of one request between run A and run B (on completion status
+    when not ``on_grades``)."""
     if b is None:
         return "missing", []
     if a is None:
         return "new", []
     if len(a.epoch_status) > 1 or len(b.epoch_status) > 1:  # epochs: the share of epochs that passed
-        mean_a, mean_b = _mean(a.outcomes()), _mean(b.outcomes())
+        mean_a, mean_b = _mean(a.outcomes(on_grades)), _mean(b.outcomes(on_grades))
         flip = [f"passed {mean_a:.0%} -> {mean_b:.0%} of epochs"] if mean_a != mean_b else []
         if mean_b != mean_a:
             return ("regression" if mean_b < mean_a else "improvement"), flip
         return ("changed" if a.text != b.text or a.status != b.status else "same"), flip
-    flips = [f"{name}: {_verdict(a.grades[name])} -> {_verdict(b.grades.get(name))}"
-             for name in a.grades if a.grades[name] != b.grades.get(name)]
-    worse = any(a.grades[name] and not b.grades.get(name) for name in a.grades)
-    better = any(not a.grades[name] and b.grades.get(name) for name in a.grades)
-    if not a.grades:
+    grades = a.grades if on_grades else {}
+    flips = [f"{name}: {_verdict(grades[name])} -> {_verdict(b.grades.get(name))}"
+             for name in grades if grades[name] != b.grades.get(name)]
+    worse = any(grades[name] and not b.grades.get(name) for name in grades)
+    better = any(not grades[name] and b.grades.get(name) for name in grades)
+    if not grades:
         worse = a.status == "completed" and b.status != "completed"
         better = a.status != "completed" and b.status == "completed"
     if worse:
@@ -115,10 +126,11 @@ def _verdict(passed: bool | None) -> str:
 def compare_runs(store: Store, run_a: str, run_b: str, store_b: Store | None = None) -> list[RequestChange]:
     """Every request of either run with its change kind, regressions first (run B from `store_b` if given)."""
     a, b = load_side(store, run_a), load_side(store_b or store, run_b)
-    changes = []
-    for custom_id in [*a, *(k for k in b if k not in a)]:
-        kind, flips = classify(a.get(custom_id), b.get(custom_id))
-        changes.append(RequestChange(custom_id, kind, a.get(custom_id), b.get(custom_id), flips))
+    changes = [RequestChange(custom_id, "", a.get(custom_id), b.get(custom_id))
+               for custom_id in [*a, *(k for k in b if k not in a)]]
+    on_grades = ungraded_run(changes) is None
+    for change in changes:
+        change.kind, change.flips = classify(change.a, change.b, on_grades)
     return sorted(changes, key=lambda c: KINDS.index(c.kind))
 
 
@@ -146,23 +158,25 @@ def change_row(change: RequestChange) -> dict:
             "detail": "; ".join(change.flips)}
 
 
-def case_passed(side: RequestSide) -> bool:
-    """The headline: every grader passed, or without grades, the response completed."""
-    return all(side.grades.values()) if side.grades else side.status == "completed"
+def case_passed(side: RequestSide, on_grades: bool = True) -> bool:
+    """The headline: every grader passed, or without grades (or not ``on_grades``), the response completed."""
+    return all(side.grades.values()) if on_grades and side.grades else side.status == "completed"
 
 
-def pass_rate(sides: list[RequestSide]) -> Rate:
+def pass_rate(sides: list[RequestSide], on_grades: bool = True) -> Rate:
     """The share of cases that passed with its interval: Wilson with one epoch per case; with
     epochs, the mean over cases of each case's share of passing epochs and a bootstrap over cases."""
-    return case_rate([side.outcomes() or [case_passed(side)] for side in sides])
+    return case_rate([side.outcomes(on_grades) or [case_passed(side, on_grades)] for side in sides])
 
 
 def paired(changes: list[RequestChange]) -> PairedDifference:
     """B's pass rate minus A's over the cases both ran: McNemar's exact test with one epoch; with
-    epochs, a bootstrap over cases and a sign-flip permutation test on the per-case differences."""
+    epochs, a bootstrap over cases and a sign-flip permutation test on the per-case differences.
+    On completion status when only one run has grades."""
+    on = ungraded_run(changes) is None
     both = [c for c in changes if c.a is not None and c.b is not None]
-    return paired_difference({c.custom_id: c.a.outcomes() or [case_passed(c.a)] for c in both if c.a},
-                             {c.custom_id: c.b.outcomes() or [case_passed(c.b)] for c in both if c.b})
+    return paired_difference({c.custom_id: c.a.outcomes(on) or [case_passed(c.a, on)] for c in both if c.a},
+                             {c.custom_id: c.b.outcomes(on) or [case_passed(c.b, on)] for c in both if c.b})
 
 
 def is_significant_regression(changes: list[RequestChange]) -> bool:
@@ -171,12 +185,13 @@ def is_significant_regression(changes: list[RequestChange]) -> bool:
     return any(c.kind == "missing" for c in changes) or (difference.significant and difference.difference < 0)
 
 
-def _run_line(label: str, run_id: str, sides: list[RequestSide]) -> str:
+def _run_line(label: str, run_id: str, sides: list[RequestSide], on_grades: bool) -> str:
     graded = [s for s in sides if s.grades]
-    if graded:
+    if graded and on_grades:
         rate = f"{pass_rate(graded)} passed all graders"
     else:
-        rate = f"{pass_rate(sides)} completed (no grades)" if sides else "no requests"
+        kept = " (grades not compared)" if graded else " (no grades)"
+        rate = f"{pass_rate(sides, on_grades=False)} completed{kept}" if sides else "no requests"
     latencies = [s.latency_s for s in sides if s.latency_s is not None]
     p50 = f"{statistics.median(latencies):.2f}s" if latencies else "-"
     tokens = sum(s.output_tokens or 0 for s in sides)
@@ -187,11 +202,17 @@ def compare_text(run_a: str, run_b: str, changes: list[RequestChange], show_all:
     """The comparison table (unchanged rows only with ``show_all``) and a summary."""
     counts = {kind: sum(c.kind == kind for c in changes) for kind in KINDS}
     shown = [c for c in changes if show_all or c.kind != "same"]
-    lines = [_run_line("A", run_a, [c.a for c in changes if c.a]),
-             _run_line("B", run_b, [c.b for c in changes if c.b]), ""]
+    ungraded = ungraded_run(changes)
+    lines = [_run_line("A", run_a, [c.a for c in changes if c.a], ungraded is None),
+             _run_line("B", run_b, [c.b for c in changes if c.b], ungraded is None)]
+    if ungraded:
+        run = run_a if ungraded == "A" else run_b
+        lines.append(f"note: run {ungraded} ({run}) has no grades: both runs are compared on completion status, "
+                     f"not grades (batchrun grade {run} SUITE grades it)")
+    lines.append("")
     if shown:
-        columns = ["change", "custom_id", "grades", "status", "output", "out_tokens",
-                   "latency_s", "detail"]
+        columns = ["change", "custom_id", *(["grades"] if ungraded is None else []), "status", "output",
+                   "out_tokens", "latency_s", "detail"]
         lines += [table([change_row(c) for c in shown], columns), ""]
     lines.append(", ".join(f"{counts[k]} {k}" for k in KINDS)
                  + ("" if show_all or not counts["same"] else " (--all lists the same ones)"))

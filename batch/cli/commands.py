@@ -18,6 +18,7 @@ from batch.cli.sql_output import FORMATS, render_results, terminal_width
 from batch.cli.util import (DEFAULT_DB, check_new_run_id, check_output, fail as _fail, open_store as _open_store,
                             options_from, resolve_run)
 from batch.store.errors import StoreError
+from batch.store.responses import Responses
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
 from batch.cli.submit import MOE_WEIGHT_CHOICES, SubmitOptions, submit_options, submit_plan
@@ -55,22 +56,60 @@ def runs(db: str) -> None:
 @click.argument("response_or_custom_id")
 @_read_db
 @click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
-def show(response_or_custom_id: str, db: str, run_id: str | None) -> None:
+@click.option("--epoch", type=click.IntRange(min=0),
+              help="Which sample of a line to show in a run made with --epochs K: 0 to K-1, as "
+                   "requests.epoch counts [default: the newest response, as without --epochs].")
+def show(response_or_custom_id: str, db: str, run_id: str | None, epoch: int | None) -> None:
     """One response (by response id or custom_id): its input, items, tool outputs, usage and event
     types; a line without a response (invalid): its status, error and body."""
+    key = response_or_custom_id
     with _open_store(db, read_only=True) as store:
-        found = store.responses.get(response_or_custom_id)
+        found = store.responses.get(key)
+        if found is not None and epoch is not None and (actual := store.responses.epoch_of(key)) != epoch:
+            _fail(f"response {key} is epoch {actual} of custom_id {found.custom_id!r} in run {found.run_id}, "
+                  f"not epoch {epoch}")
         runs_ = [resolve_run(store, run_id)] if run_id else [listed.run.run_id for listed in store.runs.list()]
+        if found is None and epoch is not None:
+            runs_ = [_run_with_epoch(store.responses, runs_, key, epoch, db)]
         if found is None:
-            found = next((f for r in runs_ if (f := store.responses.find(r, response_or_custom_id))), None)
+            found = next((f for r in runs_ if (f := store.responses.find(r, key, epoch))), None)
         if found is None:  # a line without a response (invalid): its request row says why
-            request = next((q for r in runs_ if (q := store.responses.find_request(r, response_or_custom_id))), None)
+            request = next((q for r in runs_ if (q := store.responses.find_request(r, key, epoch))), None)
             if request is None:
-                _fail(f"no response or request with id or custom_id {response_or_custom_id!r} in {db}")
-            click.echo(request_text(request))
+                _fail(f"no response or request with id or custom_id {key!r} in {db}")
+            label = _epoch_label(store.responses, request.run_id, request.custom_id, request.epoch)
+            click.echo(request_text(request, label))
             return
         response_id = found.response["id"]
-        click.echo(response_text(found, store.responses.events(response_id), store.responses.tool_calls(response_id)))
+        label = _epoch_label(store.responses, found.run_id, found.custom_id, store.responses.epoch_of(response_id))
+        click.echo(response_text(found, store.responses.events(response_id), store.responses.tool_calls(response_id),
+                                 label))
+
+
+def _run_with_epoch(responses: Responses, runs_: list[str], custom_id: str, epoch: int, db: str) -> str:
+    """The first of ``runs_`` that holds sample ``epoch`` of ``custom_id``; exit 1 naming the epochs
+    the first run holding the custom_id has when none does."""
+    held = [(r, epochs) for r in runs_ if (epochs := responses.epochs(r, custom_id))]
+    if not held:
+        _fail(f"no response or request with id or custom_id {custom_id!r} in {db}")
+    run = next((r for r, epochs in held if epoch in epochs), None)
+    if run is None:
+        first, epochs = held[0]
+        _fail(f"run {first} has no epoch {epoch} of custom_id {custom_id!r}: its epochs are "
+              f"{_epochs_text(epochs)} (--epoch counts from 0)")
+    return run
+
+
+def _epoch_label(responses: Responses, run_id: str, custom_id: str, epoch: int | None) -> str | None:
+    """`epoch=K of 0-2` when the run holds several samples of the custom_id, else None (nothing to tell)."""
+    epochs = responses.epochs(run_id, custom_id)
+    return f"epoch={epoch} of {_epochs_text(epochs)}" if epoch is not None and len(epochs) > 1 else None
+
+
+def _epochs_text(epochs: list[int]) -> str:
+    if epochs == list(range(epochs[0], epochs[-1] + 1)):
+        return f"{epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else str(epochs[0])
+    return ", ".join(map(str, epochs))
 
 
 @click.command()

@@ -207,7 +207,7 @@ def compare_command(run_a: str, run_b: str, db: str, show_all: bool, fail_on_reg
 
     A run is RUN (in --db) or FILE.duckdb:RUN, so the two runs may come from two database files.
     """
-    from evals.compare import compare_runs, compare_text, is_significant_regression
+    from evals.compare import compare_runs, compare_text, is_significant_regression, ungraded_run
 
     (db_a, run_a), (db_b, run_b) = _run_ref(run_a, db), _run_ref(run_b, db)
     with _open_store(db_a, read_only=True) as store_a, contextlib.ExitStack() as stack:
@@ -217,6 +217,10 @@ def compare_command(run_a: str, run_b: str, db: str, show_all: bool, fail_on_reg
     click.echo(compare_text(run_a, run_b, changes, show_all))
     if not fail_on_regression:
         return
+    if ungraded := ungraded_run(changes):  # a gate on grades must not pass on completion alone
+        run = run_a if ungraded == "A" else run_b
+        _fail(f"--fail-on-regression compares grades and run {ungraded} ({run}) has none: "
+              f"grade it first (batchrun grade {run} SUITE)")
     if strict and any(c.kind in ("regression", "missing") for c in changes):
         sys.exit(1)
     if not strict and is_significant_regression(changes):

@@ -13,10 +13,13 @@ if TYPE_CHECKING:
 SHOWN_CHARS = 300  # of each text, output and argument
 
 
-def response_text(found: StoredResponse, events: list[dict], tool_calls: list[dict]) -> str:
-    """One response: header, its input, output items, its tool calls' outputs, usage, event-type counts."""
+def response_text(found: StoredResponse, events: list[dict], tool_calls: list[dict],
+                  epoch_label: str | None = None) -> str:
+    """One response: header, its input, output items, its tool calls' outputs, usage, event-type counts.
+    ``epoch_label`` (`epoch=K of 0-2`) ends the header when the run holds several samples of the line."""
     response = found.response
-    lines = [f"response {response['id']}  custom_id={found.custom_id}  run={found.run_id}",
+    lines = [f"response {response['id']}  custom_id={found.custom_id}  run={found.run_id}"
+             + (f"  {epoch_label}" if epoch_label else ""),
              f"status: {response['status']}"]
     if response.get("error"):
         lines.append(f"error: {response['error']['message']}")
@@ -40,11 +43,11 @@ def response_text(found: StoredResponse, events: list[dict], tool_calls: list[di
     return "\n".join(lines)
 
 
-def request_text(request: StoredRequest) -> str:
-    """A request line with no response: its status, error and body."""
+def request_text(request: StoredRequest, epoch_label: str | None = None) -> str:
+    """A request line with no response: its status, error and body (``epoch_label`` as in response_text)."""
     return "\n".join([
         f"request line {request.line_no}  custom_id={request.custom_id}  run={request.run_id}  "
-        "(no response)",
+        + (f"{epoch_label}  " if epoch_label else "") + "(no response)",
         f"status: {request.status}",
         f"error: {request.error}",
         f"body: {_cut(request.body if request.body is not None else '(not a JSON object)')}"])

@@ -31,6 +31,7 @@ from batch.run.ledger import RunError
 from batch.run.options import RunOptions, ToolOptions
 from batch.run.runner import RunSummary, Runner
 from batch.run.session import SessionOptions
+from batch.responses.request import REASONING_EFFORTS
 from batch.responses.status import RequestStatus
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import Backend
@@ -104,8 +105,9 @@ SUBMIT_OPTIONS = [
     click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),
     click.option("--conversation-date", metavar="YYYY-MM-DD", callback=_check_date,
                  help="Date in the system message (a request's metadata.conversation_date wins)."),
-    click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default="medium",
-                 show_default=True, help="Default for requests without reasoning.effort."),
+    click.option("--reasoning-effort", type=click.Choice(REASONING_EFFORTS), default="medium",
+                 show_default=True, help="Default for requests without reasoning.effort (minimal renders as "
+                                         "low: harmony has no lower effort)."),
     click.option("--threads", type=click.IntRange(min=1),
                  help="CPU threads for torch (default: 1 for tiny models, where more only add "
                       "synchronisation cost; otherwise torch's default)."),
@@ -226,22 +228,37 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that it stops a run exactly as Ctrl-C does."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-    raise Terminated()
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop_run(signum: int, frame: object) -> None:
+    # The run now saves what finished, records itself interrupted, removes its live snapshot and
+    # exits: a second Ctrl-C or SIGTERM must not cut that short (a traceback, a stale
+    # X.live.duckdb beside the file, a runs row still `running`), so both are ignored from here on.
+    for stop_signal in _STOP_SIGNALS:
+        if signal.getsignal(stop_signal) is _stop_run:
+            signal.signal(stop_signal, signal.SIG_IGN)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """While the block runs, SIGTERM raises `Terminated` (a KeyboardInterrupt)."""
+def signals_stop_the_run() -> Iterator[None]:
+    """While the block runs, SIGINT raises KeyboardInterrupt and SIGTERM `Terminated` (a
+    KeyboardInterrupt), once: after either, both are ignored until the process exits."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers (and only it gets signals)
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    # A SIGINT ignored already (a job started in the background with `&`) stays ignored.
+    previous = {sig: handler for sig in _STOP_SIGNALS
+                if (handler := signal.getsignal(sig)) not in (signal.SIG_IGN, None)}
+    for sig in previous:
+        signal.signal(sig, _stop_run)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is _stop_run:  # not stopped: the process goes on as before
+                signal.signal(sig, handler)
 
 
 def run_submit(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> RunSummary:
@@ -259,7 +276,7 @@ def report_run(run: Callable[[], RunSummary], db: str, *, whole_run: bool = True
     signal say how to resume and exit 130 / 143. Exit 1 after the summary when no line of a
     `whole_run` (not a shard: other shards may hold the valid lines) was valid. `run_id`: the id
     the command gave its new run (--run-id, or eval's own), which the same command cannot take again."""
-    with sigterm_as_interrupt():
+    with signals_stop_the_run():
         try:
             summary = run()
         except KeyboardInterrupt as exc:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -44,6 +46,9 @@ WAIT_S = 0.2
 RESTART_WAIT_S = 900.0  # a worker not back this long after it died (no room on any node?) is dropped
 # Ray keeps every node on 127.0.0.1 with these (it picks an external interface otherwise).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+# An address where something listens answers a TCP connect at once; one that drops packets
+# gets this long before --ray says so.
+CONNECT_TIMEOUT_S = 3.0
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install 'ray>=2.40')"
 
 
@@ -99,6 +104,9 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
         return False
     if options.address is not None:
         try:
+            # ray.init retries an address where nothing listens for over a minute: ask first.
+            if (reason := unreachable(options.address)) is not None:
+                raise ConnectionError(reason)
             ray.init(address=options.address, logging_level="WARNING", log_to_driver=True)
         except ConnectionError as exc:  # a wrong address, a cluster not started: not a traceback
             raise RunError(f"--ray {options.address}: cannot join a Ray cluster there ({exc}); start one "
@@ -108,6 +116,23 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
     ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
              _node_ip_address="127.0.0.1")
     return True
+
+
+def unreachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why a TCP connection to a --ray HOST:PORT (or ray://HOST:PORT) fails, or None when one is
+    accepted there, or the address names no port (`auto`, a bare host: Ray resolves those)."""
+    parts = urllib.parse.urlsplit(address if "://" in address else f"//{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number: Ray's own error says so
+        return None
+    if not host or port is None:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:  # refused, timed out, no such host
+        return f"nothing answers at {parts.netloc}: {exc.strerror or exc}"
 
 
 class RayRunner:

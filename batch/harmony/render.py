@@ -25,7 +25,7 @@ from openai_harmony import (
     TextContent,
 )
 
-from batch.responses.request import ResponsesRequest, TextFormatJsonSchema
+from batch.responses.request import REASONING_EFFORTS, ResponsesRequest, TextFormatJsonSchema
 from batch.harmony.sections import COMMENTARY_LINE, commentary_line, response_format_section
 from batch.harmony.token_parser import END_TOKEN, MESSAGE_TOKEN
 from batch.harmony.tool_sections import has_developer_tools, with_developer_tools, with_system_tools
@@ -34,12 +34,9 @@ from tools.registry import ToolRegistry
 from tools.servers import builtin_kind
 
 KNOWLEDGE_CUTOFF = "2024-06"
-_EFFORT = {
-    "minimal": ReasoningEffort.LOW,
-    "low": ReasoningEffort.LOW,
-    "medium": ReasoningEffort.MEDIUM,
-    "high": ReasoningEffort.HIGH,
-}
+# Harmony's efforts are low, medium and high: an API effort it lacks renders as the nearest one.
+_HARMONY_NEAREST = {"minimal": "low"}
+_EFFORT = {name: ReasoningEffort[_HARMONY_NEAREST.get(name, name).upper()] for name in REASONING_EFFORTS}
 
 __all__ = ["RenderError", "PromptOptions", "render_prompt", "render_tool_output", "input_messages",
            "render_sampling"]

@@ -333,8 +333,14 @@ class TextConfig(_Strict):
 
 # --- the request -----------------------------------------------------------
 
+# The reasoning efforts a request (`reasoning.effort`) and a run (`--reasoning-effort`) may name:
+# the one list of them (the CLI's choices and the harmony rendering derive from it).
+ReasoningEffortName: TypeAlias = Literal["minimal", "low", "medium", "high"]
+REASONING_EFFORTS: tuple[str, ...] = typing.get_args(ReasoningEffortName)
+
+
 class Reasoning(_Strict):
-    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    effort: ReasoningEffortName | None = None
     summary: str | None = None
     generate_summary: str | None = None
 

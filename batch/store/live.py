@@ -16,7 +16,7 @@ copy of it, ``<name>.live.duckdb`` beside it (`snapshot_path`), every few second
 
 The database file itself is only ever read here, through one descriptor kept open until
 DuckDB has closed the file (closing a descriptor would drop DuckDB's lock). A crash at any point leaves it as DuckDB
-left it, and at most a stale temporary copy (removed by the next publish). Publishing
+left it, and at most a stale snapshot or temporary copy (removed when the next writer opens the file). Publishing
 takes at most `MAX_COST_SHARE` of one core (a costlier publish waits longer for the next)
 and never fails the run: an error is reported once on stderr and retried later.
 """
@@ -109,9 +109,14 @@ class LivePublisher:
         # DuckDB's lock on the file is a POSIX record lock, which the process loses when it closes
         # any descriptor of the file: so the copies read one descriptor, closed after DuckDB's.
         self._fd = os.open(self.db, os.O_RDONLY)
+        # One writer at a time holds the file, so a snapshot already there is stale: left by a run
+        # that was killed (kill -9, a crash) before it could remove it. Readers skip it, but it
+        # takes disk space and looks like a run in progress: it goes now, not at the first publish.
+        _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
         self.every_s = every_s
         self._on_error = on_error or _warn
         self._stop = threading.Event()
+        self._closed = False
         self._published_state: tuple | None = None
         self.num_published = 0
         self.cost_s = 0.0  # wall time of all publishes
@@ -127,11 +132,13 @@ class LivePublisher:
             try:
                 self.publish()
             except Exception as exc:  # a full disk must not stop the run: the snapshot just ages
-                if self.error is None:
+                if self.error is None and not self._stop.is_set():
                     self._on_error(f"{self.path}: live snapshot not published ({exc}); readers see an older "
                                    "one until it is")
                 self.error = str(exc)
             wait_s = max(self.every_s, (time.thread_time() - started) / MAX_COST_SHARE)
+        if self._closed:  # closed while this publish ran (close's wait was interrupted): it is stale
+            _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
 
     def publish(self) -> bool:
         """Publish a snapshot now if the database changed since the last one; True if it did.
@@ -185,11 +192,19 @@ class LivePublisher:
         self._thread.join()
 
     def close(self) -> None:
-        """Remove the snapshot and let go of the file: call it once the database is closed."""
-        _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Remove the snapshot and let go of the file: call it once the database is closed.
+
+        Also when `stop` was cut short (a second Ctrl-C): the thread is told to stop and waited
+        for, and whatever it publishes after the removal it removes itself (see `_loop`)."""
+        self._stop.set()
+        try:
+            self._thread.join()
+        finally:
+            self._closed = True  # before the removal: a publish that ends after it sees this
+            _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def _warn(message: str) -> None:

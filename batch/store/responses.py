@@ -33,6 +33,7 @@ class StoredRequest:
     status: RequestStatus | None
     error: str | None
     body: Any  # the request body; None when the line was not a JSON object
+    epoch: int = 0  # which of the line's samples (a run made with --epochs K holds K)
 
 
 _RESPONSE_COLUMNS = "run_id, custom_id, response, input_items, status"
@@ -50,24 +51,43 @@ class Responses:
         rows = self.db.rows(f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE response_id = ?", [response_id])
         return stored_response(rows[0]) if rows else None
 
-    def find(self, run_id: str, custom_id: str) -> StoredResponse | None:
-        """Like ``get``, by run and custom_id (the newest if several)."""
-        rows = self.db.rows(f"""
-            SELECT {_RESPONSE_COLUMNS}
-            FROM responses WHERE run_id = ? AND custom_id = ?
-            ORDER BY created_at DESC LIMIT 1""", [run_id, custom_id])
+    def find(self, run_id: str, custom_id: str, epoch: int | None = None) -> StoredResponse | None:
+        """Like ``get``, by run and custom_id (the newest if several); with ``epoch``, that sample's."""
+        if epoch is None:
+            rows = self.db.rows(f"""
+                SELECT {_RESPONSE_COLUMNS}
+                FROM responses WHERE run_id = ? AND custom_id = ?
+                ORDER BY created_at DESC LIMIT 1""", [run_id, custom_id])
+        else:
+            rows = self.db.rows(f"""
+                SELECT {", ".join("s." + c for c in _RESPONSE_COLUMNS.split(", "))}
+                FROM requests q JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
+                WHERE q.run_id = ? AND q.custom_id = ? AND q.epoch = ?
+                ORDER BY q.line_no LIMIT 1""", [run_id, custom_id, epoch])
         return stored_response(rows[0]) if rows else None
 
-    def find_request(self, run_id: str, custom_id: str) -> StoredRequest | None:
-        """A run's line by custom_id (the first if several), or None."""
-        rows = self.db.rows("""SELECT run_id, line_no, custom_id, status, error, body FROM requests
-                               WHERE run_id = ? AND custom_id = ? ORDER BY line_no LIMIT 1""", [run_id, custom_id])
+    def find_request(self, run_id: str, custom_id: str, epoch: int | None = None) -> StoredRequest | None:
+        """A run's line by custom_id (the first if several; with ``epoch``, that sample), or None."""
+        rows = self.db.rows("""SELECT run_id, line_no, custom_id, status, error, body, epoch FROM requests
+                               WHERE run_id = ? AND custom_id = ? AND (? IS NULL OR epoch = ?)
+                               ORDER BY line_no, epoch LIMIT 1""", [run_id, custom_id, epoch, epoch])
         if not rows:
             return None
         row = rows[0]
         return StoredRequest(row["run_id"], row["line_no"], row["custom_id"],
                              None if row["status"] is None else RequestStatus(row["status"]),
-                             row["error"], loads(row["body"]))
+                             row["error"], loads(row["body"]), row["epoch"])
+
+    def epochs(self, run_id: str, custom_id: str) -> list[int]:
+        """The epochs (samples) run ``run_id`` holds of ``custom_id``, ascending; [] when none."""
+        rows = self.db.rows("SELECT DISTINCT epoch FROM requests WHERE run_id = ? AND custom_id = ? ORDER BY 1",
+                            [run_id, custom_id])
+        return [row["epoch"] for row in rows]
+
+    def epoch_of(self, response_id: str) -> int | None:
+        """The epoch of the requests row a response answers, or None when no row names it."""
+        rows = self.db.rows("SELECT epoch FROM requests WHERE response_id = ? LIMIT 1", [response_id])
+        return rows[0]["epoch"] if rows else None
 
     def tool_calls(self, response_id: str) -> list[dict]:
         """A response's tool_calls rows, in the order they started."""

@@ -71,12 +71,14 @@ class Store:
         """Close the connection (committed data is already durable); a live snapshot goes with it."""
         publisher, self._publisher = self._publisher, None
         try:
-            if publisher is not None:
-                publisher.stop()
-        finally:
-            self.con.close()
-        if publisher is not None:  # after the file is free: a reader finding no snapshot finds the file
-            publisher.close()
+            try:
+                if publisher is not None:
+                    publisher.stop()
+            finally:
+                self.con.close()
+        finally:  # an interrupt above must not leave the snapshot beside the file
+            if publisher is not None:  # after the file is free: a reader finding no snapshot finds the file
+                publisher.close()
 
     def __enter__(self) -> Store:
         return self

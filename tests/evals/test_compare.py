@@ -86,3 +86,38 @@ def test_a_planted_regression_across_two_files_is_significant(tmp_path):
     reverse = CliRunner().invoke(main, ["compare", f"{tmp_path / 'b.duckdb'}:new", f"{tmp_path / 'a.duckdb'}:base",
                                         "--fail-on-regression"])
     assert reverse.exit_code == 0 and "significant improvement" in reverse.output
+
+
+@pytest.fixture
+def graded_and_plain(tmp_path):
+    """Run `graded` (q1, q3 pass; q2, q4 fail their grader) and run `plain` (no grades): all completed."""
+    db = tmp_path / "mixed.duckdb"
+    write_graded_run(db, "graded", [True, False, True, False])
+    with Store(db) as store:
+        store.runs.create(make_run("plain"))
+        store.write_results([make_result("plain", n, f"q{n}", [message("x")]) for n in range(1, 5)])
+    return db
+
+
+@pytest.mark.parametrize("a, b", [("graded", "plain"), ("plain", "graded")])
+def test_a_graded_run_against_an_ungraded_one_compares_completion_and_says_so(graded_and_plain, a, b):
+    result = CliRunner().invoke(main, ["compare", a, b, "--db", str(graded_and_plain)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    ungraded = "A" if a == "plain" else "B"
+    assert lines[2] == (f"note: run {ungraded} (plain) has no grades: both runs are compared on completion "
+                        "status, not grades (batchrun grade plain SUITE grades it)")
+    assert lines[0].startswith(f"A {a}: 4 requests, {wilson(4, 4)} completed") and "passed" not in lines[0]
+    assert lines[1].startswith(f"B {b}: 4 requests, {wilson(4, 4)} completed") and "passed" not in lines[1]
+    # Every case completed on both sides: nothing regressed, the grader is not called "absent".
+    assert lines[-2] == "0 regression, 0 missing, 0 improvement, 0 changed, 0 new, 4 same (--all lists the same ones)"
+    assert lines[-1].startswith("B - A pass rate: +0.0%")
+    assert "absent" not in result.output
+
+
+def test_fail_on_regression_refuses_when_one_run_has_no_grades(graded_and_plain):
+    result = CliRunner().invoke(main, ["compare", "graded", "plain", "--db", str(graded_and_plain),
+                                       "--fail-on-regression"])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == ("error: --fail-on-regression compares grades and run B (plain) has "
+                                              "none: grade it first (batchrun grade plain SUITE)")

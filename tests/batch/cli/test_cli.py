@@ -1,5 +1,6 @@
 """End to end through `batchrun` itself: a real checkpoint, a real DuckDB file."""
 
+import concurrent.futures
 import json
 import os
 import re
@@ -130,8 +131,8 @@ def test_export_is_openai_batch_output(tmp_path, tiny_model_dir, malformed):
             Response.model_validate(line["response"]["body"])
 
 
-def start_and_signal(source, db, model, sig, after, max_inflight=2):
-    """Run `batchrun submit` in a process; send `sig` once `after` requests are written."""
+def start_signalled(source, db, model, after, max_inflight=2):
+    """Run `batchrun submit` in a process; return it once `after` requests are written."""
     command = [sys.executable, "-m", "batch.cli", "submit", str(source), "--db", str(db),
                "--model", str(model), "--max-output-tokens", "24", "--max-inflight", str(max_inflight)]
     # As from a terminal: a test run started in the background (`make test &`) ignores SIGINT, and
@@ -144,10 +145,16 @@ def start_and_signal(source, db, model, sig, after, max_inflight=2):
         seen += os.read(process.stderr.fileno(), 4096)
         counts = re.findall(rb"\| *(\d+)/30 \[", seen)  # tqdm: "decoding:  10%|#  | 6/30 [00:02<..."
         done = int(counts[-1]) if counts else 0
-    process.send_signal(sig)
-    seen += process.stderr.read()
-    process.wait()
     assert done >= after, seen[-500:]
+    return process
+
+
+def start_and_signal(source, db, model, sig, after, max_inflight=2):
+    """Run `batchrun submit` in a process; send `sig` once `after` requests are written."""
+    process = start_signalled(source, db, model, after, max_inflight)
+    process.send_signal(sig)
+    seen = process.stderr.read()
+    process.wait()
     return process.returncode, seen
 
 
@@ -165,6 +172,27 @@ def test_ctrl_c_saves_what_finished_and_says_how_to_resume(tmp_path, tiny_model_
     assert code == 130 and b"run the same command again to resume" in stderr
     assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
     assert rows(db, "SELECT count(*) > 0 FROM requests") == [(True,)]
+
+
+def test_ctrl_c_again_while_saving_is_ignored_and_the_live_snapshot_goes(tmp_path, tiny_model_dir, thirty):
+    """Impatient Ctrl-Cs: after the first, SIGINT every millisecond until the process exits. Each lands
+    somewhere in the saving (writer, runs row, the live snapshot's removal, the exit's teardown); none
+    may cut it short, leave `int.live.duckdb` beside the file, or print a traceback."""
+    db = tmp_path / "int.duckdb"
+    process = start_signalled(thirty, db, tiny_model_dir, after=1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stderr_read = pool.submit(process.stderr.read)  # drained meanwhile: a full pipe would block the run
+        deadline = time.monotonic() + 60
+        while process.poll() is None and time.monotonic() < deadline:
+            process.send_signal(signal.SIGINT)
+            time.sleep(0.001)
+        process.kill()  # a no-op once it has exited
+        process.wait()
+        stderr = stderr_read.result()
+    assert process.returncode == 130, stderr[-2000:]
+    assert b"Traceback" not in stderr and b"run the same command again to resume" in stderr, stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("int.")) == ["int.duckdb"]
+    assert rows(db, "SELECT status FROM runs") == [("interrupted",)]
 
 
 def run_counts(db):
@@ -599,3 +627,16 @@ def test_include_logprobs_gives_each_answer_token_its_logprob_and_top_tokens(tmp
     assert json.loads(part["text"]) and 0 < min(len(e["top_logprobs"]) for e in part["logprobs"]) < 20
     for (payload,) in rows(db, "SELECT payload FROM events"):
         strict_json(payload)
+
+
+def test_reasoning_effort_minimal_is_a_run_default_rendered_as_low(tmp_path, tiny_model_dir):
+    source, db = tmp_path / "hi.jsonl", tmp_path / "effort.duckdb"
+    source.write_text(json.dumps({"custom_id": "hi", "input": "Hi"}) + "\n")
+    for effort in ("minimal", "low"):
+        result = submit(source, "--db", db, "--run-id", effort, "--reasoning-effort", effort, "--keep-tokens",
+                        "--max-output-tokens", "2", model=tiny_model_dir)
+        assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT run_id, response->>'$.reasoning.effort' FROM responses ORDER BY 1") == [
+        ("low", "low"), ("minimal", "minimal")]
+    prompts = rows(db, "SELECT run_id, prompt_token_ids FROM tokens ORDER BY 1")
+    assert prompts[0][1] == prompts[1][1]  # harmony has no minimal: the same prompt as low

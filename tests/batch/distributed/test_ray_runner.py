@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from tests.support.ray_cluster import REPO, simulated_cluster  # sets LOOPBACK_E
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batchrun[ray]')")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from batch.distributed.ray_runner import RayOptions, RayRunner  # noqa: E402
+from batch.distributed.ray_runner import RayOptions, RayRunner, unreachable  # noqa: E402
 from batch.run.options import RunOptions  # noqa: E402
 from batch.run.session import SessionOptions  # noqa: E402
 from batch.harmony.render import PromptOptions  # noqa: E402
@@ -224,18 +225,60 @@ def test_without_ray_the_option_says_how_to_install_it(tmp_path, monkeypatch, mi
     assert "pip install 'batchrun[ray]'" in result.output
 
 
-def test_a_cluster_that_cannot_be_joined_is_one_error_line(tmp_path, monkeypatch, mixed):
+@pytest.fixture
+def listening_port():
+    """A loopback port something accepts TCP connections on (not a Ray cluster)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server.getsockname()[1]
+
+
+@pytest.fixture
+def closed_port():
+    """A loopback port nothing listens on (bound and closed again)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    return port
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_error_line(tmp_path, monkeypatch, mixed, listening_port):
     # ray.init's ConnectionError for a wrong --ray address came out as a traceback.
     def refuse(**kwargs):
         raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}.")
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
-    result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", "10.0.0.9:6379", "--quiet")
+    address = f"127.0.0.1:{listening_port}"
+    result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", address, "--quiet")
     assert result.exit_code == 1
-    assert result.output == ("error: --ray 10.0.0.9:6379: cannot join a Ray cluster there (Failed to connect to "
-                             "Ray cluster at 10.0.0.9:6379.); start one with `ray start --head`, or pass --ray "
+    assert result.output == (f"error: --ray {address}: cannot join a Ray cluster there (Failed to connect to "
+                             f"Ray cluster at {address}.); start one with `ray start --head`, or pass --ray "
                              "alone for a local cluster\n")
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_where_nothing_listens_fails_at_once_without_rays_retries(tmp_path, monkeypatch, mixed,
+                                                                             closed_port, scheme):
+    # ray.init retried the connection for over a minute before it gave up.
+    def retrying(**kwargs):
+        raise AssertionError("ray.init was called: it retries an unreachable address for over a minute")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", retrying)
+    address = f"{scheme}127.0.0.1:{closed_port}"
+    result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", address, "--quiet")
+    assert result.exit_code == 1
+    assert result.output == (f"error: --ray {address}: cannot join a Ray cluster there (nothing answers at "
+                             f"127.0.0.1:{closed_port}: Connection refused); start one with `ray start --head`, "
+                             "or pass --ray alone for a local cluster\n")
+
+
+def test_only_an_address_with_a_port_is_checked_before_ray(listening_port, closed_port):
+    assert unreachable(f"127.0.0.1:{listening_port}") is None
+    assert unreachable(f"ray://127.0.0.1:{listening_port}") is None
+    assert unreachable(f"127.0.0.1:{closed_port}") == f"nothing answers at 127.0.0.1:{closed_port}: Connection refused"
+    assert unreachable(f"[::1]:{closed_port}") is not None  # IPv6 loopback: refused, or no IPv6 at all
+    for resolved_by_ray in ("auto", "127.0.0.1", "127.0.0.1:port"):
+        assert unreachable(resolved_by_ray) is None
 
 
 @pytest.mark.slow  # two Ray runs of the real engine in subprocesses (~40 s)

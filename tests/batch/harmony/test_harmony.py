@@ -5,7 +5,7 @@ import pytest
 from openai_harmony import Role
 
 from batch.harmony.render import PromptOptions, RenderError, render_prompt, render_tool_output
-from batch.responses.request import parse_request
+from batch.responses.request import REASONING_EFFORTS, RequestError, parse_request
 from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 
@@ -144,3 +144,22 @@ def _whole_conversation(body, options=PromptOptions()):
 def test_prompts_rendered_from_cached_heads_and_message_frames_equal_the_whole_conversations(body):
     first, second = render(body)[1], render(body)[1]  # a miss, then a hit of the caches
     assert first == second == _whole_conversation(body)
+
+
+@pytest.mark.parametrize("effort", REASONING_EFFORTS)
+def test_every_effort_a_request_may_name_renders_and_is_a_run_default(effort):
+    """One list of names: the request's `reasoning.effort`, the run's --reasoning-effort and the
+    rendering all take the same ones; `minimal` (harmony has none) renders as low."""
+    shown = "low" if effort == "minimal" else effort
+    assert f"Reasoning: {shown}\n" in render({"input": "Hi", "reasoning": {"effort": effort}})[0]
+    assert f"Reasoning: {shown}\n" in render({"input": "Hi"}, PromptOptions(reasoning_effort=effort))[0]
+
+
+def test_the_request_model_cli_and_rendering_share_one_list_of_efforts():
+    from batch.cli.commands import submit
+
+    assert set(REASONING_EFFORTS) == {"minimal", "low", "medium", "high"}
+    option = next(param for param in submit.params if param.name == "reasoning_effort")
+    assert tuple(option.type.choices) == REASONING_EFFORTS
+    with pytest.raises(RequestError, match="reasoning.effort"):
+        parse_request({"input": "Hi", "reasoning": {"effort": "extreme"}})

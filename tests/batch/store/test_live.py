@@ -96,6 +96,57 @@ def test_a_writable_store_publishes_until_closed(tmp_path):
     assert not snapshot_path(db).exists()  # readers read the file itself again
 
 
+def test_close_removes_the_snapshot_when_a_second_interrupt_cuts_stopping_short(tmp_path, monkeypatch):
+    db = tmp_path / "b.duckdb"
+    store = Store(db)
+    publisher = store.publish_live()
+    store.runs.create(make_run("r1"))
+    publisher.publish()
+    assert snapshot_path(db).exists()
+    stop = publisher.stop
+
+    def interrupted_stop() -> None:  # Ctrl-C while close waits for the publishing thread
+        stop()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(publisher, "stop", interrupted_stop)
+    with pytest.raises(KeyboardInterrupt):
+        store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.duckdb"]
+
+
+def test_a_publish_that_ends_after_close_removes_what_it_published(tmp_path):
+    """close's wait for the thread interrupted: the thread, still publishing, cleans up after itself."""
+    db = tmp_path / "b.duckdb"
+    with Store(db) as store:
+        store.runs.create(make_run("r1"))
+        publisher = LivePublisher(db, store.write_lock, first_after_s=3600)
+        publisher._closed = True  # as close leaves it, had its join been cut short
+        publisher.publish()
+        assert snapshot_path(db).exists()
+        publisher.stop()
+    assert not snapshot_path(db).exists()
+    publisher.close()
+
+
+def test_a_new_writer_removes_a_snapshot_a_killed_run_left(tmp_path):
+    db = tmp_path / "b.duckdb"
+    with Store(db) as store:
+        store.runs.create(make_run("r1"))
+        publisher = LivePublisher(db, store.write_lock, first_after_s=3600)
+        publisher.publish()
+        publisher.stop()
+    stale = snapshot_path(db).read_bytes()
+    publisher.close()
+    snapshot_path(db).write_bytes(stale)  # as kill -9 leaves it
+    with Store(db) as store:
+        LivePublisher(db, store.write_lock, first_after_s=3600).close()
+        assert not snapshot_path(db).exists()
+        snapshot_path(db).write_bytes(stale)
+        store.publish_live()
+        assert not snapshot_path(db).exists()  # at once, not at the first publish
+
+
 def hold_with_plain_duckdb(db: Path) -> subprocess.Popen:
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
                                "print('ready', flush=True); time.sleep(60)", str(db)], stdout=subprocess.PIPE)
