@@ -129,8 +129,8 @@ def test_a_publish_that_ends_after_close_removes_what_it_published(tmp_path):
     publisher.close()
 
 
-def test_a_new_writer_removes_a_snapshot_a_killed_run_left(tmp_path):
-    db = tmp_path / "b.duckdb"
+def stale_snapshot(db: Path) -> bytes:
+    """The bytes of a snapshot of `db` (one run) as a killed run (kill -9) would leave it; the file is removed."""
     with Store(db) as store:
         store.runs.create(make_run("r1"))
         publisher = LivePublisher(db, store.write_lock, first_after_s=3600)
@@ -138,6 +138,12 @@ def test_a_new_writer_removes_a_snapshot_a_killed_run_left(tmp_path):
         publisher.stop()
     stale = snapshot_path(db).read_bytes()
     publisher.close()
+    return stale
+
+
+def test_a_new_writer_removes_a_snapshot_a_killed_run_left(tmp_path):
+    db = tmp_path / "b.duckdb"
+    stale = stale_snapshot(db)
     snapshot_path(db).write_bytes(stale)  # as kill -9 leaves it
     with Store(db) as store:
         LivePublisher(db, store.write_lock, first_after_s=3600).close()
@@ -156,13 +162,7 @@ def hold_with_plain_duckdb(db: Path) -> subprocess.Popen:
 
 def test_a_snapshot_left_by_a_killed_run_is_not_read_for_another_holder(tmp_path):
     db = tmp_path / "b.duckdb"
-    with Store(db) as store:
-        store.runs.create(make_run("r1"))
-        publisher = LivePublisher(db, store.write_lock, first_after_s=3600)
-        publisher.publish()
-        publisher.stop()
-    stale = snapshot_path(db).read_bytes()  # as a kill -9 would leave it
-    publisher.close()
+    stale = stale_snapshot(db)
     snapshot_path(db).write_bytes(stale)
     holder = hold_with_plain_duckdb(db)
     try:
