@@ -22,7 +22,7 @@ from batch.responses.request_errors import RequestError, json_type, readable_err
 # Accepted so that requests written for the API run unchanged, but with no
 # effect here: there is no streaming to a client, no server-side store, etc.
 IGNORED_FIELDS = frozenset({
-    "background", "stream", "stream_options", "store", "service_tier", "truncation",
+    "background", "stream", "stream_options", "store", "service_tier",
     "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
     "prompt", "conversation",
 })
@@ -370,6 +370,8 @@ class ResponsesRequest(_Strict):
     previous_response_id: str | None = None
     include: list[Includable] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # auto: a prompt longer than the context drops conversation items from its start (batch.run.admission)
+    truncation: Literal["auto", "disabled"] | None = None
     # Not honoured either, but echoed in the Response object as the API does.
     user: str | None = None
 

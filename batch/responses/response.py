@@ -67,7 +67,7 @@ def build_response(request: ResponsesRequest, *, response_id: str, created_at: i
         "error": error,
         "tools": [_echo_tool(t) for t in redact_secrets({"tools": request.tool_dicts()})["tools"]],
         "tool_choice": request.tool_choice_json(),
-        "truncation": "disabled",
+        "truncation": request.truncation or "disabled",
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         # verbosity: echoed as the API does; harmony's prompt has no place for it, so it changes nothing here
         "text": {"format": request.text_format_json(),

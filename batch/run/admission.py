@@ -93,9 +93,44 @@ def sample_seed(run_seed: int, line: InputLine) -> int:
     return derive_seed(run_seed, line.custom_id if line.epoch == 0 else f"{line.custom_id}#epoch{line.epoch}")
 
 
+def fit_to_context(request: ResponsesRequest, items: list[dict], registry: ToolRegistry, prompt: PromptOptions,
+                   context_len: int) -> list[int] | None:
+    """`truncation: "auto"`: the prompt without the fewest leading conversation items that leaves room for one
+    output token in `context_len`, or None when even the last item alone does not fit.
+
+    As the API does, items are dropped from the beginning of the conversation; system and developer
+    messages stay, and so does the last item. A cut never falls just before a tool's output (`*_output`
+    items), which would keep the output and drop its call. Binary search over the cuts: a few renders.
+    """
+    droppable = [index for index, item in enumerate(items) if item.get("role") not in ("system", "developer")]
+    cuts = [count for count in range(1, len(droppable))
+            if not str(items[droppable[count]].get("type", "")).endswith("_output")]
+
+    def render_without(count: int) -> list[int] | None:
+        dropped = set(droppable[:count])
+        try:
+            ids = render_prompt(request, [item for index, item in enumerate(items) if index not in dropped],
+                                registry, prompt)
+        except RenderError:  # a conversation harmony cannot render once cut here
+            return None
+        return ids if len(ids) < context_len else None
+
+    low, high, best = 0, len(cuts) - 1, None
+    while low <= high:  # the fewest dropped that fit (the more dropped, the shorter the prompt)
+        middle = (low + high) // 2
+        ids = render_without(cuts[middle])
+        if ids is None:
+            low = middle + 1
+        else:
+            best, high = ids, middle - 1
+    return best
+
+
 def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
-          options: SessionOptions, run_id: str) -> Session | RequestResult:
-    """Render a prepared line with its servers' listings: a Session, or an `invalid` result."""
+          options: SessionOptions, run_id: str, context_len: int | None = None) -> Session | RequestResult:
+    """Render a prepared line with its servers' listings: a Session, or an `invalid` result.
+
+    `context_len`: the model's context, for requests with `truncation: "auto"` (None: never truncate)."""
     line, registry = prepared.line, prepared.registry
     # The response echoes the effort the prompt was rendered with (a run default included).
     request = prepared.request.with_effort(prompt.reasoning_effort)
@@ -108,6 +143,9 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     text_format = request.text_format_json()
     try:
         prompt_ids = render_prompt(request, prepared.items, registry, prompt)
+        if request.truncation == "auto" and context_len is not None and len(prompt_ids) >= context_len:
+            # nothing fits: the full prompt, which the engine refuses as it does without truncation
+            prompt_ids = fit_to_context(request, prepared.items, registry, prompt, context_len) or prompt_ids
         # The first turn's grammar (tool_choice holds) and every later turn's (auto).
         grammars = (turn_grammar(registry, text_format, first_turn=True),
                     turn_grammar(registry, text_format, first_turn=False))

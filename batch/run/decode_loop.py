@@ -134,7 +134,8 @@ class DecodeLoop:
                 continue
             listings = {label: future.result() for label, future in futures.items()}
             try:
-                session = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id)
+                session = admit(prepared, listings, self.options.prompt, self.options.session, self.run_id,
+                                self.backend.max_model_len)
             except BaseException as exc:  # e.g. harmony panics on a prompt of 2 MB of spaces
                 reraise_interrupts(exc)
                 line = prepared.line

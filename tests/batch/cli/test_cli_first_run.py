@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from batch.cli import submit as submit_module
 from batch.cli.main import main
+from batch.harmony.vocab import harmony_encoding
 from tests.support.db import rows
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -216,6 +217,28 @@ def test_resume_and_retry_failed_accept_latest(tmp_path, tiny_model_dir):
     retried = batchrun("submit", source, *common, "--retry-failed", "latest")
     assert retried.exit_code == 0, retried.output  # every line stopped at 2 tokens: incomplete, retried
     assert "run first resumed: 3 requests this time" in retried.output
+
+
+def test_truncation_auto_drops_the_conversations_first_items_to_fit_the_context(tmp_path, tiny_model_dir):
+    history = [{"role": role, "content": f"{role} message {turn}: " + "more words " * 12}
+               for turn in range(60) for role in ("user", "assistant")]
+    conversation = [{"role": "developer", "content": "Be brief."}, *history, {"role": "user", "content": "Last?"}]
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "auto", "input": conversation, "truncation": "auto"},
+                         {"custom_id": "disabled", "input": conversation})
+    db = tmp_path / "out.duckdb"
+    # A tiny KV cache clamps the context to a few hundred tokens: the conversation is longer than that.
+    result = batchrun("submit", source, "--db", db, "--model", tiny_model_dir, "--kv-cache-gb", "0.001",
+                      "--max-output-tokens", "2", "--keep-tokens", "--quiet")
+    assert result.exit_code == 0, result.output
+    outcome = {cid: (status, error) for cid, status, error in rows(db, "SELECT custom_id, status, error FROM requests")}
+    assert outcome["disabled"][0] == "failed" and "prompt has" in outcome["disabled"][1]
+    assert outcome["auto"][0] in ("completed", "incomplete")  # 2 output tokens: decoded, whatever it says
+    [(response, prompt_ids)] = rows(db, "SELECT r.response, t.prompt_token_ids FROM responses r JOIN tokens t "
+                                        "USING (response_id) JOIN requests q USING (response_id) "
+                                        "WHERE q.custom_id = 'auto'")
+    text = harmony_encoding().decode(prompt_ids)
+    assert "Be brief." in text and "Last?" in text and "user message 0:" not in text and "message 59:" in text
+    assert json.loads(response)["truncation"] == "auto"
 
 
 def test_each_request_exports_as_the_one_answer_the_api_would_give(tmp_path, tiny_model_dir):
