@@ -70,6 +70,7 @@ def run_bench(plan: BenchPlan, db: str) -> str:
         save(_constrained_bench(plan))
     if "host" in plan.systems:
         save(_host_bench(plan.host_requests, plan.seed))
+        save(_mcp_render_bench(plan.host_requests, plan.seed))
     return bench_id
 
 
@@ -172,6 +173,22 @@ def _host_bench(num_requests: int, seed: int) -> dict:
             "total_tok_s": None, "peak_rss_mb": None,
             "stats": {"events": result.events, "events_per_s": result.events_per_s,
                       "us_per_token": result.us_per_token}}
+
+
+def _mcp_render_bench(num_requests: int, seed: int) -> dict:
+    """The host's cost of rendering prompts that carry a server's 30 listed MCP tools (no decoding)."""
+    from batch.bench.render import make_render_workload, run_render_bench
+
+    workload = make_render_workload(num_requests, num_tools=30, seed=seed)
+    click.echo(f"mcp_render: host ({num_requests} requests, 30 MCP tools) ...", err=True)
+    result = run_render_bench(workload)
+    click.echo(result.line())
+    return {"model": None, "workload": "mcp_render", "system": "host", "num_requests": result.num_requests,
+            "prompt_tokens": result.prompt_tokens, "prefill_tokens": None, "output_tokens": 0,
+            "wall_s": result.render_s, "ttft_s": None, "output_tok_s": None, "total_tok_s": None,
+            "peak_rss_mb": None, "stats": {"render_ms_per_request": result.render_ms_per_request,
+                                           "registry_ms_per_request": result.registry_ms_per_request,
+                                           "num_tools": result.num_tools}}
 
 
 def bench_model(preset: str) -> Path:
