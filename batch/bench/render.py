@@ -61,7 +61,7 @@ def make_listing(num_tools: int, seed: int = 0) -> list[Tool]:
     """`num_tools` tools with pydantic-made input schemas (~1 KB each), as a server lists them."""
     rng = random.Random(seed)
     return [Tool(name=f"tool_{index}", description=f"Tool {index}: looks {rng.choice(_WORDS)} up in the docs.",
-                 inputSchema=_arguments_model(rng, index).model_json_schema())
+                 input_schema=_arguments_model(rng, index).model_json_schema())
             for index in range(num_tools)]
 
 
