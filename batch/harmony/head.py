@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from openai_harmony import (
     Conversation,
     DeveloperContent,
-    HarmonyEncoding,
     Message,
     ReasoningEffort,
     Role,
@@ -25,7 +24,7 @@ from openai_harmony import (
 )
 
 from batch.harmony.sections import COMMENTARY_LINE, commentary_line
-from batch.harmony.token_parser import END_TOKEN, MESSAGE_TOKEN
+from batch.harmony.token_parser import END_TOKEN, MESSAGE_TOKEN, START_TOKEN
 from batch.harmony.tool_sections import ToolSections, with_developer_tools, with_system_tools
 from batch.harmony.vocab import harmony_encoding
 from batch.responses.request import REASONING_EFFORTS
@@ -66,47 +65,48 @@ def head_messages(spec: HeadSpec) -> list[Message]:
     return head
 
 
-def _head_text_edits(head: list[Message], namespaces: tuple[str, ...], response_format: str | None) -> list[Message]:
-    """The head with the guide's additions harmony has no builder for, as text messages.
+def _messages(tokens: list[int]) -> list[tuple[list[int], int]]:
+    """A rendered conversation's messages: (each one's tokens, where its content starts in them)."""
+    messages: list[tuple[list[int], int]] = []
+    start = content = 0
+    for position, token in enumerate(tokens):
+        if token == START_TOKEN:
+            start = position
+        elif token == MESSAGE_TOKEN:
+            content = position + 1 - start
+        elif token == END_TOKEN:
+            messages.append((tokens[start:position + 1], content))
+    return messages
+
+
+def _with_additions(tokens: list[int], namespaces: tuple[str, ...], response_format: str | None) -> list[int]:
+    """The head's tokens with the guide's additions harmony has no builder for.
 
     Harmony renders a message's content as one text (tests/batch/harmony/test_sections.py checks
     it), so a text message holding harmony's rendered text plus the additions is token for token
-    what harmony would render if it had them.
+    what harmony would render if it had them. Only the messages that change are rendered again:
+    the developer message, tools and all, is most of the head's tokens and most of its cost.
     """
-    texts = _message_texts(harmony_encoding(), head)
-    system_text = texts[0]
+    encoding = harmony_encoding()
+    (system, system_start), *rest = _messages(tokens)
     if namespaces:
         # harmony wrote the line for `functions` only (when there are function tools)
-        system_text = system_text.split("\n" + COMMENTARY_LINE)[0] + "\n" + commentary_line(list(namespaces))
-    edited = [Message.from_role_and_content(Role.SYSTEM, system_text)]
-    if len(texts) > 1 or response_format:
-        developer_text = texts[1] if len(texts) > 1 else ""
-        if response_format:  # the guide: at the end of the developer message
-            developer_text = f"{developer_text}\n\n{response_format}" if developer_text else response_format
-        edited.append(Message.from_role_and_content(Role.DEVELOPER, developer_text))
-    return edited
-
-
-def _message_texts(encoding: HarmonyEncoding, messages: list[Message]) -> list[str]:
-    """Each message's content text as harmony renders it within their conversation."""
-    tokens = encoding.render_conversation(Conversation.from_messages(messages))
-    texts: list[str] = []
-    start: int | None = None
-    for position, token in enumerate(tokens):
-        if token == MESSAGE_TOKEN:
-            start = position + 1
-        elif token == END_TOKEN and start is not None:
-            texts.append(encoding.decode(tokens[start:position]))
-            start = None
-    return texts
+        text = encoding.decode(system[system_start:-1])
+        text = text.split("\n" + COMMENTARY_LINE)[0] + "\n" + commentary_line(list(namespaces))
+        system = encoding.render(Message.from_role_and_content(Role.SYSTEM, text))
+    if response_format:  # the guide: at the end of the developer message
+        developer = encoding.decode(rest[0][0][rest[0][1]:-1]) if rest else ""
+        text = f"{developer}\n\n{response_format}" if developer else response_format
+        rest = [(encoding.render(Message.from_role_and_content(Role.DEVELOPER, text)), 0)]
+    return [*system, *(token for message, _ in rest for token in message)]
 
 
 def render_head(spec: HeadSpec) -> list[int]:
     """The head's tokens, rendered afresh (what the cache holds)."""
-    head = head_messages(spec)
+    tokens = harmony_encoding().render_conversation(Conversation.from_messages(head_messages(spec)))
     if spec.commentary or spec.response_format:
-        head = _head_text_edits(head, spec.commentary, spec.response_format)
-    return harmony_encoding().render_conversation(Conversation.from_messages(head))
+        tokens = _with_additions(tokens, spec.commentary, spec.response_format)
+    return tokens
 
 
 class HeadCache:
