@@ -6,7 +6,8 @@ one listing (`add_listing`), then `render_prompt`. The listed tools are made the
 FastMCP server makes them (pydantic's schemas: titles everywhere, optional fields as
 `anyOf` with null, ~1 KB each); the requests differ in their input, and some carry a
 function tool, instructions or another effort, so the prompt-head cache sees both repeats
-and variety, as a run does.
+and variety, as a run does; or (`distinct_heads`) each has instructions of its own, so
+every head is rendered afresh.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def make_listing(num_tools: int, seed: int = 0) -> list[Tool]:
             for index in range(num_tools)]
 
 
-def _body(index: int) -> dict:
+def _body(index: int, distinct_heads: bool) -> dict:
     body: dict = {"input": f"Question {index}: what does the page say about topic {index * 7}?",
                   "tools": [{"type": "mcp", "server_label": LABEL, "server_url": "http://docs.invalid",
                              "server_description": "The product documentation.", "require_approval": "never"}]}
@@ -73,18 +74,22 @@ def _body(index: int) -> dict:
         body["tools"].append({"type": "function", "name": "lookup", "description": "Look a value up.",
                               "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
                                              "required": ["query"]}})
-    if index % 5 == 2:
+    if distinct_heads:  # as an eval suite whose every line has its own instructions
+        body["instructions"] = f"Answer question {index} from the documentation only."
+    elif index % 5 == 2:
         body["instructions"] = "Answer from the documentation only."
     if index % 7 == 3:
         body["reasoning"] = {"effort": "high"}
     return body
 
 
-def make_render_workload(num_requests: int, num_tools: int = 30, seed: int = 0) -> RenderWorkload:
-    """`num_requests` requests naming one MCP server that listed `num_tools` tools."""
+def make_render_workload(num_requests: int, num_tools: int = 30, seed: int = 0,
+                         distinct_heads: bool = False) -> RenderWorkload:
+    """`num_requests` requests naming one MCP server that listed `num_tools` tools; with
+    `distinct_heads` each has its own instructions, so no two share a prompt head."""
     requests = []
     for index in range(num_requests):
-        request, _ = parse_request(_body(index))
+        request, _ = parse_request(_body(index, distinct_heads))
         requests.append((request.with_effort("medium"), request.input_items()))
     return RenderWorkload(requests, make_listing(num_tools, seed))
 
@@ -108,7 +113,7 @@ class RenderBenchResult:
         return 1e3 * self.registry_s / self.num_requests
 
     def line(self) -> str:
-        return (f"mcp render: {self.render_ms_per_request:.3f} ms per request for render_prompt "
+        return (f"{self.render_ms_per_request:.3f} ms per request for render_prompt "
                 f"(+{self.registry_ms_per_request:.3f} ms building its registry), {self.num_requests} requests x "
                 f"{self.num_tools} MCP tools, {self.prompt_tokens / self.num_requests:,.0f} prompt tokens each")
 
