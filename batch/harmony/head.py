@@ -43,7 +43,7 @@ class HeadSpec:
     knowledge_cutoff: str
     instructions: str | None  # the developer message's `# Instructions`
     tools: ToolSections
-    commentary: tuple[str, ...] = ()  # namespaces the system message routes to commentary (() : harmony's line)
+    commentary: tuple[str, ...] = ()  # namespaces the system message routes to commentary (empty: harmony's own line)
     response_format: str | None = None  # the `# Response Formats` section
 
 
