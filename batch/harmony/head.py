@@ -6,7 +6,7 @@ built from the spec alone, so the spec is a complete key of the cache: a request
 head would differ in any token has a different spec. It is cheap to build: listed MCP
 schemas count by identity and function parameters by their JSON text (ToolSections), where
 the key before it serialised every message, each tool's schema included, on each request
-(~0.8 ms of a request's 1.2 ms with 30 listed tools).
+(with 30 listed tools, ~0.75 ms of a request's 1.2 ms under cProfile).
 """
 
 from __future__ import annotations
