@@ -70,6 +70,9 @@ def run_bench(plan: BenchPlan, db: str) -> str:
         save(_constrained_bench(plan))
     if "host" in plan.systems:
         save(_host_bench(plan.host_requests, plan.seed))
+        save(_mcp_render_bench(plan.host_requests, plan.seed))
+        # every head rendered afresh costs ~10 ms with 30 tools: a fraction of the requests
+        save(_mcp_render_bench(max(10, plan.host_requests // 40), plan.seed, distinct_heads=True))
     return bench_id
 
 
@@ -172,6 +175,24 @@ def _host_bench(num_requests: int, seed: int) -> dict:
             "total_tok_s": None, "peak_rss_mb": None,
             "stats": {"events": result.events, "events_per_s": result.events_per_s,
                       "us_per_token": result.us_per_token}}
+
+
+def _mcp_render_bench(num_requests: int, seed: int, distinct_heads: bool = False) -> dict:
+    """The host's cost of rendering prompts that carry a server's 30 listed MCP tools (no decoding);
+    `distinct_heads`: no two requests share a prompt head (each has its own instructions)."""
+    from batch.bench.render import make_render_workload, run_render_bench
+
+    name = "mcp_render_distinct" if distinct_heads else "mcp_render"
+    workload = make_render_workload(num_requests, num_tools=30, seed=seed, distinct_heads=distinct_heads)
+    click.echo(f"{name}: host ({num_requests} requests, 30 MCP tools) ...", err=True)
+    result = run_render_bench(workload)
+    click.echo(f"{name}: {result.line()}")
+    return {"model": None, "workload": name, "system": "host", "num_requests": result.num_requests,
+            "prompt_tokens": result.prompt_tokens, "prefill_tokens": None, "output_tokens": 0,
+            "wall_s": result.render_s, "ttft_s": None, "output_tok_s": None, "total_tok_s": None,
+            "peak_rss_mb": None, "stats": {"render_ms_per_request": result.render_ms_per_request,
+                                           "registry_ms_per_request": result.registry_ms_per_request,
+                                           "num_tools": result.num_tools}}
 
 
 def bench_model(preset: str) -> Path:

@@ -196,7 +196,8 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.option("--deterministic/--no-deterministic", default=False, show_default=True,
               help="The engine system decodes batch-invariantly (the engine_deterministic system always does).")
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
-              help="Requests of the host system's seeded mix (~280 output tokens each).")
+              help="Requests of the host system's seeded mix (~280 output tokens each); as many prompts "
+                   "rendered with 30 MCP tools, and a 40th as many with distinct heads.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table, each as it lands.")
 def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw: Any) -> None:

@@ -9,36 +9,23 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from openai_harmony import (
-    Author,
-    Conversation,
-    DeveloperContent,
-    HarmonyEncoding,
-    Message,
-    ReasoningEffort,
-    Role,
-    SystemContent,
-    TextContent,
-)
+from openai_harmony import Author, Conversation, DeveloperContent, Message, Role, TextContent
 
-from batch.responses.request import REASONING_EFFORTS, ResponsesRequest, TextFormatJsonSchema
-from batch.harmony.sections import COMMENTARY_LINE, commentary_line, response_format_section
-from batch.harmony.token_parser import END_TOKEN, MESSAGE_TOKEN
-from batch.harmony.tool_sections import has_developer_tools, with_developer_tools, with_system_tools
+from batch.responses.request import ResponsesRequest, TextFormatJsonSchema
+from batch.harmony.head import HEADS, HeadSpec, system_content
+from batch.harmony.sections import response_format_section
+from batch.harmony.token_parser import MESSAGE_TOKEN
+from batch.harmony.tool_sections import ToolSections
 from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
 from tools.servers import builtin_kind
 
 KNOWLEDGE_CUTOFF = "2024-06"
-# Harmony's efforts are low, medium and high: an API effort it lacks renders as the nearest one.
-_HARMONY_NEAREST = {"minimal": "low"}
-_EFFORT = {name: ReasoningEffort[_HARMONY_NEAREST.get(name, name).upper()] for name in REASONING_EFFORTS}
 
-__all__ = ["RenderError", "PromptOptions", "render_prompt", "render_tool_output", "input_messages",
+__all__ = ["RenderError", "PromptOptions", "head_spec", "render_prompt", "render_tool_output", "input_messages",
            "render_sampling"]
 
 
@@ -63,20 +50,6 @@ def _text_of(content: str | list[dict[str, Any]] | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content or [])
-
-
-def _system_message(request: ResponsesRequest, registry: ToolRegistry, options: PromptOptions) -> Message:
-    effort = (request.reasoning and request.reasoning.effort) or options.reasoning_effort
-    date = (request.metadata or {}).get("conversation_date") or options.conversation_date
-    content = with_system_tools(registry, _system_content(effort, date, options))
-    return Message.from_role_and_content(Role.SYSTEM, content)
-
-
-def _system_content(effort: str, date: str | None, options: PromptOptions) -> SystemContent:
-    """Harmony's system content: reasoning effort, knowledge cutoff, and the date when there is one."""
-    content = SystemContent.new().with_reasoning_effort(_EFFORT[effort]).with_knowledge_cutoff(
-        options.knowledge_cutoff)
-    return content.with_conversation_start_date(date) if date else content
 
 
 def _instructions(request: ResponsesRequest, items: str | list[dict] | None) -> str | None:
@@ -107,61 +80,15 @@ def _response_format(request: ResponsesRequest) -> str | None:
     return response_format_section(text_format.name, text_format.json_schema, text_format.description)
 
 
-def _developer_message(request: ResponsesRequest, registry: ToolRegistry,
-                       items: str | list[dict] | None = None) -> Message | None:
-    instructions = _instructions(request, items)
-    if not instructions and not has_developer_tools(registry):
-        return None
-    content = DeveloperContent.new()
-    if instructions:
-        content = content.with_instructions(instructions)
-    return Message.from_role_and_content(Role.DEVELOPER, with_developer_tools(registry, content))
-
-
-def _head_messages(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
-                   options: PromptOptions) -> tuple[list[Message], tuple[str, ...], str | None]:
-    """The system (+ developer) messages harmony renders, and the text batchrun adds to them:
-    the namespaces the system message must route to commentary, the response-format section."""
-    head = [_system_message(request, registry, options)]
-    developer = _developer_message(request, registry, items)
-    if developer is not None:
-        head.append(developer)
-    return head, tuple(registry.commentary_namespaces()), _response_format(request)
-
-
-def _head_text_edits(head: list[Message], namespaces: tuple[str, ...], response_format: str | None) -> list[Message]:
-    """The head with the guide's additions harmony has no builder for, as text messages.
-
-    Harmony renders a message's content as one text (tests/batch/harmony/test_sections.py checks
-    it), so a text message holding harmony's rendered text plus the additions is token for token
-    what harmony would render if it had them.
-    """
-    texts = _message_texts(harmony_encoding(), head)
-    system_text = texts[0]
-    if namespaces:
-        # harmony wrote the line for `functions` only (when there are function tools)
-        system_text = system_text.split("\n" + COMMENTARY_LINE)[0] + "\n" + commentary_line(list(namespaces))
-    edited = [Message.from_role_and_content(Role.SYSTEM, system_text)]
-    if len(texts) > 1 or response_format:
-        developer_text = texts[1] if len(texts) > 1 else ""
-        if response_format:  # the guide: at the end of the developer message
-            developer_text = f"{developer_text}\n\n{response_format}" if developer_text else response_format
-        edited.append(Message.from_role_and_content(Role.DEVELOPER, developer_text))
-    return edited
-
-
-def _message_texts(encoding: HarmonyEncoding, messages: list[Message]) -> list[str]:
-    """Each message's content text as harmony renders it within their conversation."""
-    tokens = encoding.render_conversation(Conversation.from_messages(messages))
-    texts: list[str] = []
-    start: int | None = None
-    for position, token in enumerate(tokens):
-        if token == MESSAGE_TOKEN:
-            start = position + 1
-        elif token == END_TOKEN and start is not None:
-            texts.append(encoding.decode(tokens[start:position]))
-            start = None
-    return texts
+def head_spec(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
+              options: PromptOptions) -> HeadSpec:
+    """What the request's head shows: its effort and date (the run's when it names none), the
+    instructions, the tools the registry enabled (MCP servers as listed), the text format."""
+    return HeadSpec(effort=(request.reasoning and request.reasoning.effort) or options.reasoning_effort,
+                    date=(request.metadata or {}).get("conversation_date") or options.conversation_date,
+                    knowledge_cutoff=options.knowledge_cutoff, instructions=_instructions(request, items),
+                    tools=ToolSections.of(registry), commentary=tuple(registry.commentary_namespaces()),
+                    response_format=_response_format(request))
 
 
 def _assistant(text: str, channel: str, recipient: str | None = None,
@@ -258,39 +185,6 @@ def input_messages(items: str | list[dict]) -> list[Message]:
     return messages
 
 
-class _HeadCache:
-    """Rendered system (+ developer) messages by their JSON: requests of a run mostly share them.
-
-    Harmony renders a conversation message by message. Only the system message
-    depends on the rest (its tool-routing line appears when a developer message
-    declares functions), and both sit in the head; the analysis messages a
-    conversation drops are assistant ones, all in the tail. So head + tail equals
-    the whole conversation's rendering (tests/batch/harmony/test_harmony.py checks it),
-    and the head, most of a prompt's rendering time, is rendered once. The guide's additions
-    (batch/harmony/sections.py) are part of the key and of the cached tokens.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._tokens: OrderedDict[str, list[int]] = OrderedDict()
-
-    def tokens(self, head: list[Message], namespaces: tuple[str, ...] = (),
-               response_format: str | None = None) -> list[int]:
-        key = json.dumps([[message.to_dict() for message in head], namespaces, response_format])
-        tokens = self._tokens.get(key)
-        if tokens is None:
-            if namespaces or response_format:
-                head = _head_text_edits(head, namespaces, response_format)
-            tokens = harmony_encoding().render_conversation(Conversation.from_messages(head))
-            self._tokens[key] = tokens
-            if len(self._tokens) > self.size:
-                self._tokens.popitem(last=False)
-        else:
-            self._tokens.move_to_end(key)
-        return tokens
-
-
-_HEADS = _HeadCache(256)
 _PROBE = "Probe 123, <|start|> déjà vu."  # any text: a frame must wrap it as harmony does
 
 
@@ -364,8 +258,7 @@ def _assistant_header() -> list[int]:
 def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
                   options: PromptOptions) -> list[int]:
     """Prompt tokens for a request whose conversation input is `items`."""
-    head, namespaces, response_format = _head_messages(request, items, registry, options)
-    return [*_HEADS.tokens(head, namespaces, response_format), *_tail_tokens(input_messages(items))]
+    return [*HEADS.tokens(head_spec(request, items, registry, options)), *_tail_tokens(input_messages(items))]
 
 
 def render_tool_output(author: str, text: str) -> list[int]:
@@ -377,7 +270,7 @@ def render_sampling(system_prompt: str | None, messages: list[tuple[str, str]], 
     """Prompt tokens for an MCP server's sampling request: harmony's system message (the run's
     effort and date, no tools), the server's system prompt as the developer's instructions, then
     its `(role, text)` turns: a user's as user messages, an assistant's as final answers."""
-    content = _system_content(options.reasoning_effort, options.conversation_date, options)
+    content = system_content(options.reasoning_effort, options.conversation_date, options.knowledge_cutoff)
     conversation = [Message.from_role_and_content(Role.SYSTEM, content)]
     if system_prompt:
         conversation.append(Message.from_role_and_content(

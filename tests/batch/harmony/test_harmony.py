@@ -99,13 +99,12 @@ def _whole_conversation(body, options=PromptOptions()):
     """The prompt as harmony renders it in one call: the reference for the head cache."""
     from openai_harmony import Conversation
 
-    from batch.harmony.render import _developer_message, _system_message, input_messages
+    from batch.harmony.head import head_messages
+    from batch.harmony.render import head_spec, input_messages
 
     request, _ = parse_request(body)
     registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
-    messages = [_system_message(request, registry, options)]
-    developer = _developer_message(request, registry, request.input_items())
-    messages += [developer] if developer is not None else []
+    messages = head_messages(head_spec(request, request.input_items(), registry, options))
     messages += input_messages(request.input_items())
     return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
 

@@ -356,6 +356,9 @@ CORPUS: dict[str, dict] = {
     "text.format json_schema, description, tools": {
         "instructions": "Extract.", "input": "Ada, 36", "tools": [WEATHER], "text": {"format": {
             "type": "json_schema", "name": "person", "description": "A person's name and age.", "schema": SCHEMA}}},
+    "text.format json_schema, mcp and functions": {  # both additions: routing line and Response Formats
+        **DATE, "input": "Ada, 36", "tools": [MCP_WEATHER, WEATHER], "text": {"format": {
+            "type": "json_schema", "name": "person", "schema": SCHEMA}}},
     "text.format json_object": {"input": "Give JSON", "text": {"format": {"type": "json_object"}}},
     "sampling and run fields": {"input": "Hi", "temperature": 0.2, "top_p": 0.9, "max_output_tokens": 64,
                                 "max_tool_calls": 2, "parallel_tool_calls": False, "model": "gpt-oss-20b",

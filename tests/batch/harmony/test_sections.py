@@ -193,9 +193,10 @@ def test_harmony_renders_a_content_object_as_one_text():
     encoding = harmony_encoding()
     request, _ = parse_request({**GUIDE_DATE, "input": "Hi", "instructions": "Déjà vu 😀", "tools": GUIDE_FUNCTIONS})
     registry = ToolRegistry.from_tools(request.tool_dicts())
-    from batch.harmony.render import _developer_message
+    from batch.harmony.head import head_messages
+    from batch.harmony.render import head_spec
 
-    developer = _developer_message(request, registry)
+    _, developer = head_messages(head_spec(request, [], registry, PromptOptions()))
     tokens = encoding.render(developer)
     text = encoding.decode(tokens[tokens.index(200008) + 1:-1])
     assert encoding.render(Message.from_role_and_content(Role.DEVELOPER, text)) == tokens

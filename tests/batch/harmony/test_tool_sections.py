@@ -10,8 +10,7 @@ from openai_harmony import DeveloperContent, SystemContent
 
 from batch.harmony import tool_sections
 from batch.harmony.sections import harmony_schema
-from batch.harmony.tool_sections import (_TrimmedSchemas, has_developer_tools, with_developer_tools,
-                                         with_system_tools)
+from batch.harmony.tool_sections import ToolSections, _TrimmedSchemas, with_developer_tools, with_system_tools
 from tools.registry import ListedTool, ToolRegistry
 
 LOOKUP = Tool(name="lookup", description="Find a word.", inputSchema={"type": "object", "properties": {}})
@@ -20,11 +19,11 @@ LOOKUP = Tool(name="lookup", description="Find a word.", inputSchema={"type": "o
 def test_an_mcp_servers_listed_tools_render_as_its_namespace():
     registry = ToolRegistry.from_tools([{"type": "mcp", "server_label": "dict", "server_url": "http://x",
                                          "server_description": "A dictionary."}])
-    assert not has_developer_tools(registry)  # nothing to show before the server is listed
+    assert not ToolSections.of(registry).has_developer_tools  # nothing to show before the server is listed
     registry.add_listing("dict", [LOOKUP])
     assert registry.mcp_tools == {"dict": [ListedTool("lookup", "Find a word.", LOOKUP.input_schema)]}
-    assert has_developer_tools(registry)
-    content = with_developer_tools(registry, DeveloperContent.new())
+    assert ToolSections.of(registry).has_developer_tools
+    content = with_developer_tools(ToolSections.of(registry), DeveloperContent.new())
     [namespace] = content.tools.values()
     assert (namespace.name, namespace.description) == ("dict", "A dictionary.")
     assert [(t.name, t.description, t.parameters) for t in namespace.tools] == [
@@ -32,9 +31,10 @@ def test_an_mcp_servers_listed_tools_render_as_its_namespace():
 
 
 def test_builtin_tools_are_system_sections_and_nothing_else_is():
-    content = with_system_tools(ToolRegistry.from_tools([{"type": "code_interpreter"}]), SystemContent.new())
+    python = ToolSections.of(ToolRegistry.from_tools([{"type": "code_interpreter"}]))
+    content = with_system_tools(python, SystemContent.new())
     assert set(content.tools) == {"python"}
-    assert with_system_tools(ToolRegistry.from_tools([]), SystemContent.new()).tools is None
+    assert with_system_tools(ToolSections(), SystemContent.new()).tools is None
 
 
 # As a FastMCP server lists a tool: pydantic's schema, a title everywhere, optional fields as anyOf null.
@@ -44,7 +44,7 @@ SEARCH_SCHEMA = {"type": "object", "title": "searchArguments", "required": ["que
 
 
 def _namespace_parameters(registry: ToolRegistry) -> list[dict]:
-    [namespace] = with_developer_tools(registry, DeveloperContent.new()).tools.values()
+    [namespace] = with_developer_tools(ToolSections.of(registry), DeveloperContent.new()).tools.values()
     return [tool.parameters for tool in namespace.tools]
 
 
