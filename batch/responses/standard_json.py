@@ -38,8 +38,8 @@ def json_text(value: Any) -> str:
     write null for a number that is undefined)."""
     try:
         return _ENCODER.encode(value)
-    except ValueError:
-        found = find_non_finite(value)
+    except ValueError as exc:
+        found = find_non_finite(value) if "Out of range float" in str(exc) else None
         if found is None:
             raise  # another ValueError (a circular reference)
         raise NonFiniteError(*found) from None
