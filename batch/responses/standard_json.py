@@ -62,6 +62,18 @@ def find_non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
     return None
 
 
+def nulling_non_finite(value: Any) -> Any:
+    """A copy of a JSON value with each NaN or infinite float as None: for rows stored before batchrun
+    refused them (the -Infinity logprobs), read back and written out again."""
+    if isinstance(value, float):
+        return finite_or_none(value)
+    if isinstance(value, dict):
+        return {key: nulling_non_finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [nulling_non_finite(item) for item in value]
+    return value
+
+
 def finite_or_none(number: float | None) -> float | None:
     """The number, or None (JSON null) where it is NaN or infinite: an undefined statistic."""
     return number if number is None or math.isfinite(number) else None
