@@ -30,6 +30,7 @@ from batch.responses.standard_json import find_non_finite, shown
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _CHUNK_BYTES = 1 << 16
+_INFINITIES = (math.inf, -math.inf)
 _SCAN_CHUNK_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _MAX_REASONS, _MAX_EXAMPLES = 100, 5  # what check_input keeps of an input whose lines are all invalid
@@ -220,12 +221,13 @@ def iter_jsonl(handle: ByteStream, *,
         if not data.strip():  # every line is one row: an empty line is an invalid one
             yield lines.failed(line_no, "empty line" if not data else "empty line (whitespace only)")
             continue
+        numbers: list[str] = []
         try:
-            value = _decode(data)
+            value = _decode(data, numbers)
         except LineError as exc:
             yield lines.failed(line_no, str(exc))
             continue
-        yield lines.parse(line_no, value)
+        yield lines.parse(line_no, value, finite=not numbers)
 
 
 def _physical_lines(handle: ByteStream,
@@ -260,15 +262,27 @@ def _skip_rest(handle: ByteStream, size: int) -> int:
         size += len(chunk)
 
 
-def _decode(data: bytes) -> Any:
+def _decode(data: bytes, not_json: list[str] | None = None) -> Any:
+    """A line's JSON value. NaN, Infinity and numbers past a double (1e999) decode as floats, each noted
+    in `not_json`: LineParser.parse names the field that holds one (not JSON, so the line is invalid)."""
+    noted = [] if not_json is None else not_json
+
+    def constant(name: str) -> float:
+        noted.append(name)
+        return float(name)
+
+    def number(text: str) -> float:
+        value = float(text)
+        if value in _INFINITIES:
+            noted.append(text)
+        return value
+
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise LineError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
-        # NaN, Infinity and numbers past a double (1e999) decode as floats: LineParser.parse names
-        # the field that holds one (not JSON, so the line is invalid).
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=constant, parse_float=number)
     except json.JSONDecodeError as exc:
         raise LineError(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
     except RecursionError:
@@ -368,15 +382,16 @@ class LineParser:
         self._claim(line_no, custom_id)
         return InputLine(line_no, custom_id, None, None, error=f"line {line_no}: {message}")
 
-    def parse(self, line_no: int, value: Any, *, wrapped: bool = False) -> InputLine:
+    def parse(self, line_no: int, value: Any, *, wrapped: bool = False, finite: bool = False) -> InputLine:
         """An InputLine for a decoded JSON value: a bare body, a batch envelope or,
-        if `wrapped`, a Parquet `{custom_id, body}` row (method, url optional)."""
+        if `wrapped`, a Parquet `{custom_id, body}` row (method, url optional). `finite`: the
+        decoder saw no NaN or infinity in it (else every number is looked at)."""
         if not isinstance(value, dict):
             return self.failed(line_no, f"expected a JSON object, got {json_type(value)}")
         envelope = wrapped or ("body" in value and ("url" in value or "method" in value))
         custom_id, body, problem = _split(line_no, value, envelope, id_required=not wrapped)
         duplicate = self._claim(line_no, custom_id)
-        not_json = _non_finite(value, body, envelope)
+        not_json = None if finite else _non_finite(value, body, envelope)
         problem = problem or duplicate or not_json
         if problem is None and envelope:
             problem = _envelope_problem(value, route_required=not wrapped)
