@@ -15,9 +15,9 @@ from batch.cli import display
 from batch.cli.batch_output import batch_output_line
 from batch.cli.show_text import request_text, response_text
 from batch.cli.sql_output import FORMATS, render_results, terminal_width
-from batch.responses.standard_json import nulling_non_finite
 from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_new_run_id, check_output, fail as _fail,
                             open_store as _open_store, options_from, resolve_run)
+from batch.responses.standard_json import nulling_non_finite
 from batch.store.errors import StoreError
 from batch.store.responses import Responses
 from batch.cli.bench import PRESETS, BenchPlan, run_bench

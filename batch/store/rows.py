@@ -1,11 +1,11 @@
 """One typed row shape per table of the batchrun database, and its Arrow schema.
 
 Each table is a dataclass; its Arrow schema is derived from the field types, so a
-column is declared once. `Int32`, `Json` (a python value, dumped on write as standard JSON, no
-NaN or Infinity: batch/responses/standard_json.py) and `JsonText` (JSON already serialised, as
-event payloads are on the hot path) say what a plain python type cannot (batch/responses/columns.py). Rows are built by
-`batch.run.results` (and the evals/bench modules) and written only by the store,
-column by column.
+column is declared once. `Int32`, `Json` (a python value, dumped on write as standard JSON,
+no NaN or Infinity: batch/responses/standard_json.py) and `JsonText` (JSON already serialised,
+as event payloads are on the hot path) say what a plain python type cannot
+(batch/responses/columns.py). Rows are built by `batch.run.results` (and the evals/bench
+modules) and written only by the store, column by column.
 
 The tables that hang off a response store the session's own records as they are: a
 `turns` row is a `TurnMetrics`, a `tool_calls` row a `ToolCallRecord`, each under its
