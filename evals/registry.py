@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -129,7 +130,8 @@ def _describe(hint: object) -> str:
 
 
 def run_grader(name: str, output: Output, expected: object, options: dict) -> Grade:
-    """Grade ``output`` with grader ``name``; a response-less line or a grader error fails."""
+    """Grade ``output`` with grader ``name``; a response-less line, a grader error or a score that is not a
+    number (NaN, an infinity) fails."""
     if output.response is None:
         return Grade.check(False, f"no response: {output.error or output.status}")
     fn = GRADERS[name]
@@ -138,5 +140,7 @@ def run_grader(name: str, output: Output, expected: object, options: dict) -> Gr
         grade = fn(output, **kwargs)
     except GraderError as exc:
         return Grade.check(False, f"grader error: {exc}")
-    score = min(max(float(grade.score), 0.0), 1.0)
-    return Grade(score, bool(grade.passed), grade.explanation)
+    score = float(grade.score)
+    if not math.isfinite(score):  # NaN passed the clamp below, and a grade's score is a number in 0..1
+        return Grade.check(False, f"grader error: {name} gave the score {score}, not a number in 0..1")
+    return Grade(min(max(score, 0.0), 1.0), bool(grade.passed), grade.explanation)

@@ -192,7 +192,7 @@ class ToolClient:
         runs_tasks = runs_tool_tasks(client.session)
         while True:
             page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
-            tools.extend(tool for tool in page.tools if runs_tasks or not requires_task(tool))
+            tools.extend(standard_schema(tool) for tool in page.tools if runs_tasks or not requires_task(tool))
             cursor = page.next_cursor
             if not cursor:
                 return tools
@@ -377,6 +377,14 @@ def _innermost(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
+
+def standard_schema(tool: Tool) -> Tool:
+    """The listed tool with its inputSchema as standard JSON: a NaN or Infinity a server sent (the client reads
+    them) is null, as pydantic writes them, so the stored `mcp_list_tools` item is JSON. Once per listing: the
+    run's requests share these objects (batch/harmony/tool_sections.py keys its cache by them)."""
+    schema = tool.model_dump(mode="json", include={"input_schema"})["input_schema"]
+    return tool if schema == tool.input_schema else tool.model_copy(update={"input_schema": schema})
 
 
 def outcome_of(result: CallToolResult) -> CallOutcome:

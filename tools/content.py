@@ -5,7 +5,8 @@ becomes readable text, and nothing is thrown away: text as it is; a text resourc
 text under its uri; a binary resource, an image or audio as its MIME type and size
 (the model cannot read the bytes); a resource link as its name, uri and description.
 The whole result, as MCP sent it (camelCase JSON), is kept beside it for the
-`tool_calls.result` column.
+`tool_calls.result` column. Both are standard JSON: a number a server sent as NaN or
+Infinity, which the client reads, is null (batch/responses/standard_json.py).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from mcp.types import (AudioContent, BlobResourceContents, CallToolResult, Embed
 
 
 def readable_text(result: CallToolResult) -> str:
-    """The result as one string: each block readable, joined by newlines (structured content alone: its JSON)."""
+    """The result as one string: each block readable, joined by newlines (structured content alone: its JSON,
+    a NaN or infinity in it as null, as in `raw_result`)."""
     if not result.content and result.structured_content is not None:
-        return json.dumps(result.structured_content)
+        return json.dumps(raw_result(result)["structuredContent"])
     return "\n".join(block_text(block) for block in result.content)
 
 
@@ -44,7 +46,8 @@ def block_text(block: object) -> str:
 
 
 def raw_result(result: CallToolResult) -> dict:
-    """The result as MCP's JSON (camelCase), for storing."""
+    """The result as MCP's JSON (camelCase), for storing: standard JSON, so a NaN or infinity a server sent
+    (MCP's client reads them) is null, as pydantic and JavaScript write them."""
     return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 

@@ -11,13 +11,13 @@ this. It replays the rows of a stored run (requests, responses, events) through
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from batch.responses.events import EventColumns
+from batch.responses.standard_json import json_text
 from batch.responses.status import RequestStatus, ResponseStatus
 from batch.store.rows import RequestResult, RequestRow, ResponseRow
 from batch.store.store import Store
@@ -41,7 +41,7 @@ def stored_results(store: Store, run_id: str) -> list[RequestResult]:
                 for name in ("sequence_number", "type", "output_index", "content_index", "item_id",
                              "turn", "t_ms"):
                     getattr(events, name).append(event[name])
-                events.payload.append(json.dumps(event["payload"], separators=(",", ":")))
+                events.payload.append(json_text(event["payload"]))
         results.append(RequestResult(request, response, events))
     return results
 

@@ -15,8 +15,9 @@ from batch.cli import display
 from batch.cli.batch_output import batch_output_line
 from batch.cli.show_text import request_text, response_text
 from batch.cli.sql_output import FORMATS, render_results, terminal_width
-from batch.cli.util import (DEFAULT_DB, check_new_run_id, check_output, fail as _fail, open_store as _open_store,
-                            options_from, resolve_run)
+from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_new_run_id, check_output, fail as _fail,
+                            open_store as _open_store, options_from, resolve_run)
+from batch.responses.standard_json import nulling_non_finite
 from batch.store.errors import StoreError
 from batch.store.responses import Responses
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
@@ -122,12 +123,20 @@ def export(run_id: str, db: str, output: Path) -> None:
     check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         run_id = resolve_run(store, run_id)
-        count = 0
+        count = nulled = 0
         with open(output, "w", encoding="utf-8") as handle:
             for row in store.responses.iter_lines(run_id):
-                handle.write(json.dumps(batch_output_line(run_id, row)) + "\n")
+                line = batch_output_line(run_id, row)
+                try:
+                    text = json.dumps(line, allow_nan=False)  # standard JSON, as batchrun stores it
+                except ValueError:  # a row stored before batchrun refused NaN/Infinity (-Infinity logprobs)
+                    text, nulled = json.dumps(nulling_non_finite(line)), nulled + 1
+                handle.write(text + "\n")
                 count += 1
     click.echo(f"wrote {count} lines to {output}")
+    if nulled:
+        click.echo(f"note: {nulled} of them held NaN or Infinity, which are not JSON (stored by an older "
+                   "batchrun): written as null", err=True)
 
 
 @click.command()
@@ -182,13 +191,13 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Static batch size of hf_generate.")
-@click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True)
+@click.option("--kv-cache-gb", type=FiniteFloatRange(min=0.001), default=2.0, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where every system runs (auto: CUDA when torch sees a GPU, else CPU).")
 @click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
               help="The engine's kernels (auto: Triton on CUDA when triton is installed, else torch).")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+@click.option("--gpu-memory-utilization", type=FiniteFloatRange(0, 1, min_open=True), default=0.9,
               show_default=True, help="On CUDA, the fraction of GPU memory the engine may use.")
 @click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
               help="The engine's MXFP4 experts with --kernels triton: mxfp4 (packed), dense (dequantised on "

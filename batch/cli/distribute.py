@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
-from batch.cli.util import check_new_run_id, check_output, fail, open_store
+from batch.cli.util import FiniteFloatRange, check_new_run_id, check_output, fail, open_store
 from batch.store.errors import StoreError
 from batch.run.options import RunOptions
 from batch.cli.submit import BackendSpec, check_before_loading, run_submit
@@ -32,9 +32,9 @@ DISTRIBUTION_OPTIONS = [
                       "`--ray HOST:PORT` that one. Needs `pip install batchrun[ray]`."),
     click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
                  help="With --ray: worker actors, each loading the model once."),
-    click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    click.option("--gpus-per-worker", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
                  help="With --ray: GPUs each worker reserves."),
-    click.option("--cpus-per-worker", type=click.FloatRange(min=0), default=1.0, show_default=True,
+    click.option("--cpus-per-worker", type=FiniteFloatRange(min=0), default=1.0, show_default=True,
                  help="With --ray: CPUs each worker reserves."),
 ]
 

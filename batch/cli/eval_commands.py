@@ -22,8 +22,8 @@ from typing import Any
 
 import click
 
-from batch.cli.util import (DEFAULT_DB, check_new_run_id, check_output, fail as _fail, open_store as _open_store,
-                            options_from, resolve_run)
+from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_new_run_id, check_output, fail as _fail,
+                            open_store as _open_store, options_from, resolve_run)
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
 from batch.store.store import Store
 from batch.cli.submit import SubmitOptions, submit_options, submit_plan
@@ -64,7 +64,7 @@ def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) ->
         _fail(f"pass rate {100 * rate:.1f}% is under --fail-under {fail_under:g}%")
 
 
-_fail_under = click.option("--fail-under", type=click.FloatRange(0, 100), metavar="PERCENT",
+_fail_under = click.option("--fail-under", type=FiniteFloatRange(0, 100), metavar="PERCENT",
                            help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
 
 

@@ -23,7 +23,7 @@ import click
 
 from batch.cli import display
 from batch.cli.rerun import exit_if_done
-from batch.cli.util import fail, open_store, resolve_latest
+from batch.cli.util import FiniteFloatRange, fail, open_store, resolve_latest
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
 from batch.run.reader import InputFormatError, check_input
@@ -67,13 +67,13 @@ SUBMIT_OPTIONS = [
     click.option("--backend", default="engine", show_default=True,
                  type=click.Choice(["engine", "transformers"]),
                  help="Decoder: batchrun's paged continuous-batching engine, or the transformers reference."),
-    click.option("--kv-cache-gb", type=click.FloatRange(min=0.001), default=2.0, show_default=True,
+    click.option("--kv-cache-gb", type=FiniteFloatRange(min=0.001), default=2.0, show_default=True,
                  help="Memory for the engine's paged KV cache on CPU (bounds the context length too)."),
     click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                  help="Where the model runs (auto: CUDA when torch sees a GPU, else CPU)."),
     click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
                  help="Engine kernels (auto: Triton on CUDA when triton is installed, else plain torch)."),
-    click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+    click.option("--gpu-memory-utilization", type=FiniteFloatRange(0, 1, min_open=True), default=0.9,
                  show_default=True, help="On CUDA, the fraction of GPU memory the engine may use; the KV cache "
                                          "gets what the model and activations leave of it."),
     click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
@@ -95,7 +95,7 @@ SUBMIT_OPTIONS = [
     click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Decode each line K times with distinct seeds (from --seed and the epoch): K rows "
                       "of one custom_id, told apart by requests.epoch; graders average over them."),
-    click.option("--temperature", type=click.FloatRange(0, 2), default=1.0, show_default=True,
+    click.option("--temperature", type=FiniteFloatRange(0, 2), default=1.0, show_default=True,
                  help="Default temperature for requests that do not set one (0: greedy)."),
     click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Requests decoded at once (or waiting for the database writer, which holds at most "
@@ -114,7 +114,7 @@ SUBMIT_OPTIONS = [
     click.option("--mcp-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                  help='MCP servers by label, JSON {"mcpServers": {LABEL: {"command", "args", "env"} | '
                       '{"url", "headers"}}}; values may name ${ENV_VARS}. Stdio servers log to DB.tools.log.'),
-    click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+    click.option("--tool-timeout", type=FiniteFloatRange(min=0, min_open=True), default=60.0,
                  show_default=True, help="Seconds one hosted tool call may take before it fails."),
     click.option("--max-turns", type=click.IntRange(min=1), default=32, show_default=True,
                  help="Model turns per response at most (each tool call starts a turn)."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -19,6 +20,17 @@ DEFAULT_DB = "batchrun.duckdb"
 LOCK_WAIT_S = 3.0  # a reader waits this long for a locked file's first snapshot (or for the file)
 LOCK_RETRY_S = 0.2
 T = TypeVar("T")
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, refusing nan and inf: click reads both, nan passes every bound, and the
+    settings are stored as JSON (runs.options, engine_config), which has neither."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def fail(message: str) -> NoReturn:

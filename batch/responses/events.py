@@ -22,12 +22,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
+from batch.responses.standard_json import json_text
 from batch.responses.status import ItemStatus, ResponseStatus
-
-
-def json_text(value: Any) -> str:
-    """The JSON text of a value, compact as every stored JSON column is."""
-    return json.dumps(value, separators=(",", ":"))
 
 
 class EventColumns:

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -24,10 +25,12 @@ import pyarrow.parquet as pq
 
 from batch.responses.request import ResponsesRequest, parse_request
 from batch.responses.request_errors import RequestError, json_type
+from batch.responses.standard_json import find_non_finite, shown
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _CHUNK_BYTES = 1 << 16
+_INFINITIES = (math.inf, -math.inf)
 _SCAN_CHUNK_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _MAX_REASONS, _MAX_EXAMPLES = 100, 5  # what check_input keeps of an input whose lines are all invalid
@@ -218,12 +221,13 @@ def iter_jsonl(handle: ByteStream, *,
         if not data.strip():  # every line is one row: an empty line is an invalid one
             yield lines.failed(line_no, "empty line" if not data else "empty line (whitespace only)")
             continue
+        numbers: list[str] = []
         try:
-            value = _decode(data)
+            value = _decode(data, numbers)
         except LineError as exc:
             yield lines.failed(line_no, str(exc))
             continue
-        yield lines.parse(line_no, value)
+        yield lines.parse(line_no, value, finite=not numbers)
 
 
 def _physical_lines(handle: ByteStream,
@@ -258,13 +262,27 @@ def _skip_rest(handle: ByteStream, size: int) -> int:
         size += len(chunk)
 
 
-def _decode(data: bytes) -> Any:
+def _decode(data: bytes, not_json: list[str] | None = None) -> Any:
+    """A line's JSON value. NaN, Infinity and numbers past a double (1e999) decode as floats, each noted
+    in `not_json`: LineParser.parse names the field that holds one (not JSON, so the line is invalid)."""
+    noted = [] if not_json is None else not_json
+
+    def constant(name: str) -> float:
+        noted.append(name)
+        return float(name)
+
+    def number(text: str) -> float:
+        value = float(text)
+        if value in _INFINITIES:
+            noted.append(text)
+        return value
+
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise LineError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=constant, parse_float=number)
     except json.JSONDecodeError as exc:
         raise LineError(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
     except RecursionError:
@@ -280,10 +298,6 @@ def _reject_lone_surrogates(value: Any) -> None:
     except UnicodeEncodeError as exc:
         raise LineError(f"invalid JSON: {exc.object[exc.start:exc.end]!a} is half of a surrogate pair "
                         "(not valid Unicode)") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise LineError(f"invalid JSON: {name} is not a JSON number")
 
 
 # --- Parquet -------------------------------------------------------------
@@ -368,15 +382,17 @@ class LineParser:
         self._claim(line_no, custom_id)
         return InputLine(line_no, custom_id, None, None, error=f"line {line_no}: {message}")
 
-    def parse(self, line_no: int, value: Any, *, wrapped: bool = False) -> InputLine:
+    def parse(self, line_no: int, value: Any, *, wrapped: bool = False, finite: bool = False) -> InputLine:
         """An InputLine for a decoded JSON value: a bare body, a batch envelope or,
-        if `wrapped`, a Parquet `{custom_id, body}` row (method, url optional)."""
+        if `wrapped`, a Parquet `{custom_id, body}` row (method, url optional). `finite`: the
+        decoder saw no NaN or infinity in it (else every number is looked at)."""
         if not isinstance(value, dict):
             return self.failed(line_no, f"expected a JSON object, got {json_type(value)}")
         envelope = wrapped or ("body" in value and ("url" in value or "method" in value))
         custom_id, body, problem = _split(line_no, value, envelope, id_required=not wrapped)
         duplicate = self._claim(line_no, custom_id)
-        problem = problem or duplicate
+        not_json = None if finite else _non_finite(value, body, envelope)
+        problem = problem or duplicate or not_json
         if problem is None and envelope:
             problem = _envelope_problem(value, route_required=not wrapped)
         request: ResponsesRequest | None = None
@@ -388,6 +404,8 @@ class LineParser:
                 request, ignored = parse_request(body)
             except RequestError as exc:
                 problem = str(exc)
+        if not_json is not None:
+            body = None  # not JSON (as a line that does not parse): no body to store
         return InputLine(line_no, custom_id, body if isinstance(body, dict) else None, request,
                          ignored_fields=ignored,
                          error=None if problem is None else f"line {line_no}: {problem}")
@@ -413,6 +431,20 @@ def _split(line_no: int, value: dict, envelope: bool,
     if isinstance(custom_id, str) and custom_id:
         return custom_id, body, None
     return default, body, f"custom_id: expected a non-empty string, got {_shown(custom_id)}"
+
+
+def _non_finite(value: dict, body: Any, envelope: bool) -> str | None:
+    """Where the line holds NaN, an infinity or a number past a double (1e999, which reads as
+    Infinity), none of them JSON (the Responses API refuses such a body as invalid JSON): a field
+    of the body named as in the body, another key of an envelope as in the line."""
+    found = find_non_finite(body) if isinstance(body, dict) else None
+    if found is None and envelope:
+        found = find_non_finite({key: item for key, item in value.items() if key != "body"})
+    if found is None:
+        return None
+    where, number = found
+    beyond = " (a number too large for a double, such as 1e999, reads as one)" if math.isinf(number) else ""
+    return f"{where}: {shown(number)} is not a JSON number{beyond}"
 
 
 def _envelope_problem(value: dict, route_required: bool) -> str | None:

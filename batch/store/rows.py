@@ -1,11 +1,11 @@
 """One typed row shape per table of the batchrun database, and its Arrow schema.
 
 Each table is a dataclass; its Arrow schema is derived from the field types, so a
-column is declared once. `Int32`, `Json` (a python value, dumped on write) and
-`JsonText` (JSON already serialised, as event payloads are on the hot path) say
-what a plain python type cannot (batch/responses/columns.py). Rows are built by
-`batch.run.results` (and the evals/bench modules) and written only by the store,
-column by column.
+column is declared once. `Int32`, `Json` (a python value, dumped on write as standard JSON,
+no NaN or Infinity: batch/responses/standard_json.py) and `JsonText` (JSON already serialised,
+as event payloads are on the hot path) say what a plain python type cannot
+(batch/responses/columns.py). Rows are built by `batch.run.results` (and the evals/bench
+modules) and written only by the store, column by column.
 
 The tables that hang off a response store the session's own records as they are: a
 `turns` row is a `TurnMetrics`, a `tool_calls` row a `ToolCallRecord`, each under its
@@ -30,7 +30,8 @@ from typing import Annotated, Any
 import pyarrow as pa
 
 from batch.responses.columns import Int32, Json, JsonText, JsonTextValue, JsonValue
-from batch.responses.events import EventColumns, json_text
+from batch.responses.events import EventColumns
+from batch.responses.standard_json import NonFiniteError, json_text
 from batch.responses.metrics import TurnMetrics
 from batch.responses.status import RequestStatus, ResponseStatus, RunStatus
 from batch.responses.tool_calls import ToolCallRecord
@@ -214,7 +215,7 @@ def is_json(arrow_field: pa.Field) -> bool:
 
 
 def dumps(value: Any) -> str | None:
-    """Like `json_text`, but None stays NULL."""
+    """Like `json_text` (standard JSON: NonFiniteError for NaN or an infinity), but None stays NULL."""
     return None if value is None else json_text(value)
 
 
@@ -229,7 +230,13 @@ def _columns(table: str, names: list[str], rows: list) -> dict[str, list]:
     columns = {}
     for name in names:
         values = [getattr(row, name) for row in rows]
-        columns[name] = [dumps(v) for v in values] if name in dumped else values
+        if name not in dumped:
+            columns[name] = values
+            continue
+        try:
+            columns[name] = [dumps(v) for v in values]
+        except NonFiniteError as exc:
+            raise exc.within(f"{table}.{name}") from None
     return columns
 
 

@@ -8,6 +8,7 @@ module and batch/store/store.py) speaks SQL.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
@@ -17,6 +18,8 @@ from datetime import UTC, datetime
 import duckdb
 import pyarrow as pa
 
+from batch.responses.standard_json import NonFiniteError, find_non_finite
+from batch.responses.status import RequestStatus
 from batch.store.errors import store_error
 from batch.store.rows import RequestResult, RequestRow, events_to_arrow, owned_to_arrow, to_arrow
 
@@ -28,8 +31,30 @@ def _result_tables(results: list[RequestResult]) -> dict[str, pa.Table]:
     """Group the rows of all results by table and build one Arrow table each.
 
     Building them before the transaction starts means a value Arrow cannot
-    convert fails the batch before anything is touched.
+    convert fails the batch before anything is touched. A result holding a number
+    JSON cannot (NaN, an infinity: a bug upstream, since producers write null) fails
+    its own line, not the batch: nothing one request does may stop the run.
     """
+    try:
+        return _tables(results)
+    except NonFiniteError:
+        return _tables([_standard(result) for result in results])
+
+
+def _standard(result: RequestResult) -> RequestResult:
+    """The result, or in its place its line failed, when it holds a number JSON cannot (slow path)."""
+    try:
+        _tables([result])
+        return result
+    except NonFiniteError as exc:
+        request = result.request
+        return RequestResult(dataclasses.replace(
+            request, body=request.body if find_non_finite(request.body) is None else None,
+            status=RequestStatus.FAILED, response_id=None,
+            error=f"line {request.line_no}: internal error: not JSON: {exc}"))
+
+
+def _tables(results: list[RequestResult]) -> dict[str, pa.Table]:
     seen: dict[tuple, RequestResult] = {}
     now = datetime.now(UTC)
     requests, responses, owners, events, tokens = [], [], [], [], []

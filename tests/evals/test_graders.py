@@ -159,5 +159,21 @@ def test_adding_a_grader_is_one_registered_function():
         del GRADERS["test_starts_with"]
 
 
+@pytest.mark.parametrize("score", [float("nan"), float("inf"), float("-inf")])
+def test_a_grader_scoring_nan_or_an_infinity_fails_the_case_with_a_grader_error(score):
+    # NaN got through the 0..1 clamp (max(nan, 0.0) is nan) into grades.score, and from there into
+    # the JSON of reports and the browse page, which JavaScript's JSON.parse refuses.
+    @grader("test_ratio")
+    def ratio(output: Output) -> Grade:
+        return Grade(score, True, "a ratio of nothing")
+
+    try:
+        result = grade("test_ratio", text("x"))
+    finally:
+        del GRADERS["test_ratio"]
+    assert (result.score, result.passed) == (0.0, False)
+    assert result.explanation == f"grader error: test_ratio gave the score {score}, not a number in 0..1"
+
+
 def test_normalize_text():
     assert normalize_text("  Héllo,\tWORLD!  ") == "héllo world"

@@ -120,3 +120,14 @@ def test_a_ten_thousand_case_report_opens_one_page_at_a_time(tmp_path):
     dom = dump_dom(out, "case=c09999&verdict=fail", budget_ms=20000)
     assert "3333 of 10000 cases · page 1 of 34" in dom and "case 9999" in dom
     assert Path(out).stat().st_size < 40_000_000
+
+
+def test_the_page_data_is_standard_json_for_json_parse():
+    # A NaN score or an -Infinity logprob in a database an older batchrun wrote blanked the page:
+    # JavaScript's JSON.parse refuses NaN and Infinity.
+    from evals.browse_data import script_json
+    from tests.support.db import strict_json
+
+    text = script_json({"score": float("nan"), "logprobs": [{"logprob": float("-inf")}], "text": "</script>"})
+    assert strict_json(text) == {"score": None, "logprobs": [{"logprob": None}], "text": "</script>"}
+    assert "</script>" not in text

@@ -58,6 +58,9 @@ def test_defaults_envelopes_and_line_ids(tmp_path):
      "option 'excludes' must be a list of strings"),
     ({"input": "x", "graders": [{"grader": "tool_call_count", "expected": True}]},
      "`expected` must be an integer or null, got true"),
+    ('{"input": "x", "expected": 3, "graders": [{"grader": "numeric", "tolerance": NaN}]}',
+     "graders[0].tolerance: NaN is not a JSON number"),
+    ('{"input": "x", "expected": 1e999, "graders": ["numeric"]}', "expected: Infinity is not a JSON number"),
 ])
 def test_bad_lines_name_the_file_line_and_key(tmp_path, line, message):
     path = write(tmp_path, {"input": "fine"}, line)

@@ -174,3 +174,20 @@ def test_the_timeout_caps_each_call_with_its_retry():
     late = next(outcome for outcome in outcomes if outcome.error_kind == "timeout")
     assert late.error == "the tool call timed out after 8 s (its retry on the restarted server included)"
 
+
+
+def test_a_listed_schema_holding_nan_is_standard_json_and_a_finite_one_is_kept_as_listed():
+    # The listing becomes the stored mcp_list_tools item; MCP's client reads NaN off the wire.
+    import json
+
+    from mcp.types import Tool
+
+    from tools.client import standard_schema
+
+    listed = Tool.model_validate_json('{"name": "f", "inputSchema": {"type": "object", "properties": '
+                                      '{"n": {"type": "number", "maximum": NaN, "minimum": -Infinity}}}}')
+    schema = standard_schema(listed).input_schema
+    assert json.dumps(schema, allow_nan=False) == ('{"type": "object", "properties": '
+                                                   '{"n": {"type": "number", "maximum": null, "minimum": null}}}')
+    finite = Tool(name="g", inputSchema={"type": "object", "properties": {"n": {"maximum": 1.5}}})
+    assert standard_schema(finite) is finite  # the run's requests share it (a cache keys by identity)

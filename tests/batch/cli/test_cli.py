@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from openai.types.responses import Response
 
 from batch.cli.main import main
-from tests.support.db import rows
+from tests.support.db import rows, strict_json
 from tests.support.triton_mode import needs_interpreter
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "data" / "examples"
@@ -584,13 +584,6 @@ def test_an_interrupted_run_with_its_own_id_says_to_resume_it_by_that_id(tmp_pat
     assert ("interrupted: finished requests are saved; continue run r1 with --resume r1 "
             "(in place of any --run-id)") in result.output
     assert rows(db, "SELECT run_id, status FROM runs") == [("r1", "interrupted")]
-
-
-def strict_json(text: str):
-    """JSON as the standard has it: NaN and Infinity, which Python's json writes, are not JSON."""
-    def refuse(constant: str):
-        raise AssertionError(f"{constant} in stored JSON")
-    return json.loads(text, parse_constant=refuse)
 
 
 def test_include_logprobs_gives_each_answer_token_its_logprob_and_top_tokens(tmp_path):

@@ -143,7 +143,7 @@ def test_every_supported_item_tool_and_choice_validates():
     ('{"input": "unterminated', "line 1: invalid JSON at column 11: Unterminated string"),
     ("[1, 2, 3]", "line 1: expected a JSON object, got list"),
     ('"just a string"', "line 1: expected a JSON object, got string"),
-    ('{"input": NaN}', "line 1: invalid JSON: NaN is not a JSON number"),
+    ('{"input": NaN}', "line 1: input: NaN is not a JSON number"),
     ({"instructions": "Be brief."}, "line 1: input: required"),
     ({"input": "Hi", "max_output_tokens": "ten"},
      "line 1: max_output_tokens: input should be a valid integer"),
@@ -187,6 +187,34 @@ def test_every_supported_item_tool_and_choice_validates():
 ])
 def test_per_line_errors_name_the_line_and_field(tmp_path, line, error):
     assert only_error(tmp_path, line).startswith(error)
+
+
+def test_a_number_json_has_not_makes_the_line_invalid_naming_the_field(tmp_path):
+    # Python's json reads NaN, Infinity and 1e999 (as inf); the Responses API refuses them as invalid
+    # JSON, and a body holding one could not be stored as JSON.
+    path = write_jsonl(tmp_path, [
+        '{"input": "Hi", "temperature": NaN}',
+        '{"custom_id": "e", "method": "POST", "url": "/v1/responses", "body": {"input": "Hi", "top_p": 1e999}}',
+        '{"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", '
+        '"properties": {"n": {"type": "number", "minimum": -Infinity}}}}]}',
+        '{"input": "Hi", "temperature": 1.0e308}',
+    ])
+    nan, huge, schema, fine = read_all(path)
+    assert nan.error == "line 1: temperature: NaN is not a JSON number"
+    assert huge.custom_id == "e" and huge.error.startswith("line 2: top_p: Infinity is not a JSON number (")
+    assert "1e999" in huge.error
+    assert schema.error.startswith("line 3: tools[0].parameters.properties.n.minimum: -Infinity is not a JSON number")
+    assert nan.body is huge.body is schema.body is None  # not JSON: nothing to store
+    assert fine.error.startswith("line 4: temperature: input should be less than or equal")  # finite: judged as usual
+
+
+def test_parquet_nan_is_an_invalid_line_naming_the_field(tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"custom_id": ["n1", "n2"], "input": ["one", "two"],
+                             "temperature": [float("nan"), 0.5]}), path)
+    nan, fine = read_all(path)
+    assert (nan.custom_id, nan.error, nan.body) == ("n1", "line 1: temperature: NaN is not a JSON number", None)
+    assert fine.is_valid
 
 
 def test_errors_do_not_stop_the_run_and_keep_line_numbers(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import batch.store.writes as store_writes
 from batch.store.store import Store
 from tests.batch.store.test_store import make_result, make_run
+from tests.support.db import assert_standard_json, rows
 
 LONG_S = 600.0  # a wait the writer must never sit out in these tests
 
@@ -87,3 +88,22 @@ def test_wait_idle_after_close_returns(store):
     writer.close()
     assert finishes(writer.wait_idle)
     assert store.runs.num_rows("requests", "r1") == 1
+
+
+def test_a_result_holding_nan_fails_its_own_line_and_the_rest_of_the_batch_is_written(tmp_path):
+    # A producer bug (the -Infinity logprobs were one) must not stop the run, nor put non-JSON in the file.
+    bad = make_result("r1", 2)
+    bad.response.response["output"][0]["content"][0]["logprobs"] = [{"token": "hi", "logprob": float("-inf")}]
+    db = tmp_path / "nan.duckdb"
+    with Store(db) as opened:
+        opened.runs.create(make_run("r1"))
+        writer = opened.background_writer(8)
+        writer.submit([make_result("r1", 1), bad, make_result("r1", 3)], replace_lines=False)
+        writer.close()
+    assert rows(db, "SELECT line_no, status, response_id IS NULL, error FROM requests ORDER BY line_no") == [
+        (1, "completed", False, None),
+        (2, "failed", True, "line 2: internal error: not JSON: responses.response.output[0].content[0]"
+                            ".logprobs[0].logprob: -Infinity is not a JSON number"),
+        (3, "completed", False, None)]
+    assert rows(db, "SELECT count(*) FROM responses WHERE response_id = 'resp_r1_2'") == [(0,)]
+    assert assert_standard_json(db) > 0
