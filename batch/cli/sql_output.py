@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from batch.responses.standard_json import nulling_non_finite
 from batch.store.statements import QueryResult
 
 FORMATS = ("table", "csv", "json")
@@ -57,7 +58,8 @@ def _plain(rows: list[dict]) -> list[dict]:
 
 
 def _json_row(columns: list[str], row: dict) -> dict:
-    return {c: row[c] for c in columns}
+    # a DOUBLE can hold NaN and inf, which are not JSON: null, as the store writes an undefined number
+    return {c: nulling_non_finite(row[c]) for c in columns}
 
 
 def _json(value: Any) -> str:

@@ -355,6 +355,14 @@ def test_sql_tables_print_small_floats_in_scientific_notation_not_as_zero(one_ru
     assert table.output.splitlines()[2].split() == ["-6.9e-06", "4e-05", "0", "0.1235", "0"]
 
 
+def test_sql_json_writes_nan_and_infinity_as_null(one_run):
+    query = "SELECT 'nan'::DOUBLE AS a, '-inf'::DOUBLE AS b, [1.5, 'inf'::DOUBLE] AS c, 2.5::DOUBLE AS d"
+    result = batchrun("sql", query, "--db", one_run, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == {
+        "a": None, "b": None, "c": [1.5, None], "d": 2.5}
+
+
 def test_sql_prints_intervals_as_duckdb_does(one_run):
     # Through Arrow they were pyarrow's MonthDayNano tuples, printed as
     # "MonthDayNano(months=0, days=0, nanoseconds=...)", in the README's progress query too.
