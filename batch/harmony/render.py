@@ -46,6 +46,11 @@ class PromptOptions:
     knowledge_cutoff: str = KNOWLEDGE_CUTOFF
 
 
+def is_instruction(item: dict) -> bool:
+    """A system or developer message: rendered into the developer message's instructions, not the conversation."""
+    return item.get("type", "message") == "message" and item.get("role") in ("system", "developer")
+
+
 def _text_of(content: str | list[dict[str, Any]] | None) -> str:
     if isinstance(content, str):
         return content
@@ -62,8 +67,7 @@ def _instructions(request: ResponsesRequest, items: str | list[dict] | None) -> 
     """
     parts = [request.instructions] if request.instructions else []
     if isinstance(items, list):
-        parts += [_text_of(item.get("content")) for item in items
-                  if item.get("type", "message") == "message" and item.get("role") in ("system", "developer")]
+        parts += [_text_of(item.get("content")) for item in items if is_instruction(item)]
     parts = [part for part in parts if part]
     return "\n\n".join(parts) if parts else None
 

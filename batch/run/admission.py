@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from batch.responses.events import new_id
 from batch.harmony.constraint import ConstraintError, check_grammar
-from batch.harmony.render import PromptOptions, RenderError, render_prompt
+from batch.harmony.render import PromptOptions, RenderError, is_instruction, render_prompt
 from batch.run.reader import InputLine
 from batch.responses.request import ResponsesRequest
 from batch.run.results import line_result
@@ -94,26 +94,33 @@ def sample_seed(run_seed: int, line: InputLine) -> int:
 
 
 def fit_to_context(request: ResponsesRequest, items: list[dict], registry: ToolRegistry, prompt: PromptOptions,
-                   context_len: int) -> list[int] | None:
-    """`truncation: "auto"`: the prompt without the fewest leading conversation items that leaves room for one
-    output token in `context_len`, or None when even the last item alone does not fit.
+                   input_limit: int) -> list[int] | None:
+    """`truncation: "auto"`: the prompt without the fewest leading conversation items that is at most
+    `input_limit` tokens long, or None when even the last item alone is longer.
 
     As the API does, items are dropped from the beginning of the conversation; system and developer
-    messages stay, and so does the last item. A cut never falls just before a tool's output (`*_output`
-    items), which would keep the output and drop its call. Binary search over the cuts: a few renders.
+    messages stay, and so does the last item. No cut keeps a tool's output whose call it drops (parallel
+    calls included: their outputs follow all the calls). Binary search over the cuts: a few renders.
     """
-    droppable = [index for index, item in enumerate(items) if item.get("role") not in ("system", "developer")]
-    cuts = [count for count in range(1, len(droppable))
-            if not str(items[droppable[count]].get("type", "")).endswith("_output")]
+    droppable = [index for index, item in enumerate(items) if not is_instruction(item)]
+    orphaning: set[int] = set()  # cuts (items dropped) that would keep an output and drop its call
+    calls: dict[str, int] = {}
+    for position, index in enumerate(droppable):
+        call_id = items[index].get("call_id")
+        if not isinstance(call_id, str):
+            continue
+        if str(items[index].get("type", "")).endswith("_output"):
+            if call_id in calls:
+                orphaning.update(range(calls[call_id] + 1, position + 1))
+        else:
+            calls.setdefault(call_id, position)
+    cuts = [count for count in range(1, len(droppable)) if count not in orphaning]
 
     def render_without(count: int) -> list[int] | None:
         dropped = set(droppable[:count])
-        try:
-            ids = render_prompt(request, [item for index, item in enumerate(items) if index not in dropped],
-                                registry, prompt)
-        except RenderError:  # a conversation harmony cannot render once cut here
-            return None
-        return ids if len(ids) < context_len else None
+        ids = render_prompt(request, [item for index, item in enumerate(items) if index not in dropped],
+                            registry, prompt)
+        return ids if len(ids) <= input_limit else None
 
     low, high, best = 0, len(cuts) - 1, None
     while low <= high:  # the fewest dropped that fit (the more dropped, the shorter the prompt)
@@ -143,9 +150,13 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     text_format = request.text_format_json()
     try:
         prompt_ids = render_prompt(request, prepared.items, registry, prompt)
-        if request.truncation == "auto" and context_len is not None and len(prompt_ids) >= context_len:
-            # nothing fits: the full prompt, which the engine refuses as it does without truncation
-            prompt_ids = fit_to_context(request, prepared.items, registry, prompt, context_len) or prompt_ids
+        if request.truncation == "auto" and context_len is not None:
+            # as the API: the input limit is the context less the output allowance (one token where the
+            # allowance is the whole context or more)
+            allowance = request.max_output_tokens or options.max_output_tokens
+            input_limit = context_len - (allowance if allowance < context_len else 1)
+            if len(prompt_ids) > input_limit:  # nothing fits: the full prompt, which the engine refuses
+                prompt_ids = fit_to_context(request, prepared.items, registry, prompt, input_limit) or prompt_ids
         # The first turn's grammar (tool_choice holds) and every later turn's (auto).
         grammars = (turn_grammar(registry, text_format, first_turn=True),
                     turn_grammar(registry, text_format, first_turn=False))

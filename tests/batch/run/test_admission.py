@@ -7,6 +7,7 @@ from batch.run.admission import fit_to_context
 from tools.registry import ToolRegistry
 
 OPTIONS = PromptOptions(conversation_date="2026-01-01")
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
 
 
 def conversation(turns: int) -> list[dict]:
@@ -22,21 +23,20 @@ def render(items: list[dict], tools: list[dict] | None = None) -> list[int]:
     return render_prompt(request, request.input_items(), ToolRegistry.from_tools(request.tool_dicts()), OPTIONS)
 
 
-def fit(items: list[dict], context_len: int, tools: list[dict] | None = None) -> list[int] | None:
+def fit(items: list[dict], input_limit: int, tools: list[dict] | None = None) -> list[int] | None:
     request, _ = parse_request({"input": items, "tools": tools or [], "truncation": "auto"})
     return fit_to_context(request, request.input_items(), ToolRegistry.from_tools(request.tool_dicts()), OPTIONS,
-                          context_len)
+                          input_limit)
 
 
 def test_the_fewest_leading_items_are_dropped_and_developer_messages_stay():
     items = conversation(8)
-    full = render(items)
-    context_len = len(full) // 2
-    fitted = fit(items, context_len)
-    assert fitted is not None and len(fitted) < context_len
+    input_limit = len(render(items)) // 2
+    fitted = fit(items, input_limit)
+    assert fitted is not None and len(fitted) <= input_limit
     for dropped in range(1, len(items)):  # the fitted prompt is the first cut of the conversation that fits
         kept = items[:1] + items[1 + dropped:]
-        if len(render(kept)) < context_len:
+        if len(render(kept)) <= input_limit:
             assert fitted == render(kept)
             break
     text = harmony_encoding().decode(fitted)
@@ -45,23 +45,37 @@ def test_the_fewest_leading_items_are_dropped_and_developer_messages_stay():
 
 def test_nothing_fits_when_the_last_item_alone_is_too_long():
     items = conversation(2)
-    assert fit(items, len(render(items[:1] + items[-1:]))) is None  # the developer message and last item only
-    assert fit(items, len(render(items[:1] + items[-1:])) + 1) == render(items[:1] + items[-1:])
+    alone = render(items[:1] + items[-1:])  # the developer message and the last item
+    assert fit(items, len(alone) - 1) is None
+    assert fit(items, len(alone)) == alone
+
+
+def call(call_id: str) -> dict:
+    return {"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": "{}"}
+
+
+def output(call_id: str) -> dict:
+    return {"type": "function_call_output", "call_id": call_id, "output": "sunny " * 40}
 
 
 def test_a_cut_never_keeps_a_tool_output_without_its_call():
-    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
-    items = [{"role": "user", "content": "Weather? " * 40},
-             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
-             {"type": "function_call_output", "call_id": "c1", "output": "sunny " * 40},
+    items = [{"role": "user", "content": "Weather? " * 40}, call("c1"), output("c1"),
              {"role": "user", "content": "Thanks. And tomorrow?"}]
     try:
-        render(items[2:], [weather])
+        render(items[2:], [WEATHER])
     except RenderError:
-        pass  # an output without its call cannot be rendered: the search must not stop there
+        pass  # an output without its call cannot be rendered
     else:
         raise AssertionError("expected an orphan function_call_output to be a RenderError")
-    fitted = fit(items, len(render(items, [weather])) - 1, [weather])
-    assert fitted == render(items[1:], [weather])  # the first message is enough
+    assert fit(items, len(render(items, [WEATHER])) - 1, [WEATHER]) == render(items[1:], [WEATHER])
     # too short for the call and its output: both go (cutting between them would orphan the output)
-    assert fit(items, len(render(items[1:], [weather])), [weather]) == render(items[3:], [weather])
+    assert fit(items, len(render(items[1:], [WEATHER])) - 1, [WEATHER]) == render(items[3:], [WEATHER])
+
+
+def test_parallel_calls_and_their_outputs_are_dropped_together():
+    items = [{"role": "user", "content": "Weather? " * 40}, call("c1"), call("c2"), output("c1"), output("c2"),
+             {"role": "user", "content": "Thanks. And tomorrow?"}]
+    # room for all but the first message: only it goes (a search misled by an orphaning cut dropped them all)
+    assert fit(items, len(render(items[1:], [WEATHER])), [WEATHER]) == render(items[1:], [WEATHER])
+    # one token less: no cut inside the exchange keeps its outputs' calls, so it goes whole
+    assert fit(items, len(render(items[1:], [WEATHER])) - 1, [WEATHER]) == render(items[5:], [WEATHER])
