@@ -31,9 +31,11 @@ _NO_LOGPROBS = itertools.repeat(None)
 def logprob_entry(token_id: int, logprob: TokenLogprob) -> dict:
     """A token's entry in an output_text part's `logprobs` (the Responses API's shape)."""
     token, data = token_text_and_bytes(token_id)
-    return {"token": token, "bytes": data, "logprob": logprob.logprob,
-            "top_logprobs": [dict(zip(("token", "bytes"), token_text_and_bytes(top)), logprob=value)
-                             for top, value in logprob.top]}
+    tops = []
+    for top, value in logprob.top:
+        top_token, top_data = token_text_and_bytes(top)
+        tops.append({"token": top_token, "bytes": top_data, "logprob": value})
+    return {"token": token, "bytes": data, "logprob": logprob.logprob, "top_logprobs": tops}
 
 
 class OutputParser:

@@ -81,9 +81,16 @@ def _token_bytes(token_id: int) -> bytes:
 
 def token_text_and_bytes(token_id: int) -> tuple[str, list[int]]:
     """A token's text (U+FFFD for the bytes of a character it leaves incomplete) and its bytes, as logprob
-    entries list them."""
-    data = _token_bytes(token_id)
-    return data.decode("utf-8", "replace"), list(data)
+    entries list them (cached: 20 top tokens a position ask for it 21 times). Read, never edit, the list."""
+    try:
+        return _TOKEN_ENTRIES[token_id]
+    except KeyError:
+        data = _token_bytes(token_id)
+        entry = _TOKEN_ENTRIES[token_id] = (data.decode("utf-8", "replace"), list(data))
+        return entry
+
+
+_TOKEN_ENTRIES: dict[int, tuple[str, list[int]]] = {}
 
 
 def _whole_text(token_id: int) -> str | None:

@@ -119,6 +119,10 @@ class DeltaTemplate(NamedTuple):
     tail: str    # after the delta text
 
 
+# A message delta's JSON after its text, up to its logprobs: `[]`, or the entries of the tokens in the delta.
+_MESSAGE_DELTA_LOGPROBS = ',"content_index":0,"logprobs":'
+
+
 def _delta_template(item: OpenItem) -> DeltaTemplate | None:
     """The item's delta event; its payload is the JSON `dumps(event)` would write (a test compares)."""
     if item.kind not in _DELTA:
@@ -127,7 +131,7 @@ def _delta_template(item: OpenItem) -> DeltaTemplate | None:
     content_index = 0 if item.kind in (ItemKind.REASONING, ItemKind.MESSAGE) else None
     middle = f',"item_id":{encode_basestring_ascii(item.item_id)},"output_index":{item.output_index},"delta":'
     tail = {ItemKind.REASONING: ',"content_index":0}',
-            ItemKind.MESSAGE: ',"content_index":0,"logprobs":[]}'}.get(item.kind, "}")
+            ItemKind.MESSAGE: f"{_MESSAGE_DELTA_LOGPROBS}[]}}"}.get(item.kind, "}")
     return DeltaTemplate(type_, content_index, f'{{"type":"{type_}","sequence_number":', middle, tail)
 
 
@@ -364,7 +368,7 @@ class ResponseEvents:
             return  # web_search_call has no argument deltas in the spec
         tail = delta.tail
         if len(item.logprobs) > item.logprobs_sent:
-            tail = f',"content_index":0,"logprobs":{json_text(item.logprobs[item.logprobs_sent:])}}}'
+            tail = f"{_MESSAGE_DELTA_LOGPROBS}{json_text(item.logprobs[item.logprobs_sent:])}}}"
             item.logprobs_sent = len(item.logprobs)
         pending = self._delta_payloads
         sequence_number = len(self._columns.payload) + len(pending)
