@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import math
+import sys
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -287,6 +288,8 @@ def _decode(data: bytes, not_json: list[str] | None = None) -> Any:
         raise LineError(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise LineError("invalid JSON: nested too deeply") from None
+    except ValueError:  # Python refuses to read an integer of more than sys.get_int_max_str_digits() digits
+        raise LineError(f"invalid JSON: an integer longer than {sys.get_int_max_str_digits():,} digits") from None
     if "\\u" in text:  # an escape may be half a surrogate pair: not Unicode, and no store can hold it
         _reject_lone_surrogates(value)
     return value

@@ -208,6 +208,14 @@ def test_a_number_json_has_not_makes_the_line_invalid_naming_the_field(tmp_path)
     assert fine.error.startswith("line 4: temperature: input should be less than or equal")  # finite: judged as usual
 
 
+def test_an_integer_python_will_not_read_is_an_invalid_line_and_reading_goes_on(tmp_path):
+    # json.loads raised a plain ValueError (not JSONDecodeError) past 4,300 digits: the whole run stopped.
+    path = write_jsonl(tmp_path, ['{"input": "Hi", "metadata": {"n": "x"}, "max_output_tokens": ' + "9" * 5000 + "}",
+                                  {"input": "Hi"}])
+    huge, fine = read_all(path)
+    assert huge.error == "line 1: invalid JSON: an integer longer than 4,300 digits" and fine.is_valid
+
+
 def test_parquet_nan_is_an_invalid_line_naming_the_field(tmp_path):
     path = tmp_path / "in.parquet"
     pq.write_table(pa.table({"custom_id": ["n1", "n2"], "input": ["one", "two"],
