@@ -112,7 +112,7 @@ class LivePublisher:
         # One writer at a time holds the file, so a snapshot already there is stale: left by a run
         # that was killed (kill -9, a crash) before it could remove it. Readers skip it, but it
         # takes disk space and looks like a run in progress: it goes now, not at the first publish.
-        _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
+        self._remove_snapshot()
         self.every_s = every_s
         self._on_error = on_error or _warn
         self._stop = threading.Event()
@@ -138,7 +138,11 @@ class LivePublisher:
                 self.error = str(exc)
             wait_s = max(self.every_s, (time.thread_time() - started) / MAX_COST_SHARE)
         if self._closed:  # closed while this publish ran (close's wait was interrupted): it is stale
-            _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
+            self._remove_snapshot()
+
+    def _remove_snapshot(self) -> None:
+        """The snapshot, its temporary copy and their WALs."""
+        _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
 
     def publish(self) -> bool:
         """Publish a snapshot now if the database changed since the last one; True if it did.
@@ -201,7 +205,7 @@ class LivePublisher:
             self._thread.join()
         finally:
             self._closed = True  # before the removal: a publish that ends after it sees this
-            _remove(self.path, _wal(self.path), self._temp, _wal(self._temp))
+            self._remove_snapshot()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
