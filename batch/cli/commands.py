@@ -19,6 +19,7 @@ from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_new_run_id, chec
                             open_store as _open_store, options_from, resolve_run)
 from batch.responses.standard_json import nulling_non_finite
 from batch.store.errors import StoreError
+from batch.store.statements import QueryResult, StatementError
 from batch.store.responses import Responses
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
@@ -151,17 +152,24 @@ def sql(query: str, db: str, fmt: str, width: int | None) -> None:
     """Run SQL on the run database and print each statement's result in turn (a table by default).
 
     Statements are separated by ';' (DuckDB splits them: a ';' in a string is no separator).
-    Statements without a result (SET, DROP, ...) print nothing; a failed statement prints only
-    the error, which names it."""
+    Statements without a result (SET, DROP, ...) print nothing; a failed statement prints the
+    results of those before it, then the error, which names it."""
+    width = terminal_width() if width is None else (width or None)
     with _open_store(db, read_only=True) as store:
         try:
             results = store.query(query)
+        except StatementError as exc:
+            _echo_results(exc.results, fmt, width)
+            _fail(str(exc).splitlines()[0])
         except StoreError as exc:
             _fail(str(exc).splitlines()[0])
-        width = terminal_width() if width is None else (width or None)
-        text = render_results(results, fmt, width) if results else ""
-        if text:  # no result, or JSON of no rows: print nothing, not an empty line
-            click.echo(text)
+        _echo_results(results, fmt, width)
+
+
+def _echo_results(results: list[QueryResult], fmt: str, width: int | None) -> None:
+    text = render_results(results, fmt, width) if results else ""
+    if text:  # no result, or JSON of no rows: print nothing, not an empty line
+        click.echo(text)
 
 
 @click.command("make-random-model")

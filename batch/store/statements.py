@@ -16,6 +16,14 @@ from batch.store.errors import StoreError
 EXCERPT_CHARS = 60  # of a failed statement, in the error of a several-statement query
 
 
+class StatementError(StoreError):
+    """A statement of several failed; `results` are those of the statements before it (as psql, shown first)."""
+
+    def __init__(self, message: str, results: list[QueryResult]):
+        super().__init__(message)
+        self.results = results
+
+
 @dataclass(frozen=True)
 class QueryResult:
     """One statement's result: column names, and rows as dicts keyed by them."""
@@ -29,10 +37,11 @@ def run_statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[QueryResult
 
     Statements that return nothing (SET, BEGIN, DROP, ATTACH, ...) add no result; neither does
     text with no statement (a comment). A statement that fails stops the rest; when ``sql`` has
-    several statements, the StoreError names which one (number and start of its text).
+    several statements, the StatementError names which one (number and start of its text) and holds
+    the results of the statements before it.
     """
     statements = con.extract_statements(sql)
-    results = []
+    results: list[QueryResult] = []
     for number, statement in enumerate(statements, 1):
         try:
             relation = con.sql(statement)
@@ -42,8 +51,8 @@ def run_statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[QueryResult
         except duckdb.Error as error:
             if len(statements) == 1:
                 raise  # the store's caller translates it; one statement needs no number
-            raise StoreError(f"statement {number} of {len(statements)} ({_excerpt(statement.query)}): "
-                             f"{error}") from error
+            raise StatementError(f"statement {number} of {len(statements)} ({_excerpt(statement.query)}): "
+                                 f"{error}", results) from error
         # DuckDB answers a statement that returns nothing with an empty 'Success' table
         if statement.expected_result_type != [duckdb.ExpectedResultType.NOTHING]:
             results.append(QueryResult(data.column_names, data.to_pylist()))

@@ -393,9 +393,9 @@ def test_sql_prints_every_statements_result_in_every_format(one_run):
     one = batchrun("sql", "SET threads = 1; SELECT 'x;y' AS text", "--db", one_run, "--format", "json")
     assert one.output == '{"text": "x;y"}\n'  # one result: JSON lines of rows, as for one statement
     assert batchrun("sql", "SELECT 1 WHERE false", "--db", one_run, "--format", "json").output == ""
-    failed = batchrun("sql", "SELECT 1 AS a; SELECT * FROM no_such_table", "--db", one_run)
-    assert failed.exit_code == 1 and failed.output.startswith(
-        "error: statement 2 of 2 (SELECT * FROM no_such_table): Catalog Error"), failed.output
+    failed = batchrun("sql", "SELECT 1 AS a; SELECT * FROM no_such_table; SELECT 3", "--db", one_run)
+    assert failed.exit_code == 1 and failed.output.startswith(  # what ran before it, then the error
+        "a\n-\n1\nerror: statement 2 of 3 (SELECT * FROM no_such_table): Catalog Error"), failed.output
 
 
 def test_help_lists_the_built_in_suites_and_what_db_is():

@@ -682,8 +682,10 @@ def test_query_gives_each_statements_result_in_order(store):
 
 
 def test_query_names_the_statement_that_failed(store):
-    with pytest.raises(StoreError, match=r"^statement 2 of 3 \(SELECT \* FROM no_such_table\): Catalog Error"):
-        store.query("SELECT 1; SELECT * FROM no_such_table; SELECT 3")
+    failed = r"^statement 2 of 3 \(SELECT \* FROM no_such_table\): Catalog Error"
+    with pytest.raises(StoreError, match=failed) as raised:
+        store.query("SELECT 1 AS a; SELECT * FROM no_such_table; SELECT 3")
+    assert [result.rows for result in raised.value.results] == [[{"a": 1}]]  # the statements before it
     with pytest.raises(StoreError, match="^Parser Error"):  # nothing runs: DuckDB parses all first
         store.query("CREATE TEMP TABLE t AS SELECT 1; SELEC 2")
     assert store.query("SELECT count(*) AS n FROM duckdb_tables() WHERE table_name = 't'")[0].rows == [{"n": 0}]
