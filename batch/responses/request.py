@@ -179,6 +179,13 @@ class McpCallItem(_Hosted):
     name: str
 
 
+class ItemReference(_Strict):
+    """An item of a stored response, by its id: admission puts the item itself in its place."""
+
+    type: Literal["item_reference"]
+    id: str
+
+
 def _item_tag(value: Any) -> str | None:
     # A message may leave out `type`: `{"role": "user", "content": "..."}`.
     if (isinstance(value, dict) and "type" not in value) or isinstance(value, MessageItem):
@@ -188,7 +195,7 @@ def _item_tag(value: Any) -> str | None:
 
 if TYPE_CHECKING:
     InputItem: TypeAlias = (MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
-                            | McpCallItem | HostedItem)
+                            | McpCallItem | HostedItem | ItemReference)
     RequestInput: TypeAlias = str | list[InputItem]
 else:
     InputItem = _tagged(
@@ -196,7 +203,7 @@ else:
         ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem),
         ("mcp_call", McpCallItem), ("mcp_list_tools", HostedItem),
         ("code_interpreter_call", HostedItem), ("web_search_call", HostedItem),
-        tag=_item_tag)
+        ("item_reference", ItemReference), tag=_item_tag)
     RequestInput = _str_or(list[InputItem], "expected a string or a list of input items")
 
 

@@ -47,8 +47,10 @@ class AdmissionError(ValueError):
 
 
 def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
-    """This request's input, after the stored conversation it continues (if any)."""
-    items = request.input_items()
+    """This request's input, after the stored conversation it continues (if any), with each `item_reference`
+    replaced by the stored item it names."""
+    items = [_referenced(store, index, item) if item.get("type") == "item_reference" else item
+             for index, item in enumerate(request.input_items())]
     previous_id = request.previous_response_id
     if not previous_id:
         return items
@@ -56,6 +58,15 @@ def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
     if previous is None:
         raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
     return list(previous.input_items or []) + list(previous.response["output"]) + items
+
+
+def _referenced(store: Store, index: int, reference: dict) -> dict:
+    item = store.responses.item(reference["id"])
+    if item is None:
+        raise AdmissionError(f"input[{index}].id: no item {reference['id']!r} in this database's responses")
+    if item.get("type") == "item_reference":  # stored input is resolved: this cannot be, but must not loop
+        raise AdmissionError(f"input[{index}].id: {reference['id']!r} is itself a reference")
+    return item
 
 
 def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCatalog) -> None:

@@ -51,6 +51,17 @@ class Responses:
         rows = self.db.rows(f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE response_id = ?", [response_id])
         return stored_response(rows[0]) if rows else None
 
+    def item(self, item_id: str) -> dict | None:
+        """An input or output item of any stored response, by its id (the newest response's, if several
+        hold it), or None. Each call reads every stored response's items."""
+        rows = self.db.rows("""
+            SELECT item FROM (
+                SELECT unnest(CAST(response->'$.output' AS JSON[])) AS item, created_at FROM responses
+                UNION ALL
+                SELECT unnest(CAST(input_items AS JSON[])), created_at FROM responses WHERE input_items IS NOT NULL)
+            WHERE item->>'id' = ? ORDER BY created_at DESC LIMIT 1""", [item_id])
+        return loads(rows[0]["item"]) if rows else None
+
     def find(self, run_id: str, custom_id: str, epoch: int | None = None) -> StoredResponse | None:
         """Like ``get``, by run and custom_id (the newest if several); with ``epoch``, that sample's."""
         if epoch is None:

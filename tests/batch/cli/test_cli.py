@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from openai.types.responses import Response
 
 from batch.cli.main import main
+from batch.harmony.vocab import harmony_encoding
 from tests.support.db import rows, strict_json
 from tests.support.triton_mode import needs_interpreter
 
@@ -267,6 +268,31 @@ def test_previous_response_id_continues_a_stored_conversation(tmp_path, tiny_mod
     assert items[0]["content"] == "Remember 7." and items[-1]["content"] == "What number?"
     previous = json.loads(rows(db, "SELECT response FROM responses WHERE custom_id = 'b'")[0][0])
     assert previous["previous_response_id"] == response_id
+
+
+def test_an_item_reference_stands_for_the_stored_item_it_names(tmp_path):
+    db = tmp_path / "out.duckdb"
+    first = tmp_path / "first.jsonl"
+    first.write_text(json.dumps({"custom_id": "a", "input": "What is 2+3?"}) + "\n")
+    assert submit(first, "--db", db, "--temperature", "0").exit_code == 0  # the shipped model answers
+    [[output]] = rows(db, "SELECT response->'$.output' FROM responses")
+    message = next(item for item in json.loads(output) if item["type"] == "message")
+    second = tmp_path / "second.jsonl"
+    question = {"role": "user", "content": "And 4+4?"}
+    second.write_text(json.dumps({"custom_id": "b", "input": [{"type": "item_reference", "id": message["id"]},
+                                                              question]}) + "\n"
+                      + json.dumps({"custom_id": "c", "input": [{"type": "item_reference", "id": "msg_nothing"},
+                                                                question]}) + "\n")
+    result = submit(second, "--db", db, "--temperature", "0", "--keep-tokens")
+    assert result.exit_code == 0, result.output
+    statuses = dict(rows(db, "SELECT custom_id, status FROM requests WHERE custom_id IN ('b', 'c')"))
+    assert statuses == {"b": "completed", "c": "invalid"}
+    [[error]] = rows(db, "SELECT error FROM requests WHERE custom_id = 'c'")
+    assert error == "line 2: input[0].id: no item 'msg_nothing' in this database's responses"
+    [[items, prompt_ids]] = rows(db, "SELECT r.input_items, t.prompt_token_ids FROM responses r JOIN tokens t "
+                                     "USING (response_id) WHERE r.custom_id = 'b'")
+    assert json.loads(items) == [message, question]  # stored resolved, as a previous_response_id chain needs
+    assert message["content"][0]["text"] in harmony_encoding().decode(prompt_ids)
 
 
 def test_runs_show_and_sql(tmp_path, tiny_model_dir):

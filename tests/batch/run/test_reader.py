@@ -156,8 +156,8 @@ def test_every_supported_item_tool_and_choice_validates():
                                                     "arguments": "{}"}]},
      "line 1: input[1].call_id: required"),
     ({"input": [{"role": "robot", "content": "x"}]}, "line 1: input[0].role: input should be"),
-    ({"input": [{"type": "item_reference", "id": "x"}]},
-     "line 1: input[0].type: unsupported input item type 'item_reference'"),
+    ({"input": [{"type": "computer_call", "id": "x"}]},
+     "line 1: input[0].type: unsupported input item type 'computer_call'"),
     ({"input": "Hi", "tools": [FUNCTION_TOOL, {"type": "code_interpreter"},
                                {"type": "file_search", "vector_store_ids": ["vs_1"]}]},
      "line 1: tools[2].type: unsupported tool type 'file_search' (supported: function, "
