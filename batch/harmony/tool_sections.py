@@ -22,43 +22,12 @@ from tools.registry import ToolRegistry
 TRIMMED_SCHEMAS = 4096  # listed tools whose trimmed schema is kept (a run lists each server once)
 
 
-class _TrimmedSchemas:
-    """harmony_schema of each listed inputSchema, trimmed once instead of once per request.
-
-    A run lists each MCP server once and every request's registry holds that listing's schema
-    objects, which nothing changes after listing (readers copy: harmony_schema, schema_without).
-    Trimming 30 pydantic-made schemas (a deep copy each) cost ~2.4 ms a request, as much as the
-    rest of its host path. Entries are keyed by the schema object's identity and hold the object,
-    so its id cannot be reused while cached; a new listing (another run, a changed tool list)
-    brings new objects and is trimmed afresh. The trimmed schema is shared: read it, never edit it.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._entries: dict[int, tuple[dict[str, Any], dict[str, Any] | None]] = {}
-
-    def get(self, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        if schema is None:
-            return None
-        entry = self._entries.get(id(schema))
-        if entry is not None and entry[0] is schema:
-            return entry[1]
-        trimmed = harmony_schema(schema)
-        if len(self._entries) >= self.size:  # whole-dict operations only: safe from any thread
-            self._entries.clear()
-        self._entries[id(schema)] = (schema, trimmed)
-        return trimmed
-
-
-_TRIMMED = _TrimmedSchemas(TRIMMED_SCHEMAS)
-
-
 class Held:
     """A listed schema as part of a cache key: equal only to itself, hashed by identity.
 
     The key holds the object, so its id cannot be reused while the key lives. Sound for what a
-    run's listing gave (nothing edits it, see _TrimmedSchemas); a new listing brings new objects,
-    so it misses the cache instead of matching a stale entry.
+    run's listing gave (nothing edits it after listing); a new listing brings new objects, so it
+    misses a cache instead of matching a stale entry.
     """
 
     __slots__ = ("value",)
@@ -71,6 +40,38 @@ class Held:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Held) and other.value is self.value
+
+
+class _TrimmedSchemas:
+    """harmony_schema of each listed inputSchema, trimmed once instead of once per request.
+
+    A run lists each MCP server once and every request's registry holds that listing's schema
+    objects, which nothing changes after listing (readers copy: harmony_schema, schema_without).
+    Trimming 30 pydantic-made schemas (a deep copy each) cost ~2.4 ms a request, as much as the
+    rest of its host path. Entries are keyed by the schema object (`Held`: its identity, the object
+    held, so its id cannot be reused while cached); a new listing (another run, a changed tool list)
+    brings new objects and is trimmed afresh. The trimmed schema is shared: read it, never edit it.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: dict[Held, dict[str, Any] | None] = {}  # a schema trims to a dict, never None
+
+    def get(self, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is None:
+            return None
+        key = Held(schema)
+        trimmed = self._entries.get(key)  # one dict operation: safe beside a clear in another thread
+        if trimmed is not None:
+            return trimmed
+        trimmed = harmony_schema(schema)
+        if len(self._entries) >= self.size:  # whole-dict operations only: safe from any thread
+            self._entries.clear()
+        self._entries[key] = trimmed
+        return trimmed
+
+
+_TRIMMED = _TrimmedSchemas(TRIMMED_SCHEMAS)
 
 
 class JsonValue:

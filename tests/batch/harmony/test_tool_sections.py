@@ -10,7 +10,8 @@ from openai_harmony import DeveloperContent, SystemContent
 
 from batch.harmony import tool_sections
 from batch.harmony.sections import harmony_schema
-from batch.harmony.tool_sections import ToolSections, _TrimmedSchemas, with_developer_tools, with_system_tools
+from batch.harmony.tool_sections import (Held, ToolSections, _TrimmedSchemas, with_developer_tools,
+                                         with_system_tools)
 from tools.registry import ListedTool, ToolRegistry
 
 LOOKUP = Tool(name="lookup", description="Find a word.", inputSchema={"type": "object", "properties": {}})
@@ -79,9 +80,13 @@ def test_a_changed_tool_list_is_trimmed_afresh():
 
 
 def test_the_cache_checks_the_object_not_only_its_id_and_stays_bounded():
+    class ReusedId(Held):  # the key of a freed schema whose id `new` took over
+        def __hash__(self) -> int:
+            return id(new)
+
     cache = _TrimmedSchemas(size=2)
     old, new = {"type": "string", "title": "Old"}, {"type": "integer", "title": "New"}
-    cache._entries[id(new)] = (old, {"type": "string"})  # as if `new` reused a freed schema's id
+    cache._entries[ReusedId(old)] = {"type": "string"}  # as if `new` reused a freed schema's id
     assert cache.get(new) == {"type": "integer"}
     for n in range(5):
         cache.get({"type": "object", "title": str(n)})
