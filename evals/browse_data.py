@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from batch.responses.standard_json import nulling_non_finite
+from batch.responses.standard_json import dumps_nulling_non_finite
 from batch.store.store import Store
 from evals.stats import paired_difference
 
@@ -158,8 +158,5 @@ def browse_payload(store: Store, run_a: str, run_b: str | None = None, store_b: 
 def script_json(payload: dict) -> str:
     """The payload as JSON safe inside a <script> element (no "</" can end it early), standard JSON for the
     page's JSON.parse: a NaN or Infinity (in a database an older batchrun wrote) is null, not a blank page."""
-    try:
-        text = json.dumps(payload, separators=(",", ":"), default=str, allow_nan=False)
-    except ValueError:
-        text = json.dumps(nulling_non_finite(payload), separators=(",", ":"), default=str)
+    text, _ = dumps_nulling_non_finite(payload, separators=(",", ":"), default=str)
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")

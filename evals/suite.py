@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evals import graders as _graders  # noqa: F401  (registers the built-in graders)
-from batch.responses.standard_json import find_non_finite, shown
+from batch.responses.standard_json import NonFiniteError, find_non_finite
 from evals.registry import GRADERS, GraderError, check_options, needs_expected
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -137,7 +137,7 @@ def _parse_case(line_no: int, text: str) -> Case:
     # and 1e999 as inf). A request holding one is the reader's invalid line, as in `submit`.
     found = find_non_finite({key: value[key] for key in EVAL_KEYS if key in value})
     if found is not None:
-        raise SuiteError(f"{found[0]}: {shown(found[1])} is not a JSON number")
+        raise SuiteError(str(NonFiniteError(*found)))
     request = {key: item for key, item in value.items() if key not in EVAL_KEYS}
     custom_id = value.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:

@@ -5,7 +5,6 @@ Each is a thin function over the runner and the store; batch/cli/main.py registe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from batch.cli.show_text import request_text, response_text
 from batch.cli.sql_output import FORMATS, render_results, terminal_width
 from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_new_run_id, check_output, fail as _fail,
                             open_store as _open_store, options_from, resolve_run)
-from batch.responses.standard_json import nulling_non_finite
+from batch.responses.standard_json import dumps_nulling_non_finite
 from batch.store.errors import StoreError
 from batch.store.statements import QueryResult, StatementError
 from batch.store.responses import Responses
@@ -127,11 +126,9 @@ def export(run_id: str, db: str, output: Path) -> None:
         count = nulled = 0
         with open(output, "w", encoding="utf-8") as handle:
             for row in store.responses.iter_lines(run_id):
-                line = batch_output_line(run_id, row)
-                try:
-                    text = json.dumps(line, allow_nan=False)  # standard JSON, as batchrun stores it
-                except ValueError:  # a row stored before batchrun refused NaN/Infinity (-Infinity logprobs)
-                    text, nulled = json.dumps(nulling_non_finite(line)), nulled + 1
+                # standard JSON, as batchrun stores it; a row stored before it refused NaN/Infinity: null
+                text, was_nulled = dumps_nulling_non_finite(batch_output_line(run_id, row))
+                nulled += was_nulled
                 handle.write(text + "\n")
                 count += 1
     click.echo(f"wrote {count} lines to {output}")

@@ -74,6 +74,15 @@ def nulling_non_finite(value: Any) -> Any:
     return value
 
 
+def dumps_nulling_non_finite(value: Any, **dumps_options: Any) -> tuple[str, bool]:
+    """``json.dumps(value, **dumps_options)`` as standard JSON, and whether a NaN or infinity in it (a row an
+    older batchrun stored) had to be written as null: for what batchrun writes out of what it reads back."""
+    try:
+        return json.dumps(value, allow_nan=False, **dumps_options), False
+    except ValueError:
+        return json.dumps(nulling_non_finite(value), **dumps_options), True
+
+
 def finite_or_none(number: float | None) -> float | None:
     """The number, or None (JSON null) where it is NaN or infinite: an undefined statistic."""
     return number if number is None or math.isfinite(number) else None

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from batch.responses.request import ResponsesRequest, parse_request
 from batch.responses.request_errors import RequestError, json_type
-from batch.responses.standard_json import find_non_finite, shown
+from batch.responses.standard_json import NonFiniteError, find_non_finite
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -447,7 +447,7 @@ def _non_finite(value: dict, body: Any, envelope: bool) -> str | None:
         return None
     where, number = found
     beyond = " (a number too large for a double, such as 1e999, reads as one)" if math.isinf(number) else ""
-    return f"{where}: {shown(number)} is not a JSON number{beyond}"
+    return f"{NonFiniteError(where, number)}{beyond}"
 
 
 def _envelope_problem(value: dict, route_required: bool) -> str | None:
