@@ -61,11 +61,11 @@ def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
 
 
 def _referenced(store: Store, index: int, reference: dict) -> dict:
+    # Stored input items are resolved (conversation_items is what a response stores), so a stored item is
+    # never itself a reference.
     item = store.responses.item(reference["id"])
     if item is None:
         raise AdmissionError(f"input[{index}].id: no item {reference['id']!r} in this database's responses")
-    if item.get("type") == "item_reference":  # stored input is resolved: this cannot be, but must not loop
-        raise AdmissionError(f"input[{index}].id: {reference['id']!r} is itself a reference")
     return item
 
 
