@@ -240,19 +240,27 @@ def closed_port():
     return port
 
 
+def submit_joining(tmp_path, monkeypatch, mixed, address: str, init):
+    """`batchrun submit --ray ADDRESS` with ray.init replaced by `init` (no cluster is started)."""
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    return cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", address, "--quiet")
+
+
+def cannot_join(address: str, cause: str) -> str:
+    return (f"error: --ray {address}: cannot join a Ray cluster there ({cause}); start one with "
+            "`ray start --head`, or pass --ray alone for a local cluster\n")
+
+
 def test_a_cluster_that_cannot_be_joined_is_one_error_line(tmp_path, monkeypatch, mixed, listening_port):
     # ray.init's ConnectionError for a wrong --ray address came out as a traceback.
     def refuse(**kwargs):
         raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}.")
 
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", refuse)
     address = f"127.0.0.1:{listening_port}"
-    result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", address, "--quiet")
+    result = submit_joining(tmp_path, monkeypatch, mixed, address, refuse)
     assert result.exit_code == 1
-    assert result.output == (f"error: --ray {address}: cannot join a Ray cluster there (Failed to connect to "
-                             f"Ray cluster at {address}.); start one with `ray start --head`, or pass --ray "
-                             "alone for a local cluster\n")
+    assert result.output == cannot_join(address, f"Failed to connect to Ray cluster at {address}.")
 
 
 @pytest.mark.parametrize("scheme", ["", "ray://"])
@@ -262,14 +270,10 @@ def test_an_address_where_nothing_listens_fails_at_once_without_rays_retries(tmp
     def retrying(**kwargs):
         raise AssertionError("ray.init was called: it retries an unreachable address for over a minute")
 
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", retrying)
     address = f"{scheme}127.0.0.1:{closed_port}"
-    result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", address, "--quiet")
+    result = submit_joining(tmp_path, monkeypatch, mixed, address, retrying)
     assert result.exit_code == 1
-    assert result.output == (f"error: --ray {address}: cannot join a Ray cluster there (nothing answers at "
-                             f"127.0.0.1:{closed_port}: Connection refused); start one with `ray start --head`, "
-                             "or pass --ray alone for a local cluster\n")
+    assert result.output == cannot_join(address, f"nothing answers at 127.0.0.1:{closed_port}: Connection refused")
 
 
 def test_only_an_address_with_a_port_is_checked_before_ray(listening_port, closed_port):
