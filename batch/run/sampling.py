@@ -33,8 +33,8 @@ class SampledTurn:
 
     def sampling(self, temperature: float, top_p: float, seed: int) -> SamplingParams:
         """The request's own `temperature` if it gave one (else the response's), `maxTokens`, harmony's stops."""
-        if self.request.temperature is not None:
-            temperature = max(0.0, self.request.temperature)
+        if self.request.temperature is not None:  # a negative one is greedy; NaN stays, for SamplingParams to refuse
+            temperature = 0.0 if self.request.temperature < 0 else self.request.temperature
         return SamplingParams(max_tokens=max(1, self.request.max_tokens), temperature=temperature, top_p=top_p,
                               seed=seed, stop_token_ids=STOP_TOKEN_IDS)
 

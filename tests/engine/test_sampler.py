@@ -204,3 +204,11 @@ def test_tokens_a_constraint_masked_out_are_not_among_the_top_logprobs():
     [value] = Sampler().logprobs(logits, [9], [params(logprobs=5)])
     assert [token for token, _ in value.top] == [9, 4] and all(math.isfinite(top) for _, top in value.top)
     assert value.logprob == pytest.approx(math.log(math.e ** 2 / (math.e + math.e ** 2)))
+
+
+@pytest.mark.parametrize("field, value", [("temperature", float("inf")), ("temperature", float("nan")),
+                                          ("top_p", float("nan"))])
+def test_sampling_params_refuse_a_value_that_is_not_a_finite_number(field, value):
+    # an infinite temperature divided every logit to 0 and sampled the whole vocabulary uniformly
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(max_tokens=1, **{field: value})

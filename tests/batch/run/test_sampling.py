@@ -104,3 +104,24 @@ def test_the_real_engine_decodes_a_sampling_request_within_its_max_tokens():
         assert not loop.is_busy
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), -0.5])
+def test_a_temperature_that_is_not_a_finite_number_is_answered_with_an_error(temperature):
+    # NaN passed as greedy (max(0.0, nan) is 0.0) and infinity sampled every token uniformly; a
+    # negative one is taken as greedy, as the MCP spec leaves its meaning to the client
+    backend = ScriptedBackend(lambda prompt, turn: "<|channel|>final<|message|>ok<|return|>")
+    loop = loop_with(backend)
+    try:
+        request = SamplingRequest("s", None, (("user", "hi"),), max_tokens=9, temperature=temperature)
+        loop.inbox.put(request)
+        loop.step(block=False)
+        while loop.is_busy:
+            loop.step(block=False)
+        answer = request.answer.result(timeout=5)
+        if temperature < 0:
+            assert (answer.error, answer.text) == (None, "ok")
+        else:
+            assert answer.error is not None and "temperature" in answer.error
+    finally:
+        loop.close()
