@@ -25,6 +25,7 @@ from batch.store.rows import RequestResult
 from batch.run.session import Session, SessionOptions
 from batch.harmony.turn_grammar import turn_grammar
 from batch.responses.status import RequestStatus
+from batch.responses.standard_json import nulling_non_finite
 from batch.store.store import Store
 from engine.api import derive_seed
 from tools.client import Listing
@@ -48,7 +49,10 @@ class AdmissionError(ValueError):
 
 def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
     """This request's input, after the stored conversation it continues (if any), with each `item_reference`
-    replaced by the stored item it names."""
+    replaced by the stored item it names.
+
+    Stored items go through `nulling_non_finite`: an older batchrun stored NaN/-Infinity (logprobs under a
+    grammar), which the writer now refuses, and the response stores these items again (export nulls them too)."""
     items = [_referenced(store, index, item) if item.get("type") == "item_reference" else item
              for index, item in enumerate(request.input_items())]
     previous_id = request.previous_response_id
@@ -57,7 +61,7 @@ def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
     previous = store.responses.get(previous_id)
     if previous is None:
         raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
-    return list(previous.input_items or []) + list(previous.response["output"]) + items
+    return nulling_non_finite(list(previous.input_items or []) + list(previous.response["output"])) + items
 
 
 def _referenced(store: Store, index: int, reference: dict) -> dict:
@@ -66,7 +70,7 @@ def _referenced(store: Store, index: int, reference: dict) -> dict:
     item = store.responses.item(reference["id"])
     if item is None:
         raise AdmissionError(f"input[{index}].id: no item {reference['id']!r} in this database's responses")
-    return item
+    return nulling_non_finite(item)
 
 
 def _check_servers(tools: list[dict], registry: ToolRegistry, catalog: ServerCatalog) -> None:

@@ -70,3 +70,27 @@ def test_a_run_setting_that_is_not_a_finite_number_is_refused():
     for option, value in (("--temperature", "nan"), ("--kv-cache-gb", "inf"), ("--tool-timeout", "NaN")):
         result = batchrun("submit", "in.jsonl", option, value)
         assert result.exit_code == 2 and f"{option}': {value!r} is not a finite number" in result.output, option
+
+
+def test_a_conversation_continues_from_a_response_an_older_batchrun_stored_with_infinity(tmp_path):
+    # the shipped model (submit's default) answers with a message, whose logprobs the bug wrote
+    source, db = tmp_path / "in.jsonl", tmp_path / "old.duckdb"
+    source.write_text(json.dumps({"custom_id": "first", "input": "What is 2+3?", **LOGPROBS}) + "\n")
+    assert batchrun("submit", source, "--db", db, "--run-id", "r1",
+                    "--max-output-tokens", 48, "--temperature", 0, "--quiet").exit_code == 0
+    with duckdb.connect(str(db)) as con:  # as the -Infinity logprobs bug left a message's top_logprobs
+        [(response_id, text)] = con.execute("SELECT response_id, response FROM responses").fetchall()
+        response = json.loads(text)
+        message = next(item for item in response["output"] if item["type"] == "message")
+        message["content"][0]["logprobs"][0]["top_logprobs"][0]["logprob"] = float("-inf")
+        con.execute("UPDATE responses SET response = ?::JSON", [json.dumps(response)])
+    follow = tmp_path / "follow.jsonl"
+    follow.write_text(json.dumps({"custom_id": "next", "input": "And 3+4?", "previous_response_id": response_id})
+                      + "\n")
+    result = batchrun("submit", follow, "--db", db, "--run-id", "r2",
+                      "--max-output-tokens", 48, "--temperature", 0, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT status, error FROM requests WHERE run_id = 'r2'") == [("completed", None)]
+    [(stored,)] = rows(db, "SELECT input_items FROM responses WHERE custom_id = 'next'")
+    old = next(item for item in strict_json(stored) if item["type"] == "message" and item["role"] == "assistant")
+    assert old["content"][0]["logprobs"][0]["top_logprobs"][0]["logprob"] is None
