@@ -189,17 +189,12 @@ class RayRunner:
     # -- the decoding (Run.run opens and finishes the run around it) ----------
     def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
-        exhausted = False
-        while not exhausted or not self.queue.is_empty or self._num_out():
-            while not exhausted and self._num_held() < self._max_held():
-                line = next(lines, None)
-                if line is None:
-                    exhausted = True
-                    continue
+        while run.has_lines or not self.queue.is_empty or self._num_out():
+            while (line := run.next_line(lines, room=self._num_held() < self._max_held())) is not None:
                 prepared = run.prepare(line)  # invalid lines end here
                 if prepared is not None:
                     self.queue.add(prepared, self.chunk_size)
-            if exhausted:
+            if run.input_exhausted or not self._num_out():  # no more lines, or none for now (conversations')
                 self.queue.seal()
             self._dispatch()
             self._collect()
@@ -212,7 +207,7 @@ class RayRunner:
         return sum(len(chunk) for slot in self.slots for chunk in slot.chunks.values())
 
     def _num_held(self) -> int:
-        return self.queue.num_lines + self._num_out() + len(self.run_state.pending)
+        return self.queue.num_lines + self._num_out() + self.run_state.num_held
 
     def _dispatch(self) -> None:
         for slot in self.slots:

@@ -24,7 +24,7 @@ from batch.responses.request_errors import RequestError, json_type, readable_err
 IGNORED_FIELDS = frozenset({
     "background", "stream", "stream_options", "store", "service_tier",
     "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-    "prompt", "conversation",
+    "prompt",
 })
 # openai.types.responses.ResponseIncludable (a test holds them equal): importing openai's types takes 0.6 s.
 Includable = Literal["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
@@ -358,6 +358,10 @@ Metadata = Annotated[
     Field(max_length=16)]
 
 
+class ConversationRef(_Strict):
+    id: Annotated[str, StringConstraints(min_length=1)]
+
+
 class ResponsesRequest(_Strict):
     """The supported part of a Responses API request body (ignored fields removed)."""
 
@@ -375,12 +379,19 @@ class ResponsesRequest(_Strict):
     parallel_tool_calls: bool | None = None
     model: str | None = None
     previous_response_id: str | None = None
+    # the run's lines naming one conversation decode in order, each continuing the one before (batch.run.conversations)
+    conversation: Annotated[str, StringConstraints(min_length=1)] | ConversationRef | None = None
     include: list[Includable] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     # auto: a prompt longer than the context drops conversation items from its start (batch.run.admission)
     truncation: Literal["auto", "disabled"] | None = None
     # Not honoured either, but echoed in the Response object as the API does.
     user: str | None = None
+
+    @property
+    def conversation_id(self) -> str | None:
+        """`conversation` as its id (the API takes the id or `{"id": ...}`)."""
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
     def input_items(self) -> list[dict]:
         """`input` as a list of JSON items (a string is one user message)."""

@@ -88,4 +88,6 @@ def build_response(request: ResponsesRequest, *, response_id: str, created_at: i
         "safety_identifier": None,
         "prompt_cache_key": None,
         "user": request.user,
+        # only when named: a response without one keeps the object (and golden traces) it always had
+        **({"conversation": {"id": request.conversation_id}} if request.conversation_id else {}),
     }

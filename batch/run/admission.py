@@ -47,15 +47,20 @@ class AdmissionError(ValueError):
     """The line is valid JSON and schema but cannot be run (names the field)."""
 
 
-def conversation_items(request: ResponsesRequest, store: Store) -> list[dict]:
+def conversation_items(request: ResponsesRequest, store: Store, history: list[dict] | None = None) -> list[dict]:
     """This request's input, after the stored conversation it continues (if any), with each `item_reference`
     replaced by the stored item it names.
 
     Stored items go through `nulling_non_finite`: an older batchrun stored NaN/-Infinity (logprobs under a
-    grammar), which the writer now refuses, and the response stores these items again (export nulls them too)."""
+    grammar), which the writer now refuses, and the response stores these items again (export nulls them too).
+    `history`: the items of the conversation the request names, so far (batch/run/conversations.py)."""
     items = [_referenced(store, index, item) if item.get("type") == "item_reference" else item
              for index, item in enumerate(request.input_items())]
     previous_id = request.previous_response_id
+    if request.conversation_id is not None:
+        if previous_id:  # as the API: a response continues one or the other
+            raise AdmissionError("conversation: cannot be used with previous_response_id")
+        return nulling_non_finite(list(history or [])) + items
     if not previous_id:
         return items
     previous = store.responses.get(previous_id)
@@ -86,13 +91,15 @@ def _invalid(run_id: str, line: InputLine, message: str | None) -> RequestResult
     return line_result(run_id, line, RequestStatus.INVALID, message)
 
 
-def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog) -> Prepared | RequestResult:
-    """Check a line: `prepared` to list its servers and admit, or an `invalid` result."""
+def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog,
+            history: list[dict] | None = None) -> Prepared | RequestResult:
+    """Check a line: `prepared` to list its servers and admit, or an `invalid` result. `history`: the items
+    so far of the conversation the line names."""
     request = line.request
     if not line.is_valid or request is None:  # is_valid: no error and a request
         return _invalid(run_id, line, line.error)
     try:
-        items = conversation_items(request, store)
+        items = conversation_items(request, store, history)
         tools = request.tool_dicts()
         check_harmony_names(tools)
         registry = ToolRegistry.from_tools(tools, request.tool_choice_json())

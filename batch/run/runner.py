@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 
 from batch.responses.status import RequestStatus, RunStatus
 from batch.run.admission import Prepared, prepare
+from batch.run.conversations import Conversations, conversation_id
 from batch.run.decode_loop import DecodeLoop
 from batch.run.ledger import RunLedger
 from batch.run.options import RunOptions
 from batch.run.reader import InputLine, read_requests, scan_input
 from batch.run.results import internal_error, line_result, reraise_interrupts
+from batch.store.responses import ConversationTurn
 from batch.store.rows import RequestResult
 from batch.store.store import Store
 from batch.store.writes import ResultWriter
@@ -119,6 +121,9 @@ class Run:
         self.stopped_at_limit = False
         self.tool_errors: dict[str, int] = {}  # recorded by the ledger when the run finishes
         self.server_errors: list[str] = []  # what decoded the run reports before it finishes
+        self.conversations = Conversations(self._stored_turn, resumed=False)  # run() knows if it resumes
+        self._input: Iterator[InputLine] = iter(())
+        self.input_exhausted = False
 
     def run(self) -> RunSummary:
         """Decode every line not yet finished in this run; returns the summary."""
@@ -129,6 +134,7 @@ class Run:
         opened = self.ledger.open(self.options, scan.sha256)
         self.run_id = opened.run_id
         lines = self._lines(opened.done)
+        self.conversations = Conversations(self._stored_turn, resumed=opened.resumed)
         self.skipped = len(opened.done)
         self._count_requests(scan.num_requests, opened.done)
         # The total now, not at the end: a reader of the live snapshot can show % done and an ETA.
@@ -151,10 +157,49 @@ class Run:
                           self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors,
                           self.invalid_reasons, self.failed_reasons, opened.changed_settings)
 
+    def next_line(self, lines: Iterator[InputLine], room: bool) -> InputLine | None:
+        """The next line to read: one whose conversation's turn came (it is held already, so it needs no
+        `room`), else the input's next when there is `room`; None when there is neither now."""
+        released = self.conversations.take_released()
+        if released is not None or not room or self.input_exhausted:
+            return released
+        line = next(lines, None)
+        self.input_exhausted = line is None
+        return line
+
+    @property
+    def num_held(self) -> int:
+        """Lines read but not handed to the decoder: waiting for their conversation's turn, or results not yet
+        given to the writer. They count against --max-inflight."""
+        return len(self.pending) + self.conversations.num_waiting
+
+    @property
+    def has_lines(self) -> bool:
+        """False once every line has been read and none waits for its conversation's turn."""
+        return not self.input_exhausted or self.conversations.num_waiting > 0
+
     def prepare(self, line: InputLine) -> Prepared | None:
-        """The line checked and ready to decode, or None when it ended here (invalid, or failed)."""
+        """The line checked and ready to decode, or None when it ended here (invalid, or failed) or waits for
+        the line before it in its conversation."""
+        history = None
+        conversation = conversation_id(line)
+        if conversation is not None:
+            if self.options.shard is not None:  # the line before it may be another shard's
+                self.finish_request(line_result(self.run_id, line, RequestStatus.INVALID, (
+                    f"line {line.line_no}: conversation: a conversation's lines decode in order in one run, "
+                    "and --shard splits lines by number (use --ray to decode on several machines)")))
+                return None
+            key = (conversation, line.epoch)
+            if not self.conversations.admit(line, key):
+                return None
+            found = self.conversations.history(line, key, flush=self._write_pending)
+            if found.broken is not None:
+                self.finish_request(line_result(self.run_id, line, RequestStatus.FAILED,
+                                                f"line {line.line_no}: {found.broken}"))
+                return None
+            history = found.items
         try:
-            prepared = prepare(line, self.store, self.run_id, self.catalog)
+            prepared = prepare(line, self.store, self.run_id, self.catalog, history)
         except BaseException as exc:  # a bug or a dependency's panic costs one line, not the run
             reraise_interrupts(exc)
             self.finish_request(line_result(self.run_id, line, RequestStatus.FAILED, internal_error(line, exc)))
@@ -177,6 +222,7 @@ class Run:
         elif result.request.status == RequestStatus.FAILED:
             error = (result.request.error or "no error recorded").split(": ", 1)[-1][:MAX_REASON_CHARS]
             self.failed_reasons[self._failure_kinds.setdefault(failure_kind(error), error)] += 1
+        self.conversations.ended(result)
         self.pending.append(result)
 
     def flush(self, force: bool = False) -> None:
@@ -198,6 +244,14 @@ class Run:
         self.writer.submit(self.pending, replace_lines=self.options.retry_failed is not None)
         self.pending = []
         self._flushed_at = time.monotonic()
+
+    def _write_pending(self) -> None:
+        """Every result so far written (a conversation's history this run no longer keeps is read back)."""
+        self.flush(force=True)
+        self.writer.wait_idle()
+
+    def _stored_turn(self, conversation: str, epoch: int, line_no: int) -> ConversationTurn | None:
+        return self.store.responses.conversation_turn(self.run_id, conversation, epoch, line_no)
 
     def _finish_run(self, status: RunStatus) -> RunStatus:
         """Write what is left, stop the decoder's resources, record the run's end; returns the final status.
@@ -295,14 +349,10 @@ class Runner:
 
     def _read_and_decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         loop = self.loop
-        exhausted = False
-        while not exhausted or loop.is_busy:
+        while run.has_lines or loop.is_busy:
             # Unwritten results count too: the reader stays within max_inflight of the store.
-            while not exhausted and loop.num_inflight + len(run.pending) < run.options.max_inflight:
-                line = next(lines, None)
-                if line is None:
-                    exhausted = True
-                    break
+            while (line := run.next_line(lines, room=loop.num_inflight + run.num_held
+                                         < run.options.max_inflight)) is not None:
                 prepared = run.prepare(line)
                 if prepared is not None:
                     loop.add(prepared, run.run_id)

@@ -24,6 +24,16 @@ class StoredResponse:
 
 
 @dataclass(frozen=True)
+class ConversationTurn:
+    """A run's line that named a conversation, as stored: what the conversation's next line continues."""
+
+    line_no: int
+    status: RequestStatus | None
+    response: dict | None  # None when the line has no response (invalid, or failed before decoding)
+    input_items: list[dict] | None
+
+
+@dataclass(frozen=True)
 class StoredRequest:
     """A run's input line as its requests row stores it (secrets redacted)."""
 
@@ -88,6 +98,23 @@ class Responses:
         return StoredRequest(row["run_id"], row["line_no"], row["custom_id"],
                              None if row["status"] is None else RequestStatus(row["status"]),
                              row["error"], loads(row["body"]), row["epoch"])
+
+    def conversation_turn(self, run_id: str, conversation_id: str, epoch: int,
+                          before_line: int) -> ConversationTurn | None:
+        """The last line before ``before_line`` of run ``run_id`` (sample ``epoch``) whose body names
+        conversation ``conversation_id`` (as a string or ``{"id": ...}``), or None. Reads the run's rows."""
+        rows = self.db.rows("""
+            SELECT q.line_no, q.status, s.response, s.input_items
+            FROM requests q LEFT JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
+            WHERE q.run_id = ? AND q.epoch = ? AND q.line_no < ?
+              AND (CASE WHEN json_type(q.body->'conversation') = 'VARCHAR' THEN q.body->>'conversation'
+                        ELSE q.body->'conversation'->>'id' END) = ?
+            ORDER BY q.line_no DESC LIMIT 1""", [run_id, epoch, before_line, conversation_id])
+        if not rows:
+            return None
+        row = rows[0]
+        return ConversationTurn(row["line_no"], None if row["status"] is None else RequestStatus(row["status"]),
+                                loads(row["response"]), loads(row["input_items"]))
 
     def epochs(self, run_id: str, custom_id: str) -> list[int]:
         """The epochs (samples) run ``run_id`` holds of ``custom_id``, ascending; [] when none."""

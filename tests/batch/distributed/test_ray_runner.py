@@ -218,6 +218,26 @@ def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
     assert rows(db, "SELECT count(*), count(DISTINCT line_no) FROM requests") == [(6, 6)]
 
 
+def test_a_conversation_s_lines_decode_in_order_across_workers(tmp_path, cluster):
+    # three conversations of three lines, interleaved: each line goes out once the one before it is back
+    path = tmp_path / "in.jsonl"
+    lines = [{"custom_id": f"{name}{turn}", "conversation": name, "input": f"question {name}{turn}"}
+             for turn in range(3) for name in "xyz"]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, run_options(path), RayOptions(num_workers=2), ScriptedSpec())
+        runner.start_workers()
+        summary = runner.run()
+    assert summary.statuses == {"completed": 9}
+    stored = {custom_id: json.loads(items) for custom_id, items in rows(
+        tmp_path / "ray.duckdb", "SELECT custom_id, input_items FROM responses")}
+    for name in "xyz":
+        texts = [item.get("content") if item["type"] == "message" and item["role"] == "user"
+                 else item["content"][0]["text"] for item in stored[f"{name}2"]]
+        assert texts == [f"question {name}0", f"Done question {name}0.", f"question {name}1",
+                         f"Done question {name}1.", f"question {name}2"]
+
+
 def test_without_ray_the_option_says_how_to_install_it(tmp_path, monkeypatch, mixed):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
     result = cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", "--quiet")

@@ -363,7 +363,7 @@ CORPUS: dict[str, dict] = {
     "sampling and run fields": {"input": "Hi", "temperature": 0.2, "top_p": 0.9, "max_output_tokens": 64,
                                 "max_tool_calls": 2, "parallel_tool_calls": False, "model": "gpt-oss-20b",
                                 "user": "u-1", "metadata": {"conversation_date": "2026-01-01", "team": "a"},
-                                "previous_response_id": None,
+                                "previous_response_id": None, "conversation": {"id": "conv_1"},
                                 "include": ["message.output_text.logprobs"], "top_logprobs": 5},
     "ignored fields": {"input": "Hi", "stream": False, "store": True, "include": ["reasoning.encrypted_content"],
                        "truncation": "disabled", "service_tier": "auto", "background": False},
