@@ -59,7 +59,7 @@ def runs(db: str) -> None:
 @click.option("--run", "run_id", help="Run to look in when giving a custom_id (default: newest).")
 @click.option("--epoch", type=click.IntRange(min=0),
               help="Which sample of a line to show in a run made with --epochs K: 0 to K-1, as "
-                   "requests.epoch counts [default: the newest response, as without --epochs].")
+                   "requests.epoch counts [default: 0, the first].")
 def show(response_or_custom_id: str, db: str, run_id: str | None, epoch: int | None) -> None:
     """One response (by response id or custom_id): its input, items, tool outputs, usage and event
     types; a line without a response (invalid): its status, error and body."""

@@ -73,12 +73,14 @@ class Responses:
         return loads(rows[0]["item"]) if rows else None
 
     def find(self, run_id: str, custom_id: str, epoch: int | None = None) -> StoredResponse | None:
-        """Like ``get``, by run and custom_id (the newest if several); with ``epoch``, that sample's."""
-        if epoch is None:
+        """Like ``get``, by run and custom_id: the first sample (lowest epoch) of a run made with --epochs, the
+        newest if several otherwise; with ``epoch``, that sample's."""
+        if epoch is None:  # not the newest sample: which one the batch finished last is not reproducible
             rows = self.db.rows(f"""
-                SELECT {_RESPONSE_COLUMNS}
-                FROM responses WHERE run_id = ? AND custom_id = ?
-                ORDER BY created_at DESC LIMIT 1""", [run_id, custom_id])
+                SELECT {", ".join("s." + c for c in _RESPONSE_COLUMNS.split(", "))}
+                FROM responses s LEFT JOIN requests q ON q.run_id = s.run_id AND q.response_id = s.response_id
+                WHERE s.run_id = ? AND s.custom_id = ?
+                ORDER BY q.epoch NULLS LAST, s.created_at DESC LIMIT 1""", [run_id, custom_id])
         else:
             rows = self.db.rows(f"""
                 SELECT {", ".join("s." + c for c in _RESPONSE_COLUMNS.split(", "))}
