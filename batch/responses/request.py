@@ -24,8 +24,10 @@ from batch.responses.request_errors import RequestError, json_type, readable_err
 IGNORED_FIELDS = frozenset({
     "background", "stream", "stream_options", "store", "service_tier",
     "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-    "prompt",
 })
+# Fields whose meaning lives on OpenAI's servers: ignored, the line would decode another request.
+_SERVER_SIDE = {"prompt": "a reusable prompt is kept on OpenAI's servers, which batchrun cannot read: write its "
+                          "instructions and input into the line"}
 # openai.types.responses.ResponseIncludable (a test holds them equal): importing openai's types takes 0.6 s.
 Includable = Literal["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
                      "message.input_image.image_url", "computer_call_output.output.image_url",
@@ -442,6 +444,9 @@ def parse_request(body: dict) -> tuple[ResponsesRequest, list[str]]:
     """
     if not isinstance(body, dict):
         raise RequestError("", f"expected a JSON object, got {json_type(body)}")
+    for name, why in _SERVER_SIDE.items():
+        if name in body:
+            raise RequestError(name, why)
     ignored = [name for name in body if name in IGNORED_FIELDS]
     kept = {name: value for name, value in body.items() if name not in IGNORED_FIELDS}
     try:

@@ -105,6 +105,15 @@ def test_ignored_fields_are_reported_and_not_in_the_request(tmp_path):
     assert "text" not in IGNORED_FIELDS  # text.format is honoured (batch/harmony/turn_grammar.py)
 
 
+def test_a_reusable_prompt_is_an_invalid_line_that_says_what_to_write_instead(tmp_path):
+    # ignoring it (as before) decoded the line without the prompt's instructions and input: another request
+    path = write_jsonl(tmp_path, [{"input": "Hi", "prompt": {"id": "pmpt_1", "variables": {"city": "Oslo"}}}])
+    [line] = read_all(path)
+    assert not line.is_valid and line.error == (
+        "line 1: prompt: a reusable prompt is kept on OpenAI's servers, which batchrun cannot read: write its "
+        "instructions and input into the line")
+
+
 def test_every_supported_item_tool_and_choice_validates():
     body = {
         "input": [
