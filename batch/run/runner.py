@@ -122,7 +122,6 @@ class Run:
         self.tool_errors: dict[str, int] = {}  # recorded by the ledger when the run finishes
         self.server_errors: list[str] = []  # what decoded the run reports before it finishes
         self.conversations = Conversations(self._stored_turn, resumed=False)  # run() knows if it resumes
-        self._input: Iterator[InputLine] = iter(())
         self.input_exhausted = False
 
     def run(self) -> RunSummary:
@@ -181,24 +180,24 @@ class Run:
     def prepare(self, line: InputLine) -> Prepared | None:
         """The line checked and ready to decode, or None when it ended here (invalid, or failed) or waits for
         the line before it in its conversation."""
-        history = None
         conversation = conversation_id(line)
-        if conversation is not None:
-            if self.options.shard is not None:  # the line before it may be another shard's
-                self.finish_request(line_result(self.run_id, line, RequestStatus.INVALID, (
-                    f"line {line.line_no}: conversation: a conversation's lines decode in order in one run, "
-                    "and --shard splits lines by number (use --ray to decode on several machines)")))
-                return None
-            key = (conversation, line.epoch)
-            if not self.conversations.admit(line, key):
-                return None
-            found = self.conversations.history(line, key, flush=self._write_pending)
-            if found.broken is not None:
-                self.finish_request(line_result(self.run_id, line, RequestStatus.FAILED,
-                                                f"line {line.line_no}: {found.broken}"))
-                return None
-            history = found.items
+        if conversation is not None and self.options.shard is not None:  # the line before may be another shard's
+            self.finish_request(line_result(self.run_id, line, RequestStatus.INVALID, (
+                f"line {line.line_no}: conversation: a conversation's lines decode in order in one run, "
+                "and --shard splits lines by number (use --ray to decode on several machines)")))
+            return None
+        key = None if conversation is None else (conversation, line.epoch)
+        if key is not None and not self.conversations.admit(line, key):
+            return None
         try:
+            history = None
+            if key is not None:
+                found = self.conversations.history(line, key, flush=self._write_pending)
+                if found.broken is not None:
+                    self.finish_request(line_result(self.run_id, line, RequestStatus.FAILED,
+                                                    f"line {line.line_no}: {found.broken}"))
+                    return None
+                history = found.items
             prepared = prepare(line, self.store, self.run_id, self.catalog, history)
         except BaseException as exc:  # a bug or a dependency's panic costs one line, not the run
             reraise_interrupts(exc)
