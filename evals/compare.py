@@ -198,8 +198,9 @@ def _run_line(label: str, run_id: str, sides: list[RequestSide], on_grades: bool
     return f"{label} {run_id}: {len(sides)} requests, {rate}, {tokens} output tokens, latency p50 {p50}"
 
 
-def compare_text(run_a: str, run_b: str, changes: list[RequestChange], show_all: bool) -> str:
-    """The comparison table (unchanged rows only with ``show_all``) and a summary."""
+def compare_text(run_a: str, run_b: str, changes: list[RequestChange], show_all: bool, suite: str = "SUITE") -> str:
+    """The comparison table (unchanged rows only with ``show_all``) and a summary; ``suite`` is what the advice
+    to grade an ungraded run names."""
     counts = {kind: sum(c.kind == kind for c in changes) for kind in KINDS}
     shown = [c for c in changes if show_all or c.kind != "same"]
     ungraded = ungraded_run(changes)
@@ -208,7 +209,7 @@ def compare_text(run_a: str, run_b: str, changes: list[RequestChange], show_all:
     if ungraded:
         run = run_a if ungraded == "A" else run_b
         lines.append(f"note: run {ungraded} ({run}) has no grades: both runs are compared on completion status, "
-                     f"not grades (batchrun grade {run} SUITE grades it)")
+                     f"not grades (batchrun grade {run} {suite} grades it)")
     lines.append("")
     if shown:
         columns = ["change", "custom_id", *(["grades"] if ungraded is None else []), "status", "output",

@@ -214,13 +214,17 @@ def compare_command(run_a: str, run_b: str, db: str, show_all: bool, fail_on_reg
         store_b = store_a if db_b == db_a else stack.enter_context(_open_store(db_b, read_only=True))
         run_a, run_b = resolve_run(store_a, run_a), resolve_run(store_b, run_b)
         changes = compare_runs(store_a, run_a, run_b, store_b)
-    click.echo(compare_text(run_a, run_b, changes, show_all))
+        ungraded = ungraded_run(changes)
+        # the advice to grade names the suite the graded run was an eval of, when `eval` recorded one
+        graded = None if ungraded is None else (store_b.runs.get(run_b) if ungraded == "A" else store_a.runs.get(run_a))
+        suite = graded.input_path if graded is not None and (graded.notes or {}).get("eval_suite") else "SUITE"
+    click.echo(compare_text(run_a, run_b, changes, show_all, suite))
     if not fail_on_regression:
         return
-    if ungraded := ungraded_run(changes):  # a gate on grades must not pass on completion alone
+    if ungraded:  # a gate on grades must not pass on completion alone
         run = run_a if ungraded == "A" else run_b
         _fail(f"--fail-on-regression compares grades and run {ungraded} ({run}) has none: "
-              f"grade it first (batchrun grade {run} SUITE)")
+              f"grade it first (batchrun grade {run} {suite})")
     if strict and any(c.kind in ("regression", "missing") for c in changes):
         sys.exit(1)
     if not strict and is_significant_regression(changes):

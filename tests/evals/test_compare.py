@@ -115,6 +115,16 @@ def test_a_graded_run_against_an_ungraded_one_compares_completion_and_says_so(gr
     assert "absent" not in result.output
 
 
+def test_the_advice_to_grade_names_the_suite_the_graded_run_was_an_eval_of(graded_and_plain):
+    with Store(graded_and_plain) as store:
+        store.runs.update("graded", input_path="evals/suites/arith.jsonl", notes={"eval_suite": "arith"})
+    shown = CliRunner().invoke(main, ["compare", "graded", "plain", "--db", str(graded_and_plain)])
+    assert "(batchrun grade plain evals/suites/arith.jsonl grades it)" in shown.output, shown.output
+    gate = CliRunner().invoke(main, ["compare", "plain", "graded", "--db", str(graded_and_plain),
+                                     "--fail-on-regression"])
+    assert gate.output.splitlines()[-1].endswith("grade it first (batchrun grade plain evals/suites/arith.jsonl)")
+
+
 def test_fail_on_regression_refuses_when_one_run_has_no_grades(graded_and_plain):
     result = CliRunner().invoke(main, ["compare", "graded", "plain", "--db", str(graded_and_plain),
                                        "--fail-on-regression"])
