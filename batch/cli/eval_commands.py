@@ -217,7 +217,8 @@ def compare_command(run_a: str, run_b: str, db: str, show_all: bool, fail_on_reg
         ungraded = ungraded_run(changes)
         # the advice to grade names the suite the graded run was an eval of, when `eval` recorded one
         graded = None if ungraded is None else (store_b.runs.get(run_b) if ungraded == "A" else store_a.runs.get(run_a))
-        suite = graded.input_path if graded is not None and (graded.notes or {}).get("eval_suite") else "SUITE"
+        suite = (graded.input_path if graded is not None and graded.input_path
+                 and (graded.notes or {}).get("eval_suite") else "SUITE")
     click.echo(compare_text(run_a, run_b, changes, show_all, suite))
     if not fail_on_regression:
         return
