@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -63,13 +64,17 @@ class Responses:
 
     def item(self, item_id: str) -> dict | None:
         """An input or output item of any stored response, by its id (the newest response's, if several
-        hold it), or None. Each call reads every stored response's items."""
+        hold it), or None. Each call scans every stored response's text for the id (quoted), and unnests only
+        the items of those that hold it."""
+        quoted = json.dumps(item_id)
         rows = self.db.rows("""
             SELECT item FROM (
                 SELECT unnest(CAST(response->'$.output' AS JSON[])) AS item, created_at FROM responses
+                WHERE contains(CAST(response AS VARCHAR), ?)
                 UNION ALL
-                SELECT unnest(CAST(input_items AS JSON[])), created_at FROM responses WHERE input_items IS NOT NULL)
-            WHERE item->>'id' = ? ORDER BY created_at DESC LIMIT 1""", [item_id])
+                SELECT unnest(CAST(input_items AS JSON[])), created_at FROM responses
+                WHERE contains(CAST(input_items AS VARCHAR), ?))
+            WHERE item->>'id' = ? ORDER BY created_at DESC LIMIT 1""", [quoted, quoted, item_id])
         return loads(rows[0]["item"]) if rows else None
 
     def find(self, run_id: str, custom_id: str, epoch: int | None = None) -> StoredResponse | None:

@@ -748,3 +748,20 @@ def test_turns_and_tool_calls_rows_are_the_records_under_their_response():
     assert SCHEMAS["turns"].field("turn").type == pa.int32()
     assert SCHEMAS["tool_calls"].field("attempts").type == pa.int32()
     assert SCHEMAS["tool_calls"].field("status").type == pa.string()
+
+
+def test_an_item_is_found_by_its_exact_id_in_the_newest_response_holding_it(store):
+    def response(number: int, output_id: str, input_id: str, at: datetime) -> RequestResult:
+        return RequestResult(
+            RequestRow(run_id="r1", custom_id=f"c{number}", line_no=number, status=RequestStatus.COMPLETED,
+                       response_id=f"resp_{number}"),
+            ResponseRow(run_id="r1", custom_id=f"c{number}", response_id=f"resp_{number}",
+                        status=ResponseStatus.COMPLETED, created_at=at,
+                        response={"id": f"resp_{number}", "output": [
+                            {"id": output_id, "type": "message", "text": f"out {number}"}]},
+                        input_items=[{"id": input_id, "type": "message", "text": f"in {number}"}]))
+
+    store.write_results([response(1, "msg_10", "msg_1", T0), response(2, "msg_2", "msg_10", T0 + timedelta(hours=1))])
+    assert store.responses.item("msg_10") == {"id": "msg_10", "type": "message", "text": "in 2"}  # the newer
+    assert store.responses.item("msg_1") == {"id": "msg_1", "type": "message", "text": "in 1"}  # not msg_10
+    assert store.responses.item("msg_") is None and store.responses.item('"') is None
