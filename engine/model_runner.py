@@ -71,9 +71,14 @@ class ModelRunner:
                                        block_size=self.block_size, scratch_block=num_blocks)
             self.pieces = PiecewiseGraphs(model, self.kv_caches, self.plan.token_sizes, block_size=self.block_size,
                                           scratch_block=num_blocks)
-            pool = torch.cuda.graph_pool_handle()
-            self.graphs.capture(pool)
-            self.pieces.capture(pool)
+            # One pool and one capture stream for both: the caching allocator hands a freed block only to
+            # allocations on the stream that freed it, so pieces captured on a stream of their own could not
+            # reuse the decode graphs' memory, and the pool would hold both peaks, not the larger (the KV
+            # reserve counts the larger: engine.graph_memory). torch.cuda.graph: a capture into a pool used
+            # with an explicit stream should pass the same stream.
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            self.graphs.capture(pool, stream)
+            self.pieces.capture(pool, stream)
             self.capture_stats = {"capture_s": time.perf_counter() - start,
                                   "num_graphs": len(self.graphs.graphs) + len(self.pieces.graphs),
                                   "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30}

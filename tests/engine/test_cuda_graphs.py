@@ -1,6 +1,8 @@
 """CUDA graphs: the plan, and the padded static inputs of full and piecewise graphs on CPU (their pieces run
 eagerly there); graphs against eager on a GPU (skipped without)."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -196,6 +198,51 @@ def test_the_gpu_engine_counts_replayed_graphs(tiny_model_dir):
     stats = engine.stats()  # what the capture took, beside what the KV reserve set aside for it
     assert stats["num_graphs"] == len(engine.runner.graphs.graphs) + len(engine.runner.pieces.graphs)
     assert stats["capture_s"] > 0 and stats["graph_memory_gb"] > 0 and stats["graph_reserve_gb"] > 0
+
+
+class FakeGraphCapture:
+    """torch.cuda's capture API on the CPU: each capture's body runs eagerly, and its pool and stream are
+    recorded (as are the streams the warm-ups run on)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.captures: list[tuple[object, object]] = []  # (pool, stream) of each torch.cuda.graph
+        self.current: list[object] = []  # streams entered with torch.cuda.stream
+        default = self.Stream()
+        fakes = {"graph_pool_handle": object, "Stream": self.Stream, "current_stream": lambda: default,
+                 "stream": self.stream, "graph": self.graph, "CUDAGraph": object, "synchronize": lambda: None,
+                 "empty_cache": lambda: None, "memory_reserved": lambda device=None: 0}
+        for name, fake in fakes.items():
+            monkeypatch.setattr(torch.cuda, name, fake)
+        monkeypatch.setattr(EngineConfig, "captures_graphs", property(lambda config: True))
+
+    class Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        self.current.append(stream)
+        yield
+
+    @contextlib.contextmanager
+    def graph(self, graph, pool=None, stream=None):
+        self.captures.append((pool, stream))
+        yield
+
+
+def test_decode_and_piecewise_graphs_share_one_capture_stream_and_pool(tiny_model_dir, monkeypatch):
+    # The caching allocator gives a freed block only to allocations on the stream it was freed on: graphs
+    # sharing a pool on two capture streams could not reuse each other's memory, and the pool would hold
+    # both peaks, where the KV reserve counts the larger (torch.cuda.graph: pass the same stream).
+    fake = FakeGraphCapture(monkeypatch)
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=16,
+                                    max_model_len=64))
+    graphs, pieces = engine.runner.graphs, engine.runner.pieces
+    assert graphs is not None and pieces is not None
+    assert len(fake.captures) == len(graphs.graphs) + len(pieces.graphs) == 3 + 5 * pieces.num_pieces
+    pools, streams = {id(pool) for pool, _ in fake.captures}, {id(stream) for _, stream in fake.captures}
+    assert len(pools) == 1 and len(streams) == 1
+    assert {id(stream) for stream in fake.current} == streams  # the warm-ups ran there too
 
 
 def test_nearly_every_decode_token_of_a_sharegpt_run_is_in_a_graph():
