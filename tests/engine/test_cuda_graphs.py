@@ -8,10 +8,13 @@ import traceback
 import pytest
 import torch
 
+from engine import model as engine_model
 from engine.api import SamplingParams
+from engine.attention import paged_attention
 from engine.config import EngineConfig
 from engine.cuda_graphs import GraphChoice, GraphCounts, GraphPlan, StaticDecodeInputs, ladder
 from engine.graph_share import sharegpt_graph_stats
+from engine.kernels import PARTITION_SIZE
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.proxies import graph_share_figures
 from engine.llm_engine import LLMEngine
@@ -216,7 +219,7 @@ class FakeGraphCapture:
         self.host_reads: list[str] = []  # "name at file:line" of each read inside a capture
         default = self.Stream()
         fakes = {"graph_pool_handle": object, "Stream": self.Stream, "current_stream": lambda: default,
-                 "stream": self.stream, "graph": self.graph, "CUDAGraph": object, "synchronize": lambda: None,
+                 "stream": self.stream, "graph": self.graph, "CUDAGraph": self.Graph, "synchronize": lambda: None,
                  "empty_cache": lambda: None, "memory_reserved": lambda device=None: 0}
         for name, fake in fakes.items():
             monkeypatch.setattr(torch.cuda, name, fake)
@@ -224,6 +227,10 @@ class FakeGraphCapture:
 
     class Stream:
         def wait_stream(self, other) -> None:
+            pass
+
+    class Graph:
+        def replay(self) -> None:  # what it captured ran once, eagerly: replaying it here would need its ops
             pass
 
     @contextlib.contextmanager
@@ -264,6 +271,28 @@ def test_decode_and_piecewise_graphs_share_one_capture_stream_and_pool(tiny_mode
     pools, streams = {id(pool) for pool, _ in fake.captures}, {id(stream) for _, stream in fake.captures}
     assert len(pools) == 1 and len(streams) == 1
     assert {id(stream) for stream in fake.current} == streams  # the warm-ups ran there too
+
+
+def test_a_mixed_steps_attention_runs_on_the_scratch_block_before_any_request(tiny_model_dir, monkeypatch):
+    # A step with prefill rows runs its attention eagerly between the pieces: on CUDA its kernels (the prefill
+    # kernel, the single-partition decode of full layers) would compile in the first timed steps unless a
+    # mixed step ran before; it must write nothing but the scratch block.
+    calls = []
+
+    def recording(q, k_cache, v_cache, meta, **options):
+        calls.append((meta.max_query_len, meta.max_seq_len, options["sliding_window"]))
+        return paged_attention(q, k_cache, v_cache, meta, **options)
+
+    monkeypatch.setattr(engine_model, "paged_attention", recording)
+    FakeGraphCapture(monkeypatch)
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=16,
+                                    max_model_len=64))
+    # prefill rows, at a context one decode partition covers: the prefill kernel and the single-partition decode
+    mixed = {window for query_len, seq_len, window in calls if query_len > 1 and seq_len <= PARTITION_SIZE}
+    assert mixed == {None, engine.model_config.sliding_window}
+    scratch = engine.num_blocks
+    for k, v in engine.runner.kv_caches:
+        assert not k[:scratch].any() and not v[:scratch].any() and k[scratch].any()
 
 
 def captured_host_reads(model_dir, monkeypatch, **options) -> list[str]:
