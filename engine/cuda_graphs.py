@@ -164,9 +164,11 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 
     @torch.inference_mode()
-    def capture(self, pool: Any) -> None:
-        """Capture every (batch size, context bound), largest first so that smaller graphs reuse its memory."""
-        stream = torch.cuda.Stream()
+    def capture(self, pool: Any, stream: Any = None) -> None:
+        """Capture every (batch size, context bound), largest first so that smaller graphs reuse its memory.
+
+        `stream`: the capture stream; graphs that share `pool` must share it too (engine.model_runner)."""
+        stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bound in reversed(self.plan.context_bounds):

@@ -7,8 +7,9 @@ The graphs are set up after the KV cache is sized, so the cache must leave them 
   longest context per row) and the piecewise graphs' pieces' buffers (engine.piecewise_graphs: ids,
   positions, slots, the residual stream, RoPE cos/sin, queries, attention output, final hidden
   states) at the largest token count;
-- one private memory pool, shared by every graph, captured largest first: each capture's transient
-  activations (freed within it, so the next capture reuses them: the pool peaks at the largest step,
+- one private memory pool, shared by every graph, captured largest first on one stream (a block freed
+  on another stream would not be reused): each capture's transient activations (freed within it, so
+  the next capture reuses them: the pool peaks at the largest step,
   the piecewise graphs' largest token count or the decode graphs' largest batch with the split-K
   partial results of its longest context bound) and every full decode graph's output, which it keeps.
 

@@ -71,17 +71,43 @@ class ModelRunner:
                                        block_size=self.block_size, scratch_block=num_blocks)
             self.pieces = PiecewiseGraphs(model, self.kv_caches, self.plan.token_sizes, block_size=self.block_size,
                                           scratch_block=num_blocks)
-            pool = torch.cuda.graph_pool_handle()
-            self.graphs.capture(pool)
-            self.pieces.capture(pool)
+            # One pool and one capture stream for both: the caching allocator hands a freed block only to
+            # allocations on the stream that freed it, so pieces captured on a stream of their own could not
+            # reuse the decode graphs' memory, and the pool would hold both peaks, not the larger (the KV
+            # reserve counts the larger: engine.graph_memory). torch.cuda.graph: a capture into a pool used
+            # with an explicit stream should pass the same stream.
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            self.graphs.capture(pool, stream)
+            self.pieces.capture(pool, stream)
             self.capture_stats = {"capture_s": time.perf_counter() - start,
                                   "num_graphs": len(self.graphs.graphs) + len(self.pieces.graphs),
                                   "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30}
+            self._warm_mixed_step(scratch_block=num_blocks)
         self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
         self.timer = ForwardTimer(self.device)  # model time, for the engine-overhead figure
         self.counts = GraphCounts()
+
+    @torch.inference_mode()
+    def _warm_mixed_step(self, scratch_block: int) -> None:
+        """One mixed step's forward on the scratch block alone, before any request: a step with prefill rows
+        runs its attention eagerly (between the pieces), and the kernels it needs that no capture ran (the
+        prefill kernel, the single-partition decode of full layers) compile here, not in the first timed
+        steps. A decode row and a two-token prefill row; every K/V they write lands in the scratch block."""
+        device = self.device
+        positions = torch.tensor([0, 0, 1], device=device)
+        meta = AttentionMetadata(positions=positions, slot_mapping=scratch_block * self.block_size + positions,
+                                 query_start_loc=torch.tensor([0, 1, 3], device=device),
+                                 seq_lens=torch.tensor([1, 2], device=device),
+                                 block_tables=torch.full((2, 1), scratch_block, device=device),
+                                 block_size=self.block_size, max_query_len=2, max_seq_len=2)
+        input_ids = torch.zeros(3, dtype=torch.long, device=device)
+        choice = GraphChoice("eager") if self.plan is None else self.plan.pick(3, 2, 2)
+        if choice.kind == "piecewise" and self.pieces is not None:
+            self.pieces.run(choice.size, input_ids, meta)
+        else:
+            self.model(input_ids, meta, self.kv_caches)
 
     @property
     def forward_s(self) -> float:

@@ -82,9 +82,11 @@ class PiecewiseGraphs:
         return run
 
     @torch.inference_mode()
-    def capture(self, pool: Any) -> None:
-        """Capture every piece at every token count, largest first (smaller ones reuse its memory)."""
-        stream = torch.cuda.Stream()
+    def capture(self, pool: Any, stream: Any = None) -> None:
+        """Capture every piece at every token count, largest first (smaller ones reuse its memory).
+
+        `stream`: the capture stream; graphs that share `pool` must share it too (engine.model_runner)."""
+        stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for size in reversed(self.token_sizes):

@@ -60,6 +60,13 @@ DECODE_BLOCK_N = 64  # keys per tile in the decode kernel
 PREFILL_BLOCK_N = 64  # keys per tile in the prefill kernel
 PREFILL_ROWS = 64  # query rows (queries x heads of a group) per prefill tile
 MIN_DOT = 16  # tl.dot wants every dimension >= 16 on GPUs
+# Arguments that change from step to step (how many sequences, the block table's width, which offset of the
+# step's one host-to-device buffer the lengths start at) and gain nothing from Triton's specialisation (ints
+# equal to 1 or a multiple of 16, pointers aligned to 16 bytes: these are read an entry at a time). Specialised,
+# each new combination is a compile in the middle of a run (~1 s each on an H100 host, several per kernel, in
+# the first timed steps); unspecialised, the kernels a step can need are the ones its constexprs pick.
+STEP_INTS = ("num_seqs", "num_parts", "stride_bt")
+STEP_POINTERS = ("block_tables", "seq_lens", "query_start_loc", "sinks")
 
 
 @triton.jit
@@ -106,7 +113,7 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
     return m_i, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=STEP_POINTERS)
 def _decode_partition_kernel(
         q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks, part_m, part_l, part_acc,
         stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
@@ -165,7 +172,7 @@ def _decode_partition_kernel(
         tl.store(part_acc + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=STEP_POINTERS)
 def _decode_reduce_kernel(
         out_ptr, sinks, query_start_loc, part_m, part_l, part_acc, stride_ot, stride_oh, num_heads, num_parts,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
@@ -211,7 +218,7 @@ def _tile_sequence(query_start_loc, num_seqs, tile, BLOCK_M: tl.constexpr):
     return lo, tile - (tl.load(query_start_loc + lo) // BLOCK_M + lo)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=STEP_POINTERS)
 def _prefill_kernel(
         q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks, num_seqs,
         stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,

@@ -1,17 +1,25 @@
 """CUDA graphs: the plan, and the padded static inputs of full and piecewise graphs on CPU (their pieces run
-eagerly there); graphs against eager on a GPU (skipped without)."""
+eagerly there); the runner's captures with torch.cuda's capture API faked (one pool and stream, no host reads
+inside); graphs against eager on a GPU (skipped without)."""
+
+import contextlib
+import traceback
 
 import pytest
 import torch
 
+from engine import model as engine_model
 from engine.api import SamplingParams
+from engine.attention import paged_attention
 from engine.config import EngineConfig
 from engine.cuda_graphs import GraphChoice, GraphCounts, GraphPlan, StaticDecodeInputs, ladder
 from engine.graph_share import sharegpt_graph_stats
+from engine.kernels import PARTITION_SIZE
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.proxies import graph_share_figures
 from engine.llm_engine import LLMEngine
 from tests.engine.test_decode_trace import decode_step, fresh
+from tests.support.triton_mode import needs_interpreter
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -196,6 +204,119 @@ def test_the_gpu_engine_counts_replayed_graphs(tiny_model_dir):
     stats = engine.stats()  # what the capture took, beside what the KV reserve set aside for it
     assert stats["num_graphs"] == len(engine.runner.graphs.graphs) + len(engine.runner.pieces.graphs)
     assert stats["capture_s"] > 0 and stats["graph_memory_gb"] > 0 and stats["graph_reserve_gb"] > 0
+
+
+class FakeGraphCapture:
+    """torch.cuda's capture API on the CPU: each capture's body runs eagerly, and its pool and stream are
+    recorded (as are the streams the warm-ups run on), and so is every read of a tensor's value on the host
+    inside it: on CUDA each would be a sync, which fails the capture."""
+
+    HOST_READS = ("item", "tolist", "__int__", "__index__", "__float__", "__bool__")
+
+    def __init__(self, monkeypatch) -> None:
+        self.captures: list[tuple[object, object]] = []  # (pool, stream) of each torch.cuda.graph
+        self.current: list[object] = []  # streams entered with torch.cuda.stream
+        self.host_reads: list[str] = []  # "name at file:line" of each read inside a capture
+        default = self.Stream()
+        fakes = {"graph_pool_handle": object, "Stream": self.Stream, "current_stream": lambda: default,
+                 "stream": self.stream, "graph": self.graph, "CUDAGraph": self.Graph, "synchronize": lambda: None,
+                 "empty_cache": lambda: None, "memory_reserved": lambda device=None: 0}
+        for name, fake in fakes.items():
+            monkeypatch.setattr(torch.cuda, name, fake)
+        monkeypatch.setattr(EngineConfig, "captures_graphs", property(lambda config: True))
+
+    class Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    class Graph:
+        def replay(self) -> None:  # what it captured ran once, eagerly: replaying it here would need its ops
+            pass
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        self.current.append(stream)
+        yield
+
+    @contextlib.contextmanager
+    def graph(self, graph, pool=None, stream=None):
+        self.captures.append((pool, stream))
+        originals = {name: getattr(torch.Tensor, name) for name in self.HOST_READS}
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, self._recording(name, original))
+        try:
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+
+    def _recording(self, name, original):
+        def read(tensor, *args, **kwargs):
+            caller = traceback.extract_stack(limit=2)[0]
+            self.host_reads.append(f"{name} at {caller.filename.rsplit('/', 1)[-1]}:{caller.lineno}")
+            return original(tensor, *args, **kwargs)
+        return read
+
+
+def test_decode_and_piecewise_graphs_share_one_capture_stream_and_pool(tiny_model_dir, monkeypatch):
+    # The caching allocator gives a freed block only to allocations on the stream it was freed on: graphs
+    # sharing a pool on two capture streams could not reuse each other's memory, and the pool would hold
+    # both peaks, where the KV reserve counts the larger (torch.cuda.graph: pass the same stream).
+    fake = FakeGraphCapture(monkeypatch)
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=16,
+                                    max_model_len=64))
+    graphs, pieces = engine.runner.graphs, engine.runner.pieces
+    assert graphs is not None and pieces is not None
+    assert len(fake.captures) == len(graphs.graphs) + len(pieces.graphs) == 3 + 5 * pieces.num_pieces
+    pools, streams = {id(pool) for pool, _ in fake.captures}, {id(stream) for _, stream in fake.captures}
+    assert len(pools) == 1 and len(streams) == 1
+    assert {id(stream) for stream in fake.current} == streams  # the warm-ups ran there too
+
+
+def test_a_mixed_steps_attention_runs_on_the_scratch_block_before_any_request(tiny_model_dir, monkeypatch):
+    # A step with prefill rows runs its attention eagerly between the pieces: on CUDA its kernels (the prefill
+    # kernel, the single-partition decode of full layers) would compile in the first timed steps unless a
+    # mixed step ran before; it must write nothing but the scratch block.
+    calls = []
+
+    def recording(q, k_cache, v_cache, meta, **options):
+        calls.append((meta.max_query_len, meta.max_seq_len, options["sliding_window"]))
+        return paged_attention(q, k_cache, v_cache, meta, **options)
+
+    monkeypatch.setattr(engine_model, "paged_attention", recording)
+    FakeGraphCapture(monkeypatch)
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=16,
+                                    max_model_len=64))
+    # prefill rows, at a context one decode partition covers: the prefill kernel and the single-partition decode
+    mixed = {window for query_len, seq_len, window in calls if query_len > 1 and seq_len <= PARTITION_SIZE}
+    assert mixed == {None, engine.model_config.sliding_window}
+    scratch = engine.num_blocks
+    for k, v in engine.runner.kv_caches:
+        assert not k[:scratch].any() and not v[:scratch].any() and k[scratch].any()
+
+
+def captured_host_reads(model_dir, monkeypatch, **options) -> list[str]:
+    """The host reads inside every capture of a small graph plan (2 decode graphs, 2 token counts x 3 pieces)."""
+    fake = FakeGraphCapture(monkeypatch)
+    LLMEngine(EngineConfig(model_dir, kv_cache_gb=0.01, max_num_seqs=2, max_num_batched_tokens=2, max_model_len=32,
+                           **options))
+    assert len(fake.captures) == 2 + 2 * 3
+    return fake.host_reads
+
+
+@needs_interpreter
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_captured_forward_reads_nothing_back_to_the_host(tiny_model_dir, monkeypatch, deterministic):
+    # What CUDA captures: every full decode graph and every piece, on the Triton kernels (interpreted here),
+    # with batch-invariant numerics too.
+    assert captured_host_reads(tiny_model_dir, monkeypatch, kernels="triton", deterministic=deterministic) == []
+
+
+def test_the_host_read_check_sees_the_torch_moes_reads(tiny_model_dir, monkeypatch):
+    # The torch path's batch-invariant MoE reads each expert's row count back (why the torch path is never
+    # captured): the check above would see such a read added to the captured path.
+    reads = captured_host_reads(tiny_model_dir, monkeypatch, kernels="torch", deterministic=True)
+    assert reads and all(read.startswith("tolist at model.py:") for read in reads), reads
 
 
 def test_nearly_every_decode_token_of_a_sharegpt_run_is_in_a_graph():

@@ -228,3 +228,58 @@ def test_the_kernels_compile_for_an_h100_without_one():
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], env=env, capture_output=True, text=True,
                             cwd=Path(__file__).parents[2], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+COMPILES_PER_MIXED_STEP = """
+import json
+
+from engine.kernels.sm90 import _compile_only_for_sm90
+
+launches = _compile_only_for_sm90()  # every launch compiles for sm_90, none runs
+
+import torch
+
+import engine.kernels.attention as kernels
+from engine.attention import AttentionMetadata
+
+kernels.INTERPRETED = True  # only lets CPU tensors through the wrapper's guard
+for window in (None, 128):
+    # (sequences, block-table width, where the lengths start in the step's buffer): as steps vary them
+    for num_seqs, width, offset in ((3, 2, 0), (16, 16, 1), (1, 1, 1), (5, 7, 0)):
+        q_lens = [4] + [1] * (num_seqs - 1)
+        starts = torch.tensor([0, *q_lens]).cumsum(0)
+        buffer = torch.zeros(64, dtype=torch.long)
+        seq_lens = buffer[offset:offset + num_seqs]
+        seq_lens.copy_(torch.tensor([30 + row for row in range(num_seqs)]))
+        tokens = int(starts[-1])
+        meta = AttentionMetadata(positions=torch.zeros(tokens, dtype=torch.long),
+                                 slot_mapping=torch.zeros(tokens, dtype=torch.long), query_start_loc=starts,
+                                 seq_lens=seq_lens, block_tables=torch.zeros(num_seqs, width, dtype=torch.long),
+                                 block_size=16, max_query_len=4, max_seq_len=30 + num_seqs)
+        cache = torch.empty(8, 16, 8, 64, dtype=torch.bfloat16)
+        kernels.triton_paged_attention(torch.empty(tokens, 64, 64, dtype=torch.bfloat16), cache,
+                                       torch.empty_like(cache), meta, sinks=torch.empty(64, dtype=torch.bfloat16),
+                                       sliding_window=window, scale=0.125)
+compiled = {}
+for kernel, _, binary in launches:
+    compiled.setdefault(kernel.__name__, set()).add(id(binary))
+print(json.dumps({name: len(binaries) for name, binaries in compiled.items()}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE == "cuda", reason="compiles for an H100 in a child process; with CUDA the runs above do")
+def test_a_mixed_steps_attention_compiles_once_per_layer_kind_whatever_the_steps_shape():
+    # The eager attention between the pieces sees a new sequence count, table width and buffer offset every
+    # step; were those specialised, a run would stop to compile each new combination (~1 s on an H100 host,
+    # in the first timed steps). One compile per sliding/full layer kind for each kernel, all shapes alike.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    result = subprocess.run([sys.executable, "-c", COMPILES_PER_MIXED_STEP], env=env, capture_output=True, text=True,
+                            cwd=Path(__file__).parents[2], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"_decode_partition_kernel": 2, "_prefill_kernel": 2}
