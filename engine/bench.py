@@ -9,6 +9,7 @@ tokens ignored) so a random-weight model gives the real shape of a run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -98,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-requests", type=int, default=16)
     parser.add_argument("--baseline-requests", type=int,
                         help="the transformers systems decode only the first N requests of each workload")
+    parser.add_argument("--baseline-output-len", type=int,
+                        help="the transformers systems' outputs stop at N tokens (a static batch runs to its "
+                             "longest output): their tok/s is then of shorter contexts, which favours them")
     parser.add_argument("--random-input-len", type=int, default=1000)
     parser.add_argument("--random-output-len", type=int, default=1000)
     parser.add_argument("--sharegpt-output-len", type=int, help="fix every sharegpt output's length")
@@ -114,6 +118,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--proxies", action="store_true",
                         help="also print the GPU path's CPU-measured proxies (engine.proxies); alone: only them")
     return parser
+
+
+def baseline_load(workload: Workload, num_requests: int | None, output_len: int | None) -> Workload:
+    """What the transformers systems decode of a workload: its first `num_requests` requests, each output
+    at most `output_len` tokens (None: all of them, whole)."""
+    conversations = workload.conversations[:num_requests] if num_requests else workload.conversations
+    if output_len:
+        conversations = [dataclasses.replace(c, output_lens=[min(n, output_len) for n in c.output_lens])
+                         for c in conversations]
+    return Workload(workload.name, conversations)
 
 
 def _memory_gib(text: str) -> float:
@@ -196,9 +210,8 @@ def _run(args: argparse.Namespace) -> None:
     workloads = make_workloads(args.workloads.split(","), args.num_requests, args.seed, options)
     for workload in workloads:
         for system in args.systems.split(","):
-            load = workload
-            if system not in ENGINE_SYSTEMS and args.baseline_requests:
-                load = Workload(workload.name, workload.conversations[:args.baseline_requests])
+            load = workload if system in ENGINE_SYSTEMS else baseline_load(workload, args.baseline_requests,
+                                                                             args.baseline_output_len)
             if args.preset:
                 from engine.bench_gpu import run_preset_system
 

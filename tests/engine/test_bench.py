@@ -129,3 +129,17 @@ def test_memory_gib_takes_gib_or_h100_and_refuses_the_rest(capsys):
         with pytest.raises(SystemExit):
             _parser().parse_args(["--memory-gib", bad])
         assert "a positive number of GiB, or h100" in capsys.readouterr().err
+
+
+def test_the_baseline_decodes_the_first_requests_with_outputs_capped():
+    from engine.bench import baseline_load
+    from engine.workloads import random_mix, sharegpt_mix
+
+    mix = sharegpt_mix(8, seed=0)
+    load = baseline_load(mix, 3, 100)
+    assert [c.prompt_token_ids for c in load.conversations] == [c.prompt_token_ids for c in mix.conversations[:3]]
+    assert [c.output_lens for c in load.conversations] == [[min(n, 100) for n in c.output_lens]
+                                                           for c in mix.conversations[:3]]
+    assert any(n > 100 for c in mix.conversations[:3] for n in c.output_lens)  # the cap cut something
+    whole = random_mix(4, input_len=8, output_len=5)
+    assert baseline_load(whole, None, None).conversations == whole.conversations
