@@ -1,9 +1,10 @@
-"""admission.fit_to_context: truncation "auto" drops the conversation's first items until the prompt fits."""
+"""truncation "auto": fit_to_context drops the conversation's first items until the prompt fits, for the first
+turn (admission) and each later turn of a tool loop (the session)."""
 
 from batch.harmony.render import PromptOptions, RenderError, render_prompt
 from batch.harmony.vocab import harmony_encoding
 from batch.responses.request import parse_request
-from batch.run.admission import fit_to_context
+from batch.run.truncation import fit_to_context
 from tools.registry import ToolRegistry
 
 OPTIONS = PromptOptions(conversation_date="2026-01-01")
