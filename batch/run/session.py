@@ -76,6 +76,10 @@ class Session:
         self.token_log: list[dict] = []
         self.created_at = int(time.time())
         self._completion: list[int] = []
+        # A web_search_call item holds neither the browser call's text nor the page the model read (as the
+        # API's), so a re-rendered conversation would lose both: by item id, what renders this response's
+        # own as the built-in browser's call and answer (an mcp_call of the `browser` label renders so).
+        self._browser_calls: dict[str, dict] = {}
 
     # -- views ------------------------------------------------------------
     @property
@@ -119,12 +123,14 @@ class Session:
         """`truncation: "auto"`: a next turn's prompt longer than the context less the output the response
         may still produce becomes the conversation so far (the input items, then this response's output
         items: reasoning, tool calls and their outputs, messages) re-rendered without its fewest leading
-        items that fit. Rendered as a `previous_response_id` chain renders the same items: harmony keeps
-        the analysis of this tool loop's turns and drops that of turns before an earlier final answer."""
+        items that fit. Rendered as a `previous_response_id` chain renders the same items (harmony keeps
+        the analysis of this tool loop's turns and drops that of turns before an earlier final answer),
+        but for this response's web searches, which render as the browser calls the model made, with the
+        pages it read."""
         if self.truncation is not None:
             allowance = self.max_output_tokens - self.metrics.output_tokens
-            self.prompt_token_ids = self.truncation.fit(self.prompt_token_ids,
-                                                        self.input_items + self.events.output, allowance)
+            output = [self._browser_calls.get(item["id"], item) for item in self.events.output]
+            self.prompt_token_ids = self.truncation.fit(self.prompt_token_ids, self.input_items + output, allowance)
 
     def _begin_turn(self, tool_output_tokens: int = 0) -> None:
         grammar = self.grammars[0] if not self.turns else self.grammars[1]
@@ -196,6 +202,9 @@ class Session:
         item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
         self.tool_policy.record(capped, item_id)
         answer = result.output if result.error is None else f"Error: {result.error}"
+        if item_id is not None and call.target is not None and call.target.tool_type is ToolType.WEB_SEARCH:
+            self._browser_calls[item_id] = {"type": "mcp_call", "server_label": "browser", "name": call.target.name,
+                                            "arguments": call.arguments, "output": answer or ""}
         answer_ids = render_tool_output(call.recipient, answer or "")
         self.prompt_token_ids = self.prompt_token_ids + self._completion + answer_ids
         if self.metrics.output_tokens >= self.max_output_tokens:

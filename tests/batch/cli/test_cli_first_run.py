@@ -247,7 +247,7 @@ def test_truncation_auto_cuts_a_tool_loops_later_turn_that_outgrows_the_context(
     """The shipped model searches the corpus, opens the first result and answers from the page; the page
     makes the third turn's prompt longer than a context clamped by a tiny KV cache."""
     body = {"input": "Search the corpus: On which river does Paris lie?", "max_output_tokens": 100,
-            "tools": [{"type": "mcp", "server_label": "browser", "server_url": "http://localhost:8000/mcp"}]}
+            "tools": [{"type": "web_search"}]}
     source = write_lines(tmp_path / "in.jsonl", {"custom_id": "auto", **body, "truncation": "auto"},
                          {"custom_id": "disabled", **body})
     db = tmp_path / "out.duckdb"
@@ -278,7 +278,9 @@ def test_truncation_auto_cuts_a_tool_loops_later_turn_that_outgrows_the_context(
     [(response,)] = rows(db, "SELECT r.response FROM responses r JOIN requests q USING (response_id) "
                              "WHERE q.custom_id = 'auto'")
     response = json.loads(response)
-    assert response["truncation"] == "auto" and response["output"][-1]["type"] == "message"
+    assert response["truncation"] == "auto"
+    assert [item["type"] for item in response["output"]] == ["reasoning", "web_search_call", "web_search_call",
+                                                              "message"]
     assert "Seine" in response["output"][-1]["content"][0]["text"]  # read from the page the cut kept
 
 

@@ -304,3 +304,24 @@ def test_a_later_turn_nothing_fits_keeps_its_prompt_for_the_engine_to_refuse():
     context_len = len(alone) - 1 + 60 - len(completion)
     session, first_prompt, completion = after_one_call(history_body(truncation="auto"), context_len)
     assert session.prompt_token_ids == first_prompt + completion + render_tool_output("python", LONG_ANSWER)
+
+
+def test_a_cut_conversation_keeps_the_browser_calls_and_pages_of_this_responses_web_searches():
+    # A web_search_call item holds neither (as the API's): the cut renders the call the model made and
+    # the page it read, as the browser's own.
+    page = "L0: # Paris\nL1: Paris lies on the river Seine. " + "More about Paris. " * 30
+    body = history_body(tools=[{"type": "web_search"}], truncation="auto")
+    full_first = truncating_session({**body, "truncation": "disabled"}, 10**6).prompt_token_ids
+    context_len = len(full_first) + 60 + 10
+    session = truncating_session(body, context_len)
+    feed(session, '<|channel|>analysis to=browser.search<|message|>{"query": "paris river"}<|call|>')
+    assert session.end_turn() is not None
+    session.add_tool_result(CallOutcome(output=page))
+    assert [item["type"] for item in session.events.output] == ["web_search_call"]
+    prompt = session.prompt_token_ids
+    assert len(prompt) <= context_len - (60 - session.turns[0].output_tokens)
+    text = harmony_encoding().decode_utf8(prompt)
+    assert "Question 0:" not in text and TASK in text  # cut, the task kept
+    assert text.endswith('<|channel|>analysis <|constrain|>json<|message|>{"query": "paris river"}<|call|>'
+                         f"<|start|>browser.search to=assistant<|channel|>commentary<|message|>{page}<|end|>"
+                         "<|start|>assistant")
