@@ -73,12 +73,10 @@ class ResponseMetrics:
     def output_tokens(self) -> int:
         return sum(t.output_tokens for t in self.turns)
 
-    def begin_turn(self, prompt_tokens: int) -> TurnMetrics:
-        """A new turn; the prompt's growth past the last turn's prompt and output is tool output."""
-        turn = TurnMetrics(turn=len(self.turns), prompt_tokens=prompt_tokens)
-        if self.turns:
-            previous = self.turns[-1]
-            turn.tool_output_tokens = max(0, prompt_tokens - previous.prompt_tokens - previous.output_tokens)
+    def begin_turn(self, prompt_tokens: int, tool_output_tokens: int = 0) -> TurnMetrics:
+        """A new turn; `tool_output_tokens`: the tool answer's tokens at the end of its prompt (the session
+        counts them: a prompt cut to fit the context is no longer the last one's growth)."""
+        turn = TurnMetrics(turn=len(self.turns), prompt_tokens=prompt_tokens, tool_output_tokens=tool_output_tokens)
         self.turns.append(turn)
         return turn
 

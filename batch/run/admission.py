@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 from batch.responses.events import new_id
 from batch.harmony.constraint import ConstraintError, check_grammar
-from batch.harmony.render import PromptOptions, RenderError, is_instruction, render_prompt
+from batch.harmony.render import PromptOptions, RenderError, render_prompt
 from batch.run.reader import InputLine
 from batch.responses.request import ResponsesRequest
 from batch.run.results import line_result
 from batch.store.rows import RequestResult
 from batch.run.session import Session, SessionOptions
+from batch.run.truncation import Truncation
 from batch.harmony.turn_grammar import turn_grammar
 from batch.responses.status import RequestStatus
 from batch.responses.standard_json import nulling_non_finite
@@ -115,51 +116,12 @@ def sample_seed(run_seed: int, line: InputLine) -> int:
     return derive_seed(run_seed, line.custom_id if line.epoch == 0 else f"{line.custom_id}#epoch{line.epoch}")
 
 
-def fit_to_context(request: ResponsesRequest, items: list[dict], registry: ToolRegistry, prompt: PromptOptions,
-                   input_limit: int) -> list[int] | None:
-    """`truncation: "auto"`: the prompt without the fewest leading conversation items that is at most
-    `input_limit` tokens long, or None when even the last item alone is longer.
-
-    As the API does, items are dropped from the beginning of the conversation; system and developer
-    messages stay, and so does the last item. No cut keeps a tool's output whose call it drops (parallel
-    calls included: their outputs follow all the calls). Binary search over the cuts: a few renders.
-    """
-    droppable = [index for index, item in enumerate(items) if not is_instruction(item)]
-    orphaning: set[int] = set()  # cuts (items dropped) that would keep an output and drop its call
-    calls: dict[str, int] = {}
-    for position, index in enumerate(droppable):
-        call_id = items[index].get("call_id")
-        if not isinstance(call_id, str):
-            continue
-        if str(items[index].get("type", "")).endswith("_output"):
-            if call_id in calls:
-                orphaning.update(range(calls[call_id] + 1, position + 1))
-        else:
-            calls.setdefault(call_id, position)
-    cuts = [count for count in range(1, len(droppable)) if count not in orphaning]
-
-    def render_without(count: int) -> list[int] | None:
-        dropped = set(droppable[:count])
-        ids = render_prompt(request, [item for index, item in enumerate(items) if index not in dropped],
-                            registry, prompt)
-        return ids if len(ids) <= input_limit else None
-
-    low, high, best = 0, len(cuts) - 1, None
-    while low <= high:  # the fewest dropped that fit (the more dropped, the shorter the prompt)
-        middle = (low + high) // 2
-        ids = render_without(cuts[middle])
-        if ids is None:
-            low = middle + 1
-        else:
-            best, high = ids, middle - 1
-    return best
-
-
 def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOptions,
           options: SessionOptions, run_id: str, context_len: int | None = None) -> Session | RequestResult:
     """Render a prepared line with its servers' listings: a Session, or an `invalid` result.
 
-    `context_len`: the model's context, for requests with `truncation: "auto"` (None: never truncate)."""
+    `context_len`: the model's context, for requests with `truncation: "auto"` (None: never truncate;
+    batch/run/truncation.py)."""
     line, registry = prepared.line, prepared.registry
     # The response echoes the effort the prompt was rendered with (a run default included).
     request = prepared.request.with_effort(prompt.reasoning_effort)
@@ -170,23 +132,20 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
                        options=options, seed=sample_seed(options.seed, line), line=line,
                        input_items=prepared.items)
     text_format = request.text_format_json()
+    truncation = (Truncation(request, registry, prompt, context_len)
+                  if request.truncation == "auto" and context_len is not None else None)
     try:
         prompt_ids = render_prompt(request, prepared.items, registry, prompt)
-        if request.truncation == "auto" and context_len is not None:
-            # as the API: the input limit is the context less the output allowance (one token where the
-            # allowance is the whole context or more)
-            allowance = request.max_output_tokens or options.max_output_tokens
-            input_limit = context_len - (allowance if allowance < context_len else 1)
-            if len(prompt_ids) > input_limit:  # nothing fits: the full prompt, which the engine refuses
-                prompt_ids = fit_to_context(request, prepared.items, registry, prompt, input_limit) or prompt_ids
         # The first turn's grammar (tool_choice holds) and every later turn's (auto).
         grammars = (turn_grammar(registry, text_format, first_turn=True),
                     turn_grammar(registry, text_format, first_turn=False))
         for grammar in grammars:  # compile errors (an unsupported schema) reject the line now
             if grammar is not None:
                 check_grammar(grammar)
+        session = Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,
+                          registry=registry, options=options, seed=sample_seed(options.seed, line), line=line,
+                          input_items=prepared.items, grammars=grammars, truncation=truncation)
+        session.fit_to_context()  # the first turn's prompt; the session fits each later turn's itself
     except (RenderError, ToolChoiceError, ConstraintError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
-    return Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,
-                   registry=registry, options=options, seed=sample_seed(options.seed, line),
-                   line=line, input_items=prepared.items, grammars=grammars)
+    return session

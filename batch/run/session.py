@@ -4,7 +4,9 @@ The runner drives a session: `start()`, then for each engine output `on_output()
 when a turn finishes, `end_turn()` says whether the response is done or waits on a
 hosted tool call; `add_tool_result()` renders the tool's answer into the next
 turn's prompt, which extends the previous prompt and completion token for token,
-so the engine's prefix cache serves it.
+so the engine's prefix cache serves it. With `truncation: "auto"`, a turn's prompt
+that outgrows the context is re-rendered from the conversation so far, its first
+items dropped (`fit_to_context`; that turn alone loses the prefix cache).
 
 The concerns live in their own objects: `OutputParser` (tokens -> items and
 events), `ToolCallPolicy` (what a call leads to, the calls made), `ResponseMetrics`
@@ -31,6 +33,7 @@ from batch.responses.status import ResponseStatus
 from batch.harmony.turn_grammar import TurnGrammar
 from batch.responses.tool_calls import ToolCallRecord
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, cap_output
+from batch.run.truncation import Truncation
 from engine.api import FinishReason, RequestOutput, SamplingParams
 from tools.client import CallOutcome
 from tools.dispatch import web_search_action
@@ -58,8 +61,10 @@ class Session:
     def __init__(self, *, response_id: str, request: ResponsesRequest, prompt_token_ids: list[int],
                  registry: ToolRegistry, options: SessionOptions, seed: int, line: InputLine,
                  input_items: list[dict],
-                 grammars: tuple[TurnGrammar | None, TurnGrammar | None] = (None, None)):
+                 grammars: tuple[TurnGrammar | None, TurnGrammar | None] = (None, None),
+                 truncation: Truncation | None = None):
         self.response_id, self.request, self.line, self.input_items = response_id, request, line, input_items
+        self.truncation = truncation  # `truncation: "auto"` (None: a prompt too long is refused)
         self.registry, self.options, self.seed = registry, options, seed
         self.prompt_token_ids = list(prompt_token_ids)
         self.grammars = grammars  # (first turn's, later turns'): None where nothing constrains a turn
@@ -71,6 +76,10 @@ class Session:
         self.token_log: list[dict] = []
         self.created_at = int(time.time())
         self._completion: list[int] = []
+        # A web_search_call item holds neither the browser call's text nor the page the model read (as the
+        # API's), so a re-rendered conversation would lose both: by item id, what renders this response's
+        # own as the built-in browser's call and answer (an mcp_call of the `browser` label renders so).
+        self._browser_calls: dict[str, dict] = {}
 
     # -- views ------------------------------------------------------------
     @property
@@ -110,10 +119,23 @@ class Session:
             return
         self._begin_turn()
 
-    def _begin_turn(self) -> None:
+    def fit_to_context(self) -> None:
+        """`truncation: "auto"`: a next turn's prompt longer than the context less the output the response
+        may still produce becomes the conversation so far (the input items, then this response's output
+        items: reasoning, tool calls and their outputs, messages) re-rendered without its fewest leading
+        items that fit. Rendered as a `previous_response_id` chain renders the same items (harmony keeps
+        the analysis of this tool loop's turns and drops that of turns before an earlier final answer),
+        but for this response's web searches, which render as the browser calls the model made, with the
+        pages it read."""
+        if self.truncation is not None:
+            allowance = self.max_output_tokens - self.metrics.output_tokens
+            output = [self._browser_calls.get(item["id"], item) for item in self.events.output]
+            self.prompt_token_ids = self.truncation.fit(self.prompt_token_ids, self.input_items + output, allowance)
+
+    def _begin_turn(self, tool_output_tokens: int = 0) -> None:
         grammar = self.grammars[0] if not self.turns else self.grammars[1]
         self.constraint = GrammarConstraint(grammar) if grammar is not None else None
-        self.metrics.begin_turn(len(self.prompt_token_ids))
+        self.metrics.begin_turn(len(self.prompt_token_ids), tool_output_tokens)
         self._completion = []
         self.output.begin_turn(len(self.turns) - 1)
 
@@ -180,12 +202,16 @@ class Session:
         item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
         self.tool_policy.record(capped, item_id)
         answer = result.output if result.error is None else f"Error: {result.error}"
-        self.prompt_token_ids = (self.prompt_token_ids + self._completion
-                                 + render_tool_output(call.recipient, answer or ""))
+        if item_id is not None and call.target is not None and call.target.tool_type is ToolType.WEB_SEARCH:
+            self._browser_calls[item_id] = {"type": "mcp_call", "server_label": "browser", "name": call.target.name,
+                                            "arguments": call.arguments, "output": answer or ""}
+        answer_ids = render_tool_output(call.recipient, answer or "")
+        self.prompt_token_ids = self.prompt_token_ids + self._completion + answer_ids
         if self.metrics.output_tokens >= self.max_output_tokens:
             self.outcome = Outcome(ResponseStatus.INCOMPLETE, incomplete_reason="max_output_tokens")
             return
-        self._begin_turn()
+        self.fit_to_context()
+        self._begin_turn(tool_output_tokens=len(answer_ids))
 
     def _complete_tool_item(self, target: ToolTarget, arguments: str, result: CallOutcome) -> str:
         extra = {}

@@ -241,6 +241,49 @@ def test_truncation_auto_drops_the_conversations_first_items_to_fit_the_context(
     assert json.loads(response)["truncation"] == "auto"
 
 
+@pytest.mark.skipif(not (submit_module.DEFAULT_MODEL / "config.json").exists(),
+                    reason="no shipped checkpoint in data/models/batchrun-tiny")
+def test_truncation_auto_cuts_a_tool_loops_later_turn_that_outgrows_the_context(tmp_path):
+    """The shipped model searches the corpus, opens the first result and answers from the page; the page
+    makes the third turn's prompt longer than a context clamped by a tiny KV cache."""
+    body = {"input": "Search the corpus: On which river does Paris lie?", "max_output_tokens": 100,
+            "tools": [{"type": "web_search"}]}
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "auto", **body, "truncation": "auto"},
+                         {"custom_id": "disabled", **body})
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db, "--model", submit_module.DEFAULT_MODEL, "--kv-cache-gb", "0.004",
+                      "--temperature", "0", "--conversation-date", "2026-01-01", "--keep-tokens", "--quiet")
+    assert result.exit_code == 0, result.output
+    outcome = {cid: (status, error) for cid, status, error in rows(db, "SELECT custom_id, status, error FROM requests")}
+    turns: dict[str, list] = {"auto": [], "disabled": []}
+    for cid, *turn in rows(db, "SELECT q.custom_id, t.prompt_tokens, t.output_tokens, k.prompt_token_ids, "
+                               "k.completion_token_ids FROM turns t LEFT JOIN tokens k USING (response_id, turn) "
+                               "JOIN requests q USING (response_id) ORDER BY t.turn"):
+        turns[cid].append(turn)
+    # Without truncation the tool loop's third turn is refused, the first two having run as the model's own.
+    status, error = outcome["disabled"]
+    refused = re.search(r"prompt has (\d+) tokens; the context is (\d+) tokens", error or "")
+    assert status == "failed" and refused, outcome
+    too_long, context = int(refused.group(1)), int(refused.group(2))
+    assert [prompt_tokens > 0 for prompt_tokens, *_ in turns["disabled"]] == [True, True, False]
+    # With "auto" the same line completes: the third turn's prompt is the conversation so far without its
+    # first items, within the context less the output still allowed; the turns before it were not cut.
+    assert outcome["auto"] == ("completed", None)
+    (_, out0, prompt0, completion0), (_, out1, prompt1, _), (prompt_tokens, _, prompt2, _) = turns["auto"]
+    assert list(prompt1[:len(prompt0) + out0]) == list(prompt0) + list(completion0)  # the prefix cache's extension
+    assert prompt_tokens == len(prompt2) <= context - (100 - out0 - out1) < too_long
+    assert list(prompt2[:len(prompt1)]) != list(prompt1)  # re-rendered: that turn alone loses the prefix cache
+    text = harmony_encoding().decode(list(prompt2))
+    assert "On which river does Paris lie?" not in text and "L2: Paris is the capital of France" in text
+    [(response,)] = rows(db, "SELECT r.response FROM responses r JOIN requests q USING (response_id) "
+                             "WHERE q.custom_id = 'auto'")
+    response = json.loads(response)
+    assert response["truncation"] == "auto"
+    assert [item["type"] for item in response["output"]] == ["reasoning", "web_search_call", "web_search_call",
+                                                              "message"]
+    assert "Seine" in response["output"][-1]["content"][0]["text"]  # read from the page the cut kept
+
+
 def test_each_request_exports_as_the_one_answer_the_api_would_give(tmp_path, tiny_model_dir):
     """A prompt too long for the context never runs: a 400, no response body, no tokens counted."""
     source = write_lines(tmp_path / "in.jsonl", {"custom_id": "long", "input": "word " * 20000},

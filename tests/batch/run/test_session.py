@@ -3,10 +3,11 @@
 from tests.support.oracles import validate_event
 from openai.types.responses import Response
 
-from batch.harmony.render import PromptOptions, render_prompt
+from batch.harmony.render import PromptOptions, render_prompt, render_tool_output
 from batch.run.reader import InputLine
 from batch.responses.request import parse_request
 from batch.run.session import Session, SessionOptions
+from batch.run.truncation import Truncation
 from batch.harmony.vocab import harmony_encoding
 from engine.api import RequestOutput
 from tools.client import CallOutcome
@@ -190,3 +191,137 @@ def test_hosted_tool_message_ended_without_call_does_not_wait_for_the_tool():
     assert response["status"] == "completed"
     assert [(i["type"], i["status"]) for i in response["output"]] == [
         ("mcp_call", "incomplete"), ("message", "completed")]
+
+
+# -- truncation "auto" on a later turn ------------------------------------------------------------
+TRUNCATION_OPTIONS = PromptOptions(conversation_date="2026-01-01")
+TASK = "Multiply 123*456 using the mcp.code_interpreter tool."
+LOOP = ("<|channel|>analysis<|message|>We need to compute 123*456. Use python.<|end|>"
+        "<|start|>assistant<|channel|>analysis to=python code<|message|>print(123*456)<|call|>")
+LONG_ANSWER = "56088\n" + "the product printed again. " * 30
+
+
+def history_body(**fields):
+    """A chat whose earlier answer had reasoning, then the python task; `max_output_tokens` 60."""
+    items = [{"role": "developer", "content": "Answer briefly."},
+             {"role": "user", "content": "Say hello to Ada."},
+             {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Greet Ada warmly."}]},
+             {"role": "assistant", "content": "Hello, Ada!"}]
+    items += [item for turn in range(6) for item in (
+        {"role": "user", "content": f"Question {turn}: " + "tell me more " * 5},
+        {"role": "assistant", "content": f"Answer {turn}: " + "here is more " * 5})]
+    return {"input": [*items, {"role": "user", "content": TASK}], "tools": SAMPLE_BODY["tools"],
+            "max_output_tokens": 60, **fields}
+
+
+def truncating_session(body, context_len):
+    """A session as admission makes it: the full conversation, fitted to `context_len` when it is "auto"."""
+    request, ignored = parse_request(body)
+    registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
+    line = InputLine(line_no=1, custom_id="c1", body=body, request=request, ignored_fields=ignored, error=None)
+    is_auto = request.truncation == "auto"
+    truncation = Truncation(request, registry, TRUNCATION_OPTIONS, context_len) if is_auto else None
+    items = request.input_items()
+    session = Session(response_id="resp_test", request=request,
+                      prompt_token_ids=render_prompt(request, items, registry, TRUNCATION_OPTIONS),
+                      registry=registry, options=SessionOptions(model="tiny"), seed=1, line=line,
+                      input_items=items, truncation=truncation)
+    session.fit_to_context()
+    session.start()
+    return session
+
+
+def after_one_call(body, context_len):
+    """The session after its first turn called python and the tool answered LONG_ANSWER."""
+    session = truncating_session(body, context_len)
+    first_prompt = list(session.prompt_token_ids)
+    completion = feed(session, LOOP)
+    assert session.end_turn() is not None
+    session.add_tool_result(CallOutcome(output=LONG_ANSWER))
+    return session, first_prompt, completion
+
+
+def test_a_later_turn_that_outgrows_the_context_drops_the_conversations_first_items():
+    full_first = truncating_session(history_body(), 10**6).prompt_token_ids
+    # The first turn fits (60 output tokens to spare); the tool's long answer overflows the context.
+    context_len = len(full_first) + 60 + 10
+    disabled, first_prompt, completion = after_one_call(history_body(), context_len)
+    assert first_prompt == full_first  # the first turn was not cut
+    grown = disabled.prompt_token_ids
+    assert grown[:len(first_prompt) + len(completion)] == first_prompt + completion  # the prefix cache's extension
+    limit = context_len - (60 - len(completion))  # the context less the output the response may still produce
+    assert len(grown) > limit  # without truncation: the engine refuses it, as before
+
+    session, first_prompt, _ = after_one_call(history_body(truncation="auto"), context_len)
+    assert first_prompt == full_first
+    prompt = session.prompt_token_ids
+    assert len(prompt) <= limit
+    # The conversation so far, re-rendered without its fewest leading items that fit: the input items,
+    # then this response's output items (reasoning, the python call and its answer).
+    items, output = session.input_items, session.events.output
+    assert [item["type"] for item in output] == ["reasoning", "mcp_call"]
+    request, registry = session.request, session.registry
+    for dropped in range(1, len(items)):
+        kept = items[:1] + items[1 + dropped:] + output
+        expected = render_prompt(request, kept, registry, TRUNCATION_OPTIONS)
+        if len(expected) <= limit:
+            break
+    assert prompt == expected and dropped > 1
+    text = harmony_encoding().decode_utf8(prompt)
+    # The developer message and the task stay; harmony keeps this tool loop's analysis and drops that of a
+    # turn before an earlier final answer; the first items are gone.
+    assert "Answer briefly." in text and TASK in text and "We need to compute 123*456" in text
+    assert "Greet Ada" not in text and "Say hello to Ada." not in text
+    assert text.endswith("56088\n" + "the product printed again. " * 29 + "the product printed again. "
+                         "<|end|><|start|>assistant")
+    turn1 = session.turns[1]  # its tool output is the answer's tokens, though the prompt shrank
+    assert turn1.prompt_tokens == len(prompt) and turn1.tool_output_tokens == disabled.turns[1].tool_output_tokens
+    feed(session, "<|channel|>final<|message|>56088<|return|>")
+    assert session.end_turn() is None
+    response = session.finish().response
+    validate(session, response)
+    assert response["status"] == "completed" and response["truncation"] == "auto"
+
+
+def test_a_later_turns_limit_leaves_room_only_for_the_output_still_to_come():
+    full_first = truncating_session(history_body(), 10**6).prompt_token_ids
+    grown, _, completion = after_one_call(history_body(), 10**6)
+    # The context holds the grown prompt and the 60 - len(completion) tokens the response may still produce:
+    # no cut, though it would not hold it with a whole 60 to spare.
+    context_len = len(grown.prompt_token_ids) + 60 - len(completion)
+    assert len(full_first) + 60 <= context_len
+    session, _, _ = after_one_call(history_body(truncation="auto"), context_len)
+    assert session.prompt_token_ids == grown.prompt_token_ids
+    cut, _, _ = after_one_call(history_body(truncation="auto"), context_len - 1)
+    assert len(cut.prompt_token_ids) <= context_len - 1 - (60 - len(completion))
+
+
+def test_a_later_turn_nothing_fits_keeps_its_prompt_for_the_engine_to_refuse():
+    grown, _, completion = after_one_call(history_body(), 10**6)
+    items, output = grown.input_items, grown.events.output
+    alone = render_prompt(grown.request, items[:1] + output[-1:], grown.registry, TRUNCATION_OPTIONS)
+    # Even the developer message and the python call with its answer are one token over the limit.
+    context_len = len(alone) - 1 + 60 - len(completion)
+    session, first_prompt, completion = after_one_call(history_body(truncation="auto"), context_len)
+    assert session.prompt_token_ids == first_prompt + completion + render_tool_output("python", LONG_ANSWER)
+
+
+def test_a_cut_conversation_keeps_the_browser_calls_and_pages_of_this_responses_web_searches():
+    # A web_search_call item holds neither (as the API's): the cut renders the call the model made and
+    # the page it read, as the browser's own.
+    page = "L0: # Paris\nL1: Paris lies on the river Seine. " + "More about Paris. " * 30
+    body = history_body(tools=[{"type": "web_search"}], truncation="auto")
+    full_first = truncating_session({**body, "truncation": "disabled"}, 10**6).prompt_token_ids
+    context_len = len(full_first) + 60 + 10
+    session = truncating_session(body, context_len)
+    feed(session, '<|channel|>analysis to=browser.search<|message|>{"query": "paris river"}<|call|>')
+    assert session.end_turn() is not None
+    session.add_tool_result(CallOutcome(output=page))
+    assert [item["type"] for item in session.events.output] == ["web_search_call"]
+    prompt = session.prompt_token_ids
+    assert len(prompt) <= context_len - (60 - session.turns[0].output_tokens)
+    text = harmony_encoding().decode_utf8(prompt)
+    assert "Question 0:" not in text and TASK in text  # cut, the task kept
+    assert text.endswith('<|channel|>analysis <|constrain|>json<|message|>{"query": "paris river"}<|call|>'
+                         f"<|start|>browser.search to=assistant<|channel|>commentary<|message|>{page}<|end|>"
+                         "<|start|>assistant")

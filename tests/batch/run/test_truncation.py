@@ -1,9 +1,10 @@
-"""admission.fit_to_context: truncation "auto" drops the conversation's first items until the prompt fits."""
+"""truncation "auto": fit_to_context drops the conversation's first items until the prompt fits, for the first
+turn (admission) and each later turn of a tool loop (the session)."""
 
 from batch.harmony.render import PromptOptions, RenderError, render_prompt
 from batch.harmony.vocab import harmony_encoding
 from batch.responses.request import parse_request
-from batch.run.admission import fit_to_context
+from batch.run.truncation import Truncation, fit_to_context, input_limit
 from tools.registry import ToolRegistry
 
 OPTIONS = PromptOptions(conversation_date="2026-01-01")
@@ -41,6 +42,29 @@ def test_the_fewest_leading_items_are_dropped_and_developer_messages_stay():
             break
     text = harmony_encoding().decode(fitted)
     assert "Answer briefly." in text and "And the last question?" in text and "Question 0:" not in text
+
+
+def test_the_whole_conversation_stays_when_it_fits():
+    items = conversation(3)
+    assert fit(items, len(render(items))) == render(items)
+
+
+def test_the_input_limit_is_the_context_less_the_output_allowance_or_one_token():
+    assert input_limit(1000, 200) == 800
+    assert input_limit(1000, 999) == 1
+    assert input_limit(1000, 1000) == 999 and input_limit(1000, 5000) == 999  # the allowance is the whole context
+
+
+def test_a_prompt_that_fits_is_kept_as_it_is_and_one_that_does_not_is_the_cut_conversation():
+    items = conversation(8)
+    whole = len(render(items))
+    request, _ = parse_request({"input": items, "truncation": "auto"})
+    truncation = Truncation(request, ToolRegistry.from_tools([]), OPTIONS, context_len=whole + 100)
+    extended = [7] * whole  # a later turn's prompt: not a render of `items` (the prefix cache's extension)
+    assert truncation.fit(extended, items, allowance=100) is extended
+    cut = truncation.fit(extended, items, allowance=101)
+    assert cut == fit(items, whole - 1) and cut is not None and len(cut) < whole
+    assert truncation.fit(extended, items, allowance=whole + 90) is extended  # nothing fits in 10 tokens
 
 
 def test_nothing_fits_when_the_last_item_alone_is_too_long():
