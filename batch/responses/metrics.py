@@ -22,6 +22,7 @@ class TurnMetrics:
     decode_s: float = 0.0
     finish_reason: str | None = None
     kind: str = "model"  # "sampling": decoded for an MCP server's sampling request (batch/run/sampling.py)
+    dropped_items: Int32 = 0  # conversation items `truncation: "auto"` left out of this turn's prompt
 
     def count(self, out: RequestOutput) -> None:
         """This turn's counters after one engine output."""
@@ -73,10 +74,12 @@ class ResponseMetrics:
     def output_tokens(self) -> int:
         return sum(t.output_tokens for t in self.turns)
 
-    def begin_turn(self, prompt_tokens: int, tool_output_tokens: int = 0) -> TurnMetrics:
+    def begin_turn(self, prompt_tokens: int, tool_output_tokens: int = 0, dropped_items: int = 0) -> TurnMetrics:
         """A new turn; `tool_output_tokens`: the tool answer's tokens at the end of its prompt (the session
-        counts them: a prompt cut to fit the context is no longer the last one's growth)."""
-        turn = TurnMetrics(turn=len(self.turns), prompt_tokens=prompt_tokens, tool_output_tokens=tool_output_tokens)
+        counts them: a prompt cut to fit the context is no longer the last one's growth); `dropped_items`: the
+        conversation items truncation left out of it."""
+        turn = TurnMetrics(turn=len(self.turns), prompt_tokens=prompt_tokens, tool_output_tokens=tool_output_tokens,
+                           dropped_items=dropped_items)
         self.turns.append(turn)
         return turn
 

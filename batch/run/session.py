@@ -65,6 +65,7 @@ class Session:
                  truncation: Truncation | None = None):
         self.response_id, self.request, self.line, self.input_items = response_id, request, line, input_items
         self.truncation = truncation  # `truncation: "auto"` (None: a prompt too long is refused)
+        self._dropped_items = 0  # conversation items the next turn's prompt leaves out (fit_to_context)
         self.registry, self.options, self.seed = registry, options, seed
         self.prompt_token_ids = list(prompt_token_ids)
         self.grammars = grammars  # (first turn's, later turns'): None where nothing constrains a turn
@@ -130,12 +131,14 @@ class Session:
         if self.truncation is not None:
             allowance = self.max_output_tokens - self.metrics.output_tokens
             output = [self._browser_calls.get(item["id"], item) for item in self.events.output]
-            self.prompt_token_ids = self.truncation.fit(self.prompt_token_ids, self.input_items + output, allowance)
+            self.prompt_token_ids, self._dropped_items = self.truncation.fit(
+                self.prompt_token_ids, self.input_items + output, allowance)
 
     def _begin_turn(self, tool_output_tokens: int = 0) -> None:
         grammar = self.grammars[0] if not self.turns else self.grammars[1]
         self.constraint = GrammarConstraint(grammar) if grammar is not None else None
-        self.metrics.begin_turn(len(self.prompt_token_ids), tool_output_tokens)
+        self.metrics.begin_turn(len(self.prompt_token_ids), tool_output_tokens, self._dropped_items)
+        self._dropped_items = 0
         self._completion = []
         self.output.begin_turn(len(self.turns) - 1)
 

@@ -9,6 +9,7 @@ its fewest leading items that make it fit (`fit_to_context`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from batch.harmony.render import PromptOptions, is_instruction, render_prompt
 from batch.responses.request import ResponsesRequest
@@ -21,8 +22,15 @@ def input_limit(context_len: int, allowance: int) -> int:
     return context_len - (allowance if allowance < context_len else 1)
 
 
+class Cut(NamedTuple):
+    """A turn's prompt, and how many of the conversation's items it leaves out (recorded: turns.dropped_items)."""
+
+    prompt_ids: list[int]
+    dropped: int = 0
+
+
 def fit_to_context(request: ResponsesRequest, items: list[dict], registry: ToolRegistry, prompt: PromptOptions,
-                   input_limit: int) -> list[int] | None:
+                   input_limit: int) -> Cut | None:
     """The prompt without the fewest leading conversation items (none, if it fits whole) that is at most
     `input_limit` tokens long, or None when even the last item alone is longer.
 
@@ -57,7 +65,7 @@ def fit_to_context(request: ResponsesRequest, items: list[dict], registry: ToolR
         if ids is None:
             low = middle + 1
         else:
-            best, high = ids, middle - 1
+            best, high = Cut(ids, cuts[middle]), middle - 1
     return best
 
 
@@ -70,11 +78,11 @@ class Truncation:
     prompt: PromptOptions
     context_len: int  # the model's context (the engine's max_model_len)
 
-    def fit(self, prompt_ids: list[int], conversation: list[dict], allowance: int) -> list[int]:
+    def fit(self, prompt_ids: list[int], conversation: list[dict], allowance: int) -> Cut:
         """`prompt_ids` when it fits the context with `allowance` output tokens; else `conversation`
         (the items it renders) cut by `fit_to_context`; `prompt_ids` again when no cut fits (the engine
         then refuses it, as without truncation)."""
         limit = input_limit(self.context_len, allowance)
         if len(prompt_ids) <= limit:
-            return prompt_ids
-        return fit_to_context(self.request, conversation, self.registry, self.prompt, limit) or prompt_ids
+            return Cut(prompt_ids)
+        return fit_to_context(self.request, conversation, self.registry, self.prompt, limit) or Cut(prompt_ids)

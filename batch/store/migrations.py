@@ -342,11 +342,16 @@ def m015_sampling_turns(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN kind VARCHAR DEFAULT 'model'")
 
 
+def m016_turn_dropped_items(con: duckdb.DuckDBPyConnection) -> None:
+    """How many conversation items `truncation: "auto"` left out of a turn's prompt (0: none)."""
+    con.execute("ALTER TABLE turns ADD COLUMN dropped_items INTEGER DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
     m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
     m011_bench_latency_percentiles, m012_tool_call_result, m013_pass_rate_intervals, m014_epochs,
-    m015_sampling_turns]
+    m015_sampling_turns, m016_turn_dropped_items]
 
 
 def _version(migration: Callable) -> int:

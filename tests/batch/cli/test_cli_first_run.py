@@ -239,6 +239,10 @@ def test_truncation_auto_drops_the_conversations_first_items_to_fit_the_context(
     text = harmony_encoding().decode(prompt_ids)
     assert "Be brief." in text and "Last?" in text and "user message 0:" not in text and "message 59:" in text
     assert json.loads(response)["truncation"] == "auto"
+    [(dropped,)] = rows(db, "SELECT t.dropped_items FROM turns t JOIN requests q USING (response_id) "
+                            "WHERE q.custom_id = 'auto'")
+    missing = sum(f"{role} message {turn}:" not in text for turn in range(60) for role in ("user", "assistant"))
+    assert dropped == missing > 0  # the turns row counts the conversation items the cut left out
 
 
 @pytest.mark.skipif(not (submit_module.DEFAULT_MODEL / "config.json").exists(),
@@ -270,6 +274,9 @@ def test_truncation_auto_cuts_a_tool_loops_later_turn_that_outgrows_the_context(
     # first items, within the context less the output still allowed; the turns before it were not cut.
     assert outcome["auto"] == ("completed", None)
     (_, out0, prompt0, completion0), (_, out1, prompt1, _), (prompt_tokens, _, prompt2, _) = turns["auto"]
+    assert rows(db, "SELECT t.dropped_items FROM turns t JOIN requests q USING (response_id) "
+                    "WHERE q.custom_id = 'auto' ORDER BY t.turn") == [(0,), (0,), (3,)]  # the question, the
+    # reasoning and the search; the page it opened stays
     assert list(prompt1[:len(prompt0) + out0]) == list(prompt0) + list(completion0)  # the prefix cache's extension
     assert prompt_tokens == len(prompt2) <= context - (100 - out0 - out1) < too_long
     assert list(prompt2[:len(prompt1)]) != list(prompt1)  # re-rendered: that turn alone loses the prefix cache

@@ -276,6 +276,8 @@ def test_a_later_turn_that_outgrows_the_context_drops_the_conversations_first_it
                          "<|end|><|start|>assistant")
     turn1 = session.turns[1]  # its tool output is the answer's tokens, though the prompt shrank
     assert turn1.prompt_tokens == len(prompt) and turn1.tool_output_tokens == disabled.turns[1].tool_output_tokens
+    # the turns row says how many conversation items the cut left out: the first turn none
+    assert (session.turns[0].dropped_items, turn1.dropped_items) == (0, dropped)
     feed(session, "<|channel|>final<|message|>56088<|return|>")
     assert session.end_turn() is None
     response = session.finish().response

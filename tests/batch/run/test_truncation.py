@@ -4,7 +4,7 @@ turn (admission) and each later turn of a tool loop (the session)."""
 from batch.harmony.render import PromptOptions, RenderError, render_prompt
 from batch.harmony.vocab import harmony_encoding
 from batch.responses.request import parse_request
-from batch.run.truncation import Truncation, fit_to_context, input_limit
+from batch.run.truncation import Cut, Truncation, fit_to_context, input_limit
 from tools.registry import ToolRegistry
 
 OPTIONS = PromptOptions(conversation_date="2026-01-01")
@@ -25,6 +25,11 @@ def render(items: list[dict], tools: list[dict] | None = None) -> list[int]:
 
 
 def fit(items: list[dict], input_limit: int, tools: list[dict] | None = None) -> list[int] | None:
+    cut = fitted_cut(items, input_limit, tools)
+    return None if cut is None else cut.prompt_ids
+
+
+def fitted_cut(items: list[dict], input_limit: int, tools: list[dict] | None = None) -> Cut | None:
     request, _ = parse_request({"input": items, "tools": tools or [], "truncation": "auto"})
     return fit_to_context(request, request.input_items(), ToolRegistry.from_tools(request.tool_dicts()), OPTIONS,
                           input_limit)
@@ -38,7 +43,7 @@ def test_the_fewest_leading_items_are_dropped_and_developer_messages_stay():
     for dropped in range(1, len(items)):  # the fitted prompt is the first cut of the conversation that fits
         kept = items[:1] + items[1 + dropped:]
         if len(render(kept)) <= input_limit:
-            assert fitted == render(kept)
+            assert fitted == render(kept) and fitted_cut(items, input_limit) == (fitted, dropped)
             break
     text = harmony_encoding().decode(fitted)
     assert "Answer briefly." in text and "And the last question?" in text and "Question 0:" not in text
@@ -46,7 +51,7 @@ def test_the_fewest_leading_items_are_dropped_and_developer_messages_stay():
 
 def test_the_whole_conversation_stays_when_it_fits():
     items = conversation(3)
-    assert fit(items, len(render(items))) == render(items)
+    assert fitted_cut(items, len(render(items))) == (render(items), 0)
 
 
 def test_the_input_limit_is_the_context_less_the_output_allowance_or_one_token():
@@ -61,10 +66,10 @@ def test_a_prompt_that_fits_is_kept_as_it_is_and_one_that_does_not_is_the_cut_co
     request, _ = parse_request({"input": items, "truncation": "auto"})
     truncation = Truncation(request, ToolRegistry.from_tools([]), OPTIONS, context_len=whole + 100)
     extended = [7] * whole  # a later turn's prompt: not a render of `items` (the prefix cache's extension)
-    assert truncation.fit(extended, items, allowance=100) is extended
+    assert truncation.fit(extended, items, allowance=100) == (extended, 0)
     cut = truncation.fit(extended, items, allowance=101)
-    assert cut == fit(items, whole - 1) and cut is not None and len(cut) < whole
-    assert truncation.fit(extended, items, allowance=whole + 90) is extended  # nothing fits in 10 tokens
+    assert cut == fitted_cut(items, whole - 1) and cut.dropped > 0 and len(cut.prompt_ids) < whole
+    assert truncation.fit(extended, items, allowance=whole + 90) == (extended, 0)  # nothing fits in 10 tokens
 
 
 def test_nothing_fits_when_the_last_item_alone_is_too_long():

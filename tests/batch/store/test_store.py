@@ -52,7 +52,7 @@ EXPECTED_DDL = {
               "turn INTEGER, t_ms DOUBLE",
     "turns": "run_id VARCHAR, response_id VARCHAR, turn INTEGER, prompt_tokens BIGINT, "
              "cached_tokens BIGINT, output_tokens BIGINT, tool_output_tokens BIGINT, "
-             "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR, kind VARCHAR",
+             "prefill_s DOUBLE, decode_s DOUBLE, finish_reason VARCHAR, kind VARCHAR, dropped_items INTEGER",
     "tool_calls": "run_id VARCHAR, response_id VARCHAR, call_id VARCHAR, tool_type VARCHAR, "
                   "server_label VARCHAR, name VARCHAR, arguments VARCHAR, output VARCHAR, "
                   "status VARCHAR, error VARCHAR, started_at TSTZ, duration_s DOUBLE, "
@@ -185,7 +185,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
                             (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
                             (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
-                            (14, "m014_epochs"), (15, "m015_sampling_turns")]
+                            (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -751,17 +751,18 @@ def test_turns_and_tool_calls_rows_are_the_records_under_their_response():
 
 
 def test_an_item_is_found_by_its_exact_id_in_the_newest_response_holding_it(store):
-    def response(number: int, output_id: str, input_id: str, at: datetime) -> RequestResult:
+    def response(number: int, output_id: str, input_id: str) -> RequestResult:
         return RequestResult(
             RequestRow(run_id="r1", custom_id=f"c{number}", line_no=number, status=RequestStatus.COMPLETED,
                        response_id=f"resp_{number}"),
             ResponseRow(run_id="r1", custom_id=f"c{number}", response_id=f"resp_{number}",
-                        status=ResponseStatus.COMPLETED, created_at=at,
+                        status=ResponseStatus.COMPLETED,
                         response={"id": f"resp_{number}", "output": [
                             {"id": output_id, "type": "message", "text": f"out {number}"}]},
                         input_items=[{"id": input_id, "type": "message", "text": f"in {number}"}]))
 
-    store.write_results([response(1, "msg_10", "msg_1", T0), response(2, "msg_2", "msg_10", T0 + timedelta(hours=1))])
+    store.write_results([response(1, "msg_10", "msg_1")])
+    store.write_results([response(2, "msg_2", "msg_10")])  # later: the writer stamps created_at
     assert store.responses.item("msg_10") == {"id": "msg_10", "type": "message", "text": "in 2"}  # the newer
     assert store.responses.item("msg_1") == {"id": "msg_1", "type": "message", "text": "in 1"}  # not msg_10
     assert store.responses.item("msg_") is None and store.responses.item('"') is None
