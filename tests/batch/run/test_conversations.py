@@ -201,3 +201,25 @@ def test_with_shard_a_conversation_line_is_invalid_and_says_why(tmp_path):
     errors = {custom_id: row[1] for (custom_id, _), row in stored(db).items()}
     assert set(errors) == {"a1", "a2", "c1", "a3"}  # lines 1, 3, 5, 7
     assert all("--shard splits lines by number (use --ray" in error for error in errors.values()), errors
+
+
+def test_retry_failed_redoes_the_lines_that_continued_a_retried_one(tmp_path):
+    # a1 ends incomplete (its own max_output_tokens), a2 continues it; --retry-failed redoes a1, so a2,
+    # which continued the response a1 no longer has, is redone too, from a1's new one
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(body) + "\n" for body in [
+        {"custom_id": "a1", "conversation": "A", "input": "What is 2+3?", "max_output_tokens": 16},
+        {"custom_id": "b1", "conversation": "B", "input": "Say hi."},
+        {"custom_id": "a2", "conversation": "A", "input": "And 3+4?"}]))
+    db = tmp_path / "out.duckdb"
+    assert submit(path, db, "--run-id", "R").exit_code == 0
+    before = stored(db)
+    assert before[("a1", 0)][0] == "incomplete" and before[("a2", 0)][0] == "completed"
+    result = submit(path, db, "--retry-failed", "R")
+    assert result.exit_code == 0 and "1 already done" in result.output, result.output
+    after = stored(db)
+    assert after[("b1", 0)] == before[("b1", 0)]
+    _, _, first_items, first_response = after[("a1", 0)]
+    assert first_response["id"] != before[("a1", 0)][3]["id"]
+    assert after[("a2", 0)][2][:-1] == first_items + first_response["output"]
+    assert rows(db, "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM responses)") == [(3, 3)]
