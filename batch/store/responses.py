@@ -26,9 +26,11 @@ class StoredResponse:
 
 def conversation_of(body: str) -> str:
     """SQL for the conversation a requests row's body names (`conversation` as a string or `{"id": ...}`;
-    NULL when it names none): the one reading of it, for every query that groups a run's lines by it."""
-    return (f"(CASE WHEN json_type({body}->'conversation') = 'VARCHAR' THEN {body}->>'conversation' "
-            f"ELSE {body}->'conversation'->>'id' END)")
+    NULL when it names none), read as a live run reads it (batch.run.conversations.conversation_id): an id
+    that is not a string, or is empty, names none. The one reading of it, for every query that groups a run's
+    lines by it."""
+    return (f"NULLIF(CASE WHEN json_type({body}->'conversation') = 'VARCHAR' THEN {body}->>'conversation' "
+            f"WHEN json_type({body}->'conversation'->'id') = 'VARCHAR' THEN {body}->'conversation'->>'id' END, '')")
 
 
 @dataclass(frozen=True)

@@ -793,6 +793,15 @@ def test_a_conversation_turn_is_the_last_stored_line_before_naming_it_in_the_run
     assert store.responses.conversation_turn("r2", "B", 0, 9) is None
 
 
+def test_a_conversation_id_that_is_not_a_string_names_no_conversation(store):
+    # as conversation_id reads an invalid line's body in a live run: {"id": 5} is not conversation "5"
+    store.write_results([conversation_line("r1", 1, "5"), conversation_line("r1", 2, {"id": 5}, "invalid"),
+                         conversation_line("r1", 3, {"id": True}, "invalid"), conversation_line("r1", 4, 5, "invalid")])
+    assert store.responses.conversation_turn("r1", "5", 0, 9).line_no == 1
+    assert store.responses.conversation_turn("r1", "true", 0, 9) is None
+    assert store.runs.conversation_followers("r1", (RequestStatus.COMPLETED,)) == set()
+
+
 def test_the_lines_after_a_failed_or_incomplete_one_in_its_conversation(store):
     # --retry-failed redoes a failed or incomplete line, so the lines that continued it are redone too
     store.write_results([conversation_line("r1", 1, "A", "incomplete"), conversation_line("r1", 2, {"id": "A"}),
