@@ -761,7 +761,9 @@ def test_an_item_is_found_by_its_exact_id_in_the_newest_response_holding_it(stor
                             {"id": output_id, "type": "message", "text": f"out {number}"}]},
                         input_items=[{"id": input_id, "type": "message", "text": f"in {number}"}]))
 
-    store.write_results([response(1, "msg_10", "msg_1", T0), response(2, "msg_2", "msg_10", T0 + timedelta(hours=1))])
+    # two batches: the writer stamps created_at when it writes, one time a batch (a tie was either response)
+    store.write_results([response(1, "msg_10", "msg_1", T0)])
+    store.write_results([response(2, "msg_2", "msg_10", T0 + timedelta(hours=1))])
     assert store.responses.item("msg_10") == {"id": "msg_10", "type": "message", "text": "in 2"}  # the newer
     assert store.responses.item("msg_1") == {"id": "msg_1", "type": "message", "text": "in 1"}  # not msg_10
     assert store.responses.item("msg_") is None and store.responses.item('"') is None
