@@ -10,7 +10,7 @@ that worker dies too, the death is the line's own. Alone, a line is tried
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 MAX_ATTEMPTS = 3  # a request that was all its worker held when the worker died this often fails
@@ -18,19 +18,20 @@ MAX_ATTEMPTS = 3  # a request that was all its worker held when the worker died 
 T = TypeVar("T")
 
 
-def _line_no_of_prepared(prepared: Any) -> int:
-    return int(prepared.line.line_no)
+def _sample_of_prepared(prepared: Any) -> tuple[int, int]:
+    # (line_no, epoch): with --epochs K a line is K requests, each with its own tries
+    return int(prepared.line.line_no), int(prepared.line.epoch)
 
 
 class ChunkQueue(Generic[T]):
-    """Chunks of lines waiting for a worker, retries first; `line_no` names an item's line."""
+    """Chunks of lines waiting for a worker, retries first; `key` names an item's request (its line and epoch)."""
 
-    def __init__(self, line_no: Callable[[T], int] = _line_no_of_prepared, max_attempts: int = MAX_ATTEMPTS):
-        self.line_no, self.max_attempts = line_no, max_attempts
+    def __init__(self, key: Callable[[T], Hashable] = _sample_of_prepared, max_attempts: int = MAX_ATTEMPTS):
+        self.key, self.max_attempts = key, max_attempts
         self.chunks: deque[list[T]] = deque()
         self.filling: list[T] = []  # the chunk being filled
-        self.attempts: dict[int, int] = {}  # line_no -> times it was alone on a worker that died
-        self.suspects: set[int] = set()  # line_nos given back by a dead worker: alone, they go out alone
+        self.attempts: dict[Hashable, int] = {}  # key -> times it was alone on a worker that died
+        self.suspects: set[Hashable] = set()  # keys given back by a dead worker: alone, they go out alone
 
     @property
     def num_lines(self) -> int:
@@ -66,18 +67,18 @@ class ChunkQueue(Generic[T]):
     def give_back(self, chunk: list[T], alone: bool) -> T | None:
         """A chunk its worker did not return: its halves go first in the queue. A line that was all its
         worker held (`alone`) counts a try; the line is returned when that was its last (it fails)."""
-        self.suspects.update(self.line_no(item) for item in chunk)
+        self.suspects.update(self.key(item) for item in chunk)
         if len(chunk) > 1:
             middle = len(chunk) // 2
             self.chunks.extendleft([chunk[middle:], chunk[:middle]])
             return None
-        line_no = self.line_no(chunk[0])
+        key = self.key(chunk[0])
         if alone:
-            self.attempts[line_no] = self.attempts.get(line_no, 0) + 1
-        if self.attempts.get(line_no, 0) < self.max_attempts:
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+        if self.attempts.get(key, 0) < self.max_attempts:
             self.chunks.appendleft(chunk)
             return None
         return chunk[0]
 
     def _is_suspect(self, chunk: list[T]) -> bool:
-        return len(chunk) == 1 and self.line_no(chunk[0]) in self.suspects
+        return len(chunk) == 1 and self.key(chunk[0]) in self.suspects

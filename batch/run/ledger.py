@@ -86,6 +86,8 @@ class RunLedger:
         if options.retry_failed:
             failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
             done -= self.store.runs.finished_samples(run_id, statuses=failed)
+            # a conversation's line after one redone continued the response it replaces: redone too
+            done -= self.store.runs.conversation_followers(run_id, failed)
         self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None, **recorded)
         return OpenedRun(run_id, True, done, changed)
 

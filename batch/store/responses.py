@@ -24,6 +24,15 @@ class StoredResponse:
     status: ResponseStatus
 
 
+def conversation_of(body: str) -> str:
+    """SQL for the conversation a requests row's body names (`conversation` as a string or `{"id": ...}`;
+    NULL when it names none), read as a live run reads it (batch.run.conversations.conversation_id): an id
+    that is not a string, or is empty, names none. The one reading of it, for every query that groups a run's
+    lines by it."""
+    return (f"NULLIF(CASE WHEN json_type({body}->'conversation') = 'VARCHAR' THEN {body}->>'conversation' "
+            f"WHEN json_type({body}->'conversation'->'id') = 'VARCHAR' THEN {body}->'conversation'->>'id' END, '')")
+
+
 @dataclass(frozen=True)
 class ConversationTurn:
     """A run's line that named a conversation, as stored: what the conversation's next line continues."""
@@ -114,8 +123,7 @@ class Responses:
             SELECT q.line_no, q.status, s.response, s.input_items
             FROM requests q LEFT JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
             WHERE q.run_id = ? AND q.epoch = ? AND q.line_no < ?
-              AND (CASE WHEN json_type(q.body->'conversation') = 'VARCHAR' THEN q.body->>'conversation'
-                        ELSE q.body->'conversation'->>'id' END) = ?
+              AND """ + conversation_of("q.body") + """ = ?
             ORDER BY q.line_no DESC LIMIT 1""", [run_id, epoch, before_line, conversation_id])
         if not rows:
             return None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from batch.distributed.chunk_queue import MAX_ATTEMPTS, ChunkQueue
 
 
 def make_queue() -> ChunkQueue[int]:
-    return ChunkQueue(line_no=lambda line_no: line_no)  # items are their own line numbers
+    return ChunkQueue(key=lambda line_no: line_no)  # items are their own keys
 
 
 def test_lines_fill_chunks_of_the_size_asked_and_seal_queues_the_rest():
@@ -54,3 +56,17 @@ def test_deaths_shared_with_other_lines_do_not_count_a_try():
         assert queue.give_back([4], alone=False) is None
         assert queue.next_for([]) == [4]
     assert queue.attempts == {}
+
+
+def test_each_epoch_of_a_line_counts_its_own_tries():
+    # --epochs K: the K samples of a line are K requests; one that kills its worker does not use up another's tries
+    def sample(epoch: int) -> SimpleNamespace:
+        return SimpleNamespace(line=SimpleNamespace(line_no=4, epoch=epoch))
+
+    queue: ChunkQueue[SimpleNamespace] = ChunkQueue()  # the driver's: items are prepared lines
+    first, second = sample(0), sample(1)
+    for _ in range(MAX_ATTEMPTS - 1):
+        assert queue.give_back([first], alone=True) is None and queue.next_for([]) == [first]
+    assert queue.give_back([second], alone=True) is None  # its first try
+    assert queue.next_for([]) == [second]
+    assert queue.give_back([first], alone=True) is first  # its last

@@ -15,6 +15,7 @@ from batch.responses.request import parse_request
 from batch.store.responses import ConversationTurn
 from batch.store.rows import RequestResult, RequestRow, ResponseRow
 from tests.support.db import rows
+from tests.support.fakes import use_scripted_backend
 
 
 def line(line_no: int, conversation: object, text: str = "hi", epoch: int = 0) -> InputLine:
@@ -201,3 +202,64 @@ def test_with_shard_a_conversation_line_is_invalid_and_says_why(tmp_path):
     errors = {custom_id: row[1] for (custom_id, _), row in stored(db).items()}
     assert set(errors) == {"a1", "a2", "c1", "a3"}  # lines 1, 3, 5, 7
     assert all("--shard splits lines by number (use --ray" in error for error in errors.values()), errors
+
+
+def test_retry_failed_redoes_the_lines_that_continued_a_retried_one(tmp_path):
+    # a1 ends incomplete (its own max_output_tokens), a2 continues it; --retry-failed redoes a1, so a2,
+    # which continued the response a1 no longer has, is redone too, from a1's new one
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(body) + "\n" for body in [
+        {"custom_id": "a1", "conversation": "A", "input": "What is 2+3?", "max_output_tokens": 16},
+        {"custom_id": "b1", "conversation": "B", "input": "Say hi."},
+        {"custom_id": "a2", "conversation": "A", "input": "And 3+4?"}]))
+    db = tmp_path / "out.duckdb"
+    assert submit(path, db, "--run-id", "R").exit_code == 0
+    before = stored(db)
+    assert before[("a1", 0)][0] == "incomplete" and before[("a2", 0)][0] == "completed"
+    result = submit(path, db, "--retry-failed", "R")
+    assert result.exit_code == 0 and "1 already done" in result.output, result.output
+    after = stored(db)
+    assert after[("b1", 0)] == before[("b1", 0)]
+    _, _, first_items, first_response = after[("a1", 0)]
+    assert first_response["id"] != before[("a1", 0)][3]["id"]
+    assert after[("a2", 0)][2][:-1] == first_items + first_response["output"]
+    assert rows(db, "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM responses)") == [(3, 3)]
+
+
+def test_interrupted_resumed_and_retried_every_line_ends_as_one_row_continuing_its_conversation(tmp_path, monkeypatch):
+    # The scripted model answers with the number of user messages it was shown, so each line's answer says how
+    # much history it continued. q5 (conversation B) fails until the retry; a Ctrl-C cuts the first attempt.
+    state = {"fails": True, "steps": 0, "interrupt_at": 12}
+
+    def script(prompt: str, _turn: int) -> str:
+        if state["fails"] and prompt.rsplit("<|start|>user<|message|>", 1)[-1].startswith("q5<"):
+            return "<|channel|>commentary<|message|>x<|call|>"  # a call with no recipient: the line fails
+        return f"<|channel|>final<|message|>seen {prompt.count('<|start|>user')}<|return|>"
+
+    def on_step(_backend) -> None:
+        state["steps"] += 1
+        if state["steps"] == state["interrupt_at"]:
+            raise KeyboardInterrupt
+
+    use_scripted_backend(monkeypatch, script, on_step=on_step)
+    names = "AB_CABA_CBBAC_"  # "_": a line in no conversation
+    path, db = tmp_path / "in.jsonl", tmp_path / "out.duckdb"
+    path.write_text("".join(json.dumps({"custom_id": f"q{n}", "input": f"q{n}"} | (
+        {} if name == "_" else {"conversation": name})) + "\n" for n, name in enumerate(names)))
+    command = ["submit", str(path), "--db", str(db), "--model", str(tmp_path), "--quiet", "--max-inflight", "2",
+               "--epochs", "2"]
+    assert CliRunner().invoke(main, [*command, "--run-id", "R"]).exit_code == 130
+    resumed = CliRunner().invoke(main, [*command, "--resume", "R"])
+    assert resumed.exit_code == 0 and "already done" in resumed.output and "failed" in resumed.output, resumed.output
+    state["fails"] = False
+    retried = CliRunner().invoke(main, [*command, "--retry-failed", "R"])
+    assert retried.exit_code == 0, retried.output
+    answers = rows(db, """SELECT q.epoch, q.line_no, q.status, s.response->'output'->-1->'content'->0->>'text'
+                          FROM requests q LEFT JOIN responses s ON s.response_id = q.response_id ORDER BY 1, 2""")
+    expected = []
+    for epoch in (0, 1):
+        turns: dict[str, int] = {}
+        for line_no, name in enumerate(names, start=1):
+            turns[name] = turns.get(name, 0) + 1
+            expected.append((epoch, line_no, "completed", f"seen {1 if name == '_' else turns[name]}"))
+    assert answers == expected

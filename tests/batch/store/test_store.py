@@ -766,3 +766,50 @@ def test_an_item_is_found_by_its_exact_id_in_the_newest_response_holding_it(stor
     assert store.responses.item("msg_10") == {"id": "msg_10", "type": "message", "text": "in 2"}  # the newer
     assert store.responses.item("msg_1") == {"id": "msg_1", "type": "message", "text": "in 1"}  # not msg_10
     assert store.responses.item("msg_") is None and store.responses.item('"') is None
+
+
+def conversation_line(run_id: str, line_no: int, conversation: object, status: str = "completed",
+                      epoch: int = 0) -> RequestResult:
+    result = make_result(run_id, line_no, status=status, response_id=f"resp_{run_id}_{line_no}_{epoch}")
+    result.request.epoch = epoch
+    result.request.body = None if conversation is None else {"input": "q", "conversation": conversation}
+    return result
+
+
+def test_a_conversation_turn_is_the_last_stored_line_before_naming_it_in_the_run_and_epoch(store):
+    # requests rows store the body (an envelope's `body`, a Parquet row's fields): its `conversation`
+    # names the conversation as a string or {"id": ...}; a line with no body (not JSON) names none
+    store.runs.create(make_run("r2"))
+    store.write_results([conversation_line("r1", 1, "A"), conversation_line("r1", 2, {"id": "A"}, "incomplete"),
+                         conversation_line("r1", 3, "B"), conversation_line("r1", 4, None, "invalid"),
+                         conversation_line("r1", 2, "A", "failed", epoch=1), conversation_line("r1", 6, "A"),
+                         conversation_line("r2", 5, "A")])
+    turn = store.responses.conversation_turn("r1", "A", 0, 5)
+    assert (turn.line_no, turn.status, turn.response["id"]) == (2, RequestStatus.INCOMPLETE, "resp_r1_2_0")
+    assert turn.input_items == [{"role": "user", "content": "q2"}]
+    assert store.responses.conversation_turn("r1", "A", 0, 2).line_no == 1
+    assert store.responses.conversation_turn("r1", "A", 0, 1) is None
+    assert store.responses.conversation_turn("r1", "A", 1, 9).status == RequestStatus.FAILED
+    assert store.responses.conversation_turn("r1", "B", 1, 9) is None
+    assert store.responses.conversation_turn("r2", "B", 0, 9) is None
+
+
+def test_a_conversation_id_that_is_not_a_string_names_no_conversation(store):
+    # as conversation_id reads an invalid line's body in a live run: {"id": 5} is not conversation "5"
+    store.write_results([conversation_line("r1", 1, "5"), conversation_line("r1", 2, {"id": 5}, "invalid"),
+                         conversation_line("r1", 3, {"id": True}, "invalid"), conversation_line("r1", 4, 5, "invalid")])
+    assert store.responses.conversation_turn("r1", "5", 0, 9).line_no == 1
+    assert store.responses.conversation_turn("r1", "true", 0, 9) is None
+    assert store.runs.conversation_followers("r1", (RequestStatus.COMPLETED,)) == set()
+
+
+def test_the_lines_after_a_failed_or_incomplete_one_in_its_conversation(store):
+    # --retry-failed redoes a failed or incomplete line, so the lines that continued it are redone too
+    store.write_results([conversation_line("r1", 1, "A", "incomplete"), conversation_line("r1", 2, {"id": "A"}),
+                         conversation_line("r1", 3, "B"), conversation_line("r1", 4, "A", "invalid"),
+                         conversation_line("r1", 5, "B", "failed"), conversation_line("r1", 6, "B"),
+                         conversation_line("r1", 1, "A", epoch=1), conversation_line("r1", 2, "A", epoch=1),
+                         conversation_line("r1", 7, None, "failed"), conversation_line("r1", 8, "C", "failed")])
+    failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
+    assert store.runs.conversation_followers("r1", failed) == {(2, 0), (4, 0), (6, 0)}
+    assert store.runs.conversation_followers("r1", (RequestStatus.INVALID,)) == set()
