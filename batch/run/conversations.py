@@ -74,7 +74,8 @@ class Conversations:
         self._waiting: dict[Key, deque[InputLine]] = {}
         self._released: deque[InputLine] = deque()  # lines whose turn came, to be read before the next new line
         self._histories: OrderedDict[Key, History] = OrderedDict()
-        self._seen: set[Key] = set()  # conversations a line of this attempt ended in (kept history or not)
+        # conversation -> the number (Run.num_finished) of the result of its last line that ended in this attempt
+        self._last_ended: dict[Key, int] = {}
 
     @property
     def num_waiting(self) -> int:
@@ -97,14 +98,15 @@ class Conversations:
         self._out_by_line[(line.line_no, line.epoch)] = key
         return True
 
-    def history(self, line: InputLine, key: Key, flush: Callable[[], None]) -> History:
+    def history(self, line: InputLine, key: Key, written_through: Callable[[int], None]) -> History:
         """What the line continues: the history its conversation's last line left, from memory or the store
-        (`flush` first writes what is pending, for a history this attempt wrote and no longer keeps)."""
+        (`written_through(n)` returns once the attempt's first n results are written, for a history this
+        attempt wrote and no longer keeps)."""
         kept = self._histories.get(key)
         if kept is not None:
             return kept
-        if key in self._seen:
-            flush()
+        if key in self._last_ended:
+            written_through(self._last_ended[key])
         elif not self._look_up:
             return History([])  # a new run: nothing before this line
         turn = self._stored_turn(key[0], key[1], line.line_no)
@@ -112,13 +114,19 @@ class Conversations:
             return History([])
         return history_of(turn.line_no, turn.status, turn.response, turn.input_items, key[0])
 
-    def ended(self, result: RequestResult) -> None:
-        """A line's result: its conversation's history moves on, and the next line waiting (if any) is released."""
+    def last_ended(self, key: Key) -> int:
+        """The number of the result of the conversation's last line that ended in this attempt (0: none)."""
+        return self._last_ended.get(key, 0)
+
+    def ended(self, result: RequestResult, number: int) -> None:
+        """A line's result, the attempt's `number`-th: its conversation's history moves on, and the next line
+        waiting (if any) is released."""
         row = result.request
         key = self._out_by_line.pop((row.line_no, row.epoch), None)
         if key is None:
             return
         response = result.response
+        self._last_ended[key] = number
         self._keep(key, history_of(row.line_no, row.status, None if response is None else response.response,
                                    None if response is None else response.input_items, key[0]))
         waiting = self._waiting.get(key)
@@ -132,7 +140,6 @@ class Conversations:
         self._released.append(following)
 
     def _keep(self, key: Key, history: History) -> None:
-        self._seen.add(key)
         self._histories[key] = history
         self._histories.move_to_end(key)
         while len(self._histories) > MAX_KEPT_HISTORIES:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from batch.responses.request import redact_secrets, request_hash
 from batch.responses.response import FinishedResponse
 from batch.responses.status import RequestStatus
+from batch.run.conversations import conversation_id
 from batch.run.reader import InputLine
 from batch.run.session import Session
 from batch.store.rows import RequestResult, RequestRow, ResponseRow, TokenRow
@@ -20,7 +21,8 @@ def request_row(run_id: str, line: InputLine, status: RequestStatus, error: str 
     body = redact_secrets(line.body) if isinstance(line.body, dict) else None
     return RequestRow(run_id=run_id, custom_id=line.custom_id, line_no=line.line_no, epoch=line.epoch,
                       request_hash=request_hash(body) if body is not None else None,
-                      body=body, status=status, error=error, response_id=response_id)
+                      body=body, status=status, error=error, response_id=response_id,
+                      conversation=conversation_id(line))
 
 
 def line_result(run_id: str, line: InputLine, status: RequestStatus, error: str | None = None) -> RequestResult:

@@ -122,6 +122,7 @@ class Run:
         self.tool_errors: dict[str, int] = {}  # recorded by the ledger when the run finishes
         self.server_errors: list[str] = []  # what decoded the run reports before it finishes
         self.conversations = Conversations(self._stored_turn, resumed=False)  # run() knows if it resumes
+        self.num_finished = 0  # results of this attempt so far (the writer writes them in this order)
         self.input_exhausted = False
 
     def run(self) -> RunSummary:
@@ -191,8 +192,8 @@ class Run:
             return None
         try:
             history = None
-            if key is not None:
-                found = self.conversations.history(line, key, flush=self._write_pending)
+            if key is not None and line.is_valid:  # an invalid line is its own error, whatever came before
+                found = self.conversations.history(line, key, self._written_through)
                 if found.broken is not None:
                     self.finish_request(line_result(self.run_id, line, RequestStatus.FAILED,
                                                     f"line {line.line_no}: {found.broken}"))
@@ -221,7 +222,8 @@ class Run:
         elif result.request.status == RequestStatus.FAILED:
             error = (result.request.error or "no error recorded").split(": ", 1)[-1][:MAX_REASON_CHARS]
             self.failed_reasons[self._failure_kinds.setdefault(failure_kind(error), error)] += 1
-        self.conversations.ended(result)
+        self.num_finished += 1
+        self.conversations.ended(result, self.num_finished)
         self.pending.append(result)
 
     def flush(self, force: bool = False) -> None:
@@ -244,10 +246,12 @@ class Run:
         self.pending = []
         self._flushed_at = time.monotonic()
 
-    def _write_pending(self) -> None:
-        """Every result so far written (a conversation's history this run no longer keeps is read back)."""
-        self.flush(force=True)
-        self.writer.wait_idle()
+    def _written_through(self, number: int) -> None:
+        """Returns once this attempt's first `number` results are written (a conversation's history this run no
+        longer keeps is read back); they are written in the order they finished."""
+        if self.writer.num_written < number:
+            self.flush(force=True)
+            self.writer.wait_idle()
 
     def _stored_turn(self, conversation: str, epoch: int, line_no: int) -> ConversationTurn | None:
         return self.store.responses.conversation_turn(self.run_id, conversation, epoch, line_no)

@@ -24,15 +24,6 @@ class StoredResponse:
     status: ResponseStatus
 
 
-def conversation_of(body: str) -> str:
-    """SQL for the conversation a requests row's body names (`conversation` as a string or `{"id": ...}`;
-    NULL when it names none), read as a live run reads it (batch.run.conversations.conversation_id): an id
-    that is not a string, or is empty, names none. The one reading of it, for every query that groups a run's
-    lines by it."""
-    return (f"NULLIF(CASE WHEN json_type({body}->'conversation') = 'VARCHAR' THEN {body}->>'conversation' "
-            f"WHEN json_type({body}->'conversation'->'id') = 'VARCHAR' THEN {body}->'conversation'->>'id' END, '')")
-
-
 @dataclass(frozen=True)
 class ConversationTurn:
     """A run's line that named a conversation, as stored: what the conversation's next line continues."""
@@ -117,13 +108,12 @@ class Responses:
 
     def conversation_turn(self, run_id: str, conversation_id: str, epoch: int,
                           before_line: int) -> ConversationTurn | None:
-        """The last line before ``before_line`` of run ``run_id`` (sample ``epoch``) whose body names
-        conversation ``conversation_id`` (as a string or ``{"id": ...}``), or None. Reads the run's rows."""
+        """The last line before ``before_line`` of run ``run_id`` (sample ``epoch``) that names conversation
+        ``conversation_id`` (requests.conversation), or None."""
         rows = self.db.rows("""
             SELECT q.line_no, q.status, s.response, s.input_items
             FROM requests q LEFT JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
-            WHERE q.run_id = ? AND q.epoch = ? AND q.line_no < ?
-              AND """ + conversation_of("q.body") + """ = ?
+            WHERE q.run_id = ? AND q.epoch = ? AND q.line_no < ? AND q.conversation = ?
             ORDER BY q.line_no DESC LIMIT 1""", [run_id, epoch, before_line, conversation_id])
         if not rows:
             return None

@@ -79,6 +79,7 @@ class RequestRow:
     written_at: datetime | None = None
     worker: str | None = None  # the shard or Ray worker that decoded it (None: a one-process run)
     epoch: Int32 = 0  # which of the line's --epochs samples (0..K-1): K rows share one line and custom_id
+    conversation: str | None = None  # the conversation the line names (batch/run/conversations.py), if any
 
 
 @dataclass(slots=True)

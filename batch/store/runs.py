@@ -10,7 +10,6 @@ from typing import Any
 from batch.responses.status import RequestStatus, RunStatus
 from batch.store.database import Database, loads, now
 from batch.store.errors import raising_store_errors
-from batch.store.responses import conversation_of
 from batch.store.rows import SCHEMAS, RunRow, dumps, json_columns, to_arrow
 
 _RUN_JSON = ("engine_config", "options", "notes")
@@ -117,9 +116,8 @@ class Runs:
     def conversation_followers(self, run_id: str, statuses: tuple[str, ...]) -> set[tuple[int, int]]:
         """(line_no, epoch) of every requests row of this run after a row of one of ``statuses`` in the same
         conversation and epoch (batch/run/conversations.py): the lines that continued it."""
-        rows = self.db.rows(f"""
-            WITH named AS (SELECT line_no, epoch, status, {conversation_of("body")} AS conversation
-                           FROM requests WHERE run_id = ?),
+        rows = self.db.rows("""
+            WITH named AS (SELECT line_no, epoch, status, conversation FROM requests WHERE run_id = ?),
                  first_redone AS (SELECT conversation, epoch, min(line_no) AS line_no FROM named
                                   WHERE conversation IS NOT NULL AND list_contains(?, status) GROUP BY ALL)
             SELECT named.line_no, named.epoch FROM named JOIN first_redone USING (conversation, epoch)

@@ -42,28 +42,28 @@ def no_store(*_):
 def test_a_line_waits_for_the_one_before_it_and_continues_its_history():
     gate = Conversations(no_store, resumed=False)
     first, second, third, other = line(1, "A"), line(2, {"id": "A"}), line(3, "A"), line(4, "B")
-    assert gate.admit(first, ("A", 0)) and gate.history(first, ("A", 0), flush=no_store) == History([])
+    assert gate.admit(first, ("A", 0)) and gate.history(first, ("A", 0), written_through=no_store) == History([])
     assert not gate.admit(second, ("A", 0)) and not gate.admit(third, ("A", 0))
     assert gate.admit(other, ("B", 0))  # another conversation goes out at once
     assert gate.num_waiting == 2 and gate.take_released() is None
-    gate.ended(result(first, RequestStatus.COMPLETED))
+    gate.ended(result(first, RequestStatus.COMPLETED), 1)
     assert gate.take_released() is second and gate.take_released() is None
     assert gate.admit(second, ("A", 0))  # its turn: admitted, not queued again
-    assert gate.history(second, ("A", 0), flush=no_store).items == [
+    assert gate.history(second, ("A", 0), written_through=no_store).items == [
         {"type": "message", "role": "user", "content": "in 1"}, {"type": "message", "text": "answer 1"}]
-    gate.ended(result(second, RequestStatus.INCOMPLETE))  # the API keeps an incomplete response's items
+    gate.ended(result(second, RequestStatus.INCOMPLETE), 1)  # the API keeps an incomplete response's items
     assert gate.take_released() is third and gate.num_waiting == 0
-    assert gate.history(third, ("A", 0), flush=no_store).items[-1] == {"type": "message", "text": "answer 2"}
+    assert gate.history(third, ("A", 0), written_through=no_store).items[-1] == {"type": "message", "text": "answer 2"}
 
 
 def test_each_epoch_is_a_conversation_of_its_own():
     gate = Conversations(no_store, resumed=False)
     zero, one = line(1, "A"), line(1, "A", epoch=1)
     assert gate.admit(zero, ("A", 0)) and gate.admit(one, ("A", 1))
-    gate.ended(result(one, RequestStatus.COMPLETED, "epoch one"))
+    gate.ended(result(one, RequestStatus.COMPLETED, "epoch one"), 1)
     follow = line(2, "A", epoch=1)
     assert gate.admit(follow, ("A", 1))
-    assert gate.history(follow, ("A", 1), flush=no_store).items[-1]["text"] == "epoch one 1"
+    assert gate.history(follow, ("A", 1), written_through=no_store).items[-1]["text"] == "epoch one 1"
     assert not gate.admit(line(2, "A"), ("A", 0))  # epoch 0's first line is still out
 
 
@@ -71,12 +71,12 @@ def test_a_line_after_a_failed_or_invalid_one_cannot_continue():
     gate = Conversations(no_store, resumed=False)
     first = line(1, "A")
     gate.admit(first, ("A", 0))
-    gate.ended(result(first, RequestStatus.INVALID, output=None))
+    gate.ended(result(first, RequestStatus.INVALID, output=None), 1)
     second = line(2, "A")
     assert gate.admit(second, ("A", 0))
-    assert gate.history(second, ("A", 0), flush=no_store).broken == (
+    assert gate.history(second, ("A", 0), written_through=no_store).broken == (
         "conversation 'A': line 1 before it in the conversation ended invalid, so there is nothing to continue")
-    gate.ended(result(second, RequestStatus.FAILED))  # a failed line's response is not continued either
+    gate.ended(result(second, RequestStatus.FAILED), 1)  # a failed line's response is not continued either
     third = line(3, "A")
     gate.admit(third, ("A", 0))
     assert "line 2 before it in the conversation ended failed" in gate.history(third, ("A", 0), no_store).broken
@@ -93,7 +93,7 @@ def test_a_resumed_run_reads_the_line_before_from_the_store_and_a_new_one_never_
     gate = Conversations(stored, resumed=True)
     later = line(5, "A", epoch=1)
     gate.admit(later, ("A", 1))
-    assert gate.history(later, ("A", 1), flush=no_store).items[-1] == {"type": "message", "text": "stored"}
+    assert gate.history(later, ("A", 1), written_through=no_store).items[-1] == {"type": "message", "text": "stored"}
     assert asked == [("A", 1, 5)]
 
 
@@ -109,15 +109,15 @@ def test_a_history_no_longer_kept_is_read_back_after_what_is_pending_is_written(
     for number, conversation in ((1, "A"), (2, "B")):
         ended = line(number, conversation)
         gate.admit(ended, (conversation, 0))
-        gate.ended(result(ended, RequestStatus.COMPLETED))
+        gate.ended(result(ended, RequestStatus.COMPLETED), number)  # the attempt's first and second results
     follow = line(3, "A")
     gate.admit(follow, ("A", 0))
-    assert gate.history(follow, ("A", 0), flush=lambda: flushed.append(True)).items == [
+    assert gate.history(follow, ("A", 0), written_through=flushed.append).items == [
         {"type": "message", "content": "x"}]
-    assert flushed == [True] and asked == [("A", 3)]
+    assert flushed == [1] and asked == [("A", 3)]  # A's line was the first result: written through it
     follow_b = line(4, "B")
     gate.admit(follow_b, ("B", 0))
-    assert gate.history(follow_b, ("B", 0), flush=no_store).items[-1]["text"] == "answer 2"  # kept
+    assert gate.history(follow_b, ("B", 0), written_through=no_store).items[-1]["text"] == "answer 2"  # kept
 
 
 def test_an_invalid_line_still_names_its_conversation():
@@ -139,6 +139,7 @@ LINES = [
     {"custom_id": "c2", "conversation": "C", "input": "And?"},
     {"custom_id": "a3", "conversation": "A", "input": "Hm.", "previous_response_id": "resp_1"},
     {"custom_id": "a4", "conversation": "A", "input": "Thanks."},
+    {"custom_id": "c3", "conversation": "C", "input": "Bye.", "temperature": 3},  # invalid on its own
 ]
 
 
@@ -183,6 +184,8 @@ def test_a_conversation_s_lines_continue_one_another_in_one_run(tmp_path):
                   "so there is nothing to continue")
     assert rows_[("a3", 0)][:2] == ("invalid", "line 7: conversation: cannot be used with previous_response_id")
     assert rows_[("a4", 0)][0] == "failed"
+    # after a broken line, a line invalid on its own says why it is (it was "failed", the conversation's error)
+    assert rows_[("c3", 0)][0] == "invalid" and "temperature" in rows_[("c3", 0)][1]
 
 
 def test_a_resumed_run_continues_a_conversation_from_its_stored_lines(tmp_path):
@@ -198,9 +201,9 @@ def test_a_resumed_run_continues_a_conversation_from_its_stored_lines(tmp_path):
 def test_with_shard_a_conversation_line_is_invalid_and_says_why(tmp_path):
     db = tmp_path / "out.duckdb"
     result = submit(conversation_file(tmp_path), db, "--shard", "0/2")
-    assert "invalid x4: conversation:" in result.output, result.output
+    assert "invalid x5: conversation:" in result.output, result.output
     errors = {custom_id: row[1] for (custom_id, _), row in stored(db).items()}
-    assert set(errors) == {"a1", "a2", "c1", "a3"}  # lines 1, 3, 5, 7
+    assert set(errors) == {"a1", "a2", "c1", "a3", "c3"}  # lines 1, 3, 5, 7, 9
     assert all("--shard splits lines by number (use --ray" in error for error in errors.values()), errors
 
 

@@ -24,6 +24,8 @@ from batch.responses.events import EventColumns
 from batch.responses.metrics import TurnMetrics
 from batch.responses.status import RequestStatus, ResponseStatus, RunStatus, ToolCallStatus
 from batch.responses.tool_calls import ToolCallRecord
+from batch.run.conversations import conversation_id
+from batch.run.reader import InputLine
 from batch.store.responses import StoredResponse
 from batch.store.rows import SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow, dumps
 from batch.store.store import Store
@@ -41,7 +43,7 @@ EXPECTED_DDL = {
             "status VARCHAR, n_requests BIGINT, notes JSON, batchrun_version VARCHAR",
     "requests": "run_id VARCHAR, custom_id VARCHAR, line_no BIGINT, request_hash VARCHAR, "
                 "body JSON, status VARCHAR, error VARCHAR, response_id VARCHAR, "
-                "written_at TSTZ, worker VARCHAR, epoch INTEGER",
+                "written_at TSTZ, worker VARCHAR, epoch INTEGER, conversation VARCHAR",
     "responses": "run_id VARCHAR, custom_id VARCHAR, response_id VARCHAR, status VARCHAR, "
                  "response JSON, input_items JSON, input_tokens BIGINT, "
                  "cached_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, "
@@ -185,7 +187,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (8, "m008_tool_output_size"), (9, "m009_tool_call_attempts"),
                             (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
                             (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
-                            (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items")]
+                            (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items"),
+                            (17, "m017_request_conversation")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -773,6 +776,8 @@ def conversation_line(run_id: str, line_no: int, conversation: object, status: s
     result = make_result(run_id, line_no, status=status, response_id=f"resp_{run_id}_{line_no}_{epoch}")
     result.request.epoch = epoch
     result.request.body = None if conversation is None else {"input": "q", "conversation": conversation}
+    # as a run writes the row: the conversation its line names, read from the body
+    result.request.conversation = conversation_id(InputLine(line_no, f"c{line_no}", result.request.body, None))
     return result
 
 
@@ -801,6 +806,24 @@ def test_a_conversation_id_that_is_not_a_string_names_no_conversation(store):
     assert store.responses.conversation_turn("r1", "5", 0, 9).line_no == 1
     assert store.responses.conversation_turn("r1", "true", 0, 9) is None
     assert store.runs.conversation_followers("r1", (RequestStatus.COMPLETED,)) == set()
+
+
+def test_rows_written_before_the_conversation_column_get_it_from_their_body_as_a_run_reads_it(tmp_path):
+    bodies = [{"conversation": "A"}, {"conversation": {"id": "B"}}, {"conversation": {"id": 5}},
+              {"conversation": ""}, {"conversation": {"id": ""}}, {"conversation": 7}, {"conversation": None},
+              {"input": "no conversation"}, ["not", "an", "object"], None]
+    con = duckdb.connect(str(path := tmp_path / "old.duckdb"))
+    migrate(con, upto=16)
+    for line_no, body in enumerate(bodies, start=1):
+        con.execute("INSERT INTO requests (run_id, custom_id, line_no, body) VALUES ('r', 'c', ?, ?)",
+                    [line_no, None if body is None else json.dumps(body)])
+    con.close()
+    with Store(path) as store:
+        stored = [conversation for (conversation,) in store.con.sql(
+            "SELECT conversation FROM requests ORDER BY line_no").fetchall()]
+    assert stored == [conversation_id(InputLine(n, "c", body if isinstance(body, dict) else None, None))
+                      for n, body in enumerate(bodies, start=1)]
+    assert stored[:3] == ["A", "B", None]
 
 
 def test_the_lines_after_a_failed_or_incomplete_one_in_its_conversation(store):
