@@ -129,8 +129,12 @@ class Session:
         pages it read."""
         if self.truncation is not None:
             allowance = self.max_output_tokens - self.metrics.output_tokens
-            output = [self._browser_calls.get(item["id"], item) for item in self.events.output]
-            self.prompt_token_ids = self.truncation.fit(self.prompt_token_ids, self.input_items + output, allowance)
+            self.prompt_token_ids = self.truncation.fit(self.prompt_token_ids, self.conversation(), allowance)
+
+    def conversation(self) -> list[dict]:
+        """The conversation so far as items: the input items, then this response's output items (its web
+        searches as the browser calls the model made, with the pages it read)."""
+        return self.input_items + [self._browser_calls.get(item["id"], item) for item in self.events.output]
 
     def _begin_turn(self, tool_output_tokens: int = 0) -> None:
         grammar = self.grammars[0] if not self.turns else self.grammars[1]
