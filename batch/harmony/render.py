@@ -26,7 +26,7 @@ from tools.servers import builtin_kind
 KNOWLEDGE_CUTOFF = "2024-06"
 
 __all__ = ["RenderError", "PromptOptions", "head_spec", "render_prompt", "render_tool_output", "input_messages",
-           "render_sampling"]
+           "render_sampling", "error_answer"]
 
 
 class RenderError(ValueError):
@@ -143,10 +143,13 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
             raise RenderError(f"input[{index}].outputs", "expected a list of output objects")
         logs = "".join(str(o.get("logs") or "") for o in outputs)
+        if item.get("status") == "failed":  # its logs are the error, which the model read as the session wrote it
+            logs = error_answer(logs)
         code = _string_field(item, index, "code")
         return [_assistant(code, "analysis", "python", "code"), _tool("python", logs)]
     if kind == "mcp_call":
-        output = _string_field(item, index, "output") or _error_text(item.get("error"))
+        error = item.get("error")
+        output = error_answer(_error_text(error)) if error else _string_field(item, index, "output")
         arguments = _string_field(item, index, "arguments")
         builtin = builtin_kind(item["server_label"])
         if builtin == "python":  # served by the built-in's section: the call was `to=python`, as the guide's
@@ -164,6 +167,11 @@ def _string_field(item: dict, index: int, key: str) -> str:
     if value is not None and not isinstance(value, str):
         raise RenderError(f"input[{index}].{key}", f"expected a string, got {type(value).__name__}")
     return value or ""
+
+
+def error_answer(text: str) -> str:
+    """A failed tool call's answer as the model read it (the session's words for any tool's error)."""
+    return f"Error: {text}"
 
 
 def _error_text(error: object) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from batch.harmony.constraint import GrammarConstraint
 from batch.responses.events import ResponseEvents
-from batch.harmony.render import render_tool_output
+from batch.harmony.render import error_answer, render_tool_output
 from batch.harmony.token_parser import CALL_TOKEN, STOP_TOKEN_IDS
 from batch.responses.metrics import ResponseMetrics, TurnMetrics
 from batch.harmony.output_parser import OutputParser
@@ -205,7 +205,7 @@ class Session:
         result = capped.outcome
         item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
         self.tool_policy.record(capped, item_id)
-        answer = result.output if result.error is None else f"Error: {result.error}"
+        answer = result.output if result.error is None else error_answer(result.error)
         if item_id is not None and call.target is not None and call.target.tool_type is ToolType.WEB_SEARCH:
             self._browser_calls[item_id] = {"type": "mcp_call", "server_label": "browser", "name": call.target.name,
                                             "arguments": call.arguments, "output": answer or ""}

@@ -89,7 +89,12 @@ def test_pasted_back_hosted_items_render_their_text_and_reject_wrong_types():
     items = [{"role": "user", "content": "Hi"},
              {"type": "mcp_call", "server_label": "calc", "name": "add", "arguments": "{}", "error": error}]
     text, _ = render({"input": items})
-    assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>boom<|end|>" in text
+    # The error as the tool loop answered it: the model read `Error: ` and the error's text.
+    assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>Error: boom<|end|>" in text
+    failed = {"type": "code_interpreter_call", "code": "1/0", "status": "failed",
+              "outputs": [{"type": "logs", "logs": "ZeroDivisionError"}]}
+    text, _ = render({"input": [{"role": "user", "content": "Hi"}, failed]})
+    assert "<|start|>python to=assistant<|channel|>commentary<|message|>Error: ZeroDivisionError<|end|>" in text
     with pytest.raises(RenderError) as info:
         render({"input": [{"type": "code_interpreter_call", "code": 5, "outputs": []}]})
     assert info.value.field == "input[0].code"

@@ -400,6 +400,12 @@ INTENDED: dict[str, tuple[str, dict]] = {
     "mcp_list_tools replayed": ("a listing is not a message: the listed tools are in the developer message",
                                 {**CORPUS["mcp_list_tools replayed"],
                                  "input": _drop(CORPUS["mcp_list_tools replayed"]["input"], "mcp_list_tools")}),
+    "mcp_call error replayed": ("a failed call's answer is its error as the loop showed it to the model "
+                                "(`Error: ` and the error's text), so a replay renders what the model read",
+                                {**CORPUS["mcp_call error replayed"], "input": [
+                                    CORPUS["mcp_call error replayed"]["input"][0],
+                                    {"type": "mcp_call", "server_label": "calc", "name": "add", "arguments": "{}",
+                                     "output": "Error: bad arguments"}]}),
     "web_search_call replayed": ("the item carries no page text to show the model",
                                  {**CORPUS["web_search_call replayed"],
                                   "input": _drop(CORPUS["web_search_call replayed"]["input"], "web_search_call")}),
