@@ -100,7 +100,10 @@ class OutputParser:
 
     def _open_item(self, channel: str | None, recipient: str | None) -> None:
         if recipient is None:
-            self.events.open_item(ItemKind.REASONING if channel == "analysis" else ItemKind.MESSAGE)
+            if channel == "analysis":
+                self.events.open_item(ItemKind.REASONING)
+            else:  # a preamble (commentary, before a call) is no answer: its phase says so, and it replays there
+                self.events.open_item(ItemKind.MESSAGE, phase="commentary" if channel == "commentary" else None)
             return
         target = self.registry.resolve(recipient)
         if target is None:  # shown as reasoning: the model's attempt, answered with an error

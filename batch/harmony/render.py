@@ -116,8 +116,8 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
     if kind == "message":
         role = item["role"]
         text = _text_of(item.get("content"))
-        if role == "assistant":
-            return [_assistant(text, "final")]
+        if role == "assistant":  # a `commentary` phase is a preamble the model wrote on that channel
+            return [_assistant(text, "commentary" if item.get("phase") == "commentary" else "final")]
         if role in ("system", "developer"):
             return []  # in the developer message's `# Instructions` (_instructions)
         return [Message.from_role_and_content(Role.USER, text)]

@@ -191,6 +191,8 @@ def item_body(item: OpenItem, status: ItemStatus) -> dict:
         body = {"summary": [], "content": content}
     elif item.kind is ItemKind.MESSAGE:
         body = {"role": "assistant", "content": content}
+        if "phase" in item.extra:
+            body["phase"] = item.extra["phase"]
     elif item.kind is ItemKind.FUNCTION_CALL:
         body = {"call_id": item.call_id, "name": item.name, "arguments": item.text}
     elif item.kind is ItemKind.CODE_INTERPRETER_CALL:
@@ -315,12 +317,15 @@ class ResponseEvents:
         self._emit("response.in_progress", response=response)
 
     def open_item(self, kind: ItemKind, *, name: str | None = None,
-                  server_label: str | None = None) -> OpenItem:
-        """A harmony message started: add its output item (and its first part)."""
+                  server_label: str | None = None, phase: str | None = None) -> OpenItem:
+        """A harmony message started: add its output item (and its first part). `phase`: a message's
+        (`commentary` for what the model says on that channel before a call)."""
         self._require(State.IDLE)
         item = OpenItem(kind, len(self.output), new_id(_ID_PREFIX[kind]), name=name,
                         server_label=server_label,
                         call_id=new_id("call") if kind is ItemKind.FUNCTION_CALL else None)
+        if phase is not None:
+            item.extra["phase"] = phase
         item.delta = _delta_template(item)
         self.output.append(item_body(item, ItemStatus.IN_PROGRESS))
         self.current, self.state = item, State.STREAMING

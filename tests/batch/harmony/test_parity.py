@@ -175,8 +175,9 @@ def guide_prompt(body: dict) -> list[int]:
         if kind == "message":
             if item["role"] == "user":
                 messages.append(_message(Role.USER, _text(item["content"])))
-            elif item["role"] == "assistant":
-                messages.append(_message(Role.ASSISTANT, _text(item["content"])).with_channel("final"))
+            elif item["role"] == "assistant":  # the guide's preamble is on commentary; an answer on final
+                channel = "commentary" if item.get("phase") == "commentary" else "final"
+                messages.append(_message(Role.ASSISTANT, _text(item["content"])).with_channel(channel))
         elif kind == "reasoning":  # raw CoT on analysis; a summary is not CoT
             text = "\n".join(part["text"] for part in item.get("content") or [])
             if text:
@@ -317,6 +318,12 @@ CORPUS: dict[str, dict] = {
     "mcp allowed_tools names": {"input": "Hi", "tools": [{**MCP_WEATHER, "allowed_tools": {"tool_names": ["alerts"]},
                                                          "require_approval": {"never": {"tool_names": ["alerts"]}},
                                                          "connector_id": None}]},
+    "preamble replayed": {"tools": [MCP_CALC], "input": [
+        {"role": "user", "content": "1+2?"},
+        {"type": "message", "role": "assistant", "phase": "commentary", "content": "Let me add them."},
+        {"type": "mcp_call", "id": "mcp_0", "server_label": "calc", "name": "add", "arguments": '{"a":1,"b":2}',
+         "output": "3"}, {"role": "assistant", "phase": "final_answer", "content": "3"},
+        {"role": "user", "content": "And 2+2?"}]},
     "mcp_call replayed": {"tools": [MCP_CALC], "input": [
         {"role": "user", "content": "1+2?"},
         {"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "add", "arguments": '{"a":1,"b":2}',

@@ -22,7 +22,9 @@ from batch.run.runner import Runner
 from batch.run.session import Session, SessionOptions
 from batch.store.store import Store
 from tests.support.fakes import ScriptedBackend
+from tests.support import openresponses
 from tests.support.mcp_servers import echo_stdio
+from tests.support.oracles import validate_events, validate_response
 from tests.support.rerender import as_continued, next_user_turn
 
 ECHO = {"type": "mcp", "server_label": "echo"}
@@ -62,7 +64,7 @@ SCENARIOS = {
                                 final("It crashed.")]),
     "browser": ([BROWSER], [think("Search.") + call("browser.search", '{"query": "python"}', "analysis"),
                             think("Found it.") + final("Found.")]),
-    "function": ([FUNCTION], [think("Ask for it.") + call("functions.get_weather", "{}")]),
+    "function": ([FUNCTION], [think("Ask for it.") + preamble("Checking.") + call("functions.get_weather", "{}")]),
 }
 
 
@@ -179,6 +181,22 @@ def test_a_tool_loop_continued_by_previous_response_id_renders_what_the_model_wr
     next_prompt = continued_by_a_second_run(loops, tmp_path, "preamble-1", NEXT)
     expected = as_continued(prompt + completion) + next_user_turn(NEXT)
     assert show(next_prompt) == show(expected)
+
+
+def test_a_preamble_is_a_message_in_the_commentary_phase_and_every_item_validates(loops):
+    for name in SCENARIOS:
+        response = loops.response(f"{name}-1")
+        validate_response(response)
+        events = [json.loads(p) for (p,) in loops.store.con.sql(
+            "SELECT payload FROM events WHERE response_id = ? ORDER BY sequence_number",
+            params=[response["id"]]).fetchall()]
+        validate_events(events)
+    response = loops.response("function-1")
+    openresponses.validate_response(response)  # function tools only: the open spec's schemas hold too
+    assert [(item["type"], item.get("phase")) for item in response["output"]] == [
+        ("reasoning", None), ("message", "commentary"), ("function_call", None)]
+    assert [item.get("phase") for item in loops.response("preamble-1")["output"] if item["type"] == "message"] == [
+        "commentary", None]  # the answer keeps no phase, as before
 
 
 def test_the_exception_drops_only_analysis_before_the_first_final_answer():
