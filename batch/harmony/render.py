@@ -15,6 +15,7 @@ from typing import Any
 from openai_harmony import Author, Conversation, DeveloperContent, Message, Role, TextContent
 
 from batch.responses.request import ResponsesRequest, TextFormatJsonSchema
+from batch.harmony.attempt import read_attempt
 from batch.harmony.head import HEADS, HeadSpec, system_content
 from batch.harmony.sections import response_format_section
 from batch.harmony.token_parser import MESSAGE_TOKEN
@@ -127,6 +128,10 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         # (as vLLM). Content parts are pieces of one chain of thought: joined by a newline, as
         # vLLM does, so the last word of one part and the first of the next stay apart.
         text = "\n".join(part.get("text", "") for part in item.get("content") or [])
+        attempt = read_attempt(item.get("encrypted_content"))
+        if attempt is not None:  # a call no tool served, and the error that answered it (batch/harmony/attempt.py)
+            return [_assistant(text, attempt.channel or "commentary", attempt.recipient, attempt.content_type),
+                    _tool(attempt.recipient, attempt.answer)]
         return [_assistant(text, "analysis")] if text else []
     if kind == "function_call":
         call_names[item["call_id"]] = item["name"]

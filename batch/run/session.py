@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from batch.harmony.attempt import Attempt
 from batch.harmony.constraint import GrammarConstraint
 from batch.responses.events import ResponseEvents
 from batch.harmony.render import error_answer, render_tool_output
@@ -206,6 +207,11 @@ class Session:
         item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
         self.tool_policy.record(capped, item_id)
         answer = result.output if result.error is None else error_answer(result.error)
+        attempted = self.events.current
+        if call.target is None and attempted is not None and "attempt" in attempted.extra:
+            # The attempt's reasoning item keeps the call's header and the answer, which a re-render shows.
+            recipient, channel, content_type = attempted.extra["attempt"]
+            self.events.answer_attempt(Attempt(recipient, channel, content_type, answer or "").encode())
         if item_id is not None and call.target is not None and call.target.tool_type is ToolType.WEB_SEARCH:
             self._browser_calls[item_id] = {"type": "mcp_call", "server_label": "browser", "name": call.target.name,
                                             "arguments": call.arguments, "output": answer or ""}

@@ -197,6 +197,12 @@ def test_a_preamble_is_a_message_in_the_commentary_phase_and_every_item_validate
         ("reasoning", None), ("message", "commentary"), ("function_call", None)]
     assert [item.get("phase") for item in loops.response("preamble-1")["output"] if item["type"] == "message"] == [
         "commentary", None]  # the answer keeps no phase, as before
+    # A call no tool serves stays a reasoning item (the API has no item for it); its encrypted_content holds the
+    # call's header and the error that answered it.
+    attempt = loops.response("unknown-tool-1")["output"][2]
+    assert attempt["type"] == "reasoning" and attempt["content"][0]["text"] == "{}"
+    assert attempt["encrypted_content"].startswith("batchrun:harmony-call:")
+    assert "Error: no tool named 'nowhere.tool'" in attempt["encrypted_content"]
 
 
 def test_the_exception_drops_only_analysis_before_the_first_final_answer():
