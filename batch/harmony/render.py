@@ -27,7 +27,7 @@ from tools.servers import builtin_kind
 KNOWLEDGE_CUTOFF = "2024-06"
 
 __all__ = ["RenderError", "PromptOptions", "head_spec", "render_prompt", "render_tool_output", "input_messages",
-           "render_sampling", "error_answer"]
+           "render_sampling", "error_answer", "browser_call", "with_browser_calls"]
 
 
 class RenderError(ValueError):
@@ -189,6 +189,20 @@ def _error_text(error: object) -> str:
             return _text_of([part for part in content if isinstance(part, dict)])
         return str(error.get("message") or json.dumps(error))
     return str(error)
+
+
+def browser_call(name: str, arguments: str, answer: str) -> dict:
+    """The item a `web_search_call` of batchrun's own renders as: the built-in browser's call the model made and
+    the page it read (an mcp_call of the `browser` label renders so). The API's item holds neither."""
+    return {"type": "mcp_call", "server_label": "browser", "name": name, "arguments": arguments, "output": answer}
+
+
+def with_browser_calls(items: list[dict], browser_calls: dict[str, dict]) -> list[dict]:
+    """`items`, each web_search_call that `browser_calls` knows (by item id) as its `browser_call`."""
+    if not browser_calls:
+        return items
+    return [browser_calls.get(item["id"], item) if item.get("type") == "web_search_call" and "id" in item else item
+            for item in items]
 
 
 def input_messages(items: str | list[dict]) -> list[Message]:

@@ -176,11 +176,13 @@ def test_a_function_call_continued_by_previous_response_id_keeps_every_token(loo
     assert next_prompt == expected
 
 
-def test_a_tool_loop_continued_by_previous_response_id_renders_what_the_model_wrote_and_read(loops, tmp_path):
-    *_, (prompt, completion) = loops.prompts("preamble-1")
-    next_prompt = continued_by_a_second_run(loops, tmp_path, "preamble-1", NEXT)
+@pytest.mark.parametrize("name", ["preamble", "browser", "unknown-tool"])
+def test_a_tool_loop_continued_by_previous_response_id_renders_what_the_model_wrote_and_read(loops, tmp_path, name):
+    *_, (prompt, completion) = loops.prompts(f"{name}-1")
+    next_prompt = continued_by_a_second_run(loops, tmp_path, f"{name}-1", NEXT)
     expected = as_continued(prompt + completion) + next_user_turn(NEXT)
     assert show(next_prompt) == show(expected)
+    assert next_prompt == expected
 
 
 def test_a_preamble_is_a_message_in_the_commentary_phase_and_every_item_validates(loops):
