@@ -265,8 +265,24 @@ def _frame(message: Message) -> tuple[list[int], list[int]] | None:
 _FRAMES = _MessageFrames()
 
 
+def _answered_reasoning_dropped(messages: list[Message]) -> list[Message]:
+    """The messages without the analysis before the conversation's first final answer.
+
+    Harmony drops those when the conversation ends with a final answer (the turn after an answered exchange
+    reads none of its reasoning), and keeps them when it ends otherwise. A conversation that went on past its
+    first answer and ends in a call (a later turn's tool loop, a function call continued with its output) was
+    read, on every turn since that answer, without them: they stay dropped, so a re-render is what the model
+    read (the guide: drop previous reasoning once a response ended in a final message)."""
+    first_final = next((index for index, message in enumerate(messages) if message.channel == "final"), None)
+    if first_final is None:
+        return messages
+    return [message for index, message in enumerate(messages)
+            if index >= first_final or message.channel != "analysis"]
+
+
 def _tail_tokens(messages: list[Message]) -> list[int]:
     """The input messages' tokens and the assistant's header, as harmony renders them for completion."""
+    messages = _answered_reasoning_dropped(messages)
     # Harmony drops analysis messages before a final one: such conversations stay with harmony.
     if all(message.channel != "analysis" for message in messages):
         tokens: list[int] = []

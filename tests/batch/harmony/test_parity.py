@@ -279,6 +279,9 @@ CORPUS: dict[str, dict] = {
     "analysis dropped after final": {"tools": [WEATHER], "input": [
         {"role": "user", "content": "Oslo?"}, THINK, CALL, OUTPUT, {"role": "assistant", "content": "4 C."},
         {"role": "user", "content": "And Rome?"}]},
+    "answered analysis stays dropped in a later call": {"tools": [WEATHER], "input": [
+        {"role": "user", "content": "Hi"}, THINK, {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Oslo?"}, THINK, CALL, OUTPUT]},
     "reasoning, several parts": {"input": [{"role": "user", "content": "Hi"}, {
         "type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Greeting."}],
         "content": [{"type": "reasoning_text", "text": "A greeting."}, {"type": "reasoning_text", "text": "Reply."}]}]},
@@ -407,6 +410,13 @@ INTENDED: dict[str, tuple[str, dict]] = {
     "mcp_list_tools replayed": ("a listing is not a message: the listed tools are in the developer message",
                                 {**CORPUS["mcp_list_tools replayed"],
                                  "input": _drop(CORPUS["mcp_list_tools replayed"]["input"], "mcp_list_tools")}),
+    "answered analysis stays dropped in a later call": (
+        "harmony keeps the reasoning before an earlier final answer when the conversation ends in a call, yet "
+        "every turn after that answer was rendered (and read) without it: it stays dropped, as the guide drops "
+        "previous reasoning once a response ended in a final message",
+        {**CORPUS["answered analysis stays dropped in a later call"],
+         "input": CORPUS["answered analysis stays dropped in a later call"]["input"][:1]
+         + CORPUS["answered analysis stays dropped in a later call"]["input"][2:]}),
     "mcp_call error replayed": ("a failed call's answer is its error as the loop showed it to the model "
                                 "(`Error: ` and the error's text), so a replay renders what the model read",
                                 {**CORPUS["mcp_call error replayed"], "input": [

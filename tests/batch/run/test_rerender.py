@@ -65,7 +65,13 @@ SCENARIOS = {
     "browser": ([BROWSER], [think("Search.") + call("browser.search", '{"query": "python"}', "analysis"),
                             think("Found it.") + final("Found.")]),
     "function": ([FUNCTION], [think("Ask for it.") + preamble("Checking.") + call("functions.get_weather", "{}")]),
+    # After an earlier exchange that ended in a final answer (its reasoning dropped from every later prompt).
+    "history-mcp": ([ECHO], [think("Add them.") + call("echo.add", '{"a": 2, "b": 3}'), final("It is 5.")]),
+    "history-function": ([FUNCTION], [think("Ask for it.") + call("functions.get_weather", "{}")]),
 }
+HISTORY = [{"role": "user", "content": "Hi."},
+           {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Greet them."}]},
+           {"role": "assistant", "content": "Hello!"}]
 
 
 def script(prompt_text, turn):
@@ -77,7 +83,9 @@ def script(prompt_text, turn):
 
 def first_line(name):
     tools, _ = SCENARIOS[name]
-    return {"custom_id": f"{name}-1", "conversation": name, "input": f"Task: {name}", "tools": tools}
+    task = {"role": "user", "content": f"Task: {name}"}
+    return {"custom_id": f"{name}-1", "conversation": name, "tools": tools,
+            "input": [*HISTORY, task] if name.startswith("history") else [task]}
 
 
 def run(store, tmp_path, lines, backend):
@@ -147,7 +155,7 @@ def show(tokens):
     return harmony_encoding().decode_utf8(tokens)
 
 
-@pytest.mark.parametrize("name", [name for name in SCENARIOS if name != "function"])
+@pytest.mark.parametrize("name", [name for name in SCENARIOS if "function" not in name])
 def test_the_next_line_of_a_conversation_renders_what_the_model_wrote_and_read(loops, name):
     *_, (prompt, completion) = loops.prompts(f"{name}-1")
     [(next_prompt, _)] = loops.prompts(f"{name}-2")
@@ -156,7 +164,7 @@ def test_the_next_line_of_a_conversation_renders_what_the_model_wrote_and_read(l
     assert next_prompt == expected
 
 
-@pytest.mark.parametrize("name", [name for name in SCENARIOS if name != "function"])  # one turn only
+@pytest.mark.parametrize("name", [name for name in SCENARIOS if "function" not in name])  # one turn only
 def test_every_later_turn_re_rendered_whole_is_the_prompt_the_loop_grew(loops, name):
     # truncation "auto" renders the conversation so far when a turn outgrows the context: uncut, it must be
     # the prompt that grew turn by turn (nothing here ends in a final answer, so harmony drops nothing).
@@ -165,14 +173,17 @@ def test_every_later_turn_re_rendered_whole_is_the_prompt_the_loop_grew(loops, n
     assert all(rendered == prompt for rendered, prompt in later)
 
 
-def test_a_function_call_continued_by_previous_response_id_keeps_every_token(loops, tmp_path):
-    # The response ended in the call: harmony drops nothing, so the continuation is the last turn's prompt
-    # and completion exactly, then the function's output.
-    [(prompt, completion)] = loops.prompts("function-1")
-    function_call = loops.response("function-1")["output"][-1]
+@pytest.mark.parametrize("name", ["function", "history-function"])
+def test_a_function_call_continued_by_previous_response_id_keeps_every_token(loops, tmp_path, name):
+    # The response ended in the call: nothing of it is dropped, so the continuation is the last turn's prompt
+    # and completion exactly, then the function's output (after a history, whose answered exchange's reasoning
+    # the model did not read, and still does not).
+    [(prompt, completion)] = loops.prompts(f"{name}-1")
+    function_call = loops.response(f"{name}-1")["output"][-1]
     output = {"type": "function_call_output", "call_id": function_call["call_id"], "output": '{"sunny": true}'}
-    next_prompt = continued_by_a_second_run(loops, tmp_path, "function-1", [output])
+    next_prompt = continued_by_a_second_run(loops, tmp_path, f"{name}-1", [output])
     expected = prompt + completion + render_tool_output("functions.get_weather", '{"sunny": true}')
+    assert show(next_prompt) == show(expected)
     assert next_prompt == expected
 
 
