@@ -1,5 +1,7 @@
 """The shipped model's own tool loops, continued through `batchrun submit`: a conversation's next line
-renders the line before it as the tokens the model wrote and read (tests/support/rerender.py)."""
+renders the line before it as the tokens the model wrote and read (tests/support/rerender.py), and each later
+turn re-rendered whole from its items (as truncation "auto" renders it) is its prompt, the browser's and python's
+call headers as the model wrote them."""
 
 import json
 
@@ -8,7 +10,9 @@ from click.testing import CliRunner
 
 from batch.cli import submit as submit_module
 from batch.cli.main import main
+from batch.harmony.render import PromptOptions, render_prompt
 from batch.harmony.vocab import harmony_encoding
+from batch.run.session import Session
 from tests.support.db import rows
 from tests.support.rerender import as_continued, next_user_turn
 
@@ -17,7 +21,20 @@ NEXT = "Thanks. Anything else?"
 
 @pytest.mark.skipif(not (submit_module.DEFAULT_MODEL / "config.json").exists(),
                     reason="no shipped checkpoint in data/models/batchrun-tiny")
-def test_a_conversations_next_line_begins_with_the_tokens_of_the_shipped_models_tool_loop(tmp_path):
+def test_a_conversations_next_line_begins_with_the_tokens_of_the_shipped_models_tool_loop(tmp_path, monkeypatch):
+    # Each later turn of a loop, re-rendered whole from its items as truncation "auto" would, beside its prompt:
+    # the calls' headers as the model wrote them (harmony's layout), the pages it read.
+    later_turns = []
+    fit_to_context = Session.fit_to_context
+
+    def checked(session):
+        if session.turns:
+            rendered = render_prompt(session.request, session.conversation(), session.registry,
+                                     PromptOptions(conversation_date="2026-01-01"))
+            later_turns.append((session.line.custom_id, rendered, list(session.prompt_token_ids)))
+        fit_to_context(session)
+
+    monkeypatch.setattr(Session, "fit_to_context", checked)
     tasks = {"python": ("Multiply 123*456 using the code_interpreter tool.", [{"type": "code_interpreter"}]),
              "browser": ("Search the corpus: On which river does Paris lie?", [{"type": "web_search"}])}
     lines = [{"custom_id": f"{name}-{turn}", "conversation": name, "input": task if turn == 1 else NEXT,
@@ -37,6 +54,10 @@ def test_a_conversations_next_line_begins_with_the_tokens_of_the_shipped_models_
     # The loops as the model ran them: python's call, the browser's search and open, each answered.
     assert outputs["python-1"] == ["reasoning", "code_interpreter_call", "message"], outputs
     assert outputs["browser-1"].count("web_search_call") >= 1 and outputs["browser-1"][-1] == "message", outputs
+    assert {custom_id for custom_id, *_ in later_turns} >= {"python-1", "browser-1"}
+    for custom_id, rendered, prompt in later_turns:
+        assert harmony_encoding().decode_utf8(rendered) == harmony_encoding().decode_utf8(prompt), custom_id
+        assert rendered == prompt
     for name in tasks:
         *_, (prompt, completion) = turns[f"{name}-1"]
         next_prompt, _ = turns[f"{name}-2"][0]
