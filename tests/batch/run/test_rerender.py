@@ -65,6 +65,10 @@ SCENARIOS = {
     "browser": ([BROWSER], [think("Search.") + call("browser.search", '{"query": "python"}', "analysis"),
                             think("Found it.") + final("Found.")]),
     "function": ([FUNCTION], [think("Ask for it.") + preamble("Checking.") + call("functions.get_weather", "{}")]),
+    # A model that writes the recipient after the channel (the harmony guide allows either place), as gpt-oss
+    # may: every re-render writes a past call as harmony renders it, recipient first.
+    "browser-channel-first": ([BROWSER], [think("Search.") + '<|channel|>analysis to=browser.search code<|message|>'
+                                          '{"query": "python"}<|call|>', final("Found.")]),
     # After an earlier exchange that ended in a final answer (its reasoning dropped from every later prompt).
     "history-mcp": ([ECHO], [think("Add them.") + call("echo.add", '{"a": 2, "b": 3}'), final("It is 5.")]),
     "history-function": ([FUNCTION], [think("Ask for it.") + call("functions.get_weather", "{}")]),
@@ -164,7 +168,13 @@ def test_the_next_line_of_a_conversation_renders_what_the_model_wrote_and_read(l
     assert next_prompt == expected
 
 
-@pytest.mark.parametrize("name", [name for name in SCENARIOS if "function" not in name])  # one turn only
+CHANNEL_FIRST = pytest.mark.xfail(strict=True, reason=(
+    "an item keeps no header as the model wrote it: a call whose recipient the model put after the channel "
+    "re-renders recipient first (harmony's layout, which the shipped model writes)"))
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=CHANNEL_FIRST) if name == "browser-channel-first" else name
+                                  for name in SCENARIOS if "function" not in name])  # one turn only
 def test_every_later_turn_re_rendered_whole_is_the_prompt_the_loop_grew(loops, name):
     # truncation "auto" renders the conversation so far when a turn outgrows the context: uncut, it must be
     # the prompt that grew turn by turn (nothing here ends in a final answer, so harmony drops nothing).
