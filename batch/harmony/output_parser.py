@@ -93,18 +93,25 @@ class OutputParser:
                 # A message to a hosted tool runs the tool only when it ends with <|call|>.
                 current = events.current
                 hosted = current is not None and current.kind.is_hosted_tool
-                events.close_item(ItemStatus.INCOMPLETE if hosted and token_id != CALL_TOKEN else ItemStatus.COMPLETED)
+                # A call no tool serves waits, as a hosted call does, for the error that answers it.
+                attempt = current is not None and "attempt" in current.extra and token_id == CALL_TOKEN
+                events.close_item(ItemStatus.INCOMPLETE if hosted and token_id != CALL_TOKEN else ItemStatus.COMPLETED,
+                                  awaits_answer=attempt)
         if token_ids:
             self._last_step = step
         return None
 
     def _open_item(self, channel: str | None, recipient: str | None) -> None:
         if recipient is None:
-            self.events.open_item(ItemKind.REASONING if channel == "analysis" else ItemKind.MESSAGE)
+            if channel == "analysis":
+                self.events.open_item(ItemKind.REASONING)
+            else:  # a preamble (commentary, before a call) is no answer: its phase says so, and it replays there
+                self.events.open_item(ItemKind.MESSAGE, phase="commentary" if channel == "commentary" else None)
             return
         target = self.registry.resolve(recipient)
         if target is None:  # shown as reasoning: the model's attempt, answered with an error
-            self.events.open_item(ItemKind.REASONING)
+            item = self.events.open_item(ItemKind.REASONING)
+            item.extra["attempt"] = (recipient, channel, self._tokens.content_type if self._tokens else None)
             return
         self.events.open_item(_KIND_OF_TOOL[target.tool_type], name=target.name,
                               server_label=target.server_label)

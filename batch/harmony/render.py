@@ -15,6 +15,7 @@ from typing import Any
 from openai_harmony import Author, Conversation, DeveloperContent, Message, Role, TextContent
 
 from batch.responses.request import ResponsesRequest, TextFormatJsonSchema
+from batch.harmony.attempt import read_attempt
 from batch.harmony.head import HEADS, HeadSpec, system_content
 from batch.harmony.sections import response_format_section
 from batch.harmony.token_parser import MESSAGE_TOKEN
@@ -26,7 +27,7 @@ from tools.servers import builtin_kind
 KNOWLEDGE_CUTOFF = "2024-06"
 
 __all__ = ["RenderError", "PromptOptions", "head_spec", "render_prompt", "render_tool_output", "input_messages",
-           "render_sampling"]
+           "render_sampling", "error_answer", "browser_call", "with_browser_calls"]
 
 
 class RenderError(ValueError):
@@ -116,8 +117,8 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
     if kind == "message":
         role = item["role"]
         text = _text_of(item.get("content"))
-        if role == "assistant":
-            return [_assistant(text, "final")]
+        if role == "assistant":  # a `commentary` phase is a preamble the model wrote on that channel
+            return [_assistant(text, "commentary" if item.get("phase") == "commentary" else "final")]
         if role in ("system", "developer"):
             return []  # in the developer message's `# Instructions` (_instructions)
         return [Message.from_role_and_content(Role.USER, text)]
@@ -127,6 +128,10 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         # (as vLLM). Content parts are pieces of one chain of thought: joined by a newline, as
         # vLLM does, so the last word of one part and the first of the next stay apart.
         text = "\n".join(part.get("text", "") for part in item.get("content") or [])
+        attempt = read_attempt(item.get("encrypted_content"))
+        if attempt is not None:  # a call no tool served, and the error that answered it (batch/harmony/attempt.py)
+            return [_assistant(text, attempt.channel or "commentary", attempt.recipient, attempt.content_type),
+                    _tool(attempt.recipient, attempt.answer)]
         return [_assistant(text, "analysis")] if text else []
     if kind == "function_call":
         call_names[item["call_id"]] = item["name"]
@@ -143,10 +148,13 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
             raise RenderError(f"input[{index}].outputs", "expected a list of output objects")
         logs = "".join(str(o.get("logs") or "") for o in outputs)
+        if item.get("status") == "failed":  # its logs are the error, which the model read as the session wrote it
+            logs = error_answer(logs)
         code = _string_field(item, index, "code")
         return [_assistant(code, "analysis", "python", "code"), _tool("python", logs)]
     if kind == "mcp_call":
-        output = _string_field(item, index, "output") or _error_text(item.get("error"))
+        error = item.get("error")
+        output = error_answer(_error_text(error)) if error else _string_field(item, index, "output")
         arguments = _string_field(item, index, "arguments")
         builtin = builtin_kind(item["server_label"])
         if builtin == "python":  # served by the built-in's section: the call was `to=python`, as the guide's
@@ -166,6 +174,11 @@ def _string_field(item: dict, index: int, key: str) -> str:
     return value or ""
 
 
+def error_answer(text: str) -> str:
+    """A failed tool call's answer as the model read it (the session's words for any tool's error)."""
+    return f"Error: {text}"
+
+
 def _error_text(error: object) -> str:
     """The text of an mcp_call error: a string, or an SDK error object (as events.py stores them)."""
     if not error:
@@ -176,6 +189,20 @@ def _error_text(error: object) -> str:
             return _text_of([part for part in content if isinstance(part, dict)])
         return str(error.get("message") or json.dumps(error))
     return str(error)
+
+
+def browser_call(name: str, arguments: str, answer: str) -> dict:
+    """The item a `web_search_call` of batchrun's own renders as: the built-in browser's call the model made and
+    the page it read (an mcp_call of the `browser` label renders so). The API's item holds neither."""
+    return {"type": "mcp_call", "server_label": "browser", "name": name, "arguments": arguments, "output": answer}
+
+
+def with_browser_calls(items: list[dict], browser_calls: dict[str, dict]) -> list[dict]:
+    """`items`, each web_search_call that `browser_calls` knows (by item id) as its `browser_call`."""
+    if not browser_calls:
+        return items
+    return [browser_calls.get(item["id"], item) if item.get("type") == "web_search_call" and "id" in item else item
+            for item in items]
 
 
 def input_messages(items: str | list[dict]) -> list[Message]:
@@ -238,8 +265,24 @@ def _frame(message: Message) -> tuple[list[int], list[int]] | None:
 _FRAMES = _MessageFrames()
 
 
+def _answered_reasoning_dropped(messages: list[Message]) -> list[Message]:
+    """The messages without the analysis before the conversation's first final answer.
+
+    Harmony drops those when the conversation ends with a final answer (the turn after an answered exchange
+    reads none of its reasoning), and keeps them when it ends otherwise. A conversation that went on past its
+    first answer and ends in a call (a later turn's tool loop, a function call continued with its output) was
+    read, on every turn since that answer, without them: they stay dropped, so a re-render is what the model
+    read (the guide: drop previous reasoning once a response ended in a final message)."""
+    first_final = next((index for index, message in enumerate(messages) if message.channel == "final"), None)
+    if first_final is None:
+        return messages
+    return [message for index, message in enumerate(messages)
+            if index >= first_final or message.channel != "analysis"]
+
+
 def _tail_tokens(messages: list[Message]) -> list[int]:
     """The input messages' tokens and the assistant's header, as harmony renders them for completion."""
+    messages = _answered_reasoning_dropped(messages)
     # Harmony drops analysis messages before a final one: such conversations stay with harmony.
     if all(message.channel != "analysis" for message in messages):
         tokens: list[int] = []

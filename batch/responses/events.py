@@ -189,8 +189,12 @@ def item_body(item: OpenItem, status: ItemStatus) -> dict:
     body: dict[str, Any]
     if item.kind is ItemKind.REASONING:
         body = {"summary": [], "content": content}
+        if "encrypted_content" in item.extra:
+            body["encrypted_content"] = item.extra["encrypted_content"]
     elif item.kind is ItemKind.MESSAGE:
         body = {"role": "assistant", "content": content}
+        if "phase" in item.extra:
+            body["phase"] = item.extra["phase"]
     elif item.kind is ItemKind.FUNCTION_CALL:
         body = {"call_id": item.call_id, "name": item.name, "arguments": item.text}
     elif item.kind is ItemKind.CODE_INTERPRETER_CALL:
@@ -315,12 +319,15 @@ class ResponseEvents:
         self._emit("response.in_progress", response=response)
 
     def open_item(self, kind: ItemKind, *, name: str | None = None,
-                  server_label: str | None = None) -> OpenItem:
-        """A harmony message started: add its output item (and its first part)."""
+                  server_label: str | None = None, phase: str | None = None) -> OpenItem:
+        """A harmony message started: add its output item (and its first part). `phase`: a message's
+        (`commentary` for what the model says on that channel before a call)."""
         self._require(State.IDLE)
         item = OpenItem(kind, len(self.output), new_id(_ID_PREFIX[kind]), name=name,
                         server_label=server_label,
                         call_id=new_id("call") if kind is ItemKind.FUNCTION_CALL else None)
+        if phase is not None:
+            item.extra["phase"] = phase
         item.delta = _delta_template(item)
         self.output.append(item_body(item, ItemStatus.IN_PROGRESS))
         self.current, self.state = item, State.STREAMING
@@ -376,10 +383,14 @@ class ResponseEvents:
             f"{delta.head}{sequence_number}{delta.middle}{encode_basestring_ascii(text)}{tail}")
         self._delta_times.append(time.monotonic())
 
-    def close_item(self, status: ItemStatus = ItemStatus.COMPLETED) -> OpenItem:
-        """The harmony message ended. Hosted tool calls then wait for `tool_result`."""
+    def close_item(self, status: ItemStatus = ItemStatus.COMPLETED, awaits_answer: bool = False) -> OpenItem:
+        """The harmony message ended. Hosted tool calls then wait for `tool_result`; a reasoning item that
+        `awaits_answer` (a call no tool serves) for `answer_attempt`."""
         item = self._current(State.STREAMING)
         self._emit_text_done(item)
+        if awaits_answer and item.kind is ItemKind.REASONING:
+            self.state = State.AWAITING_TOOL
+            return item
         if item.kind.is_hosted_tool and status == ItemStatus.COMPLETED:
             if item.kind in _TOOL_RUNNING:
                 self._emit(_TOOL_RUNNING[item.kind], **self._ids(item))
@@ -430,12 +441,24 @@ class ResponseEvents:
         self._finish_item(item, status)
         return self.output[item.output_index]
 
+    def answer_attempt(self, encrypted_content: str) -> dict:
+        """The error that answered a call no tool serves: its reasoning item keeps it (batch/harmony/attempt.py)
+        and is complete."""
+        item = self._current(State.AWAITING_TOOL)
+        if item.kind is not ItemKind.REASONING:
+            raise EventOrderError(f"answer_attempt on a {item.kind.value} item")
+        item.extra["encrypted_content"] = encrypted_content
+        self._finish_item(item, ItemStatus.COMPLETED)
+        return self.output[item.output_index]
+
     def abandon(self) -> None:
-        """Close whatever is open as `incomplete` (the response ends mid-item)."""
+        """Close whatever is open as `incomplete` (the response ends mid-item); an unanswered call no tool serves
+        is a complete reasoning item, as its text is whole."""
         if self.state is State.STREAMING:
             self.close_item(ItemStatus.INCOMPLETE)
         if self.state is State.AWAITING_TOOL:
-            self._finish_item(self._current(State.AWAITING_TOOL), ItemStatus.INCOMPLETE)
+            item = self._current(State.AWAITING_TOOL)
+            self._finish_item(item, ItemStatus.COMPLETED if item.kind is ItemKind.REASONING else ItemStatus.INCOMPLETE)
 
     def finish(self, response: dict) -> dict:
         """Emit the one terminal event for `response["status"]`; returns the event."""

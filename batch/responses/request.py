@@ -132,6 +132,8 @@ class MessageItem(_Strict):
     content: MessageContent
     id: str | None = None
     status: ItemStatus | None = None
+    # An assistant message's: `commentary` (said before a tool call, harmony's commentary channel) or the answer.
+    phase: Literal["commentary", "final_answer"] | None = None
 
 
 class FunctionCallItem(_Strict):

@@ -13,11 +13,12 @@ registry; the runner lists the request's servers (without blocking decoding); th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batch.responses.events import new_id
 from batch.harmony.constraint import ConstraintError, check_grammar
-from batch.harmony.render import PromptOptions, RenderError, render_prompt
+from batch.harmony.render import (PromptOptions, RenderError, browser_call, error_answer, render_prompt,
+                                  with_browser_calls)
 from batch.run.reader import InputLine
 from batch.responses.request import ResponsesRequest
 from batch.run.results import line_result
@@ -42,6 +43,8 @@ class Prepared:
     request: ResponsesRequest
     items: list[dict]
     registry: ToolRegistry
+    # By item id, the browser calls and pages of the stored web_search_call items in `items` (render.browser_call).
+    browser_calls: dict[str, dict] = field(default_factory=dict)
 
 
 class AdmissionError(ValueError):
@@ -68,6 +71,16 @@ def conversation_items(request: ResponsesRequest, store: Store, history: list[di
     if previous is None:
         raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
     return nulling_non_finite(list(previous.input_items or []) + list(previous.response["output"])) + items
+
+
+def stored_browser_calls(items: list[dict], store: Store) -> dict[str, dict]:
+    """The browser call and page each stored web_search_call item in `items` stands for, by item id: the item
+    holds neither (as the API's), and the model read both, so a continuation renders them (its tool_calls row
+    keeps them, the answer as the loop gave it)."""
+    ids = [item["id"] for item in items if item.get("type") == "web_search_call" and isinstance(item.get("id"), str)]
+    return {row["call_id"]: browser_call(row["name"], row["arguments"] or "",
+                                         row["output"] or "" if row["error"] is None else error_answer(row["error"]))
+            for row in store.responses.web_search_calls(ids)}
 
 
 def _referenced(store: Store, index: int, reference: dict) -> dict:
@@ -107,7 +120,7 @@ def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog,
         _check_servers(tools, registry, catalog)
     except (AdmissionError, ToolNameError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
-    return Prepared(line, request, items, registry)
+    return Prepared(line, request, items, registry, stored_browser_calls(items, store))
 
 
 def sample_seed(run_seed: int, line: InputLine) -> int:
@@ -135,7 +148,8 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     truncation = (Truncation(request, registry, prompt, context_len)
                   if request.truncation == "auto" and context_len is not None else None)
     try:
-        prompt_ids = render_prompt(request, prepared.items, registry, prompt)
+        items = with_browser_calls(prepared.items, prepared.browser_calls)
+        prompt_ids = render_prompt(request, items, registry, prompt)
         # The first turn's grammar (tool_choice holds) and every later turn's (auto).
         grammars = (turn_grammar(registry, text_format, first_turn=True),
                     turn_grammar(registry, text_format, first_turn=False))
@@ -144,7 +158,8 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
                 check_grammar(grammar)
         session = Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,
                           registry=registry, options=options, seed=sample_seed(options.seed, line), line=line,
-                          input_items=prepared.items, grammars=grammars, truncation=truncation)
+                          input_items=prepared.items, grammars=grammars, truncation=truncation,
+                          browser_calls=prepared.browser_calls)
         session.fit_to_context()  # the first turn's prompt; the session fits each later turn's itself
     except (RenderError, ToolChoiceError, ConstraintError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")

@@ -199,6 +199,9 @@ class Run:
                                                     f"line {line.line_no}: {found.broken}"))
                     return None
                 history = found.items
+                if any(item.get("type") == "web_search_call" for item in history):
+                    # admission reads their pages from the tool_calls rows of the line before's result
+                    self._written_through(self.conversations.last_ended(key))
             prepared = prepare(line, self.store, self.run_id, self.catalog, history)
         except BaseException as exc:  # a bug or a dependency's panic costs one line, not the run
             reraise_interrupts(exc)

@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from batch.harmony.attempt import Attempt
 from batch.harmony.constraint import GrammarConstraint
 from batch.responses.events import ResponseEvents
-from batch.harmony.render import render_tool_output
+from batch.harmony.render import browser_call, error_answer, render_tool_output, with_browser_calls
 from batch.harmony.token_parser import CALL_TOKEN, STOP_TOKEN_IDS
 from batch.responses.metrics import ResponseMetrics, TurnMetrics
 from batch.harmony.output_parser import OutputParser
@@ -62,7 +63,7 @@ class Session:
                  registry: ToolRegistry, options: SessionOptions, seed: int, line: InputLine,
                  input_items: list[dict],
                  grammars: tuple[TurnGrammar | None, TurnGrammar | None] = (None, None),
-                 truncation: Truncation | None = None):
+                 truncation: Truncation | None = None, browser_calls: dict[str, dict] | None = None):
         self.response_id, self.request, self.line, self.input_items = response_id, request, line, input_items
         self.truncation = truncation  # `truncation: "auto"` (None: a prompt too long is refused)
         self._dropped_items = 0  # conversation items the next turn's prompt leaves out (fit_to_context)
@@ -80,7 +81,8 @@ class Session:
         # A web_search_call item holds neither the browser call's text nor the page the model read (as the
         # API's), so a re-rendered conversation would lose both: by item id, what renders this response's
         # own as the built-in browser's call and answer (an mcp_call of the `browser` label renders so).
-        self._browser_calls: dict[str, dict] = {}
+        # `browser_calls`: those of earlier responses' web searches in the input (admission reads them back).
+        self._browser_calls: dict[str, dict] = dict(browser_calls or {})
 
     # -- views ------------------------------------------------------------
     @property
@@ -130,9 +132,13 @@ class Session:
         pages it read."""
         if self.truncation is not None:
             allowance = self.max_output_tokens - self.metrics.output_tokens
-            output = [self._browser_calls.get(item["id"], item) for item in self.events.output]
             self.prompt_token_ids, self._dropped_items = self.truncation.fit(
-                self.prompt_token_ids, self.input_items + output, allowance)
+                self.prompt_token_ids, self.conversation(), allowance)
+
+    def conversation(self) -> list[dict]:
+        """The conversation so far as items: the input items, then this response's output items (its web
+        searches as the browser calls the model made, with the pages it read)."""
+        return with_browser_calls(self.input_items + self.events.output, self._browser_calls)
 
     def _begin_turn(self, tool_output_tokens: int = 0) -> None:
         grammar = self.grammars[0] if not self.turns else self.grammars[1]
@@ -204,10 +210,14 @@ class Session:
         result = capped.outcome
         item_id = self._complete_tool_item(call.target, call.arguments, result) if call.target else None
         self.tool_policy.record(capped, item_id)
-        answer = result.output if result.error is None else f"Error: {result.error}"
+        answer = result.output if result.error is None else error_answer(result.error)
+        attempted = self.events.current
+        if call.target is None and attempted is not None and "attempt" in attempted.extra:
+            # The attempt's reasoning item keeps the call's header and the answer, which a re-render shows.
+            recipient, channel, content_type = attempted.extra["attempt"]
+            self.events.answer_attempt(Attempt(recipient, channel, content_type, answer or "").encode())
         if item_id is not None and call.target is not None and call.target.tool_type is ToolType.WEB_SEARCH:
-            self._browser_calls[item_id] = {"type": "mcp_call", "server_label": "browser", "name": call.target.name,
-                                            "arguments": call.arguments, "output": answer or ""}
+            self._browser_calls[item_id] = browser_call(call.target.name, call.arguments, answer or "")
         answer_ids = render_tool_output(call.recipient, answer or "")
         self.prompt_token_ids = self.prompt_token_ids + self._completion + answer_ids
         if self.metrics.output_tokens >= self.max_output_tokens:

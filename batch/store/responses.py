@@ -136,6 +136,14 @@ class Responses:
         """A response's tool_calls rows, in the order they started."""
         return self.db.rows("SELECT * FROM tool_calls WHERE response_id = ? ORDER BY started_at", [response_id])
 
+    def web_search_calls(self, item_ids: list[str]) -> list[dict]:
+        """The tool_calls rows of the web_search_call items `item_ids` names (call_id, name, arguments, output,
+        error): the browser calls the model made and the pages it read, which the items do not hold."""
+        if not item_ids:
+            return []
+        return self.db.rows("SELECT call_id, name, arguments, output, error FROM tool_calls "
+                            "WHERE tool_type = 'web_search' AND list_contains(?, call_id)", [item_ids])
+
     def iter_lines(self, run_id: str) -> Iterator[dict]:
         """Yield every request line of a run in line order, with its response or None.
 

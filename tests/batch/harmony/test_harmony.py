@@ -4,6 +4,7 @@ import pytest
 
 from openai_harmony import Role
 
+from batch.harmony.attempt import Attempt
 from batch.harmony.render import PromptOptions, RenderError, render_prompt, render_tool_output
 from batch.responses.request import REASONING_EFFORTS, RequestError, parse_request
 from batch.harmony.vocab import harmony_encoding
@@ -89,10 +90,29 @@ def test_pasted_back_hosted_items_render_their_text_and_reject_wrong_types():
     items = [{"role": "user", "content": "Hi"},
              {"type": "mcp_call", "server_label": "calc", "name": "add", "arguments": "{}", "error": error}]
     text, _ = render({"input": items})
-    assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>boom<|end|>" in text
+    # The error as the tool loop answered it: the model read `Error: ` and the error's text.
+    assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>Error: boom<|end|>" in text
+    failed = {"type": "code_interpreter_call", "code": "1/0", "status": "failed",
+              "outputs": [{"type": "logs", "logs": "ZeroDivisionError"}]}
+    text, _ = render({"input": [{"role": "user", "content": "Hi"}, failed]})
+    assert "<|start|>python to=assistant<|channel|>commentary<|message|>Error: ZeroDivisionError<|end|>" in text
     with pytest.raises(RenderError) as info:
         render({"input": [{"type": "code_interpreter_call", "code": 5, "outputs": []}]})
     assert info.value.field == "input[0].code"
+
+
+def test_a_reasoning_item_holding_a_call_no_tool_served_renders_the_call_and_its_answer():
+    attempt = Attempt("nowhere.tool", "commentary", "<|constrain|>json", "Error: no tool named 'nowhere.tool'")
+    reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "{}"}]}
+    items = [{"role": "user", "content": "Hi"}, {**reasoning, "encrypted_content": attempt.encode()}]
+    text, _ = render({"input": items})
+    assert text.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant to=nowhere.tool<|channel|>commentary "
+                         "<|constrain|>json<|message|>{}<|call|><|start|>nowhere.tool to=assistant<|channel|>"
+                         "commentary<|message|>Error: no tool named 'nowhere.tool'<|end|><|start|>assistant")
+    # Anyone else's encrypted_content (the API's own is opaque) leaves the item the reasoning it was.
+    for other in ("gAAAAABoxyz", "batchrun:harmony-call:{not json", None):
+        text, _ = render({"input": [items[0], {**reasoning, "encrypted_content": other}]})
+        assert text.endswith("<|start|>assistant<|channel|>analysis<|message|>{}<|end|><|start|>assistant")
 
 
 def _whole_conversation(body, options=PromptOptions()):

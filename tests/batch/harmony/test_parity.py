@@ -175,8 +175,9 @@ def guide_prompt(body: dict) -> list[int]:
         if kind == "message":
             if item["role"] == "user":
                 messages.append(_message(Role.USER, _text(item["content"])))
-            elif item["role"] == "assistant":
-                messages.append(_message(Role.ASSISTANT, _text(item["content"])).with_channel("final"))
+            elif item["role"] == "assistant":  # the guide's preamble is on commentary; an answer on final
+                channel = "commentary" if item.get("phase") == "commentary" else "final"
+                messages.append(_message(Role.ASSISTANT, _text(item["content"])).with_channel(channel))
         elif kind == "reasoning":  # raw CoT on analysis; a summary is not CoT
             text = "\n".join(part["text"] for part in item.get("content") or [])
             if text:
@@ -278,6 +279,9 @@ CORPUS: dict[str, dict] = {
     "analysis dropped after final": {"tools": [WEATHER], "input": [
         {"role": "user", "content": "Oslo?"}, THINK, CALL, OUTPUT, {"role": "assistant", "content": "4 C."},
         {"role": "user", "content": "And Rome?"}]},
+    "answered analysis stays dropped in a later call": {"tools": [WEATHER], "input": [
+        {"role": "user", "content": "Hi"}, THINK, {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Oslo?"}, THINK, CALL, OUTPUT]},
     "reasoning, several parts": {"input": [{"role": "user", "content": "Hi"}, {
         "type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Greeting."}],
         "content": [{"type": "reasoning_text", "text": "A greeting."}, {"type": "reasoning_text", "text": "Reply."}]}]},
@@ -317,6 +321,12 @@ CORPUS: dict[str, dict] = {
     "mcp allowed_tools names": {"input": "Hi", "tools": [{**MCP_WEATHER, "allowed_tools": {"tool_names": ["alerts"]},
                                                          "require_approval": {"never": {"tool_names": ["alerts"]}},
                                                          "connector_id": None}]},
+    "preamble replayed": {"tools": [MCP_CALC], "input": [
+        {"role": "user", "content": "1+2?"},
+        {"type": "message", "role": "assistant", "phase": "commentary", "content": "Let me add them."},
+        {"type": "mcp_call", "id": "mcp_0", "server_label": "calc", "name": "add", "arguments": '{"a":1,"b":2}',
+         "output": "3"}, {"role": "assistant", "phase": "final_answer", "content": "3"},
+        {"role": "user", "content": "And 2+2?"}]},
     "mcp_call replayed": {"tools": [MCP_CALC], "input": [
         {"role": "user", "content": "1+2?"},
         {"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "add", "arguments": '{"a":1,"b":2}',
@@ -400,6 +410,19 @@ INTENDED: dict[str, tuple[str, dict]] = {
     "mcp_list_tools replayed": ("a listing is not a message: the listed tools are in the developer message",
                                 {**CORPUS["mcp_list_tools replayed"],
                                  "input": _drop(CORPUS["mcp_list_tools replayed"]["input"], "mcp_list_tools")}),
+    "answered analysis stays dropped in a later call": (
+        "harmony keeps the reasoning before an earlier final answer when the conversation ends in a call, yet "
+        "every turn after that answer was rendered (and read) without it: it stays dropped, as the guide drops "
+        "previous reasoning once a response ended in a final message",
+        {**CORPUS["answered analysis stays dropped in a later call"],
+         "input": CORPUS["answered analysis stays dropped in a later call"]["input"][:1]
+         + CORPUS["answered analysis stays dropped in a later call"]["input"][2:]}),
+    "mcp_call error replayed": ("a failed call's answer is its error as the loop showed it to the model "
+                                "(`Error: ` and the error's text), so a replay renders what the model read",
+                                {**CORPUS["mcp_call error replayed"], "input": [
+                                    CORPUS["mcp_call error replayed"]["input"][0],
+                                    {"type": "mcp_call", "server_label": "calc", "name": "add", "arguments": "{}",
+                                     "output": "Error: bad arguments"}]}),
     "web_search_call replayed": ("the item carries no page text to show the model",
                                  {**CORPUS["web_search_call replayed"],
                                   "input": _drop(CORPUS["web_search_call replayed"]["input"], "web_search_call")}),

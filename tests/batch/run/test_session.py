@@ -162,6 +162,18 @@ def test_turn_cap_fails_the_response():
     validate(session, response)
 
 
+def test_a_call_no_tool_serves_past_the_turn_cap_leaves_a_complete_reasoning_item():
+    # No answer comes (the cap ends the response at the call): the attempt is whole, so its item is complete.
+    session = make_session({"input": "Hi"}, max_turns=1)
+    feed(session, "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}<|call|>")
+    assert session.end_turn() is None
+    response = session.finish().response
+    validate(session, response)
+    [reasoning] = response["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["status"] == "completed"
+    assert "encrypted_content" not in reasoning
+
+
 def test_each_turn_samples_within_the_remaining_budget():
     session = make_session({**SAMPLE_BODY, "max_output_tokens": 100})
     tokens = feed(session, "<|channel|>analysis to=python code<|message|>1<|call|>")
