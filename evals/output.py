@@ -49,10 +49,11 @@ class Output:
 
     @property
     def text(self) -> str:
-        """The text of the assistant's message items (reasoning excluded), joined by newlines."""
+        """The text of the assistant's answer: its message items, joined by newlines, without reasoning and
+        without preambles (a message written on commentary before a call, `phase: "commentary"`)."""
         parts = []
         for item in self.items:
-            if item.get("type") == "message":
+            if item.get("type") == "message" and item.get("phase") != "commentary":
                 parts.append("".join(part.get("text", "") for part in item.get("content") or []
                                      if part.get("type") == "output_text"))
         return "\n".join(parts)

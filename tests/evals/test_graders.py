@@ -23,6 +23,16 @@ def test_every_builtin_is_registered():
                             "status", "tool_called", "tool_call_count", "event_shape"}
 
 
+def test_a_preamble_is_not_part_of_the_answer_graders_read():
+    # the model's message on commentary before a call (phase "commentary"): exact and normalized failed on it
+    preamble = {"type": "message", "role": "assistant", "phase": "commentary",
+                "content": [{"type": "output_text", "text": "Let me compute 6*7."}]}
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It is 42."}]}
+    output = Output("c", "completed", {"output": [preamble, answer]})
+    assert output.text == "It is 42."
+    assert GRADERS["exact"](output, expected="It is 42.").passed
+
+
 def test_output_text_is_the_messages_without_reasoning():
     output = make_output([reasoning("secret"), message("one"), WEATHER, message("two")])
     assert output.text == "one\ntwo"
