@@ -78,6 +78,8 @@ def stored_browser_calls(items: list[dict], store: Store) -> dict[str, dict]:
     holds neither (as the API's), and the model read both, so a continuation renders them (its tool_calls row
     keeps them, the answer as the loop gave it)."""
     ids = [item["id"] for item in items if item.get("type") == "web_search_call" and isinstance(item.get("id"), str)]
+    if not ids:  # most lines: no query
+        return {}
     return {row["call_id"]: browser_call(row["name"], row["arguments"] or "",
                                          row["output"] or "" if row["error"] is None else error_answer(row["error"]))
             for row in store.responses.web_search_calls(ids)}
