@@ -220,14 +220,20 @@ for fn, constants in [
 @pytest.mark.skipif(DEVICE == "cuda", reason="with CUDA the kernels are compiled and run by the tests above")
 def test_the_kernels_compile_for_an_h100_without_one():
     # The interpreter accepts programs the compiler rejects: compile bf16 gpt-oss-shaped kernels for sm_90.
+    compile_in_a_child(COMPILE_FOR_H100, timeout=300)
+
+
+def compile_in_a_child(script: str, timeout: int) -> str:
+    """Run `script` in a child Python with the Triton compiler on (not the interpreter); its stdout."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], env=env, capture_output=True, text=True,
-                            cwd=Path(__file__).parents[2], timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                            cwd=Path(__file__).parents[2], timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 COMPILES_PER_MIXED_STEP = """
@@ -274,12 +280,6 @@ def test_a_mixed_steps_attention_compiles_once_per_layer_kind_whatever_the_steps
     # step; were those specialised, a run would stop to compile each new combination (~1 s on an H100 host,
     # in the first timed steps). One compile per sliding/full layer kind for each kernel, all shapes alike.
     import json
-    import os
-    import subprocess
-    import sys
 
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    result = subprocess.run([sys.executable, "-c", COMPILES_PER_MIXED_STEP], env=env, capture_output=True, text=True,
-                            cwd=Path(__file__).parents[2], timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"_decode_partition_kernel": 2, "_prefill_kernel": 2}
+    stdout = compile_in_a_child(COMPILES_PER_MIXED_STEP, timeout=600)
+    assert json.loads(stdout.strip().splitlines()[-1]) == {"_decode_partition_kernel": 2, "_prefill_kernel": 2}
