@@ -3,6 +3,7 @@ order, each continuing from the history the one before it left; each epoch is a 
 
 import dataclasses
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -266,3 +267,13 @@ def test_interrupted_resumed_and_retried_every_line_ends_as_one_row_continuing_i
             turns[name] = turns.get(name, 0) + 1
             expected.append((epoch, line_no, "completed", f"seen {1 if name == '_' else turns[name]}"))
     assert answers == expected
+
+
+def test_the_shipped_multi_turn_example_continues_each_conversation(tmp_path):
+    example = Path(__file__).resolve().parents[3] / "data" / "examples" / "multi_turn.jsonl"
+    db = tmp_path / "out.duckdb"
+    assert submit(example, db).exit_code == 0
+    rows_ = stored(db)
+    for name in ("greet", "words"):
+        status, _, first_items, first_response = rows_[(f"{name}-1", 0)]
+        assert status == "completed" and rows_[(f"{name}-2", 0)][2][:-1] == first_items + first_response["output"]
