@@ -103,11 +103,7 @@ class ModelRunner:
                                  block_tables=torch.full((2, 1), scratch_block, device=device),
                                  block_size=self.block_size, max_query_len=2, max_seq_len=2)
         input_ids = torch.zeros(3, dtype=torch.long, device=device)
-        choice = GraphChoice("eager") if self.plan is None else self.plan.pick(3, 2, 2)
-        if choice.kind == "piecewise" and self.pieces is not None:
-            self.pieces.run(choice.size, input_ids, meta)
-        else:
-            self.model(input_ids, meta, self.kv_caches)
+        self._run(self._choice(input_ids, meta), input_ids, meta)
 
     @property
     def forward_s(self) -> float:
@@ -166,9 +162,17 @@ class ModelRunner:
 
     def forward(self, batch: ScheduledBatch, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Final hidden states [T, hidden]: by the graph the plan picks (counted on any device), else eagerly."""
-        choice = GraphChoice("eager") if self.plan is None else \
-            self.plan.pick(input_ids.shape[0], meta.max_query_len or 0, meta.max_seq_len or 0)
+        choice = self._choice(input_ids, meta)
         self.counts.add(choice, sum(not item.is_prefill for item in batch.items))
+        return self._run(choice, input_ids, meta)
+
+    def _choice(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> GraphChoice:
+        """Full graph, piecewise graphs or eager, for a step of these tokens (eager without a graph plan)."""
+        if self.plan is None:
+            return GraphChoice("eager")
+        return self.plan.pick(input_ids.shape[0], meta.max_query_len or 0, meta.max_seq_len or 0)
+
+    def _run(self, choice: GraphChoice, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if choice.kind == "full" and self.graphs is not None:
             return self.graphs.replay(choice, input_ids, meta)
         if choice.kind == "piecewise" and self.pieces is not None:
