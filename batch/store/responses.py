@@ -48,6 +48,7 @@ class StoredRequest:
 
 
 _RESPONSE_COLUMNS = "run_id, custom_id, response, input_items, status"
+_RESPONSE_COLUMNS_OF_S = ", ".join("s." + c for c in _RESPONSE_COLUMNS.split(", "))  # responses aliased `s`
 
 
 @raising_store_errors
@@ -82,13 +83,13 @@ class Responses:
         newest if several otherwise; with ``epoch``, that sample's."""
         if epoch is None:  # not the newest sample: which one the batch finished last is not reproducible
             rows = self.db.rows(f"""
-                SELECT {", ".join("s." + c for c in _RESPONSE_COLUMNS.split(", "))}
+                SELECT {_RESPONSE_COLUMNS_OF_S}
                 FROM responses s LEFT JOIN requests q ON q.run_id = s.run_id AND q.response_id = s.response_id
                 WHERE s.run_id = ? AND s.custom_id = ?
                 ORDER BY q.epoch NULLS LAST, s.created_at DESC LIMIT 1""", [run_id, custom_id])
         else:
             rows = self.db.rows(f"""
-                SELECT {", ".join("s." + c for c in _RESPONSE_COLUMNS.split(", "))}
+                SELECT {_RESPONSE_COLUMNS_OF_S}
                 FROM requests q JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
                 WHERE q.run_id = ? AND q.custom_id = ? AND q.epoch = ?
                 ORDER BY q.line_no LIMIT 1""", [run_id, custom_id, epoch])
