@@ -208,18 +208,20 @@ def _run(args: argparse.Namespace) -> None:
     options = {"random": {"input_len": args.random_input_len, "output_len": args.random_output_len},
                "sharegpt": {"output_len": args.sharegpt_output_len}}
     workloads = make_workloads(args.workloads.split(","), args.num_requests, args.seed, options)
+    failed = 0
     for workload in workloads:
         for system in args.systems.split(","):
             load = workload if system in ENGINE_SYSTEMS else baseline_load(workload, args.baseline_requests,
                                                                              args.baseline_output_len)
-            if args.preset:
-                from engine.bench_gpu import run_preset_system
-
-                result, stats = run_preset_system(system, load, batch_size=args.batch_size, preset=args.preset,
-                                                  engine_options=engine_options, dry_run=args.dry_run)
-            else:
-                result, stats = run_system(system, args.model_dir, load, batch_size=args.batch_size,
-                                           engine_options=engine_options)
+            try:
+                result, stats = _run_one(args, system, load, engine_options)
+            except Exception as exc:  # noqa: BLE001 - e.g. the baseline out of GPU memory: the rest still measure
+                failed += 1
+                print(f"{workload.name} {system}: FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                      flush=True)
+                continue
+            finally:
+                _free_device_memory()  # here, not in `except`: there the exception's frames still hold tensors
             results.append(result)
             runs.append((result.system, stats))
             print(format_result(result), flush=True)
@@ -230,6 +232,28 @@ def _run(args: argparse.Namespace) -> None:
 
     for line in batch1_reports(runs):
         print(line)
+    if failed:
+        raise SystemExit(1)
+
+
+def _run_one(args: argparse.Namespace, system: str, load: Workload, engine_options: dict) -> tuple[BenchResult, dict]:
+    if args.preset:
+        from engine.bench_gpu import run_preset_system
+
+        return run_preset_system(system, load, batch_size=args.batch_size, preset=args.preset,
+                                 engine_options=engine_options, dry_run=args.dry_run)
+    return run_system(system, args.model_dir, load, batch_size=args.batch_size, engine_options=engine_options)
+
+
+def _free_device_memory() -> None:
+    """What the last system held back to the device's free memory, before the next system builds."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

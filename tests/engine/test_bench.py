@@ -143,3 +143,25 @@ def test_the_baseline_decodes_the_first_requests_with_outputs_capped():
     assert any(n > 100 for c in mix.conversations[:3] for n in c.output_lens)  # the cap cut something
     whole = random_mix(4, input_len=8, output_len=5)
     assert baseline_load(whole, None, None).conversations == whole.conversations
+
+
+def test_a_system_that_fails_costs_its_own_row_only(monkeypatch, capsys):
+    # On the GPU the transformers baseline can run out of memory after the engine's row is measured: the
+    # other systems, the table and the batch-1 lines still print, and the exit status says one failed.
+    from engine import bench
+    from engine.workloads import BenchResult
+
+    def fake_run(system, model_dir, load, **kw):
+        if system == "hf_generate":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(the allocator's advice)")
+        return BenchResult.measured(system, load.name, 2, 100, 100, 50, 1.0, [0.1, 0.3], [0.01, 0.02]), {}
+
+    monkeypatch.setattr(bench, "run_system", fake_run)
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["model", "--systems", "engine,hf_generate,engine_dense", "--workloads", "random",
+                    "--num-requests", "2"])
+    assert stopped.value.code == 1
+    out = capsys.readouterr().out
+    assert "random hf_generate: FAILED: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n" in out
+    table = [line.split()[:2] for line in out.splitlines() if line.startswith("random ") and ":" not in line]
+    assert table == [["random", "engine"], ["random", "engine_dense"]]
