@@ -86,7 +86,7 @@ def render_sequence(body: dict, steps: list[Step]) -> Sequence:
         token_ids += completion
         is_target += [True] * len(completion)
         if step.tool_author is not None:
-            answer = render_tool_output(step.tool_author, step.tool_output or "")
+            answer = render_tool_output(step.tool_author, step.tool_output or "", step.messages[-1].channel)
             token_ids += answer
             is_target += [False] * len(answer)
     return Sequence(token_ids, is_target)

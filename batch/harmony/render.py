@@ -106,9 +106,12 @@ def _assistant(text: str, channel: str, recipient: str | None = None,
     return message
 
 
-def _tool(author: str, text: str) -> Message:
-    return (Message.from_author_and_content(Author.new(Role.TOOL, author), text)
-            .with_channel("commentary").with_recipient("assistant"))
+def _tool(author: str, text: str, channel: str | None) -> Message:
+    """A tool's answer, on the channel of the call it answers: gpt-oss's tools answer so (its `Tool.process`
+    sets an answer's channel to the call's), so python and browser answers are on `analysis`, and harmony's
+    `auto_drop_analysis` drops them with their calls once a final answer follows."""
+    message = Message.from_author_and_content(Author.new(Role.TOOL, author), text).with_recipient("assistant")
+    return message.with_channel(channel) if channel else message
 
 
 def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[Message]:
@@ -130,8 +133,9 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         text = "\n".join(part.get("text", "") for part in item.get("content") or [])
         attempt = read_attempt(item.get("encrypted_content"))
         if attempt is not None:  # a call no tool served, and the error that answered it (batch/harmony/attempt.py)
-            return [_assistant(text, attempt.channel or "commentary", attempt.recipient, attempt.content_type),
-                    _tool(attempt.recipient, attempt.answer)]
+            channel = attempt.channel or "commentary"
+            return [_assistant(text, channel, attempt.recipient, attempt.content_type),
+                    _tool(attempt.recipient, attempt.answer, channel)]
         return [_assistant(text, "analysis")] if text else []
     if kind == "function_call":
         call_names[item["call_id"]] = item["name"]
@@ -142,7 +146,7 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         if name is None:
             raise RenderError(f"input[{index}].call_id",
                               f"no function_call with call_id {item['call_id']!r} comes before this output")
-        return [_tool(f"functions.{name}", _text_of(item["output"]))]
+        return [_tool(f"functions.{name}", _text_of(item["output"]), "commentary")]
     if kind == "code_interpreter_call":
         outputs = item.get("outputs") or []
         if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
@@ -151,19 +155,21 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         if item.get("status") == "failed":  # its logs are the error, which the model read as the session wrote it
             logs = error_answer(logs)
         code = _string_field(item, index, "code")
-        return [_assistant(code, "analysis", "python", "code"), _tool("python", logs)]
+        return [_assistant(code, "analysis", "python", "code"), _tool("python", logs, "analysis")]
     if kind == "mcp_call":
         error = item.get("error")
         output = error_answer(_error_text(error)) if error else _string_field(item, index, "output")
         arguments = _string_field(item, index, "arguments")
         builtin = builtin_kind(item["server_label"])
         if builtin == "python":  # served by the built-in's section: the call was `to=python`, as the guide's
-            return [_assistant(arguments, "analysis", "python", "code"), _tool("python", output)]
+            return [_assistant(arguments, "analysis", "python", "code"), _tool("python", output, "analysis")]
         if builtin == "browser":  # ... and `to=browser.<action>`, never `web_search.search` nor on commentary
             recipient = f"browser.{item['name']}"
-            return [_assistant(arguments, "analysis", recipient, "<|constrain|>json"), _tool(recipient, output)]
+            return [_assistant(arguments, "analysis", recipient, "<|constrain|>json"),
+                    _tool(recipient, output, "analysis")]
         recipient = f"{item['server_label']}.{item['name']}"
-        return [_assistant(arguments, "commentary", recipient, "<|constrain|>json"), _tool(recipient, output)]
+        return [_assistant(arguments, "commentary", recipient, "<|constrain|>json"),
+                _tool(recipient, output, "commentary")]
     return []  # web_search_call, mcp_list_tools: nothing the model needs to re-read
 
 
@@ -308,9 +314,10 @@ def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: 
     return [*HEADS.tokens(head_spec(request, items, registry, options)), *_tail_tokens(input_messages(items))]
 
 
-def render_tool_output(author: str, text: str) -> list[int]:
-    """Tokens of a tool's answer followed by the header of the assistant's next message."""
-    return _tail_tokens([_tool(author, text)])
+def render_tool_output(author: str, text: str, channel: str | None) -> list[int]:
+    """Tokens of a tool's answer (on `channel`, the call's) followed by the header of the assistant's next
+    message."""
+    return _tail_tokens([_tool(author, text, channel)])
 
 
 def render_sampling(system_prompt: str | None, messages: list[tuple[str, str]], options: PromptOptions) -> list[int]:

@@ -218,7 +218,7 @@ class Session:
             self.events.answer_attempt(Attempt(recipient, channel, content_type, answer or "").encode())
         if item_id is not None and call.target is not None and call.target.tool_type is ToolType.WEB_SEARCH:
             self._browser_calls[item_id] = browser_call(call.target.name, call.arguments, answer or "")
-        answer_ids = render_tool_output(call.recipient, answer or "")
+        answer_ids = render_tool_output(call.recipient, answer or "", call.channel)
         self.prompt_token_ids = self.prompt_token_ids + self._completion + answer_ids
         if self.metrics.output_tokens >= self.max_output_tokens:
             self.outcome = Outcome(ResponseStatus.INCOMPLETE, incomplete_reason="max_output_tokens")

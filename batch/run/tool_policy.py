@@ -60,6 +60,7 @@ class PendingToolCall:
     target: ToolTarget | None  # None: the recipient names no enabled tool
     recipient: str
     arguments: str
+    channel: str | None = None  # the call's channel: the answer goes on it
     over_limit: bool = False  # the response already made `max_tool_calls` calls: not run
 
 
@@ -84,7 +85,8 @@ class ToolCallPolicy:
             return Outcome(ResponseStatus.FAILED, f"response exceeded {self.max_turns} model turns")
         num_calls = sum(1 for call in self.calls if call.error_kind != ToolErrorKind.MAX_TOOL_CALLS)
         over_limit = self.max_tool_calls is not None and num_calls >= self.max_tool_calls
-        self.pending = PendingToolCall(target, message.recipient, message.text, over_limit=over_limit)
+        self.pending = PendingToolCall(target, message.recipient, message.text, message.channel,
+                                       over_limit=over_limit)
         return self.pending
 
     def calls_server(self, server_label: str) -> bool:

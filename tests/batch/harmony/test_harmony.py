@@ -80,9 +80,11 @@ def test_mcp_label_code_interpreter_maps_to_builtin_python():
     assert ToolRegistry.from_tools([{"type": "web_search"}]).resolve("browser.open").name == "open"
 
 
-def test_tool_output_tokens_continue_the_prompt():
-    text = harmony_encoding().decode_utf8(render_tool_output("python", "2\n"))
-    assert text == "<|start|>python to=assistant<|channel|>commentary<|message|>2\n<|end|><|start|>assistant"
+def test_tool_output_tokens_continue_the_prompt_on_the_calls_channel():
+    text = harmony_encoding().decode_utf8(render_tool_output("python", "2\n", "analysis"))
+    assert text == "<|start|>python to=assistant<|channel|>analysis<|message|>2\n<|end|><|start|>assistant"
+    text = harmony_encoding().decode_utf8(render_tool_output("functions.f", "{}", "commentary"))
+    assert text == "<|start|>functions.f to=assistant<|channel|>commentary<|message|>{}<|end|><|start|>assistant"
 
 
 def test_pasted_back_hosted_items_render_their_text_and_reject_wrong_types():
@@ -95,7 +97,7 @@ def test_pasted_back_hosted_items_render_their_text_and_reject_wrong_types():
     failed = {"type": "code_interpreter_call", "code": "1/0", "status": "failed",
               "outputs": [{"type": "logs", "logs": "ZeroDivisionError"}]}
     text, _ = render({"input": [{"role": "user", "content": "Hi"}, failed]})
-    assert "<|start|>python to=assistant<|channel|>commentary<|message|>Error: ZeroDivisionError<|end|>" in text
+    assert "<|start|>python to=assistant<|channel|>analysis<|message|>Error: ZeroDivisionError<|end|>" in text
     with pytest.raises(RenderError) as info:
         render({"input": [{"type": "code_interpreter_call", "code": 5, "outputs": []}]})
     assert info.value.field == "input[0].code"

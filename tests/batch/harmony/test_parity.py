@@ -189,7 +189,7 @@ def guide_prompt(body: dict) -> list[int]:
             recipient = "python" if is_python else f"browser.{item['name']}"
             messages.append(Message.from_role_and_content(Role.ASSISTANT, item["arguments"]).with_channel("analysis")
                             .with_recipient(recipient).with_content_type("code" if is_python else "<|constrain|>json"))
-            messages.append(_tool_message(recipient, item.get("output") or item.get("error") or ""))
+            messages.append(_tool_message(recipient, item.get("output") or item.get("error") or "", "analysis"))
         elif kind in ("function_call", "mcp_call"):  # the guide's "Receiving tool calls"
             recipient = (f"functions.{item['name']}" if kind == "function_call"
                          else f"{item['server_label']}.{item['name']}")
@@ -198,20 +198,22 @@ def guide_prompt(body: dict) -> list[int]:
                             .with_channel("commentary").with_recipient(recipient)
                             .with_content_type("<|constrain|>json"))
             if kind == "mcp_call":
-                messages.append(_tool_message(recipient, item.get("output") or item.get("error") or ""))
+                messages.append(_tool_message(recipient, item.get("output") or item.get("error") or "", "commentary"))
         elif kind == "function_call_output":  # the guide's "Handling tool calls"
-            messages.append(_tool_message(calls[item["call_id"]], _text(item["output"])))
+            messages.append(_tool_message(calls[item["call_id"]], _text(item["output"]), "commentary"))
         elif kind == "code_interpreter_call":  # python: analysis channel, recipient python
             messages.append(Message.from_role_and_content(Role.ASSISTANT, item["code"]).with_channel("analysis")
                             .with_recipient("python").with_content_type("code"))
-            messages.append(_tool_message("python", "".join(o.get("logs", "") for o in item["outputs"])))
+            messages.append(_tool_message("python", "".join(o.get("logs", "") for o in item["outputs"]), "analysis"))
         else:
             raise NotInGuide(kind)  # web_search_call, mcp_list_tools: no text to show the model
     return encoding.render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
 
 
-def _tool_message(author: str, text: str | list[str]) -> Message:
-    return _message(Role.TOOL, text, author).with_channel("commentary").with_recipient("assistant")
+def _tool_message(author: str, text: str | list[str], channel: str) -> Message:
+    """A tool's answer on its call's channel: gpt-oss's reference tools answer so (openai/gpt-oss
+    gpt_oss/tools/tool.py), and vLLM's harmony loop passes the last message's channel to its tools."""
+    return _message(Role.TOOL, text, author).with_channel(channel).with_recipient("assistant")
 
 
 def batchrun_prompt(body: dict) -> list[int]:

@@ -192,7 +192,7 @@ def test_a_function_call_continued_by_previous_response_id_keeps_every_token(loo
     function_call = loops.response(f"{name}-1")["output"][-1]
     output = {"type": "function_call_output", "call_id": function_call["call_id"], "output": '{"sunny": true}'}
     next_prompt = continued_by_a_second_run(loops, tmp_path, f"{name}-1", [output])
-    expected = prompt + completion + render_tool_output("functions.get_weather", '{"sunny": true}')
+    expected = prompt + completion + render_tool_output("functions.get_weather", '{"sunny": true}', "commentary")
     assert show(next_prompt) == show(expected)
     assert next_prompt == expected
 

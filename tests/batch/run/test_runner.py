@@ -218,7 +218,7 @@ def test_hosted_python_call_runs_on_the_builtin_server_and_decoding_goes_on(tmp_
     prefix = first.prompt_token_ids + completion
     assert second.prompt_token_ids[:len(prefix)] == prefix
     answer = harmony_encoding().decode_utf8(second.prompt_token_ids[len(prefix):])
-    assert answer == "<|start|>python to=assistant<|channel|>commentary<|message|>1\n<|end|><|start|>assistant"
+    assert answer == "<|start|>python to=assistant<|channel|>analysis<|message|>1\n<|end|><|start|>assistant"
     assert second.sampling.max_tokens == 4096 - len(completion)
 
     turns = rows(store, "SELECT turn, prompt_tokens, output_tokens, tool_output_tokens FROM turns "

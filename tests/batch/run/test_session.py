@@ -317,7 +317,7 @@ def test_a_later_turn_nothing_fits_keeps_its_prompt_for_the_engine_to_refuse():
     # Even the developer message and the python call with its answer are one token over the limit.
     context_len = len(alone) - 1 + 60 - len(completion)
     session, first_prompt, completion = after_one_call(history_body(truncation="auto"), context_len)
-    assert session.prompt_token_ids == first_prompt + completion + render_tool_output("python", LONG_ANSWER)
+    assert session.prompt_token_ids == first_prompt + completion + render_tool_output("python", LONG_ANSWER, "analysis")
 
 
 def test_a_cut_conversation_keeps_the_browser_calls_and_pages_of_this_responses_web_searches():
@@ -337,5 +337,5 @@ def test_a_cut_conversation_keeps_the_browser_calls_and_pages_of_this_responses_
     text = harmony_encoding().decode_utf8(prompt)
     assert "Question 0:" not in text and TASK in text  # cut, the task kept
     assert text.endswith('<|channel|>analysis <|constrain|>json<|message|>{"query": "paris river"}<|call|>'
-                         f"<|start|>browser.search to=assistant<|channel|>commentary<|message|>{page}<|end|>"
+                         f"<|start|>browser.search to=assistant<|channel|>analysis<|message|>{page}<|end|>"
                          "<|start|>assistant")
