@@ -1,5 +1,7 @@
 """A session driven by hand-written completion tokens: items, events, turns, usage."""
 
+import pytest
+
 from tests.support.oracles import validate_event
 from openai.types.responses import Response
 
@@ -180,6 +182,19 @@ def test_each_turn_samples_within_the_remaining_budget():
     session.end_turn()
     session.add_tool_result(CallOutcome(output="1\n"))
     assert session.sampling().max_tokens == 100 - len(tokens)
+
+
+@pytest.mark.parametrize("channel", ["analysis", "commentary"])
+def test_a_tools_answer_goes_on_the_channel_of_its_call(channel):
+    # gpt-oss's tools answer on the call's channel: python on analysis as trained, and on commentary when the
+    # model called it there (vLLM notes the model sometimes does).
+    session = make_session(SAMPLE_BODY)
+    feed(session, f"<|channel|>{channel} to=python code<|message|>1<|call|>")
+    session.end_turn()
+    session.add_tool_result(CallOutcome(output="1\n"))
+    text = harmony_encoding().decode_utf8(session.prompt_token_ids)
+    assert text.endswith(f"<|call|><|start|>python to=assistant<|channel|>{channel}<|message|>1\n<|end|>"
+                         "<|start|>assistant")
 
 
 def test_tool_answer_after_the_budget_is_spent_ends_incomplete():
