@@ -5,6 +5,7 @@ Each is a thin function over the runner and the store; batch/cli/main.py registe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,23 @@ def export(run_id: str, db: str, output: Path) -> None:
                    "batchrun): written as null", err=True)
 
 
-@click.command()
+# A SQL line comment: `--` and a space or newline. No option is spelled so, and a query starting
+# with one (the README's examples do) is otherwise read by click as an unknown option.
+_COMMENT_FIRST = re.compile(r"--\s")
+
+
+class _QueryCommand(click.Command):
+    """A command whose argument is SQL: a query starting with a `-- comment` is the argument."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)  # after a bare `--`, click reads no option
+        queries = [arg for arg in args[:end] if _COMMENT_FIRST.match(arg)]
+        if len(queries) == 1 and end == len(args):
+            args = [arg for arg in args if arg is not queries[0]] + ["--", queries[0]]
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=_QueryCommand)
 @click.argument("query")
 @_read_db
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
