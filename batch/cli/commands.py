@@ -117,7 +117,7 @@ def _epochs_text(epochs: list[int]) -> str:
 @click.command()
 @click.argument("run_id")
 @_read_db
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="JSONL file to write in the OpenAI Batch output format.")
 def export(run_id: str, db: str, output: Path) -> None:
     """Write a run's results as OpenAI Batch output JSONL."""

@@ -193,6 +193,15 @@ def test_writing_into_a_missing_folder_says_so_in_one_line(tmp_path, one_run, co
                              f"create it (mkdir -p {target.parent}) or pass another {command[-1]}\n")
 
 
+@pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"],
+                                     ["check", "r1", "--update", "--golden"], ["check", "r1", "--golden"]])
+def test_a_folder_given_as_the_file_to_write_says_so_in_one_line(tmp_path, one_run, command):
+    # click's own check answered a usage error (exit 2) before batchrun's one `error:` line could
+    result = batchrun(*command, tmp_path, "--db", one_run)
+    assert result.exit_code == 1, result.output
+    assert result.output == f"error: {command[-1]} {tmp_path}: is a folder; pass a file path\n"
+
+
 def test_merging_into_a_missing_folder_names_the_o_option(tmp_path, tiny_model_dir):
     source = write_lines(tmp_path / "in.jsonl", {"input": "Hi"}, {"input": "Yo"})
     part = tmp_path / "part-0.duckdb"
