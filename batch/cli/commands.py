@@ -5,7 +5,6 @@ Each is a thin function over the runner and the store; batch/cli/main.py registe
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -138,20 +137,25 @@ def export(run_id: str, db: str, output: Path) -> None:
                    "batchrun): written as null", err=True)
 
 
-# A SQL line comment: `--` and a space or newline. No option is spelled so, and a query starting
-# with one (the README's examples do) is otherwise read by click as an unknown option.
-_COMMENT_FIRST = re.compile(r"--\s")
-
-
 class _QueryCommand(click.Command):
-    """A command whose argument is SQL: a query starting with a `-- comment` is the argument."""
+    """A command whose argument is SQL: a query that starts with a `--` comment is the argument.
+
+    Click reads any word starting with `--` as an option, and the README's example queries
+    start with one. An option is one word (`--db=F` at most): a `--` word holding whitespace
+    that names no option is the query."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)  # after a bare `--`, click reads no option
-        queries = [arg for arg in args[:end] if _COMMENT_FIRST.match(arg)]
+        queries = [arg for arg in args[:end] if self._is_query(arg)]
         if len(queries) == 1 and end == len(args):
             args = [arg for arg in args if arg is not queries[0]] + ["--", queries[0]]
         return super().parse_args(ctx, args)
+
+    def _is_query(self, arg: str) -> bool:
+        if not arg.startswith("--") or not any(char.isspace() for char in arg):
+            return False
+        name = arg.split("=", 1)[0]
+        return not any(name in param.opts for param in self.params if isinstance(param, click.Option))
 
 
 @click.command(cls=_QueryCommand)
