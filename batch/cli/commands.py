@@ -116,7 +116,7 @@ def _epochs_text(epochs: list[int]) -> str:
 @click.command()
 @click.argument("run_id")
 @_read_db
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="JSONL file to write in the OpenAI Batch output format.")
 def export(run_id: str, db: str, output: Path) -> None:
     """Write a run's results as OpenAI Batch output JSONL."""
@@ -137,7 +137,28 @@ def export(run_id: str, db: str, output: Path) -> None:
                    "batchrun): written as null", err=True)
 
 
-@click.command()
+class _QueryCommand(click.Command):
+    """A command whose argument is SQL: a query that starts with a `--` comment is the argument.
+
+    Click reads any word starting with `--` as an option, and the README's example queries
+    start with one. An option is one word (`--db=F` at most): a `--` word holding whitespace
+    that names no option is the query."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)  # after a bare `--`, click reads no option
+        queries = [arg for arg in args[:end] if self._is_query(arg)]
+        if len(queries) == 1 and end == len(args):
+            args = [arg for arg in args if arg is not queries[0]] + ["--", queries[0]]
+        return super().parse_args(ctx, args)
+
+    def _is_query(self, arg: str) -> bool:
+        if not arg.startswith("--") or not any(char.isspace() for char in arg):
+            return False
+        name = arg.split("=", 1)[0]
+        return not any(name in param.opts for param in self.params if isinstance(param, click.Option))
+
+
+@click.command(cls=_QueryCommand)
 @click.argument("query")
 @_read_db
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,

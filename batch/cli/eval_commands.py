@@ -139,7 +139,7 @@ def grade_command(run: str, suite_name: str, db: str, fail_under: float | None) 
 @click.command("snapshot")
 @click.argument("run")
 @_db_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Golden JSONL file to write.")
 @click.option("--level", type=click.Choice(LEVELS), default="items", show_default=True,
               help="types: event and item types; items: plus item contents; full: every payload.")
@@ -155,7 +155,7 @@ def snapshot_command(run: str, db: str, output: Path, level: str) -> None:
 @click.command("check")
 @click.argument("run")
 @_db_option
-@click.option("--golden", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("--golden", type=click.Path(path_type=Path), required=True,
               help="Golden file written by `batchrun snapshot` (or --update).")
 @click.option("--level", type=click.Choice(LEVELS),
               help="Normalization level [default: the golden file's, else items].")
@@ -164,6 +164,10 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
     """Compare RUN's event sequences with a golden file: exit 0 equal, 1 with a diff."""
     golden_level: str | None = None
     entries: dict[str, Any] = {}
+    if update:
+        check_output(golden, "--golden")
+    elif golden.is_dir():
+        _fail(f"--golden {golden}: is a folder; pass a file path")
     if golden.exists():
         try:
             golden_level, entries = read_golden(golden)
@@ -171,8 +175,6 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
             _fail(str(exc))
     elif not update:
         _fail(f"{golden}: no golden file; record one with --update or `batchrun snapshot`")
-    if update:
-        check_output(golden, "--golden")
     level = level or golden_level or "items"
     if golden_level and level != golden_level and not update:
         raise click.UsageError(f"{golden} was recorded at level {golden_level}; pass --level "
@@ -244,7 +246,7 @@ def _run_ref(ref: str, db: str) -> tuple[str, str]:
 @click.argument("run")
 @click.argument("run_b", required=False)
 @_db_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("-o", "--output", type=click.Path(path_type=Path),
               help="HTML file to write [default: report-<RUN_ID>.html, or report-<RUN>-vs-<RUN_B>.html].")
 def report_command(run: str, run_b: str | None, db: str, output: Path | None) -> None:
     """Write a self-contained HTML report of RUN and print a summary: pass rates with intervals, a

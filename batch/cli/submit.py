@@ -27,7 +27,7 @@ from batch.cli.util import FiniteFloatRange, fail, open_store, resolve_latest
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
 from batch.run.reader import InputFormatError, check_input
-from batch.run.ledger import RunError
+from batch.run.ledger import RunError, RunLedger
 from batch.run.options import RunOptions, ToolOptions
 from batch.run.runner import RunSummary, Runner
 from batch.run.session import SessionOptions
@@ -314,6 +314,7 @@ def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> 
     store = open_store(db)  # before the model loads: a database that cannot be used fails at once
     try:
         exit_if_done(store, options, db)
+        RunLedger(store).check_named_run(options)  # an unknown or unresumable run, before the model loads
         display.status(f"loading the model from {backend.model_dir} ...", quiet=quiet)
         started = time.monotonic()
         engine = backend.load()

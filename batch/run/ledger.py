@@ -59,9 +59,7 @@ class RunLedger:
 
     def open(self, options: RunOptions, input_sha: str) -> OpenedRun:
         """The run `options` ask for (created, or marked running again), and the lines it has done."""
-        for flag, run_id in (("--resume", options.resume), ("--retry-failed", options.retry_failed)):
-            if run_id and self.store.runs.get(run_id) is None:
-                raise RunError(f"{flag} {run_id}: no such run in this database")
+        self.check_named_run(options)
         run_id = options.retry_failed or options.resume or (None if options.run_id else
                                                             self.matching_unfinished_run(options, input_sha))
         if run_id is None:
@@ -90,6 +88,17 @@ class RunLedger:
             done -= self.store.runs.conversation_followers(run_id, failed)
         self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None, **recorded)
         return OpenedRun(run_id, True, done, changed)
+
+    def check_named_run(self, options: RunOptions) -> None:
+        """RunError when the run --resume or --retry-failed names is not in the store, or was started
+        with other STRICT_RESUME_KEYS values. Cheap: submit asks before the model loads."""
+        for flag, run_id in (("--resume", options.resume), ("--retry-failed", options.retry_failed)):
+            if not run_id:
+                continue
+            stored = self.store.runs.get(run_id)
+            if stored is None:
+                raise RunError(f"{flag} {run_id}: no such run in this database")
+            _check_strict_settings(run_id, changed_settings(stored, run_row(options, run_id, "").options), flag)
 
     def matching_unfinished_run(self, options: RunOptions, input_sha: str) -> str | None:
         """The unfinished run of this input, if it decoded with the same model and settings.

@@ -285,7 +285,8 @@ def _decode(data: bytes, not_json: list[str] | None = None) -> Any:
     try:
         value = json.loads(text, parse_constant=constant, parse_float=number)
     except json.JSONDecodeError as exc:
-        raise LineError(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
+        # json's messages end where the column goes ("Unterminated string starting at")
+        raise LineError(f"invalid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}") from None
     except RecursionError:
         raise LineError("invalid JSON: nested too deeply") from None
     except ValueError:  # Python refuses to read an integer of more than sys.get_int_max_str_digits() digits

@@ -282,12 +282,13 @@ def test_report_writes_one_offline_html_file(runs, tmp_path):
 
 
 def readme_queries() -> list[str]:
-    """The statements of the README's "Eval and CI queries" SQL block."""
+    """The statements of the README's "Dashboard queries" SQL block, each with the comment above it
+    (as a user pastes them: a query that starts with `--` must still be a query)."""
     text = README.read_text()
     section = text[text.index("### Dashboard queries"):]
     block = section[section.index("```sql") + 6:section.index("```", section.index("```sql") + 6)]
-    statements = [s.strip() for s in re.sub(r"--[^\n]*", "", block).split(";")]
-    return [s for s in statements if s]
+    statements = [s.strip() for s in block.split(";")]
+    return [s for s in statements if re.sub(r"--[^\n]*", "", s).strip()]
 
 
 def test_readme_dashboard_queries_work_as_written(runs):

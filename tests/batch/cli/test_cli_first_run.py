@@ -183,6 +183,19 @@ def one_run(tmp_path_factory, tiny_model_dir):
     return db
 
 
+@pytest.mark.parametrize("flags, error", [
+    (["--resume", "nope"], "error: --resume nope: no such run in this database"),
+    (["--retry-failed", "nope"], "error: --retry-failed nope: no such run in this database"),
+    (["--resume", "r1", "--epochs", "2"], "error: --resume r1: the run was started with --epochs 1; "
+                                          "this command has --epochs 2"),
+])
+def test_resuming_a_run_that_cannot_be_resumed_fails_before_the_model_loads(one_run, no_model_load, flags, error):
+    # The model loaded first (seconds for a real checkpoint), then the run was looked up.
+    result = batchrun("submit", one_run.parent / "in.jsonl", "--db", one_run, *flags)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(error), result.output
+
+
 @pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"],
                                      ["check", "r1", "--update", "--golden"]])
 def test_writing_into_a_missing_folder_says_so_in_one_line(tmp_path, one_run, command):
@@ -191,6 +204,15 @@ def test_writing_into_a_missing_folder_says_so_in_one_line(tmp_path, one_run, co
     assert result.exit_code == 1, result.output
     assert result.output == (f"error: {command[-1]} {target}: the folder {target.parent} does not exist; "
                              f"create it (mkdir -p {target.parent}) or pass another {command[-1]}\n")
+
+
+@pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"],
+                                     ["check", "r1", "--update", "--golden"], ["check", "r1", "--golden"]])
+def test_a_folder_given_as_the_file_to_write_says_so_in_one_line(tmp_path, one_run, command):
+    # click's own check answered a usage error (exit 2) before batchrun's one `error:` line could
+    result = batchrun(*command, tmp_path, "--db", one_run)
+    assert result.exit_code == 1, result.output
+    assert result.output == f"error: {command[-1]} {tmp_path}: is a folder; pass a file path\n"
 
 
 def test_merging_into_a_missing_folder_names_the_o_option(tmp_path, tiny_model_dir):

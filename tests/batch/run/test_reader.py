@@ -149,7 +149,9 @@ def test_every_supported_item_tool_and_choice_validates():
 # --- per-line errors -----------------------------------------------------
 
 @pytest.mark.parametrize("line, error", [
-    ('{"input": "unterminated', "line 1: invalid JSON at column 11: Unterminated string"),
+    # json's message ends "starting at" and its column was put before it: say the column after it
+    ('{"input": "unterminated', "line 1: invalid JSON: Unterminated string starting at column 11"),
+    ('{"input": }', "line 1: invalid JSON: Expecting value at column 11"),
     ("[1, 2, 3]", "line 1: expected a JSON object, got list"),
     ('"just a string"', "line 1: expected a JSON object, got string"),
     ('{"input": NaN}', "line 1: input: NaN is not a JSON number"),
@@ -323,7 +325,7 @@ def test_parquet_custom_id_and_json_body_columns(tmp_path):
         (1, "p1", True), (2, "line-2", True), (3, "p1", False), (4, "p4", False)]
     assert lines[0].ignored_fields == ["stream"]
     assert lines[2].error == "line 3: custom_id: duplicate 'p1' (first seen on line 1)"
-    assert lines[3].error.startswith("line 4: invalid JSON at column 11")
+    assert lines[3].error.startswith("line 4: invalid JSON: Expecting value at column 11")
 
 
 def test_parquet_struct_body_drops_null_struct_fields(tmp_path):

@@ -393,7 +393,7 @@ def test_bad_lines_are_invalid_and_ignored_fields_are_noted(tmp_path, store):
     [(custom_id, status, error)] = rows(
         store, "SELECT custom_id, status, error FROM requests WHERE line_no = 2")
     assert (custom_id, status) == ("line-2", "invalid")
-    assert error.startswith("line 2: invalid JSON at column 2")
+    assert error == "line 2: invalid JSON: Expecting property name enclosed in double quotes at column 2"
     run_row = store.runs.get(summary.run_id)
     assert run_row.notes == {"ignored_fields": {"stream": 2, "store": 1}, "tool_errors": {}, "input_lines": 3}
     assert summary.ignored_fields == Counter(stream=2, store=1)
