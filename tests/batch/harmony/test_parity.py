@@ -162,7 +162,8 @@ def guide_prompt(body: dict) -> list[int]:
         section = f"# Response Formats\n\n## {text_format['name']}\n\n"
         if text_format.get("description"):
             section += f"// {text_format['description']}\n"
-        section += json.dumps(text_format["schema"], separators=(",", ":"))
+        # Unescaped, as harmony writes every other schema text (a tool's `enum`, `default`): `"Zoë"`, not `"Zo\u00eb"`.
+        section += json.dumps(text_format["schema"], separators=(",", ":"), ensure_ascii=False)
         developer_text = f"{developer_text}\n\n{section}" if developer_text else section
     messages = [Message.from_role_and_content(Role.SYSTEM, system_text)]
     if developer_text is not None:
@@ -371,6 +372,9 @@ CORPUS: dict[str, dict] = {
     "text.format json_schema, mcp and functions": {  # both additions: routing line and Response Formats
         **DATE, "input": "Ada, 36", "tools": [MCP_WEATHER, WEATHER], "text": {"format": {
             "type": "json_schema", "name": "person", "schema": SCHEMA}}},
+    "text.format json_schema, non-ASCII text": {"input": "Zoë, 36", "text": {"format": {
+        "type": "json_schema", "name": "personne", "description": "Prénom et âge.",
+        "schema": {"type": "object", "properties": {"prénom": {"type": "string", "enum": ["Zoë", "Chloé"]}}}}}},
     "text.format json_object": {"input": "Give JSON", "text": {"format": {"type": "json_object"}}},
     "sampling and run fields": {"input": "Hi", "temperature": 0.2, "top_p": 0.9, "max_output_tokens": 64,
                                 "max_tool_calls": 2, "parallel_tool_calls": False, "model": "gpt-oss-20b",

@@ -133,6 +133,29 @@ def test_malformed_harmony_fails_the_response_and_records_why():
     assert types(session)[-1] == "response.failed"
 
 
+@pytest.mark.parametrize("text", ["<|channel|>final<|return|>",
+                                  "<|channel|>analysis<|message|>x<|end|><|start|>assistant"])
+def test_a_turn_that_stops_inside_a_message_header_fails_never_completes(text):
+    """README, "Structured outputs": a stop token before a header's <|message|> is no answer."""
+    session = make_session({"input": "Hi"})
+    feed(session, text)
+    assert session.end_turn() is None
+    response = session.finish().response
+    validate(session, response)
+    assert response["status"] == "failed"
+    assert response["error"]["message"] == "the model ended its turn inside a message header"
+
+
+def test_a_turn_cut_inside_a_message_header_by_the_token_limit_is_incomplete():
+    session = make_session({"input": "Hi", "max_output_tokens": 4})
+    feed(session, "<|channel|>final", finish="length")
+    assert session.end_turn() is None
+    response = session.finish().response
+    validate(session, response)
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
 def test_call_without_recipient_fails():
     session = make_session({"input": "Hi"})
     feed(session, "<|channel|>analysis<|message|>hmm<|call|>")
