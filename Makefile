@@ -13,10 +13,14 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-all lint gpu-check gpu-check-image train-model eval-model clean
 
+# Where torch comes from: these machines' pip index serves 2.13.0 as a CPU build; pypi.org's Linux wheel is
+# the multi-GB CUDA one, so there pass TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
+TORCH_PIP_ARGS ?=
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: a bare `torch` dependency would pull a multi-GB CUDA build
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
+	# torch first and pinned, so installing the project finds it there and pulls no other build
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
@@ -90,7 +94,7 @@ GPU_IMAGE_VENV ?= .cache/gpu-image-venv
 GPU_IMAGE_PACKAGES := transformers==5.17.0 triton==3.6.0 safetensors numpy pytest
 $(GPU_IMAGE_VENV)/.installed: Makefile  # new pins reinstall
 	test -x $(GPU_IMAGE_VENV)/bin/python || $(PYTHON) -m venv $(GPU_IMAGE_VENV)
-	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet $(GPU_IMAGE_PACKAGES)
 	touch $@
 
