@@ -192,7 +192,8 @@ def _echo_results(results: list[QueryResult], fmt: str, width: int | None) -> No
 
 @click.command("make-random-model")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Weights are a function of the seed: the same seed writes the same checkpoint.")
 def make_random_model(directory: Path, seed: int) -> None:
     """Write a tiny randomly initialised gpt-oss checkpoint (emits garbage; for tests and demos)."""
     from engine.checkpoint import make_random_checkpoint
@@ -207,18 +208,24 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.option("--preset", type=click.Choice(PRESETS), default="medium", show_default=True,
               help="Random model shape when no --model is given (20b, 120b: gpt-oss-20b's or -120b's shape "
                    "with MXFP4 experts, built on the GPU; need --device cuda; 120b: engine systems only).")
-@click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True)
+@click.option("--workloads", default="sharegpt,shared_prefix,multi_turn", show_default=True,
+              help="Comma list of sharegpt (ShareGPT-like lengths), random (1,000 prompt and 1,000 output tokens "
+                   "each), shared_prefix (one long shared system prefix), multi_turn (conversations re-sent each "
+                   "turn).")
 @click.option("--systems", default="engine,hf_generate", show_default=True,
               help="Comma list of engine, engine_deterministic (the engine with batch-invariant numerics), "
                    "engine_dense (the engine with MXFP4 experts held as bf16), hf_generate, hf_generate_batch, "
                    "reference, host (the host path alone: reader, sessions, harmony, events, DuckDB, over an "
                    "instant backend), and constrained (the engine's step with and without JSON-schema token masks, "
                    "--num-requests at once).")
-@click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests (conversations, for multi_turn) of each workload.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Static batch size of hf_generate.")
-@click.option("--kv-cache-gb", type=FiniteFloatRange(min=0.001), default=2.0, show_default=True)
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--kv-cache-gb", type=FiniteFloatRange(min=0.001), default=2.0, show_default=True,
+              help="Memory for the engine's paged KV cache on CPU.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sequences the engine decodes in one step.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where every system runs (auto: CUDA when torch sees a GPU, else CPU).")
 @click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
@@ -233,7 +240,8 @@ def make_random_model(directory: Path, seed: int) -> None:
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Requests of the host system's seeded mix (~280 output tokens each); as many prompts "
                    "rendered with 30 MCP tools, and a 40th as many with distinct heads.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds the workloads' lengths and tokens, and the host system's mix.")
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table, each as it lands.")
 def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db: str, **kw: Any) -> None:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
