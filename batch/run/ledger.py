@@ -74,8 +74,7 @@ class RunLedger:
         changed: dict[str, tuple[object, object]] = {}
         recorded: dict = {}
         if options.resume or options.retry_failed:
-            changed = changed_settings(stored, run_row(options, run_id, input_sha).options)
-            _check_strict_settings(stored.run_id, changed, "--resume" if options.resume else "--retry-failed")
+            changed = changed_settings(stored, run_row(options, run_id, input_sha).options)  # strict ones refused above
             if changed:  # the runs row keeps the settings it started with; its notes say what else ran
                 notes = stored.notes or {}
                 recorded["notes"] = {**notes, "resumed_with": [*notes.get("resumed_with", []),
