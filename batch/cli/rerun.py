@@ -32,14 +32,15 @@ def settings(options: RunOptions) -> dict:
 
 
 def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
-    """The newest completed run of this input file (sha256), model and settings, or None.
+    """The newest completed run of this input's content (sha256), model and settings, or None.
 
-    Only a plain rerun asks (no --run-id, --resume or --retry-failed); the input is hashed
-    only when a completed run of the same path is there."""
+    Only a plain rerun asks (no --run-id, --resume or --retry-failed). The content, not the path as
+    typed, decides, as it does for resuming an unfinished run: the same file by another path must not
+    decode every line again. The input is hashed only when a completed run of this model is there."""
     if options.run_id or options.resume or options.retry_failed or options.limit:
         return None
     candidates = [listed for listed in store.runs.list() if listed.run.status == RunStatus.COMPLETED
-                  and listed.run.input_path == str(options.input_path) and listed.run.model == options.session.model]
+                  and listed.run.model == options.session.model]
     if not candidates:
         return None
     sha256, ours = scan_input(options.input_path).sha256, settings(options)

@@ -359,6 +359,21 @@ def test_rerunning_a_finished_command_says_so_and_loads_nothing(tmp_path, tiny_m
     assert rows(db, "SELECT count(*) FROM runs") == [(3,)] and len(loaded) == 2
 
 
+def test_rerunning_a_finished_file_by_another_path_also_finds_nothing_to_do(tmp_path, tiny_model_dir, monkeypatch):
+    # The run is matched by the file's content (sha256), as resuming an unfinished run is: spelling the path
+    # otherwise (relative after absolute, from another folder) must not decode every line again as a new run.
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "a", "input": "Hi"})
+    db = tmp_path / "out.duckdb"
+    options = ["--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2", "--quiet"]
+    assert batchrun("submit", source, *options).exit_code == 0
+    [(run_id,)] = rows(db, "SELECT run_id FROM runs")
+    monkeypatch.chdir(tmp_path)
+    again = batchrun("submit", "in.jsonl", *options)
+    assert again.exit_code == 0, again.output
+    assert again.output.startswith(f"nothing to do: run {run_id} already decoded {source}"), again.output
+    assert rows(db, "SELECT count(*) FROM runs") == [(1,)]
+
+
 def test_show_gives_the_input_the_tool_outputs_and_an_invalid_lines_error(tmp_path):
     """With the shipped model: a browser search and open, and a line that is invalid."""
     search = json.loads((EXAMPLES / "quickstart.jsonl").read_text().splitlines()[6])
