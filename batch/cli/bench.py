@@ -2,7 +2,7 @@
 
 Each system's result on a workload goes to the `bench` table the moment it is
 measured (the database is opened for that write only), so a benchmark stopped
-midway keeps what finished. The command itself (batch/cli/commands.py) only parses.
+midway keeps what finished. The command itself (batch/cli/run_commands.py) only parses.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import click
 from tqdm import tqdm
 
 from batch.responses.status import RequestStatus
-from batch.run.ledger import setting_flag
 from batch.tables import table
 
 if TYPE_CHECKING:
@@ -88,6 +87,8 @@ def summary_text(summary: RunSummary, db: str) -> str:
     lines += _reason_lines(RequestStatus.INVALID, summary.invalid_reasons, "reason(s)")
     lines += _reason_lines(RequestStatus.FAILED, summary.failed_reasons, "kind(s) of error", first_of_kind=True)
     if summary.changed_settings:
+        from batch.run.ledger import setting_flag  # here: the query commands import display, not the run path
+
         ours = " ".join(setting_flag(key, new) for key, (_, new) in summary.changed_settings.items())
         theirs = " ".join(setting_flag(key, old) for key, (old, _) in summary.changed_settings.items())
         lines.append(f"note: these lines were decoded with {ours}; the run was started with {theirs} "

@@ -11,28 +11,46 @@ run, no valid line), 2 usage errors.
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import sys
 from typing import NoReturn
 
 import click
 
-from batch.cli.commands import bench, export, make_random_model, runs, show, sql, submit
-from batch.cli.distribute import merge
-from batch.cli.eval_commands import (check_command, compare_command, eval_command, grade_command, report_command,
-                                     snapshot_command)
+# Each command's module loads when the command runs: `sql` or `runs` must not pay for the run path's imports
+# (the engine, the tool clients, the `mcp` package: over a second), which `submit` and `eval` need.
+COMMANDS = {
+    "submit": "batch.cli.run_commands:submit", "merge": "batch.cli.distribute:merge",
+    "runs": "batch.cli.commands:runs", "show": "batch.cli.commands:show", "export": "batch.cli.commands:export",
+    "sql": "batch.cli.commands:sql", "make-random-model": "batch.cli.commands:make_random_model",
+    "bench": "batch.cli.run_commands:bench", "eval": "batch.cli.eval_commands:eval_command",
+    "grade": "batch.cli.eval_commands:grade_command", "snapshot": "batch.cli.eval_commands:snapshot_command",
+    "check": "batch.cli.eval_commands:check_command", "compare": "batch.cli.eval_commands:compare_command",
+    "report": "batch.cli.eval_commands:report_command",
+}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """A group whose commands are `module:attribute` paths, imported when one is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        path = COMMANDS.get(cmd_name)
+        if path is None:
+            return None
+        module, attribute = path.split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command) and command.name == cmd_name, path
+        return command
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(package_name="batchrun")
 def main() -> None:
     """Offline batch runner for OpenAI Responses API requests on gpt-oss models."""
-
-
-for _command in (submit, merge, runs, show, export, sql, make_random_model, bench,
-                 eval_command, grade_command, snapshot_command, check_command, compare_command,
-                 report_command):
-    main.add_command(_command)
 
 
 def entry() -> NoReturn:

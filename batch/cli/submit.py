@@ -1,6 +1,6 @@
 """One `batchrun submit` run as functions: its options, what they ask for, the run itself.
 
-`batchrun submit` (batch/cli/commands.py) and `batchrun eval` (batch/cli/eval_commands.py) both take
+`batchrun submit` (batch/cli/run_commands.py) and `batchrun eval` (batch/cli/eval_commands.py) both take
 `submit_options`, type click's values once (`SubmitOptions`), turn them into a plan with
 `submit_plan`, and call `run_submit`; neither command calls the other.
 """

@@ -1,4 +1,4 @@
-"""The thin run commands of batch/cli/commands.py, through `batchrun` (CliRunner)."""
+"""The thin commands of batch/cli/commands.py (sql), through `batchrun` (CliRunner)."""
 
 import pytest
 from click.testing import CliRunner

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from batch.cli.commands import submit
+from batch.cli.run_commands import submit
 from batch.cli.distribute import DistributionOptions
 from batch.cli.eval_commands import eval_command
 from batch.cli.submit import SubmitOptions, Terminated, signals_stop_the_run

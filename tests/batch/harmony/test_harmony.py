@@ -177,7 +177,7 @@ def test_every_effort_a_request_may_name_renders_and_is_a_run_default(effort):
 
 
 def test_the_request_model_cli_and_rendering_share_one_list_of_efforts():
-    from batch.cli.commands import submit
+    from batch.cli.run_commands import submit
 
     assert set(REASONING_EFFORTS) == {"minimal", "low", "medium", "high"}
     option = next(param for param in submit.params if param.name == "reasoning_effort")

@@ -1,0 +1,37 @@
+"""The CLI root: every command is found by name, and the query commands load nothing of the run path."""
+
+import subprocess
+import sys
+
+import click
+
+from batch.cli.main import COMMANDS, main
+from batch.store.store import Store
+
+
+def test_every_named_command_loads_under_its_name():
+    context = click.Context(main)
+    assert main.list_commands(context) == sorted(COMMANDS)
+    for name in COMMANDS:
+        command = main.get_command(context, name)
+        assert isinstance(command, click.Command) and command.name == name
+    assert main.get_command(context, "nope") is None
+
+
+def test_a_query_command_imports_no_engine_tools_or_mcp(tmp_path):
+    # `batchrun sql` / `runs` / `show` / `export` answer at once: the run path's imports (torch, the tool
+    # clients and the mcp package, over a second) load only for the commands that run the engine.
+    db = tmp_path / "empty.duckdb"
+    Store(db).close()
+    code = ("import sys\n"
+            "from batch.cli.main import main\n"
+            "for name in ('sql', 'runs', 'show', 'export', 'make-random-model'):\n"
+            "    main.get_command(None, name)\n"
+            f"main(['sql', '--db', {str(db)!r}, 'SELECT 42 AS answer'], standalone_mode=False)\n"
+            "heavy = {'torch', 'mcp', 'openai_harmony', 'tools.client', 'batch.run.runner'}\n"
+            "heavy = sorted(heavy & set(sys.modules))\n"
+            "print('heavy:', heavy)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "42" in done.stdout
+    assert "heavy: []" in done.stdout, done.stdout
