@@ -1,8 +1,8 @@
-"""`batchrun eval|grade|snapshot|check|compare|report`: thin commands over evals/.
+"""`batchrun grade|snapshot|check|compare|report`: thin commands over evals/ and the store.
 
-Registered on the root group in batch/cli/main.py; `eval` runs its suite through
-batch/cli/submit.py's and batch/cli/distribute.py's functions, the same ones `batchrun
-submit` calls (so --shard and --ray work as there).
+Registered on the root group in batch/cli/main.py. They import nothing of the run path, so they answer
+at once; `eval`, which decodes its suite as `submit` does, is in batch/cli/run_commands.py and uses the
+suite loading and grading here.
 Exit codes as everywhere in batchrun: 0 done, 1 could not (or a check or
 threshold failed), 2 usage errors.
 """
@@ -10,39 +10,34 @@ threshold failed), 2 usage errors.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import re
 
 import sys
-import tempfile
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import click
 
-from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_new_run_id, check_output, fail as _fail,
-                            open_store as _open_store, options_from, resolve_run)
-from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
+from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_output, fail as _fail,
+                            open_store as _open_store, resolve_run)
 from batch.store.store import Store
-from batch.cli.submit import SubmitOptions, submit_options, submit_plan
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
-from evals.suite import Suite, SuiteError, builtin_suites, load_suite
+from evals.suite import Suite, SuiteError, load_suite
 
-_db_option = click.option("--db", default=DEFAULT_DB, show_default=True,
+db_option = click.option("--db", default=DEFAULT_DB, show_default=True,
                           help="The batchrun DuckDB file.")
 
 
-def _suite(name: str) -> Suite:
+def load_suite_or_fail(name: str) -> Suite:
+    """The suite file or built-in suite `name`, or a one-line `error:` exit."""
     try:
         return load_suite(name)
     except (SuiteError, OSError) as exc:
         _fail(str(exc))
 
 
-def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) -> None:
+def grade_and_print(store: Store, run_id: str, suite: Suite, fail_under: float | None) -> None:
     """Grade, write the grades, print pass rates; exit 1 under the ``fail_under`` percentage."""
     from evals.grading import grade_run, summary_text
 
@@ -64,81 +59,25 @@ def _grade(store: Store, run_id: str, suite: Suite, fail_under: float | None) ->
         _fail(f"pass rate {100 * rate:.1f}% is under --fail-under {fail_under:g}%")
 
 
-_fail_under = click.option("--fail-under", type=FiniteFloatRange(0, 100), metavar="PERCENT",
+fail_under_option = click.option("--fail-under", type=FiniteFloatRange(0, 100), metavar="PERCENT",
                            help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
-
-
-@click.command("eval", epilog=f"Built-in suites: {', '.join(builtin_suites()) or 'none'} (evals/suites/).")
-@click.argument("suite_name", metavar="SUITE")
-@_db_option
-@click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).", callback=check_new_run_id)
-@click.option("--resume", metavar="RUN_ID",
-              help="Continue an interrupted eval run (or `latest`, the newest), then grade it.")
-@_fail_under
-@distribution_options
-@submit_options
-def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | None,
-                 fail_under: float | None, **values: Any) -> None:
-    """Run the eval SUITE (a suite file, or a built-in suite's name) as a new run and grade it.
-
-    It takes every option of `batchrun submit` (--model, --max-output-tokens, --seed,
-    --temperature, --backend, ..., --ray, --shard). With --shard K/N it decodes that
-    shard only and grades nothing: merge the parts, then grade the merged run.
-    """
-    suite = _suite(suite_name)
-    if resume and run_id:
-        raise click.UsageError("--resume and --run-id are exclusive")
-    given = options_from(SubmitOptions, {**values, "run_id": run_id, "resume": resume})
-    given = given.with_latest_resolved(db)
-    distribution = options_from(DistributionOptions, values)
-    if distribution.shard is not None and fail_under is not None:
-        raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
-                               "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
-    # --retry-failed continues that run too: it is the run to grade.
-    run_id = (given.resume or given.retry_failed or given.run_id
-              or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}")
-    given = dataclasses.replace(given, run_id=None if given.resume else run_id)
-    with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
-        requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
-        options, backend = submit_plan(requests, db, given)
-        submit_distributed(options, backend, db, distribution, quiet=given.quiet)
-    with _open_store(db) as store:
-        run = store.runs.get(run_id)
-        if run is None:  # submit_distributed made it or exited
-            _fail(f"no run {run_id!r} in {db}")
-        notes = run.notes or {}
-        store.runs.update(run_id, input_path=str(suite.path),
-                         notes={**notes, "eval_suite": suite.name})
-        click.echo()
-        if distribution.shard is not None:
-            click.echo(_merge_hint(run_id, suite, suite_name, distribution.shard, db))
-            return
-        _grade(store, run_id, suite, fail_under)
-
-
-def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str) -> str:
-    merged = f"eval_{suite.name}"
-    return (f"run {run_id} is shard {shard} of the eval: not graded (a shard is part of the run). "
-            "Once every shard has run, merge the parts and grade the merged run:\n"
-            f"  batchrun merge {db} OTHER_PARTS.duckdb -o merged.duckdb --run-id {merged}\n"
-            f"  batchrun grade {merged} {suite_name} --db merged.duckdb")
 
 
 @click.command("grade")
 @click.argument("run")
 @click.argument("suite_name", metavar="SUITE")
-@_db_option
-@_fail_under
+@db_option
+@fail_under_option
 def grade_command(run: str, suite_name: str, db: str, fail_under: float | None) -> None:
     """Grade the responses of RUN (matched by custom_id) with SUITE's graders, replacing its grades."""
-    suite = _suite(suite_name)
+    suite = load_suite_or_fail(suite_name)
     with _open_store(db) as store:
-        _grade(store, resolve_run(store, run), suite, fail_under)
+        grade_and_print(store, resolve_run(store, run), suite, fail_under)
 
 
 @click.command("snapshot")
 @click.argument("run")
-@_db_option
+@db_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Golden JSONL file to write.")
 @click.option("--level", type=click.Choice(LEVELS), default="items", show_default=True,
@@ -154,7 +93,7 @@ def snapshot_command(run: str, db: str, output: Path, level: str) -> None:
 
 @click.command("check")
 @click.argument("run")
-@_db_option
+@db_option
 @click.option("--golden", type=click.Path(path_type=Path), required=True,
               help="Golden file written by `batchrun snapshot` (or --update).")
 @click.option("--level", type=click.Choice(LEVELS),
@@ -196,7 +135,7 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
 @click.command("compare")
 @click.argument("run_a")
 @click.argument("run_b")
-@_db_option
+@db_option
 @click.option("--all", "show_all", is_flag=True, help="Also list the requests that did not change.")
 @click.option("--fail-on-regression", is_flag=True,
               help="Exit 1 on a significant drop in pass rate (paired test, p < 0.05) or a case missing "
@@ -245,7 +184,7 @@ def _run_ref(ref: str, db: str) -> tuple[str, str]:
 @click.command("report")
 @click.argument("run")
 @click.argument("run_b", required=False)
-@_db_option
+@db_option
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="HTML file to write [default: report-<RUN_ID>.html, or report-<RUN>-vs-<RUN_B>.html].")
 def report_command(run: str, run_b: str | None, db: str, output: Path | None) -> None:

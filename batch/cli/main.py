@@ -24,7 +24,7 @@ COMMANDS = {
     "submit": "batch.cli.run_commands:submit", "merge": "batch.cli.distribute:merge",
     "runs": "batch.cli.commands:runs", "show": "batch.cli.commands:show", "export": "batch.cli.commands:export",
     "sql": "batch.cli.commands:sql", "make-random-model": "batch.cli.commands:make_random_model",
-    "bench": "batch.cli.run_commands:bench", "eval": "batch.cli.eval_commands:eval_command",
+    "bench": "batch.cli.run_commands:bench", "eval": "batch.cli.run_commands:eval_command",
     "grade": "batch.cli.eval_commands:grade_command", "snapshot": "batch.cli.eval_commands:snapshot_command",
     "check": "batch.cli.eval_commands:check_command", "compare": "batch.cli.eval_commands:compare_command",
     "report": "batch.cli.eval_commands:report_command",

@@ -1,11 +1,15 @@
-"""The commands that run the engine: submit and bench.
+"""The commands that run the engine: submit, eval and bench.
 
-Each is a thin function over the runner (batch/cli/submit.py, distribute.py) or the benchmark
-(batch/cli/bench.py); batch/cli/main.py registers them.
+Each is a thin function over the runner (batch/cli/submit.py, distribute.py; `eval` then grades as
+batch/cli/eval_commands.py does) or the benchmark (batch/cli/bench.py); batch/cli/main.py registers them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,9 @@ import click
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
 from batch.cli.submit import MOE_WEIGHT_CHOICES, SubmitOptions, submit_options, submit_plan
-from batch.cli.util import DEFAULT_DB, FiniteFloatRange, check_new_run_id, options_from
+from batch.cli.eval_commands import db_option, fail_under_option, grade_and_print, load_suite_or_fail
+from batch.cli.util import DEFAULT_DB, FiniteFloatRange, check_new_run_id, fail, open_store, options_from
+from evals.suite import Suite, builtin_suites
 
 
 @click.command()
@@ -32,6 +38,62 @@ def submit(input_path: Path, db: str, **values: Any) -> None:
     options, backend = submit_plan(input_path, db, given)
     submit_distributed(options, backend, db, options_from(DistributionOptions, values), quiet=given.quiet)
 
+
+
+@click.command("eval", epilog=f"Built-in suites: {', '.join(builtin_suites()) or 'none'} (evals/suites/).")
+@click.argument("suite_name", metavar="SUITE")
+@db_option
+@click.option("--run-id", help="Id for the new run (default: eval_<suite>_<time>_<hex>).", callback=check_new_run_id)
+@click.option("--resume", metavar="RUN_ID",
+              help="Continue an interrupted eval run (or `latest`, the newest), then grade it.")
+@fail_under_option
+@distribution_options
+@submit_options
+def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | None,
+                 fail_under: float | None, **values: Any) -> None:
+    """Run the eval SUITE (a suite file, or a built-in suite's name) as a new run and grade it.
+
+    It takes every option of `batchrun submit` (--model, --max-output-tokens, --seed,
+    --temperature, --backend, ..., --ray, --shard). With --shard K/N it decodes that
+    shard only and grades nothing: merge the parts, then grade the merged run.
+    """
+    suite = load_suite_or_fail(suite_name)
+    if resume and run_id:
+        raise click.UsageError("--resume and --run-id are exclusive")
+    given = options_from(SubmitOptions, {**values, "run_id": run_id, "resume": resume})
+    given = given.with_latest_resolved(db)
+    distribution = options_from(DistributionOptions, values)
+    if distribution.shard is not None and fail_under is not None:
+        raise click.UsageError("--fail-under needs the whole run: with --shard, grade the merged run "
+                               "(`batchrun grade RUN SUITE --db MERGED --fail-under ...`)")
+    # --retry-failed continues that run too: it is the run to grade.
+    run_id = (given.resume or given.retry_failed or given.run_id
+              or f"eval_{suite.name}_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}")
+    given = dataclasses.replace(given, run_id=None if given.resume else run_id)
+    with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
+        requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
+        options, backend = submit_plan(requests, db, given)
+        submit_distributed(options, backend, db, distribution, quiet=given.quiet)
+    with open_store(db) as store:
+        run = store.runs.get(run_id)
+        if run is None:  # submit_distributed made it or exited
+            fail(f"no run {run_id!r} in {db}")
+        notes = run.notes or {}
+        store.runs.update(run_id, input_path=str(suite.path),
+                         notes={**notes, "eval_suite": suite.name})
+        click.echo()
+        if distribution.shard is not None:
+            click.echo(_merge_hint(run_id, suite, suite_name, distribution.shard, db))
+            return
+        grade_and_print(store, run_id, suite, fail_under)
+
+
+def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str) -> str:
+    merged = f"eval_{suite.name}"
+    return (f"run {run_id} is shard {shard} of the eval: not graded (a shard is part of the run). "
+            "Once every shard has run, merge the parts and grade the merged run:\n"
+            f"  batchrun merge {db} OTHER_PARTS.duckdb -o merged.duckdb --run-id {merged}\n"
+            f"  batchrun grade {merged} {suite_name} --db merged.duckdb")
 
 
 @click.command()

@@ -19,13 +19,13 @@ def test_every_named_command_loads_under_its_name():
 
 
 def test_a_query_command_imports_no_engine_tools_or_mcp(tmp_path):
-    # `batchrun sql` / `runs` / `show` / `export` answer at once: the run path's imports (torch, the tool
-    # clients and the mcp package, over a second) load only for the commands that run the engine.
+    # `batchrun sql` / `runs` / `show` / `export` / `grade` / `report` ... answer at once: the run path's imports
+    # (torch, the tool clients and the mcp package, over a second) load only for submit, eval and bench.
     db = tmp_path / "empty.duckdb"
     Store(db).close()
     code = ("import sys\n"
-            "from batch.cli.main import main\n"
-            "for name in ('sql', 'runs', 'show', 'export', 'make-random-model'):\n"
+            "from batch.cli.main import COMMANDS, main\n"
+            "for name in set(COMMANDS) - {'submit', 'eval', 'bench', 'merge'}:\n"
             "    main.get_command(None, name)\n"
             f"main(['sql', '--db', {str(db)!r}, 'SELECT 42 AS answer'], standalone_mode=False)\n"
             "heavy = {'torch', 'mcp', 'openai_harmony', 'tools.client', 'batch.run.runner'}\n"

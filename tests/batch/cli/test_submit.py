@@ -11,7 +11,7 @@ import pytest
 
 from batch.cli.run_commands import submit
 from batch.cli.distribute import DistributionOptions
-from batch.cli.eval_commands import eval_command
+from batch.cli.run_commands import eval_command
 from batch.cli.submit import SubmitOptions, Terminated, signals_stop_the_run
 from batch.cli.util import options_from
 
