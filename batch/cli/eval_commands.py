@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_output, fail as _fail,
+from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_output, fail as _fail, fail_if_folder,
                             open_store as _open_store, resolve_run)
 from batch.store.store import Store
 from evals.check import compare_snapshots, counts_text, report_text
@@ -26,7 +26,7 @@ from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write
 from evals.suite import Suite, SuiteError, load_suite
 
 db_option = click.option("--db", default=DEFAULT_DB, show_default=True,
-                          help="The batchrun DuckDB file.")
+                         help="The batchrun DuckDB file.")
 
 
 def load_suite_or_fail(name: str) -> Suite:
@@ -60,7 +60,7 @@ def grade_and_print(store: Store, run_id: str, suite: Suite, fail_under: float |
 
 
 fail_under_option = click.option("--fail-under", type=FiniteFloatRange(0, 100), metavar="PERCENT",
-                           help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
+                                 help="Exit 1 when fewer than PERCENT % of requests pass every grader.")
 
 
 @click.command("grade")
@@ -105,8 +105,8 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
     entries: dict[str, Any] = {}
     if update:
         check_output(golden, "--golden")
-    elif golden.is_dir():
-        _fail(f"--golden {golden}: is a folder; pass a file path")
+    else:
+        fail_if_folder(golden, "--golden")
     if golden.exists():
         try:
             golden_level, entries = read_golden(golden)

@@ -39,7 +39,6 @@ def submit(input_path: Path, db: str, **values: Any) -> None:
     submit_distributed(options, backend, db, options_from(DistributionOptions, values), quiet=given.quiet)
 
 
-
 @click.command("eval", epilog=f"Built-in suites: {', '.join(builtin_suites()) or 'none'} (evals/suites/).")
 @click.argument("suite_name", metavar="SUITE")
 @db_option

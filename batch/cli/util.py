@@ -47,10 +47,15 @@ def check_output(path: str | Path, option: str) -> None:
     if not folder.is_dir():
         fail(f"{option} {path}: the folder {folder} does not exist; create it (mkdir -p {folder}) "
              f"or pass another {option}")
-    if path.is_dir():
-        fail(f"{option} {path}: is a folder; pass a file path")
+    fail_if_folder(path, option)
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         fail(f"{option} {path}: cannot write there (permission denied); pass another {option}")
+
+
+def fail_if_folder(path: Path, option: str) -> None:
+    """Exit 1 with one `error:` line when `path`, given as a file, is a folder."""
+    if path.is_dir():
+        fail(f"{option} {path}: is a folder; pass a file path")
 
 
 def open_store(db: str, read_only: bool = False, *, option: str = "--db") -> Store:
