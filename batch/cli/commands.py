@@ -112,7 +112,7 @@ def export(run_id: str, db: str, output: Path) -> None:
                 nulled += was_nulled
                 handle.write(text + "\n")
                 count += 1
-    click.echo(f"wrote {count} lines to {output}")
+    click.echo(f"wrote {display.plural(count, 'line')} to {output}")
     if nulled:
         click.echo(f"note: {nulled} of them held NaN or Infinity, which are not JSON (stored by an older "
                    "batchrun): written as null", err=True)

@@ -26,6 +26,12 @@ STATUSES = tuple(RequestStatus)
 REFRESH_S = 0.5  # the bar redraws at most this often (and at least this often while a run goes)
 MAX_REASONS_SHOWN = 5
 
+
+def plural(count: int, noun: str) -> str:
+    """`1 line`, `2 lines`: a count and its noun, in the number the count takes."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def status(message: str, *, quiet: bool = False) -> None:
     """One line on stderr saying what the command is doing now (loading the model, ...)."""
     if not quiet:
@@ -132,8 +138,9 @@ def no_valid_lines_text(path: object, check: InputCheck, limit: int | None) -> s
 
 def worker_lines(workers: list[dict]) -> list[str]:
     """One line per shard or Ray worker of a run (worker_throughput rows): requests and output tok/s."""
-    return [f"  {row['worker'] or '(driver)'}: {row['n_requests']} requests, {row['n_output_tokens']} output "
-            f"tokens, {row['output_tokens_per_s'] or 0.0:.1f} output tok/s over {row['busy_s'] or 0.0:.1f}s busy"
+    return [f"  {row['worker'] or '(driver)'}: {plural(row['n_requests'], 'request')}, "
+            f"{plural(row['n_output_tokens'], 'output token')}, {row['output_tokens_per_s'] or 0.0:.1f} output "
+            f"tok/s over {row['busy_s'] or 0.0:.1f}s busy"
             for row in workers]
 
 
@@ -141,14 +148,15 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
     """What `batchrun merge` did: the merged run, its parts, and what is missing."""
     epochs = f" x {plan.epochs} epochs: {run.n_requests} requests" if plan.epochs > 1 else ""
     lines = [f"merged {len(plan.parts)} shard(s) of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
-             f"{plan.num_lines_present} of {plan.num_lines} lines{epochs} ({run.status})"]
+             f"{plan.num_lines_present} of {plural(plan.num_lines, 'line')}{epochs} ({run.status})"]
     if plan.earlier_run is not None:
         kept = len(plan.earlier_samples) if plan.epochs > 1 else len({line for line, _ in plan.earlier_samples})
         lines.append(f"  merged again: run {run.run_id} was there; the parts' lines replaced its copies of them"
-                     + (f", {kept} other {'row' if plan.epochs > 1 else 'line'}{'s' if kept > 1 else ''} kept"
+                     + (f", {plural(kept, 'other ' + ('row' if plan.epochs > 1 else 'line'))} kept"
                         if kept else ""))
     lines += [f"  shard {part.shard.label}: {part.path} run {part.run.run_id} ({part.run.status}), "
-              + (f"{len(part.line_nos)} lines, " if plan.epochs > 1 else "") + f"{len(part.samples)} rows"
+              + (f"{plural(len(part.line_nos), 'line')}, " if plan.epochs > 1 else "")
+              + plural(len(part.samples), "row")
               for part in plan.parts]
     lines += worker_lines(workers)
     if plan.missing_shards:

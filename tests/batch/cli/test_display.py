@@ -24,3 +24,11 @@ def test_the_run_summary_says_why_lines_failed_one_line_per_kind():
     lines = summary_text(summary, "x.duckdb").splitlines()
     assert "  failed x2, the first: prompt has 20003 tokens" in lines
     assert "  failed x1: internal error: boom" in lines
+
+
+def test_counts_take_the_number_of_their_noun():
+    from batch.cli.display import plural, worker_lines
+
+    assert (plural(0, "line"), plural(1, "line"), plural(2, "line")) == ("0 lines", "1 line", "2 lines")
+    row = {"worker": "shard-1/2", "n_requests": 1, "n_output_tokens": 1, "output_tokens_per_s": 2.0, "busy_s": 0.5}
+    assert worker_lines([row]) == ["  shard-1/2: 1 request, 1 output token, 2.0 output tok/s over 0.5s busy"]
