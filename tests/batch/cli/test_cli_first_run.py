@@ -374,6 +374,33 @@ def test_rerunning_a_finished_file_by_another_path_also_finds_nothing_to_do(tmp_
     assert rows(db, "SELECT count(*) FROM runs") == [(1,)]
 
 
+def test_rerunning_a_limit_command_whose_lines_are_done_loads_nothing(tmp_path, tiny_model_dir, monkeypatch):
+    # A --limit run stops `partial`; its command again used to load the model to decode nothing.
+    source = write_lines(tmp_path / "in.jsonl", *({"custom_id": key, "input": "Hi"} for key in "abc"))
+    db = tmp_path / "out.duckdb"
+    command = ["submit", source, "--db", db, "--model", tiny_model_dir, "--max-output-tokens", "2", "--quiet"]
+    assert batchrun(*command, "--limit", "2").exit_code == 0
+    [(run_id, status)] = rows(db, "SELECT run_id, status FROM runs")
+    assert status == "partial"
+    loaded = []
+    real_load = submit_module.BackendSpec.load
+    monkeypatch.setattr(submit_module.BackendSpec, "load", lambda self: loaded.append(1) or real_load(self))
+    for limit in ("2", "1"):
+        again = batchrun(*command, "--limit", limit)
+        assert again.exit_code == 0, again.output
+        assert again.output.startswith(f"nothing to do: run {run_id} already decoded the first {limit} lines of "
+                                       f"{source} with this model and these settings (2 requests"), again.output
+        assert "a higher --limit, or none, continues it" in again.output
+    assert loaded == []
+    # More lines continue the run; then any --limit finds the completed run.
+    more = batchrun(*command, "--limit", "3")
+    assert more.exit_code == 0 and loaded == [1], more.output
+    assert rows(db, "SELECT run_id, status, n_requests FROM runs") == [(run_id, "completed", 3)]
+    done = batchrun(*command, "--limit", "1")
+    assert done.output.startswith(f"nothing to do: run {run_id} already decoded {source} with"), done.output
+    assert loaded == [1]
+
+
 def test_show_gives_the_input_the_tool_outputs_and_an_invalid_lines_error(tmp_path):
     """With the shipped model: a browser search and open, and a line that is invalid."""
     search = json.loads((EXAMPLES / "quickstart.jsonl").read_text().splitlines()[6])
