@@ -34,7 +34,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, cast
@@ -46,39 +45,13 @@ from tools.arguments import argument_errors, mask_injected, schema_without
 from tools.content import raw_result, readable_text
 from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
+from tools.outcomes import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallOutcome, Listing
 from tools.connection import Connection
-from tools.sampling import CALLER, SamplingInbox
+from tools.sampling import CALLER
+from tools.sampling_inbox import SamplingInbox
 from tools.task_call import TaskCall, TaskFailed, call_as_task, requires_task, runs_tool_tasks
 from tools.task_session import TaskClient
 from tools.servers import ServerSpec
-
-CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
-REQUEST_TIMEOUT = -32001
-INVALID_PARAMS = -32602  # JSON-RPC: the arguments or tool name are wrong
-
-
-@dataclass
-class Listing:
-    """A server's tools, or why they could not be listed."""
-
-    tools: list[Tool] = field(default_factory=list)
-    error: str | None = None
-    error_kind: ToolErrorKind | None = None  # unreachable (cannot start or connect), timeout, protocol_error
-
-
-@dataclass
-class CallOutcome:
-    """What one tool call returned: the text for the model, or an error and its kind."""
-
-    output: str | None = None
-    error: str | None = None
-    error_kind: ToolErrorKind | None = None
-    error_code: int | None = None  # an MCP/JSON-RPC error code, when there is one
-    started_at: datetime | None = None
-    duration_s: float = 0.0
-    attempts: int = 1  # 2: the server crashed while the call ran, and it was run again
-    result: dict | None = None  # the MCP result as the server sent it (tools/content.py), secrets masked
-
 
 class ToolClient:
     """The run's MCP connections; call `close()` (or use `with`) to stop servers."""

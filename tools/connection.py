@@ -20,7 +20,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import ElicitRequestParams, ElicitResult, ListRootsResult
 
-from tools.sampling import CALLER, Claim, SamplingInbox, no_claim, sampling_callback
+from tools.sampling import CALLER, Claim, no_claim, sampling_callback
+from tools.sampling_inbox import SamplingInbox
 from tools.server_log import ServerStderr
 from tools.task_session import TaskClient
 from tools.servers import ServerSpec

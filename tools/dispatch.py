@@ -17,17 +17,20 @@ is masked in the answer, so no id of the run reaches a prompt.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 import json
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.client import INVALID_PARAMS, CallOutcome, ToolClient
+from tools.outcomes import INVALID_PARAMS, CallOutcome
 from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry, ToolTarget
-from tools.sampling import SamplingInbox
+from tools.sampling_inbox import SamplingInbox
 from tools.servers import ServerCatalog, ServerSpec, builtin_kind
+
+if TYPE_CHECKING:
+    from tools.client import ToolClient
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class ToolDispatcher:
         if self._closed:  # a new client would start servers that outlive the run
             raise RuntimeError("the run's tools are closed")
         if self._client is None:
+            # imported here: the MCP package takes about a second to import, which a run that calls no tool skips
+            from tools.client import ToolClient
+
             self._client = ToolClient(call_timeout_s=self.call_timeout_s, errlog_path=self._errlog_path,
                                       sampling=self.sampling)
         return self._client

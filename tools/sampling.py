@@ -1,6 +1,7 @@
 """A server's `sampling/createMessage`, answered by the run's own model (#28).
 
-The MCP side only: a server's request becomes a `SamplingRequest` in the run's
+The MCP side only: a server's request becomes a `SamplingRequest` (plain data, in
+tools/sampling_inbox.py, which the decode loop imports without MCP) in the run's
 `SamplingInbox`; the decode loop (batch/run/decode_loop.py) takes it, decodes it as a
 sequence of its own beside the responses, and sets its `answer`; the callback, which
 waited on the tools thread, hands the server a `CreateMessageResult`.
@@ -19,16 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 
 from mcp.types import (INTERNAL_ERROR, CreateMessageRequestParams, CreateMessageResult, ErrorData,
                        SamplingMessage, TextContent)
 
 from tools.content import block_text
+from tools.sampling_inbox import SamplingAnswer, SamplingInbox, SamplingRequest
 
 CALLER: ContextVar[str | None] = ContextVar("batchrun_tool_caller", default=None)  # a call's response id
 Claim = Callable[[], contextlib.AbstractContextManager[str | None]]  # names the asking response while held
@@ -37,62 +36,6 @@ Claim = Callable[[], contextlib.AbstractContextManager[str | None]]  # names the
 @contextlib.contextmanager
 def no_claim() -> Iterator[str | None]:
     yield None
-
-
-@dataclass(frozen=True)
-class SamplingAnswer:
-    """What the model wrote, or why it could not."""
-
-    text: str = ""
-    stop_reason: str = "endTurn"  # MCP's: endTurn, maxTokens, stopSequence
-    model: str = ""
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class SamplingRequest:
-    """One server's request, as plain data for the decode loop; `answer` is a Future[SamplingAnswer]."""
-
-    server_label: str
-    owner: str | None  # the response id of the tool call the server was running (None: unknown)
-    messages: tuple[tuple[str, str], ...]  # (role, text): "user" or "assistant"
-    max_tokens: int
-    system_prompt: str | None = None
-    temperature: float | None = None
-    stop_sequences: tuple[str, ...] = ()
-    answer: Future = field(default_factory=Future, compare=False)
-
-
-class SamplingInbox:
-    """Thread-safe: servers' requests come in on the tools thread, the decode loop takes them.
-
-    `doorbell` is a Future done while requests wait: a loop that blocks on tool futures
-    waits on it too, so a request does not wait out the block.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: list[SamplingRequest] = []
-        self._doorbell: Future = Future()
-
-    @property
-    def doorbell(self) -> Future:
-        with self._lock:
-            return self._doorbell
-
-    def put(self, request: SamplingRequest) -> None:
-        with self._lock:
-            self._waiting.append(request)
-            if not self._doorbell.done():
-                self._doorbell.set_result(None)
-
-    def take(self) -> list[SamplingRequest]:
-        """Every request waiting (oldest first); the doorbell is reset."""
-        with self._lock:
-            waiting, self._waiting = self._waiting, []
-            if self._doorbell.done():
-                self._doorbell = Future()
-            return waiting
 
 
 def request_of(params: CreateMessageRequestParams, server_label: str, owner: str | None) -> SamplingRequest:

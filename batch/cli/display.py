@@ -80,7 +80,7 @@ def summary_text(summary: RunSummary, db: str) -> str:
     total = sum(summary.statuses.values())
     rate = summary.output_tokens / summary.elapsed_s if summary.elapsed_s else 0.0
     lines = [
-        f"run {summary.run_id} {verb}: {total} requests this time ({counts})"
+        f"run {summary.run_id} {verb}: {plural(total, 'request')} this time ({counts})"
         + (f", {summary.skipped} already done" if summary.skipped else ""),
         f"tokens: {summary.input_tokens} input, {summary.output_tokens} output "
         f"({rate:.1f} output tok/s) in {summary.elapsed_s:.1f}s",

@@ -30,7 +30,7 @@ from batch.responses.status import RequestStatus
 from batch.responses.standard_json import nulling_non_finite
 from batch.store.store import Store
 from engine.api import derive_seed
-from tools.client import Listing
+from tools.outcomes import Listing
 from tools.registry import ToolChoiceError, ToolNameError, ToolRegistry, check_harmony_names
 from tools.servers import ServerCatalog
 

@@ -37,7 +37,7 @@ from batch.store.rows import RequestResult
 from engine.api import Backend, FinishReason, RequestOutput, SamplingParams
 from tools.dispatch import ToolDispatcher, rejection
 from tools.kinds import ToolErrorKind
-from tools.sampling import SamplingAnswer, SamplingInbox, SamplingRequest
+from tools.sampling_inbox import SamplingAnswer, SamplingInbox, SamplingRequest
 from tools.servers import ServerCatalog
 
 TOOL_WAIT_S = 0.5  # longest block on tool futures when nothing decodes (returns at the first done)

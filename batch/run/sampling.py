@@ -17,7 +17,7 @@ from batch.harmony.token_parser import FIRST_SPECIAL_TOKEN, STOP_TOKEN_IDS
 from batch.harmony.vocab import harmony_encoding
 from batch.responses.metrics import TurnMetrics
 from engine.api import FinishReason, RequestOutput, SamplingParams
-from tools.sampling import SamplingAnswer, SamplingRequest
+from tools.sampling_inbox import SamplingAnswer, SamplingRequest
 
 SAMPLING_SEED_STRIDE = 104_729  # a sampling turn's seed: its response's seed plus a multiple of this
 

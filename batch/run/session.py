@@ -36,7 +36,7 @@ from batch.responses.tool_calls import ToolCallRecord
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES, PendingToolCall, ToolCallPolicy, cap_output
 from batch.run.truncation import Truncation
 from engine.api import FinishReason, RequestOutput, SamplingParams
-from tools.client import CallOutcome
+from tools.outcomes import CallOutcome
 from tools.dispatch import web_search_action
 from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ToolRegistry, ToolTarget

@@ -14,7 +14,7 @@ from batch.harmony.token_parser import ParsedMessage
 from batch.responses.response import Outcome
 from batch.responses.status import ResponseStatus, ToolCallStatus
 from batch.responses.tool_calls import ToolCallRecord
-from tools.client import CallOutcome
+from tools.outcomes import CallOutcome
 from tools.kinds import ToolErrorKind, ToolType
 from tools.registry import ServerListing, ToolRegistry, ToolTarget
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools.client import ToolClient
-from tools.sampling import SamplingInbox
+from tools.sampling_inbox import SamplingInbox
 from tools.servers import ServerSpec
 
 EVERYTHING = Path(__file__).resolve().parents[2] / ".cache" / "mcp-servers" / "node" / "node_modules" / ".bin" / (

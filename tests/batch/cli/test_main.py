@@ -35,3 +35,21 @@ def test_a_query_command_imports_no_engine_tools_or_mcp(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "42" in done.stdout
     assert "heavy: []" in done.stdout, done.stdout
+
+
+def test_a_run_without_tools_never_imports_mcp(tmp_path):
+    # The mcp package is about a second of every start: only a run that talks to a tool server needs it.
+    source, db = tmp_path / "in.jsonl", tmp_path / "out.duckdb"
+    source.write_text('{"custom_id": "a", "input": "Hi"}\n')
+    code = ("import sys\n"
+            "from batch.cli.main import COMMANDS, main\n"
+            "for name in COMMANDS:\n"
+            "    main.get_command(None, name)\n"
+            "print('loaded:', sorted({'mcp', 'tools.client'} & set(sys.modules)))\n"
+            f"main(['submit', {str(source)!r}, '--db', {str(db)!r}, '--max-output-tokens', '2', '--quiet'],"
+            " standalone_mode=False)\n"
+            "print('after the run:', sorted({'mcp', 'tools.client'} & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "loaded: []" in done.stdout and "after the run: []" in done.stdout, done.stdout
+    assert "1 request this time" in done.stdout, done.stdout

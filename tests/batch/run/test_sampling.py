@@ -13,7 +13,7 @@ from batch.run.sampling import SampledTurn, answer_text
 from batch.run.session import SessionOptions
 from engine.api import RequestOutput
 from tests.support.fakes import ScriptedBackend
-from tools.sampling import SamplingInbox, SamplingRequest
+from tools.sampling_inbox import SamplingInbox, SamplingRequest
 from tools.servers import ServerCatalog
 
 SHIPPED_MODEL = Path(__file__).resolve().parents[3] / "data" / "models" / "batchrun-tiny"

@@ -12,7 +12,7 @@ from batch.run.session import Session, SessionOptions
 from batch.run.truncation import Truncation
 from batch.harmony.vocab import harmony_encoding
 from engine.api import RequestOutput
-from tools.client import CallOutcome
+from tools.outcomes import CallOutcome
 from tools.registry import ToolRegistry
 
 SAMPLE_BODY = {  # the request of shared/reference/vllm-pr-mcp-streaming-sample.txt

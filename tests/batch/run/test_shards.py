@@ -234,7 +234,7 @@ def test_shards_with_epochs_merge_every_sample_once(tmp_path, tiny_model_dir, sm
     assert result.exit_code == 1 and "missing lines of present shards: 1 (4)" in result.output, result.output
     assert rows(lossy, "SELECT n_requests, status FROM runs") == [(9, "partial")]
     resumed = cli("submit", source, "--db", lossy, "--model", tiny_model_dir, *GREEDY, *epochs)
-    assert "1 requests this time" in resumed.output and "9 already done" in resumed.output, resumed.output
+    assert "1 request this time" in resumed.output and "9 already done" in resumed.output, resumed.output
     assert rows(lossy, query) == samples
     # Merging the same parts again keeps the sample that plain submit decoded (the parts lack it).
     again = cli("merge", *parts, "-o", lossy)

@@ -1,7 +1,7 @@
 """Tool answers are cut before tokenizing, never inside a character, with a note the model reads."""
 
 from batch.run.tool_policy import cap_output
-from tools.client import CallOutcome
+from tools.outcomes import CallOutcome
 
 
 def test_short_outputs_pass_unchanged_with_their_size():
