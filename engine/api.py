@@ -20,6 +20,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+# Sequences one step decodes when the caller names no number: on CPU a bigger batch only slows each step; on
+# a GPU a decode step reads the weights once for the whole batch, so it is nearly free throughput. 256 is what
+# the GPU benchmark and check run (vLLM's default: 256, and 1,024 on GPUs of 70 GiB or more but the A100).
+CPU_MAX_NUM_SEQS = 64
+CUDA_MAX_NUM_SEQS = 256
+
+
+def default_max_num_seqs(device: str) -> int:
+    """The engine's batch size on `device` (a resolved one: cpu, cuda or cuda:N) when none is named."""
+    return CUDA_MAX_NUM_SEQS if device.startswith("cuda") else CPU_MAX_NUM_SEQS
+
+
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
 
 

@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--kernels", default="auto")
     parser.add_argument("--moe-weights", default="auto", help="MXFP4 experts: auto, mxfp4 (packed) or dense")
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, help="the engine's batch size (default: 64 on CPU, 256 on CUDA)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--memory-gib", type=_memory_gib,
                         help="size the KV cache as on a GPU of this many GiB (h100: an H100 80GB's) when the GPU "
@@ -201,7 +201,10 @@ def _run(args: argparse.Namespace) -> None:
     if utilization != args.gpu_memory_utilization:
         print(f"KV cache sized as on a GPU of {args.memory_gib:.1f} GiB: --gpu-memory-utilization "
               f"{args.gpu_memory_utilization} of it is {utilization:.3f} of this device", flush=True)
-    engine_options = {"device": args.device, "kernels": args.kernels, "max_num_seqs": args.max_num_seqs,
+    from engine.device import batch_size_on
+
+    engine_options = {"device": args.device, "kernels": args.kernels,
+                      "max_num_seqs": args.max_num_seqs or batch_size_on(args.device),
                       "gpu_memory_utilization": utilization, "moe_weights": args.moe_weights}
     results: list[BenchResult] = []
     runs: list[tuple[str, dict]] = []

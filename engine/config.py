@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import GptOssConfig
 
-from engine.api import ModelLoadError
+from engine.api import CPU_MAX_NUM_SEQS, ModelLoadError
 from engine.device import resolve_device, resolve_kernels
 from engine.device_sampler import sampler_temporary_bytes
 
@@ -159,7 +159,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # on CUDA with the Triton kernels: steps replay captured graphs (engine.cuda_graphs)
     # The host schedules step N+1 while the device runs step N (engine.llm_engine). None: on CUDA only.
     async_scheduling: bool | None = None
-    max_num_seqs: int = 64
+    max_num_seqs: int = CPU_MAX_NUM_SEQS  # `load_backend` without one: default_max_num_seqs(device)
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0

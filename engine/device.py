@@ -19,10 +19,17 @@ from typing import Any
 
 import torch
 
+from engine.api import default_max_num_seqs
 from engine.kernels import triton_available
 
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_CHOICES = ("auto", "torch", "triton")
+
+
+def batch_size_on(name: str) -> int:
+    """The engine's default batch size (engine.api.default_max_num_seqs) on the device `name` names: "auto"
+    asks torch; a cuda name needs no GPU here (the engine's own resolution says when there is none)."""
+    return default_max_num_seqs("cuda" if name == "auto" and torch.cuda.is_available() else name)
 
 
 def resolve_device(name: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.api import Backend, ModelLoadError
 from engine.config import EngineConfig, check_model_dir
+from engine.device import batch_size_on
 
 BACKENDS = ("engine", "transformers")  # the first is `batchrun submit`'s default
 
@@ -27,6 +28,8 @@ def load_backend(name: str, model_dir: str | Path, **options: Any) -> Backend:
         from engine.llm_engine import LLMEngine
 
         check_model_dir(model_dir)
+        if options.get("max_num_seqs") is None:  # not named: the device's default (a GPU batches more)
+            options["max_num_seqs"] = batch_size_on(options.get("device", "cpu"))
         return LLMEngine(EngineConfig(Path(model_dir), **options))
     if name == "transformers":
         from engine.reference import TransformersBackend

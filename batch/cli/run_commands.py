@@ -20,6 +20,7 @@ from batch.cli.distribute import DistributionOptions, distribution_options, subm
 from batch.cli.submit import MOE_WEIGHT_CHOICES, SubmitOptions, submit_options, submit_plan
 from batch.cli.eval_commands import db_option, fail_under_option, grade_and_print, load_suite_or_fail
 from batch.cli.util import DEFAULT_DB, FiniteFloatRange, check_new_run_id, fail, open_store, options_from
+from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS
 from evals.suite import Suite, builtin_suites
 
 
@@ -117,8 +118,9 @@ def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str)
               help="Static batch size of hf_generate.")
 @click.option("--kv-cache-gb", type=FiniteFloatRange(min=0.001), default=2.0, show_default=True,
               help="Memory for the engine's paged KV cache on CPU.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Sequences the engine decodes in one step.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1),
+              help=f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
+                   f"{CUDA_MAX_NUM_SEQS} on CUDA].")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where every system runs (auto: CUDA when torch sees a GPU, else CPU).")
 @click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,
@@ -141,6 +143,10 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
     `host` measures the host path alone."""
     engine_options = {name: kw[name] for name in ("kv_cache_gb", "max_num_seqs", "device", "kernels",
                                                   "gpu_memory_utilization", "moe_weights", "deterministic")}
+    if engine_options["max_num_seqs"] is None:
+        from engine.device import batch_size_on
+
+        engine_options["max_num_seqs"] = batch_size_on(engine_options["device"])
     plan = BenchPlan(model_dir, preset, workloads.split(","), systems.split(","), kw["num_requests"],
                      kw["batch_size"], kw["seed"], kw["host_requests"], engine_options)
     bench_id = run_bench(plan, db)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
+from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS
 from batch.cli.rerun import exit_if_done
 from batch.cli.util import FiniteFloatRange, fail, open_store, resolve_latest
 from batch.store.errors import StoreError
@@ -83,8 +84,9 @@ SUBMIT_OPTIONS = [
     click.option("--deterministic/--no-deterministic", default=False, show_default=True,
                  help="Batch-invariant decoding: a request's tokens depend on the request and its seed only, "
                       "not on what else shares its batches or how the run is split (slower; README)."),
-    click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
-                 help="Sequences the engine decodes in one step."),
+    click.option("--max-num-seqs", type=click.IntRange(min=1),
+                 help=f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
+                      f"{CUDA_MAX_NUM_SEQS} on CUDA]."),
     click.option("--retry-failed", metavar="RUN_ID",
                  help="Re-run only the failed/incomplete lines of a run (or `latest`, the newest)."),
     click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input."),
@@ -97,9 +99,9 @@ SUBMIT_OPTIONS = [
                       "of one custom_id, told apart by requests.epoch; graders average over them."),
     click.option("--temperature", type=FiniteFloatRange(0, 2), default=1.0, show_default=True,
                  help="Default temperature for requests that do not set one (0: greedy)."),
-    click.option("--max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
+    click.option("--max-inflight", type=click.IntRange(min=1),
                  help="Requests decoded at once (or waiting for the database writer, which holds at most "
-                      "four times as many finished ones)."),
+                      "four times as many finished ones) [default: the engine's --max-num-seqs]."),
     click.option("--max-line-bytes", type=click.IntRange(min=1), default=8 * 1024 * 1024,
                  show_default=True, help="Longer input lines are recorded invalid."),
     click.option("--keep-tokens", is_flag=True, help="Also store every turn's prompt and completion token ids."),
@@ -146,13 +148,13 @@ class SubmitOptions:
     gpu_memory_utilization: float
     moe_weights: str
     deterministic: bool
-    max_num_seqs: int
+    max_num_seqs: int | None
     retry_failed: str | None
     limit: int | None
     max_output_tokens: int
     seed: int
     temperature: float
-    max_inflight: int
+    max_inflight: int | None
     max_line_bytes: int
     epochs: int
     keep_tokens: bool

@@ -171,9 +171,9 @@ class RayRunner:
     @property
     def chunk_size(self) -> int:
         """--max-inflight lines, or fewer when the input would not give every worker two chunks."""
-        lines = self.run_state.num_input_requests or self.options.max_inflight
+        lines = self.run_state.num_input_requests or self.options.inflight
         per_chunk = math.ceil(lines / (CHUNKS_PER_WORKER * max(1, len(self.slots))))
-        return max(1, min(self.options.max_inflight, per_chunk))
+        return max(1, min(self.options.inflight, per_chunk))
 
     def start_workers(self) -> dict:
         """Create the actors (each loads the model); returns the first one's engine config."""

@@ -92,7 +92,7 @@ class ChunkDecoder:
         `block`: when nothing decodes, wait (up to TOOL_WAIT_S) for a tool, a listing or `wake_on`
         (a chunk that arrives while only tools are pending starts at once).
         """
-        while self.queued and self.loop.num_inflight < self.options.max_inflight:
+        while self.queued and self.loop.num_inflight < self.options.inflight:
             self.loop.add(self.queued.popleft(), self.run_id)
         for result in self.loop.step(block=block, wake=self.wake_on):
             self.owners.pop((result.request.line_no, result.request.epoch)).add(result)
@@ -162,7 +162,9 @@ class DecodeWorker:
         try:
             engine = backend.load()  # type: ignore[attr-defined]  # a BackendSpec, or a test's stand-in
             self.engine_config = engine.describe()
-            decoder = ChunkDecoder(engine, dataclasses.replace(options, worker=self.label))
+            # its own engine's config: without --max-inflight, the requests in flight follow its batch size
+            decoder = ChunkDecoder(engine, dataclasses.replace(options, worker=self.label,
+                                                               engine_config=self.engine_config))
         except BaseException as exc:  # the constructor raises it: the actor could not start
             self._load_error = exc
             return

@@ -184,7 +184,7 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
         engine_config=options.engine_config, status=RunStatus.RUNNING, n_requests=0,
         options={"max_output_tokens": options.session.max_output_tokens,
                  "seed": options.session.seed, "temperature": options.session.temperature,
-                 "top_p": options.session.top_p, "max_inflight": options.max_inflight,
+                 "top_p": options.session.top_p, "max_inflight": options.inflight,
                  "conversation_date": options.prompt.conversation_date,
                  "reasoning_effort": options.prompt.reasoning_effort,
                  "keep_tokens": options.session.keep_tokens, "max_turns": options.session.max_turns,

@@ -21,6 +21,9 @@ class ToolOptions:
     log_path: Path | None = None  # the stdio servers' stderr (default: discarded)
 
 
+DEFAULT_MAX_INFLIGHT = 64  # requests in flight when neither --max-inflight nor the engine's batch size says
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What `batchrun submit` was asked to do."""
@@ -30,7 +33,7 @@ class RunOptions:
     resume: str | None = None
     retry_failed: str | None = None
     limit: int | None = None
-    max_inflight: int = 64
+    max_inflight: int | None = None  # --max-inflight; None: `inflight`, from the engine's batch size
     max_line_bytes: int = 8 * 1024 * 1024
     prompt: PromptOptions = PromptOptions()
     session: SessionOptions = SessionOptions(model="")
@@ -40,3 +43,9 @@ class RunOptions:
     shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
     epochs: int = 1  # --epochs K: each line decoded K times with distinct seeds (K requests rows)
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)
+
+    @property
+    def inflight(self) -> int:
+        """Requests in flight at once: --max-inflight, else as many as the engine decodes in one step (its
+        max_num_seqs: 64 on CPU, 256 on a GPU), so that a bigger batch is fed without a flag."""
+        return self.max_inflight or int(self.engine_config.get("max_num_seqs") or DEFAULT_MAX_INFLIGHT)

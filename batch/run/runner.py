@@ -141,7 +141,7 @@ class Run:
         self.store.runs.update(self.run_id, notes={**(self.ledger.get(self.run_id).notes or {}),
                                                    "input_lines": scan.num_requests})
         status = RunStatus.FAILED
-        self.writer = self.store.background_writer(max_unwritten=WRITER_HOLDS * self.options.max_inflight,
+        self.writer = self.store.background_writer(max_unwritten=WRITER_HOLDS * self.options.inflight,
                                                    min_rows=WRITE_MIN_EVENTS, max_wait_s=FLUSH_S)
         try:
             self._decode(self, lines)
@@ -239,7 +239,7 @@ class Run:
         self._report_written()
         if not self.pending:
             return
-        due = (force or len(self.pending) >= max(1, self.options.max_inflight // 4)
+        due = (force or len(self.pending) >= max(1, self.options.inflight // 4)
                or time.monotonic() - self._flushed_at >= FLUSH_S)
         if not due:
             return
@@ -358,7 +358,7 @@ class Runner:
         while run.has_lines or loop.is_busy:
             # Unwritten results count too: the reader stays within max_inflight of the store.
             while (line := run.next_line(lines, room=loop.num_inflight + run.num_held
-                                         < run.options.max_inflight)) is not None:
+                                         < run.options.inflight)) is not None:
                 prepared = run.prepare(line)
                 if prepared is not None:
                     loop.add(prepared, run.run_id)

@@ -401,6 +401,19 @@ def test_rerunning_a_limit_command_whose_lines_are_done_loads_nothing(tmp_path, 
     assert loaded == [1]
 
 
+def test_without_max_inflight_the_requests_in_flight_follow_the_engines_batch(tmp_path, tiny_model_dir):
+    # A run fed fewer requests than its engine decodes in one step wastes the batch (on a GPU the default
+    # batch is 256: with the former fixed 64 in flight, three quarters of it stayed empty).
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "a", "input": "Hi"})
+    db = tmp_path / "out.duckdb"
+    common = ["submit", source, "--db", db, "--model", tiny_model_dir, "--max-output-tokens", "1", "--quiet"]
+    for run_id, flags, seqs, inflight in (("cpu", [], 64, 64), ("seqs", ["--max-num-seqs", "8"], 8, 8),
+                                          ("both", ["--max-num-seqs", "8", "--max-inflight", "3"], 8, 3)):
+        assert batchrun(*common, "--run-id", run_id, *flags).exit_code == 0
+        [(options, config)] = rows(db, f"SELECT options, engine_config FROM runs WHERE run_id = '{run_id}'")
+        assert (json.loads(config)["max_num_seqs"], json.loads(options)["max_inflight"]) == (seqs, inflight)
+
+
 def test_show_gives_the_input_the_tool_outputs_and_an_invalid_lines_error(tmp_path):
     """With the shipped model: a browser search and open, and a line that is invalid."""
     search = json.loads((EXAMPLES / "quickstart.jsonl").read_text().splitlines()[6])

@@ -5,6 +5,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -140,3 +141,24 @@ def test_a_model_that_fails_to_load_fails_the_constructor(tmp_path):
 
     with pytest.raises(OSError, match="no such checkpoint"):
         DecodeWorker(Broken(), run_options(tmp_path), "w0")
+
+
+def test_without_max_inflight_a_worker_keeps_as_many_in_flight_as_its_engine_batches(tmp_path):
+    # The driver's options know no engine when the actor starts: the worker's own engine says (on a GPU worker,
+    # 256), or each worker would feed its batch the CPU's 64.
+    class OneAtATime(RecordingBackend):
+        def describe(self):
+            return {**super().describe(), "max_num_seqs": 1}
+
+    lines = prepared_lines(tmp_path, ["short one", "short two", "short three"])
+    backend = OneAtATime()
+    backend.gate.set()
+    options = dataclasses.replace(run_options(tmp_path), max_inflight=None)
+    worker = DecodeWorker(Spec(backend), options, "w0")
+    try:
+        results = worker.decode(lines, RUN_ID)
+    finally:
+        worker.close()
+    assert len(results) == 3 and {r.request.status for r in results} == {"completed"}
+    kinds = [kind for kind, _ in backend.log]
+    assert kinds == ["add", "end"] * 3, backend.log  # one request in flight at a time
