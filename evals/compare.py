@@ -170,11 +170,15 @@ def pass_rate(sides: list[RequestSide], on_grades: bool = True) -> Rate:
 
 
 def paired(changes: list[RequestChange]) -> PairedDifference:
-    """B's pass rate minus A's over the cases both ran: McNemar's exact test with one epoch; with
-    epochs, a bootstrap over cases and a sign-flip permutation test on the per-case differences.
-    On completion status when only one run has grades."""
+    """B's pass rate minus A's over the cases both ran (both graded, when both runs have grades):
+    McNemar's exact test with one epoch; with epochs, a bootstrap over cases and a sign-flip
+    permutation test on the per-case differences. On completion status when only one run has grades."""
     on = ungraded_run(changes) is None
     both = [c for c in changes if c.a is not None and c.b is not None]
+    if on and any(c.a.epoch_grades for c in changes if c.a):
+        # An ungraded case would pass on completion among cases that pass on grades (two measures in
+        # one rate); the headlines and the view paired_differences leave it out.
+        both = [c for c in both if c.a.epoch_grades and c.b.epoch_grades]
     return paired_difference({c.custom_id: c.a.outcomes(on) or [case_passed(c.a, on)] for c in both if c.a},
                              {c.custom_id: c.b.outcomes(on) or [case_passed(c.b, on)] for c in both if c.b})
 

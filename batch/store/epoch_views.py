@@ -1,6 +1,7 @@
 """Migration m014 (--epochs), kept beside migrations.py for its length: the requests key gains the
 epoch, and the views that reduce epochs per case, give every rate its interval (Wilson, or a
-bootstrap over cases) and pair two runs, plus the report's per-case and per-sample views.
+bootstrap over cases) and pair two runs, plus the report's per-case and per-sample views; and m018,
+which redoes the paired view's sign flips.
 """
 
 from __future__ import annotations
@@ -213,4 +214,47 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
                                                          ORDER BY sequence_number) AS island
           FROM events)
     GROUP BY run_id, response_id, type, island;
+    """)
+
+
+def m018_paired_sign_flips(con: duckdb.DuckDBPyConnection) -> None:
+    """paired_differences' sign-flip test flips each case's sign independently in every draw. m014 took
+    the sign from hash(custom_id, draw) % 2, but DuckDB combines the hashes of several values by a
+    multiply and an XOR, so any one bit of it is a bit of the custom_id's part XOR one of the draw's:
+    every draw flipped all cases or none, |sum| never changed, and p came out 1/1001 or 1. Hashing
+    that hash again mixes the bits."""
+    con.execute(f"""
+    CREATE OR REPLACE VIEW paired_differences AS
+    WITH d AS (SELECT *, greatest(max(epochs_a) OVER (PARTITION BY run_a, run_b),
+                               max(epochs_b) OVER (PARTITION BY run_a, run_b)) AS k
+               FROM paired_case_differences),
+    s AS (SELECT run_a, run_b, count(*) AS n, avg(difference) AS difference, max(k) AS k,
+                 count(*) FILTER (WHERE difference < 0) AS a_only,
+                 count(*) FILTER (WHERE difference > 0) AS b_only
+          FROM d GROUP BY run_a, run_b),
+    boot AS (SELECT run_a, run_b, draw, sum(wt * difference) / nullif(sum(wt), 0) AS mean
+             FROM (SELECT d.run_a, d.run_b, draw, d.difference,
+                          poisson1_weight(hash(d.run_a, d.run_b, d.custom_id, draw)) AS wt
+                   FROM d, range({BOOTSTRAP_DRAWS}) t(draw) WHERE d.k > 1)
+             GROUP BY run_a, run_b, draw),
+    -- A case's sign: hash(hash(..)), as one hash of several values XORs the draw's bits into every case alike.
+    flips AS (SELECT d.run_a, d.run_b, draw,
+                     abs(sum(CASE WHEN hash(hash(d.custom_id, draw)) % 2 = 0 THEN d.difference
+                                  ELSE -d.difference END)) AS flipped
+              FROM d, range({BOOTSTRAP_DRAWS}) t(draw) WHERE d.k > 1 GROUP BY d.run_a, d.run_b, draw),
+    bq AS (SELECT run_a, run_b, quantile_disc(mean, 0.025) AS low, quantile_disc(mean, 0.975) AS high
+           FROM boot GROUP BY run_a, run_b),
+    fp AS (SELECT f.run_a, f.run_b,
+                  (count(*) FILTER (WHERE f.flipped >= abs(s.difference * s.n) - 1e-9) + 1)
+                      / ({BOOTSTRAP_DRAWS} + 1) AS p
+           FROM flips f JOIN s USING (run_a, run_b) GROUP BY f.run_a, f.run_b)
+    SELECT s.run_a, s.run_b, s.n, s.k AS n_epochs, s.difference, s.a_only, s.b_only,
+           CASE WHEN s.k > 1 THEN bq.low ELSE greatest(-1.0, s.difference - {_Z95} * sqrt(greatest(0.0,
+               ((s.a_only + s.b_only) - (s.b_only - s.a_only) ^ 2 / s.n) / (s.n * s.n)))) END AS ci_low,
+           CASE WHEN s.k > 1 THEN bq.high ELSE least(1.0, s.difference + {_Z95} * sqrt(greatest(0.0,
+               ((s.a_only + s.b_only) - (s.b_only - s.a_only) ^ 2 / s.n) / (s.n * s.n)))) END AS ci_high,
+           CASE WHEN s.k > 1 THEN CASE WHEN s.a_only + s.b_only = 0 THEN 1.0 ELSE fp.p END
+                ELSE mcnemar_p(s.a_only, s.b_only) END AS p_value,
+           CASE WHEN s.k > 1 THEN 'sign-flip permutation' ELSE 'mcnemar-exact' END AS method
+    FROM s LEFT JOIN bq USING (run_a, run_b) LEFT JOIN fp USING (run_a, run_b);
     """)

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from batch.cli.main import main
 
 from batch.store.store import Store
-from evals.compare import RequestSide, classify, compare_runs, compare_text
+from evals.compare import RequestSide, classify, compare_runs, compare_text, paired
 from evals.stats import wilson
 from tests.evals.factories import make_result, make_run, message
 
@@ -86,6 +86,21 @@ def test_a_planted_regression_across_two_files_is_significant(tmp_path):
     reverse = CliRunner().invoke(main, ["compare", f"{tmp_path / 'b.duckdb'}:new", f"{tmp_path / 'a.duckdb'}:base",
                                         "--fail-on-regression"])
     assert reverse.exit_code == 0 and "significant improvement" in reverse.output
+
+
+def test_the_paired_difference_of_graded_runs_leaves_out_cases_neither_graded(tmp_path):
+    """Lines the suite has no case for are not graded: B - A is over the graded cases, as the two
+    headlines and the view paired_differences count them, not over those plus 30 completed ones."""
+    db = tmp_path / "b.duckdb"
+    for run_id, passed in (("a", [True] * 10), ("b", [n >= 5 for n in range(10)])):
+        write_graded_run(db, run_id, passed)
+        with Store(db) as store:
+            store.write_results([make_result(run_id, n, f"extra{n}", [message("x")]) for n in range(11, 41)])
+    with Store(db) as store:
+        difference = paired(compare_runs(store, "a", "b"))
+        view = store.reports.paired_difference("a", "b")
+    assert (difference.n, difference.difference, difference.b_only, difference.a_only) == (10, -0.5, 0, 5)
+    assert (view["n"], view["difference"]) == (10, -0.5)
 
 
 @pytest.fixture

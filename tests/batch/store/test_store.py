@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from evals.stats import wilson
+from evals.stats import paired_difference, wilson
 from batch.store.migrations import MIGRATIONS, duckdb_type, migrate
 from batch.responses.events import EventColumns
 from batch.responses.metrics import TurnMetrics
@@ -188,7 +188,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
                             (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
                             (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items"),
-                            (17, "m017_request_conversation")]
+                            (17, "m017_request_conversation"), (18, "m018_paired_sign_flips")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -651,6 +651,23 @@ def test_paired_differences_view(store):
     mirrored = store.con.sql("SELECT difference FROM paired_differences "
                              "WHERE run_a = 'b' AND run_b = 'a'").fetchall()[0]
     assert mirrored == (pytest.approx(0.5),)
+
+
+def test_paired_differences_view_with_epochs_is_a_sign_flip_test(store):
+    # 12 cases of 2 epochs: B passes 4 of them one epoch more than A, 2 one epoch less, 6 the same. Every
+    # sign pattern of the 6 nonzero differences is equally likely: p = 1 - C(6, 3) / 2^6, not noise-free.
+    a = {f"c{i}": [True, False] for i in range(12)}
+    b = {**a, **{f"c{i}": [True, True] for i in range(4)}, "c4": [False, False], "c5": [False, False]}
+    for run, outcomes in (("a", a), ("b", b)):
+        store.grades.write(run, [{"custom_id": case, "epoch": epoch, "grader": "g", "passed": passed}
+                                 for case, runs in outcomes.items() for epoch, passed in enumerate(runs)])
+    row = store.con.sql("SELECT n, n_epochs, difference, a_only, b_only, p_value, method FROM paired_differences "
+                        "WHERE run_a = 'a' AND run_b = 'b'").fetchall()[0]
+    exact = paired_difference(a, b)
+    assert exact.p_value == pytest.approx(1 - 20 / 64)
+    # 1000 hash-seeded draws: within 0.05 of the exact p (3 standard errors), not 1/1001 or 1.
+    assert row == (12, 2, pytest.approx(1 / 12), 2, 4, pytest.approx(exact.p_value, abs=0.05),
+                   "sign-flip permutation")
 
 
 def test_list_tool_calls_by_start(store):
