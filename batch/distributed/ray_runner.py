@@ -47,8 +47,12 @@ RESTART_WAIT_S = 900.0  # a worker not back this long after it died (no room on 
 # Ray keeps every node on 127.0.0.1 with these (it picks an external interface otherwise).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 # An address where something listens answers a TCP connect at once; one that drops packets
-# gets this long before --ray says so.
+# gets this long before --ray says so (and a listener this long to answer the HTTP/2 greeting).
 CONNECT_TIMEOUT_S = 3.0
+# A Ray cluster's address (its GCS; ray:// its client server) speaks gRPC, i.e. HTTP/2: to HTTP/2's
+# connection preface and an empty SETTINGS frame it answers with a SETTINGS frame of its own.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5)
+HTTP2_SETTINGS = 4  # a frame's type, its fourth byte
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install 'ray>=2.40')"
 
 
@@ -104,7 +108,7 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
         return False
     if options.address is not None:
         try:
-            # ray.init retries an address where nothing listens for over a minute: ask first.
+            # ray.init retries an address where nothing listens, or where no Ray does, for minutes: ask first.
             if (reason := unreachable(options.address)) is not None:
                 raise ConnectionError(reason)
             ray.init(address=options.address, logging_level="WARNING", log_to_driver=True)
@@ -119,8 +123,9 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
 
 
 def unreachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
-    """Why a TCP connection to a --ray HOST:PORT (or ray://HOST:PORT) fails, or None when one is
-    accepted there, or the address names no port (`auto`, a bare host: Ray resolves those)."""
+    """Why a --ray HOST:PORT (or ray://HOST:PORT) is no Ray cluster: nothing accepts a TCP connection
+    there, or what does is not a gRPC (HTTP/2) server. None when it answers HTTP/2, or the address names
+    no port (`auto`, a bare host: Ray resolves those). ray.init would retry either for minutes."""
     parts = urllib.parse.urlsplit(address if "://" in address else f"//{address}")
     try:
         host, port = parts.hostname, parts.port
@@ -129,10 +134,22 @@ def unreachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | Non
     if not host or port is None:
         return None
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return None
+        connection = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:  # refused, timed out, no such host
         return f"nothing answers at {parts.netloc}: {exc.strerror or exc}"
+    with connection:
+        reply = b""
+        try:
+            connection.sendall(HTTP2_PREFACE)
+            while len(reply) < 9 and (chunk := connection.recv(64)):
+                reply += chunk
+        except OSError:  # timed out, or reset: what came so far says what it is
+            pass
+    if len(reply) >= 9 and reply[3] == HTTP2_SETTINGS:
+        return None
+    said = (reply.splitlines() or [b""])[0][:60].decode("ascii", "replace")
+    return (f"something listens at {parts.netloc} but is not a Ray cluster: it does not answer gRPC (HTTP/2)"
+            + (f"; it said: {said}" if said.strip() else ""))
 
 
 class RayRunner:

@@ -3,13 +3,16 @@ one CPU each, all on 127.0.0.1): real actors, the real engine on the random tiny
 (or the scripted backend, for tool loops and a request that kills its worker), a real
 DuckDB file written by the driver alone."""
 
+import contextlib
 import dataclasses
+import http.server
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -253,6 +256,36 @@ def listening_port():
 
 
 @pytest.fixture
+def http2_port():
+    """A loopback port whose server answers HTTP/2's greeting as a gRPC server (a Ray GCS) does."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def answer():
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = server.accept()
+                    with connection:
+                        connection.recv(64)
+                        connection.sendall(bytes(3) + b"\x04" + bytes(5))  # an empty SETTINGS frame
+
+        threading.Thread(target=answer, daemon=True).start()
+        yield server.getsockname()[1]
+
+
+@pytest.fixture
+def http1_port():
+    """A loopback port with a plain HTTP/1 server on it (python -m http.server's)."""
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
 def closed_port():
     """A loopback port nothing listens on (bound and closed again)."""
     with socket.create_server(("127.0.0.1", 0)) as server:
@@ -272,12 +305,12 @@ def cannot_join(address: str, cause: str) -> str:
             "`ray start --head`, or pass --ray alone for a local cluster\n")
 
 
-def test_a_cluster_that_cannot_be_joined_is_one_error_line(tmp_path, monkeypatch, mixed, listening_port):
+def test_a_cluster_that_cannot_be_joined_is_one_error_line(tmp_path, monkeypatch, mixed, http2_port):
     # ray.init's ConnectionError for a wrong --ray address came out as a traceback.
     def refuse(**kwargs):
         raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}.")
 
-    address = f"127.0.0.1:{listening_port}"
+    address = f"127.0.0.1:{http2_port}"
     result = submit_joining(tmp_path, monkeypatch, mixed, address, refuse)
     assert result.exit_code == 1
     assert result.output == cannot_join(address, f"Failed to connect to Ray cluster at {address}.")
@@ -296,9 +329,28 @@ def test_an_address_where_nothing_listens_fails_at_once_without_rays_retries(tmp
     assert result.output == cannot_join(address, f"nothing answers at 127.0.0.1:{closed_port}: Connection refused")
 
 
-def test_only_an_address_with_a_port_is_checked_before_ray(listening_port, closed_port):
-    assert unreachable(f"127.0.0.1:{listening_port}") is None
-    assert unreachable(f"ray://127.0.0.1:{listening_port}") is None
+def test_a_port_where_something_else_listens_fails_at_once_saying_so(tmp_path, monkeypatch, mixed, http1_port,
+                                                                     listening_port):
+    # ray.init retried an HTTP server's port for minutes, printing Ray's GCS timeouts, until it was killed.
+    def retrying(**kwargs):
+        raise AssertionError("ray.init was called: it retries an address where no Ray listens for minutes")
+
+    address = f"127.0.0.1:{http1_port}"
+    result = submit_joining(tmp_path, monkeypatch, mixed, address, retrying)
+    assert result.exit_code == 1
+    expected = cannot_join(address, f"something listens at {address} but is not a Ray cluster: it does not answer "
+                                    "gRPC (HTTP/2); it said: SERVER")
+    prefix, suffix = expected.split("SERVER")  # the server's first line, which varies by Python version
+    assert result.output.startswith(prefix) and result.output.endswith(suffix), result.output
+    assert "\n" not in result.output[len(prefix):-1], result.output  # one line
+    silent = unreachable(f"127.0.0.1:{listening_port}", timeout_s=0.5)  # accepts, never answers
+    assert silent == f"something listens at 127.0.0.1:{listening_port} but is not a Ray cluster: it does not " \
+                     "answer gRPC (HTTP/2)"
+
+
+def test_only_an_address_with_a_port_is_checked_before_ray(http2_port, closed_port):
+    assert unreachable(f"127.0.0.1:{http2_port}") is None
+    assert unreachable(f"ray://127.0.0.1:{http2_port}") is None
     assert unreachable(f"127.0.0.1:{closed_port}") == f"nothing answers at 127.0.0.1:{closed_port}: Connection refused"
     assert unreachable(f"[::1]:{closed_port}") is not None  # IPv6 loopback: refused, or no IPv6 at all
     for resolved_by_ray in ("auto", "127.0.0.1", "127.0.0.1:port"):
@@ -354,6 +406,7 @@ class NodeRemovingRunner(RayRunner):
 
 # Last in the module: it adds a node and removes another from the shared cluster.
 def test_a_node_removed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
+    assert unreachable(cluster.address) is None  # a real GCS answers the probe --ray ADDRESS makes first
     cluster.add_node(num_cpus=1)  # where the lost worker can come back
     users = [f"python question {i}" if i % 4 == 0 else f"question {i}" for i in range(24)]
     path = requests_file(tmp_path, users)
