@@ -6,7 +6,8 @@ Pass rates come with a 95% interval so a regression gate does not fire on noise:
 - several samples per case (epochs): the mean per case, then a percentile bootstrap over cases
   (the cases are the independent units; epochs of one case are not).
 Two runs over the same cases are compared paired by case:
-- one sample per case: McNemar's exact test on the discordant pairs (a two-sided binomial test);
+- one sample per case: McNemar's exact test on the discordant pairs (a two-sided binomial test), and
+  Newcombe's hybrid score interval (1998, method 10) for the difference;
 - epochs: a paired sign-flip permutation test on the per-case differences of means.
 The bootstrap and permutation draws are seeded: the same runs give the same verdict.
 """
@@ -121,16 +122,42 @@ def paired_difference(a: dict[str, Sequence[bool]], b: dict[str, Sequence[bool]]
 
 
 def _mcnemar(pairs: list[tuple[bool, bool]]) -> PairedDifference:
+    both = sum(1 for x, y in pairs if x and y)
     a_only = sum(1 for x, y in pairs if x and not y)
     b_only = sum(1 for x, y in pairs if y and not x)
     n = len(pairs)
-    difference = (b_only - a_only) / n
-    # Interval for a difference of paired proportions (Wald on the discordant counts, clipped).
-    variance = ((a_only + b_only) - (b_only - a_only) ** 2 / n) / (n * n)
-    half = Z95 * math.sqrt(max(variance, 0.0))
-    return PairedDifference(n, difference, max(-1.0, difference - half), min(1.0, difference + half),
+    low, high = newcombe_paired(both, b_only, a_only, n - both - a_only - b_only)
+    return PairedDifference(n, (b_only - a_only) / n, low, high,
                             binomial_two_sided(min(a_only, b_only), a_only + b_only), "mcnemar-exact",
                             a_only, b_only)
+
+
+def newcombe_paired(both: int, b_only: int, a_only: int, neither: int, z: float = Z95) -> tuple[float, float]:
+    """The 95% interval of B's pass rate minus A's over paired cases: Newcombe's hybrid score
+    interval (Statist. Med. 1998;17:2635-50, method 10; his e, f, g, h are both, b_only, a_only, neither).
+
+    Each margin gets its Wilson interval; the distances from each rate to its limits are combined
+    with the phi correlation of the two runs' outcomes. Wald's interval on the discordant pairs is
+    0 to 0 when there are none and leaves [-1, 1] near the edges; this one does neither.
+    """
+    n = both + b_only + a_only + neither
+    if n <= 0 or min(both, b_only, a_only, neither) < 0:
+        raise ValueError(f"counts must be non-negative with a positive total, got {(both, b_only, a_only, neither)}")
+    p_b, p_a = (both + b_only) / n, (both + a_only) / n
+    rate_b, rate_a = wilson(both + b_only, n, z), wilson(both + a_only, n, z)
+    # Newcombe's phi: a positive eh - fg shrinks by n/2 (to no less than 0); without that, tables with
+    # no discordant pairs get phi = 1 and an interval of about 0 to 0 (his Table III). 0 when a margin is.
+    margins = (both + b_only) * (a_only + neither) * (both + a_only) * (b_only + neither)
+    cross = both * neither - b_only * a_only
+    shrunk = max(cross - n / 2, 0.0) if cross > 0 else float(cross)
+    phi = shrunk / math.sqrt(margins) if margins else 0.0
+    below_b, above_b = p_b - rate_b.low, rate_b.high - p_b
+    below_a, above_a = p_a - rate_a.low, rate_a.high - p_a
+    difference = p_b - p_a
+    # max(0, ...): at phi = 1 and equal distances the square is 0 up to rounding, which may be -1e-17.
+    low = difference - math.sqrt(max(below_b ** 2 - 2 * phi * below_b * above_a + above_a ** 2, 0.0))
+    high = difference + math.sqrt(max(above_b ** 2 - 2 * phi * above_b * below_a + below_a ** 2, 0.0))
+    return max(-1.0, low), min(1.0, high)
 
 
 def binomial_two_sided(k: int, n: int) -> float:

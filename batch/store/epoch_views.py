@@ -1,7 +1,7 @@
 """Migration m014 (--epochs), kept beside migrations.py for its length: the requests key gains the
 epoch, and the views that reduce epochs per case, give every rate its interval (Wilson, or a
-bootstrap over cases) and pair two runs, plus the report's per-case and per-sample views; and m018,
-which redoes the paired view's sign flips.
+bootstrap over cases) and pair two runs, plus the report's per-case and per-sample views; m018,
+which redoes the paired view's sign flips; and m019, whose one-epoch interval is Newcombe's.
 """
 
 from __future__ import annotations
@@ -217,20 +217,20 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
-def m018_paired_sign_flips(con: duckdb.DuckDBPyConnection) -> None:
-    """paired_differences' sign-flip test flips each case's sign independently in every draw. m014 took
-    the sign from hash(custom_id, draw) % 2, but DuckDB combines the hashes of several values by a
-    multiply and an XOR, so any one bit of it is a bit of the custom_id's part XOR one of the draw's:
-    every draw flipped all cases or none, |sum| never changed, and p came out 1/1001 or 1. Hashing
-    that hash again mixes the bits."""
-    con.execute(f"""
+def paired_differences_sql(ci_low: str, ci_high: str, counts: str = "") -> str:
+    """The statement that (re)creates the view paired_differences as m018 left it, with the one-epoch
+    interval given: ``ci_low`` and ``ci_high`` are SQL over the per-pair CTE ``s`` (n, difference,
+    a_only, b_only, and the columns that ``counts`` adds to it, each written ",\\n ... AS name").
+    Shared so that m018 and the migrations after it that only change the interval do not each carry
+    a copy of the whole view; m018's own call gives back byte for byte the text it always ran."""
+    return f"""
     CREATE OR REPLACE VIEW paired_differences AS
     WITH d AS (SELECT *, greatest(max(epochs_a) OVER (PARTITION BY run_a, run_b),
                                max(epochs_b) OVER (PARTITION BY run_a, run_b)) AS k
                FROM paired_case_differences),
     s AS (SELECT run_a, run_b, count(*) AS n, avg(difference) AS difference, max(k) AS k,
                  count(*) FILTER (WHERE difference < 0) AS a_only,
-                 count(*) FILTER (WHERE difference > 0) AS b_only
+                 count(*) FILTER (WHERE difference > 0) AS b_only{counts}
           FROM d GROUP BY run_a, run_b),
     boot AS (SELECT run_a, run_b, draw, sum(wt * difference) / nullif(sum(wt), 0) AS mean
              FROM (SELECT d.run_a, d.run_b, draw, d.difference,
@@ -249,12 +249,62 @@ def m018_paired_sign_flips(con: duckdb.DuckDBPyConnection) -> None:
                       / ({BOOTSTRAP_DRAWS} + 1) AS p
            FROM flips f JOIN s USING (run_a, run_b) GROUP BY f.run_a, f.run_b)
     SELECT s.run_a, s.run_b, s.n, s.k AS n_epochs, s.difference, s.a_only, s.b_only,
-           CASE WHEN s.k > 1 THEN bq.low ELSE greatest(-1.0, s.difference - {_Z95} * sqrt(greatest(0.0,
-               ((s.a_only + s.b_only) - (s.b_only - s.a_only) ^ 2 / s.n) / (s.n * s.n)))) END AS ci_low,
-           CASE WHEN s.k > 1 THEN bq.high ELSE least(1.0, s.difference + {_Z95} * sqrt(greatest(0.0,
-               ((s.a_only + s.b_only) - (s.b_only - s.a_only) ^ 2 / s.n) / (s.n * s.n)))) END AS ci_high,
+           CASE WHEN s.k > 1 THEN bq.low ELSE {ci_low} END AS ci_low,
+           CASE WHEN s.k > 1 THEN bq.high ELSE {ci_high} END AS ci_high,
            CASE WHEN s.k > 1 THEN CASE WHEN s.a_only + s.b_only = 0 THEN 1.0 ELSE fp.p END
                 ELSE mcnemar_p(s.a_only, s.b_only) END AS p_value,
            CASE WHEN s.k > 1 THEN 'sign-flip permutation' ELSE 'mcnemar-exact' END AS method
     FROM s LEFT JOIN bq USING (run_a, run_b) LEFT JOIN fp USING (run_a, run_b);
+    """
+
+
+def m018_paired_sign_flips(con: duckdb.DuckDBPyConnection) -> None:
+    """paired_differences' sign-flip test flips each case's sign independently in every draw. m014 took
+    the sign from hash(custom_id, draw) % 2, but DuckDB combines the hashes of several values by a
+    multiply and an XOR, so any one bit of it is a bit of the custom_id's part XOR one of the draw's:
+    every draw flipped all cases or none, |sum| never changed, and p came out 1/1001 or 1. Hashing
+    that hash again mixes the bits."""
+    # The one-epoch interval as m014 had it: Wald on the discordant pairs, clipped to [-1, 1].
+    wald_half = f"""{_Z95} * sqrt(greatest(0.0,
+               ((s.a_only + s.b_only) - (s.b_only - s.a_only) ^ 2 / s.n) / (s.n * s.n))))"""
+    con.execute(paired_differences_sql(ci_low=f"greatest(-1.0, s.difference - {wald_half}",
+                                       ci_high=f"least(1.0, s.difference + {wald_half}"))
+
+
+def m019_paired_newcombe_interval(con: duckdb.DuckDBPyConnection) -> None:
+    """paired_differences' one-epoch interval is Newcombe's hybrid score interval (evals/stats.py
+    newcombe_paired), not Wald's: Wald's was 0% to 0% without discordant pairs and, at 5 of 10 cases
+    lost, -81% to -19%. The macros newcombe_low/newcombe_high(e, f, g, h) give it to any query."""
+    # A table's margins multiply past BIGINT at ~55,000 pairs each way: the products are DOUBLE.
+    cross = "(e::DOUBLE * h - f::DOUBLE * g)"
+    n = "(e + f + g + h)::BIGINT"  # wilson_low/high square n: INTEGER ones overflow past n = 23,170
+    con.execute(f"""
+    -- Newcombe's phi, the correlation of the two runs' outcomes with a positive eh - fg shrunk by n/2
+    -- (to no less than 0); 0 when a margin is 0.
+    CREATE MACRO newcombe_phi(e, f, g, h) AS
+        CASE WHEN least(e + f, g + h, e + g, f + h) = 0 THEN 0.0
+             ELSE (CASE WHEN {cross} > 0 THEN greatest({cross} - {n} / 2, 0.0) ELSE {cross} END)
+                  / sqrt((e + f)::DOUBLE * (g + h) * (e + g) * (f + h)) END;
+
+    -- newcombe_low(e, f, g, h) / newcombe_high(e, f, g, h): the 95% interval of (f - g) / n, a second run's
+    -- pass rate minus a first's over paired cases (e: both pass, f: only the second, g: only the first,
+    -- h: neither): Newcombe's hybrid score interval (Statist. Med. 1998;17:2635-50, method 10).
+    CREATE MACRO newcombe_low(e, f, g, h) AS
+        greatest(-1.0, (e + f) / {n} - (e + g) / {n} - sqrt(greatest(0.0,
+            ((e + f) / {n} - wilson_low(e + f, {n})) ^ 2
+            - 2 * newcombe_phi(e, f, g, h) * ((e + f) / {n} - wilson_low(e + f, {n}))
+                * (wilson_high(e + g, {n}) - (e + g) / {n})
+            + (wilson_high(e + g, {n}) - (e + g) / {n}) ^ 2)));
+    CREATE MACRO newcombe_high(e, f, g, h) AS
+        least(1.0, (e + f) / {n} - (e + g) / {n} + sqrt(greatest(0.0,
+            (wilson_high(e + f, {n}) - (e + f) / {n}) ^ 2
+            - 2 * newcombe_phi(e, f, g, h) * (wilson_high(e + f, {n}) - (e + f) / {n})
+                * ((e + g) / {n} - wilson_low(e + g, {n}))
+            + ((e + g) / {n} - wilson_low(e + g, {n})) ^ 2)));
     """)
+    # With one epoch a case's pass share is 0 or 1: both_pass is Newcombe's e, b_only f, a_only g.
+    table = "s.both_pass, s.b_only, s.a_only, s.n - s.both_pass - s.a_only - s.b_only"
+    con.execute(paired_differences_sql(
+        ci_low=f"newcombe_low({table})", ci_high=f"newcombe_high({table})",
+        counts=""",
+                 count(*) FILTER (WHERE pass_a = 1 AND pass_b = 1) AS both_pass"""))

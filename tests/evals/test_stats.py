@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from evals.stats import binomial_two_sided, case_rate, paired_difference, wilson
+from evals.stats import binomial_two_sided, case_rate, newcombe_paired, paired_difference, wilson
 
 
 def test_wilson_interval_matches_the_textbook_values():
@@ -42,6 +42,69 @@ def test_half_the_cases_failing_is_a_significant_regression():
     diff = paired_difference(a, b)
     assert diff.difference == -0.5 and diff.p_value == pytest.approx(2 / 2 ** 10)
     assert diff.verdict().startswith("significant regression") and diff.high < 0
+
+
+# Newcombe (1998, Statist. Med. 17:2635-2650) Table III, the method 10 rows: (e, f, g, h) -> 95% limits
+# of (f - g) / n, to the published 4 decimals (e: both pass; f: only B; g: only A; h: neither). Taken
+# from secondary transcriptions (two agree), not checked against the primary PDF; the 18 rows pin the
+# phi correction (with the plain phi 11 rows differ, and (27, 0, 0, 27) comes out 0 to 0).
+NEWCOMBE_TABLE_III = [
+    ((36, 12, 2, 0), (0.0569, 0.3404)), ((20, 12, 2, 16), (0.0562, 0.3292)),
+    ((18, 12, 2, 18), (0.0562, 0.3290)), ((36, 14, 0, 0), (0.1528, 0.4167)),
+    ((35, 14, 0, 1), (0.1461, 0.4175)), ((18, 14, 0, 18), (0.1441, 0.3963)),
+    ((2, 97, 1, 0), (0.8721, 0.9854)), ((0, 29, 1, 0), (0.6666, 0.9882)),
+    ((2, 98, 0, 0), (0.9178, 0.9945)), ((1, 98, 0, 1), (0.9171, 0.9916)),
+    ((0, 30, 0, 0), (0.8395, 1.0)), ((54, 0, 0, 0), (-0.0664, 0.0664)),
+    ((53, 0, 0, 1), (-0.0729, 0.0729)), ((30, 0, 0, 24), (-0.0358, 0.0358)),
+    ((29, 0, 0, 25), (-0.0354, 0.0354)), ((28, 0, 0, 26), (-0.0352, 0.0352)),
+    ((27, 0, 0, 27), (-0.0351, 0.0351))]
+
+
+@pytest.mark.parametrize("table, published", NEWCOMBE_TABLE_III)
+def test_newcombe_interval_matches_the_papers_table(table, published):
+    low, high = newcombe_paired(*table)
+    assert (round(low, 4), round(high, 4)) == published
+
+
+def test_newcombe_interval_row_printed_one_unit_low():
+    # (1, 97, 1, 1): 0.873672 to 0.985026 here, printed 0.8736 to 0.9850 (with z = 1.96 too: 0.873670).
+    low, high = newcombe_paired(1, 97, 1, 1)
+    assert (low, high) == pytest.approx((0.8736, 0.9850), abs=1e-4)
+
+
+def test_no_discordant_pairs_give_an_interval_around_0_not_a_point():
+    """Wald's variance is 0 without discordant pairs: it claimed B - A = 0 exactly, 0% to 0%."""
+    a = {f"c{i}": [i < 3] for i in range(10)}
+    diff = paired_difference(a, a)
+    assert (diff.difference, diff.p_value) == (0.0, 1.0)
+    assert (round(diff.low, 4), round(diff.high, 4)) == (-0.2002, 0.2002)
+    assert newcombe_paired(10, 0, 0, 0) == pytest.approx((-wilson(0, 10).high, wilson(0, 10).high))
+
+
+def test_five_discordant_pairs_of_ten_all_one_way():
+    """A passes all 10 cases, B fails 5 of them. Wald said -81% to -19%; Newcombe's interval is
+    -76.3% to -11.7%, asymmetric and narrower on the side away from 0. It still excludes 0 while McNemar's
+    exact p = 0.0625: the interval is a score interval, in line with the asymptotic McNemar test
+    (chi-square 25/5 = 5, p = 0.025), and the exact test is the more cautious of the two."""
+    a = {f"c{i}": [True] for i in range(10)}
+    b = {f"c{i}": [i >= 5] for i in range(10)}
+    diff = paired_difference(a, b)
+    assert (diff.difference, diff.a_only, diff.b_only, diff.p_value) == (-0.5, 5, 0, 0.0625)
+    assert (round(diff.low, 4), round(diff.high, 4)) == (-0.7634, -0.1174)
+    assert not diff.significant
+
+
+def test_newcombe_interval_excludes_0_wherever_mcnemars_exact_test_is_significant():
+    """Over every table of up to 16 pairs: a significant exact test always comes with an interval
+    away from 0, so where they disagree it is the interval that is bolder, never the verdict."""
+    for n in range(1, 17):
+        for both in range(n + 1):
+            for b_only in range(n + 1 - both):
+                for a_only in range(n + 1 - both - b_only):
+                    low, high = newcombe_paired(both, b_only, a_only, n - both - b_only - a_only)
+                    assert -1.0 <= low <= (b_only - a_only) / n <= high <= 1.0
+                    if binomial_two_sided(min(a_only, b_only), a_only + b_only) < 0.05:
+                        assert high < 0 or low > 0, (both, b_only, a_only, n)
 
 
 def test_epochs_use_case_means_and_a_paired_permutation_test():
@@ -82,3 +145,20 @@ def test_the_databases_wilson_macros_give_the_same_interval(tmp_path):
             low, high = store.con.sql(f"SELECT wilson_low({passed}, {n}), wilson_high({passed}, {n})").fetchall()[0]
             expected = wilson(passed, n)
             assert (low, high) == pytest.approx((expected.low, expected.high), abs=1e-12), (passed, n)
+
+
+def test_the_databases_newcombe_macros_give_the_same_interval(tmp_path):
+    """newcombe_low/high(e, f, g, h) in SQL (the view paired_differences' one-epoch interval) agree with Python's."""
+    from batch.store.store import Store
+
+    rng = random.Random(7)
+    tables = [table for table, _ in NEWCOMBE_TABLE_III] + [(1, 97, 1, 1), (0, 0, 5, 5), (5, 0, 5, 0), (0, 0, 0, 1)]
+    tables += [tuple(rng.randrange(0, 40) for _ in range(4)) for _ in range(40)]
+    tables += [(40_000, 9_000, 11_000, 40_000)]  # products of the margins past 2^63: computed in DOUBLE
+    with Store(tmp_path / "b.duckdb") as store:
+        for table in tables:
+            if not sum(table):
+                continue
+            low, high = store.con.sql("SELECT newcombe_low(?, ?, ?, ?), newcombe_high(?, ?, ?, ?)",
+                                      params=[*table, *table]).fetchall()[0]
+            assert (low, high) == pytest.approx(newcombe_paired(*table), abs=1e-12), table

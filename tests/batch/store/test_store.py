@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from evals.stats import paired_difference, wilson
+from evals.stats import newcombe_paired, paired_difference, wilson
 from batch.store.migrations import MIGRATIONS, duckdb_type, migrate
 from batch.responses.events import EventColumns
 from batch.responses.metrics import TurnMetrics
@@ -188,7 +188,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (10, "m010_request_worker"), (11, "m011_bench_latency_percentiles"),
                             (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
                             (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items"),
-                            (17, "m017_request_conversation"), (18, "m018_paired_sign_flips")]
+                            (17, "m017_request_conversation"), (18, "m018_paired_sign_flips"),
+                            (19, "m019_paired_newcombe_interval")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -645,12 +646,62 @@ def test_paired_differences_view(store):
     # One epoch: 5 cases fail in B that passed in A, none the other way (McNemar exact p = 1/16).
     for run, passed in (("a", [True] * 10), ("b", [False] * 5 + [True] * 5)):
         store.grades.write(run, [{"custom_id": f"c{i}", "grader": "g", "passed": p} for i, p in enumerate(passed)])
-    row = store.con.sql("SELECT n, difference, a_only, b_only, p_value, method FROM paired_differences "
-                        "WHERE run_a = 'a' AND run_b = 'b'").fetchall()[0]
-    assert row == (10, pytest.approx(-0.5), 5, 0, pytest.approx(0.0625), "mcnemar-exact")
+    row = store.con.sql("SELECT n, difference, a_only, b_only, ci_low, ci_high, p_value, method "
+                        "FROM paired_differences WHERE run_a = 'a' AND run_b = 'b'").fetchall()[0]
+    # Newcombe's interval (not Wald's -81% to -19%): e = 5 both pass, f = 0, g = 5 only A, h = 0.
+    assert row == (10, pytest.approx(-0.5), 5, 0, pytest.approx(-0.763407, abs=1e-6),
+                   pytest.approx(-0.117367, abs=1e-6), pytest.approx(0.0625), "mcnemar-exact")
     mirrored = store.con.sql("SELECT difference FROM paired_differences "
                              "WHERE run_a = 'b' AND run_b = 'a'").fetchall()[0]
     assert mirrored == (pytest.approx(0.5),)
+
+
+def test_paired_differences_view_gives_pythons_interval_on_random_tables(store):
+    """One epoch: the view's ci_low/ci_high are Newcombe's, as evals/stats.py computes them, table by table."""
+    rng = random.Random(3)
+    tables = [(0, 0, 0, 6), (4, 0, 0, 0), (0, 3, 0, 0), (2, 0, 0, 5)]  # no discordant pairs; all one way
+    tables += [tuple(rng.randrange(0, 9) for _ in range(4)) for _ in range(12)]
+    expected = {}
+    for t, (both, b_only, a_only, neither) in enumerate(tables):
+        if not both + b_only + a_only + neither:
+            continue
+        cells = [(True, True)] * both + [(False, True)] * b_only + [(True, False)] * a_only + [(False, False)] * neither
+        for run, side in (("a", 0), ("b", 1)):
+            store.grades.write(f"{run}{t}", [{"custom_id": f"t{t}-{i}", "grader": "g", "passed": cell[side]}
+                                             for i, cell in enumerate(cells)])
+        a = {f"t{t}-{i}": [cell[0]] for i, cell in enumerate(cells)}
+        b = {f"t{t}-{i}": [cell[1]] for i, cell in enumerate(cells)}
+        python = paired_difference(a, b)
+        assert (python.low, python.high) == newcombe_paired(both, b_only, a_only, neither)
+        expected[f"a{t}", f"b{t}"] = (python.n, python.a_only, python.b_only, pytest.approx(python.low, abs=1e-12),
+                                      pytest.approx(python.high, abs=1e-12), pytest.approx(python.p_value))
+    rows = store.con.sql("SELECT run_a, run_b, n, a_only, b_only, ci_low, ci_high, p_value FROM paired_differences "
+                         "WHERE run_a LIKE 'a%' AND run_b = 'b' || substr(run_a, 2)").fetchall()
+    assert {(r[0], r[1]): r[2:] for r in rows} == expected
+
+
+def test_released_migrations_execute_the_sql_they_did():
+    """m014 and m018 are released: their SQL, now partly built by a shared function, is byte for byte
+    what they ran before m019 (a database migrated then and one migrated now hold the same views)."""
+    import hashlib
+
+    from batch.store.epoch_views import m014_epochs, m018_paired_sign_flips
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.sql: list[str] = []
+
+        def execute(self, sql: str, *args: object) -> None:
+            self.sql.append(sql)
+
+    digests = {}
+    for migration in (m014_epochs, m018_paired_sign_flips):
+        recorder = Recorder()
+        migration(recorder)
+        digests[migration.__name__] = hashlib.sha256("\x00".join(recorder.sql).encode()).hexdigest()
+    assert digests == {
+        "m014_epochs": "76aecd6e62e0403530ac070b90ad4e6ef45a674537fde26140e636989a9dab48",
+        "m018_paired_sign_flips": "edc488d9d1d826160041f27c969ea589fbb18fdd6d86d9710e80e9a1bc84bfac"}
 
 
 def test_paired_differences_view_with_epochs_is_a_sign_flip_test(store):
