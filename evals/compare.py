@@ -174,13 +174,13 @@ def paired(changes: list[RequestChange]) -> PairedDifference:
     McNemar's exact test with one epoch; with epochs, a bootstrap over cases and a sign-flip
     permutation test on the per-case differences. On completion status when only one run has grades."""
     on = ungraded_run(changes) is None
-    both = [c for c in changes if c.a is not None and c.b is not None]
+    both = [(c.custom_id, c.a, c.b) for c in changes if c.a is not None and c.b is not None]
     if on and any(c.a.epoch_grades for c in changes if c.a):
         # An ungraded case would pass on completion among cases that pass on grades (two measures in
         # one rate); the headlines and the view paired_differences leave it out.
-        both = [c for c in both if c.a.epoch_grades and c.b.epoch_grades]
-    return paired_difference({c.custom_id: c.a.outcomes(on) or [case_passed(c.a, on)] for c in both if c.a},
-                             {c.custom_id: c.b.outcomes(on) or [case_passed(c.b, on)] for c in both if c.b})
+        both = [(case, a, b) for case, a, b in both if a.epoch_grades and b.epoch_grades]
+    return paired_difference({case: a.outcomes(on) or [case_passed(a, on)] for case, a, _ in both},
+                             {case: b.outcomes(on) or [case_passed(b, on)] for case, _, b in both})
 
 
 def is_significant_regression(changes: list[RequestChange]) -> bool:
