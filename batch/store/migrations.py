@@ -289,17 +289,24 @@ def m011_bench_latency_percentiles(con: duckdb.DuckDBPyConnection) -> None:
 _Z95 = "1.959963984540054"  # the standard normal's 97.5% quantile (evals/stats.py Z95)
 
 
+def _wilson_macros(create: str, n: str = "n") -> str:
+    """The wilson_low/wilson_high macros' SQL (`create`: CREATE or CREATE OR REPLACE), `n` the total as the
+    formula reads it."""
+    z = _Z95
+    centre = f"((k / {n} + {z}^2 / (2 * {n})) / (1 + {z}^2 / {n}))"
+    half = f"({z} * sqrt((k / {n}) * (1 - k / {n}) / {n} + {z}^2 / (4 * {n} * {n})) / (1 + {z}^2 / {n}))"
+    return f"""
+    -- wilson_low(passed, n) / wilson_high(passed, n): the 95% Wilson score interval of a pass rate.
+    {create} MACRO wilson_low(k, n) AS
+        CASE WHEN n = 0 THEN NULL WHEN k = 0 THEN 0.0 ELSE greatest(0.0, {centre} - {half}) END;
+    {create} MACRO wilson_high(k, n) AS
+        CASE WHEN n = 0 THEN NULL WHEN k = n THEN 1.0 ELSE least(1.0, {centre} + {half}) END;
+"""
+
+
 def m013_pass_rate_intervals(con: duckdb.DuckDBPyConnection) -> None:
     """95% Wilson intervals on every pass rate (macros any client can call), and a per-run view."""
-    z = _Z95
-    centre = f"((k / n + {z}^2 / (2 * n)) / (1 + {z}^2 / n))"
-    half = f"({z} * sqrt((k / n) * (1 - k / n) / n + {z}^2 / (4 * n * n)) / (1 + {z}^2 / n))"
-    con.execute(f"""
-    -- wilson_low(passed, n) / wilson_high(passed, n): the 95% Wilson score interval of a pass rate.
-    CREATE MACRO wilson_low(k, n) AS
-        CASE WHEN n = 0 THEN NULL WHEN k = 0 THEN 0.0 ELSE greatest(0.0, {centre} - {half}) END;
-    CREATE MACRO wilson_high(k, n) AS
-        CASE WHEN n = 0 THEN NULL WHEN k = n THEN 1.0 ELSE least(1.0, {centre} + {half}) END;
+    con.execute(_wilson_macros("CREATE") + """
 
     CREATE OR REPLACE VIEW pass_rate_per_grader AS
     SELECT run_id, grader, count(*) AS n_graded, count(*) FILTER (WHERE passed) AS n_passed,
@@ -359,12 +366,19 @@ def m017_request_conversation(con: duckdb.DuckDBPyConnection) -> None:
         WHERE body IS NOT NULL""")
 
 
+def m020_wilson_any_integers(con: duckdb.DuckDBPyConnection) -> None:
+    """wilson_low/high with the total read as a double: with INTEGER arguments (literals, a client's own
+    columns) 4 * n * n overflowed past n = 23,170 (`SELECT wilson_low(5, 100000)` raised); the views pass
+    count(*), a BIGINT, and were right."""
+    con.execute(_wilson_macros("CREATE OR REPLACE", "(n::DOUBLE)"))
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
     m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
     m011_bench_latency_percentiles, m012_tool_call_result, m013_pass_rate_intervals, m014_epochs,
     m015_sampling_turns, m016_turn_dropped_items, m017_request_conversation, m018_paired_sign_flips,
-    m019_paired_newcombe_interval]
+    m019_paired_newcombe_interval, m020_wilson_any_integers]
 
 
 def _version(migration: Callable) -> int:

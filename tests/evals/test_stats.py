@@ -141,7 +141,8 @@ def test_the_databases_wilson_macros_give_the_same_interval(tmp_path):
     from batch.store.store import Store
 
     with Store(tmp_path / "b.duckdb") as store:
-        for passed, n in [(0, 1), (0, 10), (3, 10), (7, 9), (10, 10), (1, 4), (250, 1000)]:
+        for passed, n in [(0, 1), (0, 10), (3, 10), (7, 9), (10, 10), (1, 4), (250, 1000),
+                          (5, 100_000), (40_000, 2_000_000)]:  # INTEGER literals: 4 * n * n overflowed past 23,170
             low, high = store.con.sql(f"SELECT wilson_low({passed}, {n}), wilson_high({passed}, {n})").fetchall()[0]
             expected = wilson(passed, n)
             assert (low, high) == pytest.approx((expected.low, expected.high), abs=1e-12), (passed, n)

@@ -189,7 +189,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
                             (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items"),
                             (17, "m017_request_conversation"), (18, "m018_paired_sign_flips"),
-                            (19, "m019_paired_newcombe_interval")]
+                            (19, "m019_paired_newcombe_interval"), (20, "m020_wilson_any_integers")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
