@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import click
 
 from batch.cli import display
-from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS
 from batch.cli.rerun import exit_if_done
 from batch.cli.util import FiniteFloatRange, fail, open_store, resolve_latest
 from batch.store.errors import StoreError
@@ -35,7 +34,7 @@ from batch.run.session import SessionOptions
 from batch.responses.request import REASONING_EFFORTS
 from batch.responses.status import RequestStatus
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
-from engine.api import Backend
+from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS, Backend
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
