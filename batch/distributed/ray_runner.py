@@ -6,13 +6,16 @@ does but decode) whose decoding is chunk dispatch: it reads and checks the lines
 actors (batch/distributed/ray_worker.py), at most two chunks per worker at a time, so the
 driver holds a bounded number of lines for any input size; a worker decodes its
 two chunks in one batch (a chunk's tail does not leave the batch half empty) and
-returns each when its last line ends. Resume is by line, as on one machine: a
+streams each line's result back as that line ends (`decode` is a Ray streaming
+generator): the driver writes it at once, and a conversation's next line goes out
+without waiting for the rest of its chunk. Resume is by line, as on one machine: a
 rerun of the same command skips every line that has a row.
 
-Faults: a chunk whose worker died (killed, its node lost, out of memory) goes back
-to the queue (`ChunkQueue`, batch/distributed/chunk_queue.py: split in halves, a
-suspect line alone onto an idle worker, `MAX_ATTEMPTS` tries alone, then it fails
-with an error that says so). Results a worker returned are written and never redone. A dead
+Faults: the lines of a chunk whose worker died (killed, its node lost, out of memory)
+that it had not returned go back to the queue (`ChunkQueue`, batch/distributed/chunk_queue.py:
+split in halves, a suspect line alone onto an idle worker, `MAX_ATTEMPTS` tries as
+the one line its worker had not returned, then it fails with an error that says so).
+Results a worker returned are written and never redone. A dead
 worker gets no work until it answers again (Ray restarts it, reloading the model);
 one that cannot be restarted is dropped, and the run fails only when none is left.
 """
@@ -66,16 +69,20 @@ class RayOptions:
     cpus_per_worker: float = 1.0
 
 
+Sample = tuple[int, int]  # (line_no, epoch): one request (with --epochs K a line is K of them)
+
+
 @dataclass
 class WorkerSlot:
     """One worker actor and the chunks it holds."""
 
     index: int
     handle: Any
-    chunks: dict[Any, list[Prepared]] = field(default_factory=dict)  # ObjectRef -> chunk
+    # ObjectRefGenerator of a decode call -> the lines of its chunk whose results have not come back
+    chunks: dict[Any, dict[Sample, Prepared]] = field(default_factory=dict)
     probe: Any = None  # an ObjectRef of ping() while the worker is coming back
     died_at: float = 0.0  # time.monotonic() of its last death
-    lines_at_death: int = 0  # lines it held when it last died (1: that line's death)
+    lines_at_death: int = 0  # lines it had not returned when it last died (1: that line's death)
     is_dead: bool = False
 
     @property
@@ -88,7 +95,13 @@ class WorkerSlot:
 
     @property
     def num_lines(self) -> int:
+        """Lines given to it whose results have not come back."""
         return sum(len(chunk) for chunk in self.chunks.values())
+
+    @property
+    def held(self) -> list[list[Prepared]]:
+        """The lines not yet returned of each chunk it holds."""
+        return [list(chunk.values()) for chunk in self.chunks.values()]
 
 
 def import_ray() -> Any:
@@ -221,7 +234,7 @@ class RayRunner:
         return CHUNKS_PER_WORKER * self.chunk_size * max(1, len(self.slots))
 
     def _num_out(self) -> int:
-        return sum(len(chunk) for slot in self.slots for chunk in slot.chunks.values())
+        return sum(slot.num_lines for slot in self.slots)
 
     def _num_held(self) -> int:
         return self.queue.num_lines + self._num_out() + self.run_state.num_held
@@ -229,10 +242,12 @@ class RayRunner:
     def _dispatch(self) -> None:
         for slot in self.slots:
             while slot.has_room:
-                chunk = self.queue.next_for(list(slot.chunks.values()))
+                chunk = self.queue.next_for(slot.held)
                 if chunk is None:
                     break
-                slot.chunks[slot.handle.decode.remote(chunk, self.run_state.run_id)] = chunk
+                stream = slot.handle.decode.options(num_returns="streaming").remote(chunk, self.run_state.run_id)
+                slot.chunks[stream] = {_sample(prepared.line.line_no, prepared.line.epoch): prepared
+                                       for prepared in chunk}
         if not any(not slot.is_dead for slot in self.slots):
             raise RunError("every Ray worker died and none could be restarted; finished requests are "
                            "saved: run the same command again to resume")
@@ -242,32 +257,55 @@ class RayRunner:
             if slot.probe is not None and time.monotonic() - slot.died_at > RESTART_WAIT_S:
                 self.ray.kill(slot.handle)
                 slot.probe, slot.is_dead = None, True
-        refs = [ref for slot in self.slots for ref in slot.chunks]
+        # a stream is ready when its next result (or its end, or its error) has come
+        streams = [stream for slot in self.slots for stream in slot.chunks]
         probes = [slot.probe for slot in self.slots if slot.probe is not None]
-        if not refs and not probes:
+        if not streams and not probes:
             return
-        ready, _ = self.ray.wait(refs + probes, num_returns=1, timeout=WAIT_S)
+        ready, _ = self.ray.wait(streams + probes, num_returns=1, timeout=WAIT_S)
         if ready:  # and whatever else is done by now
-            ready, _ = self.ray.wait(refs + probes, num_returns=len(refs) + len(probes), timeout=0)
-        for ref in ready:
-            slot = next(s for s in self.slots if ref in s.chunks or ref == s.probe)
-            if ref == slot.probe:
-                self._probed(slot, ref)
+            ready, _ = self.ray.wait(streams + probes, num_returns=len(streams) + len(probes), timeout=0)
+        for waitable in ready:
+            owner = next((s for s in self.slots if waitable in s.chunks or waitable == s.probe), None)
+            if owner is None:  # a stream of a worker found dead (and its chunks given back) just before
+                continue
+            if waitable in owner.chunks:
+                self._stream(owner, waitable)
             else:
-                self._returned(slot, ref)
+                self._probed(owner, waitable)
 
-    def _returned(self, slot: WorkerSlot, ref: Any) -> None:
-        try:
-            results = self.ray.get(ref)
-        except self.ray.exceptions.RayError:  # the worker died (or the task raised: a bug)
-            if slot.probe is None and not slot.is_dead:  # the first of this death's chunks
-                slot.lines_at_death = slot.num_lines
-                slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
-            self._give_back(slot.chunks.pop(ref), alone=slot.lines_at_death == 1)
-            return
-        slot.chunks.pop(ref)
-        for result in results:
+    def _stream(self, slot: WorkerSlot, stream: Any) -> None:
+        """Take what a ready decode stream has: each result, its end, or its worker's death."""
+        while True:
+            try:
+                ref = next(stream)  # does not block: ray.wait said the next one is there
+            except StopIteration:  # every line of the chunk came back
+                if slot.chunks.pop(stream):
+                    raise RunError(f"{slot.label} ended a chunk without the results of all its lines "
+                                   "(a bug)") from None
+                return
+            try:
+                result = self.ray.get(ref)
+            except self.ray.exceptions.RayError:  # the worker died (or the task raised: a bug)
+                self._died(slot, stream)
+                return
+            self._returned(slot, stream, result)
+            if not self.ray.wait([stream], timeout=0)[0]:
+                return
+
+    def _returned(self, slot: WorkerSlot, stream: Any, result: Any) -> None:
+        """One line's result: written (once), and no longer the worker's to lose."""
+        request = result.request
+        if slot.chunks[stream].pop(_sample(request.line_no, request.epoch), None) is not None:
             self.run_state.finish_request(result)
+
+    def _died(self, slot: WorkerSlot, stream: Any) -> None:
+        """A decode stream ended in an error: the lines of its chunk not returned go back to the queue."""
+        if slot.probe is None and not slot.is_dead:  # the first of this death's chunks
+            # 1: the worker had no other line left, so the death counts against that line
+            slot.lines_at_death = slot.num_lines
+            slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
+        self._give_back(list(slot.chunks.pop(stream).values()), alone=slot.lines_at_death == 1)
 
     def _probed(self, slot: WorkerSlot, ref: Any) -> None:
         slot.probe = None
@@ -277,12 +315,14 @@ class RayRunner:
             slot.probe = slot.handle.ping.remote()
         except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
             slot.is_dead = True
-            for chunk in slot.chunks.values():  # calls made before it was known dead
+            for chunk in slot.held:  # calls made before it was known dead
                 self._give_back(chunk, alone=False)
             slot.chunks.clear()
 
     def _give_back(self, chunk: list[Prepared], alone: bool) -> None:
-        """A chunk its worker did not return goes back to the queue; a line out of tries fails."""
+        """The lines of a chunk its worker did not return go back to the queue; a line out of tries fails."""
+        if not chunk:  # every line had come back before the worker died
+            return
         given_up = self.queue.give_back(chunk, alone)
         if given_up is not None:
             line, run = given_up.line, self.run_state
@@ -293,6 +333,10 @@ class RayRunner:
     def _kill_workers(self) -> None:
         for slot in self.slots:
             self.ray.kill(slot.handle)
+
+
+def _sample(line_no: int, epoch: int) -> Sample:
+    return int(line_no), int(epoch)
 
 
 def _worker_class() -> type:

@@ -3,15 +3,17 @@
 `ChunkDecoder` is a `DecodeLoop` (batch/run/decode_loop.py) fed by chunks, with no
 store: the loop lists each prepared line's MCP servers (its own server processes),
 admits it, decodes it with continuous batching and runs its tool loops; the decoder
-hands each finished `RequestResult` to the chunk it came from; the driver writes them.
+hands each finished `RequestResult` to the chunk it came from, which yields it to the
+driver at once (the driver writes it; it does not wait for the chunk's slowest line).
 It decodes every chunk it was given in one batch: a newer chunk's lines are admitted
 as soon as fewer than `--max-inflight` requests are in flight, so the batch stays full
 while an older chunk's last requests finish.
 
 `DecodeWorker` is the actor class around it (batch/distributed/ray_runner.py makes it a threaded
 actor): one thread of its own loads the engine and runs the decoding loop; each
-`decode` call (Ray runs them on its own threads, several at once) gives its chunk to
-that loop and waits for exactly that chunk's results.
+`decode` call (a Ray streaming generator; Ray runs them on its own threads, several at
+once) gives its chunk to that loop and yields exactly that chunk's results, each as
+its line finishes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 import queue
 import threading
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -37,22 +40,26 @@ class DecodeLoopError(RuntimeError):
 
 @dataclass(eq=False)  # hashed by identity
 class ChunkJob:
-    """One `decode` call: its chunk, the results of its lines as they finish, and when all are in."""
+    """One `decode` call: its chunk, and the results of its lines as they finish (or the loop's error)."""
 
     chunk: list[Prepared]
     run_id: str
-    results: list[RequestResult] = field(default_factory=list)
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    # the loop's thread puts, the decode call's thread takes
+    finished: queue.SimpleQueue[RequestResult | BaseException] = field(default_factory=queue.SimpleQueue)
 
     def add(self, result: RequestResult) -> None:
-        self.results.append(result)
-        if len(self.results) == len(self.chunk):
-            self.done.set()
+        self.finished.put(result)
 
     def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
+        self.finished.put(error)
+
+    def results(self) -> Iterator[RequestResult]:
+        """Each line's result as it finishes, until all are in; raises the loop's error if it fails."""
+        for _ in self.chunk:
+            item = self.finished.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
 
 class ChunkDecoder:
@@ -75,7 +82,7 @@ class ChunkDecoder:
         return bool(self.owners)
 
     def take(self, job: ChunkJob) -> None:
-        """Queue the job's lines behind those already given; an empty chunk is done at once."""
+        """Queue the job's lines behind those already given."""
         if self.is_busy and job.run_id != self.run_id:
             job.fail(DecodeLoopError(f"this worker is decoding run {self.run_id}, not {job.run_id}"))
             return
@@ -83,8 +90,6 @@ class ChunkDecoder:
         for prepared in job.chunk:
             self.owners[prepared.line.line_no, prepared.line.epoch] = job
             self.queued.append(prepared)
-        if not job.chunk:
-            job.done.set()
 
     def decode_step(self, block: bool) -> None:
         """One turn of the loop: admit queued lines while there is room, step, continue tool loops.
@@ -113,7 +118,9 @@ class ChunkDecoder:
 class DecodeWorker:
     """The actor: loads the model (once per process, again after a restart) and decodes chunks together.
 
-    `decode` may be called from several threads at once; all of them feed one loop.
+    `decode` may be called from several threads at once; all of them feed one loop. The driver calls
+    it as a Ray streaming generator (`.options(num_returns="streaming")`): each result is sent as it is
+    yielded.
     """
 
     def __init__(self, backend: object, options: RunOptions, label: str):
@@ -139,18 +146,17 @@ class DecodeWorker:
         """The engine's configuration (the runs row records the first worker's)."""
         return self.engine_config
 
-    def decode(self, chunk: list[Prepared], run_id: str) -> list[RequestResult]:
-        """Every line of `chunk` of run `run_id`, to its end (tool loops included); the results in
-        finishing order. Lines of the chunks other calls gave meanwhile share the batch."""
+    def decode(self, chunk: list[Prepared], run_id: str) -> Iterator[RequestResult]:
+        """Every line of `chunk` of run `run_id`, to its end (tool loops included): yields each line's
+        result as it finishes, so that the driver writes it (and a conversation's next line starts)
+        without waiting for the chunk's slowest line. Lines of the chunks other calls gave meanwhile
+        share the batch. A generator: the chunk reaches the loop when it is first iterated."""
         job = ChunkJob(chunk, run_id)
         self.inbox.put(job)
         with self._arrived_lock:
             if not self._arrived.done():
                 self._arrived.set_result(None)
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.results
+        yield from job.results()
 
     def close(self) -> None:
         """Finish the chunks given, then stop the loop and its tool servers (a Ray actor's process just ends)."""

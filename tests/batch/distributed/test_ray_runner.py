@@ -111,8 +111,8 @@ class LoggingBackend(ScriptedBackend):
     """The scripted backend, a little slower; appends "add|end REQUEST_ID" to a file as requests
     enter and leave its batch (it runs in the worker's process, not the test's)."""
 
-    def __init__(self, log_path: str):
-        super().__init__(script, on_step=lambda _: time.sleep(0.01))
+    def __init__(self, log_path: str, step_s: float = 0.01):
+        super().__init__(script, on_step=lambda _: time.sleep(step_s))
         self.log_path = log_path
 
     def _log(self, kind: str, request_id: str) -> None:
@@ -134,9 +134,21 @@ class LoggingBackend(ScriptedBackend):
 @dataclass(frozen=True)
 class LoggingSpec:
     log_path: str
+    step_s: float = 0.01
 
     def load(self) -> LoggingBackend:
-        return LoggingBackend(self.log_path)
+        return LoggingBackend(self.log_path, self.step_s)
+
+
+def engine_log(log_path) -> list[tuple[str, str]]:
+    """(add|end, response id) per request entering and leaving a batch, in order."""
+    return [(kind, request_id.split("/")[0]) for kind, request_id in
+            (entry.split() for entry in log_path.read_text().splitlines())]
+
+
+def long_output_options(path):
+    options = run_options(path)
+    return dataclasses.replace(options, session=dataclasses.replace(options.session, max_output_tokens=512))
 
 
 def requests_file(tmp_path, users):
@@ -155,12 +167,12 @@ def run_options(path):
 
 
 class KillingRunner(RayRunner):
-    """Kills the other worker (ray.kill: no restart) when the first chunk comes back."""
+    """Kills the other worker (ray.kill: no restart) when the first result comes back."""
 
     killed: str | None = None
 
-    def _returned(self, slot, ref):
-        super()._returned(slot, ref)
+    def _returned(self, slot, stream, result):
+        super()._returned(slot, stream, result)
         if self.killed is None:
             victim = next(s for s in self.slots if s is not slot)
             ray.kill(victim.handle)
@@ -198,11 +210,69 @@ def test_a_worker_decodes_its_two_chunks_in_one_batch(tmp_path, cluster):
         summary = runner.run()
     assert summary.statuses == {"completed": 4}
     custom_ids = dict(rows(tmp_path / "ray.duckdb", "SELECT response_id, custom_id FROM requests"))
-    order = [(kind, custom_ids[request_id.split("/")[0]]) for kind, request_id in
-             (entry.split() for entry in log.read_text().splitlines())]
+    order = [(kind, custom_ids[request_id]) for kind, request_id in engine_log(log)]
     # The second chunk's lines decode beside the first chunk's long line, not after it.
     assert order.index(("add", "r2")) < order.index(("end", "r0"))
     assert order.index(("add", "r3")) < order.index(("end", "r0"))
+
+
+class KillingMidChunkRunner(RayRunner):
+    """Kills the worker that returned r1 (ray.kill: no restart) while r0, its chunk's long line, decodes."""
+
+    killed: str | None = None
+    pending_at_kill: list[str] = []
+
+    def _returned(self, slot, stream, result):
+        super()._returned(slot, stream, result)
+        if self.killed is None and result.request.custom_id == "r1":
+            self.pending_at_kill = [p.line.custom_id for p in slot.chunks[stream].values()]
+            ray.kill(slot.handle)
+            self.killed = slot.label
+
+
+def test_a_worker_killed_mid_chunk_keeps_the_lines_it_returned(tmp_path, cluster):
+    # Chunks [r0 r1] [r2 r3] [r4 r5] [r6 r7]; r0 is long. A worker's chunk came back only whole, so a
+    # death lost (and decoded again) every line of it, r1 too, though r1 was long finished.
+    path = requests_file(tmp_path, ["long story"] + [f"question {i}" for i in range(1, 8)])
+    log = tmp_path / "engine.log"
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = KillingMidChunkRunner(store, long_output_options(path), RayOptions(num_workers=2),
+                                       LoggingSpec(str(log), step_s=0.04))
+        runner.start_workers()
+        summary = runner.run()
+    assert runner.killed is not None and runner.pending_at_kill == ["r0"]
+    assert summary.statuses == {"completed": 8}
+    db = tmp_path / "ray.duckdb"
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no) FROM requests") == [(8, 8)]
+    written = dict(rows(db, "SELECT custom_id, response_id FROM requests"))
+    added = [request_id for kind, request_id in engine_log(log) if kind == "add"]
+    # r1 was decoded once, by the worker that was then killed; r0 was decoded again elsewhere.
+    assert added.count(written["r1"]) == 1
+    assert rows(db, "SELECT worker FROM requests WHERE custom_id = 'r1'") == [(runner.killed,)]
+    assert rows(db, "SELECT worker FROM requests WHERE custom_id = 'r0'") != [(runner.killed,)]
+    assert len([request_id for request_id in added if request_id not in written.values()]) >= 1
+
+
+def test_a_conversation_s_next_line_follows_its_line_not_that_line_s_chunk(tmp_path, cluster):
+    # One worker, --max-inflight 2: c0 shares a chunk with the long r0. c1 waited until r0 ended
+    # (the chunk came back whole); now it starts once c0's result is in, beside r0.
+    path = tmp_path / "in.jsonl"
+    lines = [{"custom_id": "r0", "input": "long story"},
+             {"custom_id": "c0", "conversation": "c", "input": "question c0"},
+             {"custom_id": "c1", "conversation": "c", "input": "question c1"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    log = tmp_path / "engine.log"
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, long_output_options(path), RayOptions(num_workers=1),
+                           LoggingSpec(str(log), step_s=0.08))
+        runner.start_workers()
+        summary = runner.run()
+    assert summary.statuses == {"completed": 3}
+    custom_ids = dict(rows(tmp_path / "ray.duckdb", "SELECT response_id, custom_id FROM requests"))
+    order = [(kind, custom_ids[request_id]) for kind, request_id in engine_log(log)]
+    assert order.index(("add", "c1")) < order.index(("end", "r0")), order
+    stored = dict(rows(tmp_path / "ray.duckdb", "SELECT custom_id, input_items FROM responses"))
+    assert "Done question c0." in stored["c1"]  # it continues c0's answer
 
 
 def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
@@ -389,13 +459,13 @@ def node_of(slot) -> str:
 
 
 class NodeRemovingRunner(RayRunner):
-    """Removes the node of a worker that is not on the head when the first chunk comes back."""
+    """Removes the node of a worker that is not on the head when the first result comes back."""
 
     cluster: Cluster
     removed: str | None = None
 
-    def _returned(self, slot, ref):
-        super()._returned(slot, ref)
+    def _returned(self, slot, stream, result):
+        super()._returned(slot, stream, result)
         if self.removed is None:
             head = self.cluster.head_node.node_id
             victim = next(s for s in self.slots if node_of(s) != head)

@@ -1,5 +1,6 @@
 """The Ray worker class without Ray: `DecodeWorker.decode` called from two threads at once, as a
-threaded actor is, on the scripted backend. Its chunks share one batch; each call gets its own results."""
+threaded actor is, on the scripted backend. Its chunks share one batch; each call yields its own
+results, each as its line finishes."""
 
 import json
 import threading
@@ -82,12 +83,17 @@ def wait_until(condition, what: str) -> None:
         time.sleep(0.005)
 
 
+def decode_all(worker, chunk):
+    """Every result decode yields for the chunk, in the order it yields them."""
+    return list(worker.decode(chunk, RUN_ID))
+
+
 def decode_two_chunks(worker, backend, first, second):
     """Call decode(first), and decode(second) while the first step holds; returns both futures."""
     pool = ThreadPoolExecutor(max_workers=2)
-    calls = [pool.submit(worker.decode, first, RUN_ID)]
+    calls = [pool.submit(decode_all, worker, first)]
     wait_until(lambda: len(backend.added) == len(first), "the first chunk is in the batch")
-    calls.append(pool.submit(worker.decode, second, RUN_ID))
+    calls.append(pool.submit(decode_all, worker, second))
     wait_until(lambda: worker.inbox.qsize() == 1, "the second chunk reached the worker")
     backend.gate.set()
     pool.shutdown(wait=True)
@@ -117,6 +123,39 @@ def test_a_second_chunk_fills_the_batch_before_the_first_chunk_ends(tmp_path):
     assert backend.max_num_running == 2
 
 
+def test_each_line_s_result_comes_out_as_it_finishes_not_with_its_chunk(tmp_path):
+    # decode returned a chunk's results once its slowest line ended: a conversation's next line
+    # waited for that line, and a dead worker's finished lines were decoded again.
+    lines = prepared_lines(tmp_path, ["long story", "short one"])
+    short_ended = threading.Event()
+    first_taken = threading.Event()  # the engine holds its steps after the short line ends until then
+
+    class HoldingBackend(RecordingBackend):
+        def step(self):
+            if short_ended.is_set() and not first_taken.wait(timeout=5):
+                first_taken.set()  # held long enough: a decode that never yields it must still end
+            outputs = super().step()
+            if any(kind == "end" for kind, _ in self.log):
+                short_ended.set()
+            return outputs
+
+    backend = HoldingBackend()
+    backend.gate.set()
+    worker = DecodeWorker(Spec(backend), run_options(tmp_path), "w0")
+    try:
+        results = iter(worker.decode(lines, RUN_ID))
+        first = next(results)
+        long_ended_before = len([kind for kind, _ in backend.log if kind == "end"]) > 1
+        first_taken.set()
+        rest = list(results)
+    finally:
+        first_taken.set()
+        worker.close()
+    assert first.request.custom_id == "r1" and not long_ended_before, backend.log
+    assert [r.request.custom_id for r in rest] == ["r0"]
+    assert {r.request.status for r in [first, *rest]} == {"completed"}
+
+
 def test_a_failed_step_fails_every_chunk_held_and_the_worker_goes_on(tmp_path):
     lines = prepared_lines(tmp_path, ["long story", "short one", "short two", "short three"])
     backend = RecordingBackend(fail_at_step=3)  # once both chunks are held
@@ -127,7 +166,7 @@ def test_a_failed_step_fails_every_chunk_held_and_the_worker_goes_on(tmp_path):
             with pytest.raises(DecodeLoopError, match="RuntimeError: the engine broke"):
                 call.result()
         assert len(backend.aborted) == 2  # what was decoding left the engine
-        again = worker.decode(lines, RUN_ID)
+        again = decode_all(worker, lines)
     finally:
         worker.close()
     assert sorted(r.request.custom_id for r in again) == ["r0", "r1", "r2", "r3"]
@@ -156,7 +195,7 @@ def test_without_max_inflight_a_worker_keeps_as_many_in_flight_as_its_engine_bat
     options = dataclasses.replace(run_options(tmp_path), max_inflight=None)
     worker = DecodeWorker(Spec(backend), options, "w0")
     try:
-        results = worker.decode(lines, RUN_ID)
+        results = decode_all(worker, lines)
     finally:
         worker.close()
     assert len(results) == 3 and {r.request.status for r in results} == {"completed"}
