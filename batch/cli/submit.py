@@ -366,6 +366,17 @@ def _tool_options(submit: SubmitOptions, db: str) -> ToolOptions:
                        call_timeout_s=submit.tool_timeout, log_path=Path(f"{db}.tools.log"))
 
 
+def _fingerprint(model_dir: Path) -> str | None:
+    """Which weights --model holds (engine.fingerprint), or None where they cannot be read here (a Ray
+    driver without the workers' files; a folder that is no checkpoint fails its own check later)."""
+    from engine.fingerprint import model_fingerprint
+
+    try:
+        return model_fingerprint(model_dir)
+    except OSError:
+        return None
+
+
 def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> RunOptions:
     if submit.resume and submit.retry_failed:
         raise click.UsageError("--resume and --retry-failed are exclusive")
@@ -373,6 +384,7 @@ def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> Ru
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
         max_line_bytes=submit.max_line_bytes, epochs=submit.epochs, deterministic=submit.deterministic,
+        model_fingerprint=_fingerprint(model_dir),
         prompt=PromptOptions(conversation_date=submit.conversation_date,
                              reasoning_effort=submit.reasoning_effort),
         session=SessionOptions(model=model_dir.name, max_output_tokens=submit.max_output_tokens,

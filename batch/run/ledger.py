@@ -25,7 +25,11 @@ from batch.store.store import Store
 
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
-               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs", "deterministic")
+               "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs", "deterministic",
+               "model_fingerprint")
+# Keys whose None means "not known" (a run from before the key, or weights this process cannot read: a Ray
+# driver without the workers' files), which matches any value: an upgrade must not restart a run.
+UNKNOWN_MATCHES = ("model_fingerprint",)
 # What a run recorded before a key existed ran with (so a rerun still continues it).
 RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1, "deterministic": False}
 # Keys even an explicit --resume/--retry-failed must match: --deterministic promises the same
@@ -153,7 +157,8 @@ def recorded_setting(run: RunRow, key: str) -> object:
 def changed_settings(stored: RunRow, ours: dict) -> dict[str, tuple[object, object]]:
     """The RESUME_KEYS whose value in `ours` (a runs row's options) is not what `stored` recorded:
     key -> (recorded, ours)."""
-    return {key: (theirs, ours[key]) for key in RESUME_KEYS if (theirs := recorded_setting(stored, key)) != ours[key]}
+    return {key: (theirs, ours[key]) for key in RESUME_KEYS if (theirs := recorded_setting(stored, key)) != ours[key]
+            and not (key in UNKNOWN_MATCHES and None in (theirs, ours[key]))}
 
 
 def _check_strict_settings(run_id: str, changed: dict[str, tuple[object, object]], flag: str) -> None:
@@ -168,6 +173,8 @@ def _check_strict_settings(run_id: str, changed: dict[str, tuple[object, object]
 
 def setting_flag(key: str, value: object) -> str:
     """A resume setting as the submit option that sets it (`--seed 7`, `--no-deterministic`)."""
+    if key == "model_fingerprint":  # no flag sets it: --model's weights do
+        return f"the weights {value}" if value else "weights of unknown fingerprint"
     name = key.replace("_", "-")
     if value is None:  # not given (no --shard, no --conversation-date)
         return f"no --{name}"
@@ -193,7 +200,7 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
                  "mcp_servers": sorted(options.tool_options.servers),  # labels only: no secrets
                  "max_tool_output_bytes": options.session.max_tool_output_bytes,
                  "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
-                 "deterministic": options.deterministic},
+                 "deterministic": options.deterministic, "model_fingerprint": options.model_fingerprint},
         notes={}, batchrun_version=_version())
 
 

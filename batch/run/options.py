@@ -43,6 +43,7 @@ class RunOptions:
     shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
     epochs: int = 1  # --epochs K: each line decoded K times with distinct seeds (K requests rows)
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)
+    model_fingerprint: str | None = None  # engine.fingerprint of --model's weights (None: not readable here)
 
     @property
     def inflight(self) -> int:

@@ -414,6 +414,32 @@ def test_without_max_inflight_the_requests_in_flight_follow_the_engines_batch(tm
         assert (json.loads(config)["max_num_seqs"], json.loads(options)["max_inflight"]) == (seqs, inflight)
 
 
+def test_other_weights_in_a_folder_of_the_same_name_are_a_new_run(tmp_path, tiny_model_dir):
+    # A run knew its model by the folder's name alone: a retrained checkpoint there (or another folder of that
+    # name) found the first run "done", or resumed it, mixing two models' outputs in one run.
+    import shutil
+
+    import torch
+
+    from engine.checkpoint import make_random_checkpoint
+    from engine.fingerprint import model_fingerprint
+
+    source = write_lines(tmp_path / "in.jsonl", {"custom_id": "a", "input": "Hi"})
+    db = tmp_path / "out.duckdb"
+    first, same, other = (tmp_path / name / "model" for name in ("first", "same", "other"))
+    shutil.copytree(tiny_model_dir, first)
+    shutil.copytree(tiny_model_dir, same)
+    make_random_checkpoint(other, seed=1, dtype=torch.float32)
+    command = ["submit", source, "--db", db, "--max-output-tokens", "1", "--quiet"]
+    assert batchrun(*command, "--model", first).exit_code == 0
+    assert batchrun(*command, "--model", same).output.startswith("nothing to do")  # the same weights
+    again = batchrun(*command, "--model", other)
+    assert again.exit_code == 0 and not again.output.startswith("nothing to do"), again.output
+    recorded = [json.loads(options)["model_fingerprint"]
+                for (options,) in rows(db, "SELECT options FROM runs ORDER BY started_at")]
+    assert recorded == [model_fingerprint(first), model_fingerprint(other)] and recorded[0] != recorded[1]
+
+
 def test_show_gives_the_input_the_tool_outputs_and_an_invalid_lines_error(tmp_path):
     """With the shipped model: a browser search and open, and a line that is invalid."""
     search = json.loads((EXAMPLES / "quickstart.jsonl").read_text().splitlines()[6])

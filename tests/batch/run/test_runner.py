@@ -12,7 +12,7 @@ from batch.harmony.render import PromptOptions
 from batch.responses.status import RunStatus
 from batch.run.admission import prepare
 from batch.run.decode_loop import DecodeLoop
-from batch.run.ledger import OpenedRun, RunError, RunLedger
+from batch.run.ledger import OpenedRun, RunError, RunLedger, setting_flag
 from batch.run.options import RunOptions
 from batch.run.reader import read_requests
 from batch.run.runner import ProgressSnapshot, Runner
@@ -582,3 +582,23 @@ def test_epochs_decode_each_line_k_times_and_a_rerun_finishes_the_missing_sample
     seeds = {(custom_id, a.sampling.seed) for custom_id, a in zip(added_custom_ids(backend), backend.added)}
     assert len(seeds) == len(missing)  # every sample its own seed
     assert store.runs.get(summary.run_id).options["epochs"] == 3
+
+
+def test_a_run_is_continued_only_with_its_weights_or_unknown_ones(tmp_path, store):
+    # Another checkpoint (its fingerprint) is another experiment; a fingerprint not known on either side (a run
+    # from before it was recorded, or a Ray driver that cannot read the workers' files) matches.
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "short")])
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"), model_fingerprint="aaaa")
+    ledger = RunLedger(store)
+    first = ledger.open(options, "sha-1")
+    assert store.runs.get(first.run_id).options["model_fingerprint"] == "aaaa"
+    other = dataclasses.replace(options, model_fingerprint="bbbb")
+    assert ledger.matching_unfinished_run(other, "sha-1") is None
+    assert ledger.matching_unfinished_run(dataclasses.replace(options, model_fingerprint=None), "sha-1") == first.run_id
+    older = {key: value for key, value in store.runs.get(first.run_id).options.items() if key != "model_fingerprint"}
+    store.runs.update(first.run_id, options=older)
+    assert ledger.matching_unfinished_run(other, "sha-1") == first.run_id
+    store.runs.update(first.run_id, options={**older, "model_fingerprint": "aaaa"})
+    resumed = ledger.open(dataclasses.replace(other, resume=first.run_id), "sha-1")  # explicit: continued, noted
+    assert resumed.changed_settings == {"model_fingerprint": ("aaaa", "bbbb")}
+    assert setting_flag("model_fingerprint", "bbbb") == "the weights bbbb"
