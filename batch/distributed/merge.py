@@ -2,9 +2,9 @@
 
 Each part holds the newest run made with `--shard` in its file. Parts must share
 the input (sha256), the model, the shard count and every setting a resume compares
-(`RESUME_KEYS`); a part holding a line of another shard is refused. What is absent
-is reported: shards with no part, and lines a part has no row for (an interrupted
-shard). The merged run is `completed` only when every line has its row; otherwise
+(`RESUME_KEYS`, the weights' fingerprint among them); a part holding a line of
+another shard is refused. What is absent is reported: shards with no part, and lines
+a part has no row for (an interrupted shard). The merged run is `completed` only when every line has its row; otherwise
 it is `partial`, and a plain `batchrun submit INPUT --db OUTPUT` decodes the rest.
 
 Merging again into the same output completes the run an earlier merge of the same
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import cast
 
 from batch.store.rows import RunRow
-from batch.run.ledger import RESUME_KEYS, recorded_setting
+from batch.run.ledger import RESUME_KEYS, recorded_setting, same_setting
 from batch.run.shards import Shard, ShardSpecError
 from batch.responses.status import RunStatus
 from batch.store.store import Store
@@ -112,7 +112,8 @@ def _check_same_run(parts: list[ShardPart]) -> None:
         if part.shard.count != first.shard.count:
             raise MergeError(f"{where} split the input {part.shard.count} and {first.shard.count} ways")
         for key in RESUME_KEYS:
-            if key not in _PER_PART and recorded_setting(part.run, key) != recorded_setting(first.run, key):
+            if key not in _PER_PART and not same_setting(key, recorded_setting(part.run, key),
+                                                         recorded_setting(first.run, key)):
                 raise MergeError(f"{where} differ in {key} ({recorded_setting(part.run, key)!r} vs "
                                  f"{recorded_setting(first.run, key)!r})")
         if part.shard.index == first.shard.index:
@@ -153,7 +154,7 @@ def _earlier_merge(store: Store, plan: MergePlan) -> RunRow | None:
         shards = (run.notes or {}).get("shards") or []
         if (shards and run.input_sha256 == first.run.input_sha256 and run.model == first.run.model
                 and Shard.parse(shards[0]["shard"]).count == first.shard.count
-                and all(recorded_setting(run, key) == recorded_setting(first.run, key)
+                and all(same_setting(key, recorded_setting(run, key), recorded_setting(first.run, key))
                         for key in RESUME_KEYS if key not in _PER_PART)):
             return run
     return None

@@ -157,8 +157,13 @@ def recorded_setting(run: RunRow, key: str) -> object:
 def changed_settings(stored: RunRow, ours: dict) -> dict[str, tuple[object, object]]:
     """The RESUME_KEYS whose value in `ours` (a runs row's options) is not what `stored` recorded:
     key -> (recorded, ours)."""
-    return {key: (theirs, ours[key]) for key in RESUME_KEYS if (theirs := recorded_setting(stored, key)) != ours[key]
-            and not (key in UNKNOWN_MATCHES and None in (theirs, ours[key]))}
+    return {key: (theirs, ours[key]) for key in RESUME_KEYS
+            if not same_setting(key, theirs := recorded_setting(stored, key), ours[key])}
+
+
+def same_setting(key: str, one: object, other: object) -> bool:
+    """Whether two runs' values of resume setting `key` are one setting (an unknown one matches any)."""
+    return one == other or (key in UNKNOWN_MATCHES and None in (one, other))
 
 
 def _check_strict_settings(run_id: str, changed: dict[str, tuple[object, object]], flag: str) -> None:

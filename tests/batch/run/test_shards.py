@@ -137,7 +137,15 @@ def test_merge_refuses_shards_of_other_settings(tmp_path, tiny_model_dir, small)
 
 
 def test_merge_refuses_shards_of_another_input_or_split(tmp_path, tiny_model_dir, small):
-    first = run_shards(tmp_path, small, tiny_model_dir, 2)[0]
+    first, second = run_shards(tmp_path, small, tiny_model_dir, 2)
+    retrained = tmp_path / "retrained-1.duckdb"  # shard 1 as if decoded by other weights in a folder of that name
+    shutil.copy(second, retrained)
+    with duckdb.connect(str(retrained)) as con:
+        con.execute("""UPDATE runs
+                       SET options = json_merge_patch(options, '{"model_fingerprint": "0123456789abcdef"}')""")
+    result = cli("merge", first, retrained, "-o", tmp_path / "run.duckdb")
+    assert result.exit_code == 1, result.output
+    assert "differ in model_fingerprint ('0123456789abcdef' vs " in result.output, result.output
     mixed = small
     other_input = tmp_path / "other.jsonl"
     other_input.write_text(mixed.read_text() + json.dumps({"custom_id": "extra", "body": {"input": "hi"}}) + "\n")
