@@ -25,6 +25,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 # the GPU benchmark and check run (vLLM's default: 256, and 1,024 on GPUs of 70 GiB or more but the A100).
 CPU_MAX_NUM_SEQS = 64
 CUDA_MAX_NUM_SEQS = 256
+# Tokens one step computes (prompt chunks and decodes together; never fewer than the batch size).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 def default_max_num_seqs(device: str) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import GptOssConfig
 
-from engine.api import CPU_MAX_NUM_SEQS, ModelLoadError
+from engine.api import CPU_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, ModelLoadError
 from engine.device import resolve_device, resolve_kernels
 from engine.device_sampler import sampler_temporary_bytes
 
@@ -160,7 +160,7 @@ class EngineConfig:
     # The host schedules step N+1 while the device runs step N (engine.llm_engine). None: on CUDA only.
     async_scheduling: bool | None = None
     max_num_seqs: int = CPU_MAX_NUM_SEQS  # `load_backend` without one: default_max_num_seqs(device)
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     enable_prefix_caching: bool = True

@@ -34,7 +34,7 @@ from batch.run.session import SessionOptions
 from batch.responses.request import REASONING_EFFORTS
 from batch.responses.status import RequestStatus
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
-from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS, Backend
+from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, Backend
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
@@ -86,6 +86,10 @@ SUBMIT_OPTIONS = [
     click.option("--max-num-seqs", type=click.IntRange(min=1),
                  help=f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
                       f"{CUDA_MAX_NUM_SEQS} on CUDA]."),
+    click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
+                 help="Tokens the engine computes in one step, prompt chunks and decodes together (at least "
+                      "--max-num-seqs): more fills the batch with prompts sooner, in longer steps "
+                      f"[default: {DEFAULT_MAX_NUM_BATCHED_TOKENS}]."),
     click.option("--retry-failed", metavar="RUN_ID",
                  help="Re-run only the failed/incomplete lines of a run (or `latest`, the newest)."),
     click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input."),
@@ -148,6 +152,7 @@ class SubmitOptions:
     moe_weights: str
     deterministic: bool
     max_num_seqs: int | None
+    max_num_batched_tokens: int | None
     retry_failed: str | None
     limit: int | None
     max_output_tokens: int
@@ -348,10 +353,14 @@ def _backend_options(submit: SubmitOptions) -> dict:
         options.update(kv_cache_gb=submit.kv_cache_gb, max_num_seqs=submit.max_num_seqs,
                        kernels=submit.kernels, gpu_memory_utilization=submit.gpu_memory_utilization,
                        moe_weights=submit.moe_weights, deterministic=submit.deterministic)
+        if submit.max_num_batched_tokens is not None:
+            options["max_num_batched_tokens"] = submit.max_num_batched_tokens
     elif submit.moe_weights != "auto":
         fail(f"--moe-weights {submit.moe_weights} applies to --backend engine only")
     elif submit.deterministic:
         fail("--deterministic applies to --backend engine only")
+    elif submit.max_num_batched_tokens is not None:
+        fail("--max-num-batched-tokens applies to --backend engine only")
     return options
 
 

@@ -412,6 +412,12 @@ def test_without_max_inflight_the_requests_in_flight_follow_the_engines_batch(tm
         assert batchrun(*common, "--run-id", run_id, *flags).exit_code == 0
         [(options, config)] = rows(db, f"SELECT options, engine_config FROM runs WHERE run_id = '{run_id}'")
         assert (json.loads(config)["max_num_seqs"], json.loads(options)["max_inflight"]) == (seqs, inflight)
+    assert batchrun(*common, "--run-id", "tokens", "--max-num-batched-tokens", "512").exit_code == 0
+    [(config,)] = rows(db, "SELECT engine_config FROM runs WHERE run_id = 'tokens'")
+    assert json.loads(config)["max_num_batched_tokens"] == 512
+    reference = batchrun(*common, "--run-id", "ref", "--backend", "transformers", "--max-num-batched-tokens", "512")
+    assert reference.exit_code == 1
+    assert "error: --max-num-batched-tokens applies to --backend engine only" in reference.output
 
 
 def test_other_weights_in_a_folder_of_the_same_name_are_a_new_run(tmp_path, tiny_model_dir):
