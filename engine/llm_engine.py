@@ -183,6 +183,6 @@ class LLMEngine:
                 "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,
                 "gpu_memory_utilization": c.gpu_memory_utilization if on_cuda else None,
                 "cuda_graphs": self.runner.graphs is not None, "async_scheduling": self.async_scheduling,
-                "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+                "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.step_tokens,  # at least max_num_seqs
                 "max_model_len": self.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
                 "seed": c.seed, "deterministic": c.deterministic, "torch_version": torch.__version__}

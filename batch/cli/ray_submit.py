@@ -69,4 +69,7 @@ def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: s
 def _with_engine(options: RunOptions, engine_config: dict, ray_options: RayOptions) -> RunOptions:
     ray = {"workers": ray_options.num_workers, "gpus_per_worker": ray_options.gpus_per_worker,
            "cpus_per_worker": ray_options.cpus_per_worker}
-    return dataclasses.replace(options, engine_config={**engine_config, "ray": ray})
+    engine_config = dict(engine_config)
+    loaded = engine_config.pop("model_fingerprint", None)  # the worker's weights, where this driver cannot read them
+    return dataclasses.replace(options, engine_config={**engine_config, "ray": ray},
+                               model_fingerprint=options.model_fingerprint or loaded)

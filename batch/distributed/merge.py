@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import cast
 
 from batch.store.rows import RunRow
-from batch.run.ledger import RESUME_KEYS, recorded_setting, same_setting
+from batch.run.ledger import RESUME_KEYS, UNKNOWN_MATCHES, recorded_setting, same_setting
 from batch.run.shards import Shard, ShardSpecError
 from batch.responses.status import RunStatus
 from batch.store.store import Store
@@ -118,6 +118,10 @@ def _check_same_run(parts: list[ShardPart]) -> None:
                                  f"{recorded_setting(first.run, key)!r})")
         if part.shard.index == first.shard.index:
             raise MergeError(f"{where} are the same shard")
+    for key in UNKNOWN_MATCHES:  # an unknown value matches any, but the known ones must agree among themselves
+        known = {str(recorded_setting(one.run, key)) for one in parts} - {"None"}
+        if len(known) > 1:
+            raise MergeError(f"the parts differ in {key} ({', '.join(sorted(known))})")
     seen: set[int] = set()
     for part in parts:
         if part.shard.index in seen:
@@ -208,10 +212,16 @@ def merged_run_row(plan: MergePlan, run_id: str | None) -> RunRow:
         finished_at=max(finished) if finished else None, input_path=first.input_path,
         input_sha256=first.input_sha256, model=first.model, engine_config=first.engine_config,
         # shard None: a plain `submit` on the merged file continues a partial merge.
-        options={**(first.options or {}), "shard": None},
+        options={**(first.options or {}), "shard": None, **_known(runs, UNKNOWN_MATCHES)},
         status=RunStatus.COMPLETED if plan.is_complete else RunStatus.PARTIAL,
         n_requests=plan.num_rows, notes=notes,
         batchrun_version=first.batchrun_version)
+
+
+def _known(runs: list[RunRow], keys: tuple[str, ...]) -> dict[str, object]:
+    """Each of `keys` that some part knows (they agree: _check_same_run), so that the merged run knows it."""
+    known = {key: [value for run in runs if (value := recorded_setting(run, key)) is not None] for key in keys}
+    return {key: values[0] for key, values in known.items() if values}
 
 
 def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> tuple[MergePlan, RunRow]:

@@ -7,8 +7,9 @@ actors (batch/distributed/ray_worker.py), at most two chunks per worker at a tim
 driver holds a bounded number of lines for any input size; a worker decodes its
 two chunks in one batch (a chunk's tail does not leave the batch half empty) and
 streams each line's result back as that line ends (`decode` is a Ray streaming
-generator): the driver writes it at once, and a conversation's next line goes out
-without waiting for the rest of its chunk. Resume is by line, as on one machine: a
+generator): the driver writes it at once, and a conversation's next line is ready
+without waiting for the rest of its chunk (it goes out when a worker has room for a
+chunk: a chunk holds its place until its last line is back). Resume is by line, as on one machine: a
 rerun of the same command skips every line that has a row.
 
 Faults: the lines of a chunk whose worker died (killed, its node lost, out of memory)
@@ -56,6 +57,7 @@ CONNECT_TIMEOUT_S = 3.0
 # connection preface and an empty SETTINGS frame it answers with a SETTINGS frame of its own.
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5)
 HTTP2_SETTINGS = 4  # a frame's type, its fourth byte
+TLS_RECORDS = (0x15, 0x16)  # a TLS alert's or handshake record's first byte
 INSTALL_HINT = "--ray needs Ray: pip install 'batchrun[ray]' (or pip install 'ray>=2.40')"
 
 
@@ -137,8 +139,9 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
 
 def unreachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
     """Why a --ray HOST:PORT (or ray://HOST:PORT) is no Ray cluster: nothing accepts a TCP connection
-    there, or what does is not a gRPC (HTTP/2) server. None when it answers HTTP/2, or the address names
-    no port (`auto`, a bare host: Ray resolves those). ray.init would retry either for minutes."""
+    there, or what does answers HTTP/2's greeting in another protocol (a web server). None when it answers
+    in HTTP/2 or TLS, says nothing, or the address names no port (`auto`, a bare host: Ray resolves those).
+    ray.init would retry either refusal for minutes."""
     parts = urllib.parse.urlsplit(address if "://" in address else f"//{address}")
     try:
         host, port = parts.hostname, parts.port
@@ -146,10 +149,14 @@ def unreachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | Non
         return None
     if not host or port is None:
         return None
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
     try:
         connection = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:  # refused, timed out, no such host
         return f"nothing answers at {parts.netloc}: {exc.strerror or exc}"
+    if tls:  # gRPC over TLS: a plain greeting proves nothing
+        connection.close()
+        return None
     with connection:
         reply = b""
         try:
@@ -158,9 +165,11 @@ def unreachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | Non
                 reply += chunk
         except OSError:  # timed out, or reset: what came so far says what it is
             pass
-    if len(reply) >= 9 and reply[3] == HTTP2_SETTINGS:
+    # Only an answer in another protocol refuses: silence (a GCS slow to answer) and TLS (a cluster started
+    # with RAY_USE_TLS answers the plain greeting with a TLS record) are Ray's to judge.
+    if not reply or reply[0] in TLS_RECORDS or (len(reply) >= 4 and reply[3] == HTTP2_SETTINGS):
         return None
-    said = (reply.splitlines() or [b""])[0][:60].decode("ascii", "replace")
+    said = reply.splitlines()[0][:60].decode("ascii", "replace")
     return (f"something listens at {parts.netloc} but is not a Ray cluster: it does not answer gRPC (HTTP/2)"
             + (f"; it said: {said}" if said.strip() else ""))
 

@@ -126,6 +126,7 @@ class DecodeWorker:
     def __init__(self, backend: object, options: RunOptions, label: str):
         self.label = label
         self.engine_config: dict = {}
+        self.model_fingerprint: str | None = None
         self.inbox: queue.SimpleQueue[ChunkJob | None] = queue.SimpleQueue()  # None: close
         self._arrived: Future = Future()  # set by decode(); the loop renews it before it drains the inbox
         self._arrived_lock = threading.Lock()
@@ -143,8 +144,9 @@ class DecodeWorker:
         return self.label
 
     def describe(self) -> dict:
-        """The engine's configuration (the runs row records the first worker's)."""
-        return self.engine_config
+        """The engine's configuration (the runs row records the first worker's), and under
+        "model_fingerprint" the weights it loaded (for a driver that cannot read them)."""
+        return {**self.engine_config, "model_fingerprint": self.model_fingerprint}
 
     def decode(self, chunk: list[Prepared], run_id: str) -> Iterator[RequestResult]:
         """Every line of `chunk` of run `run_id`, to its end (tool loops included): yields each line's
@@ -168,6 +170,7 @@ class DecodeWorker:
         try:
             engine = backend.load()  # type: ignore[attr-defined]  # a BackendSpec, or a test's stand-in
             self.engine_config = engine.describe()
+            self.model_fingerprint = _fingerprint(backend)
             # its own engine's config: without --max-inflight, the requests in flight follow its batch size
             decoder = ChunkDecoder(engine, dataclasses.replace(options, worker=self.label,
                                                                engine_config=self.engine_config))
@@ -205,3 +208,14 @@ class DecodeWorker:
             decoder.decode_step(block=True)
         except BaseException as exc:  # the decode calls raise it; the worker serves the next chunks
             decoder.fail_all(exc)
+
+
+def _fingerprint(backend: object) -> str | None:
+    """engine.fingerprint of the weights `backend` loads, None when it names no readable folder."""
+    from engine.fingerprint import model_fingerprint
+
+    model_dir = getattr(backend, "model_dir", None)
+    try:
+        return model_fingerprint(model_dir) if model_dir is not None else None
+    except OSError:
+        return None

@@ -83,6 +83,10 @@ class RunLedger:
                 notes = stored.notes or {}
                 recorded["notes"] = {**notes, "resumed_with": [*notes.get("resumed_with", []),
                                                                {key: new for key, (_, new) in changed.items()}]}
+        for key in UNKNOWN_MATCHES:  # learnt now (a run from before the key): later commands are held to it
+            ours = run_row(options, run_id, input_sha).options[key]
+            if ours is not None and recorded_setting(stored, key) is None:
+                recorded["options"] = {**(stored.options or {}), **recorded.get("options", {}), key: ours}
         done = self.store.runs.finished_samples(run_id)
         if options.retry_failed:
             failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)

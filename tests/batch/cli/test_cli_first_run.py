@@ -415,6 +415,9 @@ def test_without_max_inflight_the_requests_in_flight_follow_the_engines_batch(tm
     assert batchrun(*common, "--run-id", "tokens", "--max-num-batched-tokens", "512").exit_code == 0
     [(config,)] = rows(db, "SELECT engine_config FROM runs WHERE run_id = 'tokens'")
     assert json.loads(config)["max_num_batched_tokens"] == 512
+    assert batchrun(*common, "--run-id", "few", "--max-num-batched-tokens", "4").exit_code == 0
+    [(config,)] = rows(db, "SELECT engine_config FROM runs WHERE run_id = 'few'")
+    assert json.loads(config)["max_num_batched_tokens"] == 64  # what steps use: never fewer than the batch
     reference = batchrun(*common, "--run-id", "ref", "--backend", "transformers", "--max-num-batched-tokens", "512")
     assert reference.exit_code == 1
     assert "error: --max-num-batched-tokens applies to --backend engine only" in reference.output

@@ -342,6 +342,22 @@ def http2_port():
 
 
 @pytest.fixture
+def tls_port():
+    """A loopback port whose server answers a plain greeting as a TLS server does: with an alert record."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def answer():
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = server.accept()
+                    with connection:
+                        connection.recv(64)
+                        connection.sendall(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46]))  # fatal: protocol
+
+        threading.Thread(target=answer, daemon=True).start()
+        yield server.getsockname()[1]
+
+
+@pytest.fixture
 def http1_port():
     """A loopback port with a plain HTTP/1 server on it (python -m http.server's)."""
     class Quiet(http.server.BaseHTTPRequestHandler):
@@ -400,7 +416,7 @@ def test_an_address_where_nothing_listens_fails_at_once_without_rays_retries(tmp
 
 
 def test_a_port_where_something_else_listens_fails_at_once_saying_so(tmp_path, monkeypatch, mixed, http1_port,
-                                                                     listening_port):
+                                                                     listening_port, tls_port):
     # ray.init retried an HTTP server's port for minutes, printing Ray's GCS timeouts, until it was killed.
     def retrying(**kwargs):
         raise AssertionError("ray.init was called: it retries an address where no Ray listens for minutes")
@@ -413,9 +429,11 @@ def test_a_port_where_something_else_listens_fails_at_once_saying_so(tmp_path, m
     prefix, suffix = expected.split("SERVER")  # the server's first line, which varies by Python version
     assert result.output.startswith(prefix) and result.output.endswith(suffix), result.output
     assert "\n" not in result.output[len(prefix):-1], result.output  # one line
-    silent = unreachable(f"127.0.0.1:{listening_port}", timeout_s=0.5)  # accepts, never answers
-    assert silent == f"something listens at 127.0.0.1:{listening_port} but is not a Ray cluster: it does not " \
-                     "answer gRPC (HTTP/2)"
+    # Silence (a GCS slow to answer) and TLS (a cluster with RAY_USE_TLS) are Ray's to judge, not refused.
+    assert unreachable(f"127.0.0.1:{listening_port}", timeout_s=0.5) is None  # accepts, never answers
+    assert unreachable(f"127.0.0.1:{tls_port}") is None
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    assert unreachable(address) is None  # with TLS the plain greeting proves nothing
 
 
 def test_only_an_address_with_a_port_is_checked_before_ray(http2_port, closed_port):

@@ -201,3 +201,26 @@ def test_without_max_inflight_a_worker_keeps_as_many_in_flight_as_its_engine_bat
     assert len(results) == 3 and {r.request.status for r in results} == {"completed"}
     kinds = [kind for kind, _ in backend.log]
     assert kinds == ["add", "end"] * 3, backend.log  # one request in flight at a time
+
+
+def test_a_worker_tells_the_driver_which_weights_it_loaded(tmp_path, tiny_model_dir):
+    # A Ray driver need not read the model's folder (the workers' machines have it): the first worker's
+    # fingerprint is what the run records then.
+    from engine.fingerprint import model_fingerprint
+
+    @dataclass
+    class FromFolder(Spec):
+        model_dir: object = None
+
+    backend = RecordingBackend()
+    backend.gate.set()
+    worker = DecodeWorker(FromFolder(backend, tiny_model_dir), run_options(tmp_path), "w0")
+    try:
+        assert worker.describe()["model_fingerprint"] == model_fingerprint(tiny_model_dir)
+    finally:
+        worker.close()
+    unknown = DecodeWorker(Spec(RecordingBackend()), run_options(tmp_path), "w1")  # names no folder
+    try:
+        assert unknown.describe()["model_fingerprint"] is None
+    finally:
+        unknown.close()

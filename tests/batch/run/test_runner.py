@@ -598,6 +598,10 @@ def test_a_run_is_continued_only_with_its_weights_or_unknown_ones(tmp_path, stor
     older = {key: value for key, value in store.runs.get(first.run_id).options.items() if key != "model_fingerprint"}
     store.runs.update(first.run_id, options=older)
     assert ledger.matching_unfinished_run(other, "sha-1") == first.run_id
+    # Continued by known weights, the run records them: other weights are then another run.
+    assert ledger.open(other, "sha-1").run_id == first.run_id
+    assert store.runs.get(first.run_id).options["model_fingerprint"] == "bbbb"
+    assert ledger.matching_unfinished_run(options, "sha-1") is None
     store.runs.update(first.run_id, options={**older, "model_fingerprint": "aaaa"})
     resumed = ledger.open(dataclasses.replace(other, resume=first.run_id), "sha-1")  # explicit: continued, noted
     assert resumed.changed_settings == {"model_fingerprint": ("aaaa", "bbbb")}

@@ -146,6 +146,15 @@ def test_merge_refuses_shards_of_another_input_or_split(tmp_path, tiny_model_dir
     result = cli("merge", first, retrained, "-o", tmp_path / "run.duckdb")
     assert result.exit_code == 1, result.output
     assert "differ in model_fingerprint ('0123456789abcdef' vs " in result.output, result.output
+    # A part that does not know its weights (from before the fingerprint) matches either, not both at once.
+    unknown = tmp_path / "unknown-0.duckdb"
+    shutil.copy(first, unknown)
+    with duckdb.connect(str(unknown)) as con:
+        con.execute("UPDATE runs SET options = json_merge_patch(options, '{\"model_fingerprint\": null}')")
+    result = cli("merge", unknown, retrained, "-o", tmp_path / "unknown-run.duckdb")
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(tmp_path / "unknown-run.duckdb"), read_only=True) as con:  # the known one is kept
+        assert con.sql("SELECT options->>'model_fingerprint' FROM runs").fetchall() == [("0123456789abcdef",)]
     mixed = small
     other_input = tmp_path / "other.jsonl"
     other_input.write_text(mixed.read_text() + json.dumps({"custom_id": "extra", "body": {"input": "hi"}}) + "\n")
@@ -249,3 +258,20 @@ def test_shards_with_epochs_merge_every_sample_once(tmp_path, tiny_model_dir, sm
     assert again.exit_code == 0 and "10 requests (completed)" in again.output, again.output
     assert "1 other row kept" in again.output, again.output
     assert rows(lossy, query) == samples and rows(lossy, "SELECT n_requests FROM runs") == [(10,)]
+
+
+def test_parts_whose_weights_are_known_must_agree_whichever_part_comes_first():
+    # An unknown fingerprint (a part from before it) matches any part; compared with the first part only, a
+    # first part that did not know let two other parts of different weights through.
+    from types import SimpleNamespace
+
+    from batch.distributed.merge import MergeError, _check_same_run
+
+    def part(index: int, fingerprint: str | None):
+        run = SimpleNamespace(input_sha256="sha", model="m", options={"model_fingerprint": fingerprint, "epochs": 1},
+                              engine_config={})
+        return SimpleNamespace(path=f"p{index}", run=run, shard=Shard(index, 3))
+
+    _check_same_run([part(0, None), part(1, "aaaa"), part(2, "aaaa")])
+    with pytest.raises(MergeError, match=r"the parts differ in model_fingerprint \(aaaa, bbbb\)"):
+        _check_same_run([part(0, None), part(1, "aaaa"), part(2, "bbbb")])
