@@ -325,9 +325,9 @@ def listening_port():
         yield server.getsockname()[1]
 
 
-@pytest.fixture
-def http2_port():
-    """A loopback port whose server answers HTTP/2's greeting as a gRPC server (a Ray GCS) does."""
+@contextlib.contextmanager
+def answering_port(reply: bytes):
+    """A loopback port whose server reads what a client sends first and answers `reply`."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         def answer():
             with contextlib.suppress(OSError):
@@ -335,26 +335,24 @@ def http2_port():
                     connection, _ = server.accept()
                     with connection:
                         connection.recv(64)
-                        connection.sendall(bytes(3) + b"\x04" + bytes(5))  # an empty SETTINGS frame
+                        connection.sendall(reply)
 
         threading.Thread(target=answer, daemon=True).start()
         yield server.getsockname()[1]
+
+
+@pytest.fixture
+def http2_port():
+    """A loopback port whose server answers HTTP/2's greeting as a gRPC server (a Ray GCS) does."""
+    with answering_port(bytes(3) + b"\x04" + bytes(5)) as port:  # an empty SETTINGS frame
+        yield port
 
 
 @pytest.fixture
 def tls_port():
     """A loopback port whose server answers a plain greeting as a TLS server does: with an alert record."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        def answer():
-            with contextlib.suppress(OSError):
-                while True:
-                    connection, _ = server.accept()
-                    with connection:
-                        connection.recv(64)
-                        connection.sendall(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46]))  # fatal: protocol
-
-        threading.Thread(target=answer, daemon=True).start()
-        yield server.getsockname()[1]
+    with answering_port(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46])) as port:  # fatal: protocol version
+        yield port
 
 
 @pytest.fixture
@@ -386,6 +384,11 @@ def submit_joining(tmp_path, monkeypatch, mixed, address: str, init):
     return cli("submit", mixed, "--db", tmp_path / "x.duckdb", "--ray", address, "--quiet")
 
 
+def ray_init_never(**kwargs):
+    """Stands in for ray.init where it must not be called: it retries an address that is no Ray for minutes."""
+    raise AssertionError(f"ray.init was called with {kwargs.get('address')}")
+
+
 def cannot_join(address: str, cause: str) -> str:
     return (f"error: --ray {address}: cannot join a Ray cluster there ({cause}); start one with "
             "`ray start --head`, or pass --ray alone for a local cluster\n")
@@ -406,11 +409,8 @@ def test_a_cluster_that_cannot_be_joined_is_one_error_line(tmp_path, monkeypatch
 def test_an_address_where_nothing_listens_fails_at_once_without_rays_retries(tmp_path, monkeypatch, mixed,
                                                                              closed_port, scheme):
     # ray.init retried the connection for over a minute before it gave up.
-    def retrying(**kwargs):
-        raise AssertionError("ray.init was called: it retries an unreachable address for over a minute")
-
     address = f"{scheme}127.0.0.1:{closed_port}"
-    result = submit_joining(tmp_path, monkeypatch, mixed, address, retrying)
+    result = submit_joining(tmp_path, monkeypatch, mixed, address, ray_init_never)
     assert result.exit_code == 1
     assert result.output == cannot_join(address, f"nothing answers at 127.0.0.1:{closed_port}: Connection refused")
 
@@ -418,11 +418,8 @@ def test_an_address_where_nothing_listens_fails_at_once_without_rays_retries(tmp
 def test_a_port_where_something_else_listens_fails_at_once_saying_so(tmp_path, monkeypatch, mixed, http1_port,
                                                                      listening_port, tls_port):
     # ray.init retried an HTTP server's port for minutes, printing Ray's GCS timeouts, until it was killed.
-    def retrying(**kwargs):
-        raise AssertionError("ray.init was called: it retries an address where no Ray listens for minutes")
-
     address = f"127.0.0.1:{http1_port}"
-    result = submit_joining(tmp_path, monkeypatch, mixed, address, retrying)
+    result = submit_joining(tmp_path, monkeypatch, mixed, address, ray_init_never)
     assert result.exit_code == 1
     expected = cannot_join(address, f"something listens at {address} but is not a Ray cluster: it does not answer "
                                     "gRPC (HTTP/2); it said: SERVER")
