@@ -37,3 +37,14 @@ def model_fingerprint(model_dir: str | Path) -> str:
                 handle.seek(size * index // SAMPLED_BLOCKS)
                 digest.update(handle.read(BLOCK_BYTES))
     return digest.hexdigest()[:16]
+
+
+def readable_fingerprint(model_dir: str | Path | None) -> str | None:
+    """`model_fingerprint` of `model_dir`, or None where no folder is named or it cannot be read here (a Ray
+    driver without the workers' files; a folder that is no checkpoint fails its own check elsewhere)."""
+    if model_dir is None:
+        return None
+    try:
+        return model_fingerprint(model_dir)
+    except OSError:
+        return None

@@ -17,10 +17,9 @@ import click
 
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
-from batch.cli.submit import MOE_WEIGHT_CHOICES, SubmitOptions, submit_options, submit_plan
+from batch.cli.submit import MAX_NUM_SEQS_HELP, MOE_WEIGHT_CHOICES, SubmitOptions, submit_options, submit_plan
 from batch.cli.eval_commands import db_option, fail_under_option, grade_and_print, load_suite_or_fail
 from batch.cli.util import DEFAULT_DB, FiniteFloatRange, check_new_run_id, fail, open_store, options_from
-from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS
 from evals.suite import Suite, builtin_suites
 
 
@@ -118,9 +117,7 @@ def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str)
               help="Static batch size of hf_generate.")
 @click.option("--kv-cache-gb", type=FiniteFloatRange(min=0.001), default=2.0, show_default=True,
               help="Memory for the engine's paged KV cache on CPU.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1),
-              help=f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
-                   f"{CUDA_MAX_NUM_SEQS} on CUDA].")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help=MAX_NUM_SEQS_HELP)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where every system runs (auto: CUDA when torch sees a GPU, else CPU).")
 @click.option("--kernels", type=click.Choice(["auto", "torch", "triton"]), default="auto", show_default=True,

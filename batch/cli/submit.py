@@ -35,8 +35,12 @@ from batch.responses.request import REASONING_EFFORTS
 from batch.responses.status import RequestStatus
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from engine.api import CPU_MAX_NUM_SEQS, CUDA_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, Backend
+from engine.fingerprint import readable_fingerprint
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batchrun-tiny"  # trainer/train.py
+# submit's, eval's and bench's --max-num-seqs
+MAX_NUM_SEQS_HELP = (f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
+                     f"{CUDA_MAX_NUM_SEQS} on CUDA].")
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 # engine.config.MOE_WEIGHTS, spelled out: importing the engine here would load torch for `--help`
@@ -83,9 +87,7 @@ SUBMIT_OPTIONS = [
     click.option("--deterministic/--no-deterministic", default=False, show_default=True,
                  help="Batch-invariant decoding: a request's tokens depend on the request and its seed only, "
                       "not on what else shares its batches or how the run is split (slower; README)."),
-    click.option("--max-num-seqs", type=click.IntRange(min=1),
-                 help=f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
-                      f"{CUDA_MAX_NUM_SEQS} on CUDA]."),
+    click.option("--max-num-seqs", type=click.IntRange(min=1), help=MAX_NUM_SEQS_HELP),
     click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
                  help="Tokens the engine computes in one step, prompt chunks and decodes together (at least "
                       "--max-num-seqs): more fills the batch with prompts sooner, in longer steps "
@@ -375,17 +377,6 @@ def _tool_options(submit: SubmitOptions, db: str) -> ToolOptions:
                        call_timeout_s=submit.tool_timeout, log_path=Path(f"{db}.tools.log"))
 
 
-def _fingerprint(model_dir: Path) -> str | None:
-    """Which weights --model holds (engine.fingerprint), or None where they cannot be read here (a Ray
-    driver without the workers' files; a folder that is no checkpoint fails its own check later)."""
-    from engine.fingerprint import model_fingerprint
-
-    try:
-        return model_fingerprint(model_dir)
-    except OSError:
-        return None
-
-
 def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> RunOptions:
     if submit.resume and submit.retry_failed:
         raise click.UsageError("--resume and --retry-failed are exclusive")
@@ -393,7 +384,7 @@ def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> Ru
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
         max_line_bytes=submit.max_line_bytes, epochs=submit.epochs, deterministic=submit.deterministic,
-        model_fingerprint=_fingerprint(model_dir),
+        model_fingerprint=readable_fingerprint(model_dir),
         prompt=PromptOptions(conversation_date=submit.conversation_date,
                              reasoning_effort=submit.reasoning_effort),
         session=SessionOptions(model=model_dir.name, max_output_tokens=submit.max_output_tokens,

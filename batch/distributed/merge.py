@@ -4,8 +4,9 @@ Each part holds the newest run made with `--shard` in its file. Parts must share
 the input (sha256), the model, the shard count and every setting a resume compares
 (`RESUME_KEYS`, the weights' fingerprint among them); a part holding a line of
 another shard is refused. What is absent is reported: shards with no part, and lines
-a part has no row for (an interrupted shard). The merged run is `completed` only when every line has its row; otherwise
-it is `partial`, and a plain `batchrun submit INPUT --db OUTPUT` decodes the rest.
+a part has no row for (an interrupted shard). The merged run is `completed` only when
+every line has its row; otherwise it is `partial`, and a plain `batchrun submit INPUT
+--db OUTPUT` decodes the rest.
 
 Merging again into the same output completes the run an earlier merge of the same
 split made there (the lines the parts hold replace its copies of them; lines it got

@@ -9,8 +9,8 @@ two chunks in one batch (a chunk's tail does not leave the batch half empty) and
 streams each line's result back as that line ends (`decode` is a Ray streaming
 generator): the driver writes it at once, and a conversation's next line is ready
 without waiting for the rest of its chunk (it goes out when a worker has room for a
-chunk: a chunk holds its place until its last line is back). Resume is by line, as on one machine: a
-rerun of the same command skips every line that has a row.
+chunk: a chunk holds its place until its last line is back). Resume is by line, as
+on one machine: a rerun of the same command skips every line that has a row.
 
 Faults: the lines of a chunk whose worker died (killed, its node lost, out of memory)
 that it had not returned go back to the queue (`ChunkQueue`, batch/distributed/chunk_queue.py:

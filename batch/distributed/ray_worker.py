@@ -31,6 +31,7 @@ from batch.run.decode_loop import DecodeLoop
 from batch.run.options import RunOptions
 from batch.store.rows import RequestResult
 from engine.api import Backend
+from engine.fingerprint import readable_fingerprint
 from tools.servers import ServerCatalog
 
 
@@ -170,7 +171,7 @@ class DecodeWorker:
         try:
             engine = backend.load()  # type: ignore[attr-defined]  # a BackendSpec, or a test's stand-in
             self.engine_config = engine.describe()
-            self.model_fingerprint = _fingerprint(backend)
+            self.model_fingerprint = readable_fingerprint(getattr(backend, "model_dir", None))
             # its own engine's config: without --max-inflight, the requests in flight follow its batch size
             decoder = ChunkDecoder(engine, dataclasses.replace(options, worker=self.label,
                                                                engine_config=self.engine_config))
@@ -209,13 +210,3 @@ class DecodeWorker:
         except BaseException as exc:  # the decode calls raise it; the worker serves the next chunks
             decoder.fail_all(exc)
 
-
-def _fingerprint(backend: object) -> str | None:
-    """engine.fingerprint of the weights `backend` loads, None when it names no readable folder."""
-    from engine.fingerprint import model_fingerprint
-
-    model_dir = getattr(backend, "model_dir", None)
-    try:
-        return model_fingerprint(model_dir) if model_dir is not None else None
-    except OSError:
-        return None

@@ -77,16 +77,17 @@ class RunLedger:
             raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
         changed: dict[str, tuple[object, object]] = {}
         recorded: dict = {}
+        ours = run_row(options, run_id, input_sha).options
         if options.resume or options.retry_failed:
-            changed = changed_settings(stored, run_row(options, run_id, input_sha).options)  # strict ones refused above
+            changed = changed_settings(stored, ours)  # strict ones refused above
             if changed:  # the runs row keeps the settings it started with; its notes say what else ran
                 notes = stored.notes or {}
                 recorded["notes"] = {**notes, "resumed_with": [*notes.get("resumed_with", []),
                                                                {key: new for key, (_, new) in changed.items()}]}
-        for key in UNKNOWN_MATCHES:  # learnt now (a run from before the key): later commands are held to it
-            ours = run_row(options, run_id, input_sha).options[key]
-            if ours is not None and recorded_setting(stored, key) is None:
-                recorded["options"] = {**(stored.options or {}), **recorded.get("options", {}), key: ours}
+        learnt = {key: ours[key] for key in UNKNOWN_MATCHES  # later commands are held to what is known now
+                  if ours[key] is not None and recorded_setting(stored, key) is None}
+        if learnt:
+            recorded["options"] = {**(stored.options or {}), **learnt}
         done = self.store.runs.finished_samples(run_id)
         if options.retry_failed:
             failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
