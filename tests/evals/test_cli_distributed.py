@@ -9,7 +9,7 @@ from click.testing import CliRunner, Result
 
 from batch.cli.main import main
 from tests.support.db import rows
-from tests.support.ray_cluster import simulated_cluster
+from tests.support.ray_cluster import simulated_cluster, without_ray_lines
 
 WEATHER = {"type": "function", "name": "get_weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -36,6 +36,7 @@ def grades(db, run_id: str) -> list[tuple]:
 
 def pass_rates(output: str, run_id: str) -> str:
     """The printed pass rates, the run's id blanked."""
+    output = without_ray_lines(output)
     return output[output.index(f"run {run_id}: "):].replace(run_id, "RUN")
 
 

@@ -3,6 +3,7 @@ address on 127.0.0.1 (Ray reads LOOPBACK_ENV when it is imported, so this module
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,16 @@ from batch.distributed.ray_runner import LOOPBACK_ENV
 os.environ.update(LOOPBACK_ENV)
 
 REPO = Path(__file__).resolve().parents[2]
+
+# A line Ray forwards to the driver's terminal from one of its processes: "(raylet) ...",
+# "(DecodeWorker pid=12) ...", coloured on a terminal.
+FORWARDED = re.compile(r"^(\x1b\[[\d;]*m)?\([\w.]+( pid=\d+[^)]*)?\)(\x1b\[0m)? ")
+
+
+def without_ray_lines(output: str) -> str:
+    """`output` less the lines Ray forwarded from its own processes (a raylet's warning that /tmp is
+    nearly full, say), which come whenever they come and are not the command's."""
+    return "".join(line for line in output.splitlines(keepends=True) if not FORWARDED.match(line))
 
 
 @contextlib.contextmanager
