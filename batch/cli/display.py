@@ -50,26 +50,33 @@ def progress_bar(*, quiet: bool = False) -> Iterator[Progress | None]:
                mininterval=REFRESH_S)
     start = time.monotonic()
     shown_at = 0.0
+    last: ProgressSnapshot | None = None
+
+    def show(snapshot: ProgressSnapshot) -> None:
+        tokens = snapshot.num_tokens
+        finished = bar.total is not None and bar.n >= bar.total
+        bar.set_description("done" if finished else snapshot.phase, refresh=False)
+        bar.set_postfix(tokens=tokens, tok_s=f"{tokens / max(time.monotonic() - start, 1e-9):.1f}",
+                        failed=snapshot.num_failed, invalid=snapshot.num_invalid, refresh=True)
 
     def update(snapshot: ProgressSnapshot) -> None:
-        nonlocal shown_at
+        nonlocal shown_at, last
         if bar.total is None and snapshot.num_requests is not None:
             bar.total = snapshot.num_requests
             bar.update(snapshot.num_skipped)
         if snapshot.num_written:
             bar.update(snapshot.num_written)
+        last = snapshot
         now = time.monotonic()
-        if now - shown_at < REFRESH_S:
-            return
-        shown_at = now
-        tokens = snapshot.num_tokens
-        bar.set_description(snapshot.phase, refresh=False)
-        bar.set_postfix(tokens=tokens, tok_s=f"{tokens / max(now - start, 1e-9):.1f}",
-                        failed=snapshot.num_failed, invalid=snapshot.num_invalid, refresh=True)
+        if now - shown_at >= REFRESH_S:
+            shown_at = now
+            show(snapshot)
 
     try:
         yield update
     finally:
+        if last is not None:  # the last snapshot may fall between redraws: the closed bar shows the end
+            show(last)
         bar.close()
 
 
