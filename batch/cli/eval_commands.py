@@ -153,7 +153,11 @@ def compare_command(run_a: str, run_b: str, db: str, show_all: bool, fail_on_reg
     (db_a, run_a), (db_b, run_b) = _run_ref(run_a, db), _run_ref(run_b, db)
     with _open_store(db_a, read_only=True) as store_a, contextlib.ExitStack() as stack:
         store_b = store_a if db_b == db_a else stack.enter_context(_open_store(db_b, read_only=True))
+        named = run_a, run_b
         run_a, run_b = resolve_run(store_a, run_a), resolve_run(store_b, run_b)
+        if store_b is store_a and run_a == run_b:
+            newest = " (`latest` is the newest run)" if "latest" in named else ""
+            raise click.UsageError(f"RUN_A and RUN_B are both run {run_a}{newest}: name two different runs")
         changes = compare_runs(store_a, run_a, run_b, store_b)
         ungraded = ungraded_run(changes)
         # the advice to grade names the suite the graded run was an eval of, when `eval` recorded one

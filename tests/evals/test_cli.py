@@ -314,3 +314,11 @@ def test_two_seeds_at_temperature_one_compare_as_noise_with_the_interval(tmp_pat
     lines = result.output.splitlines()
     assert re.search(r"passed all graders", lines[0]) and "95% CI" in lines[0] and "95% CI" in lines[1]
     assert "no significant difference" in lines[-1] and "95% CI" in lines[-1]
+
+
+def test_compare_refuses_a_run_against_itself(runs):
+    # `compare latest b` right after the eval `b` compared b with b and found nothing, a silent no-op.
+    for ref_a in ("b", f"{runs['db']}:b"):
+        same = batchrun("compare", ref_a, "b", "--db", runs["db"])
+        assert same.exit_code == 2, same.output
+        assert "RUN_A and RUN_B are both run b" in same.output, same.output
