@@ -97,8 +97,9 @@ def summary_text(summary: RunSummary, db: str) -> str:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary.tool_errors.items()))
         lines.append(f"tool errors: {kinds} (see the tool_calls table)")
     lines.extend(f"error: {error}" for error in summary.server_errors)
-    lines += _reason_lines(RequestStatus.INVALID, summary.invalid_reasons, "reason(s)")
-    lines += _reason_lines(RequestStatus.FAILED, summary.failed_reasons, "kind(s) of error", first_of_kind=True)
+    lines += _reason_lines(RequestStatus.INVALID, summary.invalid_reasons, ("reason", "reasons"))
+    lines += _reason_lines(RequestStatus.FAILED, summary.failed_reasons, ("kind of error", "kinds of error"),
+                           first_of_kind=True)
     if summary.changed_settings:
         from batch.run.ledger import setting_flag  # here: the query commands import display, not the run path
 
@@ -114,13 +115,15 @@ def summary_text(summary: RunSummary, db: str) -> str:
     return "\n".join(lines)
 
 
-def _reason_lines(status: str, reasons: Counter, other: str, first_of_kind: bool = False) -> list[str]:
+def _reason_lines(status: str, reasons: Counter, others: tuple[str, str], first_of_kind: bool = False) -> list[str]:
     """The most common reasons lines ended `status`, then how many more there were and where they are.
-    first_of_kind: each reason is the first error of its kind (runner.failure_kind)."""
+    others: what a reason is, singular and plural; first_of_kind: each reason is the first error of its kind
+    (runner.failure_kind)."""
     lines = [f"  {status} x{count}{', the first' if first_of_kind and count > 1 else ''}: {reason}"
              for reason, count in reasons.most_common(MAX_REASONS_SHOWN)]
     if len(reasons) > MAX_REASONS_SHOWN:
-        lines.append(f"  {status}: {len(reasons) - MAX_REASONS_SHOWN} other {other} "
+        more = len(reasons) - MAX_REASONS_SHOWN
+        lines.append(f"  {status}: {more} other {others[more != 1]} "
                      f"(SELECT line_no, error FROM requests WHERE status = '{status}')")
     return lines
 
@@ -131,13 +134,13 @@ def no_valid_lines_text(path: object, check: InputCheck, limit: int | None) -> s
         return f"{path}: the file is empty: no requests to run"
     lines = ([f"{path}: none of its first {check.num_read} lines is a request batchrun can run"]
              if limit is not None and check.num_read == limit else
-             [f"{path}: none of its {check.num_read} line(s) is a request batchrun can run"])
+             [f"{path}: none of its {plural(check.num_read, 'line')} is a request batchrun can run"])
     lines[0] += "; nothing was started (no model loaded, no database written). Why:"
     for reason, count in check.reasons.most_common(MAX_REASONS_SHOWN):
         shown = ", ".join(map(str, check.examples[reason])) + (", ..." if count > len(check.examples[reason]) else "")
-        lines.append(f"  {count} line(s) ({shown}): {reason}")
+        lines.append(f"  {plural(count, 'line')} ({shown}): {reason}")
     if len(check.reasons) > MAX_REASONS_SHOWN:
-        lines.append(f"  ... and {len(check.reasons) - MAX_REASONS_SHOWN} other reason(s)")
+        lines.append(f"  ... and {plural(len(check.reasons) - MAX_REASONS_SHOWN, 'other reason')}")
     lines.append("  (each line: a Responses body {\"input\": ..., ...} or an OpenAI Batch envelope "
                  "{\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/responses\", \"body\"}; see the README's Input)")
     return "\n".join(lines)
@@ -154,7 +157,7 @@ def worker_lines(workers: list[dict]) -> list[str]:
 def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> str:
     """What `batchrun merge` did: the merged run, its parts, and what is missing."""
     epochs = f" x {plan.epochs} epochs: {run.n_requests} requests" if plan.epochs > 1 else ""
-    lines = [f"merged {len(plan.parts)} shard(s) of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
+    lines = [f"merged {plural(len(plan.parts), 'shard')} of {plan.parts[0].shard.count} into run {run.run_id} in {db}: "
              f"{plan.num_lines_present} of {plural(plan.num_lines, 'line')}{epochs} ({run.status})"]
     if plan.earlier_run is not None:
         kept = len(plan.earlier_samples) if plan.epochs > 1 else len({line for line, _ in plan.earlier_samples})

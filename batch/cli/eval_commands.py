@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from batch.cli.display import plural
 from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_output, fail as _fail, fail_if_folder,
                             open_store as _open_store, resolve_run)
 from batch.store.store import Store
@@ -51,7 +52,8 @@ def grade_and_print(store: Store, run_id: str, suite: Suite, fail_under: float |
     store.grades.write(run_id, grading.rows)
     click.echo(summary_text(store, run_id))
     if grading.missing:
-        click.echo(f"note: {len(grading.missing)} suite case(s) have no line in run {run_id}: "
+        has = "has" if len(grading.missing) == 1 else "have"
+        click.echo(f"note: {plural(len(grading.missing), 'suite case')} {has} no line in run {run_id}: "
                    + ", ".join(grading.missing[:10]))
     headline = store.reports.pass_rate_per_run(run_id)  # with epochs, the mean over cases
     rate = headline["pass_rate"] if headline else 0.0
@@ -88,7 +90,7 @@ def snapshot_command(run: str, db: str, output: Path, level: str) -> None:
     with _open_store(db, read_only=True) as store:
         entries = snapshot_run(store, resolve_run(store, run), level)
     write_golden(output, entries)
-    click.echo(f"wrote {len(entries)} request(s) at level {level} to {output}")
+    click.echo(f"wrote {plural(len(entries), 'request')} at level {level} to {output}")
 
 
 @click.command("check")

@@ -50,7 +50,8 @@ def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: s
         fail(str(exc))
     try:
         runner = RayRunner(store, options, ray_options, backend)
-        display.status(f"starting {ray_options.num_workers} Ray worker(s), each loading the model ...", quiet=quiet)
+        workers = display.plural(ray_options.num_workers, "Ray worker")
+        display.status(f"starting {workers}, each loading the model ...", quiet=quiet)
         runner.options = _with_engine(options, runner.start_workers(), ray_options)
         with display.progress_bar(quiet=quiet) as progress:
             runner.progress = progress

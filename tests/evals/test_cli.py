@@ -186,7 +186,7 @@ def test_latest_is_not_a_run_id_to_give(tmp_path, command, monkeypatch):
 def test_two_decodes_of_the_same_requests_check_equal(runs, tmp_path, level):
     golden = tmp_path / "golden.jsonl"
     made = batchrun("snapshot", "a", "--db", runs["db"], "-o", golden, "--level", level)
-    assert made.exit_code == 0 and f"wrote 4 request(s) at level {level}" in made.output
+    assert made.exit_code == 0 and f"wrote 4 requests at level {level}" in made.output
     checked = batchrun("check", "b", "--db", runs["db"], "--golden", golden)
     assert checked.exit_code == 0, checked.output
     assert checked.output == (f"OK: 4 equal, 0 changed, 0 missing, 0 extra "

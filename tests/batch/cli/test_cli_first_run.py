@@ -50,8 +50,8 @@ def test_a_chat_completions_file_fails_at_once_saying_what_to_change(tmp_path):
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert "none of its 3 line(s) is a request batchrun can run; nothing was started" in result.stderr
-    assert "1 line(s) (1): messages: a Chat Completions body" in result.stderr
+    assert "none of its 3 lines is a request batchrun can run; nothing was started" in result.stderr
+    assert "1 line (1): messages: a Chat Completions body" in result.stderr
     assert "rename `messages` to `input`" in result.stderr
     assert "set url to /v1/responses and rename body.messages to body.input" in result.stderr
     assert "max_tokens: a Chat Completions field: the Responses API calls it `max_output_tokens`" in result.stderr
@@ -67,7 +67,7 @@ def test_a_parquet_file_of_prompts_fails_before_the_model_loads(tmp_path, no_mod
     db = tmp_path / "out.duckdb"
     result = batchrun("submit", source, "--db", db)
     assert result.exit_code == 1
-    assert "2 line(s) (1, 2): prompt: a Responses request takes `input` (rename `prompt` to `input`)" \
+    assert "2 lines (1, 2): prompt: a Responses request takes `input` (rename `prompt` to `input`)" \
         in result.output
     assert "id: not a request field: the line's id goes in `custom_id`" in result.output
     assert not db.exists()
