@@ -14,10 +14,12 @@ import sys
 
 import click
 
+from batch.cli.display import plural
 from batch.responses.status import RequestStatus, RunStatus
 from batch.run.reader import read_requests, scan_input
 from batch.run.ledger import RunLedger, changed_settings
 from batch.run.options import RunOptions
+from batch.run.shards import Shard
 from batch.store.runs import ListedRun
 from batch.store.store import Store
 
@@ -71,12 +73,15 @@ def _covers_limit(store: Store, run_id: str, options: RunOptions) -> bool:
     return True
 
 
-def nothing_to_do_text(listed: ListedRun, db: str, limit: int | None = None) -> str:
-    """What a rerun of a finished run's command prints instead of decoding it again (`limit`: the command's)."""
+def nothing_to_do_text(listed: ListedRun, db: str, limit: int | None = None, shard: Shard | None = None) -> str:
+    """What a rerun of a finished run's command prints instead of decoding it again (`limit`, `shard`: the
+    command's)."""
     run = listed.run
     counts = ", ".join(f"{listed.counts[status]} {status}" for status in RequestStatus)
     unfinished = run.status != RunStatus.COMPLETED  # it covers the first `limit` lines only
-    lines = f"the first {limit} lines of {run.input_path}" if unfinished else run.input_path
+    lines = f"the first {plural(limit or 0, 'line')} of {run.input_path}" if unfinished else run.input_path
+    if shard is not None:
+        lines = f"shard {shard.label} of {lines}"
     more = "; a higher --limit, or none, continues it" if unfinished else ""
     return "\n".join([
         f"nothing to do: run {run.run_id} already decoded {lines} with this model and these "
@@ -90,5 +95,5 @@ def exit_if_done(store: Store, options: RunOptions, db: str) -> None:
     """Print `nothing_to_do_text` and exit 0 when a plain rerun finds its run finished."""
     run = finished_run(store, options)
     if run is not None:
-        click.echo(nothing_to_do_text(run, db, options.limit))
+        click.echo(nothing_to_do_text(run, db, options.limit, options.shard))
         sys.exit(0)

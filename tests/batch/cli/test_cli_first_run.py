@@ -388,7 +388,8 @@ def test_rerunning_a_limit_command_whose_lines_are_done_loads_nothing(tmp_path, 
     for limit in ("2", "1"):
         again = batchrun(*command, "--limit", limit)
         assert again.exit_code == 0, again.output
-        assert again.output.startswith(f"nothing to do: run {run_id} already decoded the first {limit} lines of "
+        lines = "1 line" if limit == "1" else f"{limit} lines"
+        assert again.output.startswith(f"nothing to do: run {run_id} already decoded the first {lines} of "
                                        f"{source} with this model and these settings (2 requests"), again.output
         assert "a higher --limit, or none, continues it" in again.output
     assert loaded == []
@@ -399,6 +400,11 @@ def test_rerunning_a_limit_command_whose_lines_are_done_loads_nothing(tmp_path, 
     done = batchrun(*command, "--limit", "1")
     assert done.output.startswith(f"nothing to do: run {run_id} already decoded {source} with"), done.output
     assert loaded == [1]
+    # A shard's run says it covers its shard of those lines, not all of them.
+    sharded = [*command, "--shard", "1/2", "--limit", "2"]
+    assert batchrun(*sharded).exit_code == 0
+    again = batchrun(*sharded)
+    assert f" already decoded shard 1/2 of the first 2 lines of {source} with" in again.output, again.output
 
 
 def test_without_max_inflight_the_requests_in_flight_follow_the_engines_batch(tmp_path, tiny_model_dir):
