@@ -14,6 +14,7 @@ from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.device import ForwardTimer
+from engine.kernels import PARTITION_SIZE
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.api import SamplingParams, TokenLogprob
@@ -82,7 +83,7 @@ class ModelRunner:
             self.capture_stats = {"capture_s": time.perf_counter() - start,
                                   "num_graphs": len(self.graphs.graphs) + len(self.pieces.graphs),
                                   "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30}
-            self._warm_mixed_step(scratch_block=num_blocks)
+            self._warm_mixed_step(scratch_block=num_blocks, max_model_len=max_model_len)
         self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler()
         self.masks = ConstraintMasks(model_config.vocab_size)
@@ -90,20 +91,29 @@ class ModelRunner:
         self.counts = GraphCounts()
 
     @torch.inference_mode()
-    def _warm_mixed_step(self, scratch_block: int) -> None:
-        """One mixed step's forward on the scratch block alone, before any request: a step with prefill rows
-        runs its attention eagerly (between the pieces), and the kernels it needs that no capture ran (the
-        prefill kernel, the single-partition decode of full layers) compile here, not in the first timed
-        steps. A decode row and a two-token prefill row; every K/V they write lands in the scratch block."""
+    def _warm_mixed_step(self, scratch_block: int, max_model_len: int) -> None:
+        """Mixed steps' forwards on the scratch block alone, before any request: a step with prefill rows runs
+        its attention eagerly (between the pieces), and the kernels it needs that no capture ran compile here,
+        not in the first timed steps: the prefill kernel, the single-partition decode of full layers, and the
+        split-K reduce at every power of two of partitions a context can reach (the graphs capture only
+        their context bounds'). A decode row at each such context and a two-token prefill row; every K/V
+        they write lands in the scratch block, which their block tables repeat."""
         device = self.device
-        positions = torch.tensor([0, 0, 1], device=device)
-        meta = AttentionMetadata(positions=positions, slot_mapping=scratch_block * self.block_size + positions,
-                                 query_start_loc=torch.tensor([0, 1, 3], device=device),
-                                 seq_lens=torch.tensor([1, 2], device=device),
-                                 block_tables=torch.full((2, 1), scratch_block, device=device),
-                                 block_size=self.block_size, max_query_len=2, max_seq_len=2)
-        input_ids = torch.zeros(3, dtype=torch.long, device=device)
-        self._run(self._choice(input_ids, meta), input_ids, meta)
+        contexts, parts = [1], 2
+        while contexts[-1] < max_model_len:
+            contexts.append(min(parts * PARTITION_SIZE, max_model_len))
+            parts *= 2
+        for context in contexts:
+            positions = torch.tensor([context - 1, 0, 1], device=device)
+            table_width = -(-context // self.block_size)
+            meta = AttentionMetadata(positions=positions,
+                                     slot_mapping=scratch_block * self.block_size + positions % self.block_size,
+                                     query_start_loc=torch.tensor([0, 1, 3], device=device),
+                                     seq_lens=torch.tensor([context, 2], device=device),
+                                     block_tables=torch.full((2, table_width), scratch_block, device=device),
+                                     block_size=self.block_size, max_query_len=2, max_seq_len=max(context, 2))
+            input_ids = torch.zeros(3, dtype=torch.long, device=device)
+            self._run(self._choice(input_ids, meta), input_ids, meta)
 
     @property
     def forward_s(self) -> float:

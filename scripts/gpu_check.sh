@@ -36,15 +36,18 @@ else
     BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
     SCALE=1
     DEVICE=cuda
-    BENCH=(--preset 20b --device cuda --max-num-seqs 256 --batch-size 64)
+    # transformers' eager attention with sinks holds ~4 copies of a prefill's [batch, 64 heads, prompt, prompt]
+    # scores: the first 64 ShareGPT-like prompts pad to 1,024 tokens, ~32 GiB beside ~42 GB of bf16 weights and
+    # the KV cache, past an H100's 80 GB; the first 32 pad to 312 (the random mix's 32 x 1,000: ~16 GiB)
+    BENCH=(--preset 20b --device cuda --max-num-seqs 256 --batch-size 32)
     # 120b: ~61 GB of weights leave ~104k KV tokens on an 80 GB GPU (engine.memory_plan): 64 x 1,200 fit
     PRESET_OPTS=(--device cuda --max-num-seqs 64)
     MIX_120B=(--num-requests 64 --random-input-len 1000 --random-output-len 200)
     # transformers decodes one static batch of each workload, its outputs capped at 256 tokens: a batch runs
-    # to its longest output (1,084 tokens for the first 64 ShareGPT-like requests), and transformers 5.17's
+    # to its longest output (1,084 tokens for the first 32 ShareGPT-like requests), and transformers 5.17's
     # expert loop waits on the GPU twice per expert and layer (~0.1 s a 20b step, estimated): uncapped, the
     # baseline alone would outlast its step
-    SHAREGPT=(--num-requests 512 --baseline-requests 64 --baseline-output-len 256)
+    SHAREGPT=(--num-requests 512 --baseline-requests 32 --baseline-output-len 256)
     RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 256)
 fi
 

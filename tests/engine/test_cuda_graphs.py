@@ -295,6 +295,27 @@ def test_a_mixed_steps_attention_runs_on_the_scratch_block_before_any_request(ti
         assert not k[:scratch].any() and not v[:scratch].any() and k[scratch].any()
 
 
+def test_mixed_steps_run_every_split_k_width_before_any_request(tiny_model_dir, monkeypatch):
+    # An eager step's decode rows reduce their partitions with a kernel compiled per power of two of them
+    # (BLOCK_P); the graphs capture only their context bounds' widths, so a mixed step with a context of
+    # 1,025-2,048 keys compiled one inside a timed run unless a warm-up ran it first.
+    widths = []
+
+    def recording(q, k_cache, v_cache, meta, **options):
+        if meta.max_query_len > 1 and options["sliding_window"] is None:
+            widths.append(1 << (-(-meta.max_seq_len // PARTITION_SIZE) - 1).bit_length())
+        return paged_attention(q, k_cache, v_cache, meta, **options)
+
+    monkeypatch.setattr(engine_model, "paged_attention", recording)
+    FakeGraphCapture(monkeypatch)
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=16,
+                                    max_model_len=4 * PARTITION_SIZE + 1))
+    assert set(widths) == {1, 2, 4, 8}
+    scratch = engine.num_blocks
+    for k, v in engine.runner.kv_caches:
+        assert not k[:scratch].any() and not v[:scratch].any()
+
+
 def captured_host_reads(model_dir, monkeypatch, **options) -> list[str]:
     """The host reads inside every capture of a small graph plan (2 decode graphs, 2 token counts x 3 pieces)."""
     fake = FakeGraphCapture(monkeypatch)
