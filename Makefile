@@ -98,9 +98,13 @@ $(GPU_IMAGE_VENV)/.installed: Makefile  # new pins reinstall
 	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet $(GPU_IMAGE_PACKAGES)
 	touch $@
 
+# The dry run's benches use the torch kernels, and `make test` compiles the Triton kernels for sm_90 under this
+# venv's triton: the sm_90 compile tests run again here under the image's.
+SM90_TESTS := tests/engine/test_moe_sm90.py tests/engine/test_triton_attention.py -k "compile or inner_loop"
 gpu-check-image: $(GPU_IMAGE_VENV)/.installed
 	PYTHON=$(GPU_IMAGE_VENV)/bin/python GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh $(GPU_CHECK_OUT) || \
 		{ tail -n 60 $(GPU_CHECK_OUT)/gpu_check.log; exit 1; }
+	PYTHONPATH=scripts/engine_only:. $(GPU_IMAGE_VENV)/bin/python -m pytest -q -rs -m "" -p no:cacheprovider $(SM90_TESTS)
 
 # Train the embedded tiny model from scratch (seed 0, ~40-50 min on 2 shared CPU cores; it prints
 # the share of 200 held-out tasks greedy decoding reproduces as it goes); eval-model measures it
