@@ -269,7 +269,7 @@ class RayRunner:
 
     def _room(self, slot: WorkerSlot) -> int:
         """Lines the worker may take now."""
-        return self._lines_at_once(slot) - slot.num_lines if slot.is_up else 0
+        return max(0, self._lines_at_once(slot) - slot.num_lines) if slot.is_up else 0
 
     def _num_out(self) -> int:
         return sum(slot.num_lines for slot in self.slots)

@@ -299,6 +299,31 @@ def test_a_conversation_s_next_line_starts_while_long_lines_hold_its_worker_s_ch
     assert "Done question c0." in stored["c1"]  # it continues c0's answer
 
 
+class BatchOfThree(ScriptedBackend):
+    """The scripted backend, saying its batch holds three requests."""
+
+    def describe(self):
+        return {**super().describe(), "max_num_seqs": 3}
+
+
+@dataclass(frozen=True)
+class BatchOfThreeSpec:
+    def load(self) -> BatchOfThree:
+        return BatchOfThree(script)
+
+
+def test_without_max_inflight_a_worker_holds_as_many_lines_as_its_engine_batches(tmp_path, cluster):
+    # The driver counts a worker's room as the worker counts its batch: by its own engine's max_num_seqs.
+    path = requests_file(tmp_path, [f"question {i}" for i in range(8)])
+    options = dataclasses.replace(run_options(path), max_inflight=None)
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, options, RayOptions(num_workers=2), BatchOfThreeSpec())
+        runner.start_workers()
+        assert [slot.capacity for slot in runner.slots] == [3, 3]
+        summary = runner.run()
+    assert summary.statuses == {"completed": 8}
+
+
 def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
     users = [f"question {i}" for i in range(6)]
     users[3] = KILLER
