@@ -2,15 +2,17 @@
 
 The driver is a `Run` (the ledger, the input, the writer: what a one-machine run
 does but decode) whose decoding is chunk dispatch: it reads and checks the lines
-(invalid ones are written at once) and writes every result. Valid lines go out in chunks of `--max-inflight` to worker
-actors (batch/distributed/ray_worker.py), at most two chunks per worker at a time, so the
-driver holds a bounded number of lines for any input size; a worker decodes its
-two chunks in one batch (a chunk's tail does not leave the batch half empty) and
-streams each line's result back as that line ends (`decode` is a Ray streaming
-generator): the driver writes it at once, and a conversation's next line is ready
-without waiting for the rest of its chunk (it goes out when a worker has room for a
-chunk: a chunk holds its place until its last line is back). Resume is by line, as
-on one machine: a rerun of the same command skips every line that has a row.
+(invalid ones are written at once) and writes every result. Valid lines go out to worker
+actors (batch/distributed/ray_worker.py) in chunks, and a worker's room is counted in lines:
+it holds at most as many lines as it decodes at once (`--max-inflight`, or its engine's
+batch size), so every line it is given enters its batch at once, and the driver holds a
+bounded number of lines for any input size. A worker decodes all its chunks in one
+batch and streams each line's result back as that line ends (`decode` is a Ray
+streaming generator): the driver writes it at once, and the room the line leaves goes
+at once to the next lines, in a chunk of as many as fit (often one), so a
+conversation's next line starts as soon as the line before it is back, whatever its
+worker's other lines are doing. Resume is by line, as on one machine: a rerun of the
+same command skips every line that has a row.
 
 Faults: the lines of a chunk whose worker died (killed, its node lost, out of memory)
 that it had not returned go back to the queue (`ChunkQueue`, batch/distributed/chunk_queue.py:
@@ -23,6 +25,7 @@ one that cannot be restarted is dropped, and the run fails only when none is lef
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -43,9 +46,12 @@ from batch.run.runner import Progress, Run, RunSummary
 from batch.store.store import Store
 from tools.servers import ServerCatalog
 
-CHUNKS_PER_WORKER = 2  # decoded together: the second's lines fill the batch as the first's finish
-# Threads per actor: the decode calls it holds, and one more so that ping and describe never wait on them.
-WORKER_CONCURRENCY = CHUNKS_PER_WORKER + 1
+# Lines the driver holds, at most, per line the workers decode at once: its results not yet written and the
+# lines waiting for their conversation's turn must not keep the workers' room from being filled.
+HELD_PER_DECODED = 2
+# Decode calls an actor runs at once: one per chunk it holds, and a chunk holds a line at least. The actor is an
+# asyncio one (its decode calls wait on its loop's thread, not each on a thread of its own), so this is cheap.
+WORKER_CONCURRENCY = 100_000
 WAIT_S = 0.2
 RESTART_WAIT_S = 900.0  # a worker not back this long after it died (no room on any node?) is dropped
 # Ray keeps every node on 127.0.0.1 with these (it picks an external interface otherwise).
@@ -80,6 +86,7 @@ class WorkerSlot:
 
     index: int
     handle: Any
+    capacity: int = 1  # lines it decodes at once: --max-inflight, or its engine's batch size
     # ObjectRefGenerator of a decode call -> the lines of its chunk whose results have not come back
     chunks: dict[Any, dict[Sample, Prepared]] = field(default_factory=dict)
     probe: Any = None  # an ObjectRef of ping() while the worker is coming back
@@ -92,8 +99,9 @@ class WorkerSlot:
         return f"ray-w{self.index}"
 
     @property
-    def has_room(self) -> bool:
-        return not self.is_dead and self.probe is None and len(self.chunks) < CHUNKS_PER_WORKER
+    def is_up(self) -> bool:
+        """Alive and answering: it may be given lines."""
+        return not self.is_dead and self.probe is None
 
     @property
     def num_lines(self) -> int:
@@ -207,15 +215,9 @@ class RayRunner:
         """Decode every line not yet finished in this run on the workers; returns the summary."""
         return self.run_state.run()
 
-    @property
-    def chunk_size(self) -> int:
-        """--max-inflight lines, or fewer when the input would not give every worker two chunks."""
-        lines = self.run_state.num_input_requests or self.options.inflight
-        per_chunk = math.ceil(lines / (CHUNKS_PER_WORKER * max(1, len(self.slots))))
-        return max(1, min(self.options.inflight, per_chunk))
-
     def start_workers(self) -> dict:
-        """Create the actors (each loads the model); returns the first one's engine config."""
+        """Create the actors (each loads the model) and learn how many lines each decodes at once; returns
+        the first one's engine config."""
         opts = self.ray_options
         actor = self.ray.remote(num_cpus=opts.cpus_per_worker, num_gpus=opts.gpus_per_worker,
                                 max_restarts=-1, max_task_retries=0,
@@ -223,24 +225,51 @@ class RayRunner:
         self.slots = [WorkerSlot(index, None) for index in range(opts.num_workers)]
         for slot in self.slots:
             slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
-        return cast(dict, self.ray.get(self.slots[0].handle.describe.remote()))
+        described = [slot.handle.describe.remote() for slot in self.slots]
+        first = cast(dict, self.ray.get(described[0]))
+        for slot, ref in zip(self.slots, described):
+            slot.capacity = self._capacity(self._described(ref, first))
+        return first
+
+    def _described(self, ref: Any, first: dict) -> dict:
+        """A worker's engine config; the first worker's when it failed to start (its first chunk finds out)."""
+        try:
+            return cast(dict, self.ray.get(ref))
+        except self.ray.exceptions.RayError:
+            return first
+
+    def _capacity(self, engine_config: dict) -> int:
+        """Lines a worker decodes at once, as the worker itself counts them (ChunkDecoder)."""
+        return dataclasses.replace(self.options, engine_config=engine_config).inflight
 
     # -- the decoding (Run.run opens and finishes the run around it) ----------
     def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
         while run.has_lines or not self.queue.is_empty or self._num_out():
-            while (line := run.next_line(lines, room=self._num_held() < self._max_held())) is not None:
+            # A conversation's released line is read whatever the room: it goes out as soon as a worker has a line's.
+            while (line := run.next_line(lines, room=self._may_read())) is not None:
                 prepared = run.prepare(line)  # invalid lines end here
                 if prepared is not None:
-                    self.queue.add(prepared, self.chunk_size)
-            if run.input_exhausted or not self._num_out():  # no more lines, or none for now (conversations')
-                self.queue.seal()
+                    self.queue.add(prepared)
             self._dispatch()
             self._collect()
             run.flush(force=not self._num_out())
 
-    def _max_held(self) -> int:
-        return CHUNKS_PER_WORKER * self.chunk_size * max(1, len(self.slots))
+    def _may_read(self) -> bool:
+        """Whether to read another line: a worker has room for it, and the driver holds fewer than
+        HELD_PER_DECODED times the lines the workers decode at once."""
+        room = sum(self._room(slot) for slot in self.slots)
+        decoded_at_once = sum(self._lines_at_once(slot) for slot in self.slots)
+        return self.queue.num_lines < room and self._num_held() < HELD_PER_DECODED * decoded_at_once
+
+    def _lines_at_once(self, slot: WorkerSlot) -> int:
+        """Lines the worker may hold: its capacity, or its share of an input too small to fill every worker."""
+        lines = self.run_state.num_input_requests or slot.capacity
+        return max(1, min(slot.capacity, math.ceil(lines / max(1, len(self.slots)))))
+
+    def _room(self, slot: WorkerSlot) -> int:
+        """Lines the worker may take now."""
+        return max(0, self._lines_at_once(slot) - slot.num_lines) if slot.is_up else 0
 
     def _num_out(self) -> int:
         return sum(slot.num_lines for slot in self.slots)
@@ -249,11 +278,9 @@ class RayRunner:
         return self.queue.num_lines + self._num_out() + self.run_state.num_held
 
     def _dispatch(self) -> None:
+        """Each worker's room filled from the queue, each time in one chunk of as many lines as fit."""
         for slot in self.slots:
-            while slot.has_room:
-                chunk = self.queue.next_for(slot.held)
-                if chunk is None:
-                    break
+            while (chunk := self.queue.next_for(slot.held, self._room(slot))) is not None:
                 stream = slot.handle.decode.options(num_returns="streaming").remote(chunk, self.run_state.run_id)
                 slot.chunks[stream] = {_sample(prepared.line.line_no, prepared.line.epoch): prepared
                                        for prepared in chunk}

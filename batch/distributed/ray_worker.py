@@ -6,23 +6,25 @@ admits it, decodes it with continuous batching and runs its tool loops; the deco
 hands each finished `RequestResult` to the chunk it came from, which yields it to the
 driver at once (the driver writes it; it does not wait for the chunk's slowest line).
 It decodes every chunk it was given in one batch: a newer chunk's lines are admitted
-as soon as fewer than `--max-inflight` requests are in flight, so the batch stays full
-while an older chunk's last requests finish.
+as soon as fewer than `--max-inflight` requests are in flight (the Ray driver gives a
+worker no more lines than that, so they enter at once).
 
-`DecodeWorker` is the actor class around it (batch/distributed/ray_runner.py makes it a threaded
-actor): one thread of its own loads the engine and runs the decoding loop; each
-`decode` call (a Ray streaming generator; Ray runs them on its own threads, several at
-once) gives its chunk to that loop and yields exactly that chunk's results, each as
-its line finishes.
+`DecodeWorker` is the actor class around it (an asyncio actor: it has an async method):
+one thread of its own loads the engine and runs the decoding loop; each `decode` call
+(a Ray streaming generator, an async one: the driver may hold a call per line, and
+they wait on the actor's event loop, not each on a thread) gives its chunk to that
+loop and yields exactly that chunk's results, each as its line finishes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -41,23 +43,31 @@ class DecodeLoopError(RuntimeError):
 
 @dataclass(eq=False)  # hashed by identity
 class ChunkJob:
-    """One `decode` call: its chunk, and the results of its lines as they finish (or the loop's error)."""
+    """One `decode` call: its chunk, and the results of its lines as they finish (or the loop's error).
+
+    The loop's thread adds; the decode call takes, on `event_loop` (the one it was made on).
+    """
 
     chunk: list[Prepared]
     run_id: str
-    # the loop's thread puts, the decode call's thread takes
-    finished: queue.SimpleQueue[RequestResult | BaseException] = field(default_factory=queue.SimpleQueue)
+    event_loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    finished: asyncio.Queue[RequestResult | BaseException] = field(default_factory=asyncio.Queue)
 
     def add(self, result: RequestResult) -> None:
-        self.finished.put(result)
+        self._put(result)
 
     def fail(self, error: BaseException) -> None:
-        self.finished.put(error)
+        self._put(error)
 
-    def results(self) -> Iterator[RequestResult]:
+    def _put(self, item: RequestResult | BaseException) -> None:
+        # A call whose event loop has closed (a caller that stopped reading, outside Ray) takes nothing more.
+        with contextlib.suppress(RuntimeError):
+            self.event_loop.call_soon_threadsafe(self.finished.put_nowait, item)
+
+    async def results(self) -> AsyncIterator[RequestResult]:
         """Each line's result as it finishes, until all are in; raises the loop's error if it fails."""
         for _ in self.chunk:
-            item = self.finished.get()
+            item = await self.finished.get()
             if isinstance(item, BaseException):
                 raise item
             yield item
@@ -105,11 +115,14 @@ class ChunkDecoder:
 
     def fail_all(self, error: BaseException) -> None:
         """The loop failed: every job held raises it; what was in flight is dropped (best effort)."""
-        for job in set(self.owners.values()):
-            job.fail(DecodeLoopError(f"the decoding loop failed: {type(error).__name__}: {error}"))
-        self.loop.abandon()
+        jobs = set(self.owners.values())
         self.owners.clear()
         self.queued.clear()
+        try:
+            self.loop.abandon()  # first: a call that raises finds its lines gone from the engine
+        finally:
+            for job in jobs:
+                job.fail(DecodeLoopError(f"the decoding loop failed: {type(error).__name__}: {error}"))
 
     def close(self) -> None:
         """Stop the loop's tool servers."""
@@ -119,9 +132,9 @@ class ChunkDecoder:
 class DecodeWorker:
     """The actor: loads the model (once per process, again after a restart) and decodes chunks together.
 
-    `decode` may be called from several threads at once; all of them feed one loop. The driver calls
-    it as a Ray streaming generator (`.options(num_returns="streaming")`): each result is sent as it is
-    yielded.
+    `decode` calls may run at once (on one event loop, or on several threads' each); all of them feed one
+    loop. The driver calls it as a Ray streaming generator (`.options(num_returns="streaming")`): each
+    result is sent as it is yielded.
     """
 
     def __init__(self, backend: object, options: RunOptions, label: str):
@@ -149,7 +162,7 @@ class DecodeWorker:
         "model_fingerprint" the weights it loaded (for a driver that cannot read them)."""
         return {**self.engine_config, "model_fingerprint": self.model_fingerprint}
 
-    def decode(self, chunk: list[Prepared], run_id: str) -> Iterator[RequestResult]:
+    async def decode(self, chunk: list[Prepared], run_id: str) -> AsyncIterator[RequestResult]:
         """Every line of `chunk` of run `run_id`, to its end (tool loops included): yields each line's
         result as it finishes, so that the driver writes it (and a conversation's next line starts)
         without waiting for the chunk's slowest line. Lines of the chunks other calls gave meanwhile
@@ -159,7 +172,8 @@ class DecodeWorker:
         with self._arrived_lock:
             if not self._arrived.done():
                 self._arrived.set_result(None)
-        yield from job.results()
+        async for result in job.results():
+            yield result
 
     def close(self) -> None:
         """Finish the chunks given, then stop the loop and its tool servers (a Ray actor's process just ends)."""

@@ -198,8 +198,8 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster)
     assert rows(db, "SELECT status FROM runs") == [("completed",)]
 
 
-def test_a_worker_decodes_its_two_chunks_in_one_batch(tmp_path, cluster):
-    # One worker, --max-inflight 2: chunks [r0 r1] and [r2 r3] go to it at once.
+def test_a_worker_decodes_its_chunks_in_one_batch(tmp_path, cluster):
+    # One worker, --max-inflight 2: [r0 r1] go to it at once, then [r2] and [r3] each as a short line comes back.
     path = requests_file(tmp_path, ["long story", "question 1", "question 2", "question 3"])
     options = run_options(path)
     options = dataclasses.replace(options, session=dataclasses.replace(options.session, max_output_tokens=512))
@@ -231,8 +231,8 @@ class KillingMidChunkRunner(RayRunner):
 
 
 def test_a_worker_killed_mid_chunk_keeps_the_lines_it_returned(tmp_path, cluster):
-    # Chunks [r0 r1] [r2 r3] [r4 r5] [r6 r7]; r0 is long. A worker's chunk came back only whole, so a
-    # death lost (and decoded again) every line of it, r1 too, though r1 was long finished.
+    # Two workers, --max-inflight 2: [r0 r1] and [r2 r3] go first; r0 is long. A worker's chunk came back only
+    # whole, so a death lost (and decoded again) every line of it, r1 too, though r1 was long finished.
     path = requests_file(tmp_path, ["long story"] + [f"question {i}" for i in range(1, 8)])
     log = tmp_path / "engine.log"
     with Store(tmp_path / "ray.duckdb") as store:
@@ -273,6 +273,55 @@ def test_a_conversation_s_next_line_follows_its_line_not_that_line_s_chunk(tmp_p
     assert order.index(("add", "c1")) < order.index(("end", "r0")), order
     stored = dict(rows(tmp_path / "ray.duckdb", "SELECT custom_id, input_items FROM responses"))
     assert "Done question c0." in stored["c1"]  # it continues c0's answer
+
+
+def test_a_conversation_s_next_line_starts_while_long_lines_hold_its_worker_s_chunks(tmp_path, cluster):
+    # One worker, --max-inflight 4: chunks [r0 c0] and [r1] with long r0 and r1. Once c0 was back, c1 waited
+    # for r0 or r1 to end though the batch had room for two more lines: a worker took two chunks at most,
+    # and each kept its place until its last line was back.
+    path = tmp_path / "in.jsonl"
+    lines = [{"custom_id": "r0", "input": "long story"},
+             {"custom_id": "c0", "conversation": "c", "input": "question c0"},
+             {"custom_id": "r1", "input": "long tale"},
+             {"custom_id": "c1", "conversation": "c", "input": "question c1"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    log = tmp_path / "engine.log"
+    options = dataclasses.replace(long_output_options(path), max_inflight=4)
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, options, RayOptions(num_workers=1), LoggingSpec(str(log), step_s=0.05))
+        runner.start_workers()
+        summary = runner.run()
+    assert summary.statuses == {"completed": 4}
+    custom_ids = dict(rows(tmp_path / "ray.duckdb", "SELECT response_id, custom_id FROM requests"))
+    order = [(kind, custom_ids[request_id]) for kind, request_id in engine_log(log)]
+    assert order.index(("add", "c1")) < min(order.index(("end", "r0")), order.index(("end", "r1"))), order
+    stored = dict(rows(tmp_path / "ray.duckdb", "SELECT custom_id, input_items FROM responses"))
+    assert "Done question c0." in stored["c1"]  # it continues c0's answer
+
+
+class BatchOfThree(ScriptedBackend):
+    """The scripted backend, saying its batch holds three requests."""
+
+    def describe(self):
+        return {**super().describe(), "max_num_seqs": 3}
+
+
+@dataclass(frozen=True)
+class BatchOfThreeSpec:
+    def load(self) -> BatchOfThree:
+        return BatchOfThree(script)
+
+
+def test_without_max_inflight_a_worker_holds_as_many_lines_as_its_engine_batches(tmp_path, cluster):
+    # The driver counts a worker's room as the worker counts its batch: by its own engine's max_num_seqs.
+    path = requests_file(tmp_path, [f"question {i}" for i in range(8)])
+    options = dataclasses.replace(run_options(path), max_inflight=None)
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, options, RayOptions(num_workers=2), BatchOfThreeSpec())
+        runner.start_workers()
+        assert [slot.capacity for slot in runner.slots] == [3, 3]
+        summary = runner.run()
+    assert summary.statuses == {"completed": 8}
 
 
 def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):

@@ -1,7 +1,8 @@
-"""The Ray worker class without Ray: `DecodeWorker.decode` called from two threads at once, as a
-threaded actor is, on the scripted backend. Its chunks share one batch; each call yields its own
-results, each as its line finishes."""
+"""The Ray worker class without Ray: `DecodeWorker.decode` (an async generator) called from two threads at
+once, each on its own event loop, on the scripted backend. Its chunks share one batch; each call yields its
+own results, each as its line finishes."""
 
+import asyncio
 import json
 import threading
 import time
@@ -85,7 +86,10 @@ def wait_until(condition, what: str) -> None:
 
 def decode_all(worker, chunk):
     """Every result decode yields for the chunk, in the order it yields them."""
-    return list(worker.decode(chunk, RUN_ID))
+    async def collect():
+        return [result async for result in worker.decode(chunk, RUN_ID)]
+
+    return asyncio.run(collect())
 
 
 def decode_two_chunks(worker, backend, first, second):
@@ -142,12 +146,16 @@ def test_each_line_s_result_comes_out_as_it_finishes_not_with_its_chunk(tmp_path
     backend = HoldingBackend()
     backend.gate.set()
     worker = DecodeWorker(Spec(backend), run_options(tmp_path), "w0")
-    try:
-        results = iter(worker.decode(lines, RUN_ID))
-        first = next(results)
+
+    async def first_and_rest():
+        results = worker.decode(lines, RUN_ID)
+        first = await anext(results)
         long_ended_before = len([kind for kind, _ in backend.log if kind == "end"]) > 1
         first_taken.set()
-        rest = list(results)
+        return first, long_ended_before, [result async for result in results]
+
+    try:
+        first, long_ended_before, rest = asyncio.run(first_and_rest())
     finally:
         first_taken.set()
         worker.close()
