@@ -12,7 +12,7 @@ import dataclasses
 from batch.cli import display
 from batch.cli.rerun import exit_if_done
 from batch.cli.util import fail
-from batch.distributed.ray_runner import RayOptions, RayRunner, import_ray, start_ray
+from batch.distributed.ray_runner import RayOptions, RayRunner, import_ray, room_shortfall, start_ray
 from batch.run.ledger import RunError
 from batch.run.options import RunOptions
 from batch.run.runner import RunSummary
@@ -49,6 +49,12 @@ def _run(options: RunOptions, backend: object, ray_options: RayOptions, *, db: s
         store.close()
         fail(str(exc))
     try:
+        if (shortfall := room_shortfall(ray.nodes(), ray_options)) is not None:
+            if started:  # a cluster of this machine alone: no node will join
+                raise RunError(f"--ray: this machine's Ray cluster cannot hold the workers: {shortfall}; ask for "
+                               "fewer (--workers) or smaller ones (--gpus-per-worker, --cpus-per-worker)")
+            display.status(f"warning: the Ray cluster at {ray_options.address}: {shortfall}; the others wait "
+                           "for nodes that can hold them (an autoscaler's)", quiet=quiet)
         runner = RayRunner(store, options, ray_options, backend)
         workers = display.plural(ray_options.num_workers, "Ray worker")
         display.status(f"starting {workers}, each loading the model ...", quiet=quiet)

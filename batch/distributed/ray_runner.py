@@ -90,6 +90,7 @@ class WorkerSlot:
     # ObjectRefGenerator of a decode call -> the lines of its chunk whose results have not come back
     chunks: dict[Any, dict[Sample, Prepared]] = field(default_factory=dict)
     probe: Any = None  # an ObjectRef of ping() while the worker is coming back
+    describing: Any = None  # an ObjectRef of describe() until the worker is placed on a node and its model loaded
     died_at: float = 0.0  # time.monotonic() of its last death
     lines_at_death: int = 0  # lines it had not returned when it last died (1: that line's death)
     is_dead: bool = False
@@ -100,8 +101,8 @@ class WorkerSlot:
 
     @property
     def is_up(self) -> bool:
-        """Alive and answering: it may be given lines."""
-        return not self.is_dead and self.probe is None
+        """Started, alive and answering: it may be given lines."""
+        return not self.is_dead and self.probe is None and self.describing is None
 
     @property
     def num_lines(self) -> int:
@@ -140,9 +141,38 @@ def start_ray(ray: Any, options: RayOptions) -> bool:
                            "with `ray start --head`, or pass --ray alone for a local cluster") from None
         return False
     num_cpus = max(os.cpu_count() or 1, math.ceil(options.num_workers * options.cpus_per_worker))
-    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
+    # "local": a new cluster even where RAY_ADDRESS is set or `ray start` left one running (ray.init would join
+    # it, and refuse num_cpus there); `--ray auto` is the way to join those.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
              _node_ip_address="127.0.0.1")
     return True
+
+
+def workers_that_fit(nodes: list[dict], options: RayOptions) -> int:
+    """How many workers the live nodes (`ray.nodes()`) hold at once, each whole on one node, by the nodes'
+    total CPUs and GPUs (capped at --workers)."""
+    fit = 0
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        resources = node.get("Resources", {})
+        per_node = [math.floor(resources.get(name, 0.0) / need + 1e-9)  # 1 / 0.1 is 9.999...
+                    for name, need in (("CPU", options.cpus_per_worker), ("GPU", options.gpus_per_worker)) if need > 0]
+        fit += min(per_node, default=options.num_workers)
+    return min(fit, options.num_workers)
+
+
+def room_shortfall(nodes: list[dict], options: RayOptions) -> str | None:
+    """None when the live nodes hold every worker at once; else how many they hold, and why."""
+    fit = workers_that_fit(nodes, options)
+    if fit >= options.num_workers:
+        return None
+    live = [node.get("Resources", {}) for node in nodes if node.get("Alive", True)]
+    totals = {name: sum(resources.get(name, 0.0) for resources in live) for name in ("CPU", "GPU")}
+    return (f"{fit} of {options.num_workers} workers fit on its nodes (a worker needs "
+            f"{options.cpus_per_worker:g} CPU and {options.gpus_per_worker:g} GPU on one node; "
+            f"{'the node has' if len(live) == 1 else f'the {len(live)} nodes have'} {totals['CPU']:g} CPUs and "
+            f"{totals['GPU']:g} GPUs in all)")
 
 
 def unreachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
@@ -190,6 +220,7 @@ class RayRunner:
         self.ray = import_ray()
         self.ray_options, self.backend_spec = ray_options, backend
         self.slots: list[WorkerSlot] = []
+        self.first_engine_config: dict = {}  # the engine config of the worker that started first
         self.queue: ChunkQueue[Prepared] = ChunkQueue()
         # The driver never decodes: the engine lives in the workers.
         self.run_state = Run(store, options, self._decode, ServerCatalog(options.tool_options.servers), progress,
@@ -216,8 +247,9 @@ class RayRunner:
         return self.run_state.run()
 
     def start_workers(self) -> dict:
-        """Create the actors (each loads the model) and learn how many lines each decodes at once; returns
-        the first one's engine config."""
+        """Create the actors (each loads the model) and wait for the first to start; returns its engine config.
+        The others take lines once they have started too (on a cluster short of room for them, when nodes
+        join: an autoscaler's), each as many as its own engine decodes at once."""
         opts = self.ray_options
         actor = self.ray.remote(num_cpus=opts.cpus_per_worker, num_gpus=opts.gpus_per_worker,
                                 max_restarts=-1, max_task_retries=0,
@@ -225,18 +257,23 @@ class RayRunner:
         self.slots = [WorkerSlot(index, None) for index in range(opts.num_workers)]
         for slot in self.slots:
             slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
-        described = [slot.handle.describe.remote() for slot in self.slots]
-        first = cast(dict, self.ray.get(described[0]))
-        for slot, ref in zip(self.slots, described):
-            slot.capacity = self._capacity(self._described(ref, first))
-        return first
+            slot.describing = slot.handle.describe.remote()
+        [ready], _ = self.ray.wait([slot.describing for slot in self.slots], num_returns=1)
+        self.first_engine_config = cast(dict, self.ray.get(ready))
+        for slot in self.slots:
+            if slot.describing == ready:
+                self._started(slot, ready)
+        return self.first_engine_config
 
-    def _described(self, ref: Any, first: dict) -> dict:
-        """A worker's engine config; the first worker's when it failed to start (its first chunk finds out)."""
+    def _started(self, slot: WorkerSlot, ref: Any) -> None:
+        """A worker's describe() answered: it takes as many lines as its engine decodes at once (the first
+        worker's count when it failed to start: its first chunk finds out)."""
+        slot.describing = None
         try:
-            return cast(dict, self.ray.get(ref))
+            engine_config = cast(dict, self.ray.get(ref))
         except self.ray.exceptions.RayError:
-            return first
+            engine_config = self.first_engine_config
+        slot.capacity = self._capacity(engine_config)
 
     def _capacity(self, engine_config: dict) -> int:
         """Lines a worker decodes at once, as the worker itself counts them (ChunkDecoder)."""
@@ -259,7 +296,7 @@ class RayRunner:
         """Whether to read another line: a worker has room for it, and the driver holds fewer than
         HELD_PER_DECODED times the lines the workers decode at once."""
         room = sum(self._room(slot) for slot in self.slots)
-        decoded_at_once = sum(self._lines_at_once(slot) for slot in self.slots)
+        decoded_at_once = sum(self._lines_at_once(slot) for slot in self.slots if slot.describing is None)
         return self.queue.num_lines < room and self._num_held() < HELD_PER_DECODED * decoded_at_once
 
     def _lines_at_once(self, slot: WorkerSlot) -> int:
@@ -295,18 +332,21 @@ class RayRunner:
                 slot.probe, slot.is_dead = None, True
         # a stream is ready when its next result (or its end, or its error) has come
         streams = [stream for slot in self.slots for stream in slot.chunks]
-        probes = [slot.probe for slot in self.slots if slot.probe is not None]
+        probes = [ref for slot in self.slots for ref in (slot.probe, slot.describing) if ref is not None]
         if not streams and not probes:
             return
         ready, _ = self.ray.wait(streams + probes, num_returns=1, timeout=WAIT_S)
         if ready:  # and whatever else is done by now
             ready, _ = self.ray.wait(streams + probes, num_returns=len(streams) + len(probes), timeout=0)
         for waitable in ready:
-            owner = next((s for s in self.slots if waitable in s.chunks or waitable == s.probe), None)
+            owner = next((s for s in self.slots if waitable in s.chunks or waitable in (s.probe, s.describing)),
+                         None)
             if owner is None:  # a stream of a worker found dead (and its chunks given back) just before
                 continue
             if waitable in owner.chunks:
                 self._stream(owner, waitable)
+            elif waitable == owner.describing:
+                self._started(owner, waitable)
             else:
                 self._probed(owner, waitable)
 

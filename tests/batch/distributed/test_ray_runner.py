@@ -26,7 +26,7 @@ from tests.support.ray_cluster import REPO, simulated_cluster  # sets LOOPBACK_E
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batchrun[ray]')")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from batch.distributed.ray_runner import RayOptions, RayRunner, unreachable  # noqa: E402
+from batch.distributed.ray_runner import RayOptions, RayRunner, room_shortfall, unreachable, workers_that_fit  # noqa: E402,E501
 from batch.run.options import RunOptions  # noqa: E402
 from batch.run.session import SessionOptions  # noqa: E402
 from batch.harmony.render import PromptOptions  # noqa: E402
@@ -319,9 +319,51 @@ def test_without_max_inflight_a_worker_holds_as_many_lines_as_its_engine_batches
     with Store(tmp_path / "ray.duckdb") as store:
         runner = RayRunner(store, options, RayOptions(num_workers=2), BatchOfThreeSpec())
         runner.start_workers()
-        assert [slot.capacity for slot in runner.slots] == [3, 3]
+        assert [slot.capacity for slot in runner.slots if slot.describing is None] == [3]  # the first started
         summary = runner.run()
+        started = [slot.capacity for slot in runner.slots if slot.describing is None]
     assert summary.statuses == {"completed": 8}
+    assert started and set(started) == {3}
+
+
+def test_workers_fit_whole_on_live_nodes_by_their_cpus_and_gpus():
+    nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 8.0}},
+             {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
+             {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}]
+    assert workers_that_fit(nodes, RayOptions(num_workers=16, gpus_per_worker=1)) == 9  # 8 + 1, none on the dead node
+    assert workers_that_fit(nodes, RayOptions(num_workers=16, gpus_per_worker=2, cpus_per_worker=4)) == 4
+    assert workers_that_fit(nodes, RayOptions(num_workers=40, gpus_per_worker=0.1, cpus_per_worker=0.5)) == 36
+    assert workers_that_fit(nodes, RayOptions(num_workers=3, gpus_per_worker=0, cpus_per_worker=0)) == 3
+    assert room_shortfall(nodes, RayOptions(num_workers=9, gpus_per_worker=1)) is None
+    assert workers_that_fit(nodes, RayOptions(num_workers=16, gpus_per_worker=1, cpus_per_worker=4)) == 4  # by CPUs
+    assert room_shortfall(nodes, RayOptions(num_workers=12, gpus_per_worker=1)) == (
+        "9 of 12 workers fit on its nodes (a worker needs 1 CPU and 1 GPU on one node; the 2 nodes have "
+        "18 CPUs and 9 GPUs in all)")
+
+
+def test_a_worker_the_cluster_cannot_hold_waits_while_the_others_decode(tmp_path, cluster, tiny_model_dir):
+    # Two nodes of one CPU: a third worker is never placed. The run used to wait for it before decoding
+    # (or send it lines that never came back); now it is told, and two workers decode everything.
+    path = requests_file(tmp_path, [f"question {i}" for i in range(6)])
+    db = tmp_path / "ray.duckdb"
+    result = cli("submit", path, "--db", db, "--model", tiny_model_dir, *GREEDY[:-1], "--ray", cluster.address,
+                 "--workers", "3")
+    assert result.exit_code == 0, result.output
+    assert "2 of 3 workers fit on its nodes" in result.output and "ray-w2:" not in result.output
+    assert rows(db, "SELECT count(*), count(DISTINCT line_no) FROM requests") == [(6, 6)]
+
+
+@pytest.mark.slow  # ~8 s: a local cluster of its own
+def test_workers_a_local_cluster_cannot_hold_are_one_error_line(tmp_path, cluster):
+    # No node joins a cluster of this machine alone: asking it for GPUs it lacks used to wait forever. And
+    # `--ray` alone starts that cluster even where RAY_ADDRESS names another (ray.init joined it, then raised
+    # a traceback: num_cpus is refused there).
+    command = [sys.executable, "-m", "batch.cli", "submit", str(EXAMPLES / "quickstart.jsonl"), "--db",
+               str(tmp_path / "out.duckdb"), "--ray", "--workers", "2", "--gpus-per-worker", "64"]
+    env = {**os.environ, **LOOPBACK_ENV, "RAY_ADDRESS": cluster.address}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "error: --ray: this machine's Ray cluster cannot hold the workers: 0 of 2 workers fit" in result.stderr
 
 
 def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
