@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from engine.api import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from engine.workloads import ENGINE_SYSTEMS, PERCENTILES, WORKLOADS, BenchResult, Workload, make_workloads, run_backend
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kernels", default="auto")
     parser.add_argument("--moe-weights", default="auto", help="MXFP4 experts: auto, mxfp4 (packed) or dense")
     parser.add_argument("--max-num-seqs", type=int, help="the engine's batch size (default: 64 on CPU, 256 on CUDA)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help="tokens one engine step computes at most (prefill chunks and decode rows)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--memory-gib", type=_memory_gib,
                         help="size the KV cache as on a GPU of this many GiB (h100: an H100 80GB's) when the GPU "
@@ -205,6 +208,7 @@ def _run(args: argparse.Namespace) -> None:
 
     engine_options = {"device": args.device, "kernels": args.kernels,
                       "max_num_seqs": args.max_num_seqs or batch_size_on(args.device),
+                      "max_num_batched_tokens": args.max_num_batched_tokens,
                       "gpu_memory_utilization": utilization, "moe_weights": args.moe_weights}
     results: list[BenchResult] = []
     runs: list[tuple[str, dict]] = []

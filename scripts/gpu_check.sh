@@ -119,10 +119,14 @@ step decode_120b 120 "$PY" -m engine.bench --preset 120b "${PRESET_OPTS[@]}" --m
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
-# Within 8 minutes these may be SKIPPED: GPU_CHECK_STEPS=moe_dense,deterministic runs them in a second call.
+# Then the step token budget vLLM uses on an H100 (8,192 against the default 2,048: longer prefill chunks, more
+# piecewise graphs). Within 8 minutes these may be SKIPPED: GPU_CHECK_STEPS=moe_dense,deterministic,batched_8192
+# runs them in a second call.
 step moe_dense 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_dense
 step deterministic 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" \
     --systems engine_deterministic
+step batched_8192 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine \
+    --max-num-batched-tokens 8192
 # the graph-share proxy decodes 512 requests with a tiny model on the CPU: about a minute on a quiet core
 step proxies 120 "$PY" -m engine.bench --proxies
 

@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "decode_120b", "moe_dense",
-         "deterministic", "proxies"]
+         "deterministic", "batched_8192", "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -96,4 +96,6 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
     decode_120b = figures.split("=== decode_120b")[1].split("\n=== ")[0]  # each step's lines under its name
     assert "random engine stats: num_steps=" in decode_120b and "batch-1 decode: " in decode_120b
     assert "sharegpt engine_dense: " in figures and "batch-1 decode (engine_dense): " in figures
+    batched = figures.split("=== batched_8192")[1].split("\n=== ")[0]
+    assert "sharegpt engine: " in batched and "batch-1 decode: " in batched
     assert "proxies: none registered" in log or "proxy " in log
