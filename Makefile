@@ -17,12 +17,19 @@ PYTEST_WORKERS ?= 2
 # the multi-GB CUDA one, so there pass TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
 TORCH_PIP_ARGS ?=
 
+# A worktree whose .venv links to another checkout's uses that venv as it is: reinstalling it from here would
+# point the other checkout's editable install (and its entry points) at this tree.
+ifeq ($(shell test -L $(VENV) && echo link),link)
+$(VENV)/.installed:
+	@echo "$(VENV) links to another checkout's venv: used as it is, not installed from here"
+else
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned, so installing the project finds it there and pulls no other build
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
+endif
 
 # Third-party MCP servers for the conformance suite (tests/batch/cli/test_conformance.py), pinned, in a
 # git-ignored folder: server-everything with npm (skipped without it), mcp-server-time with
