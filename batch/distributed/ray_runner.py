@@ -91,7 +91,7 @@ class WorkerSlot:
     chunks: dict[Any, dict[Sample, Prepared]] = field(default_factory=dict)
     probe: Any = None  # an ObjectRef of ping() while the worker is coming back
     describing: Any = None  # an ObjectRef of describe() until the worker is placed on a node and its model loaded
-    died_at: float = 0.0  # time.monotonic() of its last death
+    died_at: float = 0.0  # time.monotonic() of its last death, or of its start while it is describing
     lines_at_death: int = 0  # lines it had not returned when it last died (1: that line's death)
     is_dead: bool = False
 
@@ -249,7 +249,8 @@ class RayRunner:
     def start_workers(self) -> dict:
         """Create the actors (each loads the model) and wait for the first to start; returns its engine config.
         The others take lines once they have started too (on a cluster short of room for them, when nodes
-        join: an autoscaler's), each as many as its own engine decodes at once."""
+        join: an autoscaler's), each as many as its own engine decodes at once. A RunError when none starts:
+        each one failed to load the model, or none was placed on a node within RESTART_WAIT_S."""
         opts = self.ray_options
         actor = self.ray.remote(num_cpus=opts.cpus_per_worker, num_gpus=opts.gpus_per_worker,
                                 max_restarts=-1, max_task_retries=0,
@@ -257,22 +258,39 @@ class RayRunner:
         self.slots = [WorkerSlot(index, None) for index in range(opts.num_workers)]
         for slot in self.slots:
             slot.handle = actor.remote(self.backend_spec, self.options, slot.label)
-            slot.describing = slot.handle.describe.remote()
-        [ready], _ = self.ray.wait([slot.describing for slot in self.slots], num_returns=1)
-        self.first_engine_config = cast(dict, self.ray.get(ready))
-        for slot in self.slots:
-            if slot.describing == ready:
-                self._started(slot, ready)
+            slot.describing, slot.died_at = slot.handle.describe.remote(), time.monotonic()
+        deadline = time.monotonic() + RESTART_WAIT_S
+        errors: list[str] = []  # why the workers that could not start did not
+        while not any(slot.is_up for slot in self.slots):
+            describing = [slot.describing for slot in self.slots if slot.describing is not None]
+            if not describing:
+                raise RunError(f"no Ray worker could start: {errors[0]}")
+            ready, _ = self.ray.wait(describing, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._kill_workers()
+                raise RunError(f"no Ray worker started within {RESTART_WAIT_S / 60:.0f} minutes: none was placed "
+                               "on a node (see `ray status`), or none finished loading the model")
+            [slot] = [slot for slot in self.slots if slot.describing == ready[0]]
+            self._started(slot, ready[0], errors)
         return self.first_engine_config
 
-    def _started(self, slot: WorkerSlot, ref: Any) -> None:
-        """A worker's describe() answered: it takes as many lines as its engine decodes at once (the first
-        worker's count when it failed to start: its first chunk finds out)."""
+    def _started(self, slot: WorkerSlot, ref: Any, errors: list[str] | None = None) -> None:
+        """A worker's describe() answered: it takes as many lines as its engine decodes at once (the first to
+        start gives the run its engine config). One that could not start is dead (its error appended to
+        `errors`); one that is restarting is asked again."""
         slot.describing = None
         try:
             engine_config = cast(dict, self.ray.get(ref))
-        except self.ray.exceptions.RayError:
-            engine_config = self.first_engine_config
+        except self.ray.exceptions.ActorUnavailableError:
+            slot.describing = slot.handle.describe.remote()
+            return
+        except self.ray.exceptions.RayError as exc:  # its model did not load (ActorDiedError): not restarted
+            slot.is_dead = True
+            if errors is not None:
+                errors.append(f"{slot.label}: {_last_line(exc)}")
+            return
+        if not self.first_engine_config:
+            self.first_engine_config = engine_config
         slot.capacity = self._capacity(engine_config)
 
     def _capacity(self, engine_config: dict) -> int:
@@ -300,9 +318,11 @@ class RayRunner:
         return self.queue.num_lines < room and self._num_held() < HELD_PER_DECODED * decoded_at_once
 
     def _lines_at_once(self, slot: WorkerSlot) -> int:
-        """Lines the worker may hold: its capacity, or its share of an input too small to fill every worker."""
+        """Lines the worker may hold: its capacity, or its share of an input too small to fill every worker
+        that has started and is not dead."""
         lines = self.run_state.num_input_requests or slot.capacity
-        return max(1, min(slot.capacity, math.ceil(lines / max(1, len(self.slots)))))
+        started = sum(1 for other in self.slots if not other.is_dead and other.describing is None)
+        return max(1, min(slot.capacity, math.ceil(lines / max(1, started))))
 
     def _room(self, slot: WorkerSlot) -> int:
         """Lines the worker may take now."""
@@ -322,14 +342,17 @@ class RayRunner:
                 slot.chunks[stream] = {_sample(prepared.line.line_no, prepared.line.epoch): prepared
                                        for prepared in chunk}
         if not any(not slot.is_dead for slot in self.slots):
-            raise RunError("every Ray worker died and none could be restarted; finished requests are "
-                           "saved: run the same command again to resume")
+            raise RunError("every Ray worker died and none could be restarted (or placed on a node) in time; "
+                           "finished requests are saved: run the same command again to resume")
 
     def _collect(self) -> None:
+        # A worker not back within RESTART_WAIT_S is dropped; so is one never placed, once no other is up.
+        nobody_up = not any(slot.is_up for slot in self.slots)
         for slot in self.slots:
-            if slot.probe is not None and time.monotonic() - slot.died_at > RESTART_WAIT_S:
+            waiting = slot.probe is not None or (slot.describing is not None and nobody_up)
+            if waiting and time.monotonic() - slot.died_at > RESTART_WAIT_S:
                 self.ray.kill(slot.handle)
-                slot.probe, slot.is_dead = None, True
+                slot.probe, slot.describing, slot.is_dead = None, None, True
         # a stream is ready when its next result (or its end, or its error) has come
         streams = [stream for slot in self.slots for stream in slot.chunks]
         probes = [ref for slot in self.slots for ref in (slot.probe, slot.describing) if ref is not None]
@@ -376,12 +399,16 @@ class RayRunner:
             self.run_state.finish_request(result)
 
     def _died(self, slot: WorkerSlot, stream: Any) -> None:
-        """A decode stream ended in an error: the lines of its chunk not returned go back to the queue."""
-        if slot.probe is None and not slot.is_dead:  # the first of this death's chunks
+        """A decode stream ended in an error (its worker died): the lines of every chunk the worker held that
+        it had not returned go back to the queue, as one chunk. Given back chunk by chunk, a worker's many
+        one-line chunks would each come back a suspect, to go out alone onto an idle worker, one at a time."""
+        if slot.probe is None and not slot.is_dead:  # the first of this death's streams
             # 1: the worker had no other line left, so the death counts against that line
             slot.lines_at_death = slot.num_lines
             slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
-        self._give_back(list(slot.chunks.pop(stream).values()), alone=slot.lines_at_death == 1)
+        lines = [prepared for chunk in slot.held for prepared in chunk]
+        slot.chunks.clear()
+        self._give_back(lines, alone=slot.lines_at_death == 1)
 
     def _probed(self, slot: WorkerSlot, ref: Any) -> None:
         slot.probe = None
@@ -391,9 +418,8 @@ class RayRunner:
             slot.probe = slot.handle.ping.remote()
         except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
             slot.is_dead = True
-            for chunk in slot.held:  # calls made before it was known dead
-                self._give_back(chunk, alone=False)
-            slot.chunks.clear()
+            self._give_back([prepared for chunk in slot.held for prepared in chunk], alone=False)  # calls made
+            slot.chunks.clear()  # before it was known dead
 
     def _give_back(self, chunk: list[Prepared], alone: bool) -> None:
         """The lines of a chunk its worker did not return go back to the queue; a line out of tries fails."""
@@ -409,6 +435,12 @@ class RayRunner:
     def _kill_workers(self) -> None:
         for slot in self.slots:
             self.ray.kill(slot.handle)
+
+
+def _last_line(error: BaseException) -> str:
+    """The last line of an error's text: a Ray actor's creation error ends with the exception it raised."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
 
 
 def _sample(line_no: int, epoch: int) -> Sample:

@@ -27,6 +27,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'batc
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from batch.distributed.ray_runner import RayOptions, RayRunner, room_shortfall, unreachable, workers_that_fit  # noqa: E402,E501
+from batch.run.ledger import RunError  # noqa: E402
 from batch.run.options import RunOptions  # noqa: E402
 from batch.run.session import SessionOptions  # noqa: E402
 from batch.harmony.render import PromptOptions  # noqa: E402
@@ -364,6 +365,69 @@ def test_workers_a_local_cluster_cannot_hold_are_one_error_line(tmp_path, cluste
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert "error: --ray: this machine's Ray cluster cannot hold the workers: 0 of 2 workers fit" in result.stderr
+
+
+@dataclass
+class FailingLoadSpec:
+    """Stands in for BackendSpec: the first `failures` workers to load fail at once (a node without the model's
+    folder); the others load the scripted backend a second later."""
+
+    marker_dir: str
+    failures: int = 1
+
+    def load(self) -> ScriptedBackend:
+        for index in range(self.failures):
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(os.path.join(self.marker_dir, f"failed-{index}"), os.O_CREAT | os.O_EXCL))
+                raise FileNotFoundError("no such model folder on this node")
+        time.sleep(1.0)
+        return ScriptedBackend(script)
+
+
+def test_a_worker_whose_model_fails_to_load_leaves_the_run_to_the_others(tmp_path, cluster):
+    # The first worker to answer used to start the run, and its failure was a traceback that ended the run.
+    path = requests_file(tmp_path, [f"question {i}" for i in range(6)])
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, run_options(path), RayOptions(num_workers=2), FailingLoadSpec(str(tmp_path)))
+        runner.start_workers()
+        assert sum(slot.is_dead for slot in runner.slots) == 1
+        summary = runner.run()
+    assert summary.statuses == {"completed": 6}
+    assert len(rows(tmp_path / "ray.duckdb", "SELECT DISTINCT worker FROM requests")) == 1
+
+
+def test_workers_none_of_which_can_load_the_model_are_one_error(tmp_path, cluster):
+    path = requests_file(tmp_path, ["question"])
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, run_options(path), RayOptions(num_workers=2),
+                           FailingLoadSpec(str(tmp_path), failures=2))
+        with pytest.raises(RunError, match="no Ray worker could start: ray-w.: FileNotFoundError: no such model"):
+            runner.start_workers()
+
+
+class FakeHandle:
+    class ping:
+        @staticmethod
+        def remote():
+            return "ping"
+
+
+def test_a_dead_workers_one_line_chunks_go_back_as_one_chunk(tmp_path):
+    # A worker holds a chunk per line that came back (its room refills one line at a time): given back chunk by
+    # chunk, each line came back a suspect, to go out alone onto an idle worker, one at a time.
+    from batch.distributed.ray_runner import WorkerSlot
+    from types import SimpleNamespace
+
+    lines = [SimpleNamespace(line=SimpleNamespace(line_no=n, epoch=0)) for n in range(1, 7)]
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = RayRunner(store, run_options(tmp_path / "in.jsonl"), RayOptions(num_workers=1), ScriptedSpec())
+        slot = WorkerSlot(0, FakeHandle())
+        slot.chunks = {f"stream-{line.line.line_no}": {(line.line.line_no, 0): line} for line in lines}
+        runner.slots = [slot]
+        runner._died(slot, "stream-3")
+    assert slot.chunks == {} and slot.probe == "ping" and slot.lines_at_death == 6
+    assert list(runner.queue.retries) == [lines[:3], lines[3:]]  # halves, so most lines go out together
+    assert runner.queue.attempts == {}
 
 
 def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
