@@ -276,6 +276,33 @@ def test_a_conversation_s_next_line_follows_its_line_not_that_line_s_chunk(tmp_p
     assert "Done question c0." in stored["c1"]  # it continues c0's answer
 
 
+class StreamCountingRunner(RayRunner):
+    """Records the most decode calls (streams) a worker held after each dispatch."""
+
+    most_streams = 0
+
+    def _dispatch(self):
+        super()._dispatch()
+        self.most_streams = max([self.most_streams, *(len(slot.chunks) for slot in self.slots)])
+
+
+def test_a_worker_holds_a_bounded_number_of_streams_however_its_room_refills(tmp_path, cluster, monkeypatch):
+    # Refilled as each line came back, a worker held a stream per line of its batch (2,048 streams over 8
+    # workers of 256: ~5 ms of the driver's ray.wait each time round its loop).
+    import batch.distributed.ray_runner as ray_runner
+
+    monkeypatch.setattr(ray_runner, "MAX_STREAMS_PER_WORKER", 2)
+    path = requests_file(tmp_path, [f"question {i}" for i in range(24)])
+    options = dataclasses.replace(run_options(path), max_inflight=6)
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = StreamCountingRunner(store, options, RayOptions(num_workers=1),
+                                      LoggingSpec(str(tmp_path / "engine.log"), step_s=0.02))
+        runner.start_workers()
+        summary = runner.run()
+    assert summary.statuses == {"completed": 24}
+    assert runner.most_streams == 2
+
+
 def test_a_conversation_s_next_line_starts_while_long_lines_hold_its_worker_s_chunks(tmp_path, cluster):
     # One worker, --max-inflight 4: chunks [r0 c0] and [r1] with long r0 and r1. Once c0 was back, c1 waited
     # for r0 or r1 to end though the batch had room for two more lines: a worker took two chunks at most,
@@ -370,7 +397,7 @@ def test_workers_a_local_cluster_cannot_hold_are_one_error_line(tmp_path, cluste
 @dataclass
 class FailingLoadSpec:
     """Stands in for BackendSpec: the first `failures` workers to load fail at once (a node without the model's
-    folder); the others load the scripted backend a second later."""
+    folder); the others load the scripted backend two seconds later."""
 
     marker_dir: str
     failures: int = 1
@@ -380,7 +407,7 @@ class FailingLoadSpec:
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(os.path.join(self.marker_dir, f"failed-{index}"), os.O_CREAT | os.O_EXCL))
                 raise FileNotFoundError("no such model folder on this node")
-        time.sleep(1.0)
+        time.sleep(2.0)
         return ScriptedBackend(script)
 
 
@@ -389,8 +416,7 @@ def test_a_worker_whose_model_fails_to_load_leaves_the_run_to_the_others(tmp_pat
     path = requests_file(tmp_path, [f"question {i}" for i in range(6)])
     with Store(tmp_path / "ray.duckdb") as store:
         runner = RayRunner(store, run_options(path), RayOptions(num_workers=2), FailingLoadSpec(str(tmp_path)))
-        runner.start_workers()
-        assert sum(slot.is_dead for slot in runner.slots) == 1
+        runner.start_workers()  # the failed worker answers first, by a second or so
         summary = runner.run()
     assert summary.statuses == {"completed": 6}
     assert len(rows(tmp_path / "ray.duckdb", "SELECT DISTINCT worker FROM requests")) == 1
