@@ -118,6 +118,12 @@ class WorkerSlot:
         """The lines not yet returned of each chunk it holds."""
         return [list(chunk.values()) for chunk in self.chunks.values()]
 
+    def take_back(self) -> list[Prepared]:
+        """Every line it holds that it has not returned, in the order given; it then holds none."""
+        lines = [prepared for chunk in self.chunks.values() for prepared in chunk.values()]
+        self.chunks.clear()
+        return lines
+
 
 def import_ray() -> Any:
     """The ray module; a RunError saying how to install it when it is missing."""
@@ -317,22 +323,26 @@ class RayRunner:
     def _may_read(self) -> bool:
         """Whether to read another line: a worker has room for it, and the driver holds fewer than
         HELD_PER_DECODED times the lines the workers decode at once."""
-        room = sum(self._room(slot) for slot in self.slots)
-        decoded_at_once = sum(self._lines_at_once(slot) for slot in self.slots if slot.describing is None)
+        started = self._num_started()
+        room = sum(self._room(slot, started) for slot in self.slots)
+        decoded_at_once = sum(self._lines_at_once(slot, started) for slot in self.slots if slot.describing is None)
         return self.queue.num_lines < room and self._num_held() < HELD_PER_DECODED * decoded_at_once
 
-    def _lines_at_once(self, slot: WorkerSlot) -> int:
-        """Lines the worker may hold: its capacity, or its share of an input too small to fill every worker
-        that has started and is not dead."""
+    def _num_started(self) -> int:
+        """Workers that have started and are not dead (counted once per pass over the slots, not per slot)."""
+        return sum(1 for slot in self.slots if not slot.is_dead and slot.describing is None)
+
+    def _lines_at_once(self, slot: WorkerSlot, started: int) -> int:
+        """Lines the worker may hold: its capacity, or its share of an input too small to fill every one of the
+        `started` workers."""
         lines = self.run_state.num_input_requests or slot.capacity
-        started = sum(1 for other in self.slots if not other.is_dead and other.describing is None)
         return max(1, min(slot.capacity, math.ceil(lines / max(1, started))))
 
-    def _room(self, slot: WorkerSlot) -> int:
+    def _room(self, slot: WorkerSlot, started: int) -> int:
         """Lines the worker may take now (none while it holds MAX_STREAMS_PER_WORKER chunks)."""
         if not slot.is_up or len(slot.chunks) >= MAX_STREAMS_PER_WORKER:
             return 0
-        return max(0, self._lines_at_once(slot) - slot.num_lines)
+        return max(0, self._lines_at_once(slot, started) - slot.num_lines)
 
     def _num_out(self) -> int:
         return sum(slot.num_lines for slot in self.slots)
@@ -342,8 +352,9 @@ class RayRunner:
 
     def _dispatch(self) -> None:
         """Each worker's room filled from the queue, each time in one chunk of as many lines as fit."""
+        started = self._num_started()  # dispatching changes no worker's state
         for slot in self.slots:
-            while (chunk := self.queue.next_for(slot.held, self._room(slot))) is not None:
+            while (chunk := self.queue.next_for(slot.held, self._room(slot, started))) is not None:
                 stream = slot.handle.decode.options(num_returns="streaming").remote(chunk, self.run_state.run_id)
                 slot.chunks[stream] = {_sample(prepared.line.line_no, prepared.line.epoch): prepared
                                        for prepared in chunk}
@@ -412,9 +423,7 @@ class RayRunner:
             # 1: the worker had no other line left, so the death counts against that line
             slot.lines_at_death = slot.num_lines
             slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
-        lines = [prepared for chunk in slot.held for prepared in chunk]
-        slot.chunks.clear()
-        self._give_back(lines, alone=slot.lines_at_death == 1)
+        self._give_back(slot.take_back(), alone=slot.lines_at_death == 1)
 
     def _probed(self, slot: WorkerSlot, ref: Any) -> None:
         slot.probe = None
@@ -424,8 +433,7 @@ class RayRunner:
             slot.probe = slot.handle.ping.remote()
         except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
             slot.is_dead = True
-            self._give_back([prepared for chunk in slot.held for prepared in chunk], alone=False)  # calls made
-            slot.chunks.clear()  # before it was known dead
+            self._give_back(slot.take_back(), alone=False)  # calls made before it was known dead
 
     def _give_back(self, chunk: list[Prepared], alone: bool) -> None:
         """The lines of a chunk its worker did not return go back to the queue; a line out of tries fails."""
