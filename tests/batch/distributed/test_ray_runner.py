@@ -167,6 +167,14 @@ def run_options(path):
                       session=SessionOptions(model="scripted", temperature=0.0, max_output_tokens=64))
 
 
+def decode_on_workers(tmp_path, options, num_workers, spec, runner_class=RayRunner):
+    """A Ray run of `options` into tmp_path/ray.duckdb on `num_workers` workers loading `spec`: (runner, summary)."""
+    with Store(tmp_path / "ray.duckdb") as store:
+        runner = runner_class(store, options, RayOptions(num_workers=num_workers), spec)
+        runner.start_workers()
+        return runner, runner.run()
+
+
 class KillingRunner(RayRunner):
     """Kills the other worker (ray.kill: no restart) when the first result comes back."""
 
@@ -183,12 +191,9 @@ class KillingRunner(RayRunner):
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
     users = [f"python question {i}" if i % 3 == 0 else f"question {i}" for i in range(24)]
     path = requests_file(tmp_path, users)
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = KillingRunner(store, run_options(path), RayOptions(num_workers=2), ScriptedSpec())
-        runner.start_workers()
-        summary = runner.run()
-        assert runner.killed is not None
-        assert [slot.is_dead for slot in runner.slots].count(True) == 1
+    runner, summary = decode_on_workers(tmp_path, run_options(path), 2, ScriptedSpec(), KillingRunner)
+    assert runner.killed is not None
+    assert [slot.is_dead for slot in runner.slots].count(True) == 1
     assert summary.statuses == {"completed": 24}
     db = tmp_path / "ray.duckdb"
     assert rows(db, "SELECT count(*), count(DISTINCT line_no), count(DISTINCT response_id) FROM requests") == \
@@ -205,10 +210,7 @@ def test_a_worker_decodes_its_chunks_in_one_batch(tmp_path, cluster):
     options = run_options(path)
     options = dataclasses.replace(options, session=dataclasses.replace(options.session, max_output_tokens=512))
     log = tmp_path / "engine.log"
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = RayRunner(store, options, RayOptions(num_workers=1), LoggingSpec(str(log)))
-        runner.start_workers()
-        summary = runner.run()
+    _, summary = decode_on_workers(tmp_path, options, 1, LoggingSpec(str(log)))
     assert summary.statuses == {"completed": 4}
     custom_ids = dict(rows(tmp_path / "ray.duckdb", "SELECT response_id, custom_id FROM requests"))
     order = [(kind, custom_ids[request_id]) for kind, request_id in engine_log(log)]
@@ -236,11 +238,8 @@ def test_a_worker_killed_mid_chunk_keeps_the_lines_it_returned(tmp_path, cluster
     # whole, so a death lost (and decoded again) every line of it, r1 too, though r1 was long finished.
     path = requests_file(tmp_path, ["long story"] + [f"question {i}" for i in range(1, 8)])
     log = tmp_path / "engine.log"
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = KillingMidChunkRunner(store, long_output_options(path), RayOptions(num_workers=2),
-                                       LoggingSpec(str(log), step_s=0.04))
-        runner.start_workers()
-        summary = runner.run()
+    runner, summary = decode_on_workers(tmp_path, long_output_options(path), 2,
+                                        LoggingSpec(str(log), step_s=0.04), KillingMidChunkRunner)
     assert runner.killed is not None and runner.pending_at_kill == ["r0"]
     assert summary.statuses == {"completed": 8}
     db = tmp_path / "ray.duckdb"
@@ -263,11 +262,7 @@ def test_a_conversation_s_next_line_follows_its_line_not_that_line_s_chunk(tmp_p
              {"custom_id": "c1", "conversation": "c", "input": "question c1"}]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     log = tmp_path / "engine.log"
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = RayRunner(store, long_output_options(path), RayOptions(num_workers=1),
-                           LoggingSpec(str(log), step_s=0.08))
-        runner.start_workers()
-        summary = runner.run()
+    _, summary = decode_on_workers(tmp_path, long_output_options(path), 1, LoggingSpec(str(log), step_s=0.08))
     assert summary.statuses == {"completed": 3}
     custom_ids = dict(rows(tmp_path / "ray.duckdb", "SELECT response_id, custom_id FROM requests"))
     order = [(kind, custom_ids[request_id]) for kind, request_id in engine_log(log)]
@@ -294,11 +289,8 @@ def test_a_worker_holds_a_bounded_number_of_streams_however_its_room_refills(tmp
     monkeypatch.setattr(ray_runner, "MAX_STREAMS_PER_WORKER", 2)
     path = requests_file(tmp_path, [f"question {i}" for i in range(24)])
     options = dataclasses.replace(run_options(path), max_inflight=6)
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = StreamCountingRunner(store, options, RayOptions(num_workers=1),
-                                      LoggingSpec(str(tmp_path / "engine.log"), step_s=0.02))
-        runner.start_workers()
-        summary = runner.run()
+    runner, summary = decode_on_workers(tmp_path, options, 1,
+                                        LoggingSpec(str(tmp_path / "engine.log"), step_s=0.02), StreamCountingRunner)
     assert summary.statuses == {"completed": 24}
     assert runner.most_streams == 2
 
@@ -315,10 +307,7 @@ def test_a_conversation_s_next_line_starts_while_long_lines_hold_its_worker_s_ch
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     log = tmp_path / "engine.log"
     options = dataclasses.replace(long_output_options(path), max_inflight=4)
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = RayRunner(store, options, RayOptions(num_workers=1), LoggingSpec(str(log), step_s=0.05))
-        runner.start_workers()
-        summary = runner.run()
+    _, summary = decode_on_workers(tmp_path, options, 1, LoggingSpec(str(log), step_s=0.05))
     assert summary.statuses == {"completed": 4}
     custom_ids = dict(rows(tmp_path / "ray.duckdb", "SELECT response_id, custom_id FROM requests"))
     order = [(kind, custom_ids[request_id]) for kind, request_id in engine_log(log)]
@@ -414,10 +403,8 @@ class FailingLoadSpec:
 def test_a_worker_whose_model_fails_to_load_leaves_the_run_to_the_others(tmp_path, cluster):
     # The first worker to answer used to start the run, and its failure was a traceback that ended the run.
     path = requests_file(tmp_path, [f"question {i}" for i in range(6)])
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = RayRunner(store, run_options(path), RayOptions(num_workers=2), FailingLoadSpec(str(tmp_path)))
-        runner.start_workers()  # the failed worker answers first, by a second or so
-        summary = runner.run()
+    # the failed worker answers first, by a second or so
+    _, summary = decode_on_workers(tmp_path, run_options(path), 2, FailingLoadSpec(str(tmp_path)))
     assert summary.statuses == {"completed": 6}
     assert len(rows(tmp_path / "ray.duckdb", "SELECT DISTINCT worker FROM requests")) == 1
 
@@ -460,10 +447,7 @@ def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
     users = [f"question {i}" for i in range(6)]
     users[3] = KILLER
     path = requests_file(tmp_path, users)
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = RayRunner(store, run_options(path), RayOptions(num_workers=2), ScriptedSpec())
-        runner.start_workers()
-        summary = runner.run()
+    _, summary = decode_on_workers(tmp_path, run_options(path), 2, ScriptedSpec())
     assert summary.statuses == {"completed": 5, "failed": 1}
     db = tmp_path / "ray.duckdb"
     failed = rows(db, "SELECT line_no, error FROM requests WHERE status = 'failed'")
@@ -478,10 +462,7 @@ def test_a_conversation_s_lines_decode_in_order_across_workers(tmp_path, cluster
     lines = [{"custom_id": f"{name}{turn}", "conversation": name, "input": f"question {name}{turn}"}
              for turn in range(3) for name in "xyz"]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with Store(tmp_path / "ray.duckdb") as store:
-        runner = RayRunner(store, run_options(path), RayOptions(num_workers=2), ScriptedSpec())
-        runner.start_workers()
-        summary = runner.run()
+    _, summary = decode_on_workers(tmp_path, run_options(path), 2, ScriptedSpec())
     assert summary.statuses == {"completed": 9}
     stored = {custom_id: json.loads(items) for custom_id, items in rows(
         tmp_path / "ray.duckdb", "SELECT custom_id, input_items FROM responses")}
