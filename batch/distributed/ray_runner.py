@@ -93,7 +93,7 @@ class WorkerSlot:
     capacity: int = 1  # lines it decodes at once: --max-inflight, or its engine's batch size
     # ObjectRefGenerator of a decode call -> the lines of its chunk whose results have not come back
     chunks: dict[Any, dict[Sample, Prepared]] = field(default_factory=dict)
-    probe: Any = None  # an ObjectRef of ping() while the worker is coming back
+    probe: Any = None  # an ObjectRef of describe() while the worker is coming back
     describing: Any = None  # an ObjectRef of describe() until the worker is placed on a node and its model loaded
     died_at: float = 0.0  # time.monotonic() of its last death, or of its start while it is describing
     lines_at_death: int = 0  # lines it had not returned when it last died (1: that line's death)
@@ -422,18 +422,22 @@ class RayRunner:
         if slot.probe is None and not slot.is_dead:  # the first of this death's streams
             # 1: the worker had no other line left, so the death counts against that line
             slot.lines_at_death = slot.num_lines
-            slot.probe, slot.died_at = slot.handle.ping.remote(), time.monotonic()
+            slot.probe, slot.died_at = slot.handle.describe.remote(), time.monotonic()
         self._give_back(slot.take_back(), alone=slot.lines_at_death == 1)
 
     def _probed(self, slot: WorkerSlot, ref: Any) -> None:
+        """A dead worker's describe() answered: it is back, with as much room as its new engine batches (Ray
+        may have restarted it on another kind of node), or restarting still, or gone for good."""
         slot.probe = None
         try:
-            self.ray.get(ref)
+            engine_config = cast(dict, self.ray.get(ref))
         except self.ray.exceptions.ActorUnavailableError:  # restarting: ask again
-            slot.probe = slot.handle.ping.remote()
+            slot.probe = slot.handle.describe.remote()
         except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
             slot.is_dead = True
             self._give_back(slot.take_back(), alone=False)  # calls made before it was known dead
+        else:
+            slot.capacity = self._capacity(engine_config)
 
     def _give_back(self, chunk: list[Prepared], alone: bool) -> None:
         """The lines of a chunk its worker did not return go back to the queue; a line out of tries fails."""

@@ -153,13 +153,10 @@ class DecodeWorker:
         if self._load_error is not None:
             raise self._load_error
 
-    def ping(self) -> str:
-        """The worker's label, once it is up (the driver waits on this after a restart)."""
-        return self.label
-
     def describe(self) -> dict:
-        """The engine's configuration (the runs row records the first worker's), and under
-        "model_fingerprint" the weights it loaded (for a driver that cannot read them)."""
+        """The engine's configuration (the runs row records the first worker's; the driver reads each worker's
+        room from it, at its start and after each restart), and under "model_fingerprint" the weights it
+        loaded (for a driver that cannot read them)."""
         return {**self.engine_config, "model_fingerprint": self.model_fingerprint}
 
     async def decode(self, chunk: list[Prepared], run_id: str) -> AsyncIterator[RequestResult]:

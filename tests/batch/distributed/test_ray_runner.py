@@ -343,6 +343,54 @@ def test_without_max_inflight_a_worker_holds_as_many_lines_as_its_engine_batches
     assert started and set(started) == {3}
 
 
+class GrowingBatch(ScriptedBackend):
+    """The scripted backend, whose batch holds two requests at its first load and five after (a worker that Ray
+    restarted on a bigger node); it counts its loads in a file (it runs in the worker's process)."""
+
+    def __init__(self, loads_path: str):
+        super().__init__(script)
+        with open(loads_path, "a+") as loads:
+            loads.write("load\n")
+            loads.seek(0)
+            self.max_num_seqs = 2 if len(loads.read().split()) == 1 else 5
+
+    def describe(self):
+        return {**super().describe(), "max_num_seqs": self.max_num_seqs}
+
+
+@dataclass(frozen=True)
+class GrowingBatchSpec:
+    loads_path: str
+
+    def load(self) -> GrowingBatch:
+        return GrowingBatch(self.loads_path)
+
+
+class CapacityRecordingRunner(RayRunner):
+    """Records each capacity its worker had while it held lines."""
+
+    capacities: set[int] = set()
+
+    def _dispatch(self):
+        super()._dispatch()
+        self.capacities = self.capacities | {slot.capacity for slot in self.slots if slot.chunks}
+
+
+def test_a_restarted_worker_takes_as_many_lines_as_its_new_engine_batches(tmp_path, cluster):
+    # Ray may restart a dead worker on another node, with an engine of another batch size: the driver reads its
+    # room again (it kept the one from its first start: two lines of five).
+    users = [f"question {i}" for i in range(8)]
+    users[1] = KILLER
+    path = requests_file(tmp_path, users)
+    options = dataclasses.replace(run_options(path), max_inflight=None)
+    loads = tmp_path / "loads"
+    runner, summary = decode_on_workers(tmp_path, options, 1, GrowingBatchSpec(str(loads)), CapacityRecordingRunner)
+    assert summary.statuses == {"completed": 7, "failed": 1}
+    assert len(loads.read_text().split()) >= 4  # the first load, and one after each of the killer's deaths
+    assert runner.capacities == {2, 5}
+    assert runner.slots[0].capacity == 5
+
+
 def test_workers_fit_whole_on_live_nodes_by_their_cpus_and_gpus():
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 8.0}},
              {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
@@ -419,10 +467,10 @@ def test_workers_none_of_which_can_load_the_model_are_one_error(tmp_path, cluste
 
 
 class FakeHandle:
-    class ping:
+    class describe:
         @staticmethod
         def remote():
-            return "ping"
+            return "describe"
 
 
 def test_a_dead_workers_one_line_chunks_go_back_as_one_chunk(tmp_path):
@@ -438,7 +486,7 @@ def test_a_dead_workers_one_line_chunks_go_back_as_one_chunk(tmp_path):
         slot.chunks = {f"stream-{line.line.line_no}": {(line.line.line_no, 0): line} for line in lines}
         runner.slots = [slot]
         runner._died(slot, "stream-3")
-    assert slot.chunks == {} and slot.probe == "ping" and slot.lines_at_death == 6
+    assert slot.chunks == {} and slot.probe == "describe" and slot.lines_at_death == 6
     assert list(runner.queue.retries) == [lines[:3], lines[3:]]  # halves, so most lines go out together
     assert runner.queue.attempts == {}
 
