@@ -93,8 +93,10 @@ class WorkerSlot:
     capacity: int = 1  # lines it decodes at once: --max-inflight, or its engine's batch size
     # ObjectRefGenerator of a decode call -> the lines of its chunk whose results have not come back
     chunks: dict[Any, dict[Sample, Prepared]] = field(default_factory=dict)
-    probe: Any = None  # an ObjectRef of describe() while the worker is coming back
-    describing: Any = None  # an ObjectRef of describe() until the worker is placed on a node and its model loaded
+    # an ObjectRef of describe() until the worker is placed on a node and its model loaded: at its start, and
+    # while Ray restarts it after a death (on another node maybe, its engine with another batch size)
+    describing: Any = None
+    has_started: bool = False  # its describe() answered once
     died_at: float = 0.0  # time.monotonic() of its last death, or of its start while it is describing
     lines_at_death: int = 0  # lines it had not returned when it last died (1: that line's death)
     is_dead: bool = False
@@ -106,7 +108,7 @@ class WorkerSlot:
     @property
     def is_up(self) -> bool:
         """Started, alive and answering: it may be given lines."""
-        return not self.is_dead and self.probe is None and self.describing is None
+        return not self.is_dead and self.describing is None
 
     @property
     def num_lines(self) -> int:
@@ -281,27 +283,29 @@ class RayRunner:
                 raise RunError(f"no Ray worker started within {RESTART_WAIT_S / 60:.0f} minutes: none was placed "
                                "on a node (see `ray status`), or none finished loading the model")
             [slot] = [slot for slot in self.slots if slot.describing == ready[0]]
-            self._started(slot, ready[0], errors)
+            self._described(slot, ready[0], errors)
         return self.first_engine_config
 
-    def _started(self, slot: WorkerSlot, ref: Any, errors: list[str] | None = None) -> None:
-        """A worker's describe() answered: it takes as many lines as its engine decodes at once (the first to
-        start gives the run its engine config). One that could not start is dead (its error appended to
-        `errors`); one that is restarting is asked again."""
+    def _described(self, slot: WorkerSlot, ref: Any, errors: list[str] | None = None) -> None:
+        """A worker's describe() answered, at its start or after a restart: it takes as many lines as its
+        engine decodes at once (the first to start gives the run its engine config). One that is restarting
+        is asked again; one that could not start, or will not come back, is dead (its error appended to
+        `errors`; the lines of calls made before it was known dead go back to the queue)."""
         slot.describing = None
         try:
             engine_config = cast(dict, self.ray.get(ref))
         except self.ray.exceptions.ActorUnavailableError:
             slot.describing = slot.handle.describe.remote()
             return
-        except self.ray.exceptions.RayError as exc:  # its model did not load (ActorDiedError): not restarted
+        except self.ray.exceptions.RayError as exc:  # ActorDiedError: its model did not load, or Ray gave up
             slot.is_dead = True
             if errors is not None:
                 errors.append(f"{slot.label}: {_last_line(exc)}")
+            self._give_back(slot.take_back(), alone=False)
             return
         if not self.first_engine_config:
             self.first_engine_config = engine_config
-        slot.capacity = self._capacity(engine_config)
+        slot.capacity, slot.has_started = self._capacity(engine_config), True
 
     def _capacity(self, engine_config: dict) -> int:
         """Lines a worker decodes at once, as the worker itself counts them (ChunkDecoder)."""
@@ -325,12 +329,13 @@ class RayRunner:
         HELD_PER_DECODED times the lines the workers decode at once."""
         started = self._num_started()
         room = sum(self._room(slot, started) for slot in self.slots)
-        decoded_at_once = sum(self._lines_at_once(slot, started) for slot in self.slots if slot.describing is None)
+        decoded_at_once = sum(self._lines_at_once(slot, started) for slot in self.slots
+                              if slot.has_started and not slot.is_dead)
         return self.queue.num_lines < room and self._num_held() < HELD_PER_DECODED * decoded_at_once
 
     def _num_started(self) -> int:
         """Workers that have started and are not dead (counted once per pass over the slots, not per slot)."""
-        return sum(1 for slot in self.slots if not slot.is_dead and slot.describing is None)
+        return sum(1 for slot in self.slots if slot.has_started and not slot.is_dead)
 
     def _lines_at_once(self, slot: WorkerSlot, started: int) -> int:
         """Lines the worker may hold: its capacity, or its share of an input too small to fill every one of the
@@ -366,29 +371,26 @@ class RayRunner:
         # A worker not back within RESTART_WAIT_S is dropped; so is one never placed, once no other is up.
         nobody_up = not any(slot.is_up for slot in self.slots)
         for slot in self.slots:
-            waiting = slot.probe is not None or (slot.describing is not None and nobody_up)
+            waiting = slot.describing is not None and (slot.has_started or nobody_up)
             if waiting and time.monotonic() - slot.died_at > RESTART_WAIT_S:
                 self.ray.kill(slot.handle)
-                slot.probe, slot.describing, slot.is_dead = None, None, True
+                slot.describing, slot.is_dead = None, True
         # a stream is ready when its next result (or its end, or its error) has come
         streams = [stream for slot in self.slots for stream in slot.chunks]
-        probes = [ref for slot in self.slots for ref in (slot.probe, slot.describing) if ref is not None]
-        if not streams and not probes:
+        describing = [slot.describing for slot in self.slots if slot.describing is not None]
+        if not streams and not describing:
             return
-        ready, _ = self.ray.wait(streams + probes, num_returns=1, timeout=WAIT_S)
+        ready, _ = self.ray.wait(streams + describing, num_returns=1, timeout=WAIT_S)
         if ready:  # and whatever else is done by now
-            ready, _ = self.ray.wait(streams + probes, num_returns=len(streams) + len(probes), timeout=0)
+            ready, _ = self.ray.wait(streams + describing, num_returns=len(streams) + len(describing), timeout=0)
         for waitable in ready:
-            owner = next((s for s in self.slots if waitable in s.chunks or waitable in (s.probe, s.describing)),
-                         None)
+            owner = next((s for s in self.slots if waitable in s.chunks or waitable == s.describing), None)
             if owner is None:  # a stream of a worker found dead (and its chunks given back) just before
                 continue
             if waitable in owner.chunks:
                 self._stream(owner, waitable)
-            elif waitable == owner.describing:
-                self._started(owner, waitable)
             else:
-                self._probed(owner, waitable)
+                self._described(owner, waitable)
 
     def _stream(self, slot: WorkerSlot, stream: Any) -> None:
         """Take what a ready decode stream has: each result, its end, or its worker's death."""
@@ -419,25 +421,11 @@ class RayRunner:
         """A decode stream ended in an error (its worker died): the lines of every chunk the worker held that
         it had not returned go back to the queue, as one chunk. Given back chunk by chunk, a worker's many
         one-line chunks would each come back a suspect, to go out alone onto an idle worker, one at a time."""
-        if slot.probe is None and not slot.is_dead:  # the first of this death's streams
+        if slot.describing is None and not slot.is_dead:  # the first of this death's streams
             # 1: the worker had no other line left, so the death counts against that line
             slot.lines_at_death = slot.num_lines
-            slot.probe, slot.died_at = slot.handle.describe.remote(), time.monotonic()
+            slot.describing, slot.died_at = slot.handle.describe.remote(), time.monotonic()
         self._give_back(slot.take_back(), alone=slot.lines_at_death == 1)
-
-    def _probed(self, slot: WorkerSlot, ref: Any) -> None:
-        """A dead worker's describe() answered: it is back, with as much room as its new engine batches (Ray
-        may have restarted it on another kind of node), or restarting still, or gone for good."""
-        slot.probe = None
-        try:
-            engine_config = cast(dict, self.ray.get(ref))
-        except self.ray.exceptions.ActorUnavailableError:  # restarting: ask again
-            slot.probe = slot.handle.describe.remote()
-        except self.ray.exceptions.RayError:  # ActorDiedError: it will not come back
-            slot.is_dead = True
-            self._give_back(slot.take_back(), alone=False)  # calls made before it was known dead
-        else:
-            slot.capacity = self._capacity(engine_config)
 
     def _give_back(self, chunk: list[Prepared], alone: bool) -> None:
         """The lines of a chunk its worker did not return go back to the queue; a line out of tries fails."""

@@ -486,7 +486,7 @@ def test_a_dead_workers_one_line_chunks_go_back_as_one_chunk(tmp_path):
         slot.chunks = {f"stream-{line.line.line_no}": {(line.line.line_no, 0): line} for line in lines}
         runner.slots = [slot]
         runner._died(slot, "stream-3")
-    assert slot.chunks == {} and slot.probe == "describe" and slot.lines_at_death == 6
+    assert slot.chunks == {} and slot.describing == "describe" and slot.lines_at_death == 6
     assert list(runner.queue.retries) == [lines[:3], lines[3:]]  # halves, so most lines go out together
     assert runner.queue.attempts == {}
 
