@@ -34,8 +34,10 @@ def simulated_cluster() -> Iterator:
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-             logging_level="WARNING")
+    # The repository first, then the driver's own PYTHONPATH: a runtime_env's PYTHONPATH replaces the one the
+    # workers inherit, and a Ray put on PYTHONPATH (another version under test) must be theirs too.
+    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": python_path}}, logging_level="WARNING")
     try:
         assert cluster.address.startswith("127.0.0.1:")
         assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
