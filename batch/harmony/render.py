@@ -96,9 +96,11 @@ def head_spec(request: ResponsesRequest, items: str | list[dict], registry: Tool
                     response_format=_response_format(request))
 
 
-def _assistant(text: str, channel: str, recipient: str | None = None,
+def _assistant(text: str, channel: str | None, recipient: str | None = None,
                content_type: str | None = None) -> Message:
-    message = Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
+    message = Message.from_role_and_content(Role.ASSISTANT, text)
+    if channel:  # a call the model wrote with no channel has none
+        message = message.with_channel(channel)
     if recipient:
         message = message.with_recipient(recipient)
     if content_type:
@@ -133,9 +135,8 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         text = "\n".join(part.get("text", "") for part in item.get("content") or [])
         attempt = read_attempt(item.get("encrypted_content"))
         if attempt is not None:  # a call no tool served, and the error that answered it (batch/harmony/attempt.py)
-            channel = attempt.channel or "commentary"
-            return [_assistant(text, channel, attempt.recipient, attempt.content_type),
-                    _tool(attempt.recipient, attempt.answer, channel)]
+            return [_assistant(text, attempt.channel, attempt.recipient, attempt.content_type),
+                    _tool(attempt.recipient, attempt.answer, attempt.channel)]
         return [_assistant(text, "analysis")] if text else []
     if kind == "function_call":
         call_names[item["call_id"]] = item["name"]

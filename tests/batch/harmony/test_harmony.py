@@ -111,6 +111,11 @@ def test_a_reasoning_item_holding_a_call_no_tool_served_renders_the_call_and_its
     assert text.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant to=nowhere.tool<|channel|>commentary "
                          "<|constrain|>json<|message|>{}<|call|><|start|>nowhere.tool to=assistant<|channel|>"
                          "commentary<|message|>Error: no tool named 'nowhere.tool'<|end|><|start|>assistant")
+    # One the model wrote with no channel: the call has none, nor its answer (the loop answered it on the call's).
+    bare = Attempt("nowhere.tool", None, None, "Error: no tool named 'nowhere.tool'")
+    text, _ = render({"input": [items[0], {**reasoning, "encrypted_content": bare.encode()}]})
+    assert text.endswith("<|start|>assistant to=nowhere.tool<|message|>{}<|call|><|start|>nowhere.tool to=assistant"
+                         "<|message|>Error: no tool named 'nowhere.tool'<|end|><|start|>assistant")
     # Anyone else's encrypted_content (the API's own is opaque) leaves the item the reasoning it was.
     for other in ("gAAAAABoxyz", "batchrun:harmony-call:{not json", None):
         text, _ = render({"input": [items[0], {**reasoning, "encrypted_content": other}]})

@@ -45,7 +45,8 @@ def preamble(text):
 
 def call(recipient, arguments, channel="commentary", content_type="<|constrain|>json"):
     # The shipped model writes a call's header as harmony renders one: the recipient, then the channel.
-    return f" to={recipient}<|channel|>{channel} {content_type}<|message|>{arguments}<|call|>"
+    written_channel = f"<|channel|>{channel}" if channel else ""
+    return f" to={recipient}{written_channel} {content_type}<|message|>{arguments}<|call|>"
 
 
 def final(text):
@@ -69,6 +70,9 @@ SCENARIOS = {
     # may: every re-render writes a past call as harmony renders it, recipient first.
     "browser-channel-first": ([BROWSER], [think("Search.") + '<|channel|>analysis to=browser.search code<|message|>'
                                           '{"query": "python"}<|call|>', final("Found.")]),
+    # A call written with no channel: its answer has none either (the loop answers on the call's channel).
+    "unknown-channel-less": ([ECHO], [think("Try a tool.") + call("nowhere.tool", "{}", None),
+                                      final("No such tool.")]),
     # After an earlier exchange that ended in a final answer (its reasoning dropped from every later prompt).
     "history-mcp": ([ECHO], [think("Add them.") + call("echo.add", '{"a": 2, "b": 3}'), final("It is 5.")]),
     "history-function": ([FUNCTION], [think("Ask for it.") + call("functions.get_weather", "{}")]),
@@ -197,7 +201,7 @@ def test_a_function_call_continued_by_previous_response_id_keeps_every_token(loo
     assert next_prompt == expected
 
 
-@pytest.mark.parametrize("name", ["preamble", "browser", "unknown-tool"])
+@pytest.mark.parametrize("name", ["preamble", "browser", "unknown-tool", "unknown-channel-less"])
 def test_a_tool_loop_continued_by_previous_response_id_renders_what_the_model_wrote_and_read(loops, tmp_path, name):
     *_, (prompt, completion) = loops.prompts(f"{name}-1")
     next_prompt = continued_by_a_second_run(loops, tmp_path, f"{name}-1", NEXT)
