@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 from batch.responses.events import ItemKind, ResponseEvents
+from batch.harmony.call_header import header_text
 from batch.harmony.token_parser import (CALL_TOKEN, Boundary, HarmonyError, ParsedMessage, TokenParser,
                                         token_text_and_bytes)
 from batch.responses.status import ItemStatus
@@ -48,6 +49,8 @@ class OutputParser:
         self._tokens: TokenParser | None = None
         self._last_step: str | Boundary | None = None
         self.reasoning_tokens = 0  # tokens of every turn on the analysis channel (usage)
+        # By item id, the header of each call as the model wrote it, which no item keeps (batch/harmony/call_header.py).
+        self.call_headers: dict[str, str] = {}
 
     def begin_turn(self, turn: int) -> None:
         """A new completion."""
@@ -112,6 +115,10 @@ class OutputParser:
         if target is None:  # shown as reasoning: the model's attempt, answered with an error
             item = self.events.open_item(ItemKind.REASONING)
             item.extra["attempt"] = (recipient, channel, self._tokens.content_type if self._tokens else None)
-            return
-        self.events.open_item(_KIND_OF_TOOL[target.tool_type], name=target.name,
-                              server_label=target.server_label)
+        else:
+            item = self.events.open_item(_KIND_OF_TOOL[target.tool_type], name=target.name,
+                                         server_label=target.server_label)
+        header_ids = self._tokens.written_header_ids() if self._tokens else None
+        header = header_text(header_ids) if header_ids is not None else None
+        if header is not None:
+            self.call_headers[item.item_id] = header

@@ -7,18 +7,18 @@ never the wall clock, so the same request always renders the same tokens.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from openai_harmony import Author, Conversation, DeveloperContent, Message, Role, TextContent
 
 from batch.responses.request import ResponsesRequest, TextFormatJsonSchema
 from batch.harmony.attempt import read_attempt
+from batch.harmony.call_header import CallHeaders, header_ids, read_header
 from batch.harmony.head import HEADS, HeadSpec, system_content
 from batch.harmony.sections import response_format_section
-from batch.harmony.token_parser import MESSAGE_TOKEN
+from batch.harmony.token_parser import CALL_TOKEN, MESSAGE_TOKEN, assistant_start_ids
 from batch.harmony.tool_sections import ToolSections
 from batch.harmony.vocab import harmony_encoding
 from tools.registry import ToolRegistry
@@ -96,9 +96,11 @@ def head_spec(request: ResponsesRequest, items: str | list[dict], registry: Tool
                     response_format=_response_format(request))
 
 
-def _assistant(text: str, channel: str, recipient: str | None = None,
+def _assistant(text: str, channel: str | None, recipient: str | None = None,
                content_type: str | None = None) -> Message:
-    message = Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
+    message = Message.from_role_and_content(Role.ASSISTANT, text)
+    if channel:  # a call the model wrote with no channel has none
+        message = message.with_channel(channel)
     if recipient:
         message = message.with_recipient(recipient)
     if content_type:
@@ -114,8 +116,39 @@ def _tool(author: str, text: str, channel: str | None) -> Message:
     return message.with_channel(channel) if channel else message
 
 
-def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[Message]:
-    """Harmony messages for one input item (an empty list for items with no text)."""
+@dataclass(frozen=True)
+class _WrittenCall:
+    """A past call rendered with its header as the model wrote it (batch/harmony/call_header.py)."""
+
+    header: str
+    text: str
+    channel: str | None  # as harmony reads the header (the answer's too)
+
+    def tokens(self) -> list[int]:
+        # A past call ends in <|call|>, as harmony renders one.
+        return [*assistant_start_ids(), *header_ids(self.header), MESSAGE_TOKEN, *_ordinary_tokens(self.text),
+                CALL_TOKEN]
+
+
+_Rendered: TypeAlias = Message | _WrittenCall  # a message as harmony renders it, or a call as written
+
+
+def _call(item: dict, headers: CallHeaders, text: str, recipient: str, channel: str | None,
+          content_type: str | None) -> tuple[_Rendered, str, str | None]:
+    """A past call's message, and the author and channel of its answer: its header as the model wrote it, where
+    `headers` keeps one by the item's id (the loop answered from the recipient and on the channel it names);
+    else harmony's layout of `recipient`, `channel` and `content_type`, the item kind's own."""
+    header = headers.get(item["id"]) if headers and isinstance(item.get("id"), str) else None
+    fields = read_header(header) if header is not None else None
+    if header is None or fields is None:
+        return _assistant(text, channel, recipient, content_type), recipient, channel
+    return _WrittenCall(header, text, fields.channel), fields.recipient, fields.channel
+
+
+def _item_messages(index: int, item: dict, calls: dict[str, tuple[str, str | None]],
+                   headers: CallHeaders) -> list[_Rendered]:
+    """Harmony messages for one input item (an empty list for items with no text). `calls`: the author and
+    channel of each function call's answer so far, by call_id."""
     kind = item.get("type", "message")
     if kind == "message":
         role = item["role"]
@@ -133,20 +166,22 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         text = "\n".join(part.get("text", "") for part in item.get("content") or [])
         attempt = read_attempt(item.get("encrypted_content"))
         if attempt is not None:  # a call no tool served, and the error that answered it (batch/harmony/attempt.py)
-            channel = attempt.channel or "commentary"
-            return [_assistant(text, channel, attempt.recipient, attempt.content_type),
-                    _tool(attempt.recipient, attempt.answer, channel)]
+            call, author, channel = _call(item, headers, text, attempt.recipient, attempt.channel,
+                                          attempt.content_type)
+            return [call, _tool(author, attempt.answer, channel)]
         return [_assistant(text, "analysis")] if text else []
     if kind == "function_call":
-        call_names[item["call_id"]] = item["name"]
-        return [_assistant(item["arguments"], "commentary", f"functions.{item['name']}",
-                           "<|constrain|>json")]
+        call, author, channel = _call(item, headers, item["arguments"], f"functions.{item['name']}", "commentary",
+                                      "<|constrain|>json")
+        calls[item["call_id"]] = (author, channel)
+        return [call]
     if kind == "function_call_output":
-        name = call_names.get(item["call_id"])
-        if name is None:
+        answered = calls.get(item["call_id"])
+        if answered is None:
             raise RenderError(f"input[{index}].call_id",
                               f"no function_call with call_id {item['call_id']!r} comes before this output")
-        return [_tool(f"functions.{name}", _text_of(item["output"]), "commentary")]
+        author, channel = answered
+        return [_tool(author, _text_of(item["output"]), channel)]
     if kind == "code_interpreter_call":
         outputs = item.get("outputs") or []
         if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
@@ -154,22 +189,22 @@ def _item_messages(index: int, item: dict, call_names: dict[str, str]) -> list[M
         logs = "".join(str(o.get("logs") or "") for o in outputs)
         if item.get("status") == "failed":  # its logs are the error, which the model read as the session wrote it
             logs = error_answer(logs)
-        code = _string_field(item, index, "code")
-        return [_assistant(code, "analysis", "python", "code"), _tool("python", logs, "analysis")]
+        call, author, channel = _call(item, headers, _string_field(item, index, "code"), "python", "analysis", "code")
+        return [call, _tool(author, logs, channel)]
     if kind == "mcp_call":
         error = item.get("error")
         output = error_answer(_error_text(error)) if error else _string_field(item, index, "output")
         arguments = _string_field(item, index, "arguments")
         builtin = builtin_kind(item["server_label"])
         if builtin == "python":  # served by the built-in's section: the call was `to=python`, as the guide's
-            return [_assistant(arguments, "analysis", "python", "code"), _tool("python", output, "analysis")]
-        if builtin == "browser":  # ... and `to=browser.<action>`, never `web_search.search` nor on commentary
-            recipient = f"browser.{item['name']}"
-            return [_assistant(arguments, "analysis", recipient, "<|constrain|>json"),
-                    _tool(recipient, output, "analysis")]
-        recipient = f"{item['server_label']}.{item['name']}"
-        return [_assistant(arguments, "commentary", recipient, "<|constrain|>json"),
-                _tool(recipient, output, "commentary")]
+            call, author, channel = _call(item, headers, arguments, "python", "analysis", "code")
+        elif builtin == "browser":  # ... and `to=browser.<action>`, never `web_search.search` nor on commentary
+            call, author, channel = _call(item, headers, arguments, f"browser.{item['name']}", "analysis",
+                                          "<|constrain|>json")
+        else:
+            call, author, channel = _call(item, headers, arguments, f"{item['server_label']}.{item['name']}",
+                                          "commentary", "<|constrain|>json")
+        return [call, _tool(author, output, channel)]
     return []  # web_search_call, mcp_list_tools: nothing the model needs to re-read
 
 
@@ -204,21 +239,24 @@ def browser_call(name: str, arguments: str, answer: str) -> dict:
 
 
 def with_browser_calls(items: list[dict], browser_calls: dict[str, dict]) -> list[dict]:
-    """`items`, each web_search_call that `browser_calls` knows (by item id) as its `browser_call`."""
+    """`items`, each web_search_call that `browser_calls` knows (by item id) as its `browser_call`, under the
+    item's id (a header kept for the call is kept by it: batch/harmony/call_header.py)."""
     if not browser_calls:
         return items
-    return [browser_calls.get(item["id"], item) if item.get("type") == "web_search_call" and "id" in item else item
+    return [{**browser_calls[item["id"]], "id": item["id"]}
+            if item.get("type") == "web_search_call" and item.get("id") in browser_calls else item
             for item in items]
 
 
-def input_messages(items: str | list[dict]) -> list[Message]:
-    """The request's `input` as harmony messages."""
+def input_messages(items: str | list[dict], headers: CallHeaders | None = None) -> list[_Rendered]:
+    """The request's `input` as harmony messages; a call whose header `headers` keeps (by its item's id) as the
+    model wrote it."""
     if isinstance(items, str):
         return [Message.from_role_and_content(Role.USER, items)]
-    call_names: dict[str, str] = {}
-    messages: list[Message] = []
+    calls: dict[str, tuple[str, str | None]] = {}
+    messages: list[_Rendered] = []
     for index, item in enumerate(items):
-        messages.extend(_item_messages(index, item, call_names))
+        messages.extend(_item_messages(index, item, calls, headers or {}))
     return messages
 
 
@@ -271,7 +309,7 @@ def _frame(message: Message) -> tuple[list[int], list[int]] | None:
 _FRAMES = _MessageFrames()
 
 
-def _answered_reasoning_dropped(messages: list[Message]) -> list[Message]:
+def _answered_reasoning_dropped(messages: list[_Rendered]) -> list[_Rendered]:
     """The messages without the analysis before the conversation's first final answer.
 
     Harmony drops those when the conversation ends with a final answer (the turn after an answered exchange
@@ -286,32 +324,27 @@ def _answered_reasoning_dropped(messages: list[Message]) -> list[Message]:
             if index >= first_final or message.channel != "analysis"]
 
 
-def _tail_tokens(messages: list[Message]) -> list[int]:
-    """The input messages' tokens and the assistant's header, as harmony renders them for completion."""
-    messages = _answered_reasoning_dropped(messages)
-    # Harmony drops analysis messages before a final one: such conversations stay with harmony.
-    if all(message.channel != "analysis" for message in messages):
-        tokens: list[int] = []
-        for message in messages:
-            rendered = _FRAMES.tokens(message)
-            if rendered is None:
-                break
-            tokens += rendered
-        else:
-            return tokens + _assistant_header()
-    return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages),
-                                                                  Role.ASSISTANT)
+def _message_tokens(message: _Rendered) -> list[int]:
+    if isinstance(message, _WrittenCall):
+        return message.tokens()
+    rendered = _FRAMES.tokens(message)
+    return rendered if rendered is not None else harmony_encoding().render(message)
 
 
-@functools.cache
-def _assistant_header() -> list[int]:
-    return harmony_encoding().encode("<|start|>assistant", allowed_special="all")
+def _tail_tokens(messages: list[_Rendered]) -> list[int]:
+    """The input messages' tokens and the assistant's header, as harmony renders them for completion (but a
+    call's header as the model wrote it). Harmony renders a conversation message by message, and the only
+    messages it would drop (analysis before the first final answer) are dropped here already."""
+    tail = [token for message in _answered_reasoning_dropped(messages) for token in _message_tokens(message)]
+    return [*tail, *assistant_start_ids()]
 
 
 def render_prompt(request: ResponsesRequest, items: str | list[dict], registry: ToolRegistry,
-                  options: PromptOptions) -> list[int]:
-    """Prompt tokens for a request whose conversation input is `items`."""
-    return [*HEADS.tokens(head_spec(request, items, registry, options)), *_tail_tokens(input_messages(items))]
+                  options: PromptOptions, headers: CallHeaders | None = None) -> list[int]:
+    """Prompt tokens for a request whose conversation input is `items` (`headers`: the calls' headers as the
+    model wrote them, by item id: batch/harmony/call_header.py)."""
+    return [*HEADS.tokens(head_spec(request, items, registry, options)),
+            *_tail_tokens(input_messages(items, headers))]
 
 
 def render_tool_output(author: str, text: str, channel: str | None) -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,12 @@ MESSAGE_TOKEN = 200008
 END_TOKEN = 200007
 # Tokens that end a message's content; any other token inside content is text.
 CONTENT_END_TOKENS = frozenset((END_TOKEN, CALL_TOKEN, RETURN_TOKEN))
+
+
+@functools.cache
+def assistant_start_ids() -> tuple[int, ...]:
+    """`<|start|>assistant`: how an assistant message begins (a turn's first one, at the end of its prompt)."""
+    return tuple(harmony_encoding().encode("<|start|>assistant", allowed_special="all"))
 
 
 class Boundary(enum.Enum):
@@ -237,3 +244,13 @@ class TokenParser:
     def text(self) -> str:
         """The text of the open message so far."""
         return "".join(self._parts)
+
+    def written_header_ids(self) -> list[int] | None:
+        """The open message's header as the model wrote it (once it opened): its tokens after
+        `<|start|>assistant` (for a turn's first message, the prompt's) and before `<|message|>`; None when it
+        names another author."""
+        header = self._header[:-1]
+        if self._first:
+            return header
+        author = assistant_start_ids()
+        return header[len(author):] if tuple(header[:len(author)]) == author else None

@@ -19,6 +19,7 @@ from batch.responses.events import new_id
 from batch.harmony.constraint import ConstraintError, check_grammar
 from batch.harmony.render import (PromptOptions, RenderError, browser_call, error_answer, render_prompt,
                                   with_browser_calls)
+from batch.run.conversations import History
 from batch.run.reader import InputLine
 from batch.responses.request import ResponsesRequest
 from batch.run.results import line_result
@@ -45,32 +46,39 @@ class Prepared:
     registry: ToolRegistry
     # By item id, the browser calls and pages of the stored web_search_call items in `items` (render.browser_call).
     browser_calls: dict[str, dict] = field(default_factory=dict)
+    # By item id, the headers of the stored calls in `items` as the model wrote them (harmony/call_header.py).
+    call_headers: dict[str, str] = field(default_factory=dict)
 
 
 class AdmissionError(ValueError):
     """The line is valid JSON and schema but cannot be run (names the field)."""
 
 
-def conversation_items(request: ResponsesRequest, store: Store, history: list[dict] | None = None) -> list[dict]:
+def conversation_items(request: ResponsesRequest, store: Store,
+                       history: History | None = None) -> tuple[list[dict], dict[str, str]]:
     """This request's input, after the stored conversation it continues (if any), with each `item_reference`
-    replaced by the stored item it names.
+    replaced by the stored item it names; and, by item id, the headers of the stored calls among them as the
+    model wrote them (batch/harmony/call_header.py).
 
     Stored items go through `nulling_non_finite`: an older batchrun stored NaN/-Infinity (logprobs under a
     grammar), which the writer now refuses, and the response stores these items again (export nulls them too).
-    `history`: the items of the conversation the request names, so far (batch/run/conversations.py)."""
+    `history`: the conversation the request names, so far (batch/run/conversations.py)."""
     items = [_referenced(store, index, item) if item.get("type") == "item_reference" else item
              for index, item in enumerate(request.input_items())]
     previous_id = request.previous_response_id
     if request.conversation_id is not None:
         if previous_id:  # as the API: a response continues one or the other
             raise AdmissionError("conversation: cannot be used with previous_response_id")
-        return nulling_non_finite(list(history or [])) + items
+        if history is None:
+            return items, {}
+        return nulling_non_finite(list(history.items)) + items, dict(history.call_headers)
     if not previous_id:
-        return items
+        return items, {}
     previous = store.responses.get(previous_id)
     if previous is None:
         raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
-    return nulling_non_finite(list(previous.input_items or []) + list(previous.response["output"])) + items
+    stored = nulling_non_finite(list(previous.input_items or []) + list(previous.response["output"]))
+    return stored + items, dict(previous.call_headers)
 
 
 def stored_browser_calls(items: list[dict], store: Store) -> dict[str, dict]:
@@ -108,21 +116,21 @@ def _invalid(run_id: str, line: InputLine, message: str | None) -> RequestResult
 
 
 def prepare(line: InputLine, store: Store, run_id: str, catalog: ServerCatalog,
-            history: list[dict] | None = None) -> Prepared | RequestResult:
-    """Check a line: `prepared` to list its servers and admit, or an `invalid` result. `history`: the items
-    so far of the conversation the line names."""
+            history: History | None = None) -> Prepared | RequestResult:
+    """Check a line: `prepared` to list its servers and admit, or an `invalid` result. `history`: the
+    conversation the line names, so far."""
     request = line.request
     if not line.is_valid or request is None:  # is_valid: no error and a request
         return _invalid(run_id, line, line.error)
     try:
-        items = conversation_items(request, store, history)
+        items, call_headers = conversation_items(request, store, history)
         tools = request.tool_dicts()
         check_harmony_names(tools)
         registry = ToolRegistry.from_tools(tools, request.tool_choice_json())
         _check_servers(tools, registry, catalog)
     except (AdmissionError, ToolNameError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")
-    return Prepared(line, request, items, registry, stored_browser_calls(items, store))
+    return Prepared(line, request, items, registry, stored_browser_calls(items, store), call_headers)
 
 
 def sample_seed(run_seed: int, line: InputLine) -> int:
@@ -145,13 +153,13 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
     if any(listing.error for listing in listings.values()):  # as the API: the response fails, at start
         return Session(response_id=new_id("resp"), request=request, prompt_token_ids=[], registry=registry,
                        options=options, seed=sample_seed(options.seed, line), line=line,
-                       input_items=prepared.items)
+                       input_items=prepared.items, call_headers=prepared.call_headers)
     text_format = request.text_format_json()
     truncation = (Truncation(request, registry, prompt, context_len)
                   if request.truncation == "auto" and context_len is not None else None)
     try:
         items = with_browser_calls(prepared.items, prepared.browser_calls)
-        prompt_ids = render_prompt(request, items, registry, prompt)
+        prompt_ids = render_prompt(request, items, registry, prompt, prepared.call_headers)
         # The first turn's grammar (tool_choice holds) and every later turn's (auto).
         grammars = (turn_grammar(registry, text_format, first_turn=True),
                     turn_grammar(registry, text_format, first_turn=False))
@@ -161,7 +169,7 @@ def admit(prepared: Prepared, listings: dict[str, Listing], prompt: PromptOption
         session = Session(response_id=new_id("resp"), request=request, prompt_token_ids=prompt_ids,
                           registry=registry, options=options, seed=sample_seed(options.seed, line), line=line,
                           input_items=prepared.items, grammars=grammars, truncation=truncation,
-                          browser_calls=prepared.browser_calls)
+                          browser_calls=prepared.browser_calls, call_headers=prepared.call_headers)
         session.fit_to_context()  # the first turn's prompt; the session fits each later turn's itself
     except (RenderError, ToolChoiceError, ConstraintError) as exc:
         return _invalid(run_id, line, f"line {line.line_no}: {exc}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batch.responses.status import RequestStatus
 from batch.run.reader import InputLine
@@ -41,6 +41,7 @@ class History:
 
     items: list[dict]
     broken: str | None = None
+    call_headers: dict[str, str] = field(default_factory=dict)  # of the calls among the items, as written
 
 
 def conversation_id(line: InputLine) -> str | None:
@@ -54,10 +55,13 @@ def conversation_id(line: InputLine) -> str | None:
 
 
 def history_of(line_no: int, status: RequestStatus | None, response: dict | None,
-               input_items: list[dict] | None, conversation: str) -> History:
-    """The history a line's result leaves its conversation: its input and output items, if it has them."""
+               input_items: list[dict] | None, conversation: str,
+               call_headers: dict[str, str] | None = None) -> History:
+    """The history a line's result leaves its conversation: its input and output items, if it has them (and
+    the headers of the calls among them as the model wrote them: batch/harmony/call_header.py)."""
     if status in _CONTINUED and response is not None:
-        return History(list(input_items or []) + list(response.get("output") or []))
+        return History(list(input_items or []) + list(response.get("output") or []),
+                       call_headers=dict(call_headers or {}))
     ended = status.value if status is not None else "without a result"
     return History([], f"conversation {conversation!r}: line {line_no} before it in the conversation ended "
                        f"{ended}, so there is nothing to continue")
@@ -112,7 +116,7 @@ class Conversations:
         turn = self._stored_turn(key[0], key[1], line.line_no)
         if turn is None:
             return History([])
-        return history_of(turn.line_no, turn.status, turn.response, turn.input_items, key[0])
+        return history_of(turn.line_no, turn.status, turn.response, turn.input_items, key[0], turn.call_headers)
 
     def last_ended(self, key: Key) -> int:
         """The number of the result of the conversation's last line that ended in this attempt (0: none)."""
@@ -128,7 +132,8 @@ class Conversations:
         response = result.response
         self._last_ended[key] = number
         self._keep(key, history_of(row.line_no, row.status, None if response is None else response.response,
-                                   None if response is None else response.input_items, key[0]))
+                                   None if response is None else response.input_items, key[0],
+                                   None if response is None else response.call_headers))
         waiting = self._waiting.get(key)
         if not waiting:
             self._waiting.pop(key, None)

@@ -193,13 +193,12 @@ class Run:
         try:
             history = None
             if key is not None and line.is_valid:  # an invalid line is its own error, whatever came before
-                found = self.conversations.history(line, key, self._written_through)
-                if found.broken is not None:
+                history = self.conversations.history(line, key, self._written_through)
+                if history.broken is not None:
                     self.finish_request(line_result(self.run_id, line, RequestStatus.FAILED,
-                                                    f"line {line.line_no}: {found.broken}"))
+                                                    f"line {line.line_no}: {history.broken}"))
                     return None
-                history = found.items
-                if any(item.get("type") == "web_search_call" for item in history):
+                if any(item.get("type") == "web_search_call" for item in history.items):
                     # admission reads their pages from the tool_calls rows of the line before's result
                     self._written_through(self.conversations.last_ended(key))
             prepared = prepare(line, self.store, self.run_id, self.catalog, history)

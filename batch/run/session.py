@@ -63,7 +63,8 @@ class Session:
                  registry: ToolRegistry, options: SessionOptions, seed: int, line: InputLine,
                  input_items: list[dict],
                  grammars: tuple[TurnGrammar | None, TurnGrammar | None] = (None, None),
-                 truncation: Truncation | None = None, browser_calls: dict[str, dict] | None = None):
+                 truncation: Truncation | None = None, browser_calls: dict[str, dict] | None = None,
+                 call_headers: dict[str, str] | None = None):
         self.response_id, self.request, self.line, self.input_items = response_id, request, line, input_items
         self.truncation = truncation  # `truncation: "auto"` (None: a prompt too long is refused)
         self._dropped_items = 0  # conversation items the next turn's prompt leaves out (fit_to_context)
@@ -83,6 +84,9 @@ class Session:
         # own as the built-in browser's call and answer (an mcp_call of the `browser` label renders so).
         # `browser_calls`: those of earlier responses' web searches in the input (admission reads them back).
         self._browser_calls: dict[str, dict] = dict(browser_calls or {})
+        # Nor does any call item hold its header as the model wrote it: by item id, those of the calls in the
+        # input (admission reads them back); the output parser keeps this response's own.
+        self._input_call_headers: dict[str, str] = dict(call_headers or {})
 
     # -- views ------------------------------------------------------------
     @property
@@ -96,6 +100,12 @@ class Session:
     @property
     def tool_calls(self) -> list[ToolCallRecord]:
         return self.tool_policy.calls
+
+    @property
+    def call_headers(self) -> dict[str, str]:
+        """By item id, the header of each call in the conversation so far as the model wrote it (the input's,
+        then this response's: batch/harmony/call_header.py)."""
+        return {**self._input_call_headers, **self.output.call_headers}
 
     @property
     def engine_request_id(self) -> str:
@@ -127,13 +137,13 @@ class Session:
         may still produce becomes the conversation so far (the input items, then this response's output
         items: reasoning, tool calls and their outputs, messages) re-rendered without its fewest leading
         items that fit. Rendered as a `previous_response_id` chain renders the same items (harmony keeps
-        the analysis of this tool loop's turns and drops that of turns before an earlier final answer),
-        but for this response's web searches, which render as the browser calls the model made, with the
-        pages it read."""
+        the analysis of this tool loop's turns and drops that of turns before an earlier final answer, and
+        each call has its header as the model wrote it), but for this response's web searches, which render
+        as the browser calls the model made, with the pages it read."""
         if self.truncation is not None:
             allowance = self.max_output_tokens - self.metrics.output_tokens
             self.prompt_token_ids, self._dropped_items = self.truncation.fit(
-                self.prompt_token_ids, self.conversation(), allowance)
+                self.prompt_token_ids, self.conversation(), allowance, self.call_headers)
 
     def conversation(self) -> list[dict]:
         """The conversation so far as items: the input items, then this response's output items (its web

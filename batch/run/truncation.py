@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from batch.harmony.call_header import CallHeaders
 from batch.harmony.render import PromptOptions, is_instruction, render_prompt
 from batch.responses.request import ResponsesRequest
 from tools.registry import ToolRegistry
@@ -30,9 +31,10 @@ class Cut(NamedTuple):
 
 
 def fit_to_context(request: ResponsesRequest, items: list[dict], registry: ToolRegistry, prompt: PromptOptions,
-                   input_limit: int) -> Cut | None:
+                   input_limit: int, headers: CallHeaders | None = None) -> Cut | None:
     """The prompt without the fewest leading conversation items (none, if it fits whole) that is at most
-    `input_limit` tokens long, or None when even the last item alone is longer.
+    `input_limit` tokens long, or None when even the last item alone is longer (`headers`: the calls' as the
+    model wrote them, by item id).
 
     As the API does, items are dropped from the beginning of the conversation; system and developer
     messages stay, and so does the last item. No cut keeps a tool's output whose call it drops (parallel
@@ -55,7 +57,7 @@ def fit_to_context(request: ResponsesRequest, items: list[dict], registry: ToolR
     def render_without(count: int) -> list[int] | None:
         dropped = set(droppable[:count])
         ids = render_prompt(request, [item for index, item in enumerate(items) if index not in dropped],
-                            registry, prompt)
+                            registry, prompt, headers)
         return ids if len(ids) <= input_limit else None
 
     low, high, best = 0, len(cuts) - 1, None
@@ -78,11 +80,13 @@ class Truncation:
     prompt: PromptOptions
     context_len: int  # the model's context (the engine's max_model_len)
 
-    def fit(self, prompt_ids: list[int], conversation: list[dict], allowance: int) -> Cut:
+    def fit(self, prompt_ids: list[int], conversation: list[dict], allowance: int,
+            headers: CallHeaders | None = None) -> Cut:
         """`prompt_ids` when it fits the context with `allowance` output tokens; else `conversation`
-        (the items it renders) cut by `fit_to_context`; `prompt_ids` again when no cut fits (the engine
-        then refuses it, as without truncation)."""
+        (the items it renders, its calls' `headers` as written) cut by `fit_to_context`; `prompt_ids` again
+        when no cut fits (the engine then refuses it, as without truncation)."""
         limit = input_limit(self.context_len, allowance)
         if len(prompt_ids) <= limit:
             return Cut(prompt_ids)
-        return fit_to_context(self.request, conversation, self.registry, self.prompt, limit) or Cut(prompt_ids)
+        return (fit_to_context(self.request, conversation, self.registry, self.prompt, limit, headers)
+                or Cut(prompt_ids))

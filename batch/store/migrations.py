@@ -373,12 +373,19 @@ def m020_wilson_any_integers(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(_wilson_macros("CREATE OR REPLACE", "(n::DOUBLE)"))
 
 
+def m021_response_call_headers(con: duckdb.DuckDBPyConnection) -> None:
+    """The header of each call among a response's items as the model wrote it, by item id (no item keeps it):
+    what a continuation renders them with. Rows written before it have none; their calls render as harmony
+    renders a header."""
+    con.execute("ALTER TABLE responses ADD COLUMN call_headers JSON")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m001_initial, m002_views, m003_grades, m004_tool_error_kind, m005_bench, m006_event_timeline,
     m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
     m011_bench_latency_percentiles, m012_tool_call_result, m013_pass_rate_intervals, m014_epochs,
     m015_sampling_turns, m016_turn_dropped_items, m017_request_conversation, m018_paired_sign_flips,
-    m019_paired_newcombe_interval, m020_wilson_any_integers]
+    m019_paired_newcombe_interval, m020_wilson_any_integers, m021_response_call_headers]
 
 
 def _version(migration: Callable) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from batch.responses.status import RequestStatus, ResponseStatus
@@ -22,6 +22,7 @@ class StoredResponse:
     response: dict
     input_items: list[dict] | None
     status: ResponseStatus
+    call_headers: dict[str, str] = field(default_factory=dict)  # by item id, as written (responses.call_headers)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class ConversationTurn:
     status: RequestStatus | None
     response: dict | None  # None when the line has no response (invalid, or failed before decoding)
     input_items: list[dict] | None
+    call_headers: dict[str, str] = field(default_factory=dict)  # by item id, as written (responses.call_headers)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class StoredRequest:
     epoch: int = 0  # which of the line's samples (a run made with --epochs K holds K)
 
 
-_RESPONSE_COLUMNS = "run_id, custom_id, response, input_items, status"
+_RESPONSE_COLUMNS = "run_id, custom_id, response, input_items, status, call_headers"
 _RESPONSE_COLUMNS_OF_S = ", ".join("s." + c for c in _RESPONSE_COLUMNS.split(", "))  # responses aliased `s`
 
 
@@ -112,7 +114,7 @@ class Responses:
         """The last line before ``before_line`` of run ``run_id`` (sample ``epoch``) that names conversation
         ``conversation_id`` (requests.conversation), or None."""
         rows = self.db.rows("""
-            SELECT q.line_no, q.status, s.response, s.input_items
+            SELECT q.line_no, q.status, s.response, s.input_items, s.call_headers
             FROM requests q LEFT JOIN responses s ON s.run_id = q.run_id AND s.response_id = q.response_id
             WHERE q.run_id = ? AND q.epoch = ? AND q.line_no < ? AND q.conversation = ?
             ORDER BY q.line_no DESC LIMIT 1""", [run_id, epoch, before_line, conversation_id])
@@ -120,7 +122,7 @@ class Responses:
             return None
         row = rows[0]
         return ConversationTurn(row["line_no"], None if row["status"] is None else RequestStatus(row["status"]),
-                                loads(row["response"]), loads(row["input_items"]))
+                                loads(row["response"]), loads(row["input_items"]), loads(row["call_headers"]) or {})
 
     def epochs(self, run_id: str, custom_id: str) -> list[int]:
         """The epochs (samples) run ``run_id`` holds of ``custom_id``, ascending; [] when none."""
@@ -217,4 +219,4 @@ class Responses:
 
 def stored_response(row: dict) -> StoredResponse:
     return StoredResponse(row["run_id"], row["custom_id"], loads(row["response"]), loads(row["input_items"]),
-                          ResponseStatus(row["status"]))
+                          ResponseStatus(row["status"]), loads(row["call_headers"]) or {})

@@ -100,6 +100,9 @@ class ResponseRow:
     latency_s: float | None = None
     ttft_s: float | None = None
     created_at: datetime | None = None
+    # By item id, the header of each call among the input and output items as the model wrote it, which no item
+    # keeps (batch/harmony/call_header.py): a continuation renders the calls so. None: no call has one.
+    call_headers: Json = None
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ def test_a_conversations_next_line_begins_with_the_tokens_of_the_shipped_models_
     def checked(session):
         if session.turns:
             rendered = render_prompt(session.request, session.conversation(), session.registry,
-                                     PromptOptions(conversation_date="2026-01-01"))
+                                     PromptOptions(conversation_date="2026-01-01"), session.call_headers)
             later_turns.append((session.line.custom_id, rendered, list(session.prompt_token_ids)))
         fit_to_context(session)
 

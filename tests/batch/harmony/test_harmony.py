@@ -111,10 +111,49 @@ def test_a_reasoning_item_holding_a_call_no_tool_served_renders_the_call_and_its
     assert text.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant to=nowhere.tool<|channel|>commentary "
                          "<|constrain|>json<|message|>{}<|call|><|start|>nowhere.tool to=assistant<|channel|>"
                          "commentary<|message|>Error: no tool named 'nowhere.tool'<|end|><|start|>assistant")
+    # One the model wrote with no channel: the call has none, nor its answer (the loop answered it on the call's).
+    bare = Attempt("nowhere.tool", None, None, "Error: no tool named 'nowhere.tool'")
+    text, _ = render({"input": [items[0], {**reasoning, "encrypted_content": bare.encode()}]})
+    assert text.endswith("<|start|>assistant to=nowhere.tool<|message|>{}<|call|><|start|>nowhere.tool to=assistant"
+                         "<|message|>Error: no tool named 'nowhere.tool'<|end|><|start|>assistant")
     # Anyone else's encrypted_content (the API's own is opaque) leaves the item the reasoning it was.
     for other in ("gAAAAABoxyz", "batchrun:harmony-call:{not json", None):
         text, _ = render({"input": [items[0], {**reasoning, "encrypted_content": other}]})
         assert text.endswith("<|start|>assistant<|channel|>analysis<|message|>{}<|end|><|start|>assistant")
+
+
+CALLS = [{"role": "user", "content": "Hi"},
+         {"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "add", "arguments": "{}", "output": "3"},
+         {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+         {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+
+
+def render_calls(items, headers):
+    request, _ = parse_request({"input": items, "tools": [WEATHER]})
+    registry = ToolRegistry.from_tools(request.tool_dicts())
+    return harmony_encoding().decode_utf8(render_prompt(request, request.input_items(), registry, PromptOptions(),
+                                                        headers))
+
+
+def test_a_call_whose_header_is_kept_renders_as_the_model_wrote_it_and_its_answer_on_its_channel():
+    headers = {"mcp_1": " to=calc.add<|channel|>analysis <|constrain|>json",  # an MCP call on analysis
+               "fc_1": "<|channel|>commentary to=functions.get_weather"}  # the channel first, no content type
+    assert render_calls(CALLS, headers).endswith(
+        "<|start|>user<|message|>Hi<|end|><|start|>assistant to=calc.add<|channel|>analysis <|constrain|>json"
+        "<|message|>{}<|call|><|start|>calc.add to=assistant<|channel|>analysis<|message|>3<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather<|message|>{}<|call|>"
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny<|end|><|start|>assistant")
+    # One written with no channel: its answer has none either.
+    text = render_calls(CALLS, {"fc_1": " to=functions.get_weather <|constrain|>json"})
+    assert text.endswith("<|start|>assistant to=functions.get_weather <|constrain|>json<|message|>{}<|call|>"
+                         "<|start|>functions.get_weather to=assistant<|message|>sunny<|end|><|start|>assistant")
+    # The analysis call goes with the reasoning once a final answer follows, as harmony drops it.
+    answered = [*CALLS[:2], {"role": "assistant", "content": "3."}, {"role": "user", "content": "More?"}]
+    assert "calc.add" not in render_calls(answered, headers).split("# Tools")[-1]
+    # No header kept (an item from elsewhere, a row written before they were), or one harmony cannot read:
+    # harmony's layout, on the channel the item's kind calls on.
+    assert render_calls(CALLS, {}) == render_calls(CALLS, {"mcp_1": "<|channel|>final", "fc_1": "<|channel|>"})
+    assert "<|start|>assistant to=calc.add<|channel|>commentary <|constrain|>json<|message|>" in render_calls(CALLS, {})
 
 
 def _whole_conversation(body, options=PromptOptions()):

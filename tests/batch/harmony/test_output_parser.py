@@ -41,3 +41,18 @@ def test_without_logprobs_the_parts_list_none():
     parser.events.start({"id": "resp_1", "object": "response", "status": "in_progress", "output": []})
     assert parser.feed(tokens) is None
     assert parser.events.output[0]["content"][0]["logprobs"] == []
+
+
+def test_each_calls_header_as_written_is_kept_by_its_items_id_and_no_other_messages():
+    enc = harmony_encoding()
+    tokens = enc.encode("<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>commentary "
+                        "to=functions.f <|constrain|>json<|message|>{}<|end|><|start|>assistant to=nowhere.tool"
+                        "<|message|>{}<|call|>", allowed_special="all")
+    parser = OutputParser("resp_1", ToolRegistry.from_tools([{"type": "function", "name": "f"}]))
+    parser.begin_turn(0)
+    parser.events.start({"id": "resp_1", "object": "response", "status": "in_progress", "output": []})
+    assert parser.feed(tokens) is None
+    reasoning, function_call, attempt = parser.events.output
+    assert (function_call["type"], attempt["type"]) == ("function_call", "reasoning")
+    assert parser.call_headers == {function_call["id"]: "<|channel|>commentary to=functions.f <|constrain|>json",
+                                   attempt["id"]: " to=nowhere.tool"}  # a call no tool serves too

@@ -31,6 +31,18 @@ def test_token_parser_reports_opens_deltas_closes_and_channels():
     assert closed[-1] == ParsedMessage("commentary", "python", "<|constrain|>json", "1+1", 200012)
 
 
+def test_a_messages_header_as_written_is_its_tokens_after_the_assistant_and_before_message():
+    enc = harmony_encoding()
+    completion = ("<|channel|>commentary to=echo.add <|constrain|>json<|message|>{}<|call|>"
+                  "<|start|>assistant to=python<|channel|>analysis code<|message|>1<|call|>")
+    parser = TokenParser()
+    written = [parser.written_header_ids() for token_id in enc.encode(completion, allowed_special="all")
+               if parser.feed(token_id) is Boundary.OPENED]
+    # the turn's first message follows the prompt's <|start|>assistant; a later one writes its own
+    assert [enc.decode_utf8(ids) for ids in written] == ["<|channel|>commentary to=echo.add <|constrain|>json",
+                                                         " to=python<|channel|>analysis code"]
+
+
 def _steps_from_parser_state(tokens):
     """The oracle: what harmony's own parser state says each token did (slow: JSON per read)."""
     parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)

@@ -25,14 +25,19 @@ def line(line_no: int, conversation: object, text: str = "hi", epoch: int = 0) -
     return InputLine(line_no, f"c{line_no}", body, request, epoch=epoch)
 
 
-def result(of: InputLine, status: RequestStatus, output: str | None = "answer") -> RequestResult:
+HEADERS = {"mcp_1": "<|channel|>commentary to=echo.add <|constrain|>json"}  # a call's, as the model wrote it
+
+
+def result(of: InputLine, status: RequestStatus, output: str | None = "answer",
+           call_headers: dict | None = None) -> RequestResult:
     row = RequestRow(run_id="r", line_no=of.line_no, custom_id=of.custom_id, status=status, epoch=of.epoch)
     if output is None:
         return RequestResult(row)
     items = [{"type": "message", "role": "user", "content": f"in {of.line_no}"}]
     response = ResponseRow(run_id="r", custom_id=of.custom_id, response_id=f"resp_{of.line_no}",
                            status=ResponseStatus.COMPLETED, input_items=items,
-                           response={"output": [{"type": "message", "text": f"{output} {of.line_no}"}]})
+                           response={"output": [{"type": "message", "text": f"{output} {of.line_no}"}]},
+                           call_headers=call_headers)
     return RequestResult(row, response)
 
 
@@ -47,11 +52,13 @@ def test_a_line_waits_for_the_one_before_it_and_continues_its_history():
     assert not gate.admit(second, ("A", 0)) and not gate.admit(third, ("A", 0))
     assert gate.admit(other, ("B", 0))  # another conversation goes out at once
     assert gate.num_waiting == 2 and gate.take_released() is None
-    gate.ended(result(first, RequestStatus.COMPLETED), 1)
+    gate.ended(result(first, RequestStatus.COMPLETED, call_headers=HEADERS), 1)
     assert gate.take_released() is second and gate.take_released() is None
     assert gate.admit(second, ("A", 0))  # its turn: admitted, not queued again
-    assert gate.history(second, ("A", 0), written_through=no_store).items == [
+    history = gate.history(second, ("A", 0), written_through=no_store)
+    assert history.items == [
         {"type": "message", "role": "user", "content": "in 1"}, {"type": "message", "text": "answer 1"}]
+    assert history.call_headers == HEADERS  # its calls' headers as the model wrote them, which no item keeps
     gate.ended(result(second, RequestStatus.INCOMPLETE), 1)  # the API keeps an incomplete response's items
     assert gate.take_released() is third and gate.num_waiting == 0
     assert gate.history(third, ("A", 0), written_through=no_store).items[-1] == {"type": "message", "text": "answer 2"}
@@ -89,12 +96,13 @@ def test_a_resumed_run_reads_the_line_before_from_the_store_and_a_new_one_never_
     def stored(conversation, epoch, line_no):
         asked.append((conversation, epoch, line_no))
         return ConversationTurn(2, RequestStatus.COMPLETED, {"output": [{"type": "message", "text": "stored"}]},
-                                [{"type": "message", "role": "user", "content": "in 2"}])
+                                [{"type": "message", "role": "user", "content": "in 2"}], HEADERS)
 
     gate = Conversations(stored, resumed=True)
     later = line(5, "A", epoch=1)
     gate.admit(later, ("A", 1))
-    assert gate.history(later, ("A", 1), written_through=no_store).items[-1] == {"type": "message", "text": "stored"}
+    history = gate.history(later, ("A", 1), written_through=no_store)
+    assert history.items[-1] == {"type": "message", "text": "stored"} and history.call_headers == HEADERS
     assert asked == [("A", 1, 5)]
 
 

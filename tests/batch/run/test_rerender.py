@@ -1,8 +1,9 @@
 """A response's output items, rendered again, are the tokens the model wrote and read.
 
 Real tool loops (the echo MCP server, the built-in python and browser servers; a scripted backend whose
-turns are written as the shipped model writes them, harmony's own layout) run through the runner; then
-each conversation is continued the three ways batchrun re-renders a response's items:
+turns are written as the shipped model writes them, harmony's own layout, or with a call's header as another
+model may write it) run through the runner; then each conversation is continued the three ways batchrun
+re-renders a response's items:
 - `conversation`: the next line of the conversation renders the line before it (input + output items);
 - `previous_response_id`: a second run continues a stored response;
 - `truncation: "auto"`: every later turn of a tool loop can be re-rendered from the conversation so far.
@@ -45,7 +46,13 @@ def preamble(text):
 
 def call(recipient, arguments, channel="commentary", content_type="<|constrain|>json"):
     # The shipped model writes a call's header as harmony renders one: the recipient, then the channel.
-    return f" to={recipient}<|channel|>{channel} {content_type}<|message|>{arguments}<|call|>"
+    written_channel = f"<|channel|>{channel}" if channel else ""
+    return f" to={recipient}{written_channel} {content_type}<|message|>{arguments}<|call|>"
+
+
+def call_channel_first(recipient, arguments, channel="commentary", content_type="<|constrain|>json"):
+    # As the harmony guide's own examples write a call (the guide allows either place), as gpt-oss may.
+    return f"<|channel|>{channel} to={recipient} {content_type}<|message|>{arguments}<|call|>"
 
 
 def final(text):
@@ -65,10 +72,19 @@ SCENARIOS = {
     "browser": ([BROWSER], [think("Search.") + call("browser.search", '{"query": "python"}', "analysis"),
                             think("Found it.") + final("Found.")]),
     "function": ([FUNCTION], [think("Ask for it.") + preamble("Checking.") + call("functions.get_weather", "{}")]),
-    # A model that writes the recipient after the channel (the harmony guide allows either place), as gpt-oss
-    # may: every re-render writes a past call as harmony renders it, recipient first.
-    "browser-channel-first": ([BROWSER], [think("Search.") + '<|channel|>analysis to=browser.search code<|message|>'
-                                          '{"query": "python"}<|call|>', final("Found.")]),
+    # Headers harmony would render otherwise (the recipient after the channel, as the guide's own examples write
+    # it; no channel; an MCP call on analysis): each call re-renders as written, its answer on the call's channel.
+    "browser-channel-first": ([BROWSER], [think("Search.") + call_channel_first("browser.search", '{"query": "python"}',
+                                                                                "analysis", "code"), final("Found.")]),
+    "mcp-channel-first": ([ECHO], [think("Add them.") + call_channel_first("echo.add", '{"a": 2, "b": 3}'),
+                                   final("It is 5.")]),
+    "mcp-analysis": ([ECHO], [think("Add them.") + call("echo.add", '{"a": 2, "b": 3}', "analysis"),
+                              final("It is 5.")]),
+    "mcp-channel-less": ([ECHO], [think("Add them.") + call("echo.add", '{"a": 2, "b": 3}', None), final("It is 5.")]),
+    "unknown-channel-less": ([ECHO], [think("Try a tool.") + call("nowhere.tool", "{}", None),
+                                      final("No such tool.")]),
+    "function-channel-first": ([FUNCTION], [think("Ask for it.") + call_channel_first("functions.get_weather", "{}")]),
+    "function-channel-less": ([FUNCTION], [think("Ask for it.") + call("functions.get_weather", "{}", None)]),
     # After an earlier exchange that ended in a final answer (its reasoning dropped from every later prompt).
     "history-mcp": ([ECHO], [think("Add them.") + call("echo.add", '{"a": 2, "b": 3}'), final("It is 5.")]),
     "history-function": ([FUNCTION], [think("Ask for it.") + call("functions.get_weather", "{}")]),
@@ -126,7 +142,8 @@ def loops(tmp_path_factory):
 
     def checked(session):  # every later turn: the conversation so far, re-rendered whole, beside the prompt
         if session.turns:
-            rendered = render_prompt(session.request, session.conversation(), session.registry, PROMPT)
+            rendered = render_prompt(session.request, session.conversation(), session.registry, PROMPT,
+                                     session.call_headers)
             later_turns.setdefault(session.line.custom_id, []).append((rendered, list(session.prompt_token_ids)))
         fit_to_context(session)
 
@@ -168,13 +185,7 @@ def test_the_next_line_of_a_conversation_renders_what_the_model_wrote_and_read(l
     assert next_prompt == expected
 
 
-CHANNEL_FIRST = pytest.mark.xfail(strict=True, reason=(
-    "an item keeps no header as the model wrote it: a call whose recipient the model put after the channel "
-    "re-renders recipient first (harmony's layout, which the shipped model writes)"))
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=CHANNEL_FIRST) if name == "browser-channel-first" else name
-                                  for name in SCENARIOS if "function" not in name])  # one turn only
+@pytest.mark.parametrize("name", [name for name in SCENARIOS if "function" not in name])  # one turn only
 def test_every_later_turn_re_rendered_whole_is_the_prompt_the_loop_grew(loops, name):
     # truncation "auto" renders the conversation so far when a turn outgrows the context: uncut, it must be
     # the prompt that grew turn by turn (nothing here ends in a final answer, so harmony drops nothing).
@@ -183,21 +194,24 @@ def test_every_later_turn_re_rendered_whole_is_the_prompt_the_loop_grew(loops, n
     assert all(rendered == prompt for rendered, prompt in later)
 
 
-@pytest.mark.parametrize("name", ["function", "history-function"])
-def test_a_function_call_continued_by_previous_response_id_keeps_every_token(loops, tmp_path, name):
+@pytest.mark.parametrize(("name", "channel"), [("function", "commentary"), ("history-function", "commentary"),
+                                               ("function-channel-first", "commentary"),
+                                               ("function-channel-less", None)])
+def test_a_function_call_continued_by_previous_response_id_keeps_every_token(loops, tmp_path, name, channel):
     # The response ended in the call: nothing of it is dropped, so the continuation is the last turn's prompt
-    # and completion exactly, then the function's output (after a history, whose answered exchange's reasoning
-    # the model did not read, and still does not).
+    # and completion exactly, then the function's output on the call's channel (after a history, whose answered
+    # exchange's reasoning the model did not read, and still does not).
     [(prompt, completion)] = loops.prompts(f"{name}-1")
     function_call = loops.response(f"{name}-1")["output"][-1]
     output = {"type": "function_call_output", "call_id": function_call["call_id"], "output": '{"sunny": true}'}
     next_prompt = continued_by_a_second_run(loops, tmp_path, f"{name}-1", [output])
-    expected = prompt + completion + render_tool_output("functions.get_weather", '{"sunny": true}', "commentary")
+    expected = prompt + completion + render_tool_output("functions.get_weather", '{"sunny": true}', channel)
     assert show(next_prompt) == show(expected)
     assert next_prompt == expected
 
 
-@pytest.mark.parametrize("name", ["preamble", "browser", "unknown-tool"])
+@pytest.mark.parametrize("name", ["preamble", "browser", "unknown-tool", "mcp-channel-first", "mcp-analysis",
+                                  "mcp-channel-less", "unknown-channel-less"])
 def test_a_tool_loop_continued_by_previous_response_id_renders_what_the_model_wrote_and_read(loops, tmp_path, name):
     *_, (prompt, completion) = loops.prompts(f"{name}-1")
     next_prompt = continued_by_a_second_run(loops, tmp_path, f"{name}-1", NEXT)

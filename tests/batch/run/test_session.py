@@ -307,13 +307,15 @@ def test_a_later_turn_that_outgrows_the_context_drops_the_conversations_first_it
     prompt = session.prompt_token_ids
     assert len(prompt) <= limit
     # The conversation so far, re-rendered without its fewest leading items that fit: the input items,
-    # then this response's output items (reasoning, the python call and its answer).
+    # then this response's output items (reasoning, the python call and its answer), the call's header as the
+    # model wrote it.
     items, output = session.input_items, session.events.output
     assert [item["type"] for item in output] == ["reasoning", "mcp_call"]
+    assert session.call_headers == {output[1]["id"]: "<|channel|>analysis to=python code"}
     request, registry = session.request, session.registry
     for dropped in range(1, len(items)):
         kept = items[:1] + items[1 + dropped:] + output
-        expected = render_prompt(request, kept, registry, TRUNCATION_OPTIONS)
+        expected = render_prompt(request, kept, registry, TRUNCATION_OPTIONS, session.call_headers)
         if len(expected) <= limit:
             break
     assert prompt == expected and dropped > 1
@@ -321,6 +323,7 @@ def test_a_later_turn_that_outgrows_the_context_drops_the_conversations_first_it
     # The developer message and the task stay; harmony keeps this tool loop's analysis and drops that of a
     # turn before an earlier final answer; the first items are gone.
     assert "Answer briefly." in text and TASK in text and "We need to compute 123*456" in text
+    assert "<|start|>assistant<|channel|>analysis to=python code<|message|>print(123*456)<|call|>" in text
     assert "Greet Ada" not in text and "Say hello to Ada." not in text
     assert text.endswith("56088\n" + "the product printed again. " * 29 + "the product printed again. "
                          "<|end|><|start|>assistant")
@@ -359,8 +362,8 @@ def test_a_later_turn_nothing_fits_keeps_its_prompt_for_the_engine_to_refuse():
 
 
 def test_a_cut_conversation_keeps_the_browser_calls_and_pages_of_this_responses_web_searches():
-    # A web_search_call item holds neither (as the API's): the cut renders the call the model made and
-    # the page it read, as the browser's own.
+    # A web_search_call item holds neither (as the API's): the cut renders the call the model made (its header
+    # as written: the channel first, no content type) and the page it read, as the browser's own.
     page = "L0: # Paris\nL1: Paris lies on the river Seine. " + "More about Paris. " * 30
     body = history_body(tools=[{"type": "web_search"}], truncation="auto")
     full_first = truncating_session({**body, "truncation": "disabled"}, 10**6).prompt_token_ids
@@ -374,6 +377,6 @@ def test_a_cut_conversation_keeps_the_browser_calls_and_pages_of_this_responses_
     assert len(prompt) <= context_len - (60 - session.turns[0].output_tokens)
     text = harmony_encoding().decode_utf8(prompt)
     assert "Question 0:" not in text and TASK in text  # cut, the task kept
-    assert text.endswith('<|channel|>analysis <|constrain|>json<|message|>{"query": "paris river"}<|call|>'
-                         f"<|start|>browser.search to=assistant<|channel|>analysis<|message|>{page}<|end|>"
+    assert text.endswith('<|start|>assistant<|channel|>analysis to=browser.search<|message|>{"query": "paris river"}'
+                         f"<|call|><|start|>browser.search to=assistant<|channel|>analysis<|message|>{page}<|end|>"
                          "<|start|>assistant")

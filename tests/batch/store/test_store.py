@@ -48,7 +48,7 @@ EXPECTED_DDL = {
                  "response JSON, input_items JSON, input_tokens BIGINT, "
                  "cached_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, "
                  "tool_output_tokens BIGINT, total_tokens BIGINT, num_turns INTEGER, "
-                 "latency_s DOUBLE, ttft_s DOUBLE, created_at TSTZ",
+                 "latency_s DOUBLE, ttft_s DOUBLE, created_at TSTZ, call_headers JSON",
     "events": "run_id VARCHAR, response_id VARCHAR, sequence_number INTEGER, type VARCHAR, "
               "output_index INTEGER, content_index INTEGER, item_id VARCHAR, payload JSON, "
               "turn INTEGER, t_ms DOUBLE",
@@ -189,7 +189,8 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (12, "m012_tool_call_result"), (13, "m013_pass_rate_intervals"),
                             (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items"),
                             (17, "m017_request_conversation"), (18, "m018_paired_sign_flips"),
-                            (19, "m019_paired_newcombe_interval"), (20, "m020_wilson_any_integers")]
+                            (19, "m019_paired_newcombe_interval"), (20, "m020_wilson_any_integers"),
+                            (21, "m021_response_call_headers")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -239,11 +240,13 @@ def test_views_compute_on_small_data(store):
 # -- writing ------------------------------------------------------------------
 
 def test_write_results_round_trip(store):
-    result = make_result("r1", 7, n_events=4)
+    headers = {"mcp_1": "<|channel|>commentary to=srv.lookup <|constrain|>json"}
+    result = make_result("r1", 7, n_events=4, call_headers=headers)
     store.write_results([result])
     got = store.responses.get("resp_r1_7")
     assert got == StoredResponse(run_id="r1", custom_id="c7", status=ResponseStatus.COMPLETED,
-                                 response=result.response.response, input_items=result.response.input_items)
+                                 response=result.response.response, input_items=result.response.input_items,
+                                 call_headers=headers)
     assert store.responses.find("r1", "c7") == got
     events = store.responses.events("resp_r1_7")
     assert [e["payload"] for e in events] == [json.loads(p) for p in result.events.payload]
@@ -255,6 +258,8 @@ def test_write_results_round_trip(store):
     tokens = store.con.sql("SELECT prompt_token_ids, completion_token_ids, response_id "
                            "FROM tokens").fetchall()
     assert tokens == [([1, 2, 3], [4, 5], "resp_r1_7")]
+    store.write_results([make_result("r1", 8)])
+    assert store.responses.get("resp_r1_8").call_headers == {}  # no call kept one: NULL
 
 
 def test_same_line_is_replaced_with_its_traces(store):
@@ -853,13 +858,16 @@ def test_a_conversation_turn_is_the_last_stored_line_before_naming_it_in_the_run
     # requests rows store the body (an envelope's `body`, a Parquet row's fields): its `conversation`
     # names the conversation as a string or {"id": ...}; a line with no body (not JSON) names none
     store.runs.create(make_run("r2"))
-    store.write_results([conversation_line("r1", 1, "A"), conversation_line("r1", 2, {"id": "A"}, "incomplete"),
+    answered = conversation_line("r1", 2, {"id": "A"}, "incomplete")
+    answered.response.call_headers = {"mcp_1": "<|channel|>commentary to=srv.lookup"}
+    store.write_results([conversation_line("r1", 1, "A"), answered,
                          conversation_line("r1", 3, "B"), conversation_line("r1", 4, None, "invalid"),
                          conversation_line("r1", 2, "A", "failed", epoch=1), conversation_line("r1", 6, "A"),
                          conversation_line("r2", 5, "A")])
     turn = store.responses.conversation_turn("r1", "A", 0, 5)
     assert (turn.line_no, turn.status, turn.response["id"]) == (2, RequestStatus.INCOMPLETE, "resp_r1_2_0")
     assert turn.input_items == [{"role": "user", "content": "q2"}]
+    assert turn.call_headers == {"mcp_1": "<|channel|>commentary to=srv.lookup"}
     assert store.responses.conversation_turn("r1", "A", 0, 2).line_no == 1
     assert store.responses.conversation_turn("r1", "A", 0, 1) is None
     assert store.responses.conversation_turn("r1", "A", 1, 9).status == RequestStatus.FAILED
