@@ -173,6 +173,14 @@ class SubmitOptions:
     max_tool_output_bytes: int
     quiet: bool
 
+    def check_one_run(self) -> None:
+        """Usage error unless at most one of --resume, --retry-failed (a run to continue, under its own id)
+        and --run-id (a new run's id) is given."""
+        given = [flag for flag, value in (("--resume", self.resume), ("--retry-failed", self.retry_failed),
+                                          ("--run-id", self.run_id)) if value]
+        if len(given) > 1:
+            raise click.UsageError(f"{', '.join(given[:-1])} and {given[-1]} are exclusive")
+
     def with_latest_resolved(self, db: str) -> SubmitOptions:
         """--resume / --retry-failed `latest` as the newest run's id in `db`."""
         return dataclasses.replace(self, resume=resolve_latest(db, self.resume),
@@ -378,8 +386,6 @@ def _tool_options(submit: SubmitOptions, db: str) -> ToolOptions:
 
 
 def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> RunOptions:
-    if submit.resume and submit.retry_failed:
-        raise click.UsageError("--resume and --retry-failed are exclusive")
     return RunOptions(
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
