@@ -215,6 +215,16 @@ def test_a_folder_given_as_the_file_to_write_says_so_in_one_line(tmp_path, one_r
     assert result.output == f"error: {command[-1]} {tmp_path}: is a folder; pass a file path\n"
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, where every write fails as on a full disk")
+@pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"]])
+def test_a_full_disk_while_writing_the_file_is_one_error_line(one_run, command):
+    # the write's OSError ended the command in a traceback
+    result = batchrun(*command, "/dev/full", "--db", one_run)
+    assert result.exit_code == 1, result.output
+    assert result.output == (f"error: {command[-1]} /dev/full: writing it failed (No space left on device); "
+                             f"free some space or pass another {command[-1]}\n")
+
+
 def test_merging_into_a_missing_folder_names_the_o_option(tmp_path, tiny_model_dir):
     source = write_lines(tmp_path / "in.jsonl", {"input": "Hi"}, {"input": "Yo"})
     part = tmp_path / "part-0.duckdb"
