@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import gzip
+import json
 import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,7 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batch
 # submit's, eval's and bench's --max-num-seqs
 MAX_NUM_SEQS_HELP = (f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
                      f"{CUDA_MAX_NUM_SEQS} on CUDA].")
+DOCUMENT_HINT_BYTES = 64 << 20  # an input read whole to see whether it is one JSON document (_document_hint)
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 # engine.config.MOE_WEIGHTS, spelled out: importing the engine here would load torch for `--help`
@@ -235,7 +239,8 @@ def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> No
     except InputFormatError as exc:
         fail(str(exc))
     if not check.has_valid_line:
-        fail(display.no_valid_lines_text(options.input_path, check, options.limit))
+        hint = _document_hint(options.input_path, check.num_read)
+        fail(display.no_valid_lines_text(options.input_path, check, options.limit, hint))
     if backend is not None:
         backend.check()
 
@@ -345,6 +350,27 @@ def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> 
              "written is kept: free disk space and run the same command again to resume")
     finally:
         store.close()
+
+
+def _document_hint(path: Path, num_lines: int) -> str | None:
+    """What to do when the input is one JSON document, not JSON Lines (a `.json` file holding an array of
+    requests, or one request pretty-printed): each of its lines reads as a JSON error of its own."""
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        return None
+    try:
+        with gzip.open(path, "rb") if name.endswith(".gz") else path.open("rb") as handle:
+            data = handle.read(DOCUMENT_HINT_BYTES + 1)
+        value = json.loads(data) if len(data) <= DOCUMENT_HINT_BYTES else None
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):  # not one JSON document either
+        return None
+    if isinstance(value, list):
+        return (f"the file is one JSON array of {display.plural(len(value), 'item')}, not JSON Lines: put each "
+                f"request on a line of its own (jq -c '.[]' {path} > requests.jsonl)")
+    if isinstance(value, dict) and num_lines > 1:
+        return (f"the file is one JSON object over {num_lines} lines, not JSON Lines: put each request on one "
+                f"line (jq -c . {path} > requests.jsonl)")
+    return None
 
 
 def set_threads(threads: int | None, config: dict) -> None:
