@@ -49,6 +49,7 @@ from tools.outcomes import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, C
 from tools.connection import Connection
 from tools.sampling import CALLER
 from tools.sampling_inbox import SamplingInbox
+from tools.server_log import ClientLog
 from tools.task_call import TaskCall, TaskFailed, call_as_task, requires_task, runs_tool_tasks
 from tools.task_session import TaskClient
 from tools.servers import ServerSpec
@@ -63,6 +64,7 @@ class ToolClient:
         self.sampling = sampling
         self.call_timeout_s, self.connect_timeout_s = call_timeout_s, connect_timeout_s
         self._errlog: IO[str] = open(errlog_path or os.devnull, "a", encoding="utf-8")
+        self._client_log = ClientLog(self._errlog, self._mask)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="batchrun-tools", daemon=True)
         self._thread.start()
@@ -116,7 +118,14 @@ class ToolClient:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        self._client_log.close()
         self._errlog.close()
+
+    def _mask(self, text: str) -> str | None:
+        """`text` with the secrets of every server this client has connected to masked."""
+        for spec in list(self._connections):
+            text = spec.mask(text) or text
+        return text
 
     def _submit(self, coroutine) -> Future:
         if self._closed:

@@ -48,6 +48,11 @@ class Connection:
         try:
             client = await asyncio.wait_for(asyncio.shield(ready), self.connect_timeout_s)
             self.client = client
+        except TimeoutError:
+            await self.close()
+            # said, or a listing's error is a bare "TimeoutError" after a wait no option names
+            raise TimeoutError(f"the server did not answer MCP's initialize handshake within "
+                               f"{self.connect_timeout_s:g} s") from None
         except BaseException:
             await self.close()
             raise

@@ -1,4 +1,5 @@
-"""A stdio server's stderr on its way to the tools log: secrets masked, known noise dropped.
+"""A stdio server's stderr on its way to the tools log: secrets masked, known noise dropped; and
+the mcp package's own log records (`ClientLog`).
 
 A server that prints its environment (or a token it was given) to stderr would put the
 secret into `DB.tools.log`: its stderr goes into a pipe instead, and a thread copies each
@@ -13,14 +14,17 @@ mcp 1.x log that rejection as a ~30-line pydantic warning ("Failed to validate r
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import IO
 
 NOISE_START = "Failed to validate request"
 NOISE_MARK = "server/discover"
+MAX_REPEATS = 20  # records of one kind the mcp package logs that reach the tools log (ClientLog)
 MAX_BLOCK_LINES = 500  # a block longer than any probe warning is kept: it is not that warning
 # A pydantic error's continuation: indented (rich's wrapped columns, the messages), or a bare
 # location such as `InitializeRequest.params.capabilities` (plain logging's format).
@@ -68,6 +72,36 @@ class ProbeNoiseFilter:
         block, self._block = self._block, None
         if block is not None and not any(NOISE_MARK in held for held in block):
             yield from block
+
+
+class ClientLog(logging.Handler):
+    """The mcp package's log records in the tools log, one masked line each, while it is attached.
+
+    The package logs a traceback for every line a stdio server prints on stdout that is not
+    JSON-RPC (a banner, a stray print), and with no handler of its own logging's last resort
+    printed each on batchrun's stderr, under --quiet too. A server that prints without end
+    (`yes`) logs ~5 MB a second: past MAX_REPEATS records of one kind the rest are dropped."""
+
+    def __init__(self, log: IO[str], mask: Callable[[str], str | None]):
+        super().__init__(logging.WARNING)
+        self._log, self._mask = log, mask
+        self._seen: Counter[str] = Counter()
+        logging.getLogger("mcp").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._seen[str(record.msg)] += 1
+        if self._seen[str(record.msg)] > MAX_REPEATS:
+            return
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f": {record.exc_info[1]}"
+        if self._seen[str(record.msg)] == MAX_REPEATS:
+            text += f" (the {MAX_REPEATS}th such record: later ones are not logged)"
+        _write(self._log, iter([f"{record.name}: {' '.join(text.split())}\n"]), self._mask)
+
+    def close(self) -> None:
+        logging.getLogger("mcp").removeHandler(self)
+        super().close()
 
 
 def _copy(reader: IO[str], log: IO[str], mask: Callable[[str], str | None]) -> None:

@@ -15,7 +15,8 @@ from batch.cli import display
 from batch.cli.batch_output import batch_output_line
 from batch.cli.show_text import request_text, response_text
 from batch.cli.sql_output import FORMATS, render_results, terminal_width
-from batch.cli.util import DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_run
+from batch.cli.util import (DEFAULT_DB, check_output, fail as _fail, open_store as _open_store, resolve_run,
+                            writing)
 from batch.responses.standard_json import dumps_nulling_non_finite
 from batch.store.errors import StoreError
 from batch.store.statements import QueryResult, StatementError
@@ -105,7 +106,7 @@ def export(run_id: str, db: str, output: Path) -> None:
     with _open_store(db, read_only=True) as store:
         run_id = resolve_run(store, run_id)
         count = nulled = 0
-        with open(output, "w", encoding="utf-8") as handle:
+        with writing(output, "-o"), open(output, "w", encoding="utf-8") as handle:
             for row in store.responses.iter_lines(run_id):
                 # standard JSON, as batchrun stores it; a row stored before it refused NaN/Infinity: null
                 text, was_nulled = dumps_nulling_non_finite(batch_output_line(run_id, row))

@@ -128,8 +128,8 @@ def _reason_lines(status: str, reasons: Counter, others: tuple[str, str], first_
     return lines
 
 
-def no_valid_lines_text(path: object, check: InputCheck, limit: int | None) -> str:
-    """Why nothing was run: an empty input, or the reasons none of its lines is a request."""
+def no_valid_lines_text(path: object, check: InputCheck, limit: int | None, hint: str | None = None) -> str:
+    """Why nothing was run: an empty input, or the reasons none of its lines is a request (then `hint`)."""
     if check.num_read == 0:
         return f"{path}: the file is empty: no requests to run"
     lines = ([f"{path}: none of its first {check.num_read} lines is a request batchrun can run"]
@@ -141,6 +141,8 @@ def no_valid_lines_text(path: object, check: InputCheck, limit: int | None) -> s
         lines.append(f"  {plural(count, 'line')} ({shown}): {reason}")
     if len(check.reasons) > MAX_REASONS_SHOWN:
         lines.append(f"  ... and {plural(len(check.reasons) - MAX_REASONS_SHOWN, 'other reason')}")
+    if hint:
+        lines.append(f"  {hint}")
     lines.append("  (each line: a Responses body {\"input\": ..., ...} or an OpenAI Batch envelope "
                  "{\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/responses\", \"body\"}; see the README's Input)")
     return "\n".join(lines)

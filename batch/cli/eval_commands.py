@@ -20,7 +20,7 @@ import click
 
 from batch.cli.display import plural
 from batch.cli.util import (DEFAULT_DB, FiniteFloatRange, check_output, fail as _fail, fail_if_folder,
-                            open_store as _open_store, resolve_run)
+                            open_store as _open_store, resolve_run, writing)
 from batch.store.store import Store
 from evals.check import compare_snapshots, counts_text, report_text
 from evals.snapshot import LEVELS, GoldenError, read_golden, snapshot_run, write_golden
@@ -89,7 +89,8 @@ def snapshot_command(run: str, db: str, output: Path, level: str) -> None:
     check_output(output, "-o")
     with _open_store(db, read_only=True) as store:
         entries = snapshot_run(store, resolve_run(store, run), level)
-    write_golden(output, entries)
+    with writing(output, "-o"):
+        write_golden(output, entries)
     click.echo(f"wrote {plural(len(entries), 'request')} at level {level} to {output}")
 
 
@@ -124,7 +125,8 @@ def check_command(run: str, db: str, golden: Path, level: str | None, update: bo
         current = snapshot_run(store, resolve_run(store, run), level)
     result = compare_snapshots(entries if golden_level == level else {}, current)
     if update:
-        write_golden(golden, current)
+        with writing(golden, "--golden"):
+            write_golden(golden, current)
         for difference in result.differences:
             click.echo(f"{difference.kind}: {difference.custom_id}")
         click.echo(f"updated {golden} at level {level} ({counts_text(result)} before)")
@@ -218,7 +220,9 @@ def report_command(run: str, run_b: str | None, db: str, output: Path | None) ->
         name = run_id if run_b_id is None else f"{run_id}-vs-{run_b_id}"
         output = Path(f"report-{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.html")
         check_output(output, "-o")
-    output.write_text(render_html(data, payload, data_b), encoding="utf-8")
+    html = render_html(data, payload, data_b)
+    with writing(output, "-o"):
+        output.write_text(html, encoding="utf-8")
     click.echo(terminal_summary(data))
     if data_b is not None:
         click.echo(terminal_summary(data_b))

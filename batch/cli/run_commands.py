@@ -34,6 +34,7 @@ from evals.suite import Suite, builtin_suites
 def submit(input_path: Path, db: str, **values: Any) -> None:
     """Decode every request in INPUT_PATH (JSONL or Parquet) into the DuckDB file."""
     given = options_from(SubmitOptions, values)
+    given.check_one_run()
     given = given.with_latest_resolved(db)
     options, backend = submit_plan(input_path, db, given)
     submit_distributed(options, backend, db, options_from(DistributionOptions, values), quiet=given.quiet)
@@ -57,9 +58,8 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     shard only and grades nothing: merge the parts, then grade the merged run.
     """
     suite = load_suite_or_fail(suite_name)
-    if resume and run_id:
-        raise click.UsageError("--resume and --run-id are exclusive")
     given = options_from(SubmitOptions, {**values, "run_id": run_id, "resume": resume})
+    given.check_one_run()
     given = given.with_latest_resolved(db)
     distribution = options_from(DistributionOptions, values)
     if distribution.shard is not None and fail_under is not None:

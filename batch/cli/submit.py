@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import gzip
+import json
 import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,7 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "data" / "models" / "batch
 # submit's, eval's and bench's --max-num-seqs
 MAX_NUM_SEQS_HELP = (f"Sequences the engine decodes in one step [default: {CPU_MAX_NUM_SEQS} on CPU, "
                      f"{CUDA_MAX_NUM_SEQS} on CUDA].")
+DOCUMENT_HINT_BYTES = 64 << 20  # an input read whole to see whether it is one JSON document (_document_hint)
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 # engine.config.MOE_WEIGHTS, spelled out: importing the engine here would load torch for `--help`
@@ -173,6 +177,14 @@ class SubmitOptions:
     max_tool_output_bytes: int
     quiet: bool
 
+    def check_one_run(self) -> None:
+        """Usage error unless at most one of --resume, --retry-failed (a run to continue, under its own id)
+        and --run-id (a new run's id) is given."""
+        given = [flag for flag, value in (("--resume", self.resume), ("--retry-failed", self.retry_failed),
+                                          ("--run-id", self.run_id)) if value]
+        if len(given) > 1:
+            raise click.UsageError(f"{', '.join(given[:-1])} and {given[-1]} are exclusive")
+
     def with_latest_resolved(self, db: str) -> SubmitOptions:
         """--resume / --retry-failed `latest` as the newest run's id in `db`."""
         return dataclasses.replace(self, resume=resolve_latest(db, self.resume),
@@ -227,7 +239,8 @@ def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> No
     except InputFormatError as exc:
         fail(str(exc))
     if not check.has_valid_line:
-        fail(display.no_valid_lines_text(options.input_path, check, options.limit))
+        hint = _document_hint(options.input_path, check.num_read)
+        fail(display.no_valid_lines_text(options.input_path, check, options.limit, hint))
     if backend is not None:
         backend.check()
 
@@ -339,6 +352,27 @@ def _run(options: RunOptions, backend: BackendSpec, *, db: str, quiet: bool) -> 
         store.close()
 
 
+def _document_hint(path: Path, num_lines: int) -> str | None:
+    """What to do when the input is one JSON document, not JSON Lines (a `.json` file holding an array of
+    requests, or one request pretty-printed): each of its lines reads as a JSON error of its own."""
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        return None
+    try:
+        with gzip.open(path, "rb") if name.endswith(".gz") else path.open("rb") as handle:
+            data = handle.read(DOCUMENT_HINT_BYTES + 1)
+        value = json.loads(data) if len(data) <= DOCUMENT_HINT_BYTES else None
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):  # not one JSON document either
+        return None
+    if isinstance(value, list):
+        return (f"the file is one JSON array of {display.plural(len(value), 'item')}, not JSON Lines: put each "
+                f"request on a line of its own (jq -c '.[]' {path} > requests.jsonl)")
+    if isinstance(value, dict) and num_lines > 1:
+        return (f"the file is one JSON object over {num_lines} lines, not JSON Lines: put each request on one "
+                f"line (jq -c . {path} > requests.jsonl)")
+    return None
+
+
 def set_threads(threads: int | None, config: dict) -> None:
     """torch's thread count: `threads`, else 1 for a tiny model (config.json's hidden_size)."""
     import torch
@@ -378,8 +412,6 @@ def _tool_options(submit: SubmitOptions, db: str) -> ToolOptions:
 
 
 def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> RunOptions:
-    if submit.resume and submit.retry_failed:
-        raise click.UsageError("--resume and --retry-failed are exclusive")
     return RunOptions(
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,

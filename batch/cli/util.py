@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -50,6 +53,18 @@ def check_output(path: str | Path, option: str) -> None:
     fail_if_folder(path, option)
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         fail(f"{option} {path}: cannot write there (permission denied); pass another {option}")
+
+
+@contextlib.contextmanager
+def writing(path: str | Path, option: str) -> Iterator[None]:
+    """Exit 1 with one `error:` line naming `option` when writing `path` fails part-way (a full disk,
+    a quota), which check_output cannot see coming."""
+    try:
+        yield
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        fail(f"{option} {path}: writing it failed ({exc.strerror or exc}); "
+             f"{'free some space or ' if full else ''}pass another {option}")
 
 
 def fail_if_folder(path: Path, option: str) -> None:

@@ -55,6 +55,10 @@ def _one_error(error: ErrorDetails, data: dict) -> tuple[str, str]:
         if isinstance(value, dict):
             return _join(path, "type"), "required, as a string"
         return path, f"expected a JSON object, got {json_type(value)}"
+    if kind in ("model_type", "dict_type"):  # pydantic's message names the model's class
+        return path, f"expected a JSON object, got {json_type(value)}"
+    if kind == "list_type":
+        return path, f"expected a list, got {json_type(value)}"
     if kind == "too_long" and isinstance(value, dict):
         return path, f"at most {ctx.get('max_length')} keys, got {len(value)}"
     if kind == "invalid_shape":

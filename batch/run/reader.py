@@ -392,7 +392,8 @@ class LineParser:
         decoder saw no NaN or infinity in it (else every number is looked at)."""
         if not isinstance(value, dict):
             return self.failed(line_no, f"expected a JSON object, got {json_type(value)}")
-        envelope = wrapped or ("body" in value and ("url" in value or "method" in value))
+        # A Responses body has no url or method: a line with either is an envelope, its body missing or not
+        envelope = wrapped or "url" in value or "method" in value
         custom_id, body, problem = _split(line_no, value, envelope, id_required=not wrapped)
         duplicate = self._claim(line_no, custom_id)
         not_json = None if finite else _non_finite(value, body, envelope)
@@ -463,7 +464,7 @@ def _envelope_problem(value: dict, route_required: bool) -> str | None:
                     "body.input)" if value[key] == "/v1/chat/completions" else "")
             return f"{key}: expected {expected!r}, got {_shown(value[key])}{hint}"
     if "body" not in value:
-        return "body: required"
+        return "body: required in a batch envelope"
     if not isinstance(value["body"], dict):
         return f"body: expected a JSON object, got {json_type(value['body'])}"
     return None

@@ -90,6 +90,16 @@ def test_a_server_that_cannot_start_fails_its_calls(client):
         "cannot list the tools of MCP server 'nothing': ")
 
 
+def test_a_server_that_never_answers_fails_its_listing_saying_what_it_waited_for():
+    # the error was a bare "TimeoutError", after a wait of connect_timeout_s no option names
+    silent = ServerSpec("silent", command=("sleep", "30"))
+    with ToolClient(connect_timeout_s=1) as client:
+        listing = client.list_tools(silent).result(timeout=30)
+    assert listing.error_kind == "timeout"
+    assert listing.error == ("cannot list the tools of MCP server 'silent': TimeoutError: the server did not "
+                             "answer MCP's initialize handshake within 1 s")
+
+
 def test_http_with_headers_and_unreachable_urls(client, http_url):
     spec = ServerSpec("web", url=http_url, headers=(("X-Token", SECRET),))
     assert SECRET not in repr(spec) and SECRET not in spec.describe()

@@ -326,6 +326,18 @@ def test_could_not_run_exits_1_usage_errors_exit_2(tmp_path, tiny_model_dir):
         holder.kill()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--resume", "r", "--run-id", "new"], "--resume and --run-id are exclusive"),
+    (["--retry-failed", "r", "--run-id", "new"], "--retry-failed and --run-id are exclusive"),
+    (["--resume", "r", "--retry-failed", "r"], "--resume and --retry-failed are exclusive"),
+])
+def test_run_id_resume_and_retry_failed_are_exclusive(tmp_path, flags, message):
+    # --run-id names a new run: beside a run to continue it was dropped without a word
+    both = submit(EXAMPLES / "quickstart.jsonl", "--db", tmp_path / "x.duckdb", *flags)
+    assert both.exit_code == 2 and message in both.output, both.output
+    assert not (tmp_path / "x.duckdb").exists()
+
+
 def test_parquet_input_end_to_end(tmp_path, tiny_model_dir):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -98,6 +98,26 @@ def test_a_gz_input_that_is_not_gzip_fails_with_one_line(tmp_path, no_model_load
     assert len(result.output.splitlines()) == 1, result.output
 
 
+@pytest.mark.parametrize("document, hint", [
+    ([{"input": "Hi"}, {"input": "Yo"}], "the file is one JSON array of 2 items, not JSON Lines: put each request "
+                                         "on a line of its own (jq -c '.[]' {source} > requests.jsonl)"),
+    ({"custom_id": "a", "input": "Hi"}, "the file is one JSON object over 4 lines, not JSON Lines: put each request "
+                                        "on one line (jq -c . {source} > requests.jsonl)"),
+], ids=["array", "pretty-printed"])
+def test_a_json_document_instead_of_json_lines_says_so(tmp_path, no_model_load, document, hint):
+    # each of its lines was a JSON error of its own ("Extra data at column 14"), none saying why
+    source = tmp_path / "requests.json"
+    source.write_text(json.dumps(document, indent=2))
+    result = batchrun("submit", source, "--db", tmp_path / "out.duckdb")
+    assert result.exit_code == 1 and f"\n  {hint.format(source=source)}\n" in result.output, result.output
+
+
+def test_a_one_line_object_that_is_no_request_gets_no_document_hint(tmp_path, no_model_load):
+    source = write_lines(tmp_path / "in.json", {"prompt": "a"})
+    result = batchrun("submit", source, "--db", tmp_path / "out.duckdb")
+    assert result.exit_code == 1 and "JSON Lines" not in result.output
+
+
 def test_only_the_lines_limit_takes_are_checked(tmp_path, no_model_load):
     source = write_lines(tmp_path / "in.jsonl", {"prompt": "a"}, {"prompt": "b"}, {"input": "c"})
     result = batchrun("submit", source, "--db", tmp_path / "out.duckdb", "--limit", "2")
@@ -213,6 +233,16 @@ def test_a_folder_given_as_the_file_to_write_says_so_in_one_line(tmp_path, one_r
     result = batchrun(*command, tmp_path, "--db", one_run)
     assert result.exit_code == 1, result.output
     assert result.output == f"error: {command[-1]} {tmp_path}: is a folder; pass a file path\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, where every write fails as on a full disk")
+@pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"]])
+def test_a_full_disk_while_writing_the_file_is_one_error_line(one_run, command):
+    # the write's OSError ended the command in a traceback
+    result = batchrun(*command, "/dev/full", "--db", one_run)
+    assert result.exit_code == 1, result.output
+    assert result.output == (f"error: {command[-1]} /dev/full: writing it failed (No space left on device); "
+                             f"free some space or pass another {command[-1]}\n")
 
 
 def test_merging_into_a_missing_folder_names_the_o_option(tmp_path, tiny_model_dir):

@@ -32,13 +32,25 @@ def test_logprobs_are_asked_for_with_include_and_top_logprobs_says_how_many_top_
 
 @pytest.mark.parametrize("fields, message", [
     ({"include": ["output_text.logprobs"]}, "include[0]: input should be 'file_search_call.results'"),
-    ({"include": "message.output_text.logprobs"}, "include: input should be a valid list"),
+    ({"include": "message.output_text.logprobs"}, "include: expected a list, got string"),
     ({"top_logprobs": 21}, "top_logprobs: input should be less than or equal to 20"),
     ({"top_logprobs": -1}, "top_logprobs: input should be greater than or equal to 0"),
 ])
 def test_bad_include_and_top_logprobs_name_the_field(fields, message):
     with pytest.raises(RequestError, match=re.escape(message)):
         parse_request({"input": "hi", **fields})
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"text": "json"}, "text: expected a JSON object, got string"),  # was: "... or instance of TextConfig"
+    ({"reasoning": "high"}, "reasoning: expected a JSON object, got string"),
+    ({"metadata": ["k"]}, "metadata: expected a JSON object, got list"),
+    ({"tools": {"type": "function"}}, "tools: expected a list, got object"),
+])
+def test_a_field_of_the_wrong_json_type_names_the_type_expected_and_given(fields, message):
+    with pytest.raises(RequestError) as raised:
+        parse_request({"input": "hi", **fields})
+    assert str(raised.value) == message
 
 
 def test_the_include_values_are_the_apis():
