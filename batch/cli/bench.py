@@ -174,7 +174,7 @@ def _host_bench(num_requests: int, seed: int) -> dict:
             "wall_s": result.wall_s, "ttft_s": None, "output_tok_s": result.output_tok_s,
             "total_tok_s": None, "peak_rss_mb": None,
             "stats": {"events": result.events, "events_per_s": result.events_per_s,
-                      "us_per_token": result.us_per_token}}
+                      "us_per_token": result.us_per_token, "cpu_us_per_token": result.cpu_us_per_token}}
 
 
 def _mcp_render_bench(num_requests: int, seed: int, distinct_heads: bool = False) -> dict:
