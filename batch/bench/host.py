@@ -22,6 +22,7 @@ from batch.harmony.token_parser import STOP_TOKEN_IDS
 from batch.run.options import RunOptions
 from batch.run.runner import Runner
 from batch.run.session import SessionOptions
+from batch.store.live import MAX_COST_SHARE
 from batch.store.store import Store
 from batch.harmony.vocab import harmony_encoding
 from engine.api import FinishReason, RequestOutput, SamplingParams
@@ -159,6 +160,8 @@ class HostBenchResult:
     output_tokens: int
     events: int
     wall_s: float
+    cpu_s: float  # the process's CPU time over the run, all its threads (the writer's included)
+    live_cpu_s: float = 0.0  # of which publishing live snapshots
 
     @property
     def output_tok_s(self) -> float:
@@ -171,6 +174,27 @@ class HostBenchResult:
     @property
     def us_per_token(self) -> float:
         return 1e6 * self.wall_s / max(self.output_tokens, 1)
+
+    @property
+    def cpu_us_per_token(self) -> float:
+        return 1e6 * self.cpu_s / max(self.output_tokens, 1)
+
+    @property
+    def live_us_per_token(self) -> float:
+        return 1e6 * self.live_cpu_s / max(self.output_tokens, 1)
+
+    @property
+    def ceiling_tok_s(self) -> float:
+        """Output tokens per second one core takes, live publishing given its share of the core (as a Ray
+        driver's, batch/bench/ray_driver.py)."""
+        return (1 - MAX_COST_SHARE) * self.output_tokens / max(self.cpu_s - self.live_cpu_s, 1e-9)
+
+
+def write_input(workload: HostWorkload, folder: Path) -> Path:
+    """The workload's request lines as a JSONL file in `folder`."""
+    path = folder / f"{workload.name}.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in workload.lines))
+    return path
 
 
 def run_host_bench(workload: HostWorkload, *, max_inflight: int = 64,
@@ -186,17 +210,15 @@ def run_host_bench(workload: HostWorkload, *, max_inflight: int = 64,
 
     harmony_tokenizer()
     with tempfile.TemporaryDirectory(prefix="batchrun-host-") as tmp:
-        input_path = Path(tmp) / "host.jsonl"
-        input_path.write_text("".join(json.dumps(line) + "\n" for line in workload.lines))
-        options = RunOptions(input_path=input_path, max_inflight=max_inflight,
+        options = RunOptions(input_path=write_input(workload, Path(tmp)), max_inflight=max_inflight,
                              session=SessionOptions(model="instant", max_output_tokens=1 << 16),
                              prompt=PromptOptions(conversation_date="2026-01-01"))
         with Store(db_path or Path(tmp) / "host.duckdb") as store:
-            if live:
-                store.publish_live()
+            publisher = store.publish_live() if live else None
             backend = InstantBackend(workload.completions)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             summary = Runner(store, backend, options).run()
-            wall_s = time.perf_counter() - started
+            wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+            live_cpu_s = publisher.cpu_s if publisher else 0.0
             events = store.runs.num_rows("events", summary.run_id)
-    return HostBenchResult(sum(summary.statuses.values()), summary.output_tokens, events, wall_s)
+    return HostBenchResult(sum(summary.statuses.values()), summary.output_tokens, events, wall_s, cpu_s, live_cpu_s)

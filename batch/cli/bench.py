@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +25,8 @@ from engine.workloads import ENGINE_SYSTEMS
 
 PRESETS = ("tiny", "medium", "20b", "120b")
 GPU_PRESETS = ("20b", "120b")  # built in GPU memory (engine.bench_gpu.PRESETS, PRESET_SYSTEMS)
-SYSTEMS = (*ENGINE_SYSTEMS, "hf_generate", "hf_generate_batch", "reference", "host", "constrained")
-_OWN_RUN = ("host", "constrained")  # systems that run their own workload, not --workloads
+SYSTEMS = (*ENGINE_SYSTEMS, "hf_generate", "hf_generate_batch", "reference", "host", "ray_driver", "constrained")
+_OWN_RUN = ("host", "ray_driver", "constrained")  # systems that run their own workload, not --workloads
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class BenchPlan:
     seed: int
     host_requests: int
     engine_options: dict = field(default_factory=dict)  # device, kernels, kv_cache_gb, ...
+    ray_workers: tuple[int, ...] = (2,)  # ray_driver: a run on each of these numbers of workers
+    ray_max_inflight: int = 64  # ray_driver: lines each worker decodes at once
 
 
 def run_bench(plan: BenchPlan, db: str) -> str:
@@ -73,6 +75,9 @@ def run_bench(plan: BenchPlan, db: str) -> str:
         save(_mcp_render_bench(plan.host_requests, plan.seed))
         # every head rendered afresh costs ~10 ms with 30 tools: a fraction of the requests
         save(_mcp_render_bench(max(10, plan.host_requests // 40), plan.seed, distinct_heads=True))
+    if "ray_driver" in plan.systems:
+        for row in _ray_driver_bench(plan):
+            save(row)
     return bench_id
 
 
@@ -174,7 +179,41 @@ def _host_bench(num_requests: int, seed: int) -> dict:
             "wall_s": result.wall_s, "ttft_s": None, "output_tok_s": result.output_tok_s,
             "total_tok_s": None, "peak_rss_mb": None,
             "stats": {"events": result.events, "events_per_s": result.events_per_s,
-                      "us_per_token": result.us_per_token}}
+                      "us_per_token": result.us_per_token, "cpu_us_per_token": result.cpu_us_per_token}}
+
+
+def _ray_driver_bench(plan: BenchPlan) -> Iterator[dict]:
+    """The Ray driver's CPU per output token on each number of workers, beside the one-process host path's
+    (measured first, in this process): one row per number of workers, each as it is measured."""
+    from batch.bench.host import make_host_workload, run_host_bench
+    from batch.bench.ray_driver import local_cluster, run_driver_bench
+    from batch.run.ledger import RunError
+
+    workload = make_host_workload(plan.host_requests, seed=plan.seed)
+    click.echo(f"{workload.name}: ray_driver ({plan.host_requests} requests; the host path first) ...", err=True)
+    host = run_host_bench(workload, max_inflight=plan.ray_max_inflight)
+    click.echo(f"host path, one process: {host.cpu_us_per_token:.2f} us CPU per output token "
+               f"({host.live_us_per_token:.2f} publishing live snapshots): one core takes "
+               f"{host.ceiling_tok_s:,.0f} output tok/s")
+    try:
+        with local_cluster(max(plan.ray_workers)):
+            for num_workers in plan.ray_workers:
+                result = run_driver_bench(workload, num_workers, max_inflight=plan.ray_max_inflight)
+                click.echo(result.line())
+                yield {"model": None, "workload": workload.name, "system": "ray_driver",
+                       "num_requests": result.num_requests, "prompt_tokens": None, "prefill_tokens": None,
+                       "output_tokens": result.output_tokens, "wall_s": result.wall_s, "ttft_s": None,
+                       "output_tok_s": result.output_tokens / result.wall_s, "total_tok_s": None,
+                       "peak_rss_mb": None,
+                       "stats": {"workers": num_workers, "max_inflight": result.max_inflight,
+                                 "events": result.events, "cpu_s": result.cpu_s,
+                                 "us_per_token": result.us_per_token, "main_us_per_token": result.main_us_per_token,
+                                 "live_us_per_token": result.live_us_per_token,
+                                 "ceiling_tok_s": result.ceiling_tok_s,
+                                 "host_cpu_us_per_token": host.cpu_us_per_token,
+                                 "host_ceiling_tok_s": host.ceiling_tok_s}}
+    except RunError as exc:  # Ray not installed, or no worker started
+        fail(f"--systems ray_driver: {exc}")
 
 
 def _mcp_render_bench(num_requests: int, seed: int, distinct_heads: bool = False) -> dict:

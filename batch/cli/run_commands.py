@@ -95,6 +95,17 @@ def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str)
             f"  batchrun grade {merged} {suite_name} --db merged.duckdb")
 
 
+def _worker_counts(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    """--ray-workers: a comma list of positive integers ("1,2,4")."""
+    try:
+        counts = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise click.BadParameter(f"{value!r} is not a comma list of positive integers")
+    return counts
+
+
 @click.command()
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Checkpoint to benchmark (default: a random model of --preset, made once).")
@@ -109,8 +120,9 @@ def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str)
               help="Comma list of engine, engine_deterministic (the engine with batch-invariant numerics), "
                    "engine_dense (the engine with MXFP4 experts held as bf16), hf_generate, hf_generate_batch, "
                    "reference, host (the host path alone: reader, sessions, harmony, events, DuckDB, over an "
-                   "instant backend), and constrained (the engine's step with and without JSON-schema token masks, "
-                   "--num-requests at once).")
+                   "instant backend), ray_driver (a --ray run's driver CPU per output token, its workers on that "
+                   "instant backend, beside the host path's), and constrained (the engine's step with and without "
+                   "JSON-schema token masks, --num-requests at once).")
 @click.option("--num-requests", type=click.IntRange(min=1), default=16, show_default=True,
               help="Requests (conversations, for multi_turn) of each workload.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
@@ -132,6 +144,10 @@ def _merge_hint(run_id: str, suite: Suite, suite_name: str, shard: str, db: str)
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Requests of the host system's seeded mix (~280 output tokens each); as many prompts "
                    "rendered with 30 MCP tools, and a 40th as many with distinct heads.")
+@click.option("--ray-workers", default="2", show_default=True, callback=_worker_counts,
+              help="ray_driver: comma list of numbers of Ray workers (a run on a local cluster for each).")
+@click.option("--ray-max-inflight", type=click.IntRange(min=1), default=64, show_default=True,
+              help="ray_driver: lines each worker (and the host path it is compared with) decodes at once.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the workloads' lengths and tokens, and the host system's mix.")
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="Results go to its `bench` table, each as it lands.")
@@ -145,6 +161,7 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
 
         engine_options["max_num_seqs"] = batch_size_on(engine_options["device"])
     plan = BenchPlan(model_dir, preset, workloads.split(","), systems.split(","), kw["num_requests"],
-                     kw["batch_size"], kw["seed"], kw["host_requests"], engine_options)
+                     kw["batch_size"], kw["seed"], kw["host_requests"], engine_options, kw["ray_workers"],
+                     kw["ray_max_inflight"])
     bench_id = run_bench(plan, db)
     click.echo(f"results in {db} (bench_id {bench_id})")

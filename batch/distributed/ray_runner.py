@@ -315,23 +315,27 @@ class RayRunner:
     def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
         while run.has_lines or not self.queue.is_empty or self._num_out():
-            # A conversation's released line is read whatever the room: it goes out as soon as a worker has a line's.
-            while (line := run.next_line(lines, room=self._may_read())) is not None:
-                prepared = run.prepare(line)  # invalid lines end here
-                if prepared is not None:
-                    self.queue.add(prepared)
+            self._read(run, lines)
             self._dispatch()
             self._collect()
             run.flush(force=not self._num_out())
 
-    def _may_read(self) -> bool:
-        """Whether to read another line: a worker has room for it, and the driver holds fewer than
-        HELD_PER_DECODED times the lines the workers decode at once."""
+    def _read(self, run: Run, lines: Iterator[InputLine]) -> None:
+        """Read and check lines while a worker has room for another and the driver holds fewer than
+        HELD_PER_DECODED times the lines the workers decode at once. A conversation's released line is read
+        whatever the room: it goes out as soon as a worker has a line's. Reading changes no worker's lines, so
+        their room is counted once here (counted per line read, it cost a pass over every chunk of every worker
+        for each line)."""
         started = self._num_started()
         room = sum(self._room(slot, started) for slot in self.slots)
         decoded_at_once = sum(self._lines_at_once(slot, started) for slot in self.slots
                               if slot.has_started and not slot.is_dead)
-        return self.queue.num_lines < room and self._num_held() < HELD_PER_DECODED * decoded_at_once
+        held_room = HELD_PER_DECODED * decoded_at_once - self._num_out()  # for the queue's and the run's lines
+        while (line := run.next_line(lines, room=self.queue.num_lines < room
+                                     and self.queue.num_lines + run.num_held < held_room)) is not None:
+            prepared = run.prepare(line)  # invalid lines end here
+            if prepared is not None:
+                self.queue.add(prepared)
 
     def _num_started(self) -> int:
         """Workers that have started and are not dead (counted once per pass over the slots, not per slot)."""
@@ -351,9 +355,6 @@ class RayRunner:
 
     def _num_out(self) -> int:
         return sum(slot.num_lines for slot in self.slots)
-
-    def _num_held(self) -> int:
-        return self.queue.num_lines + self._num_out() + self.run_state.num_held
 
     def _dispatch(self) -> None:
         """Each worker's room filled from the queue, each time in one chunk of as many lines as fit."""

@@ -120,6 +120,7 @@ class LivePublisher:
         self._published_state: tuple | None = None
         self.num_published = 0
         self.cost_s = 0.0  # wall time of all publishes
+        self.cpu_s = 0.0  # this thread's CPU time over all its publishes (and checks for a change)
         self.lock_s = 0.0  # of which the write lock was held
         self.error: str | None = None
         self._thread = threading.Thread(target=self._loop, args=(first_after_s,), name="batchrun-live",
@@ -136,7 +137,9 @@ class LivePublisher:
                     self._on_error(f"{self.path}: live snapshot not published ({exc}); readers see an older "
                                    "one until it is")
                 self.error = str(exc)
-            wait_s = max(self.every_s, (time.thread_time() - started) / MAX_COST_SHARE)
+            spent = time.thread_time() - started
+            self.cpu_s += spent
+            wait_s = max(self.every_s, spent / MAX_COST_SHARE)
         if self._closed:  # closed while this publish ran (close's wait was interrupted): it is stale
             self._remove_snapshot()
 

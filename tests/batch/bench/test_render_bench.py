@@ -52,3 +52,5 @@ def test_batchrun_bench_host_reports_and_stores_the_mcp_render_cases(tmp_path):
     assert re.search(r"mcp_render_distinct: [\d.]+ ms per request .*10 requests x 30 MCP tools", result.output)
     assert rows(db, "SELECT workload, system, num_requests, stats->>'num_tools' FROM bench ORDER BY workload") == [
         ("host_mix", "host", 8, None), ("mcp_render", "host", 8, "30"), ("mcp_render_distinct", "host", 10, "30")]
+    [(cpu_us_per_token,)] = rows(db, "SELECT stats->>'cpu_us_per_token' FROM bench WHERE workload = 'host_mix'")
+    assert float(cpu_us_per_token) > 0  # the process's CPU time per output token, beside the wall time

@@ -491,6 +491,46 @@ def test_a_dead_workers_one_line_chunks_go_back_as_one_chunk(tmp_path):
     assert runner.queue.attempts == {}
 
 
+def test_reading_counts_the_workers_lines_once_per_pass_not_per_line(tmp_path):
+    # Counted per line read, the room cost a pass over every chunk of every worker for each line: with 8 workers
+    # holding 16 streams each, ~260 chunk sizes summed per line.
+    from batch.distributed.ray_runner import HELD_PER_DECODED, WorkerSlot
+    from types import SimpleNamespace
+
+    class CountingSlot(WorkerSlot):
+        counted = 0
+
+        @property
+        def num_lines(self):
+            CountingSlot.counted += 1
+            return super().num_lines
+
+    class FakeRun:
+        num_held = 0
+
+        def next_line(self, lines, room):
+            return next(lines, None) if room else None
+
+        def prepare(self, line):
+            return SimpleNamespace(line=line)
+
+    def read(num_held):
+        with Store(tmp_path / f"ray{num_held}.duckdb") as store:
+            runner = RayRunner(store, run_options(tmp_path / "in.jsonl"), RayOptions(num_workers=4), ScriptedSpec())
+        runner.run_state.num_input_requests = 10_000  # an input that fills every worker
+        runner.slots = [CountingSlot(index, None, capacity=16, has_started=True,
+                                     chunks={f"w{index}-{n}": {(100 * index + n, 0): None} for n in range(4)})
+                        for index in range(4)]  # each holds 4 lines in 4 streams: room for 12 more
+        run, CountingSlot.counted = FakeRun(), 0
+        run.num_held = num_held
+        runner._read(run, (SimpleNamespace(line_no=n, epoch=0) for n in range(1000, 1100)))
+        return runner.queue.num_lines
+
+    assert read(0) == 4 * 12 and CountingSlot.counted <= 2 * 4
+    # the driver's bound: the queue, the run's held lines and the workers' together under HELD_PER_DECODED batches
+    assert read(num_held=HELD_PER_DECODED * 4 * 16 - 16 - 10) == 10
+
+
 def test_a_request_that_kills_its_worker_fails_alone(tmp_path, cluster):
     users = [f"question {i}" for i in range(6)]
     users[3] = KILLER
