@@ -42,7 +42,7 @@ from batch.run.ledger import RunError
 from batch.run.options import RunOptions
 from batch.run.reader import InputLine
 from batch.run.results import line_result
-from batch.run.runner import Progress, Run, RunSummary
+from batch.run.runner import Progress, Run, RunSummary, writer_switch_interval
 from batch.store.store import Store
 from tools.servers import ServerCatalog
 
@@ -314,11 +314,12 @@ class RayRunner:
     # -- the decoding (Run.run opens and finishes the run around it) ----------
     def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Check the lines here and decode them on the workers, chunk by chunk, until all have results."""
-        while run.has_lines or not self.queue.is_empty or self._num_out():
-            self._read(run, lines)
-            self._dispatch()
-            self._collect()
-            run.flush(force=not self._num_out())
+        with writer_switch_interval():
+            while run.has_lines or not self.queue.is_empty or self._num_out():
+                self._read(run, lines)
+                self._dispatch()
+                self._collect()
+                run.flush(force=not self._num_out())
 
     def _read(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Read and check lines while a worker has room for another and the driver holds fewer than

@@ -15,6 +15,7 @@ what was in flight, and a rerun skips every line that already has a row.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import sys
@@ -322,6 +323,19 @@ class Run:
                                 self.statuses[RequestStatus.FAILED], self.statuses[RequestStatus.INVALID])
 
 
+@contextlib.contextmanager
+def writer_switch_interval() -> Iterator[None]:
+    """Python's thread switch interval shortened while a run's loop (a decode loop, or the Ray driver's) runs:
+    the writer thread needs the GIL back after each DuckDB call, and at the default 5 ms it waits on the loop
+    far longer than it writes."""
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch_interval, WRITER_SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(switch_interval)
+
+
 class Runner:
     """A run decoded in this process: a `Run` around a `DecodeLoop` over one backend."""
 
@@ -341,14 +355,10 @@ class Runner:
 
     def _decode(self, run: Run, lines: Iterator[InputLine]) -> None:
         """Read, admit and decode the lines until every one has its result."""
-        # The writer thread needs the GIL back after each DuckDB call; at the default 5 ms
-        # switch interval it waits on the decode loop far longer than it writes.
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch_interval, WRITER_SWITCH_INTERVAL_S))
         try:
-            self._read_and_decode(run, lines)
+            with writer_switch_interval():
+                self._read_and_decode(run, lines)
         finally:
-            sys.setswitchinterval(switch_interval)
             for result in self.loop.drain():  # ended in a step an interrupt cut short: written too
                 run.finish_request(result)
 

@@ -391,6 +391,29 @@ def test_a_restarted_worker_takes_as_many_lines_as_its_new_engine_batches(tmp_pa
     assert runner.slots[0].capacity == 5
 
 
+class SwitchIntervalRunner(RayRunner):
+    """Records Python's thread switch interval each time the driver dispatches."""
+
+    intervals: set[float] = set()
+
+    def _dispatch(self):
+        self.intervals = self.intervals | {sys.getswitchinterval()}
+        super()._dispatch()
+
+
+def test_the_driver_gives_its_writer_thread_the_gil_back_as_a_one_process_run_does(tmp_path, cluster):
+    # At Python's default 5 ms switch interval the writer thread waited on the driver's loop far longer than it
+    # wrote (the one-process Runner shortened it; the driver did not).
+    from batch.run.runner import WRITER_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    path = requests_file(tmp_path, ["question 0", "question 1"])
+    runner, summary = decode_on_workers(tmp_path, run_options(path), 1, ScriptedSpec(), SwitchIntervalRunner)
+    assert summary.statuses == {"completed": 2}
+    assert runner.intervals == {WRITER_SWITCH_INTERVAL_S} != {before}
+    assert sys.getswitchinterval() == before
+
+
 def test_workers_fit_whole_on_live_nodes_by_their_cpus_and_gpus():
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 8.0}},
              {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
