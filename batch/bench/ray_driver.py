@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batch.bench.host import HostWorkload, InstantBackend, write_input
+from batch.bench.host import HostWorkload, InstantBackend, core_ceiling_tok_s, us_per_token, write_input
 from batch.distributed.ray_runner import RayOptions, RayRunner, import_ray, start_ray
 from batch.harmony.render import PromptOptions
 from batch.run.options import RunOptions
 from batch.run.session import SessionOptions
-from batch.store.live import MAX_COST_SHARE
 from batch.store.store import Store
 
 
@@ -60,21 +59,20 @@ class DriverBenchResult:
 
     @property
     def us_per_token(self) -> float:
-        return 1e6 * self.cpu_s / max(self.output_tokens, 1)
+        return us_per_token(self.cpu_s, self.output_tokens)
 
     @property
     def main_us_per_token(self) -> float:
-        return 1e6 * self.main_cpu_s / max(self.output_tokens, 1)
+        return us_per_token(self.main_cpu_s, self.output_tokens)
 
     @property
     def live_us_per_token(self) -> float:
-        return 1e6 * self.live_cpu_s / max(self.output_tokens, 1)
+        return us_per_token(self.live_cpu_s, self.output_tokens)
 
     @property
     def ceiling_tok_s(self) -> float:
-        """Output tokens per second one driver core takes (the workers' total output it keeps up with): what its
-        threads but live publishing cost per token, in the share of the core live publishing leaves."""
-        return (1 - MAX_COST_SHARE) * self.output_tokens / max(self.cpu_s - self.live_cpu_s, 1e-9)
+        """Output tokens per second one driver core takes: the workers' total output it keeps up with."""
+        return core_ceiling_tok_s(self.output_tokens, self.cpu_s, self.live_cpu_s)
 
     def line(self) -> str:
         return (f"ray driver, {self.num_workers} workers, --max-inflight {self.max_inflight}: "
