@@ -186,7 +186,11 @@ class SubmitOptions:
             raise click.UsageError(f"{', '.join(given[:-1])} and {given[-1]} are exclusive")
 
     def with_latest_resolved(self, db: str) -> SubmitOptions:
-        """--resume / --retry-failed `latest` as the newest run's id in `db`."""
+        """--resume / --retry-failed `latest` as the newest run's id in `db`; exit 1 when either names a
+        run and `db` does not exist (opening it would make it, empty)."""
+        for flag, run in (("--resume", self.resume), ("--retry-failed", self.retry_failed)):
+            if run and not Path(db).exists():
+                fail(f"{flag} {run}: {db}: no such database (pass the --db the run was written to)")
         return dataclasses.replace(self, resume=resolve_latest(db, self.resume),
                                    retry_failed=resolve_latest(db, self.retry_failed))
 

@@ -98,6 +98,7 @@ def test_a_gz_input_that_is_not_gzip_fails_with_one_line(tmp_path, no_model_load
     assert len(result.output.splitlines()) == 1, result.output
 
 
+
 @pytest.mark.parametrize("document, hint", [
     ([{"input": "Hi"}, {"input": "Yo"}], "the file is one JSON array of 2 items, not JSON Lines: put each request "
                                          "on a line of its own (jq -c '.[]' {source} > requests.jsonl)"),
@@ -214,6 +215,17 @@ def test_resuming_a_run_that_cannot_be_resumed_fails_before_the_model_loads(one_
     result = batchrun("submit", one_run.parent / "in.jsonl", "--db", one_run, *flags)
     assert result.exit_code == 1, result.output
     assert result.output.startswith(error), result.output
+
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--retry-failed"])
+@pytest.mark.parametrize("run", ["nope", "latest"])
+def test_resuming_into_a_database_that_does_not_exist_says_so_and_makes_none(tmp_path, no_model_load, flag, run):
+    # `--resume nope` made an empty database and said "no such run in this database"
+    db = tmp_path / "new.duckdb"
+    result = batchrun("submit", EXAMPLES / "quickstart.jsonl", "--db", db, flag, run)
+    assert result.exit_code == 1 and not db.exists()
+    assert result.output.startswith(f"error: {flag} {run}: {db}: no such database"), result.output
 
 
 @pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"],
