@@ -29,7 +29,7 @@ from batch.cli.rerun import exit_if_done
 from batch.cli.util import FiniteFloatRange, fail, open_store, resolve_latest
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
-from batch.run.reader import InputFormatError, check_input
+from batch.run.reader import InputFormatError, check_input, scan_input
 from batch.run.ledger import RunError, RunLedger
 from batch.run.options import RunOptions, ToolOptions
 from batch.run.runner import RunSummary, Runner
@@ -234,12 +234,15 @@ def submit_plan(input_path: Path, db: str, submit: SubmitOptions) -> tuple[RunOp
     return options, backend
 
 
-def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> None:
-    """Fail in a second, before a file is created or a model loads (exit 1, `error:`): an input
-    batchrun cannot read, an input none of whose lines is a request, a model directory that
-    is not a checkpoint (`backend` None: its workers check it)."""
+def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> RunOptions:
+    """Fail before a file is created or a model loads (exit 1, `error:`): an input batchrun cannot
+    read (a gzip cut short included, which only the whole file's scan finds), an input none of whose
+    lines is a request, a model directory that is not a checkpoint (`backend` None: its workers check
+    it). Returns `options` with the input's scan, the run's one pass over its bytes."""
     try:
         check = check_input(options.input_path, max_line_bytes=options.max_line_bytes, limit=options.limit)
+        if check.has_valid_line:
+            options = dataclasses.replace(options, input_scan=scan_input(options.input_path))
     except InputFormatError as exc:
         fail(str(exc))
     if not check.has_valid_line:
@@ -247,6 +250,7 @@ def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> No
         fail(display.no_valid_lines_text(options.input_path, check, options.limit, hint))
     if backend is not None:
         backend.check()
+    return options
 
 
 class Terminated(KeyboardInterrupt):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from batch.harmony.render import PromptOptions
 from batch.run.session import SessionOptions
+from batch.run.reader import InputScan
 from batch.run.shards import Shard
 from tools.servers import ServerSpec
 
@@ -44,6 +45,7 @@ class RunOptions:
     epochs: int = 1  # --epochs K: each line decoded K times with distinct seeds (K requests rows)
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)
     model_fingerprint: str | None = None  # engine.fingerprint of --model's weights (None: not readable here)
+    input_scan: InputScan | None = None  # the input's sha256 and size, when scanned before the run (else run() does)
 
     @property
     def inflight(self) -> int:

@@ -99,6 +99,20 @@ def test_a_gz_input_that_is_not_gzip_fails_with_one_line(tmp_path, no_model_load
 
 
 
+@pytest.mark.parametrize("limit", [[], ["--limit", "5"]], ids=["whole", "limit"])
+def test_a_gz_input_cut_short_after_its_first_valid_line_writes_nothing(tmp_path, no_model_load, limit):
+    # The input check stopped at the first valid line; the cut was found by the hash-and-count pass,
+    # after the database was made and the model loaded.
+    lines = "".join(json.dumps({"custom_id": f"q{i}", "input": f"Hi {i}" * i}) + "\n" for i in range(2000))
+    packed = gzip.compress(lines.encode(), mtime=0)
+    source = tmp_path / "in.jsonl.gz"
+    source.write_bytes(packed[:len(packed) // 2])
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db, *limit)
+    assert result.exit_code == 1 and not db.exists(), result.output
+    assert result.output == f"error: {source}: cannot read as gzip: the compressed stream ends early\n"
+
+
 @pytest.mark.parametrize("document, hint", [
     ([{"input": "Hi"}, {"input": "Yo"}], "the file is one JSON array of 2 items, not JSON Lines: put each request "
                                          "on a line of its own (jq -c '.[]' {source} > requests.jsonl)"),
