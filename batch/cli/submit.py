@@ -93,9 +93,9 @@ SUBMIT_OPTIONS = [
                       "not on what else shares its batches or how the run is split (slower; README)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), help=MAX_NUM_SEQS_HELP),
     click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
-                 help="Tokens the engine computes in one step, prompt chunks and decodes together (at least "
-                      "--max-num-seqs): more fills the batch with prompts sooner, in longer steps "
-                      f"[default: {DEFAULT_MAX_NUM_BATCHED_TOKENS}]."),
+                 help="Tokens the engine computes in one step, prompt chunks and decodes together (a smaller value "
+                      "is raised to --max-num-seqs, so a full decode batch fits a step): more fills the batch "
+                      f"with prompts sooner, in longer steps [default: {DEFAULT_MAX_NUM_BATCHED_TOKENS}]."),
     click.option("--retry-failed", metavar="RUN_ID",
                  help="Re-run only the failed/incomplete lines of a run (or `latest`, the newest)."),
     click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input."),
