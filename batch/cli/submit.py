@@ -244,10 +244,10 @@ def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> Ru
         if check.has_valid_line:
             options = dataclasses.replace(options, input_scan=scan_input(options.input_path))
     except InputFormatError as exc:
-        fail(str(exc))
+        fail(str(exc).replace(str(options.input_path), options.input_name or str(options.input_path)))
     if not check.has_valid_line:
         hint = _document_hint(options.input_path, check.num_read)
-        fail(display.no_valid_lines_text(options.input_path, check, options.limit, hint))
+        fail(display.no_valid_lines_text(options.input_name or options.input_path, check, options.limit, hint))
     if backend is not None:
         backend.check()
     return options

@@ -30,6 +30,7 @@ class RunOptions:
     """What `batchrun submit` was asked to do."""
 
     input_path: Path
+    input_name: str | None = None  # how errors name the input (eval: its suite, not the requests file it writes)
     run_id: str | None = None
     resume: str | None = None
     retry_failed: str | None = None
