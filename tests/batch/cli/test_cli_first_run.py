@@ -233,6 +233,17 @@ def test_resuming_a_run_that_cannot_be_resumed_fails_before_the_model_loads(one_
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--retry-failed"])
+def test_resuming_a_run_on_a_changed_input_says_what_to_do_before_the_model_loads(one_run, tmp_path, no_model_load,
+                                                                                  flag):
+    # It said only "run r1 was made from a different input file (sha256 differs)", after the model loaded
+    changed = write_lines(tmp_path / "in.jsonl", {"custom_id": "a", "input": "Hi"}, {"custom_id": "c", "input": "?"})
+    result = batchrun("submit", changed, "--db", one_run, flag, "r1")
+    assert result.exit_code == 1, result.output
+    assert result.output == (f"error: {flag} r1: the run was made from another input ({one_run.parent / 'in.jsonl'}; "
+                             f"sha256 differs): it continues on that file, unchanged; to decode {changed}, start a "
+                             f"new run (the same command without {flag})\n")
+
+@pytest.mark.parametrize("flag", ["--resume", "--retry-failed"])
 @pytest.mark.parametrize("run", ["nope", "latest"])
 def test_resuming_into_a_database_that_does_not_exist_says_so_and_makes_none(tmp_path, no_model_load, flag, run):
     # `--resume nope` made an empty database and said "no such run in this database"
