@@ -315,6 +315,10 @@ def _read_parquet(path: Path) -> Iterator[InputLine]:
         names = pq.read_schema(path).names
     except Exception as exc:  # pyarrow raises several types for "not Parquet"
         raise InputFormatError(f"{path}: cannot read as Parquet: {exc}") from None
+    repeated = [name for name, count in Counter(names).items() if count > 1]  # a row's dict keeps one of them
+    if repeated:
+        raise InputFormatError(f"{path}: {names.count(repeated[0])} columns are named {repeated[0]!r}: "
+                               "rename or drop all but one")
     if "body" in names:
         extra = sorted(set(names) - set(_ENVELOPE_KEYS))
         if extra:

@@ -312,6 +312,15 @@ def test_a_pipe_is_not_a_file_it_can_read_twice(tmp_path):
                                  "more than once (it hashes it, to resume a run, then decodes it); write it to "
                                  "a file first (zcat f.jsonl.gz > f.jsonl, or pass f.jsonl.gz itself)")
 
+def test_a_parquet_file_with_two_columns_of_one_name_names_it(tmp_path):
+    # pyarrow reads it; each row's dict kept the last column of the name, silently
+    path = tmp_path / "dup.parquet"
+    pq.write_table(pa.table([pa.array(["a"]), pa.array(["hi"]), pa.array(["ho"])],
+                            names=["custom_id", "input", "input"]), path)
+    with pytest.raises(InputFormatError) as raised:
+        read_requests(path)
+    assert str(raised.value) == f"{path}: 2 columns are named 'input': rename or drop all but one"
+
 def test_usage_errors_raise_at_once(tmp_path):
     csv = tmp_path / "in.csv"
     csv.write_text("input\nhi\n")
