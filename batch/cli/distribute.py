@@ -76,7 +76,7 @@ def submit_distributed(options: RunOptions, backend: BackendSpec, db: str, distr
             raise click.UsageError(str(exc)) from None
         options = dataclasses.replace(options, shard=shard, worker=shard.worker)
     # A Ray cluster's workers may see another filesystem: they check the model themselves.
-    check_before_loading(options, backend if distribution.ray_address in (None, "local") else None)
+    options = check_before_loading(options, backend if distribution.ray_address in (None, "local") else None)
     if distribution.ray_address is not None:
         from batch.distributed.ray_runner import RayOptions
         from batch.cli.ray_submit import run_ray_submit

@@ -41,14 +41,15 @@ def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
 
     Only a plain rerun asks (no --run-id, --resume or --retry-failed). The content, not the path as
     typed, decides, as it does for resuming an unfinished run: the same file by another path must not
-    decode every line again. The input is hashed only when a run of this model is there to match."""
+    decode every line again. The input is hashed (unless submit's check scanned it) only when a run of this
+    model is there to match."""
     if options.run_id or options.resume or options.retry_failed:
         return None
     candidates = [listed for listed in store.runs.list() if listed.run.model == options.session.model
                   and (listed.run.status == RunStatus.COMPLETED or options.limit is not None)]
     if not candidates:
         return None
-    sha256, ours = scan_input(options.input_path).sha256, settings(options)
+    sha256, ours = (options.input_scan or scan_input(options.input_path)).sha256, settings(options)
     unfinished = RunLedger(store).matching_unfinished_run(options, sha256) if options.limit is not None else None
     for listed in candidates:  # newest first
         run = listed.run

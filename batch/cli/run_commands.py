@@ -72,6 +72,7 @@ def eval_command(suite_name: str, db: str, run_id: str | None, resume: str | Non
     with tempfile.TemporaryDirectory(prefix="batchrun-eval-") as tmp:
         requests = suite.write_requests(Path(tmp) / f"{suite.name}.jsonl")
         options, backend = submit_plan(requests, db, given)
+        options = dataclasses.replace(options, input_name=str(suite.path))  # its line numbers are the suite's
         submit_distributed(options, backend, db, distribution, quiet=given.quiet)
     with open_store(db) as store:
         run = store.runs.get(run_id)

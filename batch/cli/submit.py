@@ -29,7 +29,7 @@ from batch.cli.rerun import exit_if_done
 from batch.cli.util import FiniteFloatRange, fail, open_store, resolve_latest
 from batch.store.errors import StoreError
 from batch.harmony.render import PromptOptions
-from batch.run.reader import InputFormatError, check_input
+from batch.run.reader import InputFormatError, check_input, scan_input
 from batch.run.ledger import RunError, RunLedger
 from batch.run.options import RunOptions, ToolOptions
 from batch.run.runner import RunSummary, Runner
@@ -93,9 +93,9 @@ SUBMIT_OPTIONS = [
                       "not on what else shares its batches or how the run is split (slower; README)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), help=MAX_NUM_SEQS_HELP),
     click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
-                 help="Tokens the engine computes in one step, prompt chunks and decodes together (at least "
-                      "--max-num-seqs): more fills the batch with prompts sooner, in longer steps "
-                      f"[default: {DEFAULT_MAX_NUM_BATCHED_TOKENS}]."),
+                 help="Tokens the engine computes in one step, prompt chunks and decodes together (a smaller value "
+                      "is raised to --max-num-seqs, so a full decode batch fits a step): more fills the batch "
+                      f"with prompts sooner, in longer steps [default: {DEFAULT_MAX_NUM_BATCHED_TOKENS}]."),
     click.option("--retry-failed", metavar="RUN_ID",
                  help="Re-run only the failed/incomplete lines of a run (or `latest`, the newest)."),
     click.option("--limit", type=click.IntRange(min=1), help="Only the first N lines of the input."),
@@ -186,7 +186,11 @@ class SubmitOptions:
             raise click.UsageError(f"{', '.join(given[:-1])} and {given[-1]} are exclusive")
 
     def with_latest_resolved(self, db: str) -> SubmitOptions:
-        """--resume / --retry-failed `latest` as the newest run's id in `db`."""
+        """--resume / --retry-failed `latest` as the newest run's id in `db`; exit 1 when either names a
+        run and `db` does not exist (opening it would make it, empty)."""
+        for flag, run in (("--resume", self.resume), ("--retry-failed", self.retry_failed)):
+            if run and not Path(db).exists():
+                fail(f"{flag} {run}: {db}: no such database (pass the --db the run was written to)")
         return dataclasses.replace(self, resume=resolve_latest(db, self.resume),
                                    retry_failed=resolve_latest(db, self.retry_failed))
 
@@ -230,19 +234,23 @@ def submit_plan(input_path: Path, db: str, submit: SubmitOptions) -> tuple[RunOp
     return options, backend
 
 
-def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> None:
-    """Fail in a second, before a file is created or a model loads (exit 1, `error:`): an input
-    batchrun cannot read, an input none of whose lines is a request, a model directory that
-    is not a checkpoint (`backend` None: its workers check it)."""
+def check_before_loading(options: RunOptions, backend: BackendSpec | None) -> RunOptions:
+    """Fail before a file is created or a model loads (exit 1, `error:`): an input batchrun cannot
+    read (a gzip cut short included, which only the whole file's scan finds), an input none of whose
+    lines is a request, a model directory that is not a checkpoint (`backend` None: its workers check
+    it). Returns `options` with the input's scan, the run's one pass over its bytes."""
     try:
         check = check_input(options.input_path, max_line_bytes=options.max_line_bytes, limit=options.limit)
+        if check.has_valid_line:
+            options = dataclasses.replace(options, input_scan=scan_input(options.input_path))
     except InputFormatError as exc:
-        fail(str(exc))
+        fail(str(exc).replace(str(options.input_path), options.input_name or str(options.input_path)))
     if not check.has_valid_line:
         hint = _document_hint(options.input_path, check.num_read)
-        fail(display.no_valid_lines_text(options.input_path, check, options.limit, hint))
+        fail(display.no_valid_lines_text(options.input_name or options.input_path, check, options.limit, hint))
     if backend is not None:
         backend.check()
+    return options
 
 
 class Terminated(KeyboardInterrupt):

@@ -89,8 +89,8 @@ def read_part(path: Path) -> ShardPart:
                 raise MergeError(f"{path}: no run made with --shard K/N in this database")
             run = runs[0]
             samples = store.runs.finished_samples(run.run_id)
-    except (StoreOpenError, FileNotFoundError) as exc:
-        raise MergeError(str(exc)) from None
+    except (StoreOpenError, FileNotFoundError) as exc:  # its advice names submit's --db: here a part is given
+        raise MergeError(str(exc).replace("--db", "part (a database a submit --shard K/N wrote)")) from None
     try:
         shard = Shard.parse(run.options["shard"])
     except ShardSpecError as exc:

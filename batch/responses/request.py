@@ -70,9 +70,9 @@ def _shape(value: Any) -> str | None:
     return "dict" if isinstance(value, BaseModel) else _SHAPES.get(type(value))
 
 
-def _str_or(other: Any, message: str, shape: str = "list") -> Any:
-    """`str | other`, picked by the input's JSON shape, with one error if neither."""
-    return Annotated[Annotated[str, Tag("str")] | Annotated[other, Tag(shape)],
+def _str_or(other: Any, message: str, shape: str = "list", text: Any = str) -> Any:
+    """`text | other` (`text` a str type), picked by the input's JSON shape, with one error if neither."""
+    return Annotated[Annotated[text, Tag("str")] | Annotated[other, Tag(shape)],
                      Discriminator(_shape, custom_error_type="invalid_shape",
                                    custom_error_message=message)]
 
@@ -362,8 +362,18 @@ Metadata = Annotated[
     Field(max_length=16)]
 
 
+ConversationId = Annotated[str, StringConstraints(min_length=1)]
+
+
 class ConversationRef(_Strict):
-    id: Annotated[str, StringConstraints(min_length=1)]
+    id: ConversationId
+
+
+if TYPE_CHECKING:
+    Conversation: TypeAlias = str | ConversationRef
+else:
+    Conversation = _str_or(ConversationRef, 'expected a conversation id (a non-empty string) or {"id": ...}',
+                           "dict", text=ConversationId)
 
 
 class ResponsesRequest(_Strict):
@@ -384,7 +394,7 @@ class ResponsesRequest(_Strict):
     model: str | None = None
     previous_response_id: str | None = None
     # the run's lines naming one conversation decode in order, each continuing the one before (batch.run.conversations)
-    conversation: Annotated[str, StringConstraints(min_length=1)] | ConversationRef | None = None
+    conversation: Conversation | None = None
     include: list[Includable] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     # auto: a prompt longer than the context drops conversation items from its start (batch.run.admission)

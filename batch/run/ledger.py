@@ -73,8 +73,7 @@ class RunLedger:
             self.store.runs.create(run_row(options, run_id, input_sha))
             return OpenedRun(run_id, False, set())
         stored = self.get(run_id)
-        if stored.input_sha256 != input_sha:
-            raise RunError(f"run {run_id} was made from a different input file (sha256 differs)")
+        _check_same_input(stored, options, input_sha)
         changed: dict[str, tuple[object, object]] = {}
         recorded: dict = {}
         ours = run_row(options, run_id, input_sha).options
@@ -98,8 +97,9 @@ class RunLedger:
         return OpenedRun(run_id, True, done, changed)
 
     def check_named_run(self, options: RunOptions) -> None:
-        """RunError when the run --resume or --retry-failed names is not in the store, or was started
-        with other STRICT_RESUME_KEYS values. Cheap: submit asks before the model loads."""
+        """RunError when the run --resume or --retry-failed names is not in the store, was started
+        with other STRICT_RESUME_KEYS values, or (its scan known) from another input. Cheap: submit asks
+        before the model loads."""
         for flag, run_id in (("--resume", options.resume), ("--retry-failed", options.retry_failed)):
             if not run_id:
                 continue
@@ -107,6 +107,8 @@ class RunLedger:
             if stored is None:
                 raise RunError(f"{flag} {run_id}: no such run in this database")
             _check_strict_settings(run_id, changed_settings(stored, run_row(options, run_id, "").options), flag)
+            if options.input_scan is not None:
+                _check_same_input(stored, options, options.input_scan.sha256)
 
     def matching_unfinished_run(self, options: RunOptions, input_sha: str) -> str | None:
         """The unfinished run of this input, if it decoded with the same model and settings.
@@ -169,6 +171,17 @@ def changed_settings(stored: RunRow, ours: dict) -> dict[str, tuple[object, obje
 def same_setting(key: str, one: object, other: object) -> bool:
     """Whether two runs' values of resume setting `key` are one setting (an unknown one matches any)."""
     return one == other or (key in UNKNOWN_MATCHES and None in (one, other))
+
+
+def _check_same_input(stored: RunRow, options: RunOptions, input_sha: str) -> None:
+    """RunError, saying what to do, when the run continued was made from an input of other content."""
+    if stored.input_sha256 == input_sha:
+        return
+    flag = "--retry-failed" if options.retry_failed else "--resume"
+    given = options.input_name or options.input_path
+    raise RunError(f"{flag} {stored.run_id}: the run was made from another input ({stored.input_path}; sha256 "
+                   f"differs): it continues on that file, unchanged; to decode {given}, start a new run (the same "
+                   f"command without {flag})")
 
 
 def _check_strict_settings(run_id: str, changed: dict[str, tuple[object, object]], flag: str) -> None:

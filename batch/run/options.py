@@ -7,6 +7,7 @@ from pathlib import Path
 
 from batch.harmony.render import PromptOptions
 from batch.run.session import SessionOptions
+from batch.run.reader import InputScan
 from batch.run.shards import Shard
 from tools.servers import ServerSpec
 
@@ -29,6 +30,7 @@ class RunOptions:
     """What `batchrun submit` was asked to do."""
 
     input_path: Path
+    input_name: str | None = None  # how errors name the input (eval: its suite, not the requests file it writes)
     run_id: str | None = None
     resume: str | None = None
     retry_failed: str | None = None
@@ -44,6 +46,7 @@ class RunOptions:
     epochs: int = 1  # --epochs K: each line decoded K times with distinct seeds (K requests rows)
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)
     model_fingerprint: str | None = None  # engine.fingerprint of --model's weights (None: not readable here)
+    input_scan: InputScan | None = None  # the input's sha256 and size, when scanned before the run (else run() does)
 
     @property
     def inflight(self) -> int:

@@ -75,8 +75,12 @@ def read_requests(path: str | Path, *,
     path = Path(path)
     if max_line_bytes < 1:
         raise InputFormatError(f"max_line_bytes must be at least 1, got {max_line_bytes}")
-    if not path.is_file():
+    if not path.exists():
         raise InputFormatError(f"{path}: no such file")
+    if not path.is_file():
+        raise InputFormatError(f"{path}: not a regular file (a pipe or a device): batchrun reads the input more "
+                               "than once (it hashes it, to resume a run, then decodes it); write it to a file "
+                               "first (zcat f.jsonl.gz > f.jsonl, or pass f.jsonl.gz itself)")
     name = path.name.lower()
     if name.endswith(".parquet"):
         return _read_parquet(path)
@@ -311,6 +315,10 @@ def _read_parquet(path: Path) -> Iterator[InputLine]:
         names = pq.read_schema(path).names
     except Exception as exc:  # pyarrow raises several types for "not Parquet"
         raise InputFormatError(f"{path}: cannot read as Parquet: {exc}") from None
+    repeated = [name for name, count in Counter(names).items() if count > 1]  # a row's dict keeps one of them
+    if repeated:
+        raise InputFormatError(f"{path}: {names.count(repeated[0])} columns are named {repeated[0]!r}: "
+                               "rename or drop all but one")
     if "body" in names:
         extra = sorted(set(names) - set(_ENVELOPE_KEYS))
         if extra:

@@ -129,8 +129,9 @@ class Run:
     def run(self) -> RunSummary:
         """Decode every line not yet finished in this run; returns the summary."""
         start = time.monotonic()
-        # The one pass over the input before decoding: its hash (resume) and size (progress).
-        scan = scan_input(self.options.input_path)
+        # The one pass over the input before decoding: its hash (resume) and size (progress); submit makes it
+        # before the database is opened, so that an input cut short writes nothing.
+        scan = self.options.input_scan or scan_input(self.options.input_path)
         self.num_input_requests = scan.num_requests
         opened = self.ledger.open(self.options, scan.sha256)
         self.run_id = opened.run_id

@@ -104,6 +104,19 @@ def test_eval_takes_every_submit_option_and_rejects_others(tmp_path):
     assert not (tmp_path / "x.duckdb").exists()
 
 
+def test_a_suite_none_of_whose_requests_is_valid_names_the_suite_and_its_lines(tmp_path, tiny_model_dir):
+    # The error named the temporary requests file eval writes (/tmp/batchrun-eval-XXXX/bad.jsonl)
+    suite = write_suite(tmp_path / "bad.jsonl", [{"custom_id": "a", "input": 5, "expected": "x"},
+                                                 {"custom_id": "b", "input": "x", "tools": [{"type": "file_search"}]}])
+    db = tmp_path / "out.duckdb"
+    result = batchrun("eval", suite, "--db", db, "--model", tiny_model_dir, "--quiet")
+    assert result.exit_code == 1 and not db.exists()
+    assert result.output.startswith(f"error: {suite}: none of its 2 lines is a request batchrun can run"), \
+        result.output
+    assert "batchrun-eval-" not in result.output
+    assert "  1 line (1): input: expected a string" in result.output, result.output
+    assert "  1 line (2): tools[0].type: unsupported tool type 'file_search'" in result.output, result.output
+
 def test_builtin_suite_runs_by_name(runs, tiny_model_dir, db_copy):
     result = batchrun("eval", "quickstart", "--db", db_copy, "--model", tiny_model_dir,
                       "--max-output-tokens", 2, "--quiet")

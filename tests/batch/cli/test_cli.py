@@ -411,6 +411,14 @@ def test_device_and_kernels_are_recorded_in_the_runs_engine_config(tmp_path, tin
     assert (config["device"], config["kernels"], config["gpu_memory_utilization"]) == ("cpu", "torch", None)
 
 
+def test_a_step_budget_under_max_num_seqs_is_raised_to_it_and_recorded_so(tmp_path, tiny_model_dir):
+    # The engine raises it (a full decode batch must fit one step); --help and README said "at least
+    # --max-num-seqs" as though a smaller value were refused.
+    config = recorded_engine_config(tmp_path, tiny_model_dir, "--max-num-seqs", "4", "--max-num-batched-tokens", "1")
+    assert (config["max_num_seqs"], config["max_num_batched_tokens"]) == (4, 4)
+    help_text = " ".join(CliRunner().invoke(main, ["submit", "--help"]).output.split())
+    assert "a smaller value is raised to --max-num-seqs" in help_text
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
 def test_device_cuda_without_a_gpu_fails_with_one_line(tmp_path, tiny_model_dir):
     source = tmp_path / "in.jsonl"

@@ -131,6 +131,15 @@ def test_a_bad_database_file_is_one_error_line_for_every_command(tmp_path, good_
     assert sha256(db) == before  # nothing written to it either
 
 
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_bad_part_to_merge_is_one_error_line_naming_merges_parts(tmp_path, good_db, kind):
+    # It ended "pass another --db", an option merge does not have
+    make, words = BAD_FILES[kind]
+    part = make(tmp_path, good_db)
+    result = CliRunner().invoke(main, ["merge", str(part), "-o", str(tmp_path / "merged.duckdb")])
+    line = assert_one_error_line(result, part, words, "pass another part (a database a submit --shard K/N wrote)")
+    assert "--db" not in line
+
 def test_a_truncated_copy_starts_no_run_and_the_original_still_works(tmp_path, good_db, paths, no_model_load):
     db = cut_to_90_percent(tmp_path, good_db)
     result = CliRunner().invoke(main, command_args("submit", paths, db))

@@ -98,6 +98,21 @@ def test_a_gz_input_that_is_not_gzip_fails_with_one_line(tmp_path, no_model_load
     assert len(result.output.splitlines()) == 1, result.output
 
 
+
+@pytest.mark.parametrize("limit", [[], ["--limit", "5"]], ids=["whole", "limit"])
+def test_a_gz_input_cut_short_after_its_first_valid_line_writes_nothing(tmp_path, no_model_load, limit):
+    # The input check stopped at the first valid line; the cut was found by the hash-and-count pass,
+    # after the database was made and the model loaded.
+    lines = "".join(json.dumps({"custom_id": f"q{i}", "input": f"Hi {i}" * i}) + "\n" for i in range(2000))
+    packed = gzip.compress(lines.encode(), mtime=0)
+    source = tmp_path / "in.jsonl.gz"
+    source.write_bytes(packed[:len(packed) // 2])
+    db = tmp_path / "out.duckdb"
+    result = batchrun("submit", source, "--db", db, *limit)
+    assert result.exit_code == 1 and not db.exists(), result.output
+    assert result.output == f"error: {source}: cannot read as gzip: the compressed stream ends early\n"
+
+
 @pytest.mark.parametrize("document, hint", [
     ([{"input": "Hi"}, {"input": "Yo"}], "the file is one JSON array of 2 items, not JSON Lines: put each request "
                                          "on a line of its own (jq -c '.[]' {source} > requests.jsonl)"),
@@ -214,6 +229,28 @@ def test_resuming_a_run_that_cannot_be_resumed_fails_before_the_model_loads(one_
     result = batchrun("submit", one_run.parent / "in.jsonl", "--db", one_run, *flags)
     assert result.exit_code == 1, result.output
     assert result.output.startswith(error), result.output
+
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--retry-failed"])
+def test_resuming_a_run_on_a_changed_input_says_what_to_do_before_the_model_loads(one_run, tmp_path, no_model_load,
+                                                                                  flag):
+    # It said only "run r1 was made from a different input file (sha256 differs)", after the model loaded
+    changed = write_lines(tmp_path / "in.jsonl", {"custom_id": "a", "input": "Hi"}, {"custom_id": "c", "input": "?"})
+    result = batchrun("submit", changed, "--db", one_run, flag, "r1")
+    assert result.exit_code == 1, result.output
+    assert result.output == (f"error: {flag} r1: the run was made from another input ({one_run.parent / 'in.jsonl'}; "
+                             f"sha256 differs): it continues on that file, unchanged; to decode {changed}, start a "
+                             f"new run (the same command without {flag})\n")
+
+@pytest.mark.parametrize("flag", ["--resume", "--retry-failed"])
+@pytest.mark.parametrize("run", ["nope", "latest"])
+def test_resuming_into_a_database_that_does_not_exist_says_so_and_makes_none(tmp_path, no_model_load, flag, run):
+    # `--resume nope` made an empty database and said "no such run in this database"
+    db = tmp_path / "new.duckdb"
+    result = batchrun("submit", EXAMPLES / "quickstart.jsonl", "--db", db, flag, run)
+    assert result.exit_code == 1 and not db.exists()
+    assert result.output.startswith(f"error: {flag} {run}: {db}: no such database"), result.output
 
 
 @pytest.mark.parametrize("command", [["export", "r1", "-o"], ["report", "r1", "-o"], ["snapshot", "r1", "-o"],

@@ -53,6 +53,26 @@ def test_a_field_of_the_wrong_json_type_names_the_type_expected_and_given(fields
     assert str(raised.value) == message
 
 
+# each was "conversation: input should be a valid string (and 1 more)"
+@pytest.mark.parametrize("conversation, message", [
+    (5, 'conversation: expected a conversation id (a non-empty string) or {"id": ...}, got number'),
+    (["c"], 'conversation: expected a conversation id (a non-empty string) or {"id": ...}, got list'),
+    ("", "conversation: string should have at least 1 character"),
+    ({"id": ""}, "conversation.id: string should have at least 1 character"),
+    ({"id": 5}, "conversation.id: input should be a valid string"),
+    ({}, "conversation.id: required"),
+    ({"id": "c", "name": "x"}, "conversation.name: unknown field 'name'"),
+])
+def test_a_conversation_that_is_neither_an_id_nor_an_object_with_one_says_so(conversation, message):
+    with pytest.raises(RequestError) as raised:
+        parse_request({"input": "hi", "conversation": conversation})
+    assert str(raised.value) == message
+
+
+def test_a_conversation_is_an_id_or_an_object_with_one():
+    assert parse_request({"input": "hi", "conversation": "c"})[0].conversation_id == "c"
+    assert parse_request({"input": "hi", "conversation": {"id": "c"}})[0].conversation_id == "c"
+
 def test_the_include_values_are_the_apis():
     from openai.types.responses import ResponseIncludable
 

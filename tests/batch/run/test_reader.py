@@ -4,6 +4,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -299,6 +300,26 @@ def test_the_limit_is_inclusive(tmp_path):
     [result] = read_all(write_jsonl(tmp_path, [line]), max_line_bytes=99)
     assert result.error == "line 1: line is 100 bytes, over the 99-byte limit (--max-line-bytes)"
 
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_pipe_is_not_a_file_it_can_read_twice(tmp_path):
+    # `submit <(zcat f.gz)` said "no such file": the run hashes the input, then reads it again
+    pipe = tmp_path / "in.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(InputFormatError) as raised:
+        read_requests(pipe)
+    assert str(raised.value) == (f"{pipe}: not a regular file (a pipe or a device): batchrun reads the input "
+                                 "more than once (it hashes it, to resume a run, then decodes it); write it to "
+                                 "a file first (zcat f.jsonl.gz > f.jsonl, or pass f.jsonl.gz itself)")
+
+def test_a_parquet_file_with_two_columns_of_one_name_names_it(tmp_path):
+    # pyarrow reads it; each row's dict kept the last column of the name, silently
+    path = tmp_path / "dup.parquet"
+    pq.write_table(pa.table([pa.array(["a"]), pa.array(["hi"]), pa.array(["ho"])],
+                            names=["custom_id", "input", "input"]), path)
+    with pytest.raises(InputFormatError) as raised:
+        read_requests(path)
+    assert str(raised.value) == f"{path}: 2 columns are named 'input': rename or drop all but one"
 
 def test_usage_errors_raise_at_once(tmp_path):
     csv = tmp_path / "in.csv"
