@@ -173,7 +173,11 @@ class ToolClient:
         cursor = None
         runs_tasks = runs_tool_tasks(client.session)
         while True:
-            page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
+            try:
+                page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
+            except TimeoutError:  # said, or a listing's error is a bare "TimeoutError" after a wait no option names
+                raise TimeoutError(f"the server did not answer tools/list within {self.call_timeout_s:g} s "
+                                   "(--tool-timeout)") from None
             tools.extend(standard_schema(tool) for tool in page.tools if runs_tasks or not requires_task(tool))
             cursor = page.next_cursor
             if not cursor:

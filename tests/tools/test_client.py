@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +100,17 @@ def test_a_server_that_never_answers_fails_its_listing_saying_what_it_waited_for
     assert listing.error_kind == "timeout"
     assert listing.error == ("cannot list the tools of MCP server 'silent': TimeoutError: the server did not "
                              "answer MCP's initialize handshake within 1 s")
+
+
+def test_a_server_that_never_lists_its_tools_fails_its_listing_saying_what_it_waited_for():
+    # past the handshake, the listing's own wait (--tool-timeout) ended in a bare "TimeoutError" too
+    server = Path(__file__).parents[1] / "support" / "mute_listing_server.py"
+    mute = ServerSpec("mute", command=(sys.executable, str(server)))
+    with ToolClient(connect_timeout_s=30, call_timeout_s=1) as client:
+        listing = client.list_tools(mute).result(timeout=60)
+    assert listing.error_kind == "timeout"
+    assert listing.error == ("cannot list the tools of MCP server 'mute': TimeoutError: the server did not "
+                             "answer tools/list within 1 s (--tool-timeout)")
 
 
 def test_http_with_headers_and_unreachable_urls(client, http_url):
