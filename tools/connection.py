@@ -26,6 +26,8 @@ from tools.server_log import ServerStderr
 from tools.task_session import TaskClient
 from tools.servers import ServerSpec
 
+CLOSE_GRACE_S = 5.0  # an open session's close (a stdio server's exit) waits this long before it is cut off
+
 
 class Connection:
     """One MCP session; `claim()` names the response a server's sampling request is for (tools/sampling.py)."""
@@ -37,6 +39,7 @@ class Connection:
         self.client: TaskClient | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._opened = False  # the session finished its handshake
 
     @property
     def is_open(self) -> bool:
@@ -70,6 +73,7 @@ class Connection:
                 client = await stack.enter_async_context(TaskClient(
                     await self._transport(stack), sampling_callback=callback,
                     elicitation_callback=_decline_elicitation, list_roots_callback=_no_roots))
+                self._opened = True
                 ready.set_result(client)
                 await self._stop.wait()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `ready`
@@ -93,9 +97,10 @@ class Connection:
     async def close(self) -> None:
         self._stop.set()
         if self._task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-            except (TimeoutError, Exception):  # noqa: BLE001 - closing: nothing to report to
+            if not self._opened:  # still in the handshake, where _stop is not heeded: nothing to end gracefully
+                self._task.cancel()
+            done, _ = await asyncio.wait({self._task}, timeout=CLOSE_GRACE_S)
+            if not done:
                 self._task.cancel()
         self.client = None
 

@@ -113,6 +113,24 @@ def test_a_server_that_never_lists_its_tools_fails_its_listing_saying_what_it_wa
                              "answer tools/list within 1 s (--tool-timeout)")
 
 
+def test_closing_while_a_server_is_in_its_handshake_ends_it_without_a_grace_period(monkeypatch):
+    # Ctrl-C while a server had not answered its handshake waited CLOSE_GRACE_S for the session to end
+    # gracefully (it never heeds the request to stop there), then left the server's process to the loop's end.
+    import tools.connection
+
+    monkeypatch.setattr(tools.connection, "CLOSE_GRACE_S", 3600.0, raising=False)
+    before = set(live_descendants(os.getpid()))
+    client = ToolClient(connect_timeout_s=3600)
+    listing = client.list_tools(ServerSpec("silent", command=("sleep", "3600")))
+    deadline = time.monotonic() + 30
+    while not set(live_descendants(os.getpid())) - before and time.monotonic() < deadline:
+        time.sleep(0.05)  # the server's process has started: the handshake is under way
+    assert set(live_descendants(os.getpid())) - before
+    client.close()  # waits at most 30 s for its connections: with the grace period, they were cut off then
+    assert listing.done() and (listing.cancelled() or listing.result().error)
+    assert set(live_descendants(os.getpid())) - before == set()
+
+
 def test_http_with_headers_and_unreachable_urls(client, http_url):
     spec = ServerSpec("web", url=http_url, headers=(("X-Token", SECRET),))
     assert SECRET not in repr(spec) and SECRET not in spec.describe()
