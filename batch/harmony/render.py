@@ -20,7 +20,7 @@ from batch.harmony.head import HEADS, HeadSpec, system_content
 from batch.harmony.sections import response_format_section
 from batch.harmony.token_parser import CALL_TOKEN, MESSAGE_TOKEN, assistant_start_ids
 from batch.harmony.tool_sections import ToolSections
-from batch.harmony.vocab import harmony_encoding
+from batch.harmony.vocab import harmony_encoding, ordinary_tokens
 from tools.registry import ToolRegistry
 from tools.servers import builtin_kind
 
@@ -126,7 +126,7 @@ class _WrittenCall:
 
     def tokens(self) -> list[int]:
         # A past call ends in <|call|>, as harmony renders one.
-        return [*assistant_start_ids(), *header_ids(self.header), MESSAGE_TOKEN, *_ordinary_tokens(self.text),
+        return [*assistant_start_ids(), *header_ids(self.header), MESSAGE_TOKEN, *ordinary_tokens(self.text),
                 CALL_TOKEN]
 
 
@@ -287,12 +287,7 @@ class _MessageFrames:
         if frame is None:
             return None
         head, tail = frame
-        return [*head, *_ordinary_tokens(message.content[0].text), *tail]
-
-
-def _ordinary_tokens(text: str) -> list[int]:
-    """The text's tokens, special-token spellings included as plain text (as harmony renders content)."""
-    return harmony_encoding()._inner.encode(text, [])  # the wrapper's special-token check costs ~60 us
+        return [*head, *ordinary_tokens(message.content[0].text), *tail]
 
 
 def _frame(message: Message) -> tuple[list[int], list[int]] | None:
@@ -303,7 +298,7 @@ def _frame(message: Message) -> tuple[list[int], list[int]] | None:
     cut = empty.index(MESSAGE_TOKEN) + 1
     head, tail = empty[:cut], empty[cut:]
     probe = encoding.render(message.model_copy(update={"content": [TextContent(text=_PROBE)]}))
-    return (head, tail) if probe == [*head, *_ordinary_tokens(_PROBE), *tail] else None
+    return (head, tail) if probe == [*head, *ordinary_tokens(_PROBE), *tail] else None
 
 
 _FRAMES = _MessageFrames()

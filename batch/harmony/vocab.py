@@ -67,3 +67,8 @@ def harmony_encoding() -> HarmonyEncoding:
 
     ensure_vocabulary()
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def ordinary_tokens(text: str) -> list[int]:
+    """The text's tokens, special-token spellings included as plain text (as harmony renders content)."""
+    return harmony_encoding()._inner.encode(text, [])  # the wrapper's special-token check costs ~60 us

@@ -4,6 +4,8 @@ tools' schemas, it must serve a head only to requests whose head is that head, t
 from __future__ import annotations
 
 import copy
+import dataclasses
+import random
 import gc
 
 import pytest
@@ -143,3 +145,86 @@ def test_key_parts_compare_as_the_rendering_needs():
     assert JsonValue({"a": [1]}) == JsonValue({"a": [1]}) and hash(JsonValue({"a": [1]})) == hash(JsonValue({"a": [1]}))
     assert JsonValue({"a": 1}) != JsonValue({"a": 1.0})
     assert JsonValue({"a": 1, "b": 2}) != JsonValue({"b": 2, "a": 1})  # harmony shows properties in order
+
+
+# A head with instructions is its head without them plus the `# Instructions` section's tokens
+# (head.with_instructions): checked against harmony's own rendering over texts that end (where
+# the splice is) in every kind of character the pre-tokenizer tells apart.
+_FRAGMENTS = [
+    "Answer", "from", "the docs", "only", " ", "  ", "\t", "\n", "\n\n", "\n\n\n", "\r\n", "\r", "\r\n\r\n",
+    " \n", "\n ", ".", "!", "?", "...", ":", ";", ",", "#", "##", "# Tools", "\n# Tools\n\n", "/", "//",
+    "\n/", "{", "}", "`", "```", "-", "*", "\\", '"', "'", "'s", "'LL", "123", "4567", "é", "É", "e\u0301",
+    "\u0301", "ß", "İ", "Σ", "ǅ", "ʰ", "中文", "日本語です", "١٢٣", "Ⅻ", "😀", "👩\u200d💻", "\u00a0", "\u2028",
+    "\u2029", "\x85", "\u3000", "\x0b", "\x0c", "\u200b", "\ufeff", "<|start|>", "<|end|>", "<|message|>",
+    "<|endoftext|>", "<|return|>", "<|constrain|>", "<|", "|>", "developer", "<|start|>developer<|message|>",
+]
+_TEXTS = ["x", "# Instructions", "\n" * 9, " " * 9, "\r" * 5, "a" * 400, "Be terse.\n\n# Tools\n\n## docs\n"] + [
+    fragment for fragment in _FRAGMENTS if fragment.strip()] + [f"Be terse{end}" for end in _FRAGMENTS]
+
+
+def _random_texts(count: int, seed: int = 0) -> list[str]:
+    """Seeded texts of 1-12 fragments, each fragment also ending some of them."""
+    rng = random.Random(seed)
+    return ["".join(rng.choices(_FRAGMENTS, k=rng.randint(0, 11))) + _FRAGMENTS[index % len(_FRAGMENTS)]
+            for index in range(count)]
+
+
+_JSON_FORMAT = {"format": {"type": "json_schema", "name": "answer", "description": "The answer.",
+                           "schema": {"type": "object", "properties": {"text": {"type": "string"}}}}}
+_BROWSER_PYTHON = [{"type": "web_search_preview"}, {"type": "code_interpreter", "container": {"type": "auto"}}]
+HEAD_BODIES = {
+    "mcp tools": {"tools": [DOCS]},
+    "mcp and function tools": {"tools": [DOCS, LOOKUP]},
+    "function tools": {"tools": [LOOKUP]},
+    "builtin tools": {"tools": _BROWSER_PYTHON},
+    "builtin and function tools": {"tools": [*_BROWSER_PYTHON, LOOKUP]},
+    "mcp tools, a response format": {"tools": [DOCS, LOOKUP], "text": _JSON_FORMAT},
+    "a response format, no tools": {"text": _JSON_FORMAT},
+    "no tools": {},
+}
+
+
+def _spec(body: dict) -> head.HeadSpec:
+    request, _ = parse_request({"input": "Hi", **body})
+    request = request.with_effort(OPTIONS.reasoning_effort)
+    registry = ToolRegistry.from_tools(request.tool_dicts(), request.tool_choice_json())
+    registry.add_listing("docs", LISTING)
+    return render.head_spec(request, request.input_items(), registry, OPTIONS)
+
+
+def test_the_hash_token_is_o200ks_hash():
+    assert harmony_encoding().encode("#") == [head._HASH_TOKEN]
+
+
+@pytest.mark.parametrize("name", HEAD_BODIES)
+def test_a_head_with_instructions_equals_harmonys_rendering_token_for_token(name):
+    spec = _spec(HEAD_BODIES[name])
+    assert spec.instructions is None
+    cache = HeadCache(4)
+    spliced = 0
+    for text in [*_TEXTS, *_random_texts(300, seed=len(name))]:
+        with_text = dataclasses.replace(spec, instructions=text)
+        assert cache.tokens(with_text) == RENDER_HEAD(with_text), repr(text)
+        spliced += head.with_instructions(cache.tokens(spec), text) is not None
+    # spliced where there is a developer message to splice into, harmony's rendering otherwise
+    has_developer = spec.tools.has_developer_tools or spec.response_format is not None
+    assert spliced == (len(_TEXTS) + 300 if has_developer else 0)
+
+
+def test_a_head_with_instructions_is_cached_from_the_head_without_them(monkeypatch):
+    renders = []
+    monkeypatch.setattr(head, "render_head", lambda spec: renders.append(spec) or RENDER_HEAD(spec))
+    cache = HeadCache(8)
+    spec = _spec(HEAD_BODIES["mcp and function tools"])
+    first, second = (dataclasses.replace(spec, instructions=f"Answer question {index}.") for index in range(2))
+    assert cache.tokens(first) == RENDER_HEAD(first) and cache.tokens(second) == RENDER_HEAD(second)
+    assert renders == [spec]  # the tools rendered once, each text's section spliced in
+    assert cache.tokens(spec) is cache.tokens(spec)
+
+
+def test_instructions_that_are_not_unicode_fail_as_harmonys_rendering_does():
+    spec = dataclasses.replace(_spec(HEAD_BODIES["mcp tools"]), instructions="half a pair: \ud800")
+    with pytest.raises(ValueError):
+        RENDER_HEAD(spec)
+    with pytest.raises(ValueError):
+        HeadCache(4).tokens(spec)
