@@ -152,8 +152,26 @@ class InstantBackend:
         return {"backend": "instant"}
 
 
+class CoreCost:
+    """What a process's CPU time over a run says per output token (a mixin of the benchmarks' results)."""
+
+    output_tokens: int
+    cpu_s: float  # the process's CPU time over the run, all its threads
+    live_cpu_s: float  # of which publishing live snapshots
+
+    @property
+    def live_us_per_token(self) -> float:
+        return us_per_token(self.live_cpu_s, self.output_tokens)
+
+    @property
+    def ceiling_tok_s(self) -> float:
+        """Output tokens per second one core takes: what every thread but live publishing cost per token, in
+        the share of the core live publishing leaves (it takes at most MAX_COST_SHARE, whatever the rate)."""
+        return (1 - MAX_COST_SHARE) * self.output_tokens / max(self.cpu_s - self.live_cpu_s, 1e-9)
+
+
 @dataclass
-class HostBenchResult:
+class HostBenchResult(CoreCost):
     """One run of the host path: its size and speed."""
 
     num_requests: int
@@ -179,24 +197,9 @@ class HostBenchResult:
     def cpu_us_per_token(self) -> float:
         return us_per_token(self.cpu_s, self.output_tokens)
 
-    @property
-    def live_us_per_token(self) -> float:
-        return us_per_token(self.live_cpu_s, self.output_tokens)
-
-    @property
-    def ceiling_tok_s(self) -> float:
-        """Output tokens per second one core takes (as a Ray driver's, batch/bench/ray_driver.py)."""
-        return core_ceiling_tok_s(self.output_tokens, self.cpu_s, self.live_cpu_s)
-
 
 def us_per_token(seconds: float, output_tokens: int) -> float:
     return 1e6 * seconds / max(output_tokens, 1)
-
-
-def core_ceiling_tok_s(output_tokens: int, cpu_s: float, live_cpu_s: float) -> float:
-    """Output tokens per second one core takes: what every thread but live publishing cost per token, in the
-    share of the core live publishing leaves (it takes at most MAX_COST_SHARE, whatever the rate)."""
-    return (1 - MAX_COST_SHARE) * output_tokens / max(cpu_s - live_cpu_s, 1e-9)
 
 
 def write_input(workload: HostWorkload, folder: Path) -> Path:

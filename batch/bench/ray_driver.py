@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batch.bench.host import HostWorkload, InstantBackend, core_ceiling_tok_s, us_per_token, write_input
+from batch.bench.host import CoreCost, HostWorkload, InstantBackend, us_per_token, write_input
 from batch.distributed.ray_runner import RayOptions, RayRunner, import_ray, start_ray
 from batch.harmony.render import PromptOptions
 from batch.run.options import RunOptions
@@ -44,8 +44,9 @@ class InstantSpec:
 
 
 @dataclass
-class DriverBenchResult:
-    """One Ray run of the workload, as its driver process saw it."""
+class DriverBenchResult(CoreCost):
+    """One Ray run of the workload, as its driver process saw it (`ceiling_tok_s`: the workers' total output
+    one driver core keeps up with)."""
 
     num_workers: int
     max_inflight: int
@@ -65,14 +66,6 @@ class DriverBenchResult:
     def main_us_per_token(self) -> float:
         return us_per_token(self.main_cpu_s, self.output_tokens)
 
-    @property
-    def live_us_per_token(self) -> float:
-        return us_per_token(self.live_cpu_s, self.output_tokens)
-
-    @property
-    def ceiling_tok_s(self) -> float:
-        """Output tokens per second one driver core takes: the workers' total output it keeps up with."""
-        return core_ceiling_tok_s(self.output_tokens, self.cpu_s, self.live_cpu_s)
 
     def line(self) -> str:
         return (f"ray driver, {self.num_workers} workers, --max-inflight {self.max_inflight}: "
