@@ -7,9 +7,6 @@ honour, validates the rest, and turns pydantic's errors into one readable
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
@@ -35,7 +32,6 @@ Includable = Literal["file_search_call.results", "web_search_call.results", "web
 # The one `include` value that changes what is decoded: every output_text part and text event carries its
 # tokens' logprobs. The others name outputs that are always kept here, or that nothing here makes.
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
-REDACTED = "[redacted]"
 WebSearchType = Literal["web_search", "web_search_preview", "web_search_2025_08_26",
                         "web_search_preview_2025_03_11"]
 _WEB_SEARCH_TYPES: tuple[str, ...] = typing.get_args(WebSearchType)
@@ -465,37 +461,3 @@ def parse_request(body: dict) -> tuple[ResponsesRequest, list[str]]:
         return ResponsesRequest.model_validate(kept), ignored
     except ValidationError as exc:
         raise readable_error(exc, kept) from None
-
-
-def redact_secrets(body: dict) -> dict:
-    """A deep copy of `body` with every `headers` value and `authorization` under `tools` replaced.
-
-    Walks `tools` whatever its shape (a dict, nested lists, a misspelt tool type), so a
-    line rejected as malformed still stores no secret.
-    """
-    redacted = copy.deepcopy(body)
-    if isinstance(redacted, dict) and "tools" in redacted:
-        _redact(redacted["tools"])
-    return redacted
-
-
-def _redact(value: object) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _redact(item)
-        return
-    if not isinstance(value, dict):
-        return
-    for key, item in value.items():
-        if key == "headers":
-            value[key] = {name: REDACTED for name in item} if isinstance(item, dict) else REDACTED
-        elif key == "authorization" and item is not None:
-            value[key] = REDACTED
-        else:
-            _redact(item)
-
-
-def request_hash(body: dict) -> str:
-    """sha256 hex of the body's canonical JSON (sorted keys, compact separators)."""
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -1,4 +1,5 @@
-"""Pydantic's validation errors on a request body -> one readable `RequestError`.
+"""Pydantic's validation errors on a request body -> one readable `RequestError`; and what to change
+in a body shaped like another API's request (`wrong_shape`).
 
 The message names the field as a path into the body (`tools[0].name`, `input[2].call_id`)
 and says what was expected; several errors become the first one "(and N more)".
@@ -102,3 +103,24 @@ def _path_of(loc: tuple, data: Any, keep_last: bool) -> tuple[str, Any]:
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+# Fields of the other OpenAI request shapes a Responses body gets by mistake, and what to write instead.
+_OTHER_SHAPES = {
+    "messages": "a Chat Completions body: a Responses request takes `input` (rename `messages` to `input`; "
+                "the same role/content messages work there)",
+    "max_tokens": "a Chat Completions field: the Responses API calls it `max_output_tokens`",
+    "max_completion_tokens": "a Chat Completions field: the Responses API calls it `max_output_tokens`",
+    "response_format": "a Chat Completions field: the Responses API takes `text.format` "
+                       "(`{\"text\": {\"format\": {\"type\": \"json_schema\", ...}}}`)",
+    "id": "not a request field: the line's id goes in `custom_id`",
+}
+
+
+def wrong_shape(body: dict) -> str | None:
+    """What to change when `body` is shaped like another API's request (Chat Completions,
+    Completions' `prompt`), or None."""
+    hints = [f"{key}: {hint}" for key, hint in _OTHER_SHAPES.items() if key in body]
+    if "input" not in body and isinstance(body.get("prompt"), str):
+        hints.insert(0, "prompt: a Responses request takes `input` (rename `prompt` to `input`)")
+    return "; ".join(hints) or None

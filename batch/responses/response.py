@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batch.responses.metrics import Usage
-from batch.responses.request import ResponsesRequest, redact_secrets
+from batch.responses.request import ResponsesRequest
+from batch.responses.stored_body import redact_secrets
 from batch.responses.status import ResponseStatus
 
 

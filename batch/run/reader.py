@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, TypeAlias
 import pyarrow.parquet as pq
 
 from batch.responses.request import ResponsesRequest, parse_request
-from batch.responses.request_errors import RequestError, json_type
+from batch.responses.request_errors import RequestError, json_type, wrong_shape
 from batch.responses.standard_json import NonFiniteError, find_non_finite
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -476,27 +476,6 @@ def _envelope_problem(value: dict, route_required: bool) -> str | None:
     if not isinstance(value["body"], dict):
         return f"body: expected a JSON object, got {json_type(value['body'])}"
     return None
-
-
-# Fields of the other OpenAI request shapes a Responses body gets by mistake, and what to write instead.
-_OTHER_SHAPES = {
-    "messages": "a Chat Completions body: a Responses request takes `input` (rename `messages` to `input`; "
-                "the same role/content messages work there)",
-    "max_tokens": "a Chat Completions field: the Responses API calls it `max_output_tokens`",
-    "max_completion_tokens": "a Chat Completions field: the Responses API calls it `max_output_tokens`",
-    "response_format": "a Chat Completions field: the Responses API takes `text.format` "
-                       "(`{\"text\": {\"format\": {\"type\": \"json_schema\", ...}}}`)",
-    "id": "not a request field: the line's id goes in `custom_id`",
-}
-
-
-def wrong_shape(body: dict) -> str | None:
-    """What to change when `body` is shaped like another API's request (Chat Completions,
-    Completions' `prompt`), or None."""
-    hints = [f"{key}: {hint}" for key, hint in _OTHER_SHAPES.items() if key in body]
-    if "input" not in body and isinstance(body.get("prompt"), str):
-        hints.insert(0, "prompt: a Responses request takes `input` (rename `prompt` to `input`)")
-    return "; ".join(hints) or None
 
 
 def _shown(value: Any) -> str:

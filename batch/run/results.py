@@ -6,7 +6,7 @@ The one place a finished `Session` (or a line that never ran) becomes typed rows
 
 from __future__ import annotations
 
-from batch.responses.request import redact_secrets, request_hash
+from batch.responses.stored_body import redact_secrets, request_hash
 from batch.responses.response import FinishedResponse
 from batch.responses.status import RequestStatus
 from batch.run.conversations import conversation_id

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batch.run.reader import InputFormatError, InputScan, iter_jsonl, read_requests, scan_input
-from batch.responses.request import IGNORED_FIELDS, REDACTED, parse_request, redact_secrets, request_hash
+from batch.responses.request import IGNORED_FIELDS, parse_request
+from batch.responses.stored_body import REDACTED, redact_secrets, request_hash
 from batch.responses.request_errors import RequestError
 
 FUNCTION_TOOL = {"type": "function", "name": "get_weather",
