@@ -26,14 +26,27 @@ class ProxyFigure:
     ok: bool
 
 
-def _moe_inner_loop() -> list[ProxyFigure]:
-    """The MXFP4 MoE's inner loop per projection at decode batch 256, compiled for sm_90 in a child process."""
-    from engine.kernels.sm90 import MOE_INNER_LOOP_GOAL, moe_inner_loop
+# Token counts of the MoE's issue-bound figures: batch 1, decode batches 64 and 256, a full mixed step.
+MOE_STEP_TOKENS = (1, 64, 256, 2048)
 
-    report = moe_inner_loop()
-    return [ProxyFigure(f"moe inner loop, {k['projection']} (triton {report['triton']})", k["per_4096"],
-                        "warp-instr / 4096 weights", f"<= {MOE_INNER_LOOP_GOAL}", k["per_4096"] <= MOE_INNER_LOOP_GOAL)
-            for k in report["kernels"] if k["weights"] == "mxfp4"]
+
+def _moe_inner_loop() -> list[ProxyFigure]:
+    """The MXFP4 MoE's inner loop per projection at decode batch 256, and what a step's MoE issues at
+    MOE_STEP_TOKENS (engine.kernels.moe_cost), compiled for sm_90 in a child process."""
+    from engine.kernels.moe_cost import issue_bound_ms, mxfp4_kernels, weight_read_ms
+    from engine.kernels.sm90 import DECODE_TOKENS, MOE_INNER_LOOP_GOAL, moe_inner_loop
+
+    report = moe_inner_loop(MOE_STEP_TOKENS)
+    goal = MOE_INNER_LOOP_GOAL
+    figures = [ProxyFigure(f"moe inner loop, {k['projection']} (triton {report['triton']})", k["per_4096"],
+                           "warp-instr / 4096 weights", f"<= {goal}", k["per_4096"] <= goal)
+               for k in mxfp4_kernels(report, DECODE_TOKENS)]
+    for tokens in MOE_STEP_TOKENS:
+        tiles, block = (mxfp4_kernels(report, tokens)[0][key] for key in ("tiles", "block"))
+        read_ms = weight_read_ms(report, tokens)
+        figures.append(ProxyFigure(f"moe issue-bound ms, T={tokens} ({tiles} tiles of {block[0]})",
+                                   issue_bound_ms(report, tokens), f"ms (weights read: {read_ms:.2g})", "-", True))
+    return figures
 
 
 def host_prepare_figures() -> list[ProxyFigure]:

@@ -114,12 +114,21 @@ def route(expert_ids: Tensor, num_experts: int, block_m: int) -> Routing:
 # Rows per tile when batch-invariant: one tile shape for every batch, so a pair's products never depend on
 # how many pairs its expert got (block_m_for would pick the shape from the batch).
 INVARIANT_BLOCK_M = 16
+# The most rows a tile takes: at 256 the MXFP4 kernels spill on sm_90 (255 registers; engine.kernels.sm90).
+MAX_BLOCK_M = 128
 
 
 def block_m_for(num_pairs: int, num_experts: int) -> int:
-    """Rows per tile from the shapes alone (no data): about the mean rows per expert, 16 to 64."""
+    """Rows per tile from the shapes alone (no data): twice the mean rows per expert, 16 to MAX_BLOCK_M.
+
+    Every tile decodes its expert's whole weight slice, which is what bounds the MXFP4 MoE on an H100 (the
+    tensor cores idle behind the decode's instruction issue), so a step costs about its tile count. Routing
+    is uneven: with tiles of the mean, the experts above it (nearly half) take a second tile; twice the
+    mean gives nearly every expert one (20b at decode batch 256: 32 tiles a layer, against 45 at the mean),
+    for a loop a few instructions longer (engine.kernels.moe_cost).
+    """
     mean = max(1, num_pairs // num_experts)
-    return min(64, max(16, triton.next_power_of_2(mean)))
+    return min(MAX_BLOCK_M, max(16, triton.next_power_of_2(2 * mean)))
 
 
 def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,

@@ -27,9 +27,10 @@ from typing import Any
 
 
 MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.09 issue slots per weight)
-DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 32)
+DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 64)
 # gpt-oss-20b: hidden, intermediate, experts, experts per token
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 2880, 2880, 32, 4
+WEIGHTS_PER_EXPERT = {"gate_up": HIDDEN * 2 * INTERMEDIATE, "down": INTERMEDIATE * HIDDEN}
 MMA_OPS = ("HGMMA", "HMMA")
 
 
@@ -42,15 +43,20 @@ def cuobjdump_path() -> Path | None:
     return path if path.is_file() else None
 
 
-def moe_inner_loop(num_tokens: int = DECODE_TOKENS, timeout_s: float = 300) -> dict[str, Any]:
-    """Compile the MoE at the 20b shape for sm_90 in a child process; its report (see `report`).
+def moe_inner_loop(num_tokens: int | tuple[int, ...] = DECODE_TOKENS, block_m: tuple[int, ...] = (0,),
+                   timeout_s: float = 300) -> dict[str, Any]:
+    """Compile the MoE at the 20b shape for sm_90 in a child process, at each token count and rows per tile
+    (`block_m`; 0: the engine's own choice, engine.kernels.moe.block_m_for); its report (see `report`).
 
     Raises RuntimeError if the child fails (triton or cuobjdump missing, a kernel that does not compile).
     """
+    tokens = (num_tokens,) if isinstance(num_tokens, int) else num_tokens
     repo_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "TRITON_INTERPRET": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "engine.kernels.sm90", "--json", "--tokens", str(num_tokens)],
+    done = subprocess.run([sys.executable, "-m", "engine.kernels.sm90", "--json",
+                           "--block-m", ",".join(map(str, block_m)),
+                           "--tokens", ",".join(map(str, tokens))],
                           capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"sm_90 compile failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
@@ -127,7 +133,10 @@ def inner_loop(cubin: bytes) -> list[str]:
     return best[2]
 
 
-def _describe(kernel_fn: Any, kwargs: dict, compiled: Any) -> dict[str, Any]:
+def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, block_m_asked: int,
+              counts: list[int]) -> dict[str, Any]:
+    """One launch: its block, loop, registers and spills, and the tiles the step's routing (`counts`: pairs
+    per expert) gives at its BLOCK_M."""
     cubin = compiled.asm["cubin"]
     loop = inner_loop(cubin)
     usage = re.search(r"REG:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
@@ -135,26 +144,44 @@ def _describe(kernel_fn: Any, kwargs: dict, compiled: Any) -> dict[str, Any]:
     warps = compiled.metadata.num_warps
     per_4096 = len(loop) * warps / 4 * 4096 / (kwargs["BLOCK_N"] * kwargs["BLOCK_K"])
     opcodes = [_opcode(t) for t in loop]
-    return {"projection": "gate_up" if kwargs["SWIGLU"] else "down", "weights": kwargs["WEIGHTS"],
-            "kernel": kernel_fn.__name__, "block": [kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["BLOCK_K"]],
+    block_m, projection = kwargs["BLOCK_M"], "gate_up" if kwargs["SWIGLU"] else "down"
+    return {"projection": projection, "weights": kwargs["WEIGHTS"], "tokens": num_tokens,
+            "block_m_asked": block_m_asked, "tiles": sum(-(-count // block_m) for count in counts),
+            "experts_hit": sum(c > 0 for c in counts), "weights_per_expert": WEIGHTS_PER_EXPERT[projection],
+            "kernel": kernel_fn.__name__, "block": [block_m, kwargs["BLOCK_N"], kwargs["BLOCK_K"]],
             "num_warps": warps, "loop_instructions": len(loop), "per_4096": per_4096,
             "mma": {op: opcodes.count(op) for op in MMA_OPS}, "registers": int(usage[1]) if usage else None,
             "spills": spills, "shared_bytes": compiled.metadata.shared}
 
 
-def report(num_tokens: int) -> dict[str, Any]:
-    """In this (child) process: compile the MoE at the 20b shape for `num_tokens` tokens, MXFP4 and bf16
-    experts, and describe each kernel."""
+def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
+    """In this (child) process: compile the MoE at the 20b shape for each token count and rows per tile (0:
+    the engine's choice), MXFP4 and bf16 experts, each token routed to TOP_K experts drawn uniformly (seeded),
+    and describe each kernel."""
     launches = _compile_only_for_sm90()
     import torch
     import triton
 
+    described: list[dict[str, Any]] = []
+    for num_tokens in tokens:
+        ids = torch.stack([torch.randperm(EXPERTS, generator=torch.Generator().manual_seed(t))[:TOP_K]
+                           for t in range(num_tokens)])
+        counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
+        for block_m in block_ms:
+            _compile_moe(ids, block_m)
+            described += [_describe(kernel_fn, kwargs, compiled, num_tokens, block_m, counts)
+                          for kernel_fn, kwargs, compiled in launches[len(described):]]
+    return {"triton": triton.__version__, "tokens": tokens, "kernels": described}
+
+
+def _compile_moe(ids: Any, block_m: int) -> None:
+    """Drive engine.kernels.moe.fused_experts at the 20b shape (MXFP4, then bf16 experts) for `ids` [T, TOP_K]."""
+    import torch
+
     from engine.kernels import moe
 
-    bf16, u8 = torch.bfloat16, torch.uint8
+    num_tokens, bf16, u8 = ids.shape[0], torch.bfloat16, torch.uint8
     x = torch.empty(num_tokens, HIDDEN, dtype=bf16)
-    ids = torch.stack([torch.randperm(EXPERTS, generator=torch.Generator().manual_seed(t))[:TOP_K]
-                       for t in range(num_tokens)])
     gate_up_bias = torch.empty(EXPERTS, 2 * INTERMEDIATE, dtype=bf16)
     down_bias = torch.empty(EXPERTS, HIDDEN, dtype=bf16)
     mxfp4 = (moe.ExpertWeight(blocks=torch.empty(EXPERTS, 2 * INTERMEDIATE, HIDDEN // 32, 16, dtype=u8),
@@ -165,26 +192,28 @@ def report(num_tokens: int) -> dict[str, Any]:
              moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
     for gate_up, down in (mxfp4, dense):
         moe.fused_experts(x, ids, torch.empty(num_tokens, TOP_K, dtype=bf16), gate_up, gate_up_bias, down,
-                          down_bias, 1.702, 7.0)
-    return {"triton": triton.__version__, "tokens": num_tokens, "kernels": [_describe(*launch) for launch in launches]}
+                          down_bias, 1.702, 7.0, block_m)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m engine.kernels.sm90 [--tokens N] [--json]`: the MoE's sm_90 inner loops, compiled here."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--tokens", type=int, default=DECODE_TOKENS)
+    parser.add_argument("--tokens", default=str(DECODE_TOKENS), help="token counts, comma-separated")
+    parser.add_argument("--block-m", default="0", help="rows per tile, comma-separated (0: the engine's choice)")
     parser.add_argument("--json", action="store_true", help="one JSON line (what moe_inner_loop reads)")
     args = parser.parse_args(argv)
+    tokens, block_ms = ([int(v) for v in text.split(",")] for text in (args.tokens, args.block_m))
     if os.environ.get("TRITON_INTERPRET") != "0":
-        result = moe_inner_loop(args.tokens)  # a child process of the right kind
+        result = moe_inner_loop(tuple(tokens), tuple(block_ms))  # a child process of the right kind
     else:
-        result = report(args.tokens)
+        result = report(tokens, block_ms)
     if args.json:
         print(json.dumps(result))
         return
-    print(f"triton {result['triton']}, sm_90 (compiled, never run), gpt-oss-20b MoE at {result['tokens']} tokens")
+    print(f"triton {result['triton']}, sm_90 (compiled, never run), gpt-oss-20b MoE")
     for k in result["kernels"]:
-        print(f"{k['projection']:<8} {k['weights']:<6} BLOCK {'x'.join(map(str, k['block']))}: "
+        print(f"T={k['tokens']:<5} {k['tiles']:>4} tiles {k['projection']:<8} {k['weights']:<6} "
+              f"BLOCK {'x'.join(map(str, k['block']))}: "
               f"{k['per_4096']:.0f} warp-instr / 4096 weights ({k['loop_instructions']} in the loop, "
               f"{k['num_warps']} warps, MMAs {k['mma']}), {k['registers']} registers, {k['spills']} spills, "
               f"{k['shared_bytes']} B shared")

@@ -5,11 +5,17 @@ import os
 import pytest
 
 from engine import proxies
-from engine.kernels import sm90, triton_available
+from engine.kernels import moe_cost, sm90, triton_available
 
 
-@pytest.mark.skipif(not triton_available(), reason="needs triton (pip install 'batchrun[gpu]')")
-@pytest.mark.skipif(sm90.cuobjdump_path() is None, reason="triton's wheel has no cuobjdump to read the SASS")
+
+def needs_sm90_compile(test):
+    test = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install 'batchrun[gpu]')")(test)
+    return pytest.mark.skipif(sm90.cuobjdump_path() is None, reason="triton's wheel has no cuobjdump to read the SASS")(
+        test)
+
+
+@needs_sm90_compile
 def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
     interpret_before = os.environ.get("TRITON_INTERPRET")
     report = sm90.moe_inner_loop()
@@ -17,7 +23,8 @@ def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
     kernels = {(k["weights"], k["projection"]): k for k in report["kernels"]}
     assert set(kernels) == {(w, p) for w in ("mxfp4", "dense") for p in ("gate_up", "down")}
     for (weights, projection), kernel in kernels.items():
-        assert kernel["block"][0] == 32  # decode batch 256: 1,024 pairs over 32 experts
+        assert kernel["block"][0] == 64  # decode batch 256: 1,024 pairs over 32 experts, twice the mean a tile
+        assert kernel["tiles"] == 32  # one tile an expert (45 at BLOCK_M 32, the mean)
         assert sum(kernel["mma"].values()) > 0, (weights, projection)  # the loop found is an MMA loop
         assert kernel["spills"] == 0, (weights, projection)
         if weights == "mxfp4":
@@ -25,10 +32,45 @@ def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
             assert kernel["mma"]["HGMMA"] > 0, projection  # wgmma: the weights fill its 64 rows
 
 
+@pytest.mark.slow  # ~40 s: 12 MoE compiles for sm_90
+@needs_sm90_compile
+def test_compiled_for_sm90_the_engines_rows_per_tile_issue_the_least():
+    # Every tile decodes its expert's weights, so fewer, taller tiles issue less, up to where a taller tile's
+    # longer loop costs more than the tiles it saves (or it spills): the engine's choice must be that minimum.
+    report = sm90.moe_inner_loop((64, 256, 2048), (0, 16, 32, 64, 128))
+    for tokens in report["tokens"]:
+        chosen = moe_cost.issue_bound_ms(report, tokens)
+        others = {block_m: moe_cost.issue_bound_ms(report, tokens, block_m) for block_m in (16, 32, 64, 128)}
+        assert chosen <= min(others.values()), (tokens, chosen, others)
+    assert all(k["spills"] == 0 for k in report["kernels"])
+    assert moe_cost.issue_bound_ms(report, 256) < 0.8 * moe_cost.issue_bound_ms(report, 256, 32)  # the old choice
+
+
+def fake_report(per_4096_by_projection, tokens=(1, 64, 256, 2048)):
+    return {"triton": "x", "tokens": list(tokens), "kernels": [
+        {"projection": p, "weights": w, "per_4096": v, "tokens": t, "block_m_asked": 0, "tiles": 32,
+         "experts_hit": 32, "block": [16, 64, 64], "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p]}
+        for t in tokens for w, per_projection in per_4096_by_projection.items() for p, v in per_projection.items()]}
+
+
 def test_proxy_rows_carry_the_goal(monkeypatch):
-    kernels = [{"projection": p, "weights": w, "per_4096": v}
-               for p, w, v in (("gate_up", "mxfp4", 255.0), ("down", "mxfp4", 351.0), ("down", "dense", 100.0))]
-    monkeypatch.setattr(sm90, "moe_inner_loop", lambda: {"triton": "x", "kernels": kernels})
+    report = fake_report({"mxfp4": {"gate_up": 255.0, "down": 351.0}, "dense": {"gate_up": 100.0, "down": 100.0}})
+    monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: report)
     figures = dict(proxies.MEASURES)["moe inner loop"]()
-    assert [(f.value, f.goal, f.ok) for f in figures] == [(255.0, "<= 350", True), (351.0, "<= 350", False)]
+    assert [(f.value, f.goal, f.ok) for f in figures[:2]] == [(255.0, "<= 350", True), (351.0, "<= 350", False)]
     assert "gate_up" in figures[0].name and "down" in figures[1].name
+    assert [f.name.split(",")[1].split()[0] for f in figures[2:]] == ["T=1", "T=64", "T=256", "T=2048"]
+
+
+def test_issue_bound_ms_counts_tiles_times_loop_over_the_h100s_issue_rate():
+    report = fake_report({"mxfp4": {"gate_up": 256.0, "down": 256.0}}, tokens=(256,))
+    # 32 tiles x (2880 x 5760 + 2880 x 2880) / 4096 x 256 SM-cycles, 24 layers, 132 SMs at 1.755 GHz
+    sm_cycles = 32 * (2880 * 5760 + 2880 * 2880) / 4096 * 256
+    assert moe_cost.issue_bound_ms(report, 256) == pytest.approx(1000 * 24 * sm_cycles / (132 * 1.755e9))
+    doubled = {**report, "kernels": [{**k, "tiles": 64} for k in report["kernels"]]}
+    assert moe_cost.issue_bound_ms(doubled, 256) == pytest.approx(2 * moe_cost.issue_bound_ms(report, 256))
+    # the floor reads each hit expert once: 32 experts x 24.9M weights x 17/32 bytes x 24 layers at 3.35 TB/s
+    assert moe_cost.weight_read_ms(report, 256) == pytest.approx(
+        1000 * 24 * 32 * (2880 * 5760 + 2880 * 2880) * 17 / 32 / 3.35e12)
+    with pytest.raises(ValueError, match="no MXFP4 gate_up and down kernels at 64 tokens"):
+        moe_cost.issue_bound_ms(report, 64)

@@ -61,6 +61,24 @@ def test_route_offsets_equal_bincount_and_tiles_cover_each_expert_once(num_token
     assert torch.equal(covered, torch.ones_like(covered))
 
 
+@pytest.mark.parametrize("num_tokens", [64, 128, 256, 512])
+def test_rows_per_tile_give_nearly_every_hit_expert_one_tile(num_tokens):
+    # Each tile decodes its expert's weights (the MXFP4 MoE's cost on an H100): at gpt-oss-20b's routing (4 of
+    # 32 experts a token, drawn uniformly here), a tile as tall as the mean would give ~45% of experts two.
+    gen = torch.Generator().manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(32, generator=gen)[:4] for _ in range(num_tokens)])
+    counts = torch.bincount(ids.reshape(-1), minlength=32)
+    block_m = moe.block_m_for(ids.numel(), 32)
+    tiles = int(((counts + block_m - 1) // block_m).sum())
+    assert tiles <= 1.1 * int((counts > 0).sum()), (block_m, counts.tolist())
+    assert block_m <= 2 * counts.float().mean() * 2  # and no taller than it needs
+
+
+def test_rows_per_tile_stay_between_16_and_the_tallest_tile_that_does_not_spill():
+    assert moe.block_m_for(1, 32) == moe.block_m_for(4, 32) == 16
+    assert moe.block_m_for(8 * 2048, 32) == moe.MAX_BLOCK_M == 128
+
+
 def test_route_traces_without_host_sync():
     ids, _ = routed(9)
     traced = torch.compile(moe.route, fullgraph=True, backend="eager")(ids, 4, 16)
@@ -155,8 +173,8 @@ def random_mxfp4(num_experts, k, n, gen):
     return moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE)), mxfp4.dequantize(blocks, scales)
 
 
-@pytest.mark.parametrize("num_tokens", [5, 40])
-def test_scaled_dot_moe_stages_equal_engine_mxfp4_and_torch(num_tokens):
+@pytest.mark.parametrize("num_tokens,block_m", [(5, 16), (40, 16), (40, moe.MAX_BLOCK_M)])
+def test_scaled_dot_moe_stages_equal_engine_mxfp4_and_torch(num_tokens, block_m):
     # bf16 activations take tl.dot_scaled: each stage equals engine.mxfp4.dequantize + torch in fp32, up to
     # summation order (and gate_up's final rounding to bf16).
     num_experts, top_k, hidden, inter = 4, 2, 64, 96
@@ -167,7 +185,7 @@ def test_scaled_dot_moe_stages_equal_engine_mxfp4_and_torch(num_tokens):
                                                                                               generator=gen)
     x = (2 * torch.randn(num_tokens, hidden, generator=gen)).bfloat16()
     ids, weights = routed(num_tokens, seed=num_tokens, top_k=top_k)
-    routing = moe.route(ids, num_experts, 16)
+    routing = moe.route(ids, num_experts, block_m)
     activated = moe.gate_up_swiglu(x.to(DEVICE), routing, top_k, gate_up, gate_up_bias.to(DEVICE), 1.702, 7.0)
     per_pair = moe.down_weighted(activated, routing, down, down_bias.to(DEVICE), weights.reshape(-1))
 
