@@ -35,15 +35,35 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """kernels="triton" runs it as one launch (engine.kernels.fused), and `add_forward` with the residual add."""
+
+    def __init__(self, dim: int, eps: float, kernels: str = "torch") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
+        self.fused: ModuleType | None = _fused_kernels(kernels)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused is not None:
+            return self.fused.rms_norm(x, self.weight, self.eps)
         t = x.float()
         t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * t).to(x.dtype)
+
+    def add_forward(self, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        """The residual stream x + delta, and its norm."""
+        if self.fused is not None:
+            return self.fused.add_rms_norm(x, delta, self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
+
+
+def _fused_kernels(kernels: str) -> ModuleType | None:
+    if kernels != "triton":
+        return None
+    from engine.kernels import fused  # triton is an optional extra: imported only when asked for
+
+    return fused
 
 
 def rope_inv_freq(config: ModelConfig) -> tuple[Tensor, float]:
@@ -116,6 +136,7 @@ class GptOssAttention(nn.Module):
         self.scale = d**-0.5
         self.batch_invariant = False  # GptOssModel.set_batch_invariant
         self.paged_attention = paged_attention
+        self.fused = _fused_kernels(kernels)
         if kernels == "triton":
             from engine.kernels.attention import triton_paged_attention  # triton is an optional extra
 
@@ -130,9 +151,12 @@ class GptOssAttention(nn.Module):
         """x: [T, hidden] -> rotated queries [T, heads, head_dim]; writes K/V at slot_mapping (the attention's
         inputs: the part a piecewise CUDA graph captures, as it reads no step shape but T)."""
         num_tokens = x.shape[0]
-        q = apply_rotary(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.fused is not None:
+            return self.fused.rope_write_kv(q, k, v, cos, sin, kv_cache[0], kv_cache[1], slot_mapping)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         write_kv(kv_cache[0], kv_cache[1], k, v, slot_mapping)
         return q
 
@@ -285,9 +309,9 @@ class GptOssMLP(nn.Module):
 class GptOssDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, kernels: str = "torch") -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.self_attn = GptOssAttention(config, layer_idx, kernels)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.mlp = GptOssMLP(config, kernels)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
@@ -301,8 +325,8 @@ class GptOssDecoderLayer(nn.Module):
 
     def after_attention(self, x: Tensor, o: Tensor) -> Tensor:
         """Residual stream x and attention output o: [T, heads * head_dim] -> the layer's output [T, hidden]."""
-        x = x + self.self_attn.o_proj(o)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn.o_proj(o))
+        return x + self.mlp(h)
 
 
 class GptOssDecoder(nn.Module):
@@ -312,7 +336,7 @@ class GptOssDecoder(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, kernels) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(config)
 
 

@@ -8,7 +8,8 @@ caching allocator rounds each up to 512 bytes), so the CPU count predicts the de
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -76,3 +77,86 @@ def peak_bytes(fn: Callable[[], object]) -> int:
     with PeakMemory() as memory:
         fn()
     return memory.peak
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts what would launch a kernel on a GPU inside it: aten ops that neither return a view nor only
+    allocate (the bodies of Python custom ops, such as the MoE, counted op by op), and Triton launches
+    (counted while `triton_launches` patches Triton; `count_launches` does both)."""
+
+    ALLOCATIONS = ("empty.memory_format", "empty_like.default", "empty_strided.default")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aten = 0
+        self.triton = 0
+        self.in_kernel = False  # the interpreter runs a kernel with torch ops of its own: not launches
+
+    @property
+    def launches(self) -> int:
+        return self.aten + self.triton
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch._library.custom_ops import OPDEFS
+
+        opdef = OPDEFS.get(func._schema.name)
+        if opdef is not None and not self.in_kernel:  # a Python custom op: count what its body runs
+            with self:
+                return opdef._init_fn(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if not self.in_kernel and func.__name__ not in self.ALLOCATIONS and not _returns_view(func, args, out):
+            self.aten += 1
+        return out
+
+
+@contextmanager
+def triton_launches(counter: LaunchCounter) -> Iterator[None]:
+    """Count every Triton kernel launch (compiled or interpreted) into `counter.triton` while inside."""
+    patched = [(cls, cls.run) for cls in _triton_kernel_classes()]
+
+    def counting(run: Any) -> Any:
+        def counted(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+            counter.triton += 1
+            outer, counter.in_kernel = counter.in_kernel, True
+            try:
+                return run(kernel, *args, **kwargs)
+            finally:
+                counter.in_kernel = outer
+        return counted
+
+    for cls, run in patched:
+        cls.run = counting(run)
+    try:
+        yield
+    finally:
+        for cls, run in patched:
+            cls.run = run
+
+
+def count_launches(fn: Callable[[], object]) -> LaunchCounter:
+    """What `fn()` would launch on a GPU: its counter (`aten`, `triton`, `launches`)."""
+    counter = LaunchCounter()
+    with triton_launches(counter), counter:
+        fn()
+    return counter
+
+
+def _returns_view(func: Any, args: tuple, out: Any) -> bool:
+    """Whether an op returned views of its first input (in-place ops and copies, e.g. `to` another dtype, do not)."""
+    infos = [r.alias_info for r in func._schema.returns]
+    if not infos or any(i is None or i.is_write for i in infos):
+        return False
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return first is None or all(not isinstance(o, torch.Tensor)
+                                or o.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for o in outs)
+
+
+def _triton_kernel_classes() -> list[Any]:
+    """The classes whose `run` launches a Triton kernel (compiled or interpreted); none without triton."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return []
+    return [JITFunction, InterpretedFunction]

@@ -2,8 +2,8 @@
 
 A proxy is a number that predicts GPU speed and can be measured on a CPU machine: the MoE inner
 loop's instruction count compiled for sm_90, the share of decode tokens a CUDA graph would compute,
-the host's milliseconds per step, the sampler's launches and peak temporaries per step, the KV
-bookkeeping's build time.
+the host's milliseconds per step, a decode step's kernel launches, the sampler's launches and peak
+temporaries per step, the KV bookkeeping's build time.
 Each measure lives beside the code it measures and is listed in MEASURES; `python -m engine.bench
 --proxies` (the benchmark, on torch alone: the GPU check runs it) and `python -m engine.proxies` print
 them all.
@@ -69,6 +69,16 @@ def graph_share_figures() -> list[ProxyFigure]:
             ProxyFigure("  of which in full decode graphs", full, "share of decode tokens", "-", True)]
 
 
+def _decode_launches() -> list[ProxyFigure]:
+    """Kernel launches of a decode step's forward on the Triton path (engine.launch_costs)."""
+    from engine.launch_costs import GOAL_PER_LAYER, LAYERS_20B, launch_figures
+
+    per_layer, per_step = launch_figures()
+    return [ProxyFigure("decode launches a layer (triton)", per_layer, "launches", f"<= {GOAL_PER_LAYER}",
+                        per_layer <= GOAL_PER_LAYER),
+            ProxyFigure(f"  a {LAYERS_20B}-layer step's forward", per_step, "launches", "-", True)]
+
+
 def _block_manager_build() -> list[ProxyFigure]:
     from engine.kv_cache import build_seconds
 
@@ -105,6 +115,7 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
     ("moe inner loop", _moe_inner_loop),
     ("decode tokens in graphs", graph_share_figures),
     ("host prepare ms/step", host_prepare_figures),
+    ("decode launches", _decode_launches),
     ("block manager build", _block_manager_build),
     ("sampler ops per step", _sampler_ops),
     ("sampler temporaries", sampler_temporary_figures),

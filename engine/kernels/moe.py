@@ -40,6 +40,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from engine.kernels.moe_gemm import moe_gemm_kernel  # noqa: E402
+from engine.kernels.moe_route import route_pairs  # noqa: E402
 
 # The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
 # first, which gives the products a 16-bit MMA with fp32 accumulation gives.
@@ -97,7 +98,16 @@ def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 def route(expert_ids: Tensor, num_experts: int, block_m: int) -> Routing:
-    """expert_ids [T, top_k] -> the pairs sorted by expert and a tile schedule, without reading anything back."""
+    """expert_ids [T, top_k] -> the pairs sorted by expert and a tile schedule, without reading anything back:
+    one launch (engine.kernels.moe_route), equal to `route_reference`."""
+    pairs = expert_ids.numel()
+    sorted_pairs, offsets, tile_expert, row_start = route_pairs(expert_ids, num_experts, block_m,
+                                                                max_tiles(pairs, num_experts, block_m))
+    return Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
+
+
+def route_reference(expert_ids: Tensor, num_experts: int, block_m: int) -> Routing:
+    """`route` in torch ops (~22 launches on a GPU)."""
     flat = expert_ids.reshape(-1)
     num_pairs, device = flat.numel(), flat.device
     sorted_ids, order = torch.sort(flat, stable=True)

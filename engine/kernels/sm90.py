@@ -31,6 +31,7 @@ DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 64)
 # gpt-oss-20b: hidden, intermediate, experts, experts per token
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 2880, 2880, 32, 4
 WEIGHTS_PER_EXPERT = {"gate_up": HIDDEN * 2 * INTERMEDIATE, "down": INTERMEDIATE * HIDDEN}
+HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
 MMA_OPS = ("HGMMA", "HMMA")
 
 
@@ -139,8 +140,6 @@ def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, bloc
     per expert) gives at its BLOCK_M."""
     cubin = compiled.asm["cubin"]
     loop = inner_loop(cubin)
-    usage = re.search(r"REG:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
-    spills = sum(_opcode(t) in ("STL", "LDL") for _, t in _sass(cubin))
     warps = compiled.metadata.num_warps
     per_4096 = len(loop) * warps / 4 * 4096 / (kwargs["BLOCK_N"] * kwargs["BLOCK_K"])
     opcodes = [_opcode(t) for t in loop]
@@ -150,8 +149,15 @@ def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, bloc
             "experts_hit": sum(c > 0 for c in counts), "weights_per_expert": WEIGHTS_PER_EXPERT[projection],
             "kernel": kernel_fn.__name__, "block": [block_m, kwargs["BLOCK_N"], kwargs["BLOCK_K"]],
             "num_warps": warps, "loop_instructions": len(loop), "per_4096": per_4096,
-            "mma": {op: opcodes.count(op) for op in MMA_OPS}, "registers": int(usage[1]) if usage else None,
-            "spills": spills, "shared_bytes": compiled.metadata.shared}
+            "mma": {op: opcodes.count(op) for op in MMA_OPS}, **resources(compiled)}
+
+
+def resources(compiled: Any) -> dict[str, Any]:
+    """A compiled kernel's registers, spill instructions (STL/LDL) and shared memory."""
+    cubin = compiled.asm["cubin"]
+    usage = re.search(r"REG:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
+    spills = sum(_opcode(t) in ("STL", "LDL") for _, t in _sass(cubin))
+    return {"registers": int(usage[1]) if usage else None, "spills": spills, "shared_bytes": compiled.metadata.shared}
 
 
 def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
@@ -163,15 +169,41 @@ def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
     import triton
 
     described: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []  # the routing kernel's launches, then the layer's fused kernels
     for num_tokens in tokens:
         ids = torch.stack([torch.randperm(EXPERTS, generator=torch.Generator().manual_seed(t))[:TOP_K]
                            for t in range(num_tokens)])
         counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
         for block_m in block_ms:
+            seen = len(launches)
             _compile_moe(ids, block_m)
-            described += [_describe(kernel_fn, kwargs, compiled, num_tokens, block_m, counts)
-                          for kernel_fn, kwargs, compiled in launches[len(described):]]
-    return {"triton": triton.__version__, "tokens": tokens, "kernels": described}
+            for kernel_fn, kwargs, compiled in launches[seen:]:
+                if kernel_fn.__name__ == "moe_gemm_kernel":
+                    described.append(_describe(kernel_fn, kwargs, compiled, num_tokens, block_m, counts))
+                else:
+                    others.append({"kernel": kernel_fn.__name__, "tokens": num_tokens, **resources(compiled)})
+    seen = len(launches)
+    _compile_layer_kernels(tokens[0])
+    others += [{"kernel": kernel_fn.__name__, "tokens": tokens[0], **resources(compiled)}
+               for kernel_fn, _, compiled in launches[seen:]]
+    return {"triton": triton.__version__, "tokens": tokens, "kernels": described, "other_kernels": others}
+
+
+def _compile_layer_kernels(num_tokens: int) -> None:
+    """Drive engine.kernels.fused at the 20b shape in bf16: the norms, RoPE with the K/V write."""
+    import torch
+
+    from engine.kernels import fused
+
+    bf16 = torch.bfloat16
+    x, weight = torch.empty(num_tokens, HIDDEN, dtype=bf16), torch.empty(HIDDEN, dtype=bf16)
+    fused.rms_norm(x, weight, 1e-5)
+    fused.add_rms_norm(x, x, weight, 1e-5)
+    q = torch.empty(num_tokens, HEADS, HEAD_DIM, dtype=bf16)
+    k = torch.empty(num_tokens, KV_HEADS, HEAD_DIM, dtype=bf16)
+    cos = torch.empty(num_tokens, HEAD_DIM // 2)
+    cache = torch.empty(64, 16, KV_HEADS, HEAD_DIM, dtype=bf16)
+    fused.rope_write_kv(q, k, k, cos, cos, cache, cache, torch.zeros(num_tokens, dtype=torch.long))
 
 
 def _compile_moe(ids: Any, block_m: int) -> None:

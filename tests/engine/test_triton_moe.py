@@ -79,12 +79,31 @@ def test_rows_per_tile_stay_between_16_and_the_tallest_tile_that_does_not_spill(
     assert moe.block_m_for(8 * 2048, 32) == moe.MAX_BLOCK_M == 128
 
 
-def test_route_traces_without_host_sync():
+def test_route_reference_traces_without_host_sync():
     ids, _ = routed(9)
-    traced = torch.compile(moe.route, fullgraph=True, backend="eager")(ids, 4, 16)
-    eager = moe.route(ids, 4, 16)
+    traced = torch.compile(moe.route_reference, fullgraph=True, backend="eager")(ids, 4, 16)
+    eager = moe.route_reference(ids, 4, 16)
     for name in ("sorted_pairs", "expert_offsets", "tile_expert", "tile_row_start"):
         assert torch.equal(getattr(traced, name), getattr(eager, name)), name
+
+
+@(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)  # the GPU check runs it natively
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,block_m", [
+    (0, 4, 2, 16), (1, 4, 2, 16), (13, 4, 2, 16), (40, 4, 2, 32), (300, 32, 4, 64),  # 300 x 4: several chunks
+    (70, 128, 4, 16),  # 120b's experts: most get none
+    (1100, 32, 4, 16),  # more tiles than a chunk holds
+])
+def test_route_kernel_equals_the_torch_reference_entry_for_entry(num_tokens, num_experts, top_k, block_m):
+    gen = torch.Generator().manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]) \
+        if num_tokens else torch.empty(0, top_k, dtype=torch.long)
+    if num_tokens == 300:
+        ids[:200] = ids[:200] % 3  # uneven: three experts take most pairs (top_k may repeat one: fine here)
+    got, want = moe.route(ids.to(DEVICE), num_experts, block_m), moe.route_reference(ids.to(DEVICE), num_experts,
+                                                                                     block_m)
+    for name in ("sorted_pairs", "expert_offsets", "tile_expert", "tile_row_start"):
+        assert getattr(got, name).dtype == torch.int32, name
+        assert torch.equal(getattr(got, name).cpu(), getattr(want, name).cpu()), name
 
 
 # -- dense expert weights ------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Kernel launches a decode step's forward makes, counted on CPU: the nodes a CUDA graph replays one by one.
+
+Each costs ~1-2 us on an H100 however little it does, so a step's launch count is a floor on its time beside
+the bytes it reads: at batch 1 the 20b roofline is ~1.1 ms a token. The count is taken on a model of gpt-oss's
+structure (alternating sliding and full layers, MXFP4 experts) at tiny widths, decoding 8 rows, with
+engine.op_trace.count_launches; at two layer counts, so a step splits into its layers' launches and its own
+(embedding, RoPE's cos and sin, the final norm), and a 24-layer step is its own + 24 x a layer's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.op_trace import count_launches
+
+LAYERS_20B = 24
+GOAL_PER_LAYER = 20  # launches a layer on the Triton path (76 before the fused norms, RoPE and routing)
+_ROWS, _CONTEXT, _BLOCK = 8, 300, 16
+
+
+def decode_launches(kernels: str, num_layers: int) -> int:
+    """Launches of one decode step's forward (logits and sampling aside) on a `num_layers`-layer model."""
+    from engine.bench_gpu import DRY_RUN_SHAPE, build_engine_model, preset_config
+    from engine.model import allocate_kv_cache
+
+    config = preset_config(**{**DRY_RUN_SHAPE, "num_hidden_layers": num_layers})
+    model, model_config = build_engine_model(config, "cpu", torch.float32, kernels)
+    blocks_per_row = (_CONTEXT + _BLOCK - 1) // _BLOCK
+    meta = AttentionMetadata(positions=torch.full((_ROWS,), _CONTEXT - 1),
+                             slot_mapping=torch.arange(_ROWS) * blocks_per_row * _BLOCK + _CONTEXT - 1,
+                             query_start_loc=torch.arange(_ROWS + 1), seq_lens=torch.full((_ROWS,), _CONTEXT),
+                             block_tables=torch.arange(_ROWS * blocks_per_row).view(_ROWS, blocks_per_row),
+                             block_size=_BLOCK, max_query_len=1, max_seq_len=_CONTEXT)
+    kv_caches = allocate_kv_cache(model_config, _ROWS * blocks_per_row, _BLOCK, torch.float32, "cpu")
+    input_ids = torch.arange(_ROWS)
+    with torch.inference_mode():
+        return count_launches(lambda: model(input_ids, meta, kv_caches)).launches
+
+
+def launches_per_step(kernels: str = "triton") -> tuple[float, float]:
+    """(launches a layer, launches of a 24-layer decode step's forward) on `kernels`' path."""
+    two, four = decode_launches(kernels, 2), decode_launches(kernels, 4)
+    per_layer = (four - two) / 2
+    return per_layer, two - 2 * per_layer + LAYERS_20B * per_layer
+
+
+def launch_figures(timeout_s: float = 300) -> tuple[float, float]:
+    """`launches_per_step()` on the Triton path, counted in a child process: the kernels run in Triton's
+    interpreter there, which must be chosen before triton.language first loads (see engine.kernels.moe)."""
+    repo_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "engine.launch_costs"], capture_output=True, text=True, env=env,
+                          timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"counting launches failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    per_layer, per_step = json.loads(done.stdout.strip().splitlines()[-1])
+    return per_layer, per_step
+
+
+if __name__ == "__main__":
+    print(json.dumps(launches_per_step("triton")))

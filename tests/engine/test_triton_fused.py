@@ -1,0 +1,92 @@
+"""The fused layer kernels (engine.kernels.fused) against the torch path they replace: RMSNorm (after the residual
+add) and RoPE with the K/V cache write. Without CUDA they run in Triton's interpreter."""
+
+import pytest
+import torch
+
+from engine.attention import write_kv
+from engine.kernels import require_triton, triton_available
+from engine.model import RMSNorm, apply_rotary
+
+if not triton_available():
+    pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+require_triton(DEVICE)
+from engine.kernels import fused  # noqa: E402
+
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []  # the GPU check runs them natively
+
+
+def torch_norm(hidden, dtype, seed=0):
+    norm = RMSNorm(hidden, 1e-5).to(DEVICE, dtype)
+    norm.weight.data = torch.randn(hidden, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+    return norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [64, 72])  # 72: a masked tail
+def test_rms_norm_equals_the_torch_norm(dtype, hidden):
+    norm = torch_norm(hidden, dtype)
+    x = (3 * torch.randn(7, hidden, generator=torch.Generator().manual_seed(1))).to(DEVICE, dtype)
+    got = fused.rms_norm(x, norm.weight, norm.eps)
+    assert got.dtype == dtype
+    # the squares are summed in another order than torch's mean: fp32 rounding, then at most one step of dtype's
+    torch.testing.assert_close(got, norm(x), rtol=2**-7 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rms_norm_rounds_the_sum_before_the_norm_reads_it(dtype):
+    norm = torch_norm(72, dtype)
+    gen = torch.Generator().manual_seed(2)
+    x, delta = (torch.randn(5, 72, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    total, normed = fused.add_rms_norm(x, delta, norm.weight, norm.eps)
+    assert torch.equal(total, x + delta)
+    torch.testing.assert_close(normed, norm(x + delta), rtol=2**-7 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
+
+
+def test_a_step_without_tokens_launches_nothing():
+    norm = torch_norm(64, torch.float32)
+    assert fused.rms_norm(torch.empty(0, 64, device=DEVICE), norm.weight, norm.eps).shape == (0, 64)
+
+
+def rope_inputs(dtype, num_tokens=5, heads=6, kv_heads=3, head_dim=16, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(num_tokens, h, head_dim, generator=gen).to(DEVICE, dtype)
+               for h in (heads, kv_heads, kv_heads))
+    angles = torch.randn(num_tokens, head_dim // 2, generator=gen) * 3
+    return q, k, v, (angles.cos() * 1.1).to(DEVICE), (angles.sin() * 1.1).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_equals_apply_rotary_then_write_kv(dtype):
+    q, k, v, cos, sin = rope_inputs(dtype)
+    # a strided slot mapping (every other entry of a longer tensor), slots in several blocks, one reused block
+    slots = torch.tensor([3, 99, 17, 40, 4, 0, 63, 1, 18, 2], device=DEVICE)[::2]
+    k_cache, v_cache = (torch.randn(8, 8, 3, 16, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
+                        for _ in range(2))
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_q = apply_rotary(q, cos, sin)
+    write_kv(want_k, want_v, apply_rotary(k, cos, sin), v, slots)
+    got_q = fused.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
+    assert got_q.dtype == dtype
+    # each product and sum rounded to dtype, as apply_rotary does
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # the other slots untouched
+
+
+def test_rope_write_kv_reads_q_k_v_as_views_of_one_projection():
+    q, k, v, cos, sin = rope_inputs(torch.float32)
+    packed = torch.cat([t.flatten(1) for t in (q, k, v)], dim=1)  # [T, (6 + 3 + 3) * 16]
+    views = packed[:, :96].view(5, 6, 16), packed[:, 96:144].view(5, 3, 16), packed[:, 144:].view(5, 3, 16)
+    caches = [torch.zeros(4, 4, 3, 16, device=DEVICE) for _ in range(4)]
+    slots = torch.arange(5, device=DEVICE)
+    assert torch.equal(fused.rope_write_kv(*views, cos, sin, *caches[:2], slots),
+                       fused.rope_write_kv(q, k, v, cos, sin, *caches[2:], slots))
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_rope_write_kv_refuses_a_head_dim_it_cannot_tile():
+    q, k, v, cos, sin = rope_inputs(torch.float32, head_dim=12)
+    caches = [torch.zeros(4, 4, 3, 12, device=DEVICE) for _ in range(2)]
+    with pytest.raises(ValueError, match="head_dim 12 must be a power of two"):
+        fused.rope_write_kv(q, k, v, cos, sin, *caches, torch.arange(5, device=DEVICE))
