@@ -4,8 +4,8 @@
 
 torch needs ~22 launches for it (a sort, searchsorted twice, a cumsum, casts: engine.kernels.moe.route_reference),
 more than the rest of the MoE. One program does it all here, as a stable counting sort, chunk by chunk over the
-pairs: in a chunk a pair's rank among its expert's pairs is a count of the chunk's earlier pairs of its expert,
-and a running count per expert adds the chunks before. Its result is the reference's, entry for entry (the tiles
+pairs: in a chunk, a running sum down the one-hot [pairs, experts] gives each pair's rank among its expert's
+pairs, and a running count per expert adds the chunks before. Its result is the reference's, entry for entry (the tiles
 past the real ones included), so the grouped GEMMs see the same rows in the same order.
 """
 
@@ -20,9 +20,9 @@ require_triton("cuda" if torch.cuda.is_available() else "cpu")  # see engine.ker
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-# Pairs a chunk takes: its [chunk, chunk] comparisons (each pair against the chunk's earlier ones) and its
-# [chunk, experts] one-hot stay in registers (compiled for sm_90: no spills at 128 experts).
-MAX_CHUNK = 64
+# One-hot entries (pairs x experts) a chunk of pairs takes: 256 pairs of 32 experts, 64 of 128; they stay in
+# registers (compiled for sm_90: no spills). Fewer, larger chunks: each is a trip to memory and back.
+CHUNK_ENTRIES = 8192
 
 
 @triton.jit
@@ -37,6 +37,12 @@ def _sum(x, axis: tl.constexpr):
 def _pick(values, onehot):
     """values [E] at each row's one expert of onehot [R, E] -> [R] (0 where a row has none)."""
     return _sum(tl.where(onehot, values[None, :], 0), 1)
+
+
+@triton.jit
+def _running_sum(x, axis: tl.constexpr):
+    """Inclusive prefix sums along `axis` (tl.cumsum's combine: numpy's cumsum in the interpreter)."""
+    return tl.associative_scan(x, axis, tl.standard._sum_combine)
 
 
 @triton.jit
@@ -63,11 +69,11 @@ def _route_kernel(ids_ptr, sorted_pairs_ptr, offsets_ptr, tile_expert_ptr, tile_
     for start in range(0, num_pairs, CHUNK):
         pairs = start + rows
         ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
-        onehot = ids[:, None] == experts[None, :]
-        earlier = (ids[None, :] == ids[:, None]) & (rows[None, :] < rows[:, None])  # [pair, earlier pair]
-        position = _pick(offsets + seen, onehot) + _sum(earlier.to(tl.int32), 1)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+        before = _running_sum(onehot, 0) - onehot  # the chunk's earlier pairs of each expert
+        position = _sum(onehot * ((offsets + seen)[None, :] + before), 1)
         tl.store(sorted_pairs_ptr + position, pairs, mask=pairs < num_pairs)
-        seen += _sum(onehot.to(tl.int32), 0)
+        seen += _sum(onehot, 0)
     # tile t belongs to the first expert whose tiles end past t (num_experts past the last real tile)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     tile_ends = _inclusive_sum(tiles, experts)
@@ -91,7 +97,8 @@ def route_pairs(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: i
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     tile_expert = torch.empty(max_tiles, dtype=torch.int32, device=device)
     tile_row_start = torch.empty(max_tiles, dtype=torch.int32, device=device)
-    chunk = min(MAX_CHUNK, max(16, triton.next_power_of_2(max(num_pairs, max_tiles))))
+    block_e = triton.next_power_of_2(num_experts)
+    chunk = min(max(16, CHUNK_ENTRIES // block_e), max(16, triton.next_power_of_2(max(num_pairs, max_tiles))))
     _route_kernel[(1,)](flat, sorted_pairs, offsets, tile_expert, tile_row_start, num_pairs, num_experts, max_tiles,
-                        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=chunk, num_warps=8)
+                        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=chunk, num_warps=8)
     return sorted_pairs, offsets, tile_expert, tile_row_start
