@@ -241,6 +241,15 @@ class GptOssExperts(nn.Module):
         y *= weights.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token_idx, y)
 
+    def from_logits(self, x: Tensor, logits: Tensor, top_k: int) -> Tensor:
+        """The Triton path from the router's logits [T, E]: `forward` of their top_k and its softmax."""
+        moe = self.triton_moe
+        assert moe is not None, "from_logits is the Triton path's"
+        return moe.moe_experts_from_logits(x, logits, top_k, *self._weight_and_scales("gate_up_proj"),
+                                           self.gate_up_proj_bias, *self._weight_and_scales("down_proj"),
+                                           self.down_proj_bias, self.alpha, self.limit,
+                                           moe.INVARIANT_BLOCK_M if self.batch_invariant else 0)
+
     def _can_group(self, x: Tensor) -> bool:
         # torch's grouped matmul: checked on CPU only; it wants rows of 16-byte multiples.
         widths = (self.gate_up_proj.shape[1], self.gate_up_proj.shape[2], self.down_proj.shape[2])
@@ -302,6 +311,8 @@ class GptOssMLP(nn.Module):
         self.experts = GptOssExperts(config, kernels)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.experts.triton_moe is not None:  # the top-k and its softmax inside the routing kernel
+            return self.experts.from_logits(x, self.router(x), self.router.top_k)
         expert_ids, weights = self.router.route(x)
         return self.experts(x, expert_ids, weights)
 

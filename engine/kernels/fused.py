@@ -24,7 +24,7 @@ import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _rounded(x, dtype: tl.constexpr):
+def rounded(x, dtype: tl.constexpr):
     """fp32 x rounded to nearest (even) in `dtype`, as an fp32: one op of torch's in that dtype. Spelled out
     because Triton's interpreter (3.9) computes 16-bit floats wrongly and truncates fp32 to bf16."""
     if dtype == tl.bfloat16:
@@ -47,13 +47,13 @@ def _rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, hidden, eps
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if ADD:
         delta = tl.load(delta_ptr + row * stride_delta + cols, mask=mask, other=0.0)
-        x = _rounded(x.to(tl.float32) + delta.to(tl.float32), x.dtype)
+        x = rounded(x.to(tl.float32) + delta.to(tl.float32), x.dtype)
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
     t = x.to(tl.float32)
     # tl.sum's combine through tl.reduce, not tl.sum: see engine.kernels.moe_route._sum
     t = t * (1.0 / tl.sqrt(tl.reduce(t * t, 0, tl.standard._sum_combine) / hidden + eps))
     y = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32) * t
-    y = _rounded(y, out_ptr.dtype.element_ty)
+    y = rounded(y, out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -90,8 +90,8 @@ def _rotate(x_ptr, out_ptr, heads, head_mask, d, cos, sin, stride_xh, stride_oh,
     x1 = x1.to(tl.float32)
     x2 = tl.load(x_ptr + offs + HALF, mask=head_mask[:, None]).to(tl.float32)
     out = out_ptr + heads[:, None] * stride_oh + d[None, :]
-    first = _rounded(_rounded(x1 * cos, dtype) - _rounded(x2 * sin, dtype), dtype)
-    second = _rounded(_rounded(x2 * cos, dtype) + _rounded(x1 * sin, dtype), dtype)
+    first = rounded(rounded(x1 * cos, dtype) - rounded(x2 * sin, dtype), dtype)
+    second = rounded(rounded(x2 * cos, dtype) + rounded(x1 * sin, dtype), dtype)
     tl.store(out, first.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
     tl.store(out + HALF, second.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
 
@@ -104,9 +104,9 @@ def _rope_write_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache
     """One token: its rotated queries into q_out, its rotated key and its value into the cache at its slot."""
     token = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, HALF)
-    # cast to q's dtype, as apply_rotary does, and computed with in fp32 (see _rounded)
-    cos = _rounded(tl.load(cos_ptr + token * stride_cos + d), q_ptr.dtype.element_ty)[None, :]
-    sin = _rounded(tl.load(sin_ptr + token * stride_sin + d), q_ptr.dtype.element_ty)[None, :]
+    # cast to q's dtype, as apply_rotary does, and computed with in fp32 (see rounded)
+    cos = rounded(tl.load(cos_ptr + token * stride_cos + d), q_ptr.dtype.element_ty)[None, :]
+    sin = rounded(tl.load(sin_ptr + token * stride_sin + d), q_ptr.dtype.element_ty)[None, :]
     heads = tl.arange(0, BLOCK_HEADS)
     _rotate(q_ptr + token * stride_qt, q_out_ptr + token * stride_qot, heads, heads < num_heads, d, cos, sin,
             stride_qh, stride_qoh, HALF)

@@ -40,7 +40,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from engine.kernels.moe_gemm import moe_gemm_kernel  # noqa: E402
-from engine.kernels.moe_route import route_pairs  # noqa: E402
+from engine.kernels.moe_route import route_logits, route_pairs  # noqa: E402
 
 # The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
 # first, which gives the products a 16-bit MMA with fp32 accumulation gives.
@@ -154,9 +154,30 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
     if hidden % 2 or two_inter % 4:
         raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
     routing = route(expert_ids, num_experts, block_m or block_m_for(num_tokens * top_k, num_experts))
+    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit)
+
+
+def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: ExpertWeight, gate_up_bias: Tensor,
+                              down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
+                              block_m: int = 0) -> Tensor:
+    """`fused_experts` from the router's logits [T, E]: the top_k experts of each token, their softmax weights
+    and the routing in one launch (engine.kernels.moe_route.route_logits)."""
+    num_tokens, num_experts = logits.shape
+    if gate_up.shape[0] != num_experts or x.shape[0] != num_tokens:
+        raise ValueError(f"router logits {tuple(logits.shape)} do not match x {tuple(x.shape)} and "
+                         f"{gate_up.shape[0]} experts")
+    block_m = block_m or block_m_for(num_tokens * top_k, num_experts)
+    _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
+        logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
+    routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
+    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit)
+
+
+def _experts(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
+             down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float) -> Tensor:
     activated = gate_up_swiglu(x, routing, top_k, gate_up, gate_up_bias, alpha, limit)
     per_pair = down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous())
-    return per_pair.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+    return per_pair.view(x.shape[0], top_k, x.shape[1]).sum(1).to(x.dtype)
 
 
 @torch.library.custom_op("batchrun::moe_experts", mutates_args=())
@@ -175,6 +196,23 @@ def moe_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Tensor,
 def _moe_experts_fake(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Tensor, gate_up_scales: Tensor | None,
                       gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
                       alpha: float, limit: float, block_m: int = 0) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("batchrun::moe_experts_from_logits", mutates_args=())
+def moe_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor, gate_up_scales: Tensor | None,
+                            gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
+                            alpha: float, limit: float, block_m: int = 0) -> Tensor:
+    """`fused_experts_from_logits` as one opaque op (see moe_experts)."""
+    return fused_experts_from_logits(x, logits, top_k, _expert_weight(gate_up, gate_up_scales), gate_up_bias,
+                                     _expert_weight(down, down_scales), down_bias, alpha, limit, block_m)
+
+
+@moe_experts_from_logits.register_fake
+def _moe_experts_from_logits_fake(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor,
+                                  gate_up_scales: Tensor | None, gate_up_bias: Tensor, down: Tensor,
+                                  down_scales: Tensor | None, down_bias: Tensor, alpha: float, limit: float,
+                                  block_m: int = 0) -> Tensor:
     return torch.empty_like(x)
 
 

@@ -20,6 +20,8 @@ require_triton("cuda" if torch.cuda.is_available() else "cpu")  # see engine.ker
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from engine.kernels.fused import rounded  # noqa: E402
+
 # One-hot entries (pairs x experts) a chunk of pairs takes: 256 pairs of 32 experts, 64 of 128; they stay in
 # registers (compiled for sm_90: no spills). Fewer, larger chunks: each is a trip to memory and back.
 CHUNK_ENTRIES = 8192
@@ -52,11 +54,49 @@ def _inclusive_sum(values, index):
 
 
 @triton.jit
+def _top_k(logits_ptr, stride_logits, ids_ptr, weights_ptr, num_tokens, num_experts,
+           TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, TOKENS: tl.constexpr):
+    """Each token's TOP_K largest logits, largest first (the lowest expert on a tie), as expert ids and their
+    softmax (computed in fp32, rounded to the logits' dtype, as torch.topk then torch.softmax give them)."""
+    experts = tl.arange(0, BLOCK_E)
+    slots = tl.arange(0, BLOCK_K)
+    for start in range(0, num_tokens, TOKENS):
+        tokens = start + tl.arange(0, TOKENS)
+        valid = (tokens < num_tokens)[:, None] & (experts < num_experts)[None, :]
+        scores = tl.load(logits_ptr + tokens.to(tl.int64)[:, None] * stride_logits + experts[None, :], mask=valid,
+                         other=-float("inf")).to(tl.float32)
+        ids = tl.zeros([TOKENS, BLOCK_K], tl.int32)
+        exps = tl.zeros([TOKENS, BLOCK_K], tl.float32)
+        best = tl.reduce(scores, 1, tl.standard._elementwise_max)
+        best = tl.where(tokens < num_tokens, best, 0.0)  # rows past the end: no -inf - -inf
+        for slot in tl.static_range(TOP_K):
+            top = tl.reduce(scores, 1, tl.standard._elementwise_max)
+            expert = tl.reduce(tl.where(scores == top[:, None], experts[None, :], BLOCK_E), 1,
+                               tl.standard._elementwise_min)
+            ids = tl.where(slots[None, :] == slot, expert[:, None], ids)
+            exps = tl.where(slots[None, :] == slot, tl.exp(top - best)[:, None], exps)
+            scores = tl.where(experts[None, :] == expert[:, None], -float("inf"), scores)
+        weights = exps / tl.maximum(_sum(exps, 1), 1.0)[:, None]  # the sum is >= 1 (the top's own exp(0))
+        out = tokens[:, None] * TOP_K + slots[None, :]
+        mask = (tokens < num_tokens)[:, None] & (slots < TOP_K)[None, :]
+        tl.store(ids_ptr + out, ids, mask=mask)
+        tl.store(weights_ptr + out, rounded(weights, weights_ptr.dtype.element_ty).to(weights_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
 def _route_kernel(ids_ptr, sorted_pairs_ptr, offsets_ptr, tile_expert_ptr, tile_row_start_ptr,
-                  num_pairs, num_experts, max_tiles, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
-                  CHUNK: tl.constexpr):
+                  num_pairs, num_experts, max_tiles, logits_ptr, stride_logits, weights_ptr,
+                  BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+                  FROM_LOGITS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The routing of module docstring; FROM_LOGITS: first each token's top TOP_K of its router logits into
+    ids_ptr and weights_ptr (see _top_k)."""
     experts = tl.arange(0, BLOCK_E)
     rows = tl.arange(0, CHUNK)
+    if FROM_LOGITS:
+        _top_k(logits_ptr, stride_logits, ids_ptr, weights_ptr, num_pairs // TOP_K, num_experts, TOP_K, BLOCK_K,
+               BLOCK_E, CHUNK // BLOCK_K)
+        tl.debug_barrier()  # the ids this program stored, visible to all its threads
     counts = tl.zeros([BLOCK_E], tl.int32)
     for start in range(0, num_pairs, CHUNK):
         ids = tl.load(ids_ptr + start + rows, mask=start + rows < num_pairs, other=-1)
@@ -91,7 +131,24 @@ def route_pairs(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: i
         -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """expert_ids [T, top_k] -> (sorted_pairs [P], expert_offsets [E + 1], tile_expert [max_tiles],
     tile_row_start [max_tiles]), int32, as engine.kernels.moe.route_reference computes them."""
-    flat = expert_ids.reshape(-1)
+    return _route(expert_ids.reshape(-1), num_experts, block_m, max_tiles)
+
+
+def route_logits(logits: Tensor, top_k: int, block_m: int, max_tiles: int) \
+        -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Router logits [T, E] -> (expert_ids [T, top_k] int32, their weights [T, top_k] in logits' dtype, and
+    route_pairs' four tensors for them): torch.topk, torch.softmax and the routing in one launch."""
+    num_tokens, num_experts = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError("router logits must be contiguous along the experts")
+    expert_ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=logits.device)
+    weights = torch.empty(num_tokens, top_k, dtype=logits.dtype, device=logits.device)
+    routing = _route(expert_ids.view(-1), num_experts, block_m, max_tiles, logits=logits, weights=weights)
+    return (expert_ids, weights, *routing)
+
+
+def _route(flat: Tensor, num_experts: int, block_m: int, max_tiles: int, logits: Tensor | None = None,
+           weights: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     num_pairs, device = flat.numel(), flat.device
     sorted_pairs = torch.empty(num_pairs, dtype=torch.int32, device=device)
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
@@ -99,6 +156,11 @@ def route_pairs(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: i
     tile_row_start = torch.empty(max_tiles, dtype=torch.int32, device=device)
     block_e = triton.next_power_of_2(num_experts)
     chunk = min(max(16, CHUNK_ENTRIES // block_e), max(16, triton.next_power_of_2(max(num_pairs, max_tiles))))
+    top_k = num_pairs // logits.shape[0] if logits is not None and logits.shape[0] else 1
+    block_k = triton.next_power_of_2(top_k)
     _route_kernel[(1,)](flat, sorted_pairs, offsets, tile_expert, tile_row_start, num_pairs, num_experts, max_tiles,
-                        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=chunk, num_warps=8)
+                        flat if logits is None else logits, 0 if logits is None else logits.stride(0),
+                        flat if weights is None else weights,
+                        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=max(chunk, block_k), FROM_LOGITS=logits is not None,
+                        TOP_K=top_k, BLOCK_K=block_k, num_warps=8)
     return sorted_pairs, offsets, tile_expert, tile_row_start

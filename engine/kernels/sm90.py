@@ -190,7 +190,8 @@ def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
 
 
 def _compile_layer_kernels(num_tokens: int) -> None:
-    """Drive engine.kernels.fused at the 20b shape in bf16: the norms, RoPE with the K/V write."""
+    """Drive engine.kernels.fused at the 20b shape in bf16 (the norms, RoPE with the K/V write), and the routing
+    from the router's logits."""
     import torch
 
     from engine.kernels import fused
@@ -204,6 +205,11 @@ def _compile_layer_kernels(num_tokens: int) -> None:
     cos = torch.empty(num_tokens, HEAD_DIM // 2)
     cache = torch.empty(64, 16, KV_HEADS, HEAD_DIM, dtype=bf16)
     fused.rope_write_kv(q, k, k, cos, cos, cache, cache, torch.zeros(num_tokens, dtype=torch.long))
+    from engine.kernels import moe, moe_route
+
+    block_m = moe.block_m_for(num_tokens * TOP_K, EXPERTS)
+    moe_route.route_logits(torch.empty(num_tokens, EXPERTS, dtype=bf16), TOP_K, block_m,
+                           moe.max_tiles(num_tokens * TOP_K, EXPERTS, block_m))  # the router's top-k inside
 
 
 def _compile_moe(ids: Any, block_m: int) -> None:

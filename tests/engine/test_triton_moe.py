@@ -18,7 +18,7 @@ if not triton_available():
     pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 require_triton(DEVICE)  # CPU: the interpreter, chosen before triton is first imported
-from engine.kernels import moe  # noqa: E402
+from engine.kernels import moe, moe_route  # noqa: E402
 
 CONFIG = ModelConfig.from_hf(tiny_config())  # 4 experts, hidden 64, intermediate 64, top_k 2
 
@@ -77,6 +77,35 @@ def test_rows_per_tile_give_nearly_every_hit_expert_one_tile(num_tokens):
 def test_rows_per_tile_stay_between_16_and_the_tallest_tile_that_does_not_spill():
     assert moe.block_m_for(1, 32) == moe.block_m_for(4, 32) == 16
     assert moe.block_m_for(8 * 2048, 32) == moe.MAX_BLOCK_M == 128
+
+
+@(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)  # the GPU check runs it natively
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 4, 2), (37, 32, 4), (300, 32, 4), (70, 128, 4),
+                                                          (5, 6, 3)])  # 6 experts, top 3: padded shapes
+def test_route_logits_equals_topk_softmax_then_the_reference_routing(dtype, num_tokens, num_experts, top_k):
+    gen = torch.Generator().manual_seed(num_tokens)
+    # distinct in every row (torch.topk orders ties its own way), and exact in bf16: multiples of 1/8 below 16
+    logits = torch.stack([torch.randperm(num_experts, generator=gen) for _ in range(num_tokens)]).float()
+    logits = (logits / 8 - num_experts / 16).to(dtype)
+    ids, weights, *routing = moe_route.route_logits(logits.to(DEVICE), top_k, 16,
+                                                    moe.max_tiles(num_tokens * top_k, num_experts, 16))
+    top, want_ids = torch.topk(logits, top_k, dim=-1)
+    assert torch.equal(ids.cpu(), want_ids.int())
+    assert weights.dtype == dtype
+    # the softmax of the top logits, in fp32 rounded to their dtype; torch's exp may differ in its last bit
+    torch.testing.assert_close(weights.cpu(), torch.softmax(top, dim=-1), rtol=2**-8 if dtype == torch.bfloat16
+                               else 1e-6, atol=0)
+    want = moe.route_reference(want_ids.to(DEVICE), num_experts, 16)
+    for got, name in zip(routing, ("sorted_pairs", "expert_offsets", "tile_expert", "tile_row_start")):
+        assert torch.equal(got.cpu(), getattr(want, name).cpu()), name
+
+
+def test_route_logits_takes_the_lowest_expert_of_a_tie():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0, 2.0]])
+    ids, weights, *_ = moe_route.route_logits(logits.to(DEVICE), 4, 16, moe.max_tiles(4, 6, 16))
+    assert ids.tolist() == [[1, 2, 4, 5]]
+    torch.testing.assert_close(weights.cpu(), torch.softmax(torch.tensor([[3.0, 3.0, 3.0, 2.0]]), dim=-1))
 
 
 def test_route_reference_traces_without_host_sync():
