@@ -241,14 +241,15 @@ class GptOssExperts(nn.Module):
         y *= weights.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token_idx, y)
 
-    def from_logits(self, x: Tensor, logits: Tensor, top_k: int) -> Tensor:
-        """The Triton path from the router's logits [T, E]: `forward` of their top_k and its softmax."""
+    def from_logits(self, x: Tensor, logits: Tensor, top_k: int, residual: Tensor | None = None) -> Tensor:
+        """The Triton path from the router's logits [T, E]: `forward` of their top_k and its softmax
+        (+ residual)."""
         moe = self.triton_moe
         assert moe is not None, "from_logits is the Triton path's"
         return moe.moe_experts_from_logits(x, logits, top_k, *self._weight_and_scales("gate_up_proj"),
                                            self.gate_up_proj_bias, *self._weight_and_scales("down_proj"),
                                            self.down_proj_bias, self.alpha, self.limit,
-                                           moe.INVARIANT_BLOCK_M if self.batch_invariant else 0)
+                                           moe.INVARIANT_BLOCK_M if self.batch_invariant else 0, residual)
 
     def _can_group(self, x: Tensor) -> bool:
         # torch's grouped matmul: checked on CPU only; it wants rows of 16-byte multiples.
@@ -311,10 +312,14 @@ class GptOssMLP(nn.Module):
         self.experts = GptOssExperts(config, kernels)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.experts.triton_moe is not None:  # the top-k and its softmax inside the routing kernel
-            return self.experts.from_logits(x, self.router(x), self.router.top_k)
         expert_ids, weights = self.router.route(x)
         return self.experts(x, expert_ids, weights)
+
+    def add_forward(self, residual: Tensor, x: Tensor) -> Tensor:
+        """The residual stream after the MoE: residual + forward(x)."""
+        if self.experts.triton_moe is not None:  # the top-k in the routing kernel, the add in the experts' sum
+            return self.experts.from_logits(x, self.router(x), self.router.top_k, residual)
+        return residual + self(x)
 
 
 class GptOssDecoderLayer(nn.Module):
@@ -337,7 +342,7 @@ class GptOssDecoderLayer(nn.Module):
     def after_attention(self, x: Tensor, o: Tensor) -> Tensor:
         """Residual stream x and attention output o: [T, heads * head_dim] -> the layer's output [T, hidden]."""
         x, h = self.post_attention_layernorm.add_forward(x, self.self_attn.o_proj(o))
-        return x + self.mlp(h)
+        return self.mlp.add_forward(x, h)
 
 
 class GptOssDecoder(nn.Module):

@@ -39,6 +39,7 @@ require_triton("cuda" if torch.cuda.is_available() else "cpu")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from engine.kernels import fused  # noqa: E402
 from engine.kernels.moe_gemm import moe_gemm_kernel  # noqa: E402
 from engine.kernels.moe_route import route_logits, route_pairs  # noqa: E402
 
@@ -159,9 +160,10 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
 
 def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: ExpertWeight, gate_up_bias: Tensor,
                               down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
-                              block_m: int = 0) -> Tensor:
+                              block_m: int = 0, residual: Tensor | None = None) -> Tensor:
     """`fused_experts` from the router's logits [T, E]: the top_k experts of each token, their softmax weights
-    and the routing in one launch (engine.kernels.moe_route.route_logits)."""
+    and the routing in one launch (engine.kernels.moe_route.route_logits); + `residual` when given (the
+    residual stream's add after the MoE, in the same launch as the sum over each token's experts)."""
     num_tokens, num_experts = logits.shape
     if gate_up.shape[0] != num_experts or x.shape[0] != num_tokens:
         raise ValueError(f"router logits {tuple(logits.shape)} do not match x {tuple(x.shape)} and "
@@ -170,14 +172,15 @@ def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Ex
     _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
         logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
     routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
-    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit)
+    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, residual)
 
 
 def _experts(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
-             down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float) -> Tensor:
+             down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
+             residual: Tensor | None = None) -> Tensor:
     activated = gate_up_swiglu(x, routing, top_k, gate_up, gate_up_bias, alpha, limit)
     per_pair = down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous())
-    return per_pair.view(x.shape[0], top_k, x.shape[1]).sum(1).to(x.dtype)
+    return fused.moe_combine(per_pair, top_k, x.dtype, residual)
 
 
 @torch.library.custom_op("batchrun::moe_experts", mutates_args=())
@@ -202,17 +205,17 @@ def _moe_experts_fake(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: T
 @torch.library.custom_op("batchrun::moe_experts_from_logits", mutates_args=())
 def moe_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor, gate_up_scales: Tensor | None,
                             gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
-                            alpha: float, limit: float, block_m: int = 0) -> Tensor:
+                            alpha: float, limit: float, block_m: int = 0, residual: Tensor | None = None) -> Tensor:
     """`fused_experts_from_logits` as one opaque op (see moe_experts)."""
     return fused_experts_from_logits(x, logits, top_k, _expert_weight(gate_up, gate_up_scales), gate_up_bias,
-                                     _expert_weight(down, down_scales), down_bias, alpha, limit, block_m)
+                                     _expert_weight(down, down_scales), down_bias, alpha, limit, block_m, residual)
 
 
 @moe_experts_from_logits.register_fake
 def _moe_experts_from_logits_fake(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor,
                                   gate_up_scales: Tensor | None, gate_up_bias: Tensor, down: Tensor,
                                   down_scales: Tensor | None, down_bias: Tensor, alpha: float, limit: float,
-                                  block_m: int = 0) -> Tensor:
+                                  block_m: int = 0, residual: Tensor | None = None) -> Tensor:
     return torch.empty_like(x)
 
 

@@ -1,6 +1,8 @@
 """The fused layer kernels (engine.kernels.fused) against the torch path they replace: RMSNorm (after the residual
 add) and RoPE with the K/V cache write. Without CUDA they run in Triton's interpreter."""
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -90,3 +92,17 @@ def test_rope_write_kv_refuses_a_head_dim_it_cannot_tile():
     caches = [torch.zeros(4, 4, 3, 12, device=DEVICE) for _ in range(2)]
     with pytest.raises(ValueError, match="head_dim 12 must be a power of two"):
         fused.rope_write_kv(q, k, v, cos, sin, *caches, torch.arange(5, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_combine_sums_each_tokens_experts_in_slot_order_then_adds_the_residual(dtype):
+    gen = torch.Generator().manual_seed(5)
+    per_pair = (torch.randn(7 * 4, 72, generator=gen) * 3).to(DEVICE)
+    residual = torch.randn(7, 72, generator=gen).to(DEVICE, dtype)
+    summed = per_pair.view(7, 4, 72).sum(1).to(dtype)
+    # torch's CPU sum adds the 4 slots in order, as the kernel does; on CUDA it may pair them otherwise
+    same = torch.equal if DEVICE == "cpu" else partial(torch.testing.assert_close, rtol=2**-7, atol=1e-5)
+    assert same(fused.moe_combine(per_pair, 4, dtype), summed) is not False
+    assert same(fused.moe_combine(per_pair, 4, dtype, residual), residual + summed) is not False
+    with pytest.raises(ValueError, match="residual"):
+        fused.moe_combine(per_pair, 4, dtype, residual[:3])
