@@ -137,6 +137,7 @@ class GptOssAttention(nn.Module):
         self.batch_invariant = False  # GptOssModel.set_batch_invariant
         self.paged_attention = paged_attention
         self.fused = _fused_kernels(kernels)
+        self.qkv: tuple[Tensor, Tensor] | None = None  # tie_projections: q, k, v's weights and biases in one each
         if kernels == "triton":
             from engine.kernels.attention import triton_paged_attention  # triton is an optional extra
 
@@ -151,14 +152,45 @@ class GptOssAttention(nn.Module):
         """x: [T, hidden] -> rotated queries [T, heads, head_dim]; writes K/V at slot_mapping (the attention's
         inputs: the part a piecewise CUDA graph captures, as it reads no step shape but T)."""
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.fused is not None and self._tied():
+            q, k, v = self._project_tied(x)
+        else:
+            q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+            k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.fused is not None:
             return self.fused.rope_write_kv(q, k, v, cos, sin, kv_cache[0], kv_cache[1], slot_mapping)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         write_kv(kv_cache[0], kv_cache[1], k, v, slot_mapping)
         return q
+
+    def tie_projections(self) -> None:
+        """Hold q, k and v's weights in one tensor and their biases in another, the six parameters views of
+        them (loading writes through), so the Triton path projects in one GEMM, not three launches."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight.data for p in projections])
+        bias = torch.cat([p.bias.data for p in projections])
+        start = 0
+        for projection in projections:
+            rows = projection.weight.shape[0]
+            projection.weight.data, projection.bias.data = weight[start:start + rows], bias[start:start + rows]
+            start += rows
+        self.qkv = weight, bias
+
+    def _tied(self) -> bool:
+        # a module moved or reloaded since (its parameters copied elsewhere) falls back to three projections
+        return self.qkv is not None and self.q_proj.weight.data_ptr() == self.qkv[0].data_ptr() \
+            and self.v_proj.bias.data_ptr() == self.qkv[1][-self.v_proj.bias.shape[0]:].data_ptr()
+
+    def _project_tied(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        assert self.qkv is not None  # for mypy: _tied() checked it
+        weight, bias = self.qkv
+        linear = invariant.linear if self.q_proj.batch_invariant else nn.functional.linear
+        qkv = linear(x, weight, bias)
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_width, kv_width, kv_width], dim=1)
+        shape = (x.shape[0], -1, self.head_dim)
+        return q.view(shape), k.view(shape), v.view(shape)
 
     def attend(self, q: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         """q: [T, heads, head_dim] -> [T, heads * head_dim] over the paged cache (depends on the step's shape)."""
@@ -367,6 +399,14 @@ class GptOssModel(nn.Module):
         self.config = config
         self.model = GptOssDecoder(config, kernels)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def to_empty(self, *, device: torch.device | str | int | None, recurse: bool = True) -> GptOssModel:
+        """nn.Module.to_empty, then (on the Triton path) each attention's q, k, v held in one tensor to load into."""
+        super().to_empty(device=device, recurse=recurse)
+        for module in self.modules():
+            if isinstance(module, GptOssAttention) and module.fused is not None:
+                module.tie_projections()
+        return self
 
     def set_batch_invariant(self, on: bool) -> None:
         """Compute every row the same way in any batch, chunk or decode step (EngineConfig.deterministic)."""

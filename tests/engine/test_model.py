@@ -13,6 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from engine.attention import AttentionMetadata
 from engine.checkpoint import make_random_checkpoint
 from engine.config import EngineConfig, ModelConfig
+from engine.kernels import triton_available
 from engine.loader import load_model
 from engine.model import allocate_kv_cache, rope_inv_freq
 
@@ -185,3 +186,25 @@ def test_a_cpu_kv_cache_is_zero_and_resident_only_where_written(dtype):
     assert not k_cache[-1].any() and not v_cache[1234].any()
     k_cache[7, 3] = 1.5  # writable, and only that slot changed
     assert k_cache[7, 3].eq(1.5).all() and k_cache[7].sum().item() == 1.5 * config.num_key_value_heads * config.head_dim
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton (pip install 'batchrun[gpu]')")
+def test_the_triton_path_projects_q_k_v_in_one_gemm_over_the_loaded_weights(tiny_model_dir):
+    from safetensors.torch import load_file
+
+    model, config = load_model(EngineConfig(tiny_model_dir, kernels="triton"))
+    attention = model.model.layers[1].self_attn
+    weight, bias = attention.qkv
+    assert attention.q_proj.weight.data_ptr() == weight.data_ptr()  # the parameters are views: loading wrote through
+    saved = load_file(tiny_model_dir / "model.safetensors")
+    assert torch.equal(weight, torch.cat([saved[f"model.layers.1.self_attn.{n}_proj.weight"] for n in "qkv"]))
+    assert torch.equal(bias, torch.cat([saved[f"model.layers.1.self_attn.{n}_proj.bias"] for n in "qkv"]))
+    x = torch.randn(5, config.hidden_size)
+    with torch.inference_mode():
+        q, k, v = attention._project_tied(x)
+        for got, projection in ((q, attention.q_proj), (k, attention.k_proj), (v, attention.v_proj)):
+            torch.testing.assert_close(got.flatten(1), projection(x), rtol=1e-5, atol=1e-5)
+    assert attention._tied()
+    model.double()  # new tensors for every parameter: the tie is gone, and the three projections take over
+    assert not attention._tied()
+    assert load_model(EngineConfig(tiny_model_dir, kernels="torch"))[0].model.layers[1].self_attn.qkv is None

@@ -1,8 +1,12 @@
 """The op and memory tracers the sampler's proxies rest on: they must see what they claim to see."""
 
+import pytest
 import torch
 
-from engine.op_trace import count_ops, peak_bytes
+from engine.kernels import triton_available
+from engine.op_trace import count_launches, count_ops, peak_bytes
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install 'batchrun[gpu]')")
 
 
 def test_count_ops_counts_every_aten_op_views_included():
@@ -33,3 +37,21 @@ def test_peak_bytes_sees_a_freed_temporary_go():
             del y
 
     assert peak_bytes(one_at_a_time) == 4000
+
+
+def test_count_launches_counts_ops_that_launch_not_views_or_allocations():
+    x = torch.randn(4, 8)
+    counter = count_launches(lambda: (x.view(8, 4), x[1:], torch.empty(3), x + 1, x.mul_(2), x.to(torch.float64)))
+    assert (counter.aten, counter.triton) == (3, 0)  # the add, the in-place mul, the copying cast
+
+
+@needs_triton
+def test_count_launches_counts_a_triton_kernel_once_and_not_the_interpreters_own_ops():
+    from engine.kernels import fused
+
+    norm, x = torch.ones(72), torch.randn(5, 72)
+    counter = count_launches(lambda: fused.rms_norm(x, norm, 1e-5))
+    assert (counter.aten, counter.triton) == (0, 1)
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    assert JITFunction.run.__name__ == InterpretedFunction.run.__name__ == "run"  # unpatched afterwards
