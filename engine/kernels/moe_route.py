@@ -54,73 +54,88 @@ def _inclusive_sum(values, index):
 
 
 @triton.jit
-def _top_k(logits_ptr, stride_logits, ids_ptr, weights_ptr, num_tokens, num_experts,
-           TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, TOKENS: tl.constexpr):
-    """Each token's TOP_K largest logits, largest first (the lowest expert on a tie), as expert ids and their
-    softmax (computed in fp32, rounded to the logits' dtype, as torch.topk then torch.softmax give them)."""
+def _top_k(logits_ptr, stride_logits, tokens, num_tokens, num_experts,
+           TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+    """[tokens, BLOCK_K]: each token's TOP_K largest logits' experts, largest first (the lowest expert on a tie),
+    and their softmax (in fp32, as torch.topk then torch.softmax give them; rounding is the caller's)."""
     experts = tl.arange(0, BLOCK_E)
     slots = tl.arange(0, BLOCK_K)
-    for start in range(0, num_tokens, TOKENS):
-        tokens = start + tl.arange(0, TOKENS)
-        valid = (tokens < num_tokens)[:, None] & (experts < num_experts)[None, :]
-        scores = tl.load(logits_ptr + tokens.to(tl.int64)[:, None] * stride_logits + experts[None, :], mask=valid,
-                         other=-float("inf")).to(tl.float32)
-        ids = tl.zeros([TOKENS, BLOCK_K], tl.int32)
-        exps = tl.zeros([TOKENS, BLOCK_K], tl.float32)
-        best = tl.reduce(scores, 1, tl.standard._elementwise_max)
-        best = tl.where(tokens < num_tokens, best, 0.0)  # rows past the end: no -inf - -inf
-        for slot in tl.static_range(TOP_K):
-            top = tl.reduce(scores, 1, tl.standard._elementwise_max)
-            expert = tl.reduce(tl.where(scores == top[:, None], experts[None, :], BLOCK_E), 1,
-                               tl.standard._elementwise_min)
-            ids = tl.where(slots[None, :] == slot, expert[:, None], ids)
-            exps = tl.where(slots[None, :] == slot, tl.exp(top - best)[:, None], exps)
-            scores = tl.where(experts[None, :] == expert[:, None], -float("inf"), scores)
-        weights = exps / tl.maximum(_sum(exps, 1), 1.0)[:, None]  # the sum is >= 1 (the top's own exp(0))
-        out = tokens[:, None] * TOP_K + slots[None, :]
-        mask = (tokens < num_tokens)[:, None] & (slots < TOP_K)[None, :]
-        tl.store(ids_ptr + out, ids, mask=mask)
-        tl.store(weights_ptr + out, rounded(weights, weights_ptr.dtype.element_ty).to(weights_ptr.dtype.element_ty),
-                 mask=mask)
+    valid = (tokens < num_tokens)[:, None] & (experts < num_experts)[None, :]
+    scores = tl.load(logits_ptr + tokens.to(tl.int64)[:, None] * stride_logits + experts[None, :], mask=valid,
+                     other=-float("inf")).to(tl.float32)
+    ids = tl.full([tokens.shape[0], BLOCK_K], -1, tl.int32)
+    exps = tl.zeros([tokens.shape[0], BLOCK_K], tl.float32)
+    best = tl.reduce(scores, 1, tl.standard._elementwise_max)
+    best = tl.where(tokens < num_tokens, best, 0.0)  # rows past the end: no -inf - -inf
+    for slot in tl.static_range(TOP_K):
+        top = tl.reduce(scores, 1, tl.standard._elementwise_max)
+        expert = tl.reduce(tl.where(scores == top[:, None], experts[None, :], BLOCK_E), 1, tl.standard._elementwise_min)
+        ids = tl.where(slots[None, :] == slot, expert[:, None], ids)
+        exps = tl.where(slots[None, :] == slot, tl.exp(top - best)[:, None], exps)
+        scores = tl.where(experts[None, :] == expert[:, None], -float("inf"), scores)
+    return ids, exps / tl.maximum(_sum(exps, 1), 1.0)[:, None]  # the sum is >= 1 (the top's own exp(0))
+
+
+@triton.jit
+def _chunk(ids_ptr, logits_ptr, stride_logits, weights_ptr, start, num_tokens, num_experts,
+           FROM_LOGITS: tl.constexpr, STORE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+           BLOCK_E: tl.constexpr, TOKENS: tl.constexpr):
+    """The pairs of tokens start .. start + TOKENS, flat [TOKENS * BLOCK_K] in pair order: their experts (-1 for a
+    padding slot or past the end), pair indices and validity. FROM_LOGITS: the experts are the router's top
+    TOP_K, computed here (each pass computes them again rather than read back what another thread stored), and
+    STORE writes them and their weights out."""
+    tokens = start + tl.arange(0, TOKENS)
+    slots = tl.arange(0, BLOCK_K)
+    valid = (tokens < num_tokens)[:, None] & (slots < TOP_K)[None, :]
+    pairs = tokens[:, None] * TOP_K + slots[None, :]
+    if FROM_LOGITS:
+        ids, weights = _top_k(logits_ptr, stride_logits, tokens, num_tokens, num_experts, TOP_K, BLOCK_K, BLOCK_E)
+        if STORE:
+            tl.store(ids_ptr + pairs, ids, mask=valid)
+            tl.store(weights_ptr + pairs, rounded(weights, weights_ptr.dtype.element_ty).to(
+                weights_ptr.dtype.element_ty), mask=valid)
+    else:
+        ids = tl.load(ids_ptr + pairs, mask=valid, other=-1).to(tl.int32)
+    ids = tl.where(valid, ids, -1)
+    size: tl.constexpr = TOKENS * BLOCK_K
+    return tl.reshape(ids, [size]), tl.reshape(pairs, [size]), tl.reshape(valid, [size])
 
 
 @triton.jit
 def _route_kernel(ids_ptr, sorted_pairs_ptr, offsets_ptr, tile_expert_ptr, tile_row_start_ptr,
-                  num_pairs, num_experts, max_tiles, logits_ptr, stride_logits, weights_ptr,
+                  num_tokens, num_experts, max_tiles, logits_ptr, stride_logits, weights_ptr,
                   BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
                   FROM_LOGITS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The routing of module docstring; FROM_LOGITS: first each token's top TOP_K of its router logits into
-    ids_ptr and weights_ptr (see _top_k)."""
+    """The routing of the module docstring over num_tokens x TOP_K pairs: their experts read from ids_ptr, or
+    (FROM_LOGITS) each token's top TOP_K of its router logits, written to ids_ptr with their softmax weights."""
     experts = tl.arange(0, BLOCK_E)
-    rows = tl.arange(0, CHUNK)
-    if FROM_LOGITS:
-        _top_k(logits_ptr, stride_logits, ids_ptr, weights_ptr, num_pairs // TOP_K, num_experts, TOP_K, BLOCK_K,
-               BLOCK_E, CHUNK // BLOCK_K)
-        tl.debug_barrier()  # the ids this program stored, visible to all its threads
+    TOKENS: tl.constexpr = CHUNK // BLOCK_K
+    num_pairs = num_tokens * TOP_K
     counts = tl.zeros([BLOCK_E], tl.int32)
-    for start in range(0, num_pairs, CHUNK):
-        ids = tl.load(ids_ptr + start + rows, mask=start + rows < num_pairs, other=-1)
+    for start in range(0, num_tokens, TOKENS):
+        ids, _, _ = _chunk(ids_ptr, logits_ptr, stride_logits, weights_ptr, start, num_tokens, num_experts,
+                           FROM_LOGITS, False, TOP_K, BLOCK_K, BLOCK_E, TOKENS)
         counts += _sum((ids[:, None] == experts[None, :]).to(tl.int32), 0)
     offsets = _inclusive_sum(counts, experts) - counts  # expert e's rows start here
     tl.store(offsets_ptr + experts, offsets, mask=experts < num_experts)
     tl.store(offsets_ptr + num_experts, num_pairs)
     # the stable counting sort: a pair goes to its expert's start + the pairs of its expert before it
     seen = tl.zeros([BLOCK_E], tl.int32)
-    for start in range(0, num_pairs, CHUNK):
-        pairs = start + rows
-        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
+    for start in range(0, num_tokens, TOKENS):
+        ids, pairs, valid = _chunk(ids_ptr, logits_ptr, stride_logits, weights_ptr, start, num_tokens, num_experts,
+                                   FROM_LOGITS, True, TOP_K, BLOCK_K, BLOCK_E, TOKENS)
         onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
         before = _running_sum(onehot, 0) - onehot  # the chunk's earlier pairs of each expert
         position = _sum(onehot * ((offsets + seen)[None, :] + before), 1)
-        tl.store(sorted_pairs_ptr + position, pairs, mask=pairs < num_pairs)
+        tl.store(sorted_pairs_ptr + position, pairs, mask=valid)
         seen += _sum(onehot, 0)
     # tile t belongs to the first expert whose tiles end past t (num_experts past the last real tile)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     tile_ends = _inclusive_sum(tiles, experts)
-    valid = experts < num_experts
+    valid_experts = experts < num_experts
     for start in range(0, max_tiles, CHUNK):
-        t = start + rows
-        expert = _sum(((tile_ends[None, :] <= t[:, None]) & valid[None, :]).to(tl.int32), 1)
+        t = start + tl.arange(0, CHUNK)
+        expert = _sum(((tile_ends[None, :] <= t[:, None]) & valid_experts[None, :]).to(tl.int32), 1)
         onehot = tl.minimum(expert, num_experts - 1)[:, None] == experts[None, :]
         row_start = _pick(offsets, onehot) + (t - _pick(tile_ends - tiles, onehot)) * BLOCK_M
         tl.store(tile_expert_ptr + t, expert, mask=t < max_tiles)
@@ -131,7 +146,7 @@ def route_pairs(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: i
         -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """expert_ids [T, top_k] -> (sorted_pairs [P], expert_offsets [E + 1], tile_expert [max_tiles],
     tile_row_start [max_tiles]), int32, as engine.kernels.moe.route_reference computes them."""
-    return _route(expert_ids.reshape(-1), num_experts, block_m, max_tiles)
+    return _route(expert_ids.contiguous(), num_experts, block_m, max_tiles)
 
 
 def route_logits(logits: Tensor, top_k: int, block_m: int, max_tiles: int) \
@@ -143,24 +158,23 @@ def route_logits(logits: Tensor, top_k: int, block_m: int, max_tiles: int) \
         raise ValueError("router logits must be contiguous along the experts")
     expert_ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=logits.device)
     weights = torch.empty(num_tokens, top_k, dtype=logits.dtype, device=logits.device)
-    routing = _route(expert_ids.view(-1), num_experts, block_m, max_tiles, logits=logits, weights=weights)
+    routing = _route(expert_ids, num_experts, block_m, max_tiles, logits=logits, weights=weights)
     return (expert_ids, weights, *routing)
 
 
-def _route(flat: Tensor, num_experts: int, block_m: int, max_tiles: int, logits: Tensor | None = None,
+def _route(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: int, logits: Tensor | None = None,
            weights: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    num_pairs, device = flat.numel(), flat.device
+    (num_tokens, top_k), device = expert_ids.shape, expert_ids.device
+    num_pairs = num_tokens * top_k
     sorted_pairs = torch.empty(num_pairs, dtype=torch.int32, device=device)
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     tile_expert = torch.empty(max_tiles, dtype=torch.int32, device=device)
     tile_row_start = torch.empty(max_tiles, dtype=torch.int32, device=device)
-    block_e = triton.next_power_of_2(num_experts)
+    block_e, block_k = triton.next_power_of_2(num_experts), max(2, triton.next_power_of_2(top_k))
     chunk = min(max(16, CHUNK_ENTRIES // block_e), max(16, triton.next_power_of_2(max(num_pairs, max_tiles))))
-    top_k = num_pairs // logits.shape[0] if logits is not None and logits.shape[0] else 1
-    block_k = triton.next_power_of_2(top_k)
-    _route_kernel[(1,)](flat, sorted_pairs, offsets, tile_expert, tile_row_start, num_pairs, num_experts, max_tiles,
-                        flat if logits is None else logits, 0 if logits is None else logits.stride(0),
-                        flat if weights is None else weights,
-                        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=max(chunk, block_k), FROM_LOGITS=logits is not None,
+    _route_kernel[(1,)](expert_ids, sorted_pairs, offsets, tile_expert, tile_row_start, num_tokens, num_experts,
+                        max_tiles, expert_ids if logits is None else logits, 0 if logits is None else logits.stride(0),
+                        expert_ids if weights is None else weights,
+                        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=max(chunk, 2 * block_k), FROM_LOGITS=logits is not None,
                         TOP_K=top_k, BLOCK_K=block_k, num_warps=8)
     return sorted_pairs, offsets, tile_expert, tile_row_start
