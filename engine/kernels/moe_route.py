@@ -3,10 +3,11 @@
 """The MoE's routing in one launch: (token, expert) pairs sorted by expert, and the tile schedule over them.
 
 torch needs ~22 launches for it (a sort, searchsorted twice, a cumsum, casts: engine.kernels.moe.route_reference),
-more than the rest of the MoE. One program does it all here, as a stable counting sort, chunk by chunk over the
-pairs: in a chunk, a running sum down the one-hot [pairs, experts] gives each pair's rank among its expert's
-pairs, and a running count per expert adds the chunks before. Its result is the reference's, entry for entry (the tiles
-past the real ones included), so the grouped GEMMs see the same rows in the same order.
+more than the rest of the MoE, and 2 more for the router's top-k and softmax. One program does it all here, as a
+stable counting sort, chunk by chunk over the pairs: in a chunk, a running sum down the one-hot [pairs, experts]
+gives each pair's rank among its expert's pairs, and a running count per expert adds the chunks before. From the
+router's logits, each pass takes a chunk's top-k itself. The result is the reference's, entry for entry (the
+tiles past the real ones included), so the grouped GEMMs see the same rows in the same order.
 """
 
 from __future__ import annotations
