@@ -172,7 +172,8 @@ def _route(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: int, l
     tile_expert = torch.empty(max_tiles, dtype=torch.int32, device=device)
     tile_row_start = torch.empty(max_tiles, dtype=torch.int32, device=device)
     block_e, block_k = triton.next_power_of_2(num_experts), max(2, triton.next_power_of_2(top_k))
-    chunk = min(max(16, CHUNK_ENTRIES // block_e), max(16, triton.next_power_of_2(max(num_pairs, max_tiles))))
+    # one chunk size for any batch: each size is a compile of its own (at the graphs' capture, on a GPU)
+    chunk = max(16, CHUNK_ENTRIES // block_e)
     _route_kernel[(1,)](expert_ids, sorted_pairs, offsets, tile_expert, tile_row_start, num_tokens, num_experts,
                         max_tiles, expert_ids if logits is None else logits, 0 if logits is None else logits.stride(0),
                         expert_ids if weights is None else weights,
