@@ -98,7 +98,9 @@ def _rotate(x_ptr, out_ptr, heads, head_mask, d, cos, sin, stride_xh, stride_oh,
     tl.store(out + HALF, second.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
 
 
-@triton.jit
+# slot_mapping is a view into the step's one host-to-device buffer, at an offset that moves with the batch: its
+# alignment, specialised, would be a compile of its own mid-run (see engine.kernels.attention.STEP_POINTERS)
+@triton.jit(do_not_specialize_on_alignment=("slot_ptr",))
 def _rope_write_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                        num_heads, num_kv_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                        stride_cos, stride_sin, stride_qot, stride_qoh, stride_sm, stride_slot, stride_ch,

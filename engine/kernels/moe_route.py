@@ -102,7 +102,8 @@ def _chunk(ids_ptr, logits_ptr, stride_logits, weights_ptr, start, num_tokens, n
     return tl.reshape(ids, [size]), tl.reshape(pairs, [size]), tl.reshape(valid, [size])
 
 
-@triton.jit
+# The step's sizes: specialised (== 1, a multiple of 16), each value class would be a compile of its own mid-run.
+@triton.jit(do_not_specialize=("num_tokens", "max_tiles"))
 def _route_kernel(ids_ptr, sorted_pairs_ptr, offsets_ptr, tile_expert_ptr, tile_row_start_ptr,
                   num_tokens, num_experts, max_tiles, logits_ptr, stride_logits, weights_ptr,
                   BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
