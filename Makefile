@@ -107,7 +107,8 @@ $(GPU_IMAGE_VENV)/.installed: Makefile  # new pins reinstall
 
 # The dry run's benches use the torch kernels, and `make test` compiles the Triton kernels for sm_90 under this
 # venv's triton: the sm_90 compile tests run again here under the image's.
-SM90_TESTS := tests/engine/test_moe_sm90.py tests/engine/test_triton_attention.py -k "compile or inner_loop"
+SM90_TESTS := tests/engine/test_moe_sm90.py tests/engine/test_triton_attention.py tests/engine/test_triton_fused.py \
+	-k "compile or inner_loop"
 gpu-check-image: $(GPU_IMAGE_VENV)/.installed
 	PYTHON=$(GPU_IMAGE_VENV)/bin/python GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh $(GPU_CHECK_OUT) || \
 		{ tail -n 60 $(GPU_CHECK_OUT)/gpu_check.log; exit 1; }

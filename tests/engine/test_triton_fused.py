@@ -106,3 +106,46 @@ def test_moe_combine_sums_each_tokens_experts_in_slot_order_then_adds_the_residu
     assert same(fused.moe_combine(per_pair, 4, dtype, residual), residual + summed) is not False
     with pytest.raises(ValueError, match="residual"):
         fused.moe_combine(per_pair, 4, dtype, residual[:3])
+
+
+COMPILES_PER_STEP_SHAPE = """
+import json
+
+from engine.kernels.sm90 import _compile_only_for_sm90
+
+launches = _compile_only_for_sm90()  # every launch compiles for sm_90, none runs
+
+import torch
+
+from engine.kernels import fused, moe, moe_route
+
+bf16 = torch.bfloat16
+weight, cache = torch.empty(2880, dtype=bf16), torch.empty(8, 16, 8, 64, dtype=bf16)
+for tokens, offset in ((1, 0), (16, 1), (37, 1), (5, 0)):  # the step's token count, where its slots start
+    x = torch.empty(tokens, 2880, dtype=bf16)
+    fused.add_rms_norm(x, x, weight, 1e-5)
+    q, k = torch.empty(tokens, 64, 64, dtype=bf16), torch.empty(tokens, 8, 64, dtype=bf16)
+    slots = torch.zeros(64, dtype=torch.long)[offset:offset + tokens]
+    fused.rope_write_kv(q, k, k, torch.empty(tokens, 32), torch.empty(tokens, 32), cache, cache, slots)
+    moe_route.route_logits(torch.empty(tokens, 32, dtype=bf16), 4, 16, moe.max_tiles(tokens * 4, 32, 16))
+    fused.moe_combine(torch.empty(tokens * 4, 2880), 4, bf16, x)
+compiled = {}
+for kernel, _, binary in launches:
+    compiled.setdefault(kernel.__name__, set()).add(id(binary))
+print(json.dumps({name: len(binaries) for name, binaries in compiled.items()}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE == "cuda", reason="compiles for an H100 in a child process; with CUDA the runs above do")
+def test_the_layer_kernels_compile_once_whatever_the_steps_shape():
+    # A step's token count and where its slot mapping starts in the step's buffer change every step; were they
+    # specialised (ints equal to 1 or a multiple of 16, 16-byte alignment), a run would stop to compile each
+    # new combination mid-run. One compile per kernel for every step shape.
+    import json
+
+    from tests.engine.test_triton_attention import compile_in_a_child
+
+    stdout = compile_in_a_child(COMPILES_PER_STEP_SHAPE, timeout=600)
+    assert json.loads(stdout.strip().splitlines()[-1]) == {"_rms_norm_kernel": 1, "_rope_write_kernel": 1,
+                                                           "_route_kernel": 1, "_moe_combine_kernel": 1}
