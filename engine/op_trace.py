@@ -110,13 +110,16 @@ class LaunchCounter(TorchDispatchMode):
 
 
 @contextmanager
-def triton_launches(counter: LaunchCounter) -> Iterator[None]:
-    """Count every Triton kernel launch (compiled or interpreted) into `counter.triton` while inside."""
+def triton_launches(counter: LaunchCounter, run_kernels: bool = True) -> Iterator[None]:
+    """Count every Triton kernel launch (compiled or interpreted) into `counter.triton` while inside; without
+    `run_kernels`, count them only (their outputs keep what their allocation held)."""
     patched = [(cls, cls.run) for cls in _triton_kernel_classes()]
 
     def counting(run: Any) -> Any:
         def counted(kernel: Any, *args: Any, **kwargs: Any) -> Any:
             counter.triton += 1
+            if not run_kernels:
+                return None
             outer, counter.in_kernel = counter.in_kernel, True
             try:
                 return run(kernel, *args, **kwargs)
@@ -133,10 +136,11 @@ def triton_launches(counter: LaunchCounter) -> Iterator[None]:
             cls.run = run
 
 
-def count_launches(fn: Callable[[], object]) -> LaunchCounter:
-    """What `fn()` would launch on a GPU: its counter (`aten`, `triton`, `launches`)."""
+def count_launches(fn: Callable[[], object], run_kernels: bool = True) -> LaunchCounter:
+    """What `fn()` would launch on a GPU: its counter (`aten`, `triton`, `launches`). run_kernels=False skips the
+    Triton kernels (counted, not run): for code whose later ops never read their results' values."""
     counter = LaunchCounter()
-    with triton_launches(counter), counter:
+    with triton_launches(counter, run_kernels), counter:
         fn()
     return counter
 

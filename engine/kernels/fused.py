@@ -32,7 +32,8 @@ def rounded(x, dtype: tl.constexpr):
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)  # exactly a bf16: any later cast to it is exact
+        # exactly a bf16 (any later cast to it is exact); a NaN stays one (the GPU's 0x7FFFFFFF would carry to -0)
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
     elif dtype == tl.float32:
         return x
     else:

@@ -98,10 +98,18 @@ def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
     return num_pairs // block_m + min(num_experts, num_pairs)
 
 
+# The routing kernel is one program: fewer launches than torch's ~22 up to a few thousand pairs, and slower
+# past them (estimated from its compiled loop: ~3 us a chunk of 256 pairs on one SM; not yet measured on a GPU).
+ROUTE_KERNEL_MAX_PAIRS = 4096
+
+
 def route(expert_ids: Tensor, num_experts: int, block_m: int) -> Routing:
     """expert_ids [T, top_k] -> the pairs sorted by expert and a tile schedule, without reading anything back:
-    one launch (engine.kernels.moe_route), equal to `route_reference`."""
+    one launch (engine.kernels.moe_route) up to ROUTE_KERNEL_MAX_PAIRS pairs, `route_reference` (its equal)
+    past them."""
     pairs = expert_ids.numel()
+    if pairs > ROUTE_KERNEL_MAX_PAIRS:
+        return route_reference(expert_ids, num_experts, block_m)
     sorted_pairs, offsets, tile_expert, row_start = route_pairs(expert_ids, num_experts, block_m,
                                                                 max_tiles(pairs, num_experts, block_m))
     return Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
@@ -143,8 +151,9 @@ def block_m_for(num_pairs: int, num_experts: int) -> int:
 
 
 def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
-                  down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float, block_m: int = 0) -> Tensor:
-    """The gpt-oss MoE: x [T, hidden], expert_ids / weights [T, top_k] -> [T, hidden] in x's dtype.
+                  down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float, block_m: int = 0,
+                  residual: Tensor | None = None) -> Tensor:
+    """The gpt-oss MoE: x [T, hidden], expert_ids / weights [T, top_k] -> [T, hidden] in x's dtype (+ residual).
 
     block_m: rows per tile (INVARIANT_BLOCK_M for batch-invariant results); 0 picks it from the shapes.
     """
@@ -155,7 +164,7 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
     if hidden % 2 or two_inter % 4:
         raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
     routing = route(expert_ids, num_experts, block_m or block_m_for(num_tokens * top_k, num_experts))
-    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit)
+    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, residual)
 
 
 def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: ExpertWeight, gate_up_bias: Tensor,
@@ -168,6 +177,12 @@ def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Ex
     if gate_up.shape[0] != num_experts or x.shape[0] != num_tokens:
         raise ValueError(f"router logits {tuple(logits.shape)} do not match x {tuple(x.shape)} and "
                          f"{gate_up.shape[0]} experts")
+    if num_tokens * top_k > ROUTE_KERNEL_MAX_PAIRS and not block_m:
+        # torch's top-k and softmax (its softmax may round a weight otherwise than the kernel's, so batch-invariant
+        # runs, which give block_m, keep to the kernel at any size)
+        top_logits, expert_ids = torch.topk(logits, top_k, dim=-1)
+        return fused_experts(x, expert_ids, torch.softmax(top_logits, dim=-1), gate_up, gate_up_bias, down,
+                             down_bias, alpha, limit, 0, residual)
     block_m = block_m or block_m_for(num_tokens * top_k, num_experts)
     _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
         logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))

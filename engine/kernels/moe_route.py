@@ -58,23 +58,30 @@ def _inclusive_sum(values, index):
 def _top_k(logits_ptr, stride_logits, tokens, num_tokens, num_experts,
            TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
     """[tokens, BLOCK_K]: each token's TOP_K largest logits' experts, largest first (the lowest expert on a tie),
-    and their softmax (in fp32, as torch.topk then torch.softmax give them; rounding is the caller's)."""
+    and their softmax (in fp32, as torch.topk then torch.softmax give them; rounding is the caller's). A NaN
+    logit ranks first, as torch's, and makes its row's weights NaN; every id is a real expert, whatever the row."""
     experts = tl.arange(0, BLOCK_E)
     slots = tl.arange(0, BLOCK_K)
     valid = (tokens < num_tokens)[:, None] & (experts < num_experts)[None, :]
     scores = tl.load(logits_ptr + tokens.to(tl.int64)[:, None] * stride_logits + experts[None, :], mask=valid,
                      other=-float("inf")).to(tl.float32)
+    scores = tl.where(scores != scores, float("inf"), scores)  # max ignores NaN: none could be picked
+    taken = (experts >= num_experts)[None, :] | (tokens < 0)[:, None]  # the padding is never picked
     ids = tl.full([tokens.shape[0], BLOCK_K], -1, tl.int32)
     exps = tl.zeros([tokens.shape[0], BLOCK_K], tl.float32)
     best = tl.reduce(scores, 1, tl.standard._elementwise_max)
     best = tl.where(tokens < num_tokens, best, 0.0)  # rows past the end: no -inf - -inf
     for slot in tl.static_range(TOP_K):
-        top = tl.reduce(scores, 1, tl.standard._elementwise_max)
-        expert = tl.reduce(tl.where(scores == top[:, None], experts[None, :], BLOCK_E), 1, tl.standard._elementwise_min)
+        top = tl.reduce(tl.where(taken, -float("inf"), scores), 1, tl.standard._elementwise_max)
+        # the lowest expert not yet taken at the top (an expert once taken is never again, -inf rows too)
+        expert = tl.reduce(tl.where((scores == top[:, None]) & ~taken, experts[None, :], BLOCK_E), 1,
+                           tl.standard._elementwise_min)
+        expert = tl.minimum(expert, num_experts - 1)
         ids = tl.where(slots[None, :] == slot, expert[:, None], ids)
         exps = tl.where(slots[None, :] == slot, tl.exp(top - best)[:, None], exps)
-        scores = tl.where(experts[None, :] == expert[:, None], -float("inf"), scores)
-    return ids, exps / tl.maximum(_sum(exps, 1), 1.0)[:, None]  # the sum is >= 1 (the top's own exp(0))
+        taken = taken | (experts[None, :] == expert[:, None])
+    total = tl.where(tokens < num_tokens, _sum(exps, 1), 1.0)  # >= 1 (the top's own exp(0)), or NaN as torch's
+    return ids, exps / total[:, None]
 
 
 @triton.jit
@@ -112,7 +119,6 @@ def _route_kernel(ids_ptr, sorted_pairs_ptr, offsets_ptr, tile_expert_ptr, tile_
     (FROM_LOGITS) each token's top TOP_K of its router logits, written to ids_ptr with their softmax weights."""
     experts = tl.arange(0, BLOCK_E)
     TOKENS: tl.constexpr = CHUNK // BLOCK_K
-    num_pairs = num_tokens * TOP_K
     counts = tl.zeros([BLOCK_E], tl.int32)
     for start in range(0, num_tokens, TOKENS):
         ids, _, _ = _chunk(ids_ptr, logits_ptr, stride_logits, weights_ptr, start, num_tokens, num_experts,
@@ -120,7 +126,7 @@ def _route_kernel(ids_ptr, sorted_pairs_ptr, offsets_ptr, tile_expert_ptr, tile_
         counts += _sum((ids[:, None] == experts[None, :]).to(tl.int32), 0)
     offsets = _inclusive_sum(counts, experts) - counts  # expert e's rows start here
     tl.store(offsets_ptr + experts, offsets, mask=experts < num_experts)
-    tl.store(offsets_ptr + num_experts, num_pairs)
+    tl.store(offsets_ptr + num_experts, _sum(counts, 0))  # num_pairs, as every pair has a real expert
     # the stable counting sort: a pair goes to its expert's start + the pairs of its expert before it
     seen = tl.zeros([BLOCK_E], tl.int32)
     for start in range(0, num_tokens, TOKENS):

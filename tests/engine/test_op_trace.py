@@ -55,3 +55,14 @@ def test_count_launches_counts_a_triton_kernel_once_and_not_the_interpreters_own
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     assert JITFunction.run.__name__ == InterpretedFunction.run.__name__ == "run"  # unpatched afterwards
+
+
+@needs_triton
+def test_count_launches_can_count_triton_kernels_without_running_them():
+    from engine.kernels import fused
+
+    norm, x = torch.ones(72), torch.randn(5, 72)
+    out = []
+    counter = count_launches(lambda: out.append(fused.rms_norm(x, norm, 1e-5)), run_kernels=False)
+    assert (counter.aten, counter.triton) == (0, 1)
+    assert not torch.allclose(out[0], x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt())  # never computed

@@ -108,6 +108,14 @@ def test_moe_combine_sums_each_tokens_experts_in_slot_order_then_adds_the_residu
         fused.moe_combine(per_pair, 4, dtype, residual[:3])
 
 
+def test_rounding_keeps_a_nan_of_any_bits():
+    # a GPU's arithmetic NaN is 0x7FFFFFFF: rounding by adding to its bits would carry it into -0.0
+    per_pair = torch.zeros(4, 8)
+    per_pair.view(torch.int32)[0, :2] = torch.tensor([0x7FFFFFFF, -1], dtype=torch.int32)  # -1: 0xFFFFFFFF
+    combined = fused.moe_combine(per_pair.to(DEVICE), 4, torch.bfloat16)
+    assert combined[0, :2].isnan().all() and not combined[0, 2:].isnan().any()
+
+
 COMPILES_PER_STEP_SHAPE = """
 import json
 

@@ -108,6 +108,20 @@ def test_route_logits_takes_the_lowest_expert_of_a_tie():
     torch.testing.assert_close(weights.cpu(), torch.softmax(torch.tensor([[3.0, 3.0, 3.0, 2.0]]), dim=-1))
 
 
+def test_route_logits_gives_real_experts_and_nan_weights_for_a_nan_or_minus_inf_row():
+    # a diverging sequence: torch ranks NaN first and its softmax is NaN; the ids must stay real experts (an
+    # id past the last would be a row the GEMMs read out of bounds)
+    logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(0))
+    logits[0, 4] = float("nan")
+    logits[1] = float("-inf")
+    ids, weights, sorted_pairs, offsets, *_ = moe_route.route_logits(logits.to(DEVICE), 4, 16,
+                                                                     moe.max_tiles(12, 6, 16))
+    assert ids.min() >= 0 and ids.max() < 6 and all(len(set(row)) == 4 for row in ids.tolist())
+    assert ids[0, 0] == 4 and ids[1].tolist() == [0, 1, 2, 3]
+    assert weights[:2].isnan().all() and not weights[2].isnan().any()
+    assert offsets[-1] == 12 and sorted(sorted_pairs.tolist()) == list(range(12))
+
+
 def test_route_reference_traces_without_host_sync():
     ids, _ = routed(9)
     traced = torch.compile(moe.route_reference, fullgraph=True, backend="eager")(ids, 4, 16)
@@ -128,11 +142,31 @@ def test_route_kernel_equals_the_torch_reference_entry_for_entry(num_tokens, num
         if num_tokens else torch.empty(0, top_k, dtype=torch.long)
     if num_tokens == 300:
         ids[:200] = ids[:200] % 3  # uneven: three experts take most pairs (top_k may repeat one: fine here)
-    got, want = moe.route(ids.to(DEVICE), num_experts, block_m), moe.route_reference(ids.to(DEVICE), num_experts,
-                                                                                     block_m)
-    for name in ("sorted_pairs", "expert_offsets", "tile_expert", "tile_row_start"):
-        assert getattr(got, name).dtype == torch.int32, name
-        assert torch.equal(getattr(got, name).cpu(), getattr(want, name).cpu()), name
+    got = moe_route.route_pairs(ids.to(DEVICE), num_experts, block_m,
+                                moe.max_tiles(ids.numel(), num_experts, block_m))  # the kernel at any size
+    want = moe.route_reference(ids.to(DEVICE), num_experts, block_m)
+    for tensor, name in zip(got, ("sorted_pairs", "expert_offsets", "tile_expert", "tile_row_start")):
+        assert tensor.dtype == torch.int32, name
+        assert torch.equal(tensor.cpu(), getattr(want, name).cpu()), name
+
+
+def test_past_the_kernels_size_the_moe_routes_and_takes_its_top_k_with_torch(monkeypatch):
+    # the same experts, weights and output either way (fp32: the softmax may differ in its last bit at most)
+    gen = torch.Generator().manual_seed(7)
+    gate_up, _ = random_mxfp4(4, 64, 2 * 96, gen)
+    down, _ = random_mxfp4(4, 96, 64, gen)
+    biases = torch.randn(4, 2 * 96, generator=gen).to(DEVICE), torch.randn(4, 64, generator=gen).to(DEVICE)
+    x, logits = torch.randn(9, 64, generator=gen).to(DEVICE), torch.randn(9, 4, generator=gen).to(DEVICE)
+    kernel = moe.fused_experts_from_logits(x, logits, 2, gate_up, biases[0], down, biases[1], 1.702, 7.0)
+    monkeypatch.setattr(moe, "ROUTE_KERNEL_MAX_PAIRS", 8)
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the routing kernel ran past its size")
+
+    monkeypatch.setattr(moe, "route_logits", no_kernel)
+    monkeypatch.setattr(moe, "route_pairs", no_kernel)
+    torch_path = moe.fused_experts_from_logits(x, logits, 2, gate_up, biases[0], down, biases[1], 1.702, 7.0)
+    torch.testing.assert_close(torch_path, kernel, rtol=1e-5, atol=1e-5)
 
 
 # -- dense expert weights ------------------------------------------------------------------
