@@ -98,7 +98,9 @@ gpu-check:
 # 2.13 CPU build, Python 3.11 for the image's 3.12), in a venv of its own: the venv's newer transformers
 # hid an AttributeError that failed every engine step of the check under 5.17. CI runs it.
 GPU_IMAGE_VENV ?= .cache/gpu-image-venv
-GPU_IMAGE_PACKAGES := transformers==5.17.0 triton==3.6.0 safetensors numpy pytest
+# numpy < 2.4: triton 3.6's interpreter (the dry run's routing step runs that kernel in it) takes int() of a
+# 1-element array at a loop over a kernel argument, which numpy 2.4 refuses; on a GPU nothing is interpreted
+GPU_IMAGE_PACKAGES := transformers==5.17.0 triton==3.6.0 safetensors "numpy<2.4" pytest
 $(GPU_IMAGE_VENV)/.installed: Makefile  # new pins reinstall
 	test -x $(GPU_IMAGE_VENV)/bin/python || $(PYTHON) -m venv $(GPU_IMAGE_VENV)
 	$(GPU_IMAGE_VENV)/bin/python -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)

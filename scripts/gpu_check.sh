@@ -32,6 +32,7 @@ if [ "$DRY" = 1 ]; then
     RANDOM_MIX=(--num-requests 4 --baseline-requests 2 --baseline-output-len 4 --random-input-len 48
                 --random-output-len 12)
     MIX_120B=(--num-requests 4 --random-input-len 48 --random-output-len 12)
+    ROUTING=(--device cpu --tokens 1,16)
 else
     BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
     SCALE=1
@@ -49,6 +50,7 @@ else
     # baseline alone would outlast its step
     SHAREGPT=(--num-requests 512 --baseline-requests 32 --baseline-output-len 256)
     RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 256)
+    ROUTING=(--device cuda)
 fi
 
 START=$(date +%s)
@@ -117,6 +119,9 @@ step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt
 step decode_120b 120 "$PY" -m engine.bench --preset 120b "${PRESET_OPTS[@]}" --memory-gib h100 --systems engine \
     --workloads random "${MIX_120B[@]}"
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
+# the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
+# (4,096, estimated from the kernel's compiled loop) should be
+step routing 40 "$PY" -m engine.kernels.moe_route "${ROUTING[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
 # Then the step token budget vLLM uses on an H100 (8,192 against the default 2,048: longer prefill chunks, more
@@ -132,7 +137,8 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^  (weights|KV cache|fits|the engine clamps)' "$LOG")
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^  (weights|KV cache|fits|the engine clamps)' \
+    "$LOG")
 {
     echo "=== figures"
     printf '%s\n' "$FIGURES"

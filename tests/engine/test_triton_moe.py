@@ -398,3 +398,8 @@ def test_triton_experts_trace_in_one_graph():
     with torch.inference_mode():
         traced = torch.compile(triton_experts.forward, fullgraph=True, backend="eager")(x, ids, weights)
         torch.testing.assert_close(traced, triton_experts(x, ids, weights), rtol=0, atol=0)
+
+
+def test_time_routing_times_the_kernel_and_torch_at_each_size():
+    rows = moe_route.time_routing(DEVICE, (1, 5), num_experts=8, top_k=2, repeats=2)
+    assert [row[0] for row in rows] == [1, 5] and all(us > 0 for row in rows for us in row[1:])

@@ -9,8 +9,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "decode_120b", "moe_dense",
-         "deterministic", "batched_8192", "proxies"]
+STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "decode_120b", "routing",
+         "moe_dense", "deterministic", "batched_8192", "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -99,3 +99,4 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
     batched = figures.split("=== batched_8192")[1].split("\n=== ")[0]
     assert "sharegpt engine: " in batched and "batch-1 decode: " in batched
     assert "proxies: none registered" in log or "proxy " in log
+    assert "routing T=16 (64 pairs; the engine's kernel up to 4096): kernel " in figures
