@@ -177,10 +177,27 @@ class GptOssAttention(nn.Module):
             start += rows
         self.qkv = weight, bias
 
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's own signature
+        """nn.Module._apply (to(), half(), to_empty()...) makes each parameter a tensor of its own: tie them again,
+        so a moved model keeps one GEMM and holds no stale copy."""
+        super()._apply(fn, recurse)
+        if self.qkv is not None:
+            self.tie_projections()
+        return self
+
     def _tied(self) -> bool:
-        # a module moved or reloaded since (its parameters copied elsewhere) falls back to three projections
-        return self.qkv is not None and self.q_proj.weight.data_ptr() == self.qkv[0].data_ptr() \
-            and self.v_proj.bias.data_ptr() == self.qkv[1][-self.v_proj.bias.shape[0]:].data_ptr()
+        # parameters replaced since (assigned anew, not through _apply) fall back to three projections; a
+        # captured CUDA graph never runs this (its replays skip Python)
+        if self.qkv is None:
+            return False
+        weight, bias = self.qkv
+        start = 0
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            if projection.weight.data_ptr() != weight[start].data_ptr() \
+                    or projection.bias.data_ptr() != bias[start:].data_ptr():
+                return False
+            start += projection.weight.shape[0]
+        return True
 
     def _project_tied(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         assert self.qkv is not None  # for mypy: _tied() checked it

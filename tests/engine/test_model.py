@@ -205,6 +205,9 @@ def test_the_triton_path_projects_q_k_v_in_one_gemm_over_the_loaded_weights(tiny
         for got, projection in ((q, attention.q_proj), (k, attention.k_proj), (v, attention.v_proj)):
             torch.testing.assert_close(got.flatten(1), projection(x), rtol=1e-5, atol=1e-5)
     assert attention._tied()
-    model.double()  # new tensors for every parameter: the tie is gone, and the three projections take over
+    model.double()  # new tensors for every parameter: tied again, in the new dtype, with no stale copy
+    assert attention._tied() and attention.qkv[0].dtype == torch.float64
+    assert torch.equal(attention.qkv[0].float(), weight)
+    attention.k_proj.weight = torch.nn.Parameter(attention.k_proj.weight.clone())  # replaced outright: untied
     assert not attention._tied()
     assert load_model(EngineConfig(tiny_model_dir, kernels="torch"))[0].model.layers[1].self_attn.qkv is None
