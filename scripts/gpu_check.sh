@@ -121,7 +121,7 @@ step decode_120b 120 "$PY" -m engine.bench --preset 120b "${PRESET_OPTS[@]}" --m
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be
-step routing 40 "$PY" -m engine.kernels.moe_route "${ROUTING[@]}"
+step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
 # Then the step token budget vLLM uses on an H100 (8,192 against the default 2,048: longer prefill chunks, more

@@ -12,8 +12,6 @@ tiles past the real ones included), so the grouped GEMMs see the same rows in th
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -190,59 +188,3 @@ def _route(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: int, l
                         TOP_K=top_k, BLOCK_K=block_k, num_warps=8)
     return sorted_pairs, offsets, tile_expert, tile_row_start
 
-
-def time_routing(device: str, tokens: tuple[int, ...], num_experts: int = 32, top_k: int = 4,
-                 repeats: int = 20) -> list[tuple[int, float, float]]:
-    """(tokens, the kernel's us, torch's us) per step size: route_logits against torch.topk, torch.softmax
-    and engine.kernels.moe.route_reference on random bf16 logits, each the median of `repeats` (CUDA events on
-    a GPU). What ROUTE_KERNEL_MAX_PAIRS should be."""
-    import statistics
-    import time
-    from functools import partial
-
-    from engine.kernels import moe
-
-    def median_us(fn: Any) -> float:
-        fn()  # compiled and warm
-        times = []
-        for _ in range(repeats):
-            if device.startswith("cuda"):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times)
-
-    def by_torch(logits: Tensor, block_m: int) -> None:
-        top_logits, expert_ids = torch.topk(logits, top_k, dim=-1)
-        torch.softmax(top_logits, dim=-1)
-        moe.route_reference(expert_ids, num_experts, block_m)
-
-    rows = []
-    for num_tokens in tokens:
-        logits = torch.randn(num_tokens, num_experts, device=device).to(torch.bfloat16)
-        block_m = moe.block_m_for(num_tokens * top_k, num_experts)
-        tiles = moe.max_tiles(num_tokens * top_k, num_experts, block_m)
-        rows.append((num_tokens, median_us(partial(route_logits, logits, top_k, block_m, tiles)),
-                     median_us(partial(by_torch, logits, block_m))))
-    return rows
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description="The routing kernel against torch's, timed per step size.")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tokens", default="1,64,256,1024,2048,8192", help="step sizes, comma-separated")
-    args = parser.parse_args()
-    from engine.kernels.moe import ROUTE_KERNEL_MAX_PAIRS
-
-    for num_tokens, kernel_us, torch_us in time_routing(args.device, tuple(map(int, args.tokens.split(",")))):
-        print(f"routing T={num_tokens} ({num_tokens * 4} pairs; the engine's kernel up to {ROUTE_KERNEL_MAX_PAIRS}): "
-              f"kernel {kernel_us:.1f} us, torch {torch_us:.1f} us")

@@ -401,5 +401,5 @@ def test_triton_experts_trace_in_one_graph():
 
 
 def test_time_routing_times_the_kernel_and_torch_at_each_size():
-    rows = moe_route.time_routing(DEVICE, (1, 5), num_experts=8, top_k=2, repeats=2)
+    rows = moe.time_routing(DEVICE, (1, 5), num_experts=8, top_k=2, repeats=2)
     assert [row[0] for row in rows] == [1, 5] and all(us > 0 for row in rows for us in row[1:])
