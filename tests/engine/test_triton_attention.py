@@ -236,6 +236,23 @@ def compile_in_a_child(script: str, timeout: int) -> str:
     return result.stdout
 
 
+def compiles_per_kernel(script: str, timeout: int = 600) -> dict[str, int]:
+    """Run `script` (its launches recorded in `launches` by engine.kernels.sm90) in a child compiling for sm_90;
+    how many distinct binaries each kernel compiled to."""
+    import json
+
+    stdout = compile_in_a_child(script + """
+import json
+
+compiled = {}
+for kernel, _, binary in launches:
+    compiled.setdefault(kernel.__name__, set()).add(id(binary))
+print(json.dumps({name: len(binaries) for name, binaries in compiled.items()}))
+""", timeout=timeout)
+    result: dict[str, int] = json.loads(stdout.strip().splitlines()[-1])
+    return result
+
+
 COMPILES_PER_MIXED_STEP = """
 import json
 
@@ -266,10 +283,6 @@ for window in (None, 128):
         kernels.triton_paged_attention(torch.empty(tokens, 64, 64, dtype=torch.bfloat16), cache,
                                        torch.empty_like(cache), meta, sinks=torch.empty(64, dtype=torch.bfloat16),
                                        sliding_window=window, scale=0.125)
-compiled = {}
-for kernel, _, binary in launches:
-    compiled.setdefault(kernel.__name__, set()).add(id(binary))
-print(json.dumps({name: len(binaries) for name, binaries in compiled.items()}))
 """
 
 
@@ -279,7 +292,4 @@ def test_a_mixed_steps_attention_compiles_once_per_layer_kind_whatever_the_steps
     # The eager attention between the pieces sees a new sequence count, table width and buffer offset every
     # step; were those specialised, a run would stop to compile each new combination (~1 s on an H100 host,
     # in the first timed steps). One compile per sliding/full layer kind for each kernel, all shapes alike.
-    import json
-
-    stdout = compile_in_a_child(COMPILES_PER_MIXED_STEP, timeout=600)
-    assert json.loads(stdout.strip().splitlines()[-1]) == {"_decode_partition_kernel": 2, "_prefill_kernel": 2}
+    assert compiles_per_kernel(COMPILES_PER_MIXED_STEP) == {"_decode_partition_kernel": 2, "_prefill_kernel": 2}
