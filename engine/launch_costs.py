@@ -10,14 +10,11 @@ engine.op_trace.count_launches; at two layer counts, so a step splits into its l
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.kernels import run_json_child
 from engine.op_trace import count_launches
 
 LAYERS_20B = 24
@@ -56,14 +53,8 @@ def launches_per_step(kernels: str = "triton") -> tuple[float, float]:
 def launch_figures(timeout_s: float = 300) -> tuple[float, float]:
     """`launches_per_step()` on the Triton path, counted in a child process: on CPU tensors the kernels take
     Triton's interpreter, which must be chosen before triton.language first loads (see engine.kernels.moe)."""
-    repo_root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "engine.launch_costs"], capture_output=True, text=True, env=env,
-                          timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"counting launches failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
-    per_layer, per_step = json.loads(done.stdout.strip().splitlines()[-1])
+    per_layer, per_step = run_json_child("engine.launch_costs", [], interpret=True, what="counting launches",
+                                         timeout_s=timeout_s)
     return per_layer, per_step
 
 

@@ -9,7 +9,12 @@ decorators run, i.e. before a kernel module is first imported.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,3 +39,19 @@ def require_triton(device: torch.device | str) -> None:
         raise ImportError(f"kernels='triton' needs triton, which is not installed: {INSTALL_HINT}")
     if torch.device(device).type == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def run_json_child(module: str, args: list[str], *, interpret: bool, what: str, timeout_s: float) -> Any:
+    """`python -m module args` in a child process with Triton's interpreter on or off (it must be chosen before
+    triton.language first loads, so a process already running cannot switch); the JSON of its last stdout line.
+
+    Raises RuntimeError naming `what` if the child fails.
+    """
+    repo_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TRITON_INTERPRET": "1" if interpret else "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -290,26 +290,21 @@ def time_routing(device: str, tokens: tuple[int, ...], num_experts: int = 32, to
                  repeats: int = 20) -> list[tuple[int, float, float]]:
     """(tokens, the kernel's us, torch's us) per step size: route_logits against torch.topk, torch.softmax
     and route_reference on random bf16 logits, each the median of `repeats` (CUDA events on
-    a GPU). What ROUTE_KERNEL_MAX_PAIRS should be."""
+    a GPU: engine.device.ForwardTimer). What ROUTE_KERNEL_MAX_PAIRS should be."""
     import statistics
-    import time
     from functools import partial
+
+    from engine.device import ForwardTimer
 
     def median_us(fn: Any) -> float:
         fn()  # compiled and warm
         times = []
         for _ in range(repeats):
-            if device.startswith("cuda"):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
+            timer = ForwardTimer(torch.device(device))
+            timer.start()
+            fn()
+            timer.stop()
+            times.append(timer.seconds * 1e6)
         return statistics.median(times)
 
     def by_torch(logits: Tensor, block_m: int) -> None:

@@ -20,10 +20,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from engine.kernels import run_json_child
 
 
 MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.09 issue slots per weight)
@@ -52,16 +53,9 @@ def moe_inner_loop(num_tokens: int | tuple[int, ...] = DECODE_TOKENS, block_m: t
     Raises RuntimeError if the child fails (triton or cuobjdump missing, a kernel that does not compile).
     """
     tokens = (num_tokens,) if isinstance(num_tokens, int) else num_tokens
-    repo_root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "TRITON_INTERPRET": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "engine.kernels.sm90", "--json",
-                           "--block-m", ",".join(map(str, block_m)),
-                           "--tokens", ",".join(map(str, tokens))],
-                          capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"sm_90 compile failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    args = ["--json", "--block-m", ",".join(map(str, block_m)), "--tokens", ",".join(map(str, tokens))]
+    result: dict[str, Any] = run_json_child("engine.kernels.sm90", args, interpret=False, what="sm_90 compile",
+                                            timeout_s=timeout_s)
     return result
 
 
