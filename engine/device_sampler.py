@@ -45,6 +45,7 @@ from engine.api import SamplingParams
 
 MASK32 = 0xFFFF_FFFF
 _MULTIPLIERS = (0x2C1B3C6D, 0x297A2D39)
+_SALT_MULTIPLIER = 0x9E3779B1  # token id -> its salt, before mix32
 _COLUMNS = 5  # row, key, temperature, top_k - 1 (vocab - 1: off), top_p (inf: off)
 NOISE_CHUNKS = 4  # vocabulary slices the noise is made in: its memory / 4, for 3 x 17 more ops a step
 # Peak temporaries of a step a sampled row's vocabulary entry, with every row filtered by top-p (the
@@ -59,11 +60,16 @@ def sampler_temporary_bytes(num_rows: int, vocab: int) -> int:
     return num_rows * (SAMPLER_BYTES_PER_LOGIT * vocab + SAMPLER_BYTES_PER_ROW)
 
 
-def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> Tensor:
+def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int],
+                  kernels: str = "torch") -> Tensor:
     """One token id per row of `logits` ([N, vocab]) as an [N] long tensor on logits' device (no host read).
 
-    Row i draws with `seeds[i]` at `positions[i]` (the index the sampled token will have).
+    Row i draws with `seeds[i]` at `positions[i]` (the index the sampled token will have). kernels="triton"
+    draws in engine.kernels.sampler's two launches (the same tokens, the logits read once); the thresholds of rows
+    with top-k or top-p are still torch's sort.
     """
+    if kernels == "triton":
+        return _sample_in_kernels(logits, params, seeds, positions)
     token_ids = torch.argmax(logits, dim=-1)
     sampled = [row for row, p in enumerate(params) if not p.is_greedy]
     if not sampled:
@@ -76,14 +82,32 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
     index = table[:, 0].long()
     scores = logits.index_select(0, index).float().div_(table[:, 2:3].float())  # [R, vocab]: the one fp32 copy
     if filtered:
-        # top-k alone needs only the k largest of a row (a partial sort); top-p needs the whole row sorted
-        width = vocab if any(params[row].top_p < 1.0 for row in filtered) else \
-            max(min(params[row].top_k, vocab) for row in filtered)
+        width = _sort_width([params[row] for row in filtered], vocab)
         rows_table = table[:len(filtered)]
         # the unfiltered rows below keep every token
         mask_below_threshold_(scores[:len(filtered)], rows_table[:, 3:4].long(), rows_table[:, 4:5].float(), width)
     subtract_noise(scores, table[:, 1:2].long())
     return token_ids.index_copy_(0, index, scores.argmax(dim=-1))
+
+
+def _sample_in_kernels(logits: Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> Tensor:
+    from engine.kernels.sampler import draw_table, draw_tokens  # triton is an optional extra
+
+    vocab = logits.shape[1]
+    table, num_filtered = draw_table(params, row_keys(seeds, positions).tolist(), vocab, logits.device)
+    thresholds = None
+    if num_filtered:
+        rows = table[len(params):]  # the filtered rows' (logit row, temperature, top_k - 1, top_p)
+        scores = logits.index_select(0, rows[:, 0].long()).float().div_(rows[:, 1:2].float())
+        width = _sort_width([p for p in params if not p.is_greedy and (p.top_k or p.top_p < 1.0)], vocab)
+        thresholds = row_thresholds(scores, rows[:, 2:3].long(), rows[:, 3:4].float(), width)[:, 0]
+    return draw_tokens(logits, table, thresholds, (*_MULTIPLIERS, _SALT_MULTIPLIER))
+
+
+def _sort_width(filtered: list[SamplingParams], vocab: int) -> int:
+    """How many of a filtered row's largest logits the threshold needs sorted: all with top-p, else the largest k."""
+    # top-k alone needs only the k largest of a row (a partial sort); top-p needs the whole row sorted
+    return vocab if any(p.top_p < 1.0 for p in filtered) else max(min(p.top_k, vocab) for p in filtered)
 
 
 def row_thresholds(logits: Tensor, kth: Tensor, mass_limit: Tensor, width: int | None = None) -> Tensor:
@@ -167,7 +191,7 @@ def subtract_noise(scores: Tensor, keys: Tensor) -> Tensor:
 @lru_cache(maxsize=8)
 def token_salts(vocab: int, device: str) -> Tensor:
     """[vocab] distinct 32-bit salts, one per token id (made once per vocabulary and device)."""
-    return mix32(torch.arange(vocab, dtype=torch.int64).mul_(0x9E3779B1).bitwise_and_(MASK32)).to(device)
+    return mix32(torch.arange(vocab, dtype=torch.int64).mul_(_SALT_MULTIPLIER).bitwise_and_(MASK32)).to(device)
 
 
 @lru_cache(maxsize=8)

@@ -85,7 +85,7 @@ class ModelRunner:
                                   "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30}
             self._warm_mixed_step(scratch_block=num_blocks, max_model_len=max_model_len)
         self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.kernels)
         self.masks = ConstraintMasks(model_config.vocab_size)
         self.timer = ForwardTimer(self.device)  # model time, for the engine-overhead figure
         self.counts = GraphCounts()

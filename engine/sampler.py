@@ -117,20 +117,23 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: list[int
 
 
 class Sampler:
-    """Samples the rows of a step that need a token."""
+    """Samples the rows of a step that need a token; kernels="triton" draws in engine.kernels.sampler's launches."""
+
+    def __init__(self, kernels: str = "torch") -> None:
+        self.kernels = kernels
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
                positions: list[int]) -> list[int]:
         """One token per row of `logits` ([num_rows, vocab], any device), drawn with row i's seed at
         `positions[i]` (the index the token will have): batched ops, one host read (engine.device_sampler)."""
         self._check(logits, params, seeds, positions)
-        return sample_tokens(logits, params, seeds, positions).tolist()
+        return sample_tokens(logits, params, seeds, positions, self.kernels).tolist()
 
     def sample_on_device(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
                          positions: list[int]) -> torch.Tensor:
         """Like `sample`, as an [N] tensor left on logits' device (async scheduling reads it later)."""
         self._check(logits, params, seeds, positions)
-        return sample_tokens(logits, params, seeds, positions)
+        return sample_tokens(logits, params, seeds, positions, self.kernels)
 
     def logprobs(self, logits: torch.Tensor, token_ids: list[int],
                  params: list[SamplingParams]) -> list[TokenLogprob | None]:

@@ -33,6 +33,7 @@ DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 64)
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 2880, 2880, 32, 4
 WEIGHTS_PER_EXPERT = {"gate_up": HIDDEN * 2 * INTERMEDIATE, "down": INTERMEDIATE * HIDDEN}
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
+VOCAB = 201_088
 MMA_OPS = ("HGMMA", "HMMA")
 
 
@@ -184,8 +185,8 @@ def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
 
 
 def _compile_layer_kernels(num_tokens: int) -> None:
-    """Drive engine.kernels.fused at the 20b shape in bf16 (the norms, RoPE with the K/V write), and the routing
-    from the router's logits."""
+    """Drive engine.kernels.fused at the 20b shape in bf16 (the norms, RoPE with the K/V write), the routing
+    from the router's logits, and the sampler's draw."""
     import torch
 
     from engine.kernels import fused
@@ -204,6 +205,11 @@ def _compile_layer_kernels(num_tokens: int) -> None:
     block_m = moe.block_m_for(num_tokens * TOP_K, EXPERTS)
     moe_route.route_logits(torch.empty(num_tokens, EXPERTS, dtype=bf16), TOP_K, block_m,
                            moe.max_tiles(num_tokens * TOP_K, EXPERTS, block_m))  # the router's top-k inside
+    from engine.api import SamplingParams
+    from engine.device_sampler import sample_tokens
+
+    rows = [SamplingParams(max_tokens=1)] * num_tokens  # the draw over gpt-oss's vocabulary, its noise inside
+    sample_tokens(torch.zeros(num_tokens, VOCAB), rows, [0] * num_tokens, [0] * num_tokens, kernels="triton")
 
 
 def _compile_moe(ids: Any, block_m: int) -> None:

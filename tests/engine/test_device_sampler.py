@@ -124,13 +124,17 @@ def test_the_host_keys_hash_as_the_device_does():
     assert mix32_host(values.numpy().astype(np.uint64)).tolist() == mix32(values.clone()).tolist()
 
 
+# the tokens of test_the_draws_are_the_ones_recorded_before_the_sampler_saved_memory's step
+RECORDED = [229, 244, 177, 104, 291, 209, 92, 190, 181, 153, 42, 186, 143, 293, 204, 248, 10, 181, 224, 80]
+
+
 def test_the_draws_are_the_ones_recorded_before_the_sampler_saved_memory():
     # tokens the sampler drew before its noise went in slices and its keys to the host (the same algorithm):
     # a recorded trace's tokens must not move
     logits = torch.randn(20, VOCAB, generator=torch.Generator().manual_seed(5)) * 3
     rows = [MIX[i % len(MIX)] for i in range(20)]
     drawn = sample_tokens(logits, rows, [2**40 + i for i in range(20)], [i * 13 for i in range(20)]).tolist()
-    assert drawn == [229, 244, 177, 104, 291, 209, 92, 190, 181, 153, 42, 186, 143, 293, 204, 248, 10, 181, 224, 80]
+    assert drawn == RECORDED
 
 
 def test_a_seeded_row_draws_the_same_alone_and_in_a_batch_of_mixed_rows():

@@ -27,3 +27,32 @@ def test_random_model_greedy_tokens_are_the_same_on_the_triton_kernels(tiny_mode
         assert (experts.triton_moe is not None) == (kernels == "triton")
         tokens[kernels] = decode(llm, prompts, greedy)
     assert tokens["triton"] == tokens["torch"]
+
+
+def test_seeded_sampled_tokens_are_the_torch_samplers_on_the_triton_path(tiny_model_dir):
+    # the same forward (Triton kernels) twice, drawn by the Triton sampler and then by the torch one: the kernels'
+    # draw must give the torch path's tokens from the same logits, through top-k, top-p and greedy rows
+    from engine.api import SamplingParams
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampler import Sampler
+    from tests.engine.test_llm_engine import prompt
+
+    kinds = [SamplingParams(max_tokens=6, temperature=1.0, seed=3, ignore_eos=True),
+             SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=4, ignore_eos=True),
+             SamplingParams(max_tokens=6, temperature=1.3, top_k=20, seed=5, ignore_eos=True),
+             SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)]
+    tokens = {}
+    for sampler in ("triton", "torch"):
+        llm = LLMEngine(EngineConfig(tiny_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01,
+                                     kernels="triton"))
+        assert llm.runner.sampler.kernels == "triton"  # the engine's own choice follows its kernels
+        llm.runner.sampler = Sampler(sampler)
+        for i, kind in enumerate(kinds):  # one batch of the four kinds
+            llm.add_request(f"r{i}", prompt(i, 9), kind)
+        tokens[sampler] = {}
+        while llm.has_unfinished_requests():
+            for out in llm.step():
+                tokens[sampler].setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert tokens["triton"] == tokens["torch"]
+    assert len({tuple(t) for t in tokens["torch"].values()}) == len(kinds)  # the rows really differ
