@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -106,7 +106,24 @@ class LaunchCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if not self.in_kernel and func.__name__ not in self.ALLOCATIONS and not _returns_view(func, args, out):
             self.aten += 1
+            self.launched((args, kwargs, out))
         return out
+
+    def launched(self, tensors: Any) -> None:
+        """A launch's arguments and results (a pytree), as a subclass counts them."""
+
+
+class TrafficCounter(LaunchCounter):
+    """LaunchCounter that also adds up the memory a GPU's launches would move: every tensor argument read once
+    and every result written once (an in-place op's tensor twice), a Triton kernel's distinct tensors once each.
+    An upper bound where an op reads part of an input (an index_select of a few rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def launched(self, tensors: Any) -> None:
+        self.bytes += sum(t.nbytes for t in tree_leaves(tensors) if isinstance(t, torch.Tensor))
 
 
 @contextmanager
@@ -118,6 +135,8 @@ def triton_launches(counter: LaunchCounter, run_kernels: bool = True) -> Iterato
     def counting(run: Any) -> Any:
         def counted(kernel: Any, *args: Any, **kwargs: Any) -> Any:
             counter.triton += 1
+            # a kernel reads or writes each tensor once, however many of its pointers name it (unused placeholders)
+            counter.launched(list({a.data_ptr(): a for a in args if isinstance(a, torch.Tensor)}.values()))
             if not run_kernels:
                 return None
             outer, counter.in_kernel = counter.in_kernel, True
@@ -139,7 +158,18 @@ def triton_launches(counter: LaunchCounter, run_kernels: bool = True) -> Iterato
 def count_launches(fn: Callable[[], object], run_kernels: bool = True) -> LaunchCounter:
     """What `fn()` would launch on a GPU: its counter (`aten`, `triton`, `launches`). run_kernels=False skips the
     Triton kernels (counted, not run): for code whose later ops never read their results' values."""
-    counter = LaunchCounter()
+    return _counted(fn, run_kernels, LaunchCounter())
+
+
+def count_traffic(fn: Callable[[], object], run_kernels: bool = True) -> TrafficCounter:
+    """count_launches with the memory those launches would move (`bytes`)."""
+    return _counted(fn, run_kernels, TrafficCounter())
+
+
+_Counter = TypeVar("_Counter", bound=LaunchCounter)
+
+
+def _counted(fn: Callable[[], object], run_kernels: bool, counter: _Counter) -> _Counter:
     with triton_launches(counter, run_kernels), counter:
         fn()
     return counter

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -30,13 +32,21 @@ class ProxyFigure:
 MOE_STEP_TOKENS = (1, 64, 256, 2048)
 
 
+@lru_cache(maxsize=1)
+def sm90_report() -> dict[str, Any]:
+    """The kernels compiled for sm_90 at MOE_STEP_TOKENS, in a child process (~1 min): once for every measure."""
+    from engine.kernels.sm90 import moe_inner_loop
+
+    return moe_inner_loop(MOE_STEP_TOKENS)
+
+
 def _moe_inner_loop() -> list[ProxyFigure]:
     """The MXFP4 MoE's inner loop per projection at decode batch 256, and what a step's MoE issues at
     MOE_STEP_TOKENS (engine.kernels.moe_cost), compiled for sm_90 in a child process."""
     from engine.kernels.moe_cost import issue_bound_ms, mxfp4_kernels, weight_read_ms
-    from engine.kernels.sm90 import DECODE_TOKENS, MOE_INNER_LOOP_GOAL, moe_inner_loop
+    from engine.kernels.sm90 import DECODE_TOKENS, MOE_INNER_LOOP_GOAL
 
-    report = moe_inner_loop(MOE_STEP_TOKENS)
+    report = sm90_report()
     goal = MOE_INNER_LOOP_GOAL
     figures = [ProxyFigure(f"moe inner loop, {k['projection']} (triton {report['triton']})", k["per_4096"],
                            "warp-instr / 4096 weights", f"<= {goal}", k["per_4096"] <= goal)
@@ -109,6 +119,31 @@ def sampler_temporary_figures() -> list[ProxyFigure]:
             for kind, per_logit in temporaries(batch).items()]
 
 
+SAMPLER_GOAL_MS = 0.5  # a decode step's draw at batch 256: a tenth of its MoE (engine.kernels.moe_cost)
+
+
+def sampler_step_figures() -> list[ProxyFigure]:
+    """A decode step's sampling at batch 256 over gpt-oss's vocabulary, submit's default rows (temperature 1), on
+    an H100: the torch ops' memory traffic at the HBM's bandwidth; the Triton draw's, or what its sm_90 code
+    issues where that takes longer."""
+    from engine.sampler_costs import UNIFORM, draw_issue_ms, hbm_ms, traffic_per_logit
+
+    batch, rows = 256, [UNIFORM["temperature 1"]] * 256
+    figures = []
+    for kernels in ("torch", "triton"):
+        per_logit = traffic_per_logit(rows, kernels)
+        ms = hbm_ms(per_logit, batch)
+        unit = f"ms ({per_logit:.3g} B/logit moved)"
+        if kernels == "triton":
+            issue = draw_issue_ms(sm90_report(), batch)
+            if issue > ms:
+                ms, unit = issue, f"ms issue-bound ({per_logit:.2g} B/logit)"
+        figures.append(ProxyFigure(f"sampler ms a step, B=256, temperature 1 ({kernels})", ms, unit,
+                                   f"<= {SAMPLER_GOAL_MS}" if kernels == "triton" else "-",
+                                   kernels == "torch" or ms <= SAMPLER_GOAL_MS))
+    return figures
+
+
 # Each entry measures one concern and returns its figures. Imports stay inside the measures so a
 # missing optional dependency (triton) fails only its own line.
 MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
@@ -119,6 +154,7 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
     ("block manager build", _block_manager_build),
     ("sampler ops per step", _sampler_ops),
     ("sampler temporaries", sampler_temporary_figures),
+    ("sampler ms a step", sampler_step_figures),
 ]
 
 

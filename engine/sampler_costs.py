@@ -1,17 +1,20 @@
-"""What the batched sampler costs a step, measured on CPU: its aten ops and its peak temporaries.
+"""What the batched sampler costs a step, measured on CPU: its aten ops, its peak temporaries, the memory it moves.
 
-Both predict the device: each aten op is a launch on a GPU (views aside), and the same ops allocate
-the same sizes there. The temporaries grow with rows x vocabulary, so they are measured on a small
-vocabulary and reported per sampled row's vocabulary entry, and at gpt-oss's 201,088 tokens.
+Each predicts the device: each aten op is a launch on a GPU (views aside), and the same ops allocate
+the same sizes and move the same bytes there. Those grow with rows x vocabulary, so they are measured on a
+small vocabulary and reported per row's vocabulary entry, and at gpt-oss's 201,088 tokens. With the Triton
+kernels the draw's time is also bounded by what its compiled code issues (`draw_issue_ms`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from engine.api import SamplingParams
 from engine.device_sampler import sample_tokens
-from engine.op_trace import count_ops, peak_bytes
+from engine.op_trace import count_ops, count_traffic, peak_bytes
 
 GPT_OSS_VOCAB = 201_088
 MEASURE_VOCAB = 4096  # the vocabulary the proxies measure on (the bytes a logit do not depend on it)
@@ -56,3 +59,31 @@ def temporaries(batch: int = 256, vocab: int = MEASURE_VOCAB) -> dict[str, float
     figures = {name: bytes_per_logit([params] * batch, vocab) for name, params in UNIFORM.items()}
     figures["mixed"] = bytes_per_logit([MIXED[i % len(MIXED)] for i in range(batch)], vocab)
     return figures
+
+
+def traffic_per_logit(rows: list[SamplingParams], kernels: str = "torch", vocab: int = MEASURE_VOCAB) -> float:
+    """Bytes one sampling step of `rows` moves on a GPU (engine.op_trace.TrafficCounter), a row's vocabulary entry.
+    kernels="triton": the draw's kernels counted by their arguments, not run."""
+    batch = len(rows)
+    logits, seeds = _step(batch, vocab, rows)
+    counter = count_traffic(lambda: sample_tokens(logits, rows, seeds, [1] * batch, kernels), run_kernels=False)
+    return counter.bytes / (batch * vocab)
+
+
+def draw_issue_ms(report: dict[str, Any], batch: int, vocab: int = GPT_OSS_VOCAB) -> float:
+    """Milliseconds an H100 takes at best to issue the Triton draw for `batch` rows over `vocab` tokens, from its
+    kernel compiled for sm_90 (engine.kernels.sm90's report): every program's straight-line SASS at 4 warp-
+    instructions a cycle an SM, its float64 part at 2 (64 FP64 lanes an SM)."""
+    from engine.kernels.moe_cost import H100_CLOCK_HZ, H100_SMS
+
+    draw = next(k for k in report["other_kernels"] if k["kernel"] == "_draw_slices")
+    programs = batch * -(-vocab // draw["block"])
+    cycles = draw["num_warps"] * max(draw["instructions"] / 4, draw["fp64_instructions"] / 2)
+    return 1000 * programs * cycles / (H100_SMS * H100_CLOCK_HZ)
+
+
+def hbm_ms(bytes_per_logit: float, batch: int, vocab: int = GPT_OSS_VOCAB) -> float:
+    """Milliseconds to move `bytes_per_logit` a row's vocabulary entry at an H100's HBM bandwidth."""
+    from engine.kernels.moe_cost import H100_HBM_BYTES_PER_S
+
+    return 1000 * bytes_per_logit * batch * vocab / H100_HBM_BYTES_PER_S

@@ -35,6 +35,7 @@ WEIGHTS_PER_EXPERT = {"gate_up": HIDDEN * 2 * INTERMEDIATE, "down": INTERMEDIATE
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
 VOCAB = 201_088
 MMA_OPS = ("HGMMA", "HMMA")
+FP64_OPS = ("DADD", "DFMA", "DMUL", "DSETP", "DMNMX")
 
 
 def cuobjdump_path() -> Path | None:
@@ -155,6 +156,15 @@ def resources(compiled: Any) -> dict[str, Any]:
     return {"registers": int(usage[1]) if usage else None, "spills": spills, "shared_bytes": compiled.metadata.shared}
 
 
+def _describe_other(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int) -> dict[str, Any]:
+    """A kernel other than the MoE's GEMMs: its resources, and its SASS length for an issue estimate of
+    straight-line code (all of it, and the float64 part, which issues at half rate on an H100's SMs)."""
+    opcodes = [_opcode(t) for _, t in _sass(compiled.asm["cubin"])]
+    return {"kernel": kernel_fn.__name__, "tokens": num_tokens, **resources(compiled),
+            "num_warps": compiled.metadata.num_warps, "block": kwargs.get("BLOCK"), "instructions": len(opcodes),
+            "fp64_instructions": sum(op in FP64_OPS for op in opcodes)}
+
+
 def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
     """In this (child) process: compile the MoE at the 20b shape for each token count and rows per tile (0:
     the engine's choice), MXFP4 and bf16 experts, each token routed to TOP_K experts drawn uniformly (seeded),
@@ -176,11 +186,11 @@ def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
                 if kernel_fn.__name__ == "moe_gemm_kernel":
                     described.append(_describe(kernel_fn, kwargs, compiled, num_tokens, block_m, counts))
                 else:
-                    others.append({"kernel": kernel_fn.__name__, "tokens": num_tokens, **resources(compiled)})
+                    others.append(_describe_other(kernel_fn, kwargs, compiled, num_tokens))
     seen = len(launches)
     _compile_layer_kernels(tokens[0])
-    others += [{"kernel": kernel_fn.__name__, "tokens": tokens[0], **resources(compiled)}
-               for kernel_fn, _, compiled in launches[seen:]]
+    others += [_describe_other(kernel_fn, kwargs, compiled, tokens[0])
+               for kernel_fn, kwargs, compiled in launches[seen:]]
     return {"triton": triton.__version__, "tokens": tokens, "kernels": described, "other_kernels": others}
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from engine import proxies
+from engine import proxies, sampler_costs
 from engine.kernels import moe_cost, sm90, triton_available
 
 
@@ -36,6 +36,10 @@ def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
     assert [k["kernel"] for k in others] == ["_route_kernel", "_moe_combine_kernel"] * 2 + [
         "_rms_norm_kernel", "_rms_norm_kernel", "_rope_write_kernel", "_route_kernel", "_draw_slices", "_pick_slices"]
     assert all(k["spills"] == 0 for k in others), others
+    # the draw's noise is float64 logs: its issue at batch 256, half-rate float64 included, within the proxy's goal
+    draw = next(k for k in others if k["kernel"] == "_draw_slices")
+    assert draw["fp64_instructions"] > 50 and draw["block"] == 2048
+    assert sampler_costs.draw_issue_ms(report, 256) <= proxies.SAMPLER_GOAL_MS
 
 
 @pytest.mark.slow  # ~40 s: 12 MoE compiles for sm_90
@@ -59,7 +63,14 @@ def fake_report(per_4096_by_projection, tokens=(1, 64, 256, 2048)):
         for t in tokens for w, per_projection in per_4096_by_projection.items() for p, v in per_projection.items()]}
 
 
-def test_proxy_rows_carry_the_goal(monkeypatch):
+@pytest.fixture
+def uncached_report():
+    proxies.sm90_report.cache_clear()  # the measures share one compile a process: a fake one must not stay
+    yield
+    proxies.sm90_report.cache_clear()
+
+
+def test_proxy_rows_carry_the_goal(monkeypatch, uncached_report):
     report = fake_report({"mxfp4": {"gate_up": 255.0, "down": 351.0}, "dense": {"gate_up": 100.0, "down": 100.0}})
     monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: report)
     figures = dict(proxies.MEASURES)["moe inner loop"]()
@@ -80,3 +91,30 @@ def test_issue_bound_ms_counts_tiles_times_loop_over_the_h100s_issue_rate():
         1000 * 24 * 32 * (2880 * 5760 + 2880 * 2880) * 17 / 32 / 3.35e12)
     with pytest.raises(ValueError, match="no MXFP4 gate_up and down kernels at 64 tokens"):
         moe_cost.issue_bound_ms(report, 64)
+
+
+def draw_report(instructions, fp64_instructions):
+    return {"other_kernels": [{"kernel": "_draw_slices", "block": 2048, "num_warps": 4, "instructions": instructions,
+                               "fp64_instructions": fp64_instructions}]}
+
+
+def test_the_draws_issue_counts_every_program_at_the_h100s_rates():
+    # 256 rows x 99 slices of 2,048 tokens, each program 4 warps x 3,000 instructions at 4 a cycle an SM
+    programs = 256 * 99
+    assert sampler_costs.draw_issue_ms(draw_report(3000, 1000), 256) == pytest.approx(
+        1000 * programs * 4 * 3000 / 4 / (132 * 1.755e9))
+    # float64 issues at 2 a cycle: a kernel of float64 alone takes twice as long
+    assert sampler_costs.draw_issue_ms(draw_report(3000, 3000), 256) == pytest.approx(
+        2 * sampler_costs.draw_issue_ms(draw_report(3000, 0), 256))
+
+
+def test_the_sampler_rows_hold_the_triton_draw_to_its_goal(monkeypatch, uncached_report):
+    monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: draw_report(3000, 1000))
+    torch_row, triton_row = dict(proxies.MEASURES)["sampler ms a step"]()
+    assert torch_row.name.endswith("(torch)") and triton_row.name.endswith("(triton)")
+    assert torch_row.value > 3.0  # ~300 bytes a logit through HBM: the pass-per-op torch draw
+    assert triton_row.value == pytest.approx(sampler_costs.draw_issue_ms(draw_report(3000, 1000), 256))
+    assert triton_row.ok
+    monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: draw_report(30000, 1000))
+    proxies.sm90_report.cache_clear()
+    assert not dict(proxies.MEASURES)["sampler ms a step"]()[1].ok  # ten times the code: over the goal

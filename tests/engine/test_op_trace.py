@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.kernels import triton_available
-from engine.op_trace import count_launches, count_ops, peak_bytes
+from engine.op_trace import count_launches, count_ops, count_traffic, peak_bytes
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton (pip install 'batchrun[gpu]')")
 
@@ -66,3 +66,20 @@ def test_count_launches_can_count_triton_kernels_without_running_them():
     counter = count_launches(lambda: out.append(fused.rms_norm(x, norm, 1e-5)), run_kernels=False)
     assert (counter.aten, counter.triton) == (0, 1)
     assert not torch.allclose(out[0], x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt())  # never computed
+
+
+def test_count_traffic_reads_each_argument_and_writes_each_result_once():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)  # 128 bytes each
+    assert count_traffic(lambda: x + y).bytes == 3 * 128
+    assert count_traffic(lambda: x.mul_(2)).bytes == 2 * 128  # in place: read and written
+    assert count_traffic(lambda: (x.view(8, 4), x[1:])).bytes == 0  # views move nothing
+    assert count_traffic(lambda: x.to(torch.float64)).bytes == 128 + 256
+
+
+@needs_triton
+def test_count_traffic_counts_a_triton_kernels_tensor_arguments_once():
+    from engine.kernels import fused
+
+    norm, x = torch.ones(72), torch.randn(5, 72)
+    counter = count_traffic(lambda: fused.rms_norm(x, norm, 1e-5), run_kernels=False)
+    assert counter.bytes == (72 + 2 * 5 * 72) * 4  # the weight, x read, the result written
