@@ -138,7 +138,7 @@ def sampler_step_figures() -> list[ProxyFigure]:
             issue = draw_issue_ms(sm90_report(), batch)
             if issue > ms:
                 ms, unit = issue, f"ms issue-bound ({per_logit:.2g} B/logit)"
-        figures.append(ProxyFigure(f"sampler ms a step, B=256, temperature 1 ({kernels})", ms, unit,
+        figures.append(ProxyFigure(f"sampler ms/step, B=256, temp 1 ({kernels})", ms, unit,
                                    f"<= {SAMPLER_GOAL_MS}" if kernels == "triton" else "-",
                                    kernels == "torch" or ms <= SAMPLER_GOAL_MS))
     return figures
@@ -154,7 +154,7 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
     ("block manager build", _block_manager_build),
     ("sampler ops per step", _sampler_ops),
     ("sampler temporaries", sampler_temporary_figures),
-    ("sampler ms a step", sampler_step_figures),
+    ("sampler ms/step", sampler_step_figures),
 ]
 
 

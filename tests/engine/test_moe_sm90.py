@@ -110,11 +110,11 @@ def test_the_draws_issue_counts_every_program_at_the_h100s_rates():
 
 def test_the_sampler_rows_hold_the_triton_draw_to_its_goal(monkeypatch, uncached_report):
     monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: draw_report(3000, 1000))
-    torch_row, triton_row = dict(proxies.MEASURES)["sampler ms a step"]()
+    torch_row, triton_row = dict(proxies.MEASURES)["sampler ms/step"]()
     assert torch_row.name.endswith("(torch)") and triton_row.name.endswith("(triton)")
     assert torch_row.value > 3.0  # ~300 bytes a logit through HBM: the pass-per-op torch draw
     assert triton_row.value == pytest.approx(sampler_costs.draw_issue_ms(draw_report(3000, 1000), 256))
     assert triton_row.ok
     monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: draw_report(30000, 1000))
     proxies.sm90_report.cache_clear()
-    assert not dict(proxies.MEASURES)["sampler ms a step"]()[1].ok  # ten times the code: over the goal
+    assert not dict(proxies.MEASURES)["sampler ms/step"]()[1].ok  # ten times the code: over the goal
