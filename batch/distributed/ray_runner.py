@@ -40,7 +40,7 @@ from batch.responses.status import RequestStatus
 from batch.run.admission import Prepared
 from batch.run.ledger import RunError
 from batch.run.options import RunOptions
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.run.results import line_result
 from batch.run.runner import Progress, Run, RunSummary, writer_switch_interval
 from batch.store.store import Store

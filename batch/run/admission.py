@@ -20,7 +20,7 @@ from batch.harmony.constraint import ConstraintError, check_grammar
 from batch.harmony.render import (PromptOptions, RenderError, browser_call, error_answer, render_prompt,
                                   with_browser_calls)
 from batch.run.conversations import History
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.responses.request import ResponsesRequest
 from batch.run.results import line_result
 from batch.store.rows import RequestResult

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batch.responses.status import RequestStatus
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.store.responses import ConversationTurn
 from batch.store.rows import RequestResult
 

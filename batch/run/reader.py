@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeAlias
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batch.responses.request import ResponsesRequest, parse_request
-from batch.responses.request_errors import RequestError, json_type, wrong_shape
-from batch.responses.standard_json import NonFiniteError, find_non_finite
+from batch.run.input_line import ENVELOPE_KEYS, InputLine, LineError, LineParser
 
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -35,35 +34,12 @@ _INFINITIES = (math.inf, -math.inf)
 _SCAN_CHUNK_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _MAX_REASONS, _MAX_EXAMPLES = 100, 5  # what check_input keeps of an input whose lines are all invalid
-_ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
-_ROUTE = {"method": "POST", "url": "/v1/responses"}
 # A binary stream read line by line: an open file, a GzipFile, a BufferedReader.
 ByteStream: TypeAlias = BinaryIO | io.BufferedIOBase
 
 
 class InputFormatError(ValueError):
     """The input file as a whole cannot be read (a usage error, not a bad line)."""
-
-
-class LineError(Exception):
-    """One line that is not a request (the message leaves out the line number)."""
-
-
-@dataclass
-class InputLine:
-    """One input line (JSONL) or row (Parquet): a validated request or an error."""
-
-    line_no: int
-    custom_id: str
-    body: dict | None
-    request: ResponsesRequest | None
-    ignored_fields: list[str] = field(default_factory=list)
-    error: str | None = None
-    epoch: int = 0  # which of the run's --epochs samples of this line (each is its own requests row)
-
-    @property
-    def is_valid(self) -> bool:
-        return self.error is None and self.request is not None
 
 
 def read_requests(path: str | Path, *,
@@ -312,19 +288,37 @@ def _reject_lone_surrogates(value: Any) -> None:
 
 def _read_parquet(path: Path) -> Iterator[InputLine]:
     try:
-        names = pq.read_schema(path).names
+        schema = pq.read_schema(path)
     except Exception as exc:  # pyarrow raises several types for "not Parquet"
         raise InputFormatError(f"{path}: cannot read as Parquet: {exc}") from None
-    repeated = [name for name, count in Counter(names).items() if count > 1]  # a row's dict keeps one of them
-    if repeated:
-        raise InputFormatError(f"{path}: {names.count(repeated[0])} columns are named {repeated[0]!r}: "
-                               "rename or drop all but one")
+    names = schema.names
+    for where, fields in [("", names), *(found for f in schema for found in _struct_fields(f.type, f.name))]:
+        repeated = [name for name, count in Counter(fields).items() if count > 1]  # a row's dict keeps one
+        if repeated:
+            what = f"fields of {where} are" if where else "columns are"
+            raise InputFormatError(f"{path}: {fields.count(repeated[0])} {what} named {repeated[0]!r}: "
+                                   "rename or drop all but one")
     if "body" in names:
-        extra = sorted(set(names) - set(_ENVELOPE_KEYS))
+        extra = sorted(set(names) - set(ENVELOPE_KEYS))
         if extra:
             raise InputFormatError(f"{path}: a Parquet file with a 'body' column may only have "
-                                   f"{', '.join(_ENVELOPE_KEYS)} columns, also has {extra}")
+                                   f"{', '.join(ENVELOPE_KEYS)} columns, also has {extra}")
     return _parquet_lines(path, wrapped="body" in names)
+
+
+def _struct_fields(kind: pa.DataType, where: str) -> Iterator[tuple[str, list[str]]]:
+    """(path, field names) of every struct inside a column's type, lists' and maps' items included."""
+    if isinstance(kind, pa.StructType):
+        yield where, [field.name for field in kind]
+        children = [(field.type, f"{where}.{field.name}") for field in kind]
+    elif isinstance(kind, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)):
+        children = [(kind.value_type, f"{where}[]")]
+    elif isinstance(kind, pa.MapType):
+        children = [(kind.item_type, f"{where}[]")]
+    else:
+        children = []
+    for child, path in children:
+        yield from _struct_fields(child, path)
 
 
 def _parquet_lines(path: Path, wrapped: bool) -> Iterator[InputLine]:
@@ -378,105 +372,3 @@ def _drop_nulls(value: Any, where: str = "") -> Any:
 def _given_id(row: dict) -> str | None:
     custom_id = row.get("custom_id")
     return custom_id if isinstance(custom_id, str) and custom_id else None
-
-
-# --- one record -> InputLine ---------------------------------------------
-
-class LineParser:
-    """Turns decoded lines into InputLines, remembering custom_ids to catch duplicates."""
-
-    def __init__(self) -> None:
-        self.first_seen: dict[str, int] = {}
-
-    def failed(self, line_no: int, message: str, custom_id: str | None = None) -> InputLine:
-        """An InputLine for a line that could not be decoded at all."""
-        custom_id = custom_id or f"line-{line_no}"
-        self._claim(line_no, custom_id)
-        return InputLine(line_no, custom_id, None, None, error=f"line {line_no}: {message}")
-
-    def parse(self, line_no: int, value: Any, *, wrapped: bool = False, finite: bool = False) -> InputLine:
-        """An InputLine for a decoded JSON value: a bare body, a batch envelope or,
-        if `wrapped`, a Parquet `{custom_id, body}` row (method, url optional). `finite`: the
-        decoder saw no NaN or infinity in it (else every number is looked at)."""
-        if not isinstance(value, dict):
-            return self.failed(line_no, f"expected a JSON object, got {json_type(value)}")
-        # A Responses body has no url or method: a line with either is an envelope, its body missing or not
-        envelope = wrapped or "url" in value or "method" in value
-        custom_id, body, problem = _split(line_no, value, envelope, id_required=not wrapped)
-        duplicate = self._claim(line_no, custom_id)
-        not_json = None if finite else _non_finite(value, body, envelope)
-        problem = problem or duplicate or not_json
-        if problem is None and envelope:
-            problem = _envelope_problem(value, route_required=not wrapped)
-        request: ResponsesRequest | None = None
-        ignored: list[str] = []
-        if problem is None and isinstance(body, dict):
-            problem = wrong_shape(body)
-        if problem is None:
-            try:
-                request, ignored = parse_request(body)
-            except RequestError as exc:
-                problem = str(exc)
-        if not_json is not None:
-            body = None  # not JSON (as a line that does not parse): no body to store
-        return InputLine(line_no, custom_id, body if isinstance(body, dict) else None, request,
-                         ignored_fields=ignored,
-                         error=None if problem is None else f"line {line_no}: {problem}")
-
-    def _claim(self, line_no: int, custom_id: str) -> str | None:
-        first = self.first_seen.setdefault(custom_id, line_no)
-        if first != line_no:
-            return f"custom_id: duplicate {custom_id!r} (first seen on line {first})"
-        return None
-
-
-def _split(line_no: int, value: dict, envelope: bool,
-           id_required: bool) -> tuple[str, Any, str | None]:
-    """(custom_id, body, problem with the custom_id or None)."""
-    if envelope:
-        body = value.get("body")
-    else:
-        body = {key: item for key, item in value.items() if key != "custom_id"}
-    default = f"line-{line_no}"
-    if "custom_id" not in value:
-        return default, body, "custom_id: required" if envelope and id_required else None
-    custom_id = value["custom_id"]
-    if isinstance(custom_id, str) and custom_id:
-        return custom_id, body, None
-    return default, body, f"custom_id: expected a non-empty string, got {_shown(custom_id)}"
-
-
-def _non_finite(value: dict, body: Any, envelope: bool) -> str | None:
-    """Where the line holds NaN, an infinity or a number past a double (1e999, which reads as
-    Infinity), none of them JSON (the Responses API refuses such a body as invalid JSON): a field
-    of the body named as in the body, another key of an envelope as in the line."""
-    found = find_non_finite(body) if isinstance(body, dict) else None
-    if found is None and envelope:
-        found = find_non_finite({key: item for key, item in value.items() if key != "body"})
-    if found is None:
-        return None
-    where, number = found
-    beyond = " (a number too large for a double, such as 1e999, reads as one)" if math.isinf(number) else ""
-    return f"{NonFiniteError(where, number)}{beyond}"
-
-
-def _envelope_problem(value: dict, route_required: bool) -> str | None:
-    for key in value:
-        if key not in _ENVELOPE_KEYS:
-            return f"{key}: unknown field {key!r} in a batch envelope"
-    for key, expected in _ROUTE.items():
-        if key not in value and route_required:
-            return f"{key}: required in a batch envelope"
-        if key in value and value[key] != expected:
-            hint = (" (a Chat Completions batch: set url to /v1/responses and rename body.messages to "
-                    "body.input)" if value[key] == "/v1/chat/completions" else "")
-            return f"{key}: expected {expected!r}, got {_shown(value[key])}{hint}"
-    if "body" not in value:
-        return "body: required in a batch envelope"
-    if not isinstance(value["body"], dict):
-        return f"body: expected a JSON object, got {json_type(value['body'])}"
-    return None
-
-
-def _shown(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else json_type(value)

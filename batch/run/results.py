@@ -10,7 +10,7 @@ from batch.responses.stored_body import redact_secrets, request_hash
 from batch.responses.response import FinishedResponse
 from batch.responses.status import RequestStatus
 from batch.run.conversations import conversation_id
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.run.session import Session
 from batch.store.rows import RequestResult, RequestRow, ResponseRow, TokenRow
 

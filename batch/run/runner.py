@@ -30,7 +30,8 @@ from batch.run.conversations import Conversations, conversation_id
 from batch.run.decode_loop import DecodeLoop
 from batch.run.ledger import RunLedger
 from batch.run.options import RunOptions
-from batch.run.reader import InputLine, read_requests, scan_input
+from batch.run.input_line import InputLine
+from batch.run.reader import read_requests, scan_input
 from batch.run.results import internal_error, line_result, reraise_interrupts
 from batch.store.responses import ConversationTurn
 from batch.store.rows import RequestResult

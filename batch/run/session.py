@@ -27,7 +27,7 @@ from batch.harmony.render import browser_call, error_answer, render_tool_output,
 from batch.harmony.token_parser import CALL_TOKEN, STOP_TOKEN_IDS
 from batch.responses.metrics import ResponseMetrics, TurnMetrics
 from batch.harmony.output_parser import OutputParser
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.responses.request import ResponsesRequest
 from batch.responses.response import INVALID_PROMPT, FinishedResponse, Outcome, build_response
 from batch.responses.status import ResponseStatus

@@ -11,7 +11,7 @@ from batch.cli.main import main
 from batch.responses.status import RequestStatus, ResponseStatus
 from batch.run import conversations as conversations_module
 from batch.run.conversations import Conversations, History, conversation_id
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.responses.request import parse_request
 from batch.store.responses import ConversationTurn
 from batch.store.rows import RequestResult, RequestRow, ResponseRow

@@ -3,7 +3,7 @@
 import dataclasses
 
 from batch.run.admission import sample_seed
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from engine.api import derive_seed
 
 

@@ -322,6 +322,23 @@ def test_a_parquet_file_with_two_columns_of_one_name_names_it(tmp_path):
         read_requests(path)
     assert str(raised.value) == f"{path}: 2 columns are named 'input': rename or drop all but one"
 
+
+@pytest.mark.parametrize(("column", "where"), [
+    (pa.array([{"format": {"type": "text"}}], pa.struct([("format", pa.struct([("type", pa.string()),
+                                                                             ("type", pa.string())]))])),
+     "text.format"),
+    (pa.array([[{"role": "user"}]], pa.list_(pa.struct([("role", pa.string()), ("role", pa.string())]))),
+     "text[]"),
+])
+def test_a_parquet_struct_with_two_fields_of_one_name_names_them(tmp_path, column, where):
+    # each row's dict kept the last field of the name, silently, as with columns
+    path = tmp_path / "dup.parquet"
+    pq.write_table(pa.table([pa.array(["a"]), pa.array(["hi"]), column], names=["custom_id", "input", "text"]), path)
+    with pytest.raises(InputFormatError) as raised:
+        read_requests(path)
+    name = "type" if where == "text.format" else "role"
+    assert str(raised.value) == f"{path}: 2 fields of {where} are named {name!r}: rename or drop all but one"
+
 def test_usage_errors_raise_at_once(tmp_path):
     csv = tmp_path / "in.csv"
     csv.write_text("input\nhi\n")

@@ -6,7 +6,7 @@ from tests.support.oracles import validate_event
 from openai.types.responses import Response
 
 from batch.harmony.render import PromptOptions, render_prompt, render_tool_output
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.responses.request import parse_request
 from batch.run.session import Session, SessionOptions
 from batch.run.truncation import Truncation

@@ -25,7 +25,7 @@ from batch.responses.metrics import TurnMetrics
 from batch.responses.status import RequestStatus, ResponseStatus, RunStatus, ToolCallStatus
 from batch.responses.tool_calls import ToolCallRecord
 from batch.run.conversations import conversation_id
-from batch.run.reader import InputLine
+from batch.run.input_line import InputLine
 from batch.store.responses import StoredResponse
 from batch.store.rows import SCHEMAS, RequestResult, RequestRow, ResponseRow, RunRow, TokenRow, dumps
 from batch.store.store import Store

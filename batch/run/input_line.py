@@ -1,0 +1,141 @@
+"""One decoded input record -> an `InputLine`: a bare Responses body or a batch envelope, validated.
+
+The reader (batch.run.reader) decodes JSONL lines and Parquet rows; this checks what they hold: the
+custom_id (present, a non-empty string, not seen on an earlier line), the envelope's route and keys,
+numbers JSON can hold, and the body as a Responses request. A bad record is an InputLine with an error
+naming its line and field, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from batch.responses.request import ResponsesRequest, parse_request
+from batch.responses.request_errors import RequestError, json_type, wrong_shape
+from batch.responses.standard_json import NonFiniteError, find_non_finite
+
+ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
+_ROUTE = {"method": "POST", "url": "/v1/responses"}
+
+
+class LineError(Exception):
+    """One line that is not a request (the message leaves out the line number)."""
+
+
+@dataclass
+class InputLine:
+    """One input line (JSONL) or row (Parquet): a validated request or an error."""
+
+    line_no: int
+    custom_id: str
+    body: dict | None
+    request: ResponsesRequest | None
+    ignored_fields: list[str] = field(default_factory=list)
+    error: str | None = None
+    epoch: int = 0  # which of the run's --epochs samples of this line (each is its own requests row)
+
+    @property
+    def is_valid(self) -> bool:
+        return self.error is None and self.request is not None
+
+
+class LineParser:
+    """Turns decoded lines into InputLines, remembering custom_ids to catch duplicates."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[str, int] = {}
+
+    def failed(self, line_no: int, message: str, custom_id: str | None = None) -> InputLine:
+        """An InputLine for a line that could not be decoded at all."""
+        custom_id = custom_id or f"line-{line_no}"
+        self._claim(line_no, custom_id)
+        return InputLine(line_no, custom_id, None, None, error=f"line {line_no}: {message}")
+
+    def parse(self, line_no: int, value: Any, *, wrapped: bool = False, finite: bool = False) -> InputLine:
+        """An InputLine for a decoded JSON value: a bare body, a batch envelope or,
+        if `wrapped`, a Parquet `{custom_id, body}` row (method, url optional). `finite`: the
+        decoder saw no NaN or infinity in it (else every number is looked at)."""
+        if not isinstance(value, dict):
+            return self.failed(line_no, f"expected a JSON object, got {json_type(value)}")
+        # A Responses body has no url or method: a line with either is an envelope, its body missing or not
+        envelope = wrapped or "url" in value or "method" in value
+        custom_id, body, problem = _split(line_no, value, envelope, id_required=not wrapped)
+        duplicate = self._claim(line_no, custom_id)
+        not_json = None if finite else _non_finite(value, body, envelope)
+        problem = problem or duplicate or not_json
+        if problem is None and envelope:
+            problem = _envelope_problem(value, route_required=not wrapped)
+        request: ResponsesRequest | None = None
+        ignored: list[str] = []
+        if problem is None and isinstance(body, dict):
+            problem = wrong_shape(body)
+        if problem is None:
+            try:
+                request, ignored = parse_request(body)
+            except RequestError as exc:
+                problem = str(exc)
+        if not_json is not None:
+            body = None  # not JSON (as a line that does not parse): no body to store
+        return InputLine(line_no, custom_id, body if isinstance(body, dict) else None, request,
+                         ignored_fields=ignored,
+                         error=None if problem is None else f"line {line_no}: {problem}")
+
+    def _claim(self, line_no: int, custom_id: str) -> str | None:
+        first = self.first_seen.setdefault(custom_id, line_no)
+        if first != line_no:
+            return f"custom_id: duplicate {custom_id!r} (first seen on line {first})"
+        return None
+
+
+def _split(line_no: int, value: dict, envelope: bool,
+           id_required: bool) -> tuple[str, Any, str | None]:
+    """(custom_id, body, problem with the custom_id or None)."""
+    if envelope:
+        body = value.get("body")
+    else:
+        body = {key: item for key, item in value.items() if key != "custom_id"}
+    default = f"line-{line_no}"
+    if "custom_id" not in value:
+        return default, body, "custom_id: required" if envelope and id_required else None
+    custom_id = value["custom_id"]
+    if isinstance(custom_id, str) and custom_id:
+        return custom_id, body, None
+    return default, body, f"custom_id: expected a non-empty string, got {_shown(custom_id)}"
+
+
+def _non_finite(value: dict, body: Any, envelope: bool) -> str | None:
+    """Where the line holds NaN, an infinity or a number past a double (1e999, which reads as
+    Infinity), none of them JSON (the Responses API refuses such a body as invalid JSON): a field
+    of the body named as in the body, another key of an envelope as in the line."""
+    found = find_non_finite(body) if isinstance(body, dict) else None
+    if found is None and envelope:
+        found = find_non_finite({key: item for key, item in value.items() if key != "body"})
+    if found is None:
+        return None
+    where, number = found
+    beyond = " (a number too large for a double, such as 1e999, reads as one)" if math.isinf(number) else ""
+    return f"{NonFiniteError(where, number)}{beyond}"
+
+
+def _envelope_problem(value: dict, route_required: bool) -> str | None:
+    for key in value:
+        if key not in ENVELOPE_KEYS:
+            return f"{key}: unknown field {key!r} in a batch envelope"
+    for key, expected in _ROUTE.items():
+        if key not in value and route_required:
+            return f"{key}: required in a batch envelope"
+        if key in value and value[key] != expected:
+            hint = (" (a Chat Completions batch: set url to /v1/responses and rename body.messages to "
+                    "body.input)" if value[key] == "/v1/chat/completions" else "")
+            return f"{key}: expected {expected!r}, got {_shown(value[key])}{hint}"
+    if "body" not in value:
+        return "body: required in a batch envelope"
+    if not isinstance(value["body"], dict):
+        return f"body: expected a JSON object, got {json_type(value['body'])}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else json_type(value)
