@@ -142,6 +142,10 @@ class BlockManager:
         seq.num_computed_tokens = 0
 
     # -- growth ----------------------------------------------------------------
+    def has_room(self, seq: Sequence) -> bool:
+        """True if `seq`'s blocks already cover every known token (15 decode steps of 16 at block size 16)."""
+        return len(seq.block_table) * self.block_size >= len(seq.token_ids)
+
     def can_append(self, seq: Sequence) -> bool:
         """True if the blocks `seq` lacks for its known tokens (0 or 1 while decoding) are free."""
         return self._num_missing_blocks(seq) <= self.num_free_blocks
@@ -153,14 +157,16 @@ class BlockManager:
         for _ in range(self._num_missing_blocks(seq)):
             seq.block_table.append(self._take_fresh())
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
+    def cache_full_blocks(self, seq: Sequence, since: int = 0) -> None:
         """Register the hash of every block of `seq` that is now full of computed tokens.
 
-        Call after the step that computed them (prefill chunk or decode token).
+        Call after the step that computed them (prefill chunk or decode token); `since`: the computed tokens
+        before that step, when every block full then was registered (a decode step that fills no block is
+        then no work).
         """
-        if not self.enable_prefix_caching:
-            return
         num_full = seq.num_full_blocks(self.block_size)
+        if not self.enable_prefix_caching or num_full == since // self.block_size:
+            return
         first = num_full
         table = seq.block_table
         while first > 0 and table[first - 1] not in self._hashes:

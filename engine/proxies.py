@@ -67,6 +67,20 @@ def host_prepare_figures() -> list[ProxyFigure]:
             for case, ms in prepare_figures()]
 
 
+def engine_step_figures() -> list[ProxyFigure]:
+    """The host's ms for a whole engine decode step, the model's forward taking none (engine.host_costs):
+    what async scheduling must hide behind the GPU's step, beside the batch side's work per token."""
+    from engine.host_costs import CALLS_PER_ROW_GOAL
+    from engine.host_costs import engine_step_figures as measure
+
+    figures = []
+    for case, ms, calls in measure():
+        figures += [ProxyFigure(f"engine host ms/step, {case}", ms, "ms CPU (best median)", "-", True),
+                    ProxyFigure("  Python calls a decode row", calls, "calls", f"<= {CALLS_PER_ROW_GOAL}",
+                                calls <= CALLS_PER_ROW_GOAL)]
+    return figures
+
+
 def graph_share_figures() -> list[ProxyFigure]:
     """Decode tokens of a ShareGPT-like 512-request run in a CUDA graph (engine.graph_share), and in full
     decode graphs alone (what steps without a prefill row reach: the only graphs before piecewise capture)."""
@@ -150,6 +164,7 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
     ("moe inner loop", _moe_inner_loop),
     ("decode tokens in graphs", graph_share_figures),
     ("host prepare ms/step", host_prepare_figures),
+    ("engine host ms/step", engine_step_figures),
     ("decode launches", _decode_launches),
     ("block manager build", _block_manager_build),
     ("sampler ops per step", _sampler_ops),

@@ -178,6 +178,8 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence) -> bool:
         """Free blocks until `seq` can grow, preempting the latest admitted; False if `seq` itself went."""
+        if self.block_manager.has_room(seq):
+            return True  # the common case, decided without counting free blocks
         while not self.block_manager.can_append(seq):
             victim = self.running[-1]
             self._preempt(victim)
@@ -243,7 +245,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted after schedule()
             seq.num_computed_tokens = item.end
-            self.block_manager.cache_full_blocks(seq)
+            self.block_manager.cache_full_blocks(seq, item.start)
             if row is None:
                 continue
             token_id = int(sampled_token_ids[row])
@@ -300,7 +302,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             seq.num_computed_tokens = item.end
-            self.block_manager.cache_full_blocks(seq)
+            self.block_manager.cache_full_blocks(seq, item.start)
             if not item.is_sampled:
                 continue
             seq.append_token(PLACEHOLDER)

@@ -192,6 +192,35 @@ def test_append_takes_a_block_only_past_a_boundary_and_never_beyond_the_budget()
     assert manager.num_used_blocks == 2
 
 
+def test_has_room_is_whether_a_token_past_the_blocks_needs_one():
+    manager = BlockManager(4, BS)
+    seq = admit(manager, range(3), "a")  # one block, 3 of its 4 slots
+    assert manager.has_room(seq)
+    seq.append_token(3)
+    assert manager.has_room(seq)  # the block is full, not past
+    seq.append_token(4)
+    assert not manager.has_room(seq) and manager.can_append(seq)
+    manager.may_append(seq)
+    assert manager.has_room(seq)
+
+
+def test_a_step_that_fills_no_block_registers_nothing_and_one_that_fills_one_registers_it():
+    manager = BlockManager(8, BS)
+    seq = admit(manager, range(6), "a")
+    compute_all(manager, seq)  # 6 computed: block 0 registered
+    hashed = manager.block_hash(seq.block_table[0])
+    assert hashed is not None and manager.block_hash(seq.block_table[1]) is None
+    seq.append_token(6)
+    seq.num_computed_tokens = 7  # a decode step from 6: still inside block 1
+    manager.cache_full_blocks(seq, since=6)
+    assert manager.block_hash(seq.block_table[1]) is None
+    seq.append_token(7)
+    seq.num_computed_tokens = 8  # from 7 to 8: block 1 fills
+    manager.cache_full_blocks(seq, since=7)
+    assert manager.block_hash(seq.block_table[1]) is not None
+    assert manager.block_hash(seq.block_table[0]) == hashed
+
+
 def test_no_prefix_caching_means_no_hits():
     manager = BlockManager(8, BS, enable_prefix_caching=False)
     compute_all(manager, admit(manager, range(9), "a"))
