@@ -29,9 +29,9 @@ from engine.sequence import Sequence, SequenceStatus
 PLACEHOLDER = -1  # async scheduling: a sampled token still on the device (resolve() writes it in)
 
 
-@dataclass(frozen=True)
-class ScheduledSeq:
-    """`num_new_tokens` tokens of `seq`, from position `start`, computed in this step."""
+class ScheduledSeq(NamedTuple):
+    """`num_new_tokens` tokens of `seq`, from position `start`, computed in this step (a tuple: one is made for
+    every row of every step, and a frozen dataclass costs five calls to make)."""
 
     seq: Sequence
     start: int  # == seq.num_computed_tokens when scheduled
@@ -168,8 +168,8 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
-                continue  # preempted just now, or mid-prefill
+            if seq.status is not SequenceStatus.RUNNING or len(seq.token_ids) - seq.num_computed_tokens != 1:
+                continue  # preempted just now, or mid-prefill (the hot loop: no property calls)
             if not self._make_room(seq):
                 break  # it preempted itself: nothing after it is running
             batch.items.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True))
@@ -276,7 +276,8 @@ class Scheduler:
         params = seq.sampling
         if not params.ignore_eos and token_id in params.stop_token_ids:
             return FinishReason.STOP  # the answer is complete, even on the last allowed token
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        num_tokens = len(seq.token_ids)  # a row a step: no property calls
+        if num_tokens - seq.num_prompt_tokens >= params.max_tokens or num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 
@@ -296,18 +297,19 @@ class Scheduler:
         `resolve` must report (sequences finished or aborted since schedule() have none).
         """
         live, row = [], -1
-        for item in batch.items:
-            row += item.is_sampled
-            seq = item.seq
+        for seq, start, num_new_tokens, is_sampled in batch.items:  # a row a step: no property calls
+            row += is_sampled
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            seq.num_computed_tokens = item.end
-            self.block_manager.cache_full_blocks(seq, item.start)
-            if not item.is_sampled:
+            seq.num_computed_tokens = start + num_new_tokens
+            self.block_manager.cache_full_blocks(seq, start)
+            if not is_sampled:
                 continue
-            seq.append_token(PLACEHOLDER)
+            token_ids = seq.token_ids
+            token_ids.append(PLACEHOLDER)
             live.append(row)
-            if seq.num_output_tokens >= seq.sampling.max_tokens or seq.num_tokens >= self.max_model_len:
+            num_tokens = len(token_ids)
+            if num_tokens - seq.num_prompt_tokens >= seq.sampling.max_tokens or num_tokens >= self.max_model_len:
                 self.running.remove(seq)
                 self._finish(seq, FinishReason.LENGTH)
         return live
@@ -321,7 +323,8 @@ class Scheduler:
         outputs = self.take_aborted()
         sampled = batch.sampled
         for row in live:
-            seq, end = sampled[row].seq, sampled[row].end
+            seq, start, num_new_tokens, _ = sampled[row]
+            end = start + num_new_tokens
             if seq.finish_reason is FinishReason.ABORT:
                 continue  # reported by _take_aborted
             token_id = int(sampled_token_ids[row])
