@@ -127,7 +127,9 @@ def row_thresholds(logits: Tensor, kth: Tensor, mass_limit: Tensor, width: int |
     mass_before = torch.cumsum(probs, dim=-1).sub_(probs)  # the top token has 0 before it: always kept
     del probs
     kept = (mass_before < mass_limit).logical_and_(ordered >= kth_value)  # a prefix of the sorted row
-    return ordered.gather(1, kept.sum(dim=-1, keepdim=True) - 1)
+    # at least the top token: a row with a NaN or an infinity has NaN masses and keeps none (a gather at -1 is a
+    # device-side assert on CUDA); its largest logit (a NaN first, as sorted) is then the threshold
+    return ordered.gather(1, kept.sum(dim=-1, keepdim=True).clamp_(min=1) - 1)
 
 
 def mask_below_threshold_(logits: Tensor, kth: Tensor, mass_limit: Tensor, width: int | None = None) -> Tensor:

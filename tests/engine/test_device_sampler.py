@@ -80,6 +80,18 @@ def test_the_filters_are_the_row_by_row_references(top_k, top_p, temperature):
             assert torch.equal(masked[row][torch.isfinite(masked[row])], logits[row][torch.isfinite(expected)])
 
 
+@pytest.mark.parametrize("sampling", [params(top_k=5), params(top_p=0.9), params(top_k=3, top_p=0.5)])
+def test_a_filtered_row_of_nan_or_inf_logits_draws_a_token_not_an_index_error(sampling):
+    # a diverging model's row: its softmax is NaN, nothing was "kept", and the threshold was gathered at -1 (an
+    # IndexError here, a device-side assert that poisons the process on CUDA)
+    nan, inf = torch.zeros(1, 50), torch.zeros(1, 50)
+    nan[0, 17], inf[0, 23] = float("nan"), float("inf")
+    assert sample_tokens(nan, [sampling], [1], [1]).tolist() == [17]  # NaN ranks first, as torch.argmax ranks it
+    assert sample_tokens(inf, [sampling], [1], [1]).tolist() == [23]
+    blocked = torch.full((1, 50), float("-inf"))
+    assert sample_tokens(blocked, [sampling], [1], [1]).tolist() == [0]  # nothing allowed: argmax's first
+
+
 def test_top_p_keeps_the_smallest_set_that_reaches_the_mass():
     logits = logits_for(2, 1)
     for top_p in (0.05, 0.5, 0.9, 0.99):

@@ -70,6 +70,14 @@ def test_nan_ties_and_masked_rows_pick_what_torch_argmax_picks():
     assert got == expected
 
 
+def test_filtered_rows_of_nan_or_inf_logits_draw_what_the_torch_path_draws():
+    logits = torch.zeros(3, 50)
+    logits[0, 17], logits[1, 23], logits[2] = float("nan"), float("inf"), float("-inf")
+    rows = [SamplingParams(max_tokens=1, top_p=0.9)] * 3
+    expected, got = both(logits, rows, [1, 2, 3], [0] * 3)
+    assert got == expected == [17, 23, 0]
+
+
 def test_bf16_logits_are_read_as_they_are():
     logits = logits_for(4, 12, 1000).bfloat16()
     rows = [MIX[i % len(MIX)] for i in range(12)]
