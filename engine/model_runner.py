@@ -86,9 +86,18 @@ class ModelRunner:
             self._warm_mixed_step(scratch_block=num_blocks, max_model_len=max_model_len)
         self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler(config.kernels)
+        if config.kernels == "triton" and self.device.type == "cuda":
+            self.warm_sampler(model_config.vocab_size)
         self.masks = ConstraintMasks(model_config.vocab_size)
         self.timer = ForwardTimer(self.device)  # model time, for the engine-overhead figure
         self.counts = GraphCounts()
+
+    @torch.inference_mode()
+    def warm_sampler(self, vocab: int) -> None:
+        """Draw a greedy and a sampled row of zero logits, so the sampler's kernels compile before the first request,
+        not in the first timed step (the filtered rows' thresholds are torch ops: nothing to compile)."""
+        rows = [SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(max_tokens=1)]
+        self.sampler.sample_on_device(torch.zeros(2, vocab, device=self.device), rows, [0, 0], [0, 0])
 
     @torch.inference_mode()
     def _warm_mixed_step(self, scratch_block: int, max_model_len: int) -> None:

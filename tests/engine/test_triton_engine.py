@@ -56,3 +56,17 @@ def test_seeded_sampled_tokens_are_the_torch_samplers_on_the_triton_path(tiny_mo
                 tokens[sampler].setdefault(out.request_id, []).extend(out.new_token_ids)
     assert tokens["triton"] == tokens["torch"]
     assert len({tuple(t) for t in tokens["torch"].values()}) == len(kinds)  # the rows really differ
+
+
+def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypatch):
+    # on CUDA the runner does this at start, so the draw's kernels compile before the first timed step
+    from engine.config import EngineConfig
+    from engine.kernels import sampler as kernels
+    from engine.llm_engine import LLMEngine
+
+    llm = LLMEngine(EngineConfig(tiny_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01, kernels="triton"))
+    drawn = []
+    draw = kernels.draw_tokens
+    monkeypatch.setattr(kernels, "draw_tokens", lambda logits, *args: drawn.append(logits.shape) or draw(logits, *args))
+    llm.runner.warm_sampler(llm.runner.model.config.vocab_size)
+    assert drawn == [(2, llm.runner.model.config.vocab_size)]
