@@ -8,6 +8,7 @@ kernels the draw's time is also bounded by what its compiled code issues (`draw_
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import torch
@@ -87,3 +88,48 @@ def hbm_ms(bytes_per_logit: float, batch: int, vocab: int = GPT_OSS_VOCAB) -> fl
     from engine.kernels.moe_cost import H100_HBM_BYTES_PER_S
 
     return 1000 * bytes_per_logit * batch * vocab / H100_HBM_BYTES_PER_S
+
+
+def time_draws(device: str, batches: tuple[int, ...], vocab: int = GPT_OSS_VOCAB,
+               repeats: int = 20) -> list[tuple[str, int, float, float]]:
+    """(row kind, batch, the Triton draw's us, the torch draw's us): each of UNIFORM's row kinds at each batch
+    size over random fp32 logits of `vocab` tokens, the median of `repeats` (CUDA events on a GPU:
+    engine.device.ForwardTimer). What the draw's kernels save a step, measured where the proxy estimates it."""
+    from functools import partial
+
+    from engine.device import ForwardTimer
+
+    def median_us(fn: Any) -> float:
+        fn()  # compiled and warm
+        times = []
+        for _ in range(repeats):
+            timer = ForwardTimer(torch.device(device))
+            timer.start()
+            fn()
+            timer.stop()
+            times.append(timer.seconds * 1e6)
+        return statistics.median(times)
+
+    out = []
+    for kind, params in UNIFORM.items():
+        for batch in batches:
+            logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch)).to(device)
+            rows, seeds, positions = [params] * batch, list(range(batch)), [7] * batch
+            out.append((kind, batch,
+                        median_us(partial(sample_tokens, logits, rows, seeds, positions, "triton")),
+                        median_us(partial(sample_tokens, logits, rows, seeds, positions, "torch"))))
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The sampler's draw in Triton kernels against torch's, timed.")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batches", default="1,64,256", help="rows a step, comma-separated")
+    parser.add_argument("--vocab", type=int, default=GPT_OSS_VOCAB)
+    args = parser.parse_args()
+    for kind, batch, kernel_us, torch_us in time_draws(args.device, tuple(map(int, args.batches.split(","))),
+                                                       args.vocab):
+        print(f"sampler B={batch} over {args.vocab:,} tokens, {kind}: kernels {kernel_us:.1f} us, "
+              f"torch {torch_us:.1f} us")

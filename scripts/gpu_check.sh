@@ -33,6 +33,7 @@ if [ "$DRY" = 1 ]; then
                 --random-output-len 12)
     MIX_120B=(--num-requests 4 --random-input-len 48 --random-output-len 12)
     ROUTING=(--device cpu --tokens 1,16)
+    SAMPLER=(--device cpu --batches 1,2 --vocab 4096)
 else
     BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
     SCALE=1
@@ -51,6 +52,7 @@ else
     SHAREGPT=(--num-requests 512 --baseline-requests 32 --baseline-output-len 256)
     RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 256)
     ROUTING=(--device cuda)
+    SAMPLER=(--device cuda)
 fi
 
 START=$(date +%s)
@@ -123,6 +125,9 @@ step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be
 step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
+# the sampler's draw in two Triton launches against torch's ~20 passes, at batch 1, 64 and 256 over gpt-oss's
+# vocabulary (the proxy estimates ~0.4 against ~4.7 ms at 256)
+step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
 # Then the step token budget vLLM uses on an H100 (8,192 against the default 2,048: longer prefill chunks, more
@@ -138,7 +143,7 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^  (weights|KV cache|fits|the engine clamps)' \
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^  (weights|KV cache|fits|the engine clamps)' \
     "$LOG")
 {
     echo "=== figures"
