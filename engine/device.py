@@ -13,8 +13,10 @@ the cache is the fixed `--kv-cache-gb`.
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -144,3 +146,17 @@ class ForwardTimer:
             start, end = self._pending.popleft()
             end.synchronize()
             self._seconds += start.elapsed_time(end) / 1000  # milliseconds
+
+
+def median_us(fn: Callable[[], object], device: str | torch.device, repeats: int = 20) -> float:
+    """Microseconds `fn()` takes on `device`: the median of `repeats` calls after a first one (compiles, warms),
+    each timed by a ForwardTimer (CUDA events on a GPU)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        timer = ForwardTimer(torch.device(device))
+        timer.start()
+        fn()
+        timer.stop()
+        times.append(timer.seconds * 1e6)
+    return statistics.median(times)

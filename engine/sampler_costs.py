@@ -8,7 +8,6 @@ kernels the draw's time is also bounded by what its compiled code issues (`draw_
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import torch
@@ -97,18 +96,7 @@ def time_draws(device: str, batches: tuple[int, ...], vocab: int = GPT_OSS_VOCAB
     engine.device.ForwardTimer). What the draw's kernels save a step, measured where the proxy estimates it."""
     from functools import partial
 
-    from engine.device import ForwardTimer
-
-    def median_us(fn: Any) -> float:
-        fn()  # compiled and warm
-        times = []
-        for _ in range(repeats):
-            timer = ForwardTimer(torch.device(device))
-            timer.start()
-            fn()
-            timer.stop()
-            times.append(timer.seconds * 1e6)
-        return statistics.median(times)
+    from engine.device import median_us
 
     out = []
     for kind, params in UNIFORM.items():
@@ -116,8 +104,8 @@ def time_draws(device: str, batches: tuple[int, ...], vocab: int = GPT_OSS_VOCAB
             logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch)).to(device)
             rows, seeds, positions = [params] * batch, list(range(batch)), [7] * batch
             out.append((kind, batch,
-                        median_us(partial(sample_tokens, logits, rows, seeds, positions, "triton")),
-                        median_us(partial(sample_tokens, logits, rows, seeds, positions, "torch"))))
+                        median_us(partial(sample_tokens, logits, rows, seeds, positions, "triton"), device, repeats),
+                        median_us(partial(sample_tokens, logits, rows, seeds, positions, "torch"), device, repeats)))
     return out
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -291,21 +290,9 @@ def time_routing(device: str, tokens: tuple[int, ...], num_experts: int = 32, to
     """(tokens, the kernel's us, torch's us) per step size: route_logits against torch.topk, torch.softmax
     and route_reference on random bf16 logits, each the median of `repeats` (CUDA events on
     a GPU: engine.device.ForwardTimer). What ROUTE_KERNEL_MAX_PAIRS should be."""
-    import statistics
     from functools import partial
 
-    from engine.device import ForwardTimer
-
-    def median_us(fn: Any) -> float:
-        fn()  # compiled and warm
-        times = []
-        for _ in range(repeats):
-            timer = ForwardTimer(torch.device(device))
-            timer.start()
-            fn()
-            timer.stop()
-            times.append(timer.seconds * 1e6)
-        return statistics.median(times)
+    from engine.device import median_us
 
     def by_torch(logits: Tensor, block_m: int) -> None:
         top_logits, expert_ids = torch.topk(logits, top_k, dim=-1)
@@ -317,8 +304,8 @@ def time_routing(device: str, tokens: tuple[int, ...], num_experts: int = 32, to
         logits = torch.randn(num_tokens, num_experts, device=device).to(torch.bfloat16)
         block_m = block_m_for(num_tokens * top_k, num_experts)
         tiles = max_tiles(num_tokens * top_k, num_experts, block_m)
-        rows.append((num_tokens, median_us(partial(route_logits, logits, top_k, block_m, tiles)),
-                     median_us(partial(by_torch, logits, block_m))))
+        rows.append((num_tokens, median_us(partial(route_logits, logits, top_k, block_m, tiles), device, repeats),
+                     median_us(partial(by_torch, logits, block_m), device, repeats)))
     return rows
 
 
