@@ -194,3 +194,11 @@ def test_an_engine_on_cuda_1_runs_there(tiny_model_dir):
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.runner.kv_caches[0][0].device == torch.device("cuda:1")
+
+
+def test_median_us_warms_once_then_times_each_call():
+    from engine.device import median_us
+
+    calls = []
+    assert median_us(lambda: calls.append(1), "cpu", repeats=5) > 0
+    assert len(calls) == 6  # the first call compiles or warms; the median is over the other five
