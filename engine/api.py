@@ -109,6 +109,17 @@ class SamplingParams:
         # Below this, logits / temperature overflow to inf and sampling is argmax anyway.
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def is_filtered(self) -> bool:
+        """A sampled row that top-k or top-p cuts down (the sampler sorts its logits for a threshold)."""
+        return not self.is_greedy and bool(self.top_k or self.top_p < 1.0)
+
+    def filter_bounds(self, vocab: int) -> tuple[int, float]:
+        """As the sampler reads the filters over `vocab` tokens: (the index of the k-th largest logit top-k keeps,
+        vocab - 1 when off; top_p, inf when off)."""
+        top_k = min(self.top_k, vocab) if self.top_k else vocab
+        return top_k - 1, self.top_p if self.top_p < 1.0 else float("inf")
+
 
 class TokenLogprob(NamedTuple):
     """A sampled token's log-probability, and the (token id, log-probability) of the most likely tokens at its

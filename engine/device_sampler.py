@@ -75,8 +75,8 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
     if not sampled:
         return token_ids
     # the filtered rows first: they are then scores[:F], a view to sort (no copy)
-    filtered = [row for row in sampled if params[row].top_k or params[row].top_p < 1.0]
-    rows = filtered + [row for row in sampled if not (params[row].top_k or params[row].top_p < 1.0)]
+    filtered = [row for row in sampled if params[row].is_filtered]
+    rows = filtered + [row for row in sampled if not params[row].is_filtered]
     vocab = logits.shape[1]
     table = _row_table(rows, params, seeds, positions, vocab, logits.device)
     index = table[:, 0].long()
@@ -99,7 +99,7 @@ def _sample_in_kernels(logits: Tensor, params: list[SamplingParams], seeds: list
     if num_filtered:
         rows = table[len(params):]  # the filtered rows' (logit row, temperature, top_k - 1, top_p)
         scores = logits.index_select(0, rows[:, 0].long()).float().div_(rows[:, 1:2].float())
-        width = _sort_width([p for p in params if not p.is_greedy and (p.top_k or p.top_p < 1.0)], vocab)
+        width = _sort_width([p for p in params if p.is_filtered], vocab)
         thresholds = row_thresholds(scores, rows[:, 2:3].long(), rows[:, 3:4].float(), width)[:, 0]
     return draw_tokens(logits, table, thresholds, (*_MULTIPLIERS, _SALT_MULTIPLIER))
 
@@ -217,7 +217,6 @@ def _row_table(rows: list[int], params: list[SamplingParams], seeds: list[int], 
     values: list[float] = []
     for row, key in zip(rows, keys):
         p = params[row]
-        top_k = min(p.top_k, vocab) if p.top_k else vocab
-        values += [row, key, p.temperature, top_k - 1, p.top_p if p.top_p < 1.0 else float("inf")]
+        values += [row, key, p.temperature, *p.filter_bounds(vocab)]
     # pageable host memory is staged at once; torch.tensor(..., device=) would wait for the queued forward
     return torch.tensor(values, dtype=torch.float64).to(device, non_blocking=True).view(len(rows), _COLUMNS)

@@ -104,12 +104,10 @@ def draw_table(params: list[SamplingParams], keys: list[int], vocab: int, device
     head: list[float] = []
     tail: list[float] = []
     for row, (p, key) in enumerate(zip(params, keys)):
-        filtered = not p.is_greedy and bool(p.top_k or p.top_p < 1.0)
         head += [key, 1.0 if p.is_greedy else p.temperature, 0.0 if p.is_greedy else 1.0,
-                 len(tail) // TABLE_COLUMNS if filtered else -1]
-        if filtered:
-            top_k = min(p.top_k, vocab) if p.top_k else vocab
-            tail += [row, p.temperature, top_k - 1, p.top_p if p.top_p < 1.0 else float("inf")]
+                 len(tail) // TABLE_COLUMNS if p.is_filtered else -1]
+        if p.is_filtered:
+            tail += [row, p.temperature, *p.filter_bounds(vocab)]
     # pageable host memory is staged at once; torch.tensor(..., device=) would wait for the queued forward
     table = torch.tensor(head + tail, dtype=torch.float64).to(device, non_blocking=True)
     return table.view(-1, TABLE_COLUMNS), len(tail) // TABLE_COLUMNS
