@@ -187,4 +187,3 @@ def _route(expert_ids: Tensor, num_experts: int, block_m: int, max_tiles: int, l
                         BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=max(chunk, 2 * block_k), FROM_LOGITS=logits is not None,
                         TOP_K=top_k, BLOCK_K=block_k, num_warps=8)
     return sorted_pairs, offsets, tile_expert, tile_row_start
-

@@ -63,15 +63,16 @@ def _first_max(scores, index, valid):
 
 @triton.jit
 def _draw_slices(logits_ptr, stride_logits, vocab, table_ptr, thresholds_ptr, best_ptr, first_ptr, num_slices,
-                 M0: tl.constexpr, M1: tl.constexpr, SALT: tl.constexpr, BLOCK: tl.constexpr):
+                 M0: tl.constexpr, M1: tl.constexpr, SALT: tl.constexpr, BLOCK: tl.constexpr, COLUMNS: tl.constexpr):
     """Program (row, slice): the slice's first largest score, (logits / temperature, -inf below the row's
-    threshold) - log E, into best/first[row, slice]."""
+    threshold) - log E, into best/first[row, slice]. The row's table entry: key, temperature, draws?, filtered
+    index (draw_table)."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     offs = part * BLOCK + tl.arange(0, BLOCK)
     valid = offs < vocab
     logits = tl.load(logits_ptr + row.to(tl.int64) * stride_logits + offs, mask=valid, other=0.0).to(tl.float32)
-    entry = table_ptr + row * 4
+    entry = table_ptr + row * COLUMNS
     scores = tl.math.div_rn(logits, tl.load(entry + 1).to(tl.float32))
     filtered = tl.load(entry + 3).to(tl.int32)
     threshold = tl.load(thresholds_ptr + tl.maximum(filtered, 0), mask=filtered >= 0, other=-float("inf"))
@@ -134,6 +135,7 @@ def draw_tokens(logits: Tensor, table: Tensor, thresholds: Tensor | None,
         thresholds = best  # never read: no row is filtered
     m0, m1, salt = hash_constants
     _draw_slices[(rows, num_slices)](logits, logits.stride(0), vocab, table, thresholds, best, first, num_slices,
-                                     M0=m0, M1=m1, SALT=salt, BLOCK=SLICE, num_warps=4)
+                                     M0=m0, M1=m1, SALT=salt, BLOCK=SLICE, COLUMNS=TABLE_COLUMNS,
+                                     num_warps=4)
     _pick_slices[(rows,)](best, first, tokens, num_slices, BLOCK_S=triton.next_power_of_2(num_slices))
     return tokens
