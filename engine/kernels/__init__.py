@@ -41,6 +41,12 @@ def require_triton(device: torch.device | str) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def interpreted() -> bool:
+    """Whether Triton's interpreter runs the kernels: what triton reads when a kernel module's decorators run
+    (require_triton chooses it for CPU tensors first)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def run_json_child(module: str, args: list[str], *, interpret: bool, what: str, timeout_s: float) -> Any:
     """`python -m module args` in a child process with Triton's interpreter on or off (it must be chosen before
     triton.language first loads, so a process already running cannot switch); the JSON of its last stdout line.

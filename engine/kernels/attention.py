@@ -37,20 +37,18 @@ torch path raises.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
 from engine.attention import AttentionMetadata
-from engine.kernels import PARTITION_SIZE, require_triton
+from engine.kernels import PARTITION_SIZE, interpreted, require_triton
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
 require_triton("cuda" if torch.cuda.is_available() else "cpu")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read by triton when the decorators below ran
+INTERPRETED = interpreted()  # as triton read it when the decorators below ran
 # The interpreter's tl.dot multiplies 16-bit floats as raw integers (triton 3.9): interpreted kernels
 # upcast the operands to fp32 first, which gives what a 16-bit MMA with fp32 accumulation gives.
 UPCAST_DOT_OPERANDS = INTERPRETED

@@ -22,13 +22,12 @@ decoded in fp32 (exact; CPU models).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from engine.kernels import require_triton
+from engine.kernels import interpreted, require_triton
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run. The kernels
@@ -45,7 +44,7 @@ from engine.kernels.moe_route import route_logits, route_pairs  # noqa: E402
 
 # The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
 # first, which gives the products a 16-bit MMA with fp32 accumulation gives.
-UPCAST_DOT_OPERANDS = os.environ.get("TRITON_INTERPRET") == "1"
+UPCAST_DOT_OPERANDS = interpreted()
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # Activation dtypes tl.dot_scaled multiplies MXFP4 weights with (on the tensor cores); fp32 takes the upcast path.
 SCALED_DOT_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}

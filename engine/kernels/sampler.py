@@ -15,12 +15,10 @@ largest raw logit, a NaN ranking first as in torch.argmax.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
-from engine.kernels import require_triton
+from engine.kernels import interpreted, require_triton
 
 require_triton("cuda" if torch.cuda.is_available() else "cpu")  # see engine.kernels.moe: before triton loads
 import triton  # noqa: E402
@@ -36,7 +34,7 @@ TABLE_COLUMNS = 4
 # Logits a program draws from: on a GPU a slice is one program's registers (16 a thread at 4 warps); the interpreter
 # runs a program per slice in Python, so it takes a few wide ones (the numpy work is the same). Chosen as the kernels
 # are (moe.UPCAST_DOT_OPERANDS), so the sm_90 compile on CPU tensors sees the GPU's.
-SLICE = 32768 if os.environ.get("TRITON_INTERPRET") == "1" else 2048
+SLICE = 32768 if interpreted() else 2048
 
 
 @triton.jit
