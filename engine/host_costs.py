@@ -64,12 +64,27 @@ def advance(seqs: list[Sequence], block_size: int) -> None:
             seq.block_table.append(seq.block_table[-1] + 1)
 
 
-def prepare_ms(batch_size: int, context: int, num_steps: int = 200, rounds: int = 3, block_size: int = 16) -> float:
-    """Milliseconds of StepInputs.prepare per decode step: the lowest of `rounds` medians, each over `num_steps`
-    consecutive decode steps (CPU, 1 thread)."""
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch on one thread inside (a step's host work is one thread's), as it was after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _best_median_ms(times: list[float], num_steps: int, rounds: int) -> float:
+    """The lowest of `rounds` medians of `num_steps` consecutive seconds each, in ms: a shared machine's load
+    only ever adds time, and a whole round can run slow."""
+    return min(statistics.median(times[r * num_steps:(r + 1) * num_steps]) for r in range(rounds)) * 1e3
+
+
+def prepare_ms(batch_size: int, context: int, num_steps: int = 200, rounds: int = 3, block_size: int = 16) -> float:
+    """Milliseconds of StepInputs.prepare per decode step: the lowest of `rounds` medians, each over `num_steps`
+    consecutive decode steps (CPU, 1 thread)."""
+    with _one_torch_thread():
         seqs = decode_sequences(batch_size, context, block_size)
         total = rounds * num_steps
         inputs = StepInputs(batch_size, context + total + block_size, block_size, torch.device("cpu"))
@@ -80,9 +95,7 @@ def prepare_ms(batch_size: int, context: int, num_steps: int = 200, rounds: int 
             inputs.prepare(batch)
             times.append(time.perf_counter() - start)
             advance(seqs, block_size)
-        return min(statistics.median(times[1 + r * num_steps:1 + (r + 1) * num_steps]) for r in range(rounds)) * 1e3
-    finally:
-        torch.set_num_threads(threads)
+        return _best_median_ms(times[1:], num_steps, rounds)  # the first sends every whole block table once
 
 
 def prepare_figures() -> list[tuple[str, float]]:
@@ -131,18 +144,13 @@ def engine_step_ms(batch_size: int, context: int, num_steps: int = 100, rounds: 
     """Milliseconds of host work in one LLMEngine.step of `batch_size` decoding sequences of `context` tokens
     (`decoding_engine`): the lowest of `rounds` medians over `num_steps` steps, in the stepping thread's CPU time
     (other processes' load adds none to it)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with decoding_engine(batch_size, context, rounds * num_steps) as llm:
-            times = []
-            for _ in range(rounds * num_steps):
-                start = time.thread_time()
-                llm.step()
-                times.append(time.thread_time() - start)
-        return min(statistics.median(times[r * num_steps:(r + 1) * num_steps]) for r in range(rounds)) * 1e3
-    finally:
-        torch.set_num_threads(threads)
+    with _one_torch_thread(), decoding_engine(batch_size, context, rounds * num_steps) as llm:
+        times = []
+        for _ in range(rounds * num_steps):
+            start = time.thread_time()
+            llm.step()
+            times.append(time.thread_time() - start)
+    return _best_median_ms(times, num_steps, rounds)
 
 
 def python_calls_per_row(batch_size: int, context: int, num_steps: int = 20) -> float:
