@@ -276,10 +276,14 @@ class Scheduler:
         params = seq.sampling
         if not params.ignore_eos and token_id in params.stop_token_ids:
             return FinishReason.STOP  # the answer is complete, even on the last allowed token
-        num_tokens = len(seq.token_ids)  # a row a step: no property calls
-        if num_tokens - seq.num_prompt_tokens >= params.max_tokens or num_tokens >= self.max_model_len:
+        if self._at_length_limit(seq):
             return FinishReason.LENGTH
         return None
+
+    def _at_length_limit(self, seq: Sequence) -> bool:
+        """`seq` has its most output tokens, or fills the context."""
+        num_tokens = len(seq.token_ids)  # a row a step: no property calls
+        return num_tokens - seq.num_prompt_tokens >= seq.sampling.max_tokens or num_tokens >= self.max_model_len
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.block_manager.deallocate(seq)
@@ -305,11 +309,9 @@ class Scheduler:
             self.block_manager.cache_full_blocks(seq, start)
             if not is_sampled:
                 continue
-            token_ids = seq.token_ids
-            token_ids.append(PLACEHOLDER)
+            seq.token_ids.append(PLACEHOLDER)
             live.append(row)
-            num_tokens = len(token_ids)
-            if num_tokens - seq.num_prompt_tokens >= seq.sampling.max_tokens or num_tokens >= self.max_model_len:
+            if self._at_length_limit(seq):
                 self.running.remove(seq)
                 self._finish(seq, FinishReason.LENGTH)
         return live

@@ -14,7 +14,7 @@ def test_the_measured_engine_decodes_every_sequence_every_step():
 
 
 def test_a_decode_step_calls_few_python_functions_per_row_whatever_the_context():
-    # a count, not a time: the same on a loaded machine. ~37 at batch 64 (66 before a decode row that needs no
+    # a count, not a time: the same on a loaded machine. ~39 at batch 64 (66 before a decode row that needs no
     # new block skipped the block manager's free-block counts and one that fills no block its hashing, 45 before
     # the scheduler's per-row loops read fields instead of properties and rows became tuples)
     short, long = python_calls_per_row(64, 64), python_calls_per_row(64, 1024)
