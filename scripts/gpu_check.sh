@@ -34,6 +34,7 @@ if [ "$DRY" = 1 ]; then
     MIX_120B=(--num-requests 4 --random-input-len 48 --random-output-len 12)
     ROUTING=(--device cpu --tokens 1,16)
     SAMPLER=(--device cpu --batches 1,2 --vocab 4096)
+    MOE_TILES=(--device cpu --shape tiny --tokens 4 --repeats 2)
 else
     BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
     SCALE=1
@@ -53,6 +54,7 @@ else
     RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 256)
     ROUTING=(--device cuda)
     SAMPLER=(--device cuda)
+    MOE_TILES=(--device cuda)
 fi
 
 START=$(date +%s)
@@ -128,6 +130,10 @@ step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 # the sampler's draw in two Triton launches against torch's ~20 passes, at batch 1, 64 and 256 over gpt-oss's
 # vocabulary (the proxy estimates ~0.4 against ~4.7 ms at 256)
 step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
+# the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 1 and 2,048 tokens, through each launch shape of
+# engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
+# should be (compiled for sm_90, a 128-column block issues ~15% less than the default's 64). Mostly compiles.
+step moe_tiles 90 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
 # Then the step token budget vLLM uses on an H100 (8,192 against the default 2,048: longer prefill chunks, more
@@ -143,7 +149,7 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^  (weights|KV cache|fits|the engine clamps)' \
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^moe T=.*(fastest: |x1\.00 the default| dense: )|^  (weights|KV cache|fits|the engine clamps)' \
     "$LOG")
 {
     echo "=== figures"

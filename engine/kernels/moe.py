@@ -22,7 +22,9 @@ decoded in fp32 (exact; CPU models).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -136,6 +138,32 @@ INVARIANT_BLOCK_M = 16
 MAX_BLOCK_M = 128
 
 
+class GemmTiles(NamedTuple):
+    """A grouped GEMM launch's shape besides its rows per tile (block_m_for): columns and K a loop step, warps,
+    pipeline stages."""
+
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __str__(self) -> str:
+        return f"{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> GemmTiles:
+        """The inverse of str(): "64x64w4s3" -> GemmTiles(64, 64, 4, 3)."""
+        match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", text.strip())
+        if match is None:
+            raise ValueError(f"tiles {text!r}: expected BLOCK_NxBLOCK_KwWARPSsSTAGES, e.g. 64x64w4s3")
+        return cls(*map(int, match.groups()))
+
+
+# Chosen from sm_90 compiles (engine.kernels.sm90), never timed: engine.kernels.moe_tiles times the candidates on a
+# GPU, and the fastest should replace it.
+DEFAULT_TILES = GemmTiles()
+
+
 def block_m_for(num_pairs: int, num_experts: int) -> int:
     """Rows per tile from the shapes alone (no data): twice the mean rows per expert, 16 to MAX_BLOCK_M.
 
@@ -151,10 +179,11 @@ def block_m_for(num_pairs: int, num_experts: int) -> int:
 
 def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
                   down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float, block_m: int = 0,
-                  residual: Tensor | None = None) -> Tensor:
+                  residual: Tensor | None = None, tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
     """The gpt-oss MoE: x [T, hidden], expert_ids / weights [T, top_k] -> [T, hidden] in x's dtype (+ residual).
 
-    block_m: rows per tile (INVARIANT_BLOCK_M for batch-invariant results); 0 picks it from the shapes.
+    block_m: rows per tile (INVARIANT_BLOCK_M for batch-invariant results); 0 picks it from the shapes. tiles: the
+    GEMMs' other launch parameters.
     """
     num_tokens, top_k = expert_ids.shape
     num_experts, hidden, two_inter = gate_up.shape
@@ -163,7 +192,8 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
     if hidden % 2 or two_inter % 4:
         raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
     routing = route(expert_ids, num_experts, block_m or block_m_for(num_tokens * top_k, num_experts))
-    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, residual)
+    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, residual,
+                    tiles)
 
 
 def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: ExpertWeight, gate_up_bias: Tensor,
@@ -191,9 +221,9 @@ def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Ex
 
 def _experts(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
              down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
-             residual: Tensor | None = None) -> Tensor:
-    activated = gate_up_swiglu(x, routing, top_k, gate_up, gate_up_bias, alpha, limit)
-    per_pair = down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous())
+             residual: Tensor | None = None, tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
+    activated = gate_up_swiglu(x, routing, top_k, gate_up, gate_up_bias, alpha, limit, tiles)
+    per_pair = down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous(), tiles)
     return fused.moe_combine(per_pair, top_k, x.dtype, residual)
 
 
@@ -238,27 +268,27 @@ def _expert_weight(weight: Tensor, scales: Tensor | None) -> ExpertWeight:
 
 
 def gate_up_swiglu(x: Tensor, routing: Routing, top_k: int, gate_up: ExpertWeight, bias: Tensor,
-                   alpha: float, limit: float) -> Tensor:
+                   alpha: float, limit: float, tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
     """x [T, hidden] -> [T * top_k, intermediate] in sorted-row order: swiglu(x[token] @ gate_up[e] + bias[e])."""
     num_pairs = routing.sorted_pairs.numel()
     activated = torch.empty(num_pairs, gate_up.shape[2] // 2, dtype=x.dtype, device=x.device)
-    _launch(x, gate_up, bias, activated, routing, top_k, pair_weights=x, swiglu=(alpha, limit))
+    _launch(x, gate_up, bias, activated, routing, top_k, pair_weights=x, swiglu=(alpha, limit), tiles=tiles)
     return activated
 
 
 def down_weighted(activated: Tensor, routing: Routing, down: ExpertWeight, bias: Tensor,
-                  pair_weights: Tensor) -> Tensor:
+                  pair_weights: Tensor, tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
     """activated [P, intermediate] (sorted rows) -> fp32 [P, hidden] by pair: w[pair] * (a @ down[e] + bias[e])."""
     per_pair = torch.empty(activated.shape[0], down.shape[2], dtype=torch.float32, device=activated.device)
-    _launch(activated, down, bias, per_pair, routing, 1, pair_weights=pair_weights, swiglu=None)
+    _launch(activated, down, bias, per_pair, routing, 1, pair_weights=pair_weights, swiglu=None, tiles=tiles)
     return per_pair
 
 
 def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Routing, top_k: int, *,
-            pair_weights: Tensor, swiglu: tuple[float, float] | None) -> None:
+            pair_weights: Tensor, swiglu: tuple[float, float] | None, tiles: GemmTiles) -> None:
     """moe_gemm_kernel over (tile, column block); `swiglu` (alpha, limit) selects the gate_up epilogue."""
     num_experts, k, n = w.shape
-    block_n, block_k = 64, 64
+    block_n, block_k = tiles.block_n, tiles.block_k
     if w.dense is not None:
         weights, w_ptr, scales = "dense", w.dense, w.dense  # scales unused
         w_strides = (w.dense.stride(0), w.dense.stride(1), w.dense.stride(2))
@@ -281,6 +311,7 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
         PRECISION="ieee" if a.dtype == torch.float32 or UPCAST_DOT_OPERANDS else "tf32",
         DOT_DTYPE=tl.float32 if UPCAST_DOT_OPERANDS else _TL_DTYPES[a.dtype],
         BLOCK_M=routing.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 

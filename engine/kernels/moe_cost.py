@@ -20,21 +20,24 @@ LAYERS_20B = 24
 MXFP4_BYTES_PER_WEIGHT = 17 / 32  # half a byte a weight and one scale byte per 32
 
 
-def mxfp4_kernels(report: dict[str, Any], num_tokens: int, block_m: int = 0) -> list[dict[str, Any]]:
+def mxfp4_kernels(report: dict[str, Any], num_tokens: int, block_m: int = 0,
+                  tiles: str | None = None) -> list[dict[str, Any]]:
     """The report's MXFP4 kernels (gate_up, down) compiled for `num_tokens` tokens with `block_m` rows per tile
-    asked (0: the engine's choice)."""
+    asked (0: the engine's choice) and GemmTiles `tiles` (as text; None: a report compiled with one)."""
     found = [k for k in report["kernels"]
-             if k["weights"] == "mxfp4" and k["tokens"] == num_tokens and k["block_m_asked"] == block_m]
+             if k["weights"] == "mxfp4" and k["tokens"] == num_tokens and k["block_m_asked"] == block_m
+             and (tiles is None or k.get("gemm_tiles") == tiles)]
     if sorted(k["projection"] for k in found) != ["down", "gate_up"]:
         raise ValueError(f"the report has no MXFP4 gate_up and down kernels at {num_tokens} tokens, "
                          f"block_m {block_m}")
     return found
 
 
-def issue_bound_ms(report: dict[str, Any], num_tokens: int, block_m: int = 0, layers: int = LAYERS_20B) -> float:
+def issue_bound_ms(report: dict[str, Any], num_tokens: int, block_m: int = 0, layers: int = LAYERS_20B,
+                   tiles: str | None = None) -> float:
     """Milliseconds a step of `num_tokens` tokens spends issuing the MXFP4 MoE's inner loops, at best."""
     sm_cycles = sum(k["tiles"] * k["weights_per_expert"] / 4096 * k["per_4096"]
-                    for k in mxfp4_kernels(report, num_tokens, block_m))
+                    for k in mxfp4_kernels(report, num_tokens, block_m, tiles))
     return 1000 * layers * sm_cycles / (H100_SMS * H100_CLOCK_HZ)
 
 

@@ -48,14 +48,17 @@ def cuobjdump_path() -> Path | None:
 
 
 def moe_inner_loop(num_tokens: int | tuple[int, ...] = DECODE_TOKENS, block_m: tuple[int, ...] = (0,),
-                   timeout_s: float = 300) -> dict[str, Any]:
+                   timeout_s: float = 300, tiles: tuple[str, ...] = ()) -> dict[str, Any]:
     """Compile the MoE at the 20b shape for sm_90 in a child process, at each token count and rows per tile
-    (`block_m`; 0: the engine's own choice, engine.kernels.moe.block_m_for); its report (see `report`).
+    (`block_m`; 0: the engine's own choice, engine.kernels.moe.block_m_for), with each of `tiles` (GemmTiles
+    as text; none: the engine's DEFAULT_TILES); its report (see `report`).
 
     Raises RuntimeError if the child fails (triton or cuobjdump missing, a kernel that does not compile).
     """
     tokens = (num_tokens,) if isinstance(num_tokens, int) else num_tokens
     args = ["--json", "--block-m", ",".join(map(str, block_m)), "--tokens", ",".join(map(str, tokens))]
+    if tiles:
+        args += ["--tiles", ",".join(tiles)]
     result: dict[str, Any] = run_json_child("engine.kernels.sm90", args, interpret=False, what="sm_90 compile",
                                             timeout_s=timeout_s)
     return result
@@ -131,9 +134,9 @@ def inner_loop(cubin: bytes) -> list[str]:
 
 
 def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, block_m_asked: int,
-              counts: list[int]) -> dict[str, Any]:
+              counts: list[int], tiles: str) -> dict[str, Any]:
     """One launch: its block, loop, registers and spills, and the tiles the step's routing (`counts`: pairs
-    per expert) gives at its BLOCK_M."""
+    per expert) gives at its BLOCK_M; `tiles`: the GemmTiles it was launched with, as text."""
     cubin = compiled.asm["cubin"]
     loop = inner_loop(cubin)
     warps = compiled.metadata.num_warps
@@ -144,7 +147,7 @@ def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, bloc
             "block_m_asked": block_m_asked, "tiles": sum(-(-count // block_m) for count in counts),
             "experts_hit": sum(c > 0 for c in counts), "weights_per_expert": WEIGHTS_PER_EXPERT[projection],
             "kernel": kernel_fn.__name__, "block": [block_m, kwargs["BLOCK_N"], kwargs["BLOCK_K"]],
-            "num_warps": warps, "loop_instructions": len(loop), "per_4096": per_4096,
+            "num_warps": warps, "gemm_tiles": tiles, "loop_instructions": len(loop), "per_4096": per_4096,
             "mma": {op: opcodes.count(op) for op in MMA_OPS}, **resources(compiled)}
 
 
@@ -165,14 +168,17 @@ def _describe_other(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int
             "fp64_instructions": sum(op in FP64_OPS for op in opcodes)}
 
 
-def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
+def report(tokens: list[int], block_ms: list[int], tiles: list[str] | None = None) -> dict[str, Any]:
     """In this (child) process: compile the MoE at the 20b shape for each token count and rows per tile (0:
-    the engine's choice), MXFP4 and bf16 experts, each token routed to TOP_K experts drawn uniformly (seeded),
-    and describe each kernel."""
+    the engine's choice) and GemmTiles (text; default: the engine's), MXFP4 and bf16 experts (bf16 with the
+    engine's tiles only), each token routed to TOP_K experts drawn uniformly (seeded), and describe each kernel."""
     launches = _compile_only_for_sm90()
     import torch
     import triton
 
+    from engine.kernels.moe import DEFAULT_TILES, GemmTiles
+
+    shapes = [GemmTiles.parse(text) for text in tiles or [str(DEFAULT_TILES)]]
     described: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []  # the routing kernel's launches, then the layer's fused kernels
     for num_tokens in tokens:
@@ -180,13 +186,15 @@ def report(tokens: list[int], block_ms: list[int]) -> dict[str, Any]:
                            for t in range(num_tokens)])
         counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
         for block_m in block_ms:
-            seen = len(launches)
-            _compile_moe(ids, block_m)
-            for kernel_fn, kwargs, compiled in launches[seen:]:
-                if kernel_fn.__name__ == "moe_gemm_kernel":
-                    described.append(_describe(kernel_fn, kwargs, compiled, num_tokens, block_m, counts))
-                else:
-                    others.append(_describe_other(kernel_fn, kwargs, compiled, num_tokens))
+            for shape in shapes:
+                seen = len(launches)
+                _compile_moe(ids, block_m, shape, dense=shape == DEFAULT_TILES)
+                for kernel_fn, kwargs, compiled in launches[seen:]:
+                    if kernel_fn.__name__ == "moe_gemm_kernel":
+                        described.append(_describe(kernel_fn, kwargs, compiled, num_tokens, block_m, counts,
+                                                   str(shape)))
+                    else:
+                        others.append(_describe_other(kernel_fn, kwargs, compiled, num_tokens))
     seen = len(launches)
     _compile_layer_kernels(tokens[0])
     others += [_describe_other(kernel_fn, kwargs, compiled, tokens[0])
@@ -222,8 +230,9 @@ def _compile_layer_kernels(num_tokens: int) -> None:
     sample_tokens(torch.zeros(num_tokens, VOCAB), rows, [0] * num_tokens, [0] * num_tokens, kernels="triton")
 
 
-def _compile_moe(ids: Any, block_m: int) -> None:
-    """Drive engine.kernels.moe.fused_experts at the 20b shape (MXFP4, then bf16 experts) for `ids` [T, TOP_K]."""
+def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
+    """Drive engine.kernels.moe.fused_experts at the 20b shape for `ids` [T, TOP_K] with GemmTiles `tiles`: MXFP4,
+    then bf16 experts if `dense`."""
     import torch
 
     from engine.kernels import moe
@@ -236,11 +245,11 @@ def _compile_moe(ids: Any, block_m: int) -> None:
                               scales=torch.empty(EXPERTS, 2 * INTERMEDIATE, HIDDEN // 32, dtype=u8)),
              moe.ExpertWeight(blocks=torch.empty(EXPERTS, HIDDEN, INTERMEDIATE // 32, 16, dtype=u8),
                               scales=torch.empty(EXPERTS, HIDDEN, INTERMEDIATE // 32, dtype=u8)))
-    dense = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
+    bf16_experts = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
              moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
-    for gate_up, down in (mxfp4, dense):
+    for gate_up, down in (mxfp4, bf16_experts) if dense else (mxfp4,):
         moe.fused_experts(x, ids, torch.empty(num_tokens, TOP_K, dtype=bf16), gate_up, gate_up_bias, down,
-                          down_bias, 1.702, 7.0, block_m)
+                          down_bias, 1.702, 7.0, block_m, tiles=tiles)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -248,20 +257,23 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--tokens", default=str(DECODE_TOKENS), help="token counts, comma-separated")
     parser.add_argument("--block-m", default="0", help="rows per tile, comma-separated (0: the engine's choice)")
+    parser.add_argument("--tiles", default="", help="GemmTiles, comma-separated, e.g. 64x64w4s3,128x64w4s3 "
+                        "(default: the engine's)")
     parser.add_argument("--json", action="store_true", help="one JSON line (what moe_inner_loop reads)")
     args = parser.parse_args(argv)
     tokens, block_ms = ([int(v) for v in text.split(",")] for text in (args.tokens, args.block_m))
+    tiles = [text for text in args.tiles.split(",") if text]
     if os.environ.get("TRITON_INTERPRET") != "0":
-        result = moe_inner_loop(tuple(tokens), tuple(block_ms))  # a child process of the right kind
+        result = moe_inner_loop(tuple(tokens), tuple(block_ms), tiles=tuple(tiles))  # a child of the right kind
     else:
-        result = report(tokens, block_ms)
+        result = report(tokens, block_ms, tiles)
     if args.json:
         print(json.dumps(result))
         return
     print(f"triton {result['triton']}, sm_90 (compiled, never run), gpt-oss-20b MoE")
     for k in result["kernels"]:
         print(f"T={k['tokens']:<5} {k['tiles']:>4} tiles {k['projection']:<8} {k['weights']:<6} "
-              f"BLOCK {'x'.join(map(str, k['block']))}: "
+              f"BLOCK {'x'.join(map(str, k['block']))} ({k['gemm_tiles']}): "
               f"{k['per_4096']:.0f} warp-instr / 4096 weights ({k['loop_instructions']} in the loop, "
               f"{k['num_warps']} warps, MMAs {k['mma']}), {k['registers']} registers, {k['spills']} spills, "
               f"{k['shared_bytes']} B shared")

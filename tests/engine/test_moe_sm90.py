@@ -118,3 +118,24 @@ def test_the_sampler_rows_hold_the_triton_draw_to_its_goal(monkeypatch, uncached
     monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: draw_report(30000, 1000))
     proxies.sm90_report.cache_clear()
     assert not dict(proxies.MEASURES)["sampler ms/step"]()[1].ok  # ten times the code: over the goal
+
+
+@pytest.mark.slow  # ~35 s: 14 MoE compiles for sm_90
+@needs_sm90_compile
+def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills():
+    # the GPU check's moe_tiles step times these on a GPU: none may fail to compile there, or spill at the
+    # decode batch that matters most
+    from engine.kernels import moe_tiles
+
+    report = moe_tiles.sm90_report((256,))
+    for tiles in moe_tiles.CANDIDATES:
+        kernels = moe_cost.mxfp4_kernels(report, 256, 0, str(tiles))  # gate_up and down, or it raises
+        assert all(k["spills"] == 0 and sum(k["mma"].values()) > 0 for k in kernels), (tiles, kernels)
+        assert all(k["num_warps"] == tiles.num_warps and k["block"][1:] == [tiles.block_n, tiles.block_k]
+                   for k in kernels), (tiles, kernels)
+    lines = moe_tiles.sm90_lines(report)
+    assert [line.split(":")[0] for line in lines] == [f"sm90 T=256 {t}" for t in moe_tiles.CANDIDATES]
+    assert all(" 0 spills" in line and "issue-bound" in line for line in lines)
+    # a wider column block issues less a weight than the default (the figures in the README)
+    default, wide = (moe_cost.issue_bound_ms(report, 256, tiles=str(t)) for t in moe_tiles.CANDIDATES[:2])
+    assert wide < default

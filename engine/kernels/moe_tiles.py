@@ -1,0 +1,237 @@
+"""The MoE's grouped GEMMs per launch shape: timed on a GPU, compiled for sm_90 on a CPU (issue 24).
+
+engine.kernels.moe launches both projections with DEFAULT_TILES (64 columns and 64 of K a loop step, 4 warps, 3
+pipeline stages), chosen from sm_90 compiles and never timed. `time_tiles` runs one MoE layer of gpt-oss-20b's
+shape (32 experts, top 4, hidden and intermediate 2,880; MXFP4 experts of random codes and scales, seeded random
+router logits) at each step size with each of CANDIDATES, and with the experts held dense (bf16 on a GPU) at the
+default shape: the median of CUDA-event timings, and each output against the default's (a faster shape with
+another answer is a bug, not a win). `python -m engine.kernels.moe_tiles` prints a `moe T=` line a (step size,
+shape) and the fastest shape a step size: what DEFAULT_TILES (or a table by step size) should become. `--sm90`
+prints instead what each candidate compiles to for sm_90 here (engine.kernels.sm90, never run): its inner loop,
+registers, spills and the issue-bound time engine.kernels.moe_cost makes of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from engine.kernels.moe import DEFAULT_TILES, ExpertWeight, GemmTiles, block_m_for, fused_experts
+from engine.mxfp4 import MXFP4_BLOCK, dequantize
+
+
+class MoeShape(NamedTuple):
+    hidden: int
+    intermediate: int
+    experts: int
+    top_k: int
+
+
+SHAPES = {"20b": MoeShape(2880, 2880, 32, 4), "tiny": MoeShape(64, 64, 8, 2)}
+LAYERS_20B = 24
+# The default first; then wider columns, a longer K step (2,880 is no multiple of 128: its last step is masked),
+# both with 8 warps, a 4th stage, 8 warps alone. sm_90 compiles of each: README (python -m engine.kernels.moe_tiles
+# --sm90).
+CANDIDATES = tuple(GemmTiles.parse(text) for text in
+                   ("64x64w4s3", "128x64w4s3", "64x128w4s3", "128x128w8s3", "64x64w4s4", "128x64w8s3"))
+DENSE = "dense"  # the experts held dense, at the default shape
+# Outputs further than this from the default's (the largest difference over the largest magnitude) are wrong: a
+# K step or column block only reorders fp32 sums, then each rounds to the activations' dtype.
+MAX_RELATIVE_DIFF = 2e-2
+ALPHA, LIMIT = 1.702, 7.0
+
+
+@dataclass(frozen=True)
+class TilesTiming:
+    """One (step size, launch shape): microseconds a layer (None: it failed), its output's distance from the
+    default shape's (`relative_diff`), the bytes of expert weights the layer reads at least once."""
+
+    tokens: int
+    tiles: str  # GemmTiles as text, or DENSE
+    us: float | None
+    diff: float
+    weight_bytes: int
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.us is not None and self.diff <= MAX_RELATIVE_DIFF
+
+
+@dataclass(frozen=True)
+class MoeLayer:
+    """One MoE layer's experts, packed and dense, with their biases."""
+
+    shape: MoeShape
+    gate_up: ExpertWeight
+    down: ExpertWeight
+    gate_up_dense: ExpertWeight
+    down_dense: ExpertWeight
+    gate_up_bias: Tensor
+    down_bias: Tensor
+
+
+def build_layer(shape: MoeShape, device: str, dtype: torch.dtype, seed: int = 0) -> MoeLayer:
+    """Random MXFP4 experts (every code; scales 2^-9 to 2^-5, so the SwiGLU's inputs stay within its clamp for
+    unit activations) and the same experts dequantised to `dtype`."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def packed(out_features: int, in_features: int) -> ExpertWeight:
+        groups = in_features // MXFP4_BLOCK
+        blocks = torch.randint(0, 256, (shape.experts, out_features, groups, MXFP4_BLOCK // 2), dtype=torch.uint8,
+                               device=device, generator=generator)
+        scales = torch.randint(118, 123, (shape.experts, out_features, groups), dtype=torch.uint8, device=device,
+                               generator=generator)
+        return ExpertWeight(blocks=blocks, scales=scales)
+
+    gate_up, down = packed(2 * shape.intermediate, shape.hidden), packed(shape.hidden, shape.intermediate)
+    dense = [ExpertWeight(dense=dequantize(w.blocks, w.scales, dtype)) for w in (gate_up, down)
+             if w.blocks is not None and w.scales is not None]
+    biases = [torch.randn(shape.experts, n, device=device, generator=generator).to(dtype) * 0.1
+              for n in (2 * shape.intermediate, shape.hidden)]
+    return MoeLayer(shape, gate_up, down, dense[0], dense[1], biases[0], biases[1])
+
+
+def relative_diff(out: Tensor, reference: Tensor) -> float:
+    """The largest |out - reference| over the largest |reference| (NaN anywhere: inf)."""
+    diff = (out.float() - reference.float()).abs().max().item()
+    scale = reference.float().abs().max().item()
+    return float("inf") if diff != diff or scale != scale else diff / max(scale, 1e-30)
+
+
+def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["20b"],
+               candidates: tuple[GemmTiles, ...] = CANDIDATES, repeats: int = 20, layer: MoeLayer | None = None,
+               report: Callable[[TilesTiming], None] | None = None) -> list[TilesTiming]:
+    """Each step size in `tokens` through one MoE layer with each of `candidates` (DEFAULT_TILES is the
+    reference, timed first whether listed or not) and with the experts dense: a TilesTiming each, in that order.
+    bf16 activations on CUDA, fp32 elsewhere (the interpreter's MXFP4 path). `report(timing)` is called as each
+    lands. A shape that fails (a launch past the GPU's resources) is recorded, not raised."""
+    from engine.device import median_us
+
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    layer = layer or build_layer(shape, device, dtype)
+    order = (DEFAULT_TILES, *[c for c in candidates if c != DEFAULT_TILES])
+    timings: list[TilesTiming] = []
+    for num_tokens in tokens:
+        generator = torch.Generator(device=device).manual_seed(num_tokens)
+        x = torch.randn(num_tokens, shape.hidden, device=device, generator=generator).to(dtype)
+        logits = torch.randn(num_tokens, shape.experts, device=device, generator=generator)
+        top_logits, expert_ids = torch.topk(logits, shape.top_k, dim=-1)
+        weights = torch.softmax(top_logits, dim=-1).to(dtype)
+        hit = torch.unique(expert_ids).numel()
+        reference: Tensor | None = None
+        runs = [(str(tiles), tiles, False) for tiles in order] + [(DENSE, DEFAULT_TILES, True)]
+        for name, tiles, dense in runs:
+            gate_up, down = (layer.gate_up_dense, layer.down_dense) if dense else (layer.gate_up, layer.down)
+            run = partial(fused_experts, x, expert_ids, weights, gate_up, layer.gate_up_bias, down, layer.down_bias,
+                          ALPHA, LIMIT, 0, None, tiles)
+            weight_bytes = hit * _bytes_per_expert(shape, dense=dense, dtype=dtype)
+            try:
+                out = run()
+                us = median_us(run, device, repeats)
+            except Exception as error:  # noqa: BLE001 - a shape past the device's resources is a result
+                timing = TilesTiming(num_tokens, name, None, float("inf"), weight_bytes,
+                                     f"{type(error).__name__}: {error}".splitlines()[0][:200])
+            else:
+                reference = out if reference is None else reference
+                timing = TilesTiming(num_tokens, name, us, relative_diff(out, reference), weight_bytes)
+            timings.append(timing)
+            if report is not None:
+                report(timing)
+    return timings
+
+
+def _bytes_per_expert(shape: MoeShape, dense: bool, dtype: torch.dtype) -> int:
+    weights = 3 * shape.hidden * shape.intermediate  # gate_up's 2 x intermediate columns, then down
+    if dense:
+        return weights * torch.finfo(dtype).bits // 8
+    return weights // 2 + weights // MXFP4_BLOCK  # half a byte a code and a scale byte a group
+
+
+def describe(timing: TilesTiming, default_us: float | None, layers: int = LAYERS_20B) -> str:
+    """A `moe T=` line: the time a layer (and at `layers` layers, unless 0), against the default shape, the
+    weights' rate."""
+    head = f"moe T={timing.tokens} {timing.tiles}"
+    if timing.us is None:
+        return f"{head}: failed ({timing.error})"
+    ratio = f", x{timing.us / default_us:.2f} the default" if default_us else ""
+    rate = timing.weight_bytes / (timing.us * 1e-6) / 1e12
+    verdict = "" if timing.ok else f" DIFFERS from the default's output (> {MAX_RELATIVE_DIFF})"
+    step = f", {timing.us * layers / 1000:.2f} ms at {layers} layers" if layers else ""
+    return (f"{head}: {timing.us:.1f} us a layer{ratio}{step}, {rate:.2f} TB/s of the hit experts' weights, "
+            f"diff {timing.diff:.1e}{verdict}")
+
+
+def fastest(timings: list[TilesTiming], num_tokens: int) -> TilesTiming | None:
+    """The fastest correct packed (MXFP4) shape at `num_tokens`."""
+    found = [t for t in timings if t.tokens == num_tokens and t.tiles != DENSE and t.ok]
+    return min(found, key=lambda t: t.us or 0.0, default=None)
+
+
+def sm90_report(tokens: tuple[int, ...], candidates: tuple[GemmTiles, ...] = CANDIDATES) -> dict:
+    """Each candidate compiled for sm_90 at the 20b shape and each step size (a child process: engine.kernels.sm90)."""
+    from engine.kernels import sm90
+
+    return sm90.moe_inner_loop(tokens, (0,), timeout_s=900, tiles=tuple(map(str, candidates)))
+
+
+def sm90_lines(report: dict, candidates: tuple[GemmTiles, ...] = CANDIDATES) -> list[str]:
+    """A line per (step size, candidate) of `sm90_report`'s: the inner loops per 4,096 weights, registers, spills,
+    shared memory, and the issue-bound time of a 24-layer step (engine.kernels.moe_cost)."""
+    from engine.kernels import moe_cost
+
+    lines = []
+    for num_tokens in report["tokens"]:
+        for tiles in map(str, candidates):
+            kernels = sorted(moe_cost.mxfp4_kernels(report, num_tokens, 0, tiles), key=lambda k: k["projection"])
+            lines.append(f"sm90 T={num_tokens} {tiles}: down/gate_up "
+                         f"{'/'.join(format(k['per_4096'], '.0f') for k in kernels)} warp-instr / 4096 weights, "
+                         f"{'/'.join(str(k['registers']) for k in kernels)} registers, "
+                         f"{sum(k['spills'] for k in kernels)} spills, "
+                         f"{max(k['shared_bytes'] for k in kernels):,} B shared; issue-bound "
+                         f"{moe_cost.issue_bound_ms(report, num_tokens, tiles=tiles):.2f} ms at {LAYERS_20B} layers")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.kernels.moe_tiles`: the MoE's launch shapes timed, or compiled for sm_90 (--sm90)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The MoE's grouped GEMMs timed per launch shape.")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tokens", default="256,64,1,2048", help="step sizes, comma-separated (most telling first)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="20b")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--sm90", action="store_true", help="compile each candidate for sm_90 here instead")
+    args = parser.parse_args(argv)
+    tokens = tuple(int(v) for v in args.tokens.split(","))
+    if args.sm90:
+        print("\n".join(sm90_lines(sm90_report(tokens))))
+        return
+    shape = SHAPES[args.shape]
+    print(f"moe tiles: {args.shape} shape {tuple(shape)}, block_m (rows a tile) "
+          + ", ".join(f"T={t}: {block_m_for(t * shape.top_k, shape.experts)}" for t in tokens), flush=True)
+    default_us: dict[int, float | None] = {}
+
+    def report(timing: TilesTiming) -> None:
+        default_us.setdefault(timing.tokens, timing.us)  # the default shape lands first
+        print(describe(timing, default_us[timing.tokens], LAYERS_20B if args.shape == "20b" else 0), flush=True)
+
+    timings = time_tiles(args.device, tokens, shape, repeats=args.repeats, report=report)
+    for num_tokens in tokens:
+        best = fastest(timings, num_tokens)
+        base = default_us.get(num_tokens)
+        print(f"moe T={num_tokens} fastest: " + (f"{best.tiles}, x{best.us / base:.2f} the default"
+                                                 if best and best.us and base else "none ran correctly"))
+    # a shape past the GPU's resources is a finding; a wrong answer, or no default, is a failure
+    if any(t.us is not None and not t.ok for t in timings) or any(v is None for v in default_us.values()):
+        raise SystemExit("a launch shape's output differed from the default's, or the default failed (lines above)")
+
+
+if __name__ == "__main__":
+    main()

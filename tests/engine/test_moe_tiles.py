@@ -1,0 +1,83 @@
+"""engine.kernels.moe_tiles: the MoE's launch shapes, each timed and held to the default shape's output.
+
+Without CUDA the kernels run in Triton's interpreter at a tiny shape (fp32 activations: the exact MXFP4 path);
+the GPU check runs the same sweep at gpt-oss-20b's shape on a GPU.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.kernels import require_triton, triton_available
+
+if not triton_available():
+    pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+require_triton(DEVICE)  # CPU: the interpreter, chosen before triton is first imported
+from engine.kernels import moe_tiles  # noqa: E402
+from engine.kernels.moe import DEFAULT_TILES, ExpertWeight, GemmTiles  # noqa: E402
+
+TINY = moe_tiles.SHAPES["tiny"]
+
+
+@pytest.fixture(scope="module")
+def layer():
+    return moe_tiles.build_layer(TINY, DEVICE, torch.float32)
+
+
+def test_tiles_text_round_trips_and_bad_text_names_the_form():
+    for tiles in moe_tiles.CANDIDATES:
+        assert GemmTiles.parse(str(tiles)) == tiles
+    assert moe_tiles.CANDIDATES[0] == DEFAULT_TILES == GemmTiles.parse("64x64w4s3")
+    with pytest.raises(ValueError, match="BLOCK_NxBLOCK_KwWARPSsSTAGES"):
+        GemmTiles.parse("64x64")
+
+
+def test_every_candidate_and_the_dense_experts_give_the_default_shapes_output(layer):
+    landed = []
+    timings = moe_tiles.time_tiles(DEVICE, (5, 24), TINY, repeats=1, layer=layer, report=landed.append)
+    assert timings == landed  # each reported as it lands
+    expected = [str(t) for t in moe_tiles.CANDIDATES] + [moe_tiles.DENSE]
+    assert [t.tiles for t in timings] == expected * 2
+    assert [t.tokens for t in timings] == [5] * len(expected) + [24] * len(expected)
+    for timing in timings:
+        assert timing.ok and timing.us > 0 and not timing.error, timing
+        # fp32: a longer K step or a wider column block reorders nothing here (K = 64), and the dense experts are
+        # the MXFP4 ones decoded exactly
+        assert timing.diff < 1e-5, timing
+    assert all(t.weight_bytes > 0 for t in timings)
+    dense = next(t for t in timings if t.tiles == moe_tiles.DENSE)
+    packed = timings[0]
+    assert dense.weight_bytes == packed.weight_bytes * 4 * 64 // 34  # fp32 a weight against 17 / 32 of a byte
+    assert moe_tiles.fastest(timings, 5).tiles in expected[:-1]
+
+
+def test_a_shape_with_another_answer_is_flagged_and_a_failing_one_recorded(layer):
+    wrong = dataclasses.replace(layer, down_dense=ExpertWeight(dense=layer.down_dense.dense * 1.5))
+    broken = GemmTiles(block_n=48)  # not a power of two: tl.arange refuses it
+    timings = moe_tiles.time_tiles(DEVICE, (7,), TINY, (DEFAULT_TILES, broken), repeats=1, layer=wrong)
+    default, failed, dense = timings
+    assert default.ok and default.diff == 0
+    assert failed.us is None and not failed.ok and failed.error, failed
+    assert "failed (" in moe_tiles.describe(failed, default.us)
+    assert dense.us is not None and not dense.ok and dense.diff > 0.1  # the down projection's output x1.5
+    assert "DIFFERS" in moe_tiles.describe(dense, default.us)
+    assert moe_tiles.fastest(timings, 7) == default  # neither the failed nor the dense row
+
+
+def test_relative_diff_is_inf_with_a_nan():
+    reference = torch.ones(3)
+    assert moe_tiles.relative_diff(reference, reference) == 0
+    assert moe_tiles.relative_diff(torch.tensor([1.0, 1.0, 1.5]), reference) == pytest.approx(0.5)
+    assert moe_tiles.relative_diff(torch.tensor([1.0, float("nan"), 1.0]), reference) == float("inf")
+
+
+def test_the_command_prints_a_line_a_shape_and_the_fastest(capsys):
+    moe_tiles.main(["--device", DEVICE, "--shape", "tiny", "--tokens", "4", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("moe tiles: tiny shape")
+    shapes = [line.split(":")[0] for line in lines[1:-1]]
+    assert shapes == [f"moe T=4 {t}" for t in moe_tiles.CANDIDATES] + ["moe T=4 dense"]
+    assert "x1.00 the default" in lines[1] and "ms at 24 layers" not in lines[1]  # no layer count for tiny
+    assert lines[-1].startswith("moe T=4 fastest: ") and "x" in lines[-1]
