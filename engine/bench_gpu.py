@@ -167,6 +167,19 @@ def preset_problem(preset: str, systems: list[str], moe_weights: str = "auto") -
     return None
 
 
+def build_preset_engine(preset: str, engine_options: dict[str, Any], dry_run: bool = False,
+                        system: str = "engine") -> Any:
+    """An LLMEngine over a random model of `preset`'s shape (DRY_RUN_SHAPE if `dry_run`) built on its device, with
+    engine system `system`'s options (ENGINE_SYSTEMS) over `engine_options`."""
+    from engine.llm_engine import LLMEngine
+
+    config, dtype = preset_config(**{**PRESETS[preset], **(DRY_RUN_SHAPE if dry_run else {})}), torch.bfloat16
+    engine_config = dataclasses.replace(EngineConfig(Path(f"preset-{preset}"), dtype=dtype, **engine_options),
+                                        **ENGINE_SYSTEMS[system])
+    return LLMEngine(engine_config, build_engine_model(config, engine_config.device, dtype, engine_config.kernels,
+                                                       moe_weights=engine_config.moe_weights))
+
+
 def run_preset_system(system: str, workload: Workload, *, batch_size: int, engine_options: dict[str, Any],
                       dry_run: bool = False, preset: str = "20b") -> tuple[BenchResult, dict]:
     """One system on one workload at a preset's shape (PRESETS), its model built fresh on the GPU and freed
@@ -174,7 +187,6 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
 
     dry_run: the same code at DRY_RUN_SHAPE on any device (a check of the harness, not a measurement)."""
     from engine.bench_hf import run_generate, run_generate_batch
-    from engine.llm_engine import LLMEngine
 
     config, dtype = preset_config(**{**PRESETS[preset], **(DRY_RUN_SHAPE if dry_run else {})}), torch.bfloat16
     engine_config = EngineConfig(Path(f"preset-{preset}"), dtype=dtype, **engine_options)
@@ -188,9 +200,7 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
     _release_gpu_memory()  # anything of the previous system's model left in a reference cycle goes first
     try:
         if system in ENGINE_SYSTEMS:
-            engine_config = dataclasses.replace(engine_config, **ENGINE_SYSTEMS[system])
-            engine = LLMEngine(engine_config, build_engine_model(config, device, dtype, engine_config.kernels,
-                                                                 moe_weights=engine_config.moe_weights))
+            engine = build_preset_engine(preset, engine_options, dry_run, system)
             result = run_backend(system, engine, workload)
             held = engine.describe()  # what the options came to: experts packed or dense, the KV cache left
             stats = {**engine.stats(), "mxfp4_experts": held["mxfp4_experts"], "kv_cache_gb": held["kv_cache_gb"],

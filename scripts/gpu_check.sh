@@ -35,6 +35,7 @@ if [ "$DRY" = 1 ]; then
     ROUTING=(--device cpu --tokens 1,16)
     SAMPLER=(--device cpu --batches 1,2 --vocab 4096)
     MOE_TILES=(--device cpu --shape tiny --tokens 4 --repeats 2)
+    PROFILE=(--dry-run --device cpu --kernels torch --batches 4,1 --context 48 --steps 2)
 else
     BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
     SCALE=1
@@ -55,6 +56,7 @@ else
     ROUTING=(--device cuda)
     SAMPLER=(--device cuda)
     MOE_TILES=(--device cuda)
+    PROFILE=(--preset 20b --device cuda)
 fi
 
 START=$(date +%s)
@@ -124,21 +126,24 @@ step bench_sharegpt 170 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt
 step decode_120b 120 "$PY" -m engine.bench --preset 120b "${PRESET_OPTS[@]}" --memory-gib h100 --systems engine \
     --workloads random "${MIX_120B[@]}"
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
+# where a decode step's time goes: the kernels of 5 steady steps at batch 256 and 1 (1,024-token prompts, temperature
+# 1), summed by part of the step, and the share of the steps' wall time the device was busy
+step profile 90 "$PY" -m engine.step_profile "${PROFILE[@]}"
+# the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 1 and 2,048 tokens, through each launch shape of
+# engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
+# should be (compiled for sm_90, a 128-column block issues ~15% less than the default's 64). Mostly compiles.
+step moe_tiles 90 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be
 step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 # the sampler's draw in two Triton launches against torch's ~20 passes, at batch 1, 64 and 256 over gpt-oss's
 # vocabulary (the proxy estimates ~0.4 against ~4.7 ms at 256)
 step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
-# the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 1 and 2,048 tokens, through each launch shape of
-# engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
-# should be (compiled for sm_90, a 128-column block issues ~15% less than the default's 64). Mostly compiles.
-step moe_tiles 90 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
 # Then the step token budget vLLM uses on an H100 (8,192 against the default 2,048: longer prefill chunks, more
-# piecewise graphs). Within 8 minutes these may be SKIPPED: GPU_CHECK_STEPS=moe_dense,deterministic,batched_8192
-# runs them in a second call.
+# piecewise graphs). Within 8 minutes these may be SKIPPED: the summary ends with the command that runs what was
+# skipped, for a second call.
 step moe_dense 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_dense
 step deterministic 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" \
     --systems engine_deterministic
@@ -149,12 +154,15 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^moe T=.*(fastest: |x1\.00 the default| dense: )|^  (weights|KV cache|fits|the engine clamps)' \
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^moe T=.*(fastest: |x1\.00 the default| dense: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
     "$LOG")
 {
     echo "=== figures"
     printf '%s\n' "$FIGURES"
     echo "=== summary: $(($(date +%s) - START)) s of a ${BUDGET_S} s budget (dry run=$DRY, device=$DEVICE)"
     printf '%s\n' "${SUMMARY[@]}"
+    # the steps the budget cut, as the command that runs them (a second call, if device time is left)
+    skipped=$(printf '%s\n' "${SUMMARY[@]}" | awk '$1 == "SKIPPED" {print $2}' | paste -sd, -)
+    [ -n "$skipped" ] && echo "to run the skipped steps: GPU_CHECK_STEPS=$skipped bash scripts/gpu_check.sh"
 } | tee -a "$LOG"
 exit $FAILED

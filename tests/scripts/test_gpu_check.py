@@ -9,8 +9,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "bench_random", "decode_120b", "routing",
-         "sampler", "moe_tiles", "moe_dense", "deterministic", "batched_8192", "proxies"]
+STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "decode_120b", "bench_random", "profile",
+         "moe_tiles", "routing", "sampler", "moe_dense", "deterministic", "batched_8192", "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -23,7 +23,7 @@ def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subp
 def summary(log: str) -> dict[str, str]:
     """Step name -> PASS, FAIL(rc), TIMEOUT or SKIPPED, from the log's last lines."""
     lines = log.split("=== summary:")[1].splitlines()[1:]
-    return {line.split()[1]: line.split()[0] for line in lines}
+    return {line.split()[1]: line.split()[0] for line in lines if not line.startswith("to run the skipped steps")}
 
 
 def test_the_packages_the_gpu_image_lacks_cannot_be_imported_under_the_check():
@@ -53,6 +53,8 @@ def test_a_hung_step_times_out_and_the_budget_skips_the_rest(tmp_path):
                           GPU_CHECK_STEPS="imports,memory_plan,proxies")
     assert done.returncode == 1
     assert summary(log) == {"imports": "TIMEOUT", "memory_plan": "SKIPPED", "proxies": "SKIPPED"}
+    rerun = "to run the skipped steps: GPU_CHECK_STEPS=memory_plan,proxies bash scripts/gpu_check.sh"
+    assert log.rstrip().endswith(rerun)
 
 
 def test_the_figures_are_copied_once_however_long_the_log(tmp_path):
@@ -81,6 +83,8 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
     done, log = gpu_check(tmp_path)
     assert done.returncode == 0, log[-3000:]
     assert summary(log) == dict.fromkeys(STEPS, "PASS")
+    assert list(summary(log)) == STEPS  # in this order
+    assert "to run the skipped steps" not in log
     assert "none of batch, tools, evals, trainer, duckdb, mcp, openai_harmony, openai, llguidance" in log
     assert "gpt-oss-120b-shaped memory plan" in log and "fits: yes" in log
     assert "skipped" in log  # the GPU tests skip on CPU, with their reason
@@ -104,3 +108,6 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
     moe_tiles = figures.split("=== moe_tiles")[1].split("\n=== ")[0]  # the default, dense and fastest lines only
     assert [line.split(":")[0] for line in moe_tiles.splitlines()[1:]] == [
         "moe T=4 64x64w4s3", "moe T=4 dense", "moe T=4 fastest"], moe_tiles
+    profile = figures.split("=== profile")[1].split("\n=== ")[0]  # each batch's summary and parts, no kernels
+    assert "profile B=4 ctx~" in profile and "profile B=1 ctx~" in profile and " part gemm (cuBLAS): " in profile
+    assert " kernel " not in profile
