@@ -93,11 +93,20 @@ def graph_share_figures() -> list[ProxyFigure]:
             ProxyFigure("  of which in full decode graphs", full, "share of decode tokens", "-", True)]
 
 
+@lru_cache(maxsize=1)
+def launches() -> tuple[float, float]:
+    """(launches a layer, a 24-layer decode step's) on the Triton path, counted in a child process: once for every
+    measure."""
+    from engine.launch_costs import launch_figures
+
+    return launch_figures()
+
+
 def _decode_launches() -> list[ProxyFigure]:
     """Kernel launches of a decode step's forward on the Triton path (engine.launch_costs)."""
-    from engine.launch_costs import GOAL_PER_LAYER, LAYERS_20B, launch_figures
+    from engine.launch_costs import GOAL_PER_LAYER, LAYERS_20B
 
-    per_layer, per_step = launch_figures()
+    per_layer, per_step = launches()
     return [ProxyFigure("decode launches a layer (triton)", per_layer, "launches", f"<= {GOAL_PER_LAYER}",
                         per_layer <= GOAL_PER_LAYER),
             ProxyFigure(f"  a {LAYERS_20B}-layer step's forward", per_step, "launches", "-", True)]
@@ -158,6 +167,27 @@ def sampler_step_figures() -> list[ProxyFigure]:
     return figures
 
 
+def step_estimate_figures() -> list[ProxyFigure]:
+    """A decode step's time on an H100 summed from the parts above (engine.step_estimate), at batch 1 against the
+    roofline (issue 24's goal) and at batch 256, 1,024 tokens of context, each part beneath."""
+    from engine.step_estimate import BATCH1_GOAL, estimate
+
+    report, (_, per_step) = sm90_report(), launches()
+    figures = []
+    for batch in (1, 256):
+        step = estimate(report, per_step, batch, 1024)
+        ratio = step.total_ms / step.roofline_ms
+        if batch == 1:
+            figures.append(ProxyFigure("decode step estimate, B=1 ctx=1k", step.total_ms,
+                                       f"ms, {ratio:.2f}x the roofline", f"<= {BATCH1_GOAL}x roofline",
+                                       ratio <= BATCH1_GOAL))
+        else:
+            figures.append(ProxyFigure(f"decode step estimate, B={batch} ctx=1k", step.total_ms,
+                                       f"ms, {step.tokens_per_s:,.0f} tok/s", "-", True))
+        figures += [ProxyFigure(f"  {name}", ms, "ms", "-", True) for name, ms in step.parts_ms.items()]
+    return figures
+
+
 # Each entry measures one concern and returns its figures. Imports stay inside the measures so a
 # missing optional dependency (triton) fails only its own line.
 MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
@@ -170,6 +200,7 @@ MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
     ("sampler ops per step", _sampler_ops),
     ("sampler temporaries", sampler_temporary_figures),
     ("sampler ms/step", sampler_step_figures),
+    ("decode step estimate", step_estimate_figures),
 ]
 
 

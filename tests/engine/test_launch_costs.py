@@ -20,8 +20,6 @@ def test_a_decode_layer_on_the_triton_path_launches_at_most_the_goal():
 
 
 def test_proxy_rows_hold_the_goal(monkeypatch):
-    import engine.launch_costs as launch_costs
-
-    monkeypatch.setattr(launch_costs, "launch_figures", lambda: (GOAL_PER_LAYER + 1.0, 500.0))
+    monkeypatch.setattr(proxies, "launches", lambda: (GOAL_PER_LAYER + 1.0, 500.0))
     figures = dict(proxies.MEASURES)["decode launches"]()
     assert [(f.value, f.ok) for f in figures] == [(GOAL_PER_LAYER + 1.0, False), (500.0, True)]

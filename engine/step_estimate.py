@@ -1,0 +1,112 @@
+"""A decode step's time on an H100, estimated part by part from figures a CPU measures (issue 24).
+
+No GPU has run the engine yet. Each part's least time comes from what is measured here, and their sum judges the
+goals about time (batch-1 decode <= 1.5x the roofline) before a GPU does; the GPU check's `profile` step
+(engine.step_profile) then measures the same parts:
+- moe: the larger of its kernels' issue-bound time (compiled for sm_90: engine.kernels.moe_cost) and the time to
+  read the hit experts' weights once;
+- weights: every weight but the experts' (attention's projections, the router, the lm_head) read once a step, or
+  their matmuls at the tensor cores' peak where that takes longer;
+- attention: the KV cache each sequence reads (its context in the full layers, the window in the sliding ones);
+- sampler: the Triton draw for temperature-1 rows (submit's default; engine.sampler_costs);
+- launches: the forward's kernels (engine.launch_costs), each ~LAUNCH_GAP_US inside a CUDA graph.
+The host is left out (async scheduling hides it: engine.host_costs). Each part is a floor (perfect issue, peak
+bandwidth, no stalls, parts never overlapping the launch gaps), so the sum is optimistic where the parts are and
+pessimistic in adding the gaps; a GPU's profile says by how much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.kernels.moe_cost import H100_HBM_BYTES_PER_S, issue_bound_ms, weight_read_ms
+
+H100_BF16_FLOPS = 989e12  # dense bf16 on the tensor cores, H100 SXM
+LAUNCH_GAP_US = 1.5  # a kernel node of a CUDA graph after the one it waits for (~1-2 us)
+BATCH1_GOAL = 1.5  # x the roofline (issue 24)
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """One decode step of `batch` sequences at `context` tokens: each part's ms, and the roofline's (the bytes the
+    step must read, at the HBM's bandwidth)."""
+
+    batch: int
+    context: int
+    parts_ms: dict[str, float]
+    roofline_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.parts_ms.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / self.total_ms * 1000
+
+    def line(self) -> str:
+        parts = ", ".join(f"{name} {ms:.2f}" for name, ms in self.parts_ms.items())
+        return (f"decode step estimate B={self.batch} ctx={self.context}: {self.total_ms:.2f} ms "
+                f"({self.tokens_per_s:,.0f} tok/s), {self.total_ms / self.roofline_ms:.2f}x the roofline "
+                f"({self.roofline_ms:.2f} ms); ms: {parts}")
+
+
+def model_config() -> Any:
+    """gpt-oss-20b's ModelConfig (engine.bench_gpu's preset)."""
+    from engine.bench_gpu import preset_config
+    from engine.config import ModelConfig
+
+    return ModelConfig.from_hf(preset_config())
+
+
+def weight_bytes(config: Any) -> int:
+    """Bytes of every bf16 weight a decode step reads whatever its batch: all but the experts and the embedding
+    table (one row a token)."""
+    h, i, e = config.hidden_size, config.intermediate_size, config.num_local_experts
+    experts = config.num_hidden_layers * e * (h * 2 * i + i * h + 2 * i + h)
+    return 2 * (config.num_params - experts - config.vocab_size * h)
+
+
+def kv_bytes(config: Any, batch: int, context: int) -> int:
+    """Bytes of K and V `batch` sequences at `context` tokens read in a decode step, all layers."""
+    per_token = 2 * config.num_key_value_heads * config.head_dim * 2
+    tokens = sum(min(context, config.window(layer) or context) for layer in range(config.num_hidden_layers))
+    return batch * tokens * per_token
+
+
+def estimate(report: dict[str, Any], launches_per_step: float, batch: int, context: int,
+             config: Any = None) -> StepEstimate:
+    """A decode step of `batch` sequences at `context` tokens, from `report` (engine.kernels.sm90's, compiled at
+    `batch` tokens among others) and the forward's `launches_per_step` (engine.launch_costs)."""
+    from engine.sampler_costs import draw_issue_ms, hbm_ms
+
+    config = config or model_config()
+    bandwidth_ms = 1000 / H100_HBM_BYTES_PER_S
+    weights = weight_bytes(config)
+    flops_ms = 1000 * 2 * batch * weights / 2 / H100_BF16_FLOPS
+    kv = kv_bytes(config, batch, context)
+    read_ms = weight_read_ms(report, batch)
+    parts = {"moe": max(issue_bound_ms(report, batch), read_ms),
+             "weights": max(weights * bandwidth_ms, flops_ms),
+             "attention": kv * bandwidth_ms,
+             "sampler": max(draw_issue_ms(report, batch), hbm_ms(4, batch)),
+             "launches": launches_per_step * LAUNCH_GAP_US / 1000}
+    roofline = read_ms + (weights + kv) * bandwidth_ms
+    return StepEstimate(batch, context, parts, roofline)
+
+
+def main() -> None:
+    """`python -m engine.step_estimate`: decode steps at batch 1, 64 and 256, 1,024 tokens of context (~1.5 min:
+    the kernels compiled for sm_90 and the launches counted, each in a child process)."""
+    from engine.kernels.sm90 import moe_inner_loop
+    from engine.launch_costs import launch_figures
+
+    batches = (1, 64, 256)
+    report, (_, per_step) = moe_inner_loop(batches), launch_figures()
+    for batch in batches:
+        print(estimate(report, per_step, batch, 1024).line())
+
+
+if __name__ == "__main__":
+    main()

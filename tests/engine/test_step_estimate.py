@@ -1,0 +1,82 @@
+"""engine.step_estimate: a decode step's time on an H100, summed part by part."""
+
+import pytest
+
+from engine import proxies, step_estimate
+from engine.bench_gpu import decode_bytes_per_step
+from engine.kernels import moe_cost, sm90
+from engine.step_estimate import LAUNCH_GAP_US, estimate
+
+BANDWIDTH = moe_cost.H100_HBM_BYTES_PER_S
+
+
+def report(per_4096=256.0, tokens=(1, 256), draw_instructions=400):
+    """An sm_90 report of the MoE (4 tiles and experts hit at batch 1, 32 at 256) and the sampler's draw."""
+    hit = {1: 4, 256: 32}
+    return {"triton": "x", "tokens": list(tokens), "other_kernels": [
+        {"kernel": "_draw_slices", "block": 2048, "num_warps": 4, "instructions": draw_instructions,
+         "fp64_instructions": 40}],
+        "kernels": [{"projection": p, "weights": "mxfp4", "per_4096": per_4096, "tokens": t, "block_m_asked": 0,
+                     "tiles": hit[t], "experts_hit": hit[t], "block": [16, 64, 64],
+                     "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p]} for t in tokens for p in ("gate_up", "down")]}
+
+
+def test_the_parts_read_at_batch_1_what_the_benchmarks_roofline_counts():
+    config = step_estimate.model_config()
+    step = estimate(report(), 272, 1, 1024, config)
+    # the roofline: the non-expert weights, the hit experts' MXFP4 blocks and the KV cache, read once
+    assert step.roofline_ms * BANDWIDTH / 1000 == pytest.approx(decode_bytes_per_step(config, 1024), rel=1e-3)
+    assert step_estimate.weight_bytes(config) == pytest.approx(2.437e9, rel=1e-3)  # the lm_head is 1.16 GB of it
+    # 12 full layers read 1,024 tokens, 12 sliding ones their 128; K and V of 8 heads x 64 in bf16
+    assert step_estimate.kv_bytes(config, 1, 1024) == (12 * 1024 + 12 * 128) * 2 * 8 * 64 * 2
+
+
+def test_each_part_is_its_floor_and_the_step_their_sum():
+    config = step_estimate.model_config()
+    fake = report()
+    one, wide = estimate(fake, 272, 1, 1024, config), estimate(fake, 272, 256, 1024, config)
+    assert list(one.parts_ms) == ["moe", "weights", "attention", "sampler", "launches"]
+    assert one.parts_ms["moe"] == pytest.approx(max(moe_cost.issue_bound_ms(fake, 1), moe_cost.weight_read_ms(fake, 1)))
+    assert one.parts_ms["weights"] == pytest.approx(step_estimate.weight_bytes(config) / BANDWIDTH * 1000)
+    assert one.parts_ms["launches"] == pytest.approx(272 * LAUNCH_GAP_US / 1000)
+    assert wide.parts_ms["attention"] == pytest.approx(256 * one.parts_ms["attention"])
+    assert wide.parts_ms["weights"] == one.parts_ms["weights"]  # read once at any batch: memory-bound at 256
+    assert one.total_ms == pytest.approx(sum(one.parts_ms.values()))
+    assert wide.tokens_per_s == pytest.approx(256 / wide.total_ms * 1000)
+    # a longer MoE loop issues longer; the draw's issue counts where it exceeds reading the logits
+    assert estimate(report(per_4096=512.0), 272, 256, 1024, config).parts_ms["moe"] > wide.parts_ms["moe"]
+    slow_draw = estimate(report(draw_instructions=40_000), 272, 256, 1024, config)
+    assert slow_draw.parts_ms["sampler"] > wide.parts_ms["sampler"]
+    assert one.line().startswith("decode step estimate B=1 ctx=1024: ")
+    assert "x the roofline" in one.line() and "ms: moe " in one.line()
+
+
+def test_the_weights_turn_compute_bound_at_a_large_batch():
+    config = step_estimate.model_config()
+    fake = report(tokens=(256,))
+    fake["kernels"] = [{**k, "tokens": 8192} for k in fake["kernels"]]
+    step = estimate(fake, 272, 8192, 16, config)
+    flops_ms = 2 * 8192 * step_estimate.weight_bytes(config) / 2 / step_estimate.H100_BF16_FLOPS * 1000
+    assert step.parts_ms["weights"] == pytest.approx(flops_ms) and flops_ms > 2.437e9 / BANDWIDTH * 1000
+
+
+@pytest.fixture
+def fake_measures(monkeypatch):
+    monkeypatch.setattr(proxies, "sm90_report", lambda: report())
+    monkeypatch.setattr(proxies, "launches", lambda: (11.0, 272.0))
+
+
+def test_the_proxy_rows_judge_batch_1_against_the_goal(fake_measures):
+    figures = dict(proxies.MEASURES)["decode step estimate"]()
+    names = [f.name for f in figures]
+    assert names[0] == "decode step estimate, B=1 ctx=1k" and names[6] == "decode step estimate, B=256 ctx=1k"
+    assert names[1:6] == ["  moe", "  weights", "  attention", "  sampler", "  launches"]
+    batch1 = estimate(report(), 272, 1, 1024)
+    ratio = batch1.total_ms / batch1.roofline_ms
+    assert figures[0].value == pytest.approx(batch1.total_ms) and f"{ratio:.2f}x the roofline" in figures[0].unit
+    assert figures[0].ok == (ratio <= step_estimate.BATCH1_GOAL) and figures[0].goal == "<= 1.5x roofline"
+
+
+def test_a_step_over_the_goal_is_not_ok(fake_measures, monkeypatch):
+    monkeypatch.setattr(proxies, "launches", lambda: (11.0, 5000.0))  # 7.5 ms of launch gaps
+    assert not dict(proxies.MEASURES)["decode step estimate"]()[0].ok
