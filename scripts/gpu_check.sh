@@ -131,7 +131,7 @@ step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${
 step profile 90 "$PY" -m engine.step_profile "${PROFILE[@]}"
 # the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 1 and 2,048 tokens, through each launch shape of
 # engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
-# should be (compiled for sm_90, a 128-column block issues ~15% less than the default's 64). Mostly compiles.
+# should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64). Mostly compiles.
 step moe_tiles 90 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be

@@ -1,11 +1,12 @@
 """What a step's MoE costs on an H100, from its kernels compiled for sm_90 (engine.kernels.sm90): a lower bound.
 
-Each (tile, column block) program decodes its expert's slice of the weights for its rows, so a step's MoE
-issues, per layer and projection, tiles x (weights per expert / 4,096) x the inner loop's warp-instructions per
-4,096 weights (which sm90 counts per SM: each of the SM's 4 schedulers issues one a cycle). At perfect issue
-on every SM that takes `issue_bound_ms`. The weights the step must read from memory at least once (each hit
-expert's, whatever its tile count) take `weight_read_ms` at the HBM's bandwidth. Neither counts stalls,
-occupancy or the rest of the layer; the MXFP4 MoE is issue-bound where the first exceeds the second.
+Each (tile, column block) program decodes its expert's slice of the weights for its rows: K x BLOCK_N weights, at
+the inner loop's warp-instructions per 4,096 weights (which sm90 counts per SM: each of the SM's 4 schedulers
+issues one a cycle). The programs of a launch are spread over the SMs, so the busiest SM issues ceil(programs /
+SMs) of them: a launch of 360 programs on 132 SMs takes 3 programs' time, not 2.7. At perfect issue that takes
+`issue_bound_ms`. The weights the step must read from memory at least once (each hit expert's, whatever its tile
+count) take `weight_read_ms` at the HBM's bandwidth. Neither counts stalls, occupancy or the rest of the layer;
+the MXFP4 MoE is issue-bound where the first exceeds the second.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ def mxfp4_kernels(report: dict[str, Any], num_tokens: int, block_m: int = 0,
 
 def issue_bound_ms(report: dict[str, Any], num_tokens: int, block_m: int = 0, layers: int = LAYERS_20B,
                    tiles: str | None = None) -> float:
-    """Milliseconds a step of `num_tokens` tokens spends issuing the MXFP4 MoE's inner loops, at best."""
-    sm_cycles = sum(k["tiles"] * k["weights_per_expert"] / 4096 * k["per_4096"]
-                    for k in mxfp4_kernels(report, num_tokens, block_m, tiles))
-    return 1000 * layers * sm_cycles / (H100_SMS * H100_CLOCK_HZ)
+    """Milliseconds a step of `num_tokens` tokens spends issuing the MXFP4 MoE's inner loops on its busiest SM, at
+    best (see the module's doc)."""
+    sm_cycles = 0.0
+    for k in mxfp4_kernels(report, num_tokens, block_m, tiles):
+        k_in, n_out = k["shape"]
+        block_n = k["block"][1]
+        programs = k["tiles"] * -(-n_out // block_n)
+        sm_cycles += -(-programs // H100_SMS) * k_in * block_n / 4096 * k["per_4096"]
+    return 1000 * layers * sm_cycles / H100_CLOCK_HZ
 
 
 def weight_read_ms(report: dict[str, Any], num_tokens: int, layers: int = LAYERS_20B) -> float:

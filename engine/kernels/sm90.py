@@ -31,7 +31,8 @@ MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.0
 DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 64)
 # gpt-oss-20b: hidden, intermediate, experts, experts per token
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 2880, 2880, 32, 4
-WEIGHTS_PER_EXPERT = {"gate_up": HIDDEN * 2 * INTERMEDIATE, "down": INTERMEDIATE * HIDDEN}
+PROJECTION_SHAPES = {"gate_up": (HIDDEN, 2 * INTERMEDIATE), "down": (INTERMEDIATE, HIDDEN)}  # (in, out) an expert
+WEIGHTS_PER_EXPERT = {name: k * n for name, (k, n) in PROJECTION_SHAPES.items()}
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
 VOCAB = 201_088
 MMA_OPS = ("HGMMA", "HMMA")
@@ -146,6 +147,7 @@ def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, bloc
     return {"projection": projection, "weights": kwargs["WEIGHTS"], "tokens": num_tokens,
             "block_m_asked": block_m_asked, "tiles": sum(-(-count // block_m) for count in counts),
             "experts_hit": sum(c > 0 for c in counts), "weights_per_expert": WEIGHTS_PER_EXPERT[projection],
+            "shape": list(PROJECTION_SHAPES[projection]),
             "kernel": kernel_fn.__name__, "block": [block_m, kwargs["BLOCK_N"], kwargs["BLOCK_K"]],
             "num_warps": warps, "gemm_tiles": tiles, "loop_instructions": len(loop), "per_4096": per_4096,
             "mma": {op: opcodes.count(op) for op in MMA_OPS}, **resources(compiled)}

@@ -59,7 +59,8 @@ def test_compiled_for_sm90_the_engines_rows_per_tile_issue_the_least():
 def fake_report(per_4096_by_projection, tokens=(1, 64, 256, 2048)):
     return {"triton": "x", "tokens": list(tokens), "kernels": [
         {"projection": p, "weights": w, "per_4096": v, "tokens": t, "block_m_asked": 0, "tiles": 32,
-         "experts_hit": 32, "block": [16, 64, 64], "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p]}
+         "experts_hit": 32, "block": [16, 64, 64], "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p],
+         "shape": list(sm90.PROJECTION_SHAPES[p])}
         for t in tokens for w, per_projection in per_4096_by_projection.items() for p, v in per_projection.items()]}
 
 
@@ -79,13 +80,18 @@ def test_proxy_rows_carry_the_goal(monkeypatch, uncached_report):
     assert [f.name.split(",")[1].split()[0] for f in figures[2:]] == ["T=1", "T=64", "T=256", "T=2048"]
 
 
-def test_issue_bound_ms_counts_tiles_times_loop_over_the_h100s_issue_rate():
+def test_issue_bound_ms_counts_the_busiest_sms_programs_times_loop_over_the_h100s_issue_rate():
     report = fake_report({"mxfp4": {"gate_up": 256.0, "down": 256.0}}, tokens=(256,))
-    # 32 tiles x (2880 x 5760 + 2880 x 2880) / 4096 x 256 SM-cycles, 24 layers, 132 SMs at 1.755 GHz
-    sm_cycles = 32 * (2880 * 5760 + 2880 * 2880) / 4096 * 256
-    assert moe_cost.issue_bound_ms(report, 256) == pytest.approx(1000 * 24 * sm_cycles / (132 * 1.755e9))
+    # 32 tiles x 90 column blocks of gate_up = 2,880 programs on 132 SMs: the busiest issues 22 of them, each 2,880
+    # x 64 weights at 256 SM-cycles a 4,096; down's 32 x 45 = 1,440: 11 each; 24 layers at 1.755 GHz
+    per_program = 2880 * 64 / 4096 * 256
+    sm_cycles = 22 * per_program + 11 * per_program
+    assert moe_cost.issue_bound_ms(report, 256) == pytest.approx(1000 * 24 * sm_cycles / 1.755e9)
     doubled = {**report, "kernels": [{**k, "tiles": 64} for k in report["kernels"]]}
-    assert moe_cost.issue_bound_ms(doubled, 256) == pytest.approx(2 * moe_cost.issue_bound_ms(report, 256))
+    assert moe_cost.issue_bound_ms(doubled, 256) == pytest.approx(1000 * 24 * (44 + 22) * per_program / 1.755e9)
+    # 4 tiles (batch 1): 360 and 180 programs, 3 and 2 on the busiest SM (2.7 and 1.4 spread evenly)
+    few = {**report, "kernels": [{**k, "tiles": 4} for k in report["kernels"]]}
+    assert moe_cost.issue_bound_ms(few, 256) == pytest.approx(1000 * 24 * (3 + 2) * per_program / 1.755e9)
     # the floor reads each hit expert once: 32 experts x 24.9M weights x 17/32 bytes x 24 layers at 3.35 TB/s
     assert moe_cost.weight_read_ms(report, 256) == pytest.approx(
         1000 * 24 * 32 * (2880 * 5760 + 2880 * 2880) * 17 / 32 / 3.35e12)

@@ -18,7 +18,8 @@ def report(per_4096=256.0, tokens=(1, 256), draw_instructions=400):
          "fp64_instructions": 40}],
         "kernels": [{"projection": p, "weights": "mxfp4", "per_4096": per_4096, "tokens": t, "block_m_asked": 0,
                      "tiles": hit[t], "experts_hit": hit[t], "block": [16, 64, 64],
-                     "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p]} for t in tokens for p in ("gate_up", "down")]}
+                     "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p], "shape": list(sm90.PROJECTION_SHAPES[p])}
+                    for t in tokens for p in ("gate_up", "down")]}
 
 
 def test_the_parts_read_at_batch_1_what_the_benchmarks_roofline_counts():
