@@ -4,7 +4,7 @@ Each costs ~1-2 us on an H100 however little it does, so a step's launch count i
 the bytes it reads: at batch 1 the 20b roofline is ~1.1 ms a token. The count is taken on a model of gpt-oss's
 structure (alternating sliding and full layers, MXFP4 experts) at tiny widths, decoding 8 rows, with
 engine.op_trace.count_launches; at two layer counts, so a step splits into its layers' launches and its own
-(embedding, RoPE's cos and sin, the final norm), and a 24-layer step is its own + 24 x a layer's.
+(embedding, RoPE's cos and sin, the first layer's input norm), and a 24-layer step is its own + 24 x a layer's.
 """
 
 from __future__ import annotations

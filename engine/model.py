@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
+from typing import cast
 
 import numpy as np
 import torch
@@ -290,15 +291,17 @@ class GptOssExperts(nn.Module):
         y *= weights.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token_idx, y)
 
-    def from_logits(self, x: Tensor, logits: Tensor, top_k: int, residual: Tensor | None = None) -> Tensor:
-        """The Triton path from the router's logits [T, E]: `forward` of their top_k and its softmax
-        (+ residual)."""
+    def from_logits_norm(self, x: Tensor, logits: Tensor, top_k: int, residual: Tensor,
+                         norm: RMSNorm) -> tuple[Tensor, Tensor]:
+        """The Triton path from the router's logits [T, E]: `forward` of their top_k and its softmax, plus the
+        residual, and `norm` of that sum, in the experts' sum's launch: (the residual stream, its norm)."""
         moe = self.triton_moe
-        assert moe is not None, "from_logits is the Triton path's"
-        return moe.moe_experts_from_logits(x, logits, top_k, *self._weight_and_scales("gate_up_proj"),
-                                           self.gate_up_proj_bias, *self._weight_and_scales("down_proj"),
-                                           self.down_proj_bias, self.alpha, self.limit,
-                                           moe.INVARIANT_BLOCK_M if self.batch_invariant else 0, residual)
+        assert moe is not None, "from_logits_norm is the Triton path's"
+        return moe.moe_experts_from_logits_norm(x, logits, top_k, *self._weight_and_scales("gate_up_proj"),
+                                                self.gate_up_proj_bias, *self._weight_and_scales("down_proj"),
+                                                self.down_proj_bias, self.alpha, self.limit,
+                                                moe.INVARIANT_BLOCK_M if self.batch_invariant else 0, residual,
+                                                norm.weight, norm.eps)
 
     def _can_group(self, x: Tensor) -> bool:
         # torch's grouped matmul: checked on CPU only; it wants rows of 16-byte multiples.
@@ -364,11 +367,13 @@ class GptOssMLP(nn.Module):
         expert_ids, weights = self.router.route(x)
         return self.experts(x, expert_ids, weights)
 
-    def add_forward(self, residual: Tensor, x: Tensor) -> Tensor:
-        """The residual stream after the MoE: residual + forward(x)."""
-        if self.experts.triton_moe is not None:  # the top-k in the routing kernel, the add in the experts' sum
-            return self.experts.from_logits(x, self.router(x), self.router.top_k, residual)
-        return residual + self(x)
+    def add_forward(self, residual: Tensor, x: Tensor, norm: RMSNorm) -> tuple[Tensor, Tensor]:
+        """The residual stream after the MoE, residual + forward(x), and `norm` of it (the next layer's input norm,
+        or the model's final one)."""
+        if self.experts.triton_moe is not None:  # the top-k in the routing kernel, the add and norm in the sum's
+            return self.experts.from_logits_norm(x, self.router(x), self.router.top_k, residual, norm)
+        residual = residual + self(x)
+        return residual, norm(residual)
 
 
 class GptOssDecoderLayer(nn.Module):
@@ -379,19 +384,24 @@ class GptOssDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.mlp = GptOssMLP(config, kernels)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
-        q = self.before_attention(x, cos, sin, meta.slot_mapping, kv_cache)
-        return self.after_attention(x, self.self_attn.attend(q, meta, kv_cache))
+    def forward(self, x: Tensor, h: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache,
+                next_norm: RMSNorm) -> tuple[Tensor, Tensor]:
+        """Residual stream x and its input norm h [T, hidden] -> the layer's output and `next_norm` of it."""
+        q = self.before_attention(h, cos, sin, meta.slot_mapping, kv_cache)
+        return self.after_attention(x, self.self_attn.attend(q, meta, kv_cache), next_norm)
 
-    def before_attention(self, x: Tensor, cos: Tensor, sin: Tensor, slot_mapping: Tensor,
+    def before_attention(self, h: Tensor, cos: Tensor, sin: Tensor, slot_mapping: Tensor,
                          kv_cache: KVCache) -> Tensor:
-        """Residual stream x: [T, hidden] -> the attention's queries [T, heads, head_dim]; writes K/V."""
-        return self.self_attn.project(self.input_layernorm(x), cos, sin, slot_mapping, kv_cache)
+        """The residual stream's input norm h [T, hidden] (made by the layer before: see after_attention) -> the
+        attention's queries [T, heads, head_dim]; writes K/V."""
+        return self.self_attn.project(h, cos, sin, slot_mapping, kv_cache)
 
-    def after_attention(self, x: Tensor, o: Tensor) -> Tensor:
-        """Residual stream x and attention output o: [T, heads * head_dim] -> the layer's output [T, hidden]."""
+    def after_attention(self, x: Tensor, o: Tensor, next_norm: RMSNorm) -> tuple[Tensor, Tensor]:
+        """Residual stream x and attention output o: [T, heads * head_dim] -> the layer's output [T, hidden] and
+        `next_norm` of it: the next layer's input norm (or the model's final norm) runs in the launch that sums
+        the experts, one launch a layer fewer."""
         x, h = self.post_attention_layernorm.add_forward(x, self.self_attn.o_proj(o))
-        return self.mlp.add_forward(x, h)
+        return self.mlp.add_forward(x, h, next_norm)
 
 
 class GptOssDecoder(nn.Module):
@@ -436,9 +446,20 @@ class GptOssModel(nn.Module):
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
         x, cos, sin = self.embed(input_ids, meta.positions)
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, cos, sin, meta, kv_cache)
-        return self.model.norm(x)
+        layers = self.decoder_layers
+        h = layers[0].input_layernorm(x)
+        for index, (layer, kv_cache) in enumerate(zip(layers, kv_caches)):
+            x, h = layer(x, h, cos, sin, meta, kv_cache, self.norm_after(index))
+        return h
+
+    @property
+    def decoder_layers(self) -> list[GptOssDecoderLayer]:
+        return cast(list[GptOssDecoderLayer], list(self.model.layers))
+
+    def norm_after(self, index: int) -> RMSNorm:
+        """The norm of layer `index`'s output: the next layer's input norm, the final norm after the last."""
+        layers = self.decoder_layers
+        return layers[index + 1].input_layernorm if index + 1 < len(layers) else cast(RMSNorm, self.model.norm)
 
     def embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """input_ids, positions: [T] -> embeddings [T, hidden], RoPE cos and sin [T, head_dim / 2]."""

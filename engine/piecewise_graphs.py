@@ -41,7 +41,7 @@ class PiecewiseGraphs:
     def __init__(self, model: GptOssModel, kv_caches: list[KVCache], token_sizes: list[int], *, block_size: int,
                  scratch_block: int) -> None:
         self.model, self.kv_caches, self.token_sizes = model, kv_caches, token_sizes
-        self.layers: list[GptOssDecoderLayer] = list(model.model.layers)  # type: ignore[arg-type]
+        self.layers: list[GptOssDecoderLayer] = model.decoder_layers
         config, device = model.config, kv_caches[0][0].device
         dtype = next(model.parameters()).dtype
         size = token_sizes[-1]
@@ -70,14 +70,15 @@ class PiecewiseGraphs:
                 x, cos, sin = self.model.embed(self.input_ids[rows], self.positions[rows])
                 self.cos[rows].copy_(cos)
                 self.sin[rows].copy_(sin)
-            else:
-                x = layers[index - 1].after_attention(self.x[rows], self.o[rows])
+                h = layers[0].input_layernorm(x)
+            else:  # the layer's output and its norm: the next layer's input norm, or the final one
+                x, h = layers[index - 1].after_attention(self.x[rows], self.o[rows], self.model.norm_after(index - 1))
             if index == len(layers):
-                self.hidden[rows].copy_(self.model.model.norm(x))
+                self.hidden[rows].copy_(h)
                 return
             self.x[rows].copy_(x)
-            q = layers[index].before_attention(self.x[rows], self.cos[rows], self.sin[rows],
-                                               self.slot_mapping[rows], self.kv_caches[index])
+            q = layers[index].before_attention(h, self.cos[rows], self.sin[rows], self.slot_mapping[rows],
+                                               self.kv_caches[index])
             self.q[rows].copy_(q)
         return run
 

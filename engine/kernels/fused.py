@@ -1,7 +1,7 @@
 # mypy: allow-untyped-defs
 # (@triton.jit kernels take untyped arguments: Triton reads annotations as constexpr markers.)
 """A decoder layer's elementwise work in one launch each: RMSNorm (after the residual add), RoPE with the K/V write,
-the MoE's sum over a token's experts with the residual add after it.
+the MoE's sum over a token's experts with the residual add after it and the next layer's input norm.
 
 On the torch path each is a chain of small ops (a norm 7 launches, an add and a norm 8, RoPE on q and k with the
 cache write 20, the MoE's sum, cast and add 3), each a kernel of its own on a GPU: ~45 of a layer's 72 launches
@@ -52,12 +52,16 @@ def _rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, hidden, eps
         delta = tl.load(delta_ptr + row * stride_delta + cols, mask=mask, other=0.0)
         x = rounded(x.to(tl.float32) + delta.to(tl.float32), x.dtype)
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
-    t = x.to(tl.float32)
+    y = _norm_row(x.to(tl.float32), weight_ptr, cols, mask, hidden, eps, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_row(t, weight_ptr, cols, mask, hidden, eps, dtype: tl.constexpr):
+    """weight * t / rms(t) for one row t (fp32; 0 past `hidden`), rounded to `dtype`: every norm's arithmetic."""
     # tl.sum's combine through tl.reduce, not tl.sum: see engine.kernels.moe_route._sum
     t = t * (1.0 / tl.sqrt(tl.reduce(t * t, 0, tl.standard._sum_combine) / hidden + eps))
-    y = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32) * t
-    y = rounded(y, out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    return rounded(tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32) * t, dtype)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -152,9 +156,11 @@ def rope_write_kv(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_c
 
 
 @triton.jit
-def _moe_combine_kernel(per_pair_ptr, residual_ptr, out_ptr, hidden, stride_pair, stride_residual, stride_out,
-                        TOP_K: tl.constexpr, ADD: tl.constexpr, BLOCK_H: tl.constexpr):
-    """One token: the sum of its TOP_K experts' rows (fp32, in slot order), in out's dtype [+ the residual]."""
+def _moe_combine_kernel(per_pair_ptr, residual_ptr, out_ptr, weight_ptr, normed_ptr, hidden, eps, stride_pair,
+                        stride_residual, stride_out, stride_normed,
+                        TOP_K: tl.constexpr, ADD: tl.constexpr, NORM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One token: the sum of its TOP_K experts' rows (fp32, in slot order), in out's dtype [+ the residual]
+    [and, NORM, its RMSNorm: the next layer's input norm]."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < hidden
@@ -167,19 +173,41 @@ def _moe_combine_kernel(per_pair_ptr, residual_ptr, out_ptr, hidden, stride_pair
         residual = tl.load(residual_ptr + token * stride_residual + cols, mask=mask, other=0.0).to(tl.float32)
         total = rounded(residual + total, dtype)
     tl.store(out_ptr + token * stride_out + cols, total.to(dtype), mask=mask)
+    if NORM:
+        y = _norm_row(total, weight_ptr, cols, mask, hidden, eps, dtype)
+        tl.store(normed_ptr + token * stride_normed + cols, y.to(dtype), mask=mask)
 
 
 def moe_combine(per_pair: Tensor, top_k: int, dtype: torch.dtype, residual: Tensor | None = None) -> Tensor:
     """per_pair [T * top_k, hidden] fp32 -> [T, hidden] in `dtype`: each token's experts summed, as
     `per_pair.view(T, top_k, hidden).sum(1).to(dtype)` [+ residual, the residual stream's add after the MoE]."""
-    num_pairs, hidden = per_pair.shape
-    out = torch.empty(num_pairs // top_k, hidden, dtype=dtype, device=per_pair.device)
-    if residual is not None and (residual.shape != out.shape or residual.dtype != dtype):
-        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} does not match {tuple(out.shape)} {dtype}")
-    if out.shape[0]:
-        block = triton.next_power_of_2(hidden)
-        _moe_combine_kernel[(out.shape[0],)](per_pair, out if residual is None else residual, out, hidden,
-                                             per_pair.stride(0), 0 if residual is None else residual.stride(0),
-                                             out.stride(0), TOP_K=top_k, ADD=residual is not None, BLOCK_H=block,
-                                             num_warps=min(16, max(1, block // 256)))
+    out = torch.empty(per_pair.shape[0] // top_k, per_pair.shape[1], dtype=dtype, device=per_pair.device)
+    _launch_combine(per_pair, top_k, residual, out, None, None, 0.0)
     return out
+
+
+def moe_combine_norm(per_pair: Tensor, top_k: int, residual: Tensor, weight: Tensor,
+                     eps: float) -> tuple[Tensor, Tensor]:
+    """`moe_combine` with the residual add, and the sum's RMSNorm (`weight`, `eps`: the next layer's input norm,
+    or the model's final one) in the same launch: (residual stream, its norm), as add_rms_norm gives them."""
+    out = torch.empty(per_pair.shape[0] // top_k, per_pair.shape[1], dtype=residual.dtype, device=per_pair.device)
+    normed = torch.empty_like(out)
+    _launch_combine(per_pair, top_k, residual, out, weight, normed, eps)
+    return out, normed
+
+
+def _launch_combine(per_pair: Tensor, top_k: int, residual: Tensor | None, out: Tensor, weight: Tensor | None,
+                    normed: Tensor | None, eps: float) -> None:
+    hidden = per_pair.shape[1]
+    if residual is not None and (residual.shape != out.shape or residual.dtype != out.dtype):
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} does not match {tuple(out.shape)} "
+                         f"{out.dtype}")
+    if out.shape[0] == 0:
+        return
+    block = triton.next_power_of_2(hidden)
+    _moe_combine_kernel[(out.shape[0],)](
+        per_pair, out if residual is None else residual, out, out if weight is None else weight,
+        out if normed is None else normed, hidden, eps, per_pair.stride(0),
+        0 if residual is None else residual.stride(0), out.stride(0), 0 if normed is None else normed.stride(0),
+        TOP_K=top_k, ADD=residual is not None, NORM=normed is not None, BLOCK_H=block,
+        num_warps=min(16, max(1, block // 256)))

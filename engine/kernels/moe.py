@@ -192,8 +192,8 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
     if hidden % 2 or two_inter % 4:
         raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
     routing = route(expert_ids, num_experts, block_m or block_m_for(num_tokens * top_k, num_experts))
-    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, residual,
-                    tiles)
+    per_pair = _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, tiles)
+    return fused.moe_combine(per_pair, top_k, x.dtype, residual)
 
 
 def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: ExpertWeight, gate_up_bias: Tensor,
@@ -202,6 +202,27 @@ def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Ex
     """`fused_experts` from the router's logits [T, E]: the top_k experts of each token, their softmax weights
     and the routing in one launch (engine.kernels.moe_route.route_logits); + `residual` when given (the
     residual stream's add after the MoE, in the same launch as the sum over each token's experts)."""
+    per_pair = _expert_rows_from_logits(x, logits, top_k, gate_up, gate_up_bias, down, down_bias, alpha, limit,
+                                        block_m)
+    return fused.moe_combine(per_pair, top_k, x.dtype, residual)
+
+
+def fused_experts_from_logits_norm(x: Tensor, logits: Tensor, top_k: int, gate_up: ExpertWeight,
+                                   gate_up_bias: Tensor, down: ExpertWeight, down_bias: Tensor, alpha: float,
+                                   limit: float, block_m: int, residual: Tensor, norm_weight: Tensor,
+                                   eps: float) -> tuple[Tensor, Tensor]:
+    """`fused_experts_from_logits` with the residual add, and the next RMSNorm (`norm_weight`, `eps`) of the sum in
+    the same launch: (the residual stream, its norm)."""
+    per_pair = _expert_rows_from_logits(x, logits, top_k, gate_up, gate_up_bias, down, down_bias, alpha, limit,
+                                        block_m)
+    return fused.moe_combine_norm(per_pair, top_k, residual, norm_weight, eps)
+
+
+def _expert_rows_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: ExpertWeight, gate_up_bias: Tensor,
+                             down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
+                             block_m: int) -> Tensor:
+    """[T * top_k, hidden] fp32: each (token, slot) pair's expert output times its router weight, routed from
+    the router's logits [T, E]."""
     num_tokens, num_experts = logits.shape
     if gate_up.shape[0] != num_experts or x.shape[0] != num_tokens:
         raise ValueError(f"router logits {tuple(logits.shape)} do not match x {tuple(x.shape)} and "
@@ -210,21 +231,21 @@ def fused_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Ex
         # torch's top-k and softmax (its softmax may round a weight otherwise than the kernel's, so batch-invariant
         # runs, which give block_m, keep to the kernel at any size)
         top_logits, expert_ids = torch.topk(logits, top_k, dim=-1)
-        return fused_experts(x, expert_ids, torch.softmax(top_logits, dim=-1), gate_up, gate_up_bias, down,
-                             down_bias, alpha, limit, 0, residual)
-    block_m = block_m or block_m_for(num_tokens * top_k, num_experts)
-    _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
-        logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
-    routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
-    return _experts(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, residual)
+        weights = torch.softmax(top_logits, dim=-1)
+        routing = route(expert_ids, num_experts, block_m_for(num_tokens * top_k, num_experts))
+    else:
+        block_m = block_m or block_m_for(num_tokens * top_k, num_experts)
+        _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
+            logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
+        routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
+    return _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit)
 
 
-def _experts(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight, gate_up_bias: Tensor,
-             down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
-             residual: Tensor | None = None, tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
+def _expert_rows(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight,
+                 gate_up_bias: Tensor, down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
+                 tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
     activated = gate_up_swiglu(x, routing, top_k, gate_up, gate_up_bias, alpha, limit, tiles)
-    per_pair = down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous(), tiles)
-    return fused.moe_combine(per_pair, top_k, x.dtype, residual)
+    return down_weighted(activated, routing, down, down_bias, weights.reshape(-1).contiguous(), tiles)
 
 
 @torch.library.custom_op("batchrun::moe_experts", mutates_args=())
@@ -246,21 +267,25 @@ def _moe_experts_fake(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: T
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("batchrun::moe_experts_from_logits", mutates_args=())
-def moe_experts_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor, gate_up_scales: Tensor | None,
-                            gate_up_bias: Tensor, down: Tensor, down_scales: Tensor | None, down_bias: Tensor,
-                            alpha: float, limit: float, block_m: int = 0, residual: Tensor | None = None) -> Tensor:
-    """`fused_experts_from_logits` as one opaque op (see moe_experts)."""
-    return fused_experts_from_logits(x, logits, top_k, _expert_weight(gate_up, gate_up_scales), gate_up_bias,
-                                     _expert_weight(down, down_scales), down_bias, alpha, limit, block_m, residual)
+@torch.library.custom_op("batchrun::moe_experts_from_logits_norm", mutates_args=())
+def moe_experts_from_logits_norm(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor,
+                                 gate_up_scales: Tensor | None, gate_up_bias: Tensor, down: Tensor,
+                                 down_scales: Tensor | None, down_bias: Tensor, alpha: float, limit: float,
+                                 block_m: int, residual: Tensor, norm_weight: Tensor,
+                                 eps: float) -> tuple[Tensor, Tensor]:
+    """`fused_experts_from_logits_norm` as one opaque op (see moe_experts)."""
+    return fused_experts_from_logits_norm(x, logits, top_k, _expert_weight(gate_up, gate_up_scales), gate_up_bias,
+                                          _expert_weight(down, down_scales), down_bias, alpha, limit, block_m,
+                                          residual, norm_weight, eps)
 
 
-@moe_experts_from_logits.register_fake
-def _moe_experts_from_logits_fake(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor,
-                                  gate_up_scales: Tensor | None, gate_up_bias: Tensor, down: Tensor,
-                                  down_scales: Tensor | None, down_bias: Tensor, alpha: float, limit: float,
-                                  block_m: int = 0, residual: Tensor | None = None) -> Tensor:
-    return torch.empty_like(x)
+@moe_experts_from_logits_norm.register_fake
+def _moe_experts_from_logits_norm_fake(x: Tensor, logits: Tensor, top_k: int, gate_up: Tensor,
+                                       gate_up_scales: Tensor | None, gate_up_bias: Tensor, down: Tensor,
+                                       down_scales: Tensor | None, down_bias: Tensor, alpha: float, limit: float,
+                                       block_m: int, residual: Tensor, norm_weight: Tensor,
+                                       eps: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(residual), torch.empty_like(residual)
 
 
 def _expert_weight(weight: Tensor, scales: Tensor | None) -> ExpertWeight:

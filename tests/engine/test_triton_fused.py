@@ -108,6 +108,23 @@ def test_moe_combine_sums_each_tokens_experts_in_slot_order_then_adds_the_residu
         fused.moe_combine(per_pair, 4, dtype, residual[:3])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [64, 72])  # 72: a masked tail
+def test_moe_combine_norm_is_the_sum_with_the_residual_then_the_next_norm_in_one_launch(dtype, hidden):
+    gen = torch.Generator().manual_seed(6)
+    per_pair = (torch.randn(5 * 4, hidden, generator=gen) * 3).to(DEVICE)
+    residual = torch.randn(5, hidden, generator=gen).to(DEVICE, dtype)
+    norm = torch_norm(hidden, dtype, seed=2)
+    stream, normed = fused.moe_combine_norm(per_pair, 4, residual, norm.weight, norm.eps)
+    # the two launches it replaces, bit for bit: the same sum, rounding and norm arithmetic
+    expected = fused.moe_combine(per_pair, 4, dtype, residual)
+    assert torch.equal(stream, expected)
+    assert torch.equal(normed, fused.rms_norm(expected, norm.weight, norm.eps))
+    torch.testing.assert_close(normed, norm(expected), rtol=2**-7 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        fused.moe_combine_norm(per_pair, 4, residual[:3], norm.weight, norm.eps)
+
+
 def test_rounding_keeps_a_nan_of_any_bits():
     # a GPU's arithmetic NaN is 0x7FFFFFFF: rounding by adding to its bits would carry it into -0.0
     per_pair = torch.zeros(4, 8)
@@ -136,7 +153,7 @@ for tokens, offset in ((1, 0), (16, 1), (37, 1), (5, 0)):  # the step's token co
     slots = torch.zeros(64, dtype=torch.long)[offset:offset + tokens]
     fused.rope_write_kv(q, k, k, torch.empty(tokens, 32), torch.empty(tokens, 32), cache, cache, slots)
     moe_route.route_logits(torch.empty(tokens, 32, dtype=bf16), 4, 16, moe.max_tiles(tokens * 4, 32, 16))
-    fused.moe_combine(torch.empty(tokens * 4, 2880), 4, bf16, x)
+    fused.moe_combine_norm(torch.empty(tokens * 4, 2880), 4, x, weight, 1e-5)
 """
 
 

@@ -169,6 +169,25 @@ def test_past_the_kernels_size_the_moe_routes_and_takes_its_top_k_with_torch(mon
     torch.testing.assert_close(torch_path, kernel, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("max_pairs", [moe.ROUTE_KERNEL_MAX_PAIRS, 8])  # the routing kernel, then torch's top-k
+def test_the_moe_with_the_next_norm_gives_its_sum_and_that_sums_norm(monkeypatch, max_pairs):
+    from engine.kernels import fused
+
+    monkeypatch.setattr(moe, "ROUTE_KERNEL_MAX_PAIRS", max_pairs)
+    gen = torch.Generator().manual_seed(8)
+    gate_up, _ = random_mxfp4(4, 64, 2 * 96, gen)
+    down, _ = random_mxfp4(4, 96, 64, gen)
+    biases = torch.randn(4, 2 * 96, generator=gen).to(DEVICE), torch.randn(4, 64, generator=gen).to(DEVICE)
+    x, logits = torch.randn(9, 64, generator=gen).to(DEVICE), torch.randn(9, 4, generator=gen).to(DEVICE)
+    residual, weight = torch.randn(9, 64, generator=gen).to(DEVICE), torch.rand(64, generator=gen).to(DEVICE)
+    stream, normed = moe.fused_experts_from_logits_norm(x, logits, 2, gate_up, biases[0], down, biases[1], 1.702,
+                                                        7.0, 0, residual, weight, 1e-5)
+    expected = moe.fused_experts_from_logits(x, logits, 2, gate_up, biases[0], down, biases[1], 1.702, 7.0,
+                                             residual=residual)
+    assert torch.equal(stream, expected)
+    assert torch.equal(normed, fused.rms_norm(expected, weight, 1e-5))
+
+
 # -- dense expert weights ------------------------------------------------------------------
 @pytest.mark.parametrize("num_tokens", [1, 7, 40])
 def test_triton_experts_equal_torch_experts_fp32(num_tokens):
