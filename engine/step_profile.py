@@ -59,7 +59,8 @@ class StepProfile:
         """A summary line, a line a part, then the `top` kernels by device time: per step."""
         head = f"profile B={self.batch} ctx~{self.context}"
         if not self.by_kernel:
-            return [f"{head}: no kernel was recorded ({self.device}; torch.profiler saw none)"]
+            return [f"{head}: no kernel was recorded ({self.device}; torch.profiler saw none: inside CUDA graphs, "
+                    f"--no-cuda-graphs shows them run eagerly)"]
         what = "kernels" if self.device.startswith("cuda") else "aten ops (CPU: a check of the harness)"
         plain, profiled, busy = (us / self.steps / 1000 for us in (self.plain_wall_us, self.wall_us, self.busy_us))
         lines = [f"{head}: {plain:.3f} ms a step; profiled {profiled:.3f} ms, {what} busy {busy:.3f} ms of it "
@@ -172,9 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="256,1", help="decoding sequences, comma-separated")
     parser.add_argument("--context", type=int, default=1024, help="prompt tokens a sequence")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="every step eager (kernels profiled one by one)")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    options = {"device": args.device, "kernels": args.kernels,
+    options = {"device": args.device, "kernels": args.kernels, "cuda_graphs": not args.no_cuda_graphs,
                "max_num_seqs": max(max(batches), batch_size_on(args.device))}
     engine = build_preset_engine(args.preset, options, args.dry_run)
     print(f"profile: {args.preset} shape{' (dry run: tiny)' if args.dry_run else ''} on {engine.config.device}, "
