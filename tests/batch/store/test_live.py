@@ -344,7 +344,7 @@ def test_a_run_killed_while_publishing_leaves_its_database_whole(tmp_path, tiny_
 
 def test_a_live_run_shows_its_total_and_its_rows_so_far(tmp_path, tiny_model_dir):
     """A dashboard's % done: while the run goes, its runs row has the input's lines and its rows so far."""
-    num_lines = 40
+    num_lines = 100  # 40 ended before its first snapshot once, with the other test worker busy
     query = ("SELECT status, notes->>'input_lines' AS total, n_requests, "
              "n_requests = (SELECT count(*) FROM requests) AS counts_agree FROM runs")
     _, db, _, results = read_while_running(tmp_path, tiny_model_dir, num_lines,
