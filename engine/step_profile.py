@@ -40,7 +40,7 @@ class StepProfile:
     """`steps` profiled decode steps of `batch` sequences at ~`context` tokens."""
 
     batch: int
-    context: int
+    context: int  # the sequences' mean length at the profiled steps
     steps: int
     wall_us: float  # the profiled steps' wall time, the device synchronised at both ends
     busy_us: float  # the time some kernel ran (the union of their intervals)
@@ -85,19 +85,46 @@ def _short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
+def prepare_profiler() -> None:
+    """On CUDA, start torch.profiler's CUDA tracing once before any CUDA graph is captured: graphs captured before
+    its first use profile badly (torch.profiler._utils._init_for_cuda_graphs says so), so before the engine."""
+    if not torch.cuda.is_available():
+        return
+    init = getattr(getattr(torch.profiler, "_utils", None), "_init_for_cuda_graphs", None)
+    if init is not None:
+        init()
+    else:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            pass
+
+
 def profile_decode(engine: Any, batch: int, context: int, steps: int = 5, warm_steps: int = 3) -> StepProfile:
     """Profile `steps` decode steps of `batch` sequences of `context` prompt tokens in `engine` (an LLMEngine with
-    nothing running), after every one decodes and `warm_steps` more; the sequences are aborted after."""
+    nothing running, built after `prepare_profiler`), after every one decodes and `warm_steps` more; the sequences
+    are aborted after. Raises RuntimeError if fewer than `batch` were decoding when the steps were timed."""
+    if batch > engine.config.max_num_seqs:
+        raise ValueError(f"{batch} sequences: more than the engine's max_num_seqs ({engine.config.max_num_seqs})")
     ids = [f"profile-{batch}-{index}" for index in range(batch)]
-    sampling = SamplingParams(max_tokens=warm_steps + 2 * steps + 64, temperature=1.0, ignore_eos=True)
+    # none may finish before the last one's prefill ends (at 2,048 tokens a step, 256 prompts of 1,024 take 128
+    # steps): they are aborted after the profile
+    sampling = SamplingParams(max_tokens=1_000_000, temperature=1.0, ignore_eos=True)
     for index, request_id in enumerate(ids):
         # distinct prompts: no prefix-cache hit shortens a prefill
         engine.add_request(request_id, [1000 + (index * 7919 + t) % 50000 for t in range(context)], sampling)
     started: set[str] = set()
     while len(started) < batch and engine.has_unfinished_requests():
-        started.update(out.request_id for out in engine.step() if out.new_token_ids)
+        for out in engine.step():
+            if out.finished:
+                raise RuntimeError(f"{out.request_id} ended ({out.finish_reason}) before all {batch} decoded")
+            if out.new_token_ids:
+                started.add(out.request_id)
     for _ in range(warm_steps):
         engine.step()
+    decoding = [seq for seq in engine.scheduler.running if seq.request_id in set(ids)]
+    if len(decoding) < batch:
+        raise RuntimeError(f"{len(decoding)} of {batch} sequences were decoding when the profile began "
+                           f"(the KV cache or max_num_seqs too small?)")
+    mean_context = round(sum(seq.num_tokens for seq in decoding) / batch) + steps
     device = str(engine.config.device)
     on_cuda = device.startswith("cuda")
     plain_wall_us = _timed_steps(engine, steps, device)
@@ -110,8 +137,7 @@ def profile_decode(engine: Any, batch: int, context: int, steps: int = 5, warm_s
     while engine.has_unfinished_requests():
         engine.step()
     by_kernel, intervals = _kernels(profiler.events(), on_cuda)
-    return StepProfile(batch, context + warm_steps + steps, steps, wall_us, _union_us(intervals), plain_wall_us,
-                       by_kernel, device)
+    return StepProfile(batch, mean_context, steps, wall_us, _union_us(intervals), plain_wall_us, by_kernel, device)
 
 
 def _timed_steps(engine: Any, steps: int, device: str) -> float:
@@ -178,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     options = {"device": args.device, "kernels": args.kernels, "cuda_graphs": not args.no_cuda_graphs,
                "max_num_seqs": max(max(batches), batch_size_on(args.device))}
+    prepare_profiler()
     engine = build_preset_engine(args.preset, options, args.dry_run)
     print(f"profile: {args.preset} shape{' (dry run: tiny)' if args.dry_run else ''} on {engine.config.device}, "
           f"kernels {engine.config.kernels}, cuda graphs {engine.describe().get('cuda_graphs')}", flush=True)

@@ -128,11 +128,11 @@ step decode_120b 120 "$PY" -m engine.bench --preset 120b "${PRESET_OPTS[@]}" --m
 step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${RANDOM_MIX[@]}"
 # where a decode step's time goes: the kernels of 5 steady steps at batch 256 and 1 (1,024-token prompts, temperature
 # 1), summed by part of the step, and the share of the steps' wall time the device was busy
-step profile 90 "$PY" -m engine.step_profile "${PROFILE[@]}"
+step profile 150 "$PY" -m engine.step_profile "${PROFILE[@]}"
 # the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 1 and 2,048 tokens, through each launch shape of
 # engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
 # should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64). Mostly compiles.
-step moe_tiles 90 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
+step moe_tiles 120 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be
 step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
@@ -154,7 +154,7 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^moe T=.*(fastest: |x1\.00 the default| dense: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^moe T=.*(fastest: | \(default\): | dense: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
     "$LOG")
 {
     echo "=== figures"
@@ -163,6 +163,7 @@ FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sample
     printf '%s\n' "${SUMMARY[@]}"
     # the steps the budget cut, as the command that runs them (a second call, if device time is left)
     skipped=$(printf '%s\n' "${SUMMARY[@]}" | awk '$1 == "SKIPPED" {print $2}' | paste -sd, -)
-    [ -n "$skipped" ] && echo "to run the skipped steps: GPU_CHECK_STEPS=$skipped bash scripts/gpu_check.sh"
+    [ -n "$skipped" ] && echo "to run the skipped steps: GPU_CHECK_STEPS=$skipped bash scripts/gpu_check.sh" \
+        "[another OUT_DIR: this log is rewritten]"
 } | tee -a "$LOG"
 exit $FAILED

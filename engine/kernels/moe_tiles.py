@@ -108,9 +108,10 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
                candidates: tuple[GemmTiles, ...] = CANDIDATES, repeats: int = 20, layer: MoeLayer | None = None,
                report: Callable[[TilesTiming], None] | None = None) -> list[TilesTiming]:
     """Each step size in `tokens` through one MoE layer with each of `candidates` (DEFAULT_TILES is the
-    reference, timed first whether listed or not) and with the experts dense: a TilesTiming each, in that order.
-    bf16 activations on CUDA, fp32 elsewhere (the interpreter's MXFP4 path). `report(timing)` is called as each
-    lands. A shape that fails (a launch past the GPU's resources) is recorded, not raised."""
+    reference, first whether listed or not) and with the experts dense: a TilesTiming each, in that order.
+    Every shape of a step size runs once (compiles, and its output is compared) before any is timed, so none is
+    timed cold. bf16 activations on CUDA, fp32 elsewhere (the interpreter's MXFP4 path). `report(timing)` is called
+    as each lands. A shape that fails (a launch past the GPU's resources) is recorded, not raised."""
     from engine.device import median_us
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
@@ -124,22 +125,26 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
         top_logits, expert_ids = torch.topk(logits, shape.top_k, dim=-1)
         weights = torch.softmax(top_logits, dim=-1).to(dtype)
         hit = torch.unique(expert_ids).numel()
+        # name -> (the call, its weight bytes, its output's distance from the default's, or its error)
+        runs: dict[str, tuple[Callable[[], Tensor], int, float | str]] = {}
         reference: Tensor | None = None
-        runs = [(str(tiles), tiles, False) for tiles in order] + [(DENSE, DEFAULT_TILES, True)]
-        for name, tiles, dense in runs:
+        for name, tiles, dense in [(str(tiles), tiles, False) for tiles in order] + [(DENSE, DEFAULT_TILES, True)]:
             gate_up, down = (layer.gate_up_dense, layer.down_dense) if dense else (layer.gate_up, layer.down)
             run = partial(fused_experts, x, expert_ids, weights, gate_up, layer.gate_up_bias, down, layer.down_bias,
                           ALPHA, LIMIT, 0, None, tiles)
             weight_bytes = hit * _bytes_per_expert(shape, dense=dense, dtype=dtype)
             try:
                 out = run()
-                us = median_us(run, device, repeats)
             except Exception as error:  # noqa: BLE001 - a shape past the device's resources is a result
-                timing = TilesTiming(num_tokens, name, None, float("inf"), weight_bytes,
-                                     f"{type(error).__name__}: {error}".splitlines()[0][:200])
+                runs[name] = (run, weight_bytes, f"{type(error).__name__}: {error}".splitlines()[0][:200])
+                continue
+            reference = out if reference is None else reference
+            runs[name] = (run, weight_bytes, relative_diff(out, reference))
+        for name, (call, weight_bytes, diff) in runs.items():
+            if isinstance(diff, str):
+                timing = TilesTiming(num_tokens, name, None, float("inf"), weight_bytes, diff)
             else:
-                reference = out if reference is None else reference
-                timing = TilesTiming(num_tokens, name, us, relative_diff(out, reference), weight_bytes)
+                timing = TilesTiming(num_tokens, name, median_us(call, device, repeats), diff, weight_bytes)
             timings.append(timing)
             if report is not None:
                 report(timing)
@@ -156,7 +161,7 @@ def _bytes_per_expert(shape: MoeShape, dense: bool, dtype: torch.dtype) -> int:
 def describe(timing: TilesTiming, default_us: float | None, layers: int = LAYERS_20B) -> str:
     """A `moe T=` line: the time a layer (and at `layers` layers, unless 0), against the default shape, the
     weights' rate."""
-    head = f"moe T={timing.tokens} {timing.tiles}"
+    head = f"moe T={timing.tokens} {timing.tiles}{' (default)' if timing.tiles == str(DEFAULT_TILES) else ''}"
     if timing.us is None:
         return f"{head}: failed ({timing.error})"
     ratio = f", x{timing.us / default_us:.2f} the default" if default_us else ""
@@ -217,17 +222,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"moe tiles: {args.shape} shape {tuple(shape)}, block_m (rows a tile) "
           + ", ".join(f"T={t}: {block_m_for(t * shape.top_k, shape.experts)}" for t in tokens), flush=True)
     default_us: dict[int, float | None] = {}
+    landed: list[TilesTiming] = []
 
     def report(timing: TilesTiming) -> None:
         default_us.setdefault(timing.tokens, timing.us)  # the default shape lands first
         print(describe(timing, default_us[timing.tokens], LAYERS_20B if args.shape == "20b" else 0), flush=True)
+        landed.append(timing)
+        if timing.tiles == DENSE:  # a step size's last: its fastest now, should a timeout cut the next
+            best, base = fastest(landed, timing.tokens), default_us[timing.tokens]
+            print(f"moe T={timing.tokens} fastest: " + (f"{best.tiles}, x{best.us / base:.2f} the default"
+                                                        if best and best.us and base else "none ran correctly"),
+                  flush=True)
 
     timings = time_tiles(args.device, tokens, shape, repeats=args.repeats, report=report)
-    for num_tokens in tokens:
-        best = fastest(timings, num_tokens)
-        base = default_us.get(num_tokens)
-        print(f"moe T={num_tokens} fastest: " + (f"{best.tiles}, x{best.us / base:.2f} the default"
-                                                 if best and best.us and base else "none ran correctly"))
     # a shape past the GPU's resources is a finding; a wrong answer, or no default, is a failure
     if any(t.us is not None and not t.ok for t in timings) or any(v is None for v in default_us.values()):
         raise SystemExit("a launch shape's output differed from the default's, or the default failed (lines above)")

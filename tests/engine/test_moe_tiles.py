@@ -78,6 +78,15 @@ def test_the_command_prints_a_line_a_shape_and_the_fastest(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("moe tiles: tiny shape")
     shapes = [line.split(":")[0] for line in lines[1:-1]]
-    assert shapes == [f"moe T=4 {t}" for t in moe_tiles.CANDIDATES] + ["moe T=4 dense"]
+    assert shapes == [f"moe T=4 {t}" + (" (default)" if t == DEFAULT_TILES else "") for t in moe_tiles.CANDIDATES] \
+        + ["moe T=4 dense"]
     assert "x1.00 the default" in lines[1] and "ms at 24 layers" not in lines[1]  # no layer count for tiny
     assert lines[-1].startswith("moe T=4 fastest: ") and "x" in lines[-1]
+
+
+def test_each_step_sizes_fastest_prints_as_soon_as_it_is_timed(capsys):
+    moe_tiles.main(["--device", DEVICE, "--shape", "tiny", "--tokens", "2,3", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    fastest = [index for index, line in enumerate(lines) if " fastest: " in line]
+    assert len(fastest) == 2 and lines[fastest[0]].startswith("moe T=2 fastest: ")
+    assert lines[fastest[0] + 1].startswith("moe T=3 64x64w4s3 (default): ")  # before the next step size's lines

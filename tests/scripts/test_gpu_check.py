@@ -53,7 +53,8 @@ def test_a_hung_step_times_out_and_the_budget_skips_the_rest(tmp_path):
                           GPU_CHECK_STEPS="imports,memory_plan,proxies")
     assert done.returncode == 1
     assert summary(log) == {"imports": "TIMEOUT", "memory_plan": "SKIPPED", "proxies": "SKIPPED"}
-    rerun = "to run the skipped steps: GPU_CHECK_STEPS=memory_plan,proxies bash scripts/gpu_check.sh"
+    rerun = ("to run the skipped steps: GPU_CHECK_STEPS=memory_plan,proxies bash scripts/gpu_check.sh "
+             "[another OUT_DIR: this log is rewritten]")
     assert log.rstrip().endswith(rerun)
 
 
@@ -107,7 +108,7 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
     assert "sampler B=2 over 4,096 tokens, top-p 0.9: kernels " in figures
     moe_tiles = figures.split("=== moe_tiles")[1].split("\n=== ")[0]  # the default, dense and fastest lines only
     assert [line.split(":")[0] for line in moe_tiles.splitlines()[1:]] == [
-        "moe T=4 64x64w4s3", "moe T=4 dense", "moe T=4 fastest"], moe_tiles
+        "moe T=4 64x64w4s3 (default)", "moe T=4 dense", "moe T=4 fastest"], moe_tiles
     profile = figures.split("=== profile")[1].split("\n=== ")[0]  # each batch's summary and parts, no kernels
     assert "profile B=4 ctx~" in profile and "profile B=1 ctx~" in profile and " part gemm (cuBLAS): " in profile
     assert " kernel " not in profile
