@@ -10,6 +10,7 @@ so the run takes seconds; the scheduler, and so the counts, depend on lengths al
 from __future__ import annotations
 
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,21 @@ TINY_OVERRIDES: dict[str, Any] = dict(
     num_local_experts=2)
 
 
+# A scheduled step as its cost depends on it: each row's (first position, new tokens, sampled?)
+StepRows = tuple[tuple[int, int, bool], ...]
+
+
 def sharegpt_graph_stats(num_requests: int = NUM_REQUESTS, max_num_seqs: int = 256,
                          max_num_batched_tokens: int = 2048) -> dict:
     """The engine's stats after decoding `num_requests` ShareGPT-like requests on CPU with a tiny model."""
+    return sharegpt_run(num_requests, max_num_seqs, max_num_batched_tokens)[0]
+
+
+@lru_cache(maxsize=2)
+def sharegpt_run(num_requests: int = NUM_REQUESTS, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048) -> tuple[dict, tuple[StepRows, ...], int]:
+    """That run (once a process): the engine's stats, every step's rows as scheduled, and the workload's prompt
+    and output tokens (what total tok/s counts)."""
     from engine.checkpoint import make_random_checkpoint
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
@@ -39,5 +52,16 @@ def sharegpt_graph_stats(num_requests: int = NUM_REQUESTS, max_num_seqs: int = 2
         workload = sharegpt_mix(num_requests)
         small = Workload(workload.name, [Conversation([t % VOCAB for t in conv.prompt_token_ids], conv.output_lens)
                                          for conv in workload.conversations])
+        steps: list[StepRows] = []
+        schedule = engine.scheduler.schedule
+
+        def recorded() -> Any:
+            batch = schedule()
+            if batch.items:
+                steps.append(tuple((item.start, item.num_new_tokens, item.is_sampled) for item in batch.items))
+            return batch
+
+        engine.scheduler.schedule = recorded  # type: ignore[method-assign]
         run_backend("engine", engine, small)
-        return engine.stats()
+        tokens = sum(len(conv.prompt_token_ids) + sum(conv.output_lens) for conv in workload.conversations)
+        return engine.stats(), tuple(steps), tokens

@@ -12,7 +12,9 @@ goals about time (batch-1 decode <= 1.5x the roofline) before a GPU does; the GP
 - launches: the forward's kernels (engine.launch_costs), each ~LAUNCH_GAP_US inside a CUDA graph.
 The host is left out (async scheduling hides it: engine.host_costs). Each part is a floor (perfect issue, peak
 bandwidth, no stalls, parts never overlapping the launch gaps), so the sum is optimistic where the parts are and
-pessimistic in adding the gaps; a GPU's profile says by how much.
+pessimistic in adding the gaps; a GPU's profile says by how much. `estimate_run` sums every step of a scheduled
+run the same way (`step_parts`: prefill chunks too), so a whole workload's total tok/s is estimated against the
+benchmark's goal before a GPU measures it.
 """
 
 from __future__ import annotations
@@ -96,16 +98,82 @@ def estimate(report: dict[str, Any], launches_per_step: float, batch: int, conte
     return StepEstimate(batch, context, parts, roofline)
 
 
+def step_parts(report: dict[str, Any], rows: tuple[tuple[int, int, bool], ...], launches_per_step: float,
+               config: Any) -> dict[str, float]:
+    """Each part's ms of any step (decodes and prefill chunks alike), its rows as the scheduler made them: (first
+    position, new tokens, sampled?) each. As `estimate`, with what grows with a chunk's tokens: the MoE at the
+    engine's rows per tile for the step's tokens (engine.kernels.moe_cost.issue_bound_ms_at) or its matmuls at
+    the tensor cores' peak, every token's projections (the lm_head only the sampled rows'), and the chunk's
+    attention FLOPs beside the keys it reads."""
+    from engine.kernels.moe_cost import MXFP4_BYTES_PER_WEIGHT, experts_hit, issue_bound_ms_at
+    from engine.sampler_costs import draw_issue_ms, hbm_ms
+
+    h, i, e, k = config.hidden_size, config.intermediate_size, config.num_local_experts, config.num_experts_per_tok
+    layers, bandwidth_ms, flops_ms = config.num_hidden_layers, 1000 / H100_HBM_BYTES_PER_S, 1000 / H100_BF16_FLOPS
+    tokens = sum(n for _, n, _ in rows)
+    sampled = sum(1 for *_, is_sampled in rows if is_sampled)
+    expert_weights = 3 * h * i  # gate_up's 2 x intermediate columns, then down
+    moe = max(issue_bound_ms_at(report, tokens, layers),
+              layers * experts_hit(tokens, e, k) * expert_weights * MXFP4_BYTES_PER_WEIGHT * bandwidth_ms,
+              2 * tokens * k * expert_weights * layers * flops_ms)
+    lm_head = config.vocab_size * h
+    others = weight_bytes(config) // 2 - lm_head
+    weights = max(weight_bytes(config) * bandwidth_ms, 2 * (tokens * others + sampled * lm_head) * flops_ms)
+    kv_ms, attention_flops = 0.0, 0.0
+    for start, n, _ in rows:
+        kv_ms += kv_bytes(config, 1, start + n) * bandwidth_ms  # every key the row's queries see, read once
+        if n > 1:  # a chunk's queries each see the keys before them: QK and PV, 2 FLOPs a multiply-add
+            for layer in range(layers):
+                seen = min(config.window(layer) or start + n, start + (n + 1) / 2)
+                attention_flops += 4 * config.num_attention_heads * config.head_dim * n * seen
+    return {"moe": moe, "weights": weights, "attention": kv_ms + attention_flops * flops_ms,
+            "sampler": max(draw_issue_ms(report, sampled), hbm_ms(4, sampled)) if sampled else 0.0,
+            "launches": launches_per_step * LAUNCH_GAP_US / 1000}
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """A whole run's steps, each estimated by `step_parts`: total tok/s as vLLM's `bench serve` counts it."""
+
+    steps: int
+    prefill_steps: int  # steps with a prefill chunk (mixed steps)
+    seconds: float
+    tokens: int  # the workload's prompt and output tokens
+    parts_s: dict[str, float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def estimate_run(report: dict[str, Any], steps: tuple[tuple[tuple[int, int, bool], ...], ...], tokens: int,
+                 launches_per_step: float, config: Any = None) -> RunEstimate:
+    """A run of `steps` (engine.graph_share.sharegpt_run's) of a workload of `tokens` prompt and output tokens."""
+    config = config or model_config()
+    parts_s: dict[str, float] = {}
+    for rows in steps:
+        for name, ms in step_parts(report, rows, launches_per_step, config).items():
+            parts_s[name] = parts_s.get(name, 0.0) + ms / 1000
+    prefill = sum(1 for rows in steps if any(n > 1 for _, n, _ in rows))
+    return RunEstimate(len(steps), prefill, sum(parts_s.values()), tokens, parts_s)
+
+
 def main() -> None:
-    """`python -m engine.step_estimate`: decode steps at batch 1, 64 and 256, 1,024 tokens of context (~1.5 min:
-    the kernels compiled for sm_90 and the launches counted, each in a child process)."""
+    """`python -m engine.step_estimate`: decode steps at batch 1, 64 and 256, 1,024 tokens of context, and the
+    ShareGPT-like run of engine.graph_share (~3 min: the kernels compiled for sm_90 and the launches counted, each
+    in a child process, and the run scheduled on CPU)."""
+    from engine.graph_share import sharegpt_run
     from engine.kernels.sm90 import moe_inner_loop
     from engine.launch_costs import launch_figures
 
-    batches = (1, 64, 256)
-    report, (_, per_step) = moe_inner_loop(batches), launch_figures()
-    for batch in batches:
+    report, (_, per_step) = moe_inner_loop((1, 64, 128, 256, 2048)), launch_figures()
+    for batch in (1, 64, 256):
         print(estimate(report, per_step, batch, 1024).line())
+    _, steps, tokens = sharegpt_run()
+    run = estimate_run(report, steps, tokens, per_step)
+    print(f"sharegpt 512 run estimate: {run.steps} steps ({run.prefill_steps} with a prefill chunk), "
+          f"{run.seconds:.2f} s, {run.tokens_per_s:,.0f} total tok/s; s: "
+          + ", ".join(f"{name} {seconds:.2f}" for name, seconds in run.parts_s.items()))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the MXFP4 MoE is issue-bound where the first exceeds the second.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 # H100 SXM: SMs, the clock the estimates assume, HBM3 bandwidth.
@@ -38,13 +39,49 @@ def issue_bound_ms(report: dict[str, Any], num_tokens: int, block_m: int = 0, la
                    tiles: str | None = None) -> float:
     """Milliseconds a step of `num_tokens` tokens spends issuing the MXFP4 MoE's inner loops on its busiest SM, at
     best (see the module's doc)."""
-    sm_cycles = 0.0
-    for k in mxfp4_kernels(report, num_tokens, block_m, tiles):
-        k_in, n_out = k["shape"]
-        block_n = k["block"][1]
-        programs = k["tiles"] * -(-n_out // block_n)
-        sm_cycles += -(-programs // H100_SMS) * k_in * block_n / 4096 * k["per_4096"]
+    sm_cycles = sum(_busiest_sm_cycles(k, k["tiles"]) for k in mxfp4_kernels(report, num_tokens, block_m, tiles))
     return 1000 * layers * sm_cycles / H100_CLOCK_HZ
+
+
+def _busiest_sm_cycles(kernel: dict[str, Any], tiles: int) -> float:
+    """One launch of `kernel` over `tiles` tiles: the cycles its busiest SM issues."""
+    k_in, n_out = kernel["shape"]
+    block_n = kernel["block"][1]
+    programs = tiles * -(-n_out // block_n)
+    return -(-programs // H100_SMS) * k_in * block_n / 4096 * kernel["per_4096"]
+
+
+def issue_bound_ms_at(report: dict[str, Any], num_tokens: int, layers: int = LAYERS_20B) -> float:
+    """`issue_bound_ms` at any step size: the loops of the report's kernels compiled at the rows per tile the engine
+    picks for `num_tokens` (at any step size), the tiles seeded uniform routing gives (as sm90 routes)."""
+    from engine.kernels.moe import block_m_for
+    from engine.kernels.sm90 import EXPERTS, TOP_K
+
+    block_m = block_m_for(num_tokens * TOP_K, EXPERTS)
+    kernels = {k["projection"]: k for k in report["kernels"]
+               if k["weights"] == "mxfp4" and k["block_m_asked"] == 0 and k["block"][0] == block_m}
+    if set(kernels) != {"gate_up", "down"}:
+        raise ValueError(f"the report has no MXFP4 kernels compiled at {block_m} rows a tile ({num_tokens} tokens)")
+    tiles = uniform_tiles(num_tokens, block_m, EXPERTS, TOP_K)
+    return 1000 * layers * sum(_busiest_sm_cycles(k, tiles) for k in kernels.values()) / H100_CLOCK_HZ
+
+
+@lru_cache(maxsize=4096)
+def uniform_tiles(num_tokens: int, block_m: int, num_experts: int, top_k: int) -> int:
+    """Tiles of `block_m` rows a step of `num_tokens` tokens takes, each routed to `top_k` experts drawn uniformly
+    (seeded per token, as engine.kernels.sm90 routes its compiles)."""
+    import torch
+
+    counts = [0] * num_experts
+    for token in range(num_tokens):
+        for expert in torch.randperm(num_experts, generator=torch.Generator().manual_seed(token))[:top_k].tolist():
+            counts[expert] += 1
+    return sum(-(-count // block_m) for count in counts)
+
+
+def experts_hit(num_tokens: int, num_experts: int, top_k: int) -> float:
+    """Experts a step of `num_tokens` tokens reads, expected, each token routed to `top_k` of them uniformly."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** num_tokens)
 
 
 def weight_read_ms(report: dict[str, Any], num_tokens: int, layers: int = LAYERS_20B) -> float:

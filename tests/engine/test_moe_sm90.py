@@ -72,12 +72,13 @@ def uncached_report():
 
 
 def test_proxy_rows_carry_the_goal(monkeypatch, uncached_report):
-    report = fake_report({"mxfp4": {"gate_up": 255.0, "down": 351.0}, "dense": {"gate_up": 100.0, "down": 100.0}})
+    report = fake_report({"mxfp4": {"gate_up": 255.0, "down": 351.0}, "dense": {"gate_up": 100.0, "down": 100.0}},
+                         tokens=proxies.MOE_STEP_TOKENS)
     monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: report)
     figures = dict(proxies.MEASURES)["moe inner loop"]()
     assert [(f.value, f.goal, f.ok) for f in figures[:2]] == [(255.0, "<= 350", True), (351.0, "<= 350", False)]
     assert "gate_up" in figures[0].name and "down" in figures[1].name
-    assert [f.name.split(",")[1].split()[0] for f in figures[2:]] == ["T=1", "T=64", "T=256", "T=2048"]
+    assert [f.name.split(",")[1].split()[0] for f in figures[2:]] == ["T=1", "T=64", "T=128", "T=256", "T=2048"]
 
 
 def test_issue_bound_ms_counts_the_busiest_sms_programs_times_loop_over_the_h100s_issue_rate():

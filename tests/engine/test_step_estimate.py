@@ -65,6 +65,7 @@ def test_the_weights_turn_compute_bound_at_a_large_batch():
 def fake_measures(monkeypatch):
     monkeypatch.setattr(proxies, "sm90_report", lambda: report())
     monkeypatch.setattr(proxies, "launches", lambda: (11.0, 272.0))
+    monkeypatch.setattr(proxies, "run_estimate_figures", lambda: [])  # the run's rows: their own test below
 
 
 def test_the_proxy_rows_judge_batch_1_against_the_goal(fake_measures):
@@ -81,3 +82,57 @@ def test_the_proxy_rows_judge_batch_1_against_the_goal(fake_measures):
 def test_a_step_over_the_goal_is_not_ok(fake_measures, monkeypatch):
     monkeypatch.setattr(proxies, "launches", lambda: (11.0, 5000.0))  # 7.5 ms of launch gaps
     assert not dict(proxies.MEASURES)["decode step estimate"]()[0].ok
+
+
+def heights_report(per_4096=256.0):
+    """MXFP4 kernels compiled at every tile height the engine picks (16, 32, 64, 128 rows), and the draw."""
+    base = report(per_4096)
+    kernels = [{**k, "tokens": tokens, "block": [block_m, 64, 64]}
+               for tokens, block_m in ((1, 16), (128, 32), (256, 64), (2048, 128)) for k in base["kernels"][:2]]
+    return {**base, "tokens": [1, 128, 256, 2048], "kernels": kernels}
+
+
+def test_uniform_routing_gives_the_tiles_the_sm90_compiles_count():
+    assert [moe_cost.uniform_tiles(t, m, 32, 4) for t, m in ((1, 16), (256, 64), (2048, 128))] == [4, 32, 79]
+    assert moe_cost.experts_hit(1, 32, 4) == pytest.approx(4) and moe_cost.experts_hit(10_000, 32, 4) == 32
+
+
+def test_a_steps_parts_grow_with_its_chunks():
+    config, fake = step_estimate.model_config(), heights_report()
+    decode = step_estimate.step_parts(fake, ((1023, 1, True),), 248, config)
+    assert decode["attention"] == pytest.approx(step_estimate.kv_bytes(config, 1, 1024) / BANDWIDTH * 1000)
+    assert decode["weights"] == pytest.approx(step_estimate.weight_bytes(config) / BANDWIDTH * 1000)
+    assert decode["moe"] == pytest.approx(max(moe_cost.issue_bound_ms_at(fake, 1), 4 * 24 * 3 * 2880 * 2880
+                                              * 17 / 32 / BANDWIDTH * 1000))
+    assert decode["launches"] == pytest.approx(248 * LAUNCH_GAP_US / 1000)
+    chunk = step_estimate.step_parts(fake, ((0, 2048, False),), 248, config)  # a prompt's first 2,048 tokens
+    assert chunk["sampler"] == 0  # nothing sampled
+    # every token's projections but the lm_head: compute-bound at 2,048 tokens
+    others = step_estimate.weight_bytes(config) // 2 - config.vocab_size * 2880
+    assert chunk["weights"] == pytest.approx(2 * 2048 * others / step_estimate.H100_BF16_FLOPS * 1000)
+    assert chunk["attention"] > step_estimate.kv_bytes(config, 1, 2048) / BANDWIDTH * 1000  # + its FLOPs
+    assert chunk["moe"] >= 2 * 2048 * 4 * 3 * 2880 * 2880 * 24 / step_estimate.H100_BF16_FLOPS * 1000
+
+
+def test_a_runs_estimate_sums_its_steps():
+    config, fake = step_estimate.model_config(), heights_report()
+    steps = (((0, 100, True), (0, 50, True)), ((100, 1, True), (50, 1, True)), ((101, 1, True),))
+    run = step_estimate.estimate_run(fake, steps, 154, 248, config)
+    assert (run.steps, run.prefill_steps, run.tokens) == (3, 1, 154)
+    each = [sum(step_estimate.step_parts(fake, rows, 248, config).values()) for rows in steps]
+    assert run.seconds == pytest.approx(sum(each) / 1000)
+    assert run.tokens_per_s == pytest.approx(154 / run.seconds)
+
+
+def test_the_run_estimates_rows_judge_it_against_the_goal(monkeypatch):
+    from engine import graph_share
+
+    steps = tuple(((1000, 1, True),) * 256 for _ in range(10))
+    monkeypatch.setattr(proxies, "sm90_report", heights_report)
+    monkeypatch.setattr(proxies, "launches", lambda: (10.0, 248.0))
+    monkeypatch.setattr(graph_share, "sharegpt_run", lambda: ({}, steps, 2560))
+    figures = proxies.run_estimate_figures()
+    assert figures[0].name == "sharegpt 512 estimate, total tok/s" and figures[0].goal == ">= 20,000"
+    run = step_estimate.estimate_run(heights_report(), steps, 2560, 248)
+    assert figures[0].value == pytest.approx(run.tokens_per_s) and figures[0].ok == (run.tokens_per_s >= 20_000)
+    assert [f.name for f in figures[1:]] == ["  moe", "  weights", "  attention", "  sampler", "  launches"]
