@@ -458,8 +458,8 @@ class GptOssModel(nn.Module):
 
     def norm_after(self, index: int) -> RMSNorm:
         """The norm of layer `index`'s output: the next layer's input norm, the final norm after the last."""
-        layers = self.decoder_layers
-        return layers[index + 1].input_layernorm if index + 1 < len(layers) else cast(RMSNorm, self.model.norm)
+        layers = self.model.layers  # indexed, not copied: the forward asks once a layer
+        return cast(RMSNorm, layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm)
 
     def embed(self, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """input_ids, positions: [T] -> embeddings [T, hidden], RoPE cos and sin [T, head_dim / 2]."""

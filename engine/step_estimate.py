@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.kernels.moe_cost import H100_HBM_BYTES_PER_S, issue_bound_ms, weight_read_ms
+from engine.kernels.moe_cost import H100_HBM_BYTES_PER_S
 
 H100_BF16_FLOPS = 989e12  # dense bf16 on the tensor cores, H100 SXM
 LAUNCH_GAP_US = 1.5  # a kernel node of a CUDA graph after the one it waits for (~1-2 us)
@@ -79,43 +79,41 @@ def kv_bytes(config: Any, batch: int, context: int) -> int:
 
 def estimate(report: dict[str, Any], launches_per_step: float, batch: int, context: int,
              config: Any = None) -> StepEstimate:
-    """A decode step of `batch` sequences at `context` tokens, from `report` (engine.kernels.sm90's, compiled at
-    `batch` tokens among others) and the forward's `launches_per_step` (engine.launch_costs)."""
-    from engine.sampler_costs import draw_issue_ms, hbm_ms
-
+    """A decode step of `batch` sequences at `context` tokens (`step_parts` of its rows), from `report`
+    (engine.kernels.sm90's, compiled at the engine's tile height for `batch` tokens) and the forward's
+    `launches_per_step` (engine.launch_costs)."""
     config = config or model_config()
-    bandwidth_ms = 1000 / H100_HBM_BYTES_PER_S
-    weights = weight_bytes(config)
-    flops_ms = 1000 * 2 * batch * weights / 2 / H100_BF16_FLOPS
-    kv = kv_bytes(config, batch, context)
-    read_ms = weight_read_ms(report, batch)
-    parts = {"moe": max(issue_bound_ms(report, batch), read_ms),
-             "weights": max(weights * bandwidth_ms, flops_ms),
-             "attention": kv * bandwidth_ms,
-             "sampler": max(draw_issue_ms(report, batch), hbm_ms(4, batch)),
-             "launches": launches_per_step * LAUNCH_GAP_US / 1000}
-    roofline = read_ms + (weights + kv) * bandwidth_ms
+    parts = step_parts(report, ((context - 1, 1, True),) * batch, launches_per_step, config)
+    roofline = (moe_read_bytes(config, batch) + weight_bytes(config) + kv_bytes(config, batch, context)) \
+        * 1000 / H100_HBM_BYTES_PER_S
     return StepEstimate(batch, context, parts, roofline)
+
+
+def moe_read_bytes(config: Any, num_tokens: int) -> float:
+    """Bytes of MXFP4 expert weights a step of `num_tokens` tokens reads once, each token routed to its top-k
+    experts uniformly (the hit experts expected)."""
+    from engine.kernels.moe_cost import MXFP4_BYTES_PER_WEIGHT, experts_hit
+
+    hit = experts_hit(num_tokens, config.num_local_experts, config.num_experts_per_tok)
+    return config.num_hidden_layers * hit * 3 * config.hidden_size * config.intermediate_size * MXFP4_BYTES_PER_WEIGHT
 
 
 def step_parts(report: dict[str, Any], rows: tuple[tuple[int, int, bool], ...], launches_per_step: float,
                config: Any) -> dict[str, float]:
     """Each part's ms of any step (decodes and prefill chunks alike), its rows as the scheduler made them: (first
-    position, new tokens, sampled?) each. As `estimate`, with what grows with a chunk's tokens: the MoE at the
-    engine's rows per tile for the step's tokens (engine.kernels.moe_cost.issue_bound_ms_at) or its matmuls at
-    the tensor cores' peak, every token's projections (the lm_head only the sampled rows'), and the chunk's
-    attention FLOPs beside the keys it reads."""
-    from engine.kernels.moe_cost import MXFP4_BYTES_PER_WEIGHT, experts_hit, issue_bound_ms_at
+    position, new tokens, sampled?) each: the MoE's issue at the engine's rows per tile for the step's tokens
+    (engine.kernels.moe_cost.issue_bound_ms_at), its weights' read, or its matmuls at the tensor cores' peak; the
+    other weights' read or every token's projections (the lm_head only the sampled rows'); the keys each row reads
+    and a chunk's attention FLOPs; the sampler's draw for the sampled rows; the launch gaps."""
+    from engine.kernels.moe_cost import issue_bound_ms_at
     from engine.sampler_costs import draw_issue_ms, hbm_ms
 
-    h, i, e, k = config.hidden_size, config.intermediate_size, config.num_local_experts, config.num_experts_per_tok
+    h, i, k = config.hidden_size, config.intermediate_size, config.num_experts_per_tok
     layers, bandwidth_ms, flops_ms = config.num_hidden_layers, 1000 / H100_HBM_BYTES_PER_S, 1000 / H100_BF16_FLOPS
     tokens = sum(n for _, n, _ in rows)
     sampled = sum(1 for *_, is_sampled in rows if is_sampled)
-    expert_weights = 3 * h * i  # gate_up's 2 x intermediate columns, then down
-    moe = max(issue_bound_ms_at(report, tokens, layers),
-              layers * experts_hit(tokens, e, k) * expert_weights * MXFP4_BYTES_PER_WEIGHT * bandwidth_ms,
-              2 * tokens * k * expert_weights * layers * flops_ms)
+    moe = max(issue_bound_ms_at(report, tokens, layers), moe_read_bytes(config, tokens) * bandwidth_ms,
+              2 * tokens * k * 3 * h * i * layers * flops_ms)  # gate_up's 2 x intermediate columns, then down
     lm_head = config.vocab_size * h
     others = weight_bytes(config) // 2 - lm_head
     weights = max(weight_bytes(config) * bandwidth_ms, 2 * (tokens * others + sampled * lm_head) * flops_ms)

@@ -10,16 +10,21 @@ from engine.step_estimate import LAUNCH_GAP_US, estimate
 BANDWIDTH = moe_cost.H100_HBM_BYTES_PER_S
 
 
-def report(per_4096=256.0, tokens=(1, 256), draw_instructions=400):
-    """An sm_90 report of the MoE (4 tiles and experts hit at batch 1, 32 at 256) and the sampler's draw."""
-    hit = {1: 4, 256: 32}
-    return {"triton": "x", "tokens": list(tokens), "other_kernels": [
+# the step sizes sm90 compiles at, one at each tile height the engine picks (engine.proxies.MOE_STEP_TOKENS's)
+HEIGHTS = ((1, 16), (128, 32), (256, 64), (2048, 128))
+
+
+def report(per_4096=256.0, draw_instructions=400):
+    """An sm_90 report of the MoE at every tile height, its tiles and hit experts those of seeded uniform routing
+    (4 tiles and experts at batch 1, 32 at 256), and of the sampler's draw."""
+    return {"triton": "x", "tokens": [t for t, _ in HEIGHTS], "other_kernels": [
         {"kernel": "_draw_slices", "block": 2048, "num_warps": 4, "instructions": draw_instructions,
          "fp64_instructions": 40}],
         "kernels": [{"projection": p, "weights": "mxfp4", "per_4096": per_4096, "tokens": t, "block_m_asked": 0,
-                     "tiles": hit[t], "experts_hit": hit[t], "block": [16, 64, 64],
-                     "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p], "shape": list(sm90.PROJECTION_SHAPES[p])}
-                    for t in tokens for p in ("gate_up", "down")]}
+                     "tiles": moe_cost.uniform_tiles(t, m, 32, 4), "experts_hit": round(moe_cost.experts_hit(t, 32, 4)),
+                     "block": [m, 64, 64], "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p],
+                     "shape": list(sm90.PROJECTION_SHAPES[p])}
+                    for t, m in HEIGHTS for p in ("gate_up", "down")]}
 
 
 def test_the_parts_read_at_batch_1_what_the_benchmarks_roofline_counts():
@@ -54,9 +59,7 @@ def test_each_part_is_its_floor_and_the_step_their_sum():
 
 def test_the_weights_turn_compute_bound_at_a_large_batch():
     config = step_estimate.model_config()
-    fake = report(tokens=(256,))
-    fake["kernels"] = [{**k, "tokens": 8192} for k in fake["kernels"]]
-    step = estimate(fake, 272, 8192, 16, config)
+    step = estimate(report(), 272, 8192, 16, config)  # at the 128-row tiles of the report's 2,048 tokens
     flops_ms = 2 * 8192 * step_estimate.weight_bytes(config) / 2 / step_estimate.H100_BF16_FLOPS * 1000
     assert step.parts_ms["weights"] == pytest.approx(flops_ms) and flops_ms > 2.437e9 / BANDWIDTH * 1000
 
@@ -65,7 +68,6 @@ def test_the_weights_turn_compute_bound_at_a_large_batch():
 def fake_measures(monkeypatch):
     monkeypatch.setattr(proxies, "sm90_report", lambda: report())
     monkeypatch.setattr(proxies, "launches", lambda: (11.0, 272.0))
-    monkeypatch.setattr(proxies, "run_estimate_figures", lambda: [])  # the run's rows: their own test below
 
 
 def test_the_proxy_rows_judge_batch_1_against_the_goal(fake_measures):
@@ -84,21 +86,13 @@ def test_a_step_over_the_goal_is_not_ok(fake_measures, monkeypatch):
     assert not dict(proxies.MEASURES)["decode step estimate"]()[0].ok
 
 
-def heights_report(per_4096=256.0):
-    """MXFP4 kernels compiled at every tile height the engine picks (16, 32, 64, 128 rows), and the draw."""
-    base = report(per_4096)
-    kernels = [{**k, "tokens": tokens, "block": [block_m, 64, 64]}
-               for tokens, block_m in ((1, 16), (128, 32), (256, 64), (2048, 128)) for k in base["kernels"][:2]]
-    return {**base, "tokens": [1, 128, 256, 2048], "kernels": kernels}
-
-
 def test_uniform_routing_gives_the_tiles_the_sm90_compiles_count():
     assert [moe_cost.uniform_tiles(t, m, 32, 4) for t, m in ((1, 16), (256, 64), (2048, 128))] == [4, 32, 79]
     assert moe_cost.experts_hit(1, 32, 4) == pytest.approx(4) and moe_cost.experts_hit(10_000, 32, 4) == 32
 
 
 def test_a_steps_parts_grow_with_its_chunks():
-    config, fake = step_estimate.model_config(), heights_report()
+    config, fake = step_estimate.model_config(), report()
     decode = step_estimate.step_parts(fake, ((1023, 1, True),), 248, config)
     assert decode["attention"] == pytest.approx(step_estimate.kv_bytes(config, 1, 1024) / BANDWIDTH * 1000)
     assert decode["weights"] == pytest.approx(step_estimate.weight_bytes(config) / BANDWIDTH * 1000)
@@ -115,7 +109,7 @@ def test_a_steps_parts_grow_with_its_chunks():
 
 
 def test_a_runs_estimate_sums_its_steps():
-    config, fake = step_estimate.model_config(), heights_report()
+    config, fake = step_estimate.model_config(), report()
     steps = (((0, 100, True), (0, 50, True)), ((100, 1, True), (50, 1, True)), ((101, 1, True),))
     run = step_estimate.estimate_run(fake, steps, 154, 248, config)
     assert (run.steps, run.prefill_steps, run.tokens) == (3, 1, 154)
@@ -128,11 +122,11 @@ def test_the_run_estimates_rows_judge_it_against_the_goal(monkeypatch):
     from engine import graph_share
 
     steps = tuple(((1000, 1, True),) * 256 for _ in range(10))
-    monkeypatch.setattr(proxies, "sm90_report", heights_report)
+    monkeypatch.setattr(proxies, "sm90_report", report)
     monkeypatch.setattr(proxies, "launches", lambda: (10.0, 248.0))
     monkeypatch.setattr(graph_share, "sharegpt_run", lambda: ({}, steps, 2560))
     figures = proxies.run_estimate_figures()
     assert figures[0].name == "sharegpt 512 estimate, total tok/s" and figures[0].goal == ">= 20,000"
-    run = step_estimate.estimate_run(heights_report(), steps, 2560, 248)
+    run = step_estimate.estimate_run(report(), steps, 2560, 248)
     assert figures[0].value == pytest.approx(run.tokens_per_s) and figures[0].ok == (run.tokens_per_s >= 20_000)
     assert [f.name for f in figures[1:]] == ["  moe", "  weights", "  attention", "  sampler", "  launches"]
