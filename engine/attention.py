@@ -30,6 +30,8 @@ from torch import Tensor
 
 from engine.batch_invariant import attend as batch_invariant_attend
 
+FP8 = torch.float8_e4m3fn  # EngineConfig.kv_cache_dtype="fp8"
+
 # Bounds on the transient tensors of one attention call, in elements.
 MAX_DECODE_KEYS = 1 << 17  # gathered key rows per decode batch (B * keys)
 MAX_SCORES = 1 << 23  # fp32 scores per prefill tile (heads * queries * keys)
@@ -108,9 +110,19 @@ def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mappin
     k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]; k, v: [T, num_kv_heads, head_dim];
     slot_mapping: [T] long, block_id * block_size + offset.
     """
-    num_kv_heads, head_dim = k_cache.shape[2:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for cache, rows in ((k_cache, to_cache_dtype(k, k_cache.dtype)), (v_cache, to_cache_dtype(v, v_cache.dtype))):
+        if cache.dtype == FP8:  # index_copy_ has no fp8 kernel on CPU: copy the bytes
+            cache, rows = cache.view(torch.uint8), rows.view(torch.uint8)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, rows)
+
+
+def to_cache_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x as a cache of `dtype` holds it: in fp8 (e4m3) rounded to nearest even and saturated at +-448, whatever
+    torch's cast does past that on the device (a K or V value there must not become NaN)."""
+    if dtype == FP8:
+        limit = torch.finfo(dtype).max
+        return x.clamp(-limit, limit).to(dtype)
+    return x.to(dtype)
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
@@ -177,8 +189,8 @@ def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: DecodeBatch, sin
     """q: [B, H, d] -> [B, H, d]."""
     num_seqs, num_heads, head_dim = q.shape
     kvh, g = sinks.shape
-    k = _gather(k_cache, batch.block_ids)  # [B, L, kvh, d]
-    v = _gather(v_cache, batch.block_ids)
+    k = _gather(k_cache, batch.block_ids).to(q.dtype)  # [B, L, kvh, d]; an fp8 cache's keys widened (exact)
+    v = _gather(v_cache, batch.block_ids).to(q.dtype)
     out = attend_fn(q.view(num_seqs, kvh, g, 1, head_dim), k, v, batch.mask[:, :, None], sinks, scale)
     return out.reshape(num_seqs, num_heads, head_dim)
 
@@ -188,8 +200,8 @@ def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq: PrefillSeq, windo
     """Attend seq's queries (rows of q) to its keys, query tile by tile; writes rows of out."""
     kvh, g = sinks.shape
     head_dim = q.shape[-1]
-    k = _gather(k_cache, seq.block_ids)  # [Lk, kvh, d], key j at position first_block_pos + j
-    v = _gather(v_cache, seq.block_ids)
+    k = _gather(k_cache, seq.block_ids).to(q.dtype)  # [Lk, kvh, d], key j at position first_block_pos + j
+    v = _gather(v_cache, seq.block_ids).to(q.dtype)
     num_queries = seq.q_end - seq.q_start
     last_pos = seq.first_pos + num_queries - 1
     span = min(window, last_pos + 1) if window else last_pos + 1  # most keys one query sees

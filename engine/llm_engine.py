@@ -36,7 +36,8 @@ class LLMEngine:
         use_device(config.device)  # cuda:N: Triton launches and graph capture follow the current device
         model, self.model_config = built or load_model(config)
         self.dtype = next(model.parameters()).dtype
-        block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        self.cache_dtype = config.cache_dtype(self.dtype)
+        block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.cache_dtype)
         # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.
         # CUDA graphs: their static buffers and memory pool are reserved too, sized from the plan's shapes
         positions = self.model_config.max_position_embeddings
@@ -58,7 +59,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.step_tokens,
                                    max_model_len=limit)
-        self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.dtype, limit)
+        self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.cache_dtype, limit)
         self.step_s = 0.0
         self.num_steps = 0
         # async scheduling (default on CUDA): the step launched last, its tokens not yet read back
@@ -179,6 +180,7 @@ class LLMEngine:
                 "moe_weights": c.moe_weights,  # and what it came to: experts held packed, or dense
                 "mxfp4_experts": any(name.endswith("_blocks") for name, _ in self.runner.model.named_parameters()),
                 "block_size": c.block_size, "num_blocks": self.num_blocks,
+                "kv_cache_dtype": str(self.cache_dtype).removeprefix("torch."),
                 # on CUDA the cache is sized from free memory: record what it came to
                 "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,
                 "gpu_memory_utilization": c.gpu_memory_utilization if on_cuda else None,

@@ -50,7 +50,7 @@ class ModelRunner:
     """Runs scheduled batches through the model over a preallocated paged cache."""
 
     def __init__(self, model: GptOssModel, model_config: ModelConfig, config: EngineConfig,
-                 num_blocks: int, dtype: torch.dtype, max_model_len: int | None = None):
+                 num_blocks: int, cache_dtype: torch.dtype, max_model_len: int | None = None):
         self.model, self.model_config = model, model_config
         model.set_batch_invariant(config.deterministic)  # before any graph captures the forward
         self.block_size = config.block_size
@@ -62,7 +62,8 @@ class ModelRunner:
         self.plan = GraphPlan(max_batch=config.max_num_seqs, max_model_len=max_model_len,
                               max_tokens=config.step_tokens) if config.cuda_graphs else None
         use_graphs = config.captures_graphs
-        self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, dtype, self.device)
+        self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, cache_dtype,
+                                           self.device)
         self.graphs: DecodeGraphs | None = None
         self.pieces: PiecewiseGraphs | None = None
         self.capture_stats: dict = {}  # on CUDA: what capturing the graphs took (LLMEngine.stats() has it)

@@ -71,11 +71,12 @@ STEP_POINTERS = ("block_tables", "seq_lens", "query_start_loc", "sinks")
 def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, key_lo, key_hi, window,
                  block_size, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-                 UPCAST: tl.constexpr):
+                 UPCAST: tl.constexpr, DTYPE: tl.constexpr):
     """Online softmax of the rows of q over keys key_lo .. key_hi - 1, read through the block table.
 
-    q: [R, BLOCK_D] in the cache dtype (fp32 if UPCAST); q_pos: [R] positions (a key is seen if at or before
-    its row's position, and inside the window); m_i, l_i: [R] running max / sum, acc: [R, BLOCK_D] fp32.
+    q: [R, BLOCK_D] in the model's dtype DTYPE (fp32 if UPCAST); q_pos: [R] positions (a key is seen if at or
+    before its row's position, and inside the window); m_i, l_i: [R] running max / sum, acc: [R, BLOCK_D] fp32.
+    The cache holds DTYPE, or fp8 (widened to DTYPE as it is read, exactly).
     """
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
@@ -88,6 +89,7 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
         kv_mask = k_in[:, None] & d_ok[None, :]
         k = tl.load(k_cache + (block * stride_kb + slot * stride_ks + kv_head * stride_kh)[:, None] + d[None, :],
                     mask=kv_mask, other=0.0)
+        k = _widened(k, DTYPE)
         if UPCAST:  # the same products as a 16-bit MMA with fp32 accumulation
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BLOCK_N] fp32
@@ -102,13 +104,24 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + d[None, :],
                     mask=kv_mask, other=0.0)
-        p = p.to(v.dtype)  # probabilities rounded to the cache dtype, as a 16-bit MMA takes them
+        v = _widened(v, DTYPE)
+        p = p.to(DTYPE)  # probabilities rounded to the model's dtype, as a 16-bit MMA takes them
         if UPCAST:
             p = p.to(tl.float32)
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
     return m_i, l_i, acc
+
+
+@triton.jit
+def _widened(x, dtype: tl.constexpr):
+    """Cache values in the model's `dtype`: an fp8 cache's through fp32 (both casts exact, and the interpreter's
+    direct fp8 casts are not), any other unchanged."""
+    if x.dtype == tl.float8e4nv:
+        return x.to(tl.float32).to(dtype)
+    else:
+        return x
 
 
 @triton.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=STEP_POINTERS)
@@ -159,7 +172,8 @@ def _decode_partition_kernel(
     q_rows_pos = tl.zeros([BLOCK_G], tl.int64) + q_pos
     m_i, l_i, acc = _attend_keys(q, q_rows_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
-                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST)
+                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST,
+                                 q_ptr.dtype.element_ty)
     if SINGLE:
         tl.store(out_ptr + q_start * stride_ot + head[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -262,7 +276,8 @@ def _prefill_kernel(
     key_hi = tl.where((q_len >= MIN_Q_LEN) & (tile * BLOCK_M < q_len), key_hi, key_lo)  # not ours, or past the end
     m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
-                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST)
+                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST,
+                                 q_ptr.dtype.element_ty)
     o = acc / l_i[:, None]
     tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=io_mask)

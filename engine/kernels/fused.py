@@ -34,10 +34,38 @@ def rounded(x, dtype: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         # exactly a bf16 (any later cast to it is exact); a NaN stays one (the GPU's 0x7FFFFFFF would carry to -0)
         return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    elif dtype == tl.float8e4nv:
+        return _e4m3_rounded(x)
     elif dtype == tl.float32:
         return x
     else:
         return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _e4m3_rounded(x):
+    """fp32 x rounded to nearest (even) float8 e4m3, saturated at +-448 as an fp8 KV cache stores it
+    (engine.attention.to_cache_dtype), as an fp32 that is exactly an e4m3. Spelled out because the interpreter's
+    cast rounds wrongly across a power of two (1.9986 to 1.0) and wraps past 448. Power-of-two scalings are
+    exact, and adding then taking away 2^23 rounds a float below 2^23 to its nearest even integer."""
+    bits = x.to(tl.uint32, bitcast=True)
+    magnitude = tl.minimum(tl.abs(x), 448.0)
+    exponent = ((magnitude.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
+    step_exponent = tl.maximum(exponent - 3, 127 - 9)  # 3 mantissa bits; subnormals step by 2^-9
+    step = (step_exponent.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+    per_step = ((254 - step_exponent).to(tl.uint32) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly
+    steps = (magnitude * per_step + 8388608.0) - 8388608.0
+    rounded_magnitude = steps * step
+    return tl.where((bits >> 31) != 0, -rounded_magnitude, rounded_magnitude)
+
+
+@triton.jit
+def cache_value(x, dtype: tl.constexpr):
+    """fp32 x (exactly a value of the model's dtype) as a KV cache of `dtype` stores it."""
+    if dtype == tl.float8e4nv:
+        return _e4m3_rounded(x).to(dtype)
+    else:
+        return x.to(dtype)
 
 
 @triton.jit
@@ -99,8 +127,8 @@ def _rotate(x_ptr, out_ptr, heads, head_mask, d, cos, sin, stride_xh, stride_oh,
     out = out_ptr + heads[:, None] * stride_oh + d[None, :]
     first = rounded(rounded(x1 * cos, dtype) - rounded(x2 * sin, dtype), dtype)
     second = rounded(rounded(x2 * cos, dtype) + rounded(x1 * sin, dtype), dtype)
-    tl.store(out, first.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
-    tl.store(out + HALF, second.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    tl.store(out, cache_value(first, out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    tl.store(out + HALF, cache_value(second, out_ptr.dtype.element_ty), mask=head_mask[:, None])
 
 
 # slot_mapping is a view into the step's one host-to-device buffer, at an offset that moves with the batch: its
@@ -127,7 +155,8 @@ def _rope_write_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache
     v_offs = kv_heads[:, None] * stride_vh + tl.arange(0, 2 * HALF)[None, :]
     v = tl.load(v_ptr + token * stride_vt + v_offs, mask=kv_mask[:, None])
     cache_offs = slot * stride_slot + kv_heads[:, None] * stride_ch + tl.arange(0, 2 * HALF)[None, :]
-    tl.store(v_cache_ptr + cache_offs, v.to(v_cache_ptr.dtype.element_ty), mask=kv_mask[:, None])
+    tl.store(v_cache_ptr + cache_offs, cache_value(v.to(tl.float32), v_cache_ptr.dtype.element_ty),
+             mask=kv_mask[:, None])
 
 
 def rope_write_kv(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,

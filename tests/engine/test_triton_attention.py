@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata, paged_attention
+from engine.attention import AttentionMetadata, paged_attention, to_cache_dtype
 from engine.kernels import require_triton, triton_available
 
 if not triton_available():
@@ -27,12 +27,13 @@ needs_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA")
 
 
 def make_step(seqs, *, block_size, num_heads=8, num_kv_heads=2, head_dim=16, shared_blocks=0,
-              dtype=torch.float32, seed=0, host_bounds=True):
+              dtype=torch.float32, cache_dtype=None, seed=0, host_bounds=True):
     """A step of sequences given as (num_cached, num_new) over a random cache with shuffled blocks.
 
     Every slot of the cache holds random values (earlier steps' K/V, and stale garbage the kernels
     must not read); the first `shared_blocks` blocks of every sequence are the same physical blocks,
-    as after a prefix-cache hit. Returns (q, k_cache, v_cache, meta, sinks).
+    as after a prefix-cache hit. Returns (q, k_cache, v_cache, meta, sinks): the caches in `cache_dtype` (as the engine
+    writes it), else in `dtype`.
     """
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(math.ceil((c + n) / block_size) for c, n in seqs) + 4
@@ -59,8 +60,9 @@ def make_step(seqs, *, block_size, num_heads=8, num_kv_heads=2, head_dim=16, sha
     to = dict(device=DEVICE)
     meta.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables = (
         t.to(**to) for t in (meta.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables))
-    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to), meta,
-            sinks.to(dtype=dtype, **to))
+    k_cache, v_cache = (to_cache_dtype(cache.to(dtype=dtype, **to), cache_dtype or dtype)
+                        for cache in (k_cache, v_cache))
+    return q.to(dtype=dtype, **to), k_cache, v_cache, meta, sinks.to(dtype=dtype, **to)
 
 
 def check(seqs, *, window, atol=1e-5, **step):
@@ -119,6 +121,14 @@ def test_metadata_without_host_bounds_is_read_from_the_tensors():
 def test_bf16_matches_within_bf16_rounding():
     # the torch path rounds scores to bf16 before its softmax; the kernels keep them in fp32
     check(RAGGED, window=8, block_size=5, dtype=torch.bfloat16, atol=3e-2)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_an_fp8_cache_is_read_as_the_model_dtype(dtype, atol):
+    # the keys and values widen exactly, so an fp8 cache matches as closely as one in the model's dtype
+    check(RAGGED, window=8, block_size=5, dtype=dtype, cache_dtype=torch.float8_e4m3fn, atol=atol)
+    check([(20, 1), (0, 9), (33, 1)], window=None, block_size=4, dtype=dtype, cache_dtype=torch.float8_e4m3fn,
+          atol=atol)
 
 
 def test_the_wrapper_reads_nothing_back_to_the_host_when_the_runner_gives_the_bounds(monkeypatch):
@@ -196,11 +206,16 @@ from triton.compiler.compiler import ASTSource, compile
 import engine.kernels.attention as kernels
 
 assert not kernels.INTERPRETED
-types = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_cache": "*bf16", "v_cache": "*bf16", "sinks": "*bf16",
-         "block_tables": "*i64", "seq_lens": "*i64", "query_start_loc": "*i64", "part_m": "*fp32",
-         "part_l": "*fp32", "part_acc": "*fp32", "scale": "fp32"}
+from engine.kernels import fused
+
+pointers = {"q_ptr": "*bf16", "out_ptr": "*bf16", "sinks": "*bf16", "block_tables": "*i64", "seq_lens": "*i64",
+            "query_start_loc": "*i64", "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "scale": "fp32",
+            "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_out_ptr": "*bf16",
+            "slot_ptr": "*i64", "eps": "fp32"}
 shape = dict(HEAD_DIM=64, BLOCK_D=64)
-for fn, constants in [
+kernels_in_a_step = [
+        # the K/V write, and the attention reading a bf16 cache, or an fp8 one (--kv-cache-dtype fp8)
+        (fused._rope_write_kernel, dict(HALF=32, BLOCK_HEADS=64, BLOCK_KV_HEADS=8)),
         (kernels._decode_partition_kernel, dict(GROUP=8, BLOCK_G=16, BLOCK_N=64, PARTITION=512, SLIDING=True,
                                                 SINGLE=True)),
         (kernels._decode_partition_kernel, dict(GROUP=8, BLOCK_G=16, BLOCK_N=64, PARTITION=512, SLIDING=False,
@@ -208,18 +223,23 @@ for fn, constants in [
         (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=True, MIN_Q_LEN=2)),
         # the batch-invariant mode: every row, decode ones too
         (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=False, MIN_Q_LEN=1)),
-        (kernels._decode_reduce_kernel, dict(BLOCK_P=16))]:
-    constants = {**shape, **constants, "UPCAST": False} if "UPCAST" in fn.arg_names else {**shape, **constants}
-    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in fn.arg_names}
-    source = ASTSource(fn, signature, {(fn.arg_names.index(k),): v for k, v in constants.items()})
-    assert compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+        (kernels._decode_reduce_kernel, dict(BLOCK_P=16))]
+for cache in ("*bf16", "*fp8e4nv"):
+    types = {**pointers, "k_cache": cache, "v_cache": cache, "k_cache_ptr": cache, "v_cache_ptr": cache}
+    for fn, constants in kernels_in_a_step:
+        constants = {**constants, "UPCAST": False} if "UPCAST" in fn.arg_names else constants
+        constants = {name: value for name, value in {**shape, **constants}.items() if name in fn.arg_names}
+        signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in fn.arg_names}
+        source = ASTSource(fn, signature, {(fn.arg_names.index(k),): v for k, v in constants.items()})
+        assert compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"], (fn.__name__, cache)
     assert all(signature[name] == "constexpr" for name in fn.arg_names if name.isupper()), fn.arg_names
 """
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="with CUDA the kernels are compiled and run by the tests above")
 def test_the_kernels_compile_for_an_h100_without_one():
-    # The interpreter accepts programs the compiler rejects: compile bf16 gpt-oss-shaped kernels for sm_90.
+    # The interpreter accepts programs the compiler rejects: compile bf16 gpt-oss-shaped kernels for sm_90, over a
+    # bf16 and an fp8 KV cache.
     compile_in_a_child(COMPILE_FOR_H100, timeout=300)
 
 

@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 import torch
 
-from engine.attention import write_kv
+from engine.attention import to_cache_dtype, write_kv
 from engine.kernels import require_triton, triton_available
 from engine.model import RMSNorm, apply_rotary
 
@@ -59,13 +59,19 @@ def rope_inputs(dtype, num_tokens=5, heads=6, kv_heads=3, head_dim=16, seed=3):
     return q, k, v, (angles.cos() * 1.1).to(DEVICE), (angles.sin() * 1.1).to(DEVICE)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_write_kv_equals_apply_rotary_then_write_kv(dtype):
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize(("dtype", "cache_dtype"), [(torch.float32, None), (torch.bfloat16, None),
+                                                    (torch.bfloat16, FP8), (torch.float32, FP8)])
+def test_rope_write_kv_equals_apply_rotary_then_write_kv(dtype, cache_dtype):
     q, k, v, cos, sin = rope_inputs(dtype)
+    if cache_dtype is not None:  # an fp8 cache: values past 448 saturate, tiny ones round to its subnormals
+        k[0, 0, :4], v[1, 0, :4] = torch.tensor([500.0, -1e4, 3e-3, -1e-9]), torch.tensor([460.0, 1e-3, -0.0, 7.0])
     # a strided slot mapping (every other entry of a longer tensor), slots in several blocks, one reused block
     slots = torch.tensor([3, 99, 17, 40, 4, 0, 63, 1, 18, 2], device=DEVICE)[::2]
     k_cache, v_cache = (torch.randn(8, 8, 3, 16, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
-                        for _ in range(2))
+                        .to(cache_dtype or dtype) for _ in range(2))
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want_q = apply_rotary(q, cos, sin)
     write_kv(want_k, want_v, apply_rotary(k, cos, sin), v, slots)
@@ -73,7 +79,9 @@ def test_rope_write_kv_equals_apply_rotary_then_write_kv(dtype):
     assert got_q.dtype == dtype
     # each product and sum rounded to dtype, as apply_rotary does
     assert torch.equal(got_q, want_q)
-    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # the other slots untouched
+    # the other slots untouched; the bytes compared (fp8 has no torch.equal on CPU)
+    assert torch.equal(k_cache.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), want_v.view(torch.uint8))
 
 
 def test_rope_write_kv_reads_q_k_v_as_views_of_one_projection():
@@ -123,6 +131,24 @@ def test_moe_combine_norm_is_the_sum_with_the_residual_then_the_next_norm_in_one
     torch.testing.assert_close(normed, norm(expected), rtol=2**-7 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="residual"):
         fused.moe_combine_norm(per_pair, 4, residual[:3], norm.weight, norm.eps)
+
+
+def test_an_fp8_cache_value_is_the_torch_paths_to_the_byte():
+    # every e4m3 value, ties, subnormals, saturation and signed zeros: the interpreter's own cast gets some wrong
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    spread = torch.randn(3000, generator=gen) * torch.exp(3 * torch.randn(3000, generator=gen))
+    edges = torch.tensor([448.0, 464.0, 480.0, 1e30, float("inf"), -float("inf"), -0.0, 2.0**-10, 3 * 2.0**-11])
+    x = torch.cat([codes[~codes.isnan()], spread, edges])
+    x = torch.cat([x, torch.zeros(4096 - x.numel())]).to(DEVICE)
+    v = x.view(1, 1, 4096)
+    k = v.nan_to_num(posinf=1e30, neginf=-1e30)  # rotated by 0 (cos 1, sin 0): x * 1 - inf * 0 would be NaN
+    cos, sin = torch.ones(1, 2048, device=DEVICE), torch.zeros(1, 2048, device=DEVICE)
+    k_cache, v_cache = (torch.zeros(1, 1, 1, 4096, dtype=FP8, device=DEVICE) for _ in range(2))
+    fused.rope_write_kv(k, k, v, cos, sin, k_cache, v_cache, torch.zeros(1, dtype=torch.long, device=DEVICE))
+    rotated = apply_rotary(k, cos, sin)  # k itself, but for the sign of a zero
+    assert torch.equal(k_cache.view(torch.uint8).flatten(), to_cache_dtype(rotated, FP8).view(torch.uint8).flatten())
+    assert torch.equal(v_cache.view(torch.uint8).flatten(), to_cache_dtype(v, FP8).view(torch.uint8).flatten())
 
 
 def test_rounding_keeps_a_nan_of_any_bits():
