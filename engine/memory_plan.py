@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config import KV_CACHE_DTYPES, ModelConfig
 from engine.device import gpu_kv_cache_budget
 from engine.graph_memory import kv_reserve_bytes
 from engine.kv_cache import num_blocks_for_budget
@@ -85,14 +85,16 @@ def weight_bytes(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> tu
 
 def plan_memory(config: ModelConfig, total_bytes: int, *, utilization: float = 0.9, block_size: int = 16,
                 max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, cuda_graphs: bool = True,
-                context_bytes: int = CONTEXT_BYTES, dtype: torch.dtype = torch.bfloat16) -> MemoryPlan:
-    """The engine's KV-cache sizing for `config` on a device of `total_bytes` with nothing else on it."""
+                context_bytes: int = CONTEXT_BYTES, dtype: torch.dtype = torch.bfloat16,
+                cache_dtype: torch.dtype | None = None) -> MemoryPlan:
+    """The engine's KV-cache sizing for `config` on a device of `total_bytes` with nothing else on it, its cache in
+    `cache_dtype` (None: the model's `dtype`)."""
     weights, experts = weight_bytes(config, dtype)
     reserve, eager = (kv_reserve_bytes(config, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                        max_model_len=config.max_position_embeddings, block_size=block_size,
                                        dtype=dtype, cuda_graphs=graphed) for graphed in (cuda_graphs, False))
     graphs = reserve - eager
-    block_bytes = kv_cache_bytes_per_block(config, block_size, dtype)
+    block_bytes = kv_cache_bytes_per_block(config, block_size, cache_dtype or dtype)
     free = total_bytes - weights - context_bytes
     plan = functools.partial(MemoryPlan, total_bytes, utilization, weights, experts, context_bytes, reserve, graphs)
     try:
@@ -150,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_CACHE_DTYPES),
+                        help="the KV cache's element type (fp8: a byte a value)")
     args = parser.parse_args(argv)
     if args.total_gib:
         total, source = int(args.total_gib * GIB), "--total-gib"
@@ -159,9 +163,11 @@ def main(argv: list[str] | None = None) -> None:
         total, source = H100_80GB_BYTES, "no GPU here: an H100 80GB's 81,559 MiB"
     config = preset_model_config(args.preset)
     plan = plan_memory(config, total, utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens)
+                       max_num_batched_tokens=args.max_num_batched_tokens,
+                       cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype])
     print(f"device memory from {source}")
-    print(format_plan(f"gpt-oss-{args.preset}-shaped", plan))
+    cache = " (fp8 KV cache)" if args.kv_cache_dtype == "fp8" else ""
+    print(format_plan(f"gpt-oss-{args.preset}-shaped{cache}", plan))
 
 
 if __name__ == "__main__":

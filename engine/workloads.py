@@ -145,9 +145,10 @@ class BenchResult:
 # The engine systems a bench runs, and the engine options each adds to the run's, so that one run measures
 # what an option costs against `engine`: engine_deterministic decodes with batch-invariant numerics,
 # engine_dense holds MXFP4 experts dequantised to bf16 (which of packed and dense is faster decides what
-# `--moe-weights auto` should pick).
+# `--moe-weights auto` should pick), engine_fp8_kv holds the KV cache in fp8 (twice the tokens, half the reads).
 ENGINE_SYSTEMS: dict[str, dict[str, Any]] = {"engine": {}, "engine_deterministic": {"deterministic": True},
-                                             "engine_dense": {"moe_weights": "dense"}}
+                                             "engine_dense": {"moe_weights": "dense"},
+                                             "engine_fp8_kv": {"kv_cache_dtype": "fp8"}}
 PERCENTILES = (50, 90, 99)
 
 

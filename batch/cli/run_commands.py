@@ -17,7 +17,8 @@ import click
 
 from batch.cli.bench import PRESETS, BenchPlan, run_bench
 from batch.cli.distribute import DistributionOptions, distribution_options, submit_distributed
-from batch.cli.submit import MAX_NUM_SEQS_HELP, MOE_WEIGHT_CHOICES, SubmitOptions, submit_options, submit_plan
+from batch.cli.submit import (KV_CACHE_DTYPE_CHOICES, KV_CACHE_DTYPE_HELP, MAX_NUM_SEQS_HELP, MOE_WEIGHT_CHOICES,
+                              SubmitOptions, submit_options, submit_plan)
 from batch.cli.eval_commands import db_option, fail_under_option, grade_and_print, load_suite_or_fail
 from batch.cli.util import DEFAULT_DB, FiniteFloatRange, check_new_run_id, fail, open_store, options_from
 from evals.suite import Suite, builtin_suites
@@ -119,7 +120,8 @@ def _worker_counts(_ctx: click.Context, _param: click.Parameter, value: str) -> 
                    "turn).")
 @click.option("--systems", default="engine,hf_generate", show_default=True,
               help="Comma list of engine, engine_deterministic (the engine with batch-invariant numerics), "
-                   "engine_dense (the engine with MXFP4 experts held as bf16), hf_generate, hf_generate_batch, "
+                   "engine_dense (the engine with MXFP4 experts held as bf16), engine_fp8_kv (with an fp8 KV "
+                   "cache), hf_generate, hf_generate_batch, "
                    "reference, host (the host path alone: reader, sessions, harmony, events, DuckDB, over an "
                    "instant backend), ray_driver (a --ray run's driver CPU per output token, its workers on that "
                    "instant backend, beside the host path's), and constrained (the engine's step with and without "
@@ -140,6 +142,8 @@ def _worker_counts(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 @click.option("--moe-weights", type=click.Choice(MOE_WEIGHT_CHOICES), default="auto", show_default=True,
               help="The engine's MXFP4 experts with --kernels triton: mxfp4 (packed), dense (dequantised on "
                    "load), auto (mxfp4). The engine_dense system measures dense against engine in the same run.")
+@click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPE_CHOICES), default="auto", show_default=True,
+              help=KV_CACHE_DTYPE_HELP + " The engine_fp8_kv system measures fp8 against engine in the same run.")
 @click.option("--deterministic/--no-deterministic", default=False, show_default=True,
               help="The engine system decodes batch-invariantly (the engine_deterministic system always does).")
 @click.option("--host-requests", type=click.IntRange(min=1), default=2000, show_default=True,
@@ -156,7 +160,8 @@ def bench(model_dir: Path | None, preset: str, workloads: str, systems: str, db:
     """Same workloads on batchrun's engine and on transformers, with ratios to the engine;
     `host` measures the host path alone."""
     engine_options = {name: kw[name] for name in ("kv_cache_gb", "max_num_seqs", "device", "kernels",
-                                                  "gpu_memory_utilization", "moe_weights", "deterministic")}
+                                                  "gpu_memory_utilization", "moe_weights", "kv_cache_dtype",
+                                                  "deterministic")}
     if engine_options["max_num_seqs"] is None:
         from engine.device import batch_size_on
 

@@ -49,6 +49,10 @@ EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 # engine.config.MOE_WEIGHTS, spelled out: importing the engine here would load torch for `--help`
 MOE_WEIGHT_CHOICES = ["auto", "mxfp4", "dense"]
+KV_CACHE_DTYPE_CHOICES = ["auto", "fp8"]  # engine.config.KV_CACHE_DTYPES, spelled out for the same reason
+KV_CACHE_DTYPE_HELP = ("The engine's KV cache: auto (the model's dtype) or fp8 (e4m3, a byte a value: twice the "
+                       "tokens in the same memory and half the bytes attention reads, each K and V value rounded to "
+                       "3 mantissa bits; tokens may differ from auto's).")
 TINY_HIDDEN_SIZE = 512  # at or below this, one thread beats two on small CPU ops
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,6 +92,8 @@ SUBMIT_OPTIONS = [
                  help="How the engine holds an MXFP4 checkpoint's experts: mxfp4 (packed: decoded in the Triton "
                       "MoE kernel, or per step on the torch path), dense (dequantised on load: 20b ~41 GB in bf16), "
                       "auto (mxfp4)."),
+    click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPE_CHOICES), default="auto", show_default=True,
+                 help=KV_CACHE_DTYPE_HELP),
     click.option("--deterministic/--no-deterministic", default=False, show_default=True,
                  help="Batch-invariant decoding: a request's tokens depend on the request and its seed only, "
                       "not on what else shares its batches or how the run is split (slower; README)."),
@@ -156,6 +162,7 @@ class SubmitOptions:
     kernels: str
     gpu_memory_utilization: float
     moe_weights: str
+    kv_cache_dtype: str
     deterministic: bool
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
@@ -396,11 +403,14 @@ def _backend_options(submit: SubmitOptions) -> dict:
     if submit.backend == "engine":
         options.update(kv_cache_gb=submit.kv_cache_gb, max_num_seqs=submit.max_num_seqs,
                        kernels=submit.kernels, gpu_memory_utilization=submit.gpu_memory_utilization,
-                       moe_weights=submit.moe_weights, deterministic=submit.deterministic)
+                       moe_weights=submit.moe_weights, kv_cache_dtype=submit.kv_cache_dtype,
+                       deterministic=submit.deterministic)
         if submit.max_num_batched_tokens is not None:
             options["max_num_batched_tokens"] = submit.max_num_batched_tokens
     elif submit.moe_weights != "auto":
         fail(f"--moe-weights {submit.moe_weights} applies to --backend engine only")
+    elif submit.kv_cache_dtype != "auto":
+        fail(f"--kv-cache-dtype {submit.kv_cache_dtype} applies to --backend engine only")
     elif submit.deterministic:
         fail("--deterministic applies to --backend engine only")
     elif submit.max_num_batched_tokens is not None:
@@ -424,6 +434,7 @@ def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> Ru
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
         max_line_bytes=submit.max_line_bytes, epochs=submit.epochs, deterministic=submit.deterministic,
+        kv_cache_dtype=submit.kv_cache_dtype,
         model_fingerprint=readable_fingerprint(model_dir),
         prompt=PromptOptions(conversation_date=submit.conversation_date,
                              reasoning_effort=submit.reasoning_effort),

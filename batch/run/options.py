@@ -42,6 +42,7 @@ class RunOptions:
     tool_options: ToolOptions = ToolOptions()  # how the run reaches tools (`.tools` is always a list of tools)
     engine_config: dict = field(default_factory=dict)
     deterministic: bool = False  # --deterministic: the engine decodes batch-invariantly (a resume setting)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: the engine's KV cache's element type (a resume setting)
     shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
     epochs: int = 1  # --epochs K: each line decoded K times with distinct seeds (K requests rows)
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)

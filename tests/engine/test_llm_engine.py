@@ -100,3 +100,27 @@ def test_kv_budget_bounds_the_context(tiny_model_dir):
         small.add_request("big", prompt(0, small.max_model_len), GREEDY)
     with pytest.raises(ValueError, match="token ids"):
         small.add_request("bad", [300_000], GREEDY)
+
+
+def test_an_fp8_kv_cache_holds_twice_the_tokens_and_decodes_like_the_models_dtype(tiny_model_dir):
+    import torch
+
+    auto, fp8 = (engine(tiny_model_dir, kv_cache_dtype=dtype) for dtype in ("auto", "fp8"))
+    assert auto.describe()["kv_cache_dtype"] == str(auto.dtype).removeprefix("torch.")  # the model's: fp32 on CPU
+    assert fp8.describe()["kv_cache_dtype"] == "float8_e4m3fn"
+    # the same --kv-cache-gb holds as many more tokens as the model's dtype has bytes
+    assert fp8.num_blocks // auto.num_blocks == auto.dtype.itemsize > 1
+    assert all(k.dtype == v.dtype == torch.float8_e4m3fn for k, v in fp8.runner.kv_caches)
+    prompts = {f"r{i}": prompt(i, n) for i, n in enumerate([5, 40, 150, 17, 260])}  # some past the window
+    theirs = decode(auto, prompts)
+    # each K and V value rounded to 3 mantissa bits: the next token after each of the model's-dtype run's prefixes
+    # (teacher forced: one early near tie would part two free runs for good) is nearly always the same
+    forced = {f"{request}.{j}": prompts[request] + theirs[request][:j] for request in prompts for j in range(12)}
+    ours = decode(fp8, forced, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    agreeing = sum(ours[f"{request}.{j}"] == [theirs[request][j]] for request in prompts for j in range(12))
+    assert agreeing >= 0.9 * len(forced), (agreeing, len(forced))  # 57 of 60 when written
+
+
+def test_an_unknown_kv_cache_dtype_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="unknown kv_cache_dtype 'fp4'; use one of auto, fp8"):
+        EngineConfig(tiny_model_dir, kv_cache_dtype="fp4")

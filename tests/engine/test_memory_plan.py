@@ -33,6 +33,18 @@ def test_the_kv_cache_gets_what_the_engines_budget_leaves():
     assert full.kv_tokens >= config.max_position_embeddings
 
 
+def test_an_fp8_cache_holds_twice_the_tokens_in_the_same_memory(capsys):
+    import torch
+
+    config = preset_model_config("120b")
+    bf16, fp8 = (plan_memory(config, H100_80GB_BYTES, cache_dtype=dtype) for dtype in (None, torch.float8_e4m3fn))
+    assert fp8.kv_block_bytes * 2 == bf16.kv_block_bytes and fp8.weight_bytes == bf16.weight_bytes
+    assert fp8.num_blocks in (2 * bf16.num_blocks, 2 * bf16.num_blocks + 1)
+    assert fp8.kv_tokens > config.max_position_embeddings > bf16.kv_tokens  # a full 131k context fits in fp8 only
+    main(["--preset", "120b", "--total-gib", "79.6", "--kv-cache-dtype", "fp8"])
+    assert "gpt-oss-120b-shaped (fp8 KV cache) memory plan" in capsys.readouterr().out
+
+
 def test_a_device_too_small_says_why():
     plan = plan_memory(preset_model_config("120b"), 40 * GIB)
     assert not plan.fits and plan.kv_tokens == 0

@@ -155,7 +155,8 @@ def test_gpt_oss_20b_shapes_on_the_gpu(window):
           atol=3e-2)
 
 
-def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model(kv_cache_dtype):
     from engine.api import SamplingParams
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
@@ -177,7 +178,7 @@ def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model():
 
     for choice in ("torch", "triton"):
         llm = LLMEngine(EngineConfig(model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01,
-                                     max_num_batched_tokens=64, kernels=choice))
+                                     max_num_batched_tokens=64, kernels=choice, kv_cache_dtype=kv_cache_dtype))
         layers = [layer.self_attn for layer in llm.runner.model.model.layers]
         assert all((attn.paged_attention is triton_paged_attention) == (choice == "triton") for attn in layers)
         if choice == "triton":

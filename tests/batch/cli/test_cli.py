@@ -517,6 +517,30 @@ def test_moe_weights_reach_the_engine_and_are_recorded(tmp_path, tiny_model_dir)
     assert (config["moe_weights"], config["mxfp4_experts"]) == ("dense", False)  # the tiny model's experts: dense
 
 
+def test_an_fp8_kv_cache_reaches_the_engine_and_is_recorded(tmp_path, tiny_model_dir):
+    config = recorded_engine_config(tmp_path, tiny_model_dir, "--kv-cache-dtype", "fp8")
+    assert config["kv_cache_dtype"] == "float8_e4m3fn"
+    (tmp_path / "plain").mkdir()
+    plain = recorded_engine_config(tmp_path / "plain", tiny_model_dir)
+    # the same --kv-cache-gb: as many more blocks as the model's dtype has bytes a value
+    assert config["num_blocks"] // plain["num_blocks"] == {"float32": 4, "bfloat16": 2}[plain["kv_cache_dtype"]]
+
+
+def test_kv_cache_dtype_applies_to_the_engine_only(tmp_path, tiny_model_dir):
+    from batch.cli.submit import KV_CACHE_DTYPE_CHOICES
+    from engine.config import KV_CACHE_DTYPES
+
+    assert KV_CACHE_DTYPE_CHOICES == list(KV_CACHE_DTYPES)
+    for command in ("submit", "eval", "bench"):
+        assert "--kv-cache-dtype [auto|fp8]" in CliRunner().invoke(main, [command, "--help"]).output, command
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")
+    result = submit(source, "--db", tmp_path / "o.duckdb", "--backend", "transformers", "--kv-cache-dtype", "fp8",
+                    model=tiny_model_dir)
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: --kv-cache-dtype fp8 applies to --backend engine only"
+
+
 def test_moe_weights_that_cannot_work_fail_with_one_line_before_a_run_starts(tmp_path, tiny_model_dir):
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps({"custom_id": "r0", "input": "hi"}) + "\n")

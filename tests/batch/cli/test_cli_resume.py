@@ -61,6 +61,25 @@ def test_a_finished_runs_command_with_another_deterministic_is_a_new_run(tmp_pat
     assert rows(db, "SELECT count(*) FROM runs") == [(2,)]
 
 
+def test_kv_cache_dtype_is_a_resume_setting(tmp_path):
+    """An fp8 KV cache decodes other numerics: a rerun without it is a new run, an explicit resume with the
+    model's dtype continues the fp8 run and says so."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(3)))
+    db = tmp_path / "out.duckdb"
+    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
+              "--kv-cache-gb", "0.05", "--quiet"]
+    assert batchrun(*common, "--kv-cache-dtype", "fp8", "--limit", "1", "--run-id", "fp8").exit_code == 0
+    other = batchrun(*common, "--limit", "2")
+    assert other.exit_code == 0 and "already done" not in other.output, other.output
+    assert rows(db, "SELECT options->>'kv_cache_dtype', engine_config->>'kv_cache_dtype' = 'float8_e4m3fn' FROM runs "
+                    "ORDER BY run_id = 'fp8'") == [("auto", False), ("fp8", True)]
+    resumed = batchrun(*common, "--resume", "fp8")
+    assert resumed.exit_code == 0 and "1 already done" in resumed.output, resumed.output
+    assert "the run was started with --kv-cache-dtype fp8" in resumed.output, resumed.output
+    assert rows(db, "SELECT count(*) FROM requests WHERE run_id = 'fp8'") == [(3,)]
+
+
 def test_an_explicit_resume_with_another_seed_continues_and_says_so(tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
