@@ -180,7 +180,8 @@ AttendFn = Callable[..., Tensor]  # attend's signature
 # -- the CPU (torch ops) implementation ----------------------------------------
 def _gather(cache: Tensor, block_ids: Tensor) -> Tensor:
     """cache: [num_blocks, bs, kvh, d]; block_ids: [..., nb] -> keys [..., nb * bs, kvh, d] in block order."""
-    blocks = cache.index_select(0, block_ids.reshape(-1))
+    stored = cache.view(torch.uint8) if cache.dtype == FP8 else cache  # index_select's fp8 support varies: bytes
+    blocks = stored.index_select(0, block_ids.reshape(-1)).view(cache.dtype)
     return blocks.view(*block_ids.shape[:-1], -1, *cache.shape[2:])
 
 

@@ -186,6 +186,12 @@ def step_estimate_figures() -> list[ProxyFigure]:
             figures.append(ProxyFigure(f"decode step estimate, B={batch} ctx=1k", step.total_ms,
                                        f"ms, {step.tokens_per_s:,.0f} tok/s", "-", True))
         figures += [ProxyFigure(f"  {name}", ms, "ms", "-", True) for name, ms in step.parts_ms.items()]
+    # a long reasoning eval's decode, where attention's reads lead: the KV cache in bf16 and in fp8
+    for kv_itemsize, label in ((2, ""), (1, ", fp8 KV")):
+        step = estimate(report, per_step, 64, 16384, kv_itemsize=kv_itemsize)
+        figures.append(ProxyFigure(f"decode step estimate, B=64 ctx=16k{label}", step.total_ms,
+                                   f"ms, {step.tokens_per_s:,.0f} tok/s (attention {step.parts_ms['attention']:.2f})",
+                                   "-", True))
     return figures
 
 

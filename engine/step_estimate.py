@@ -70,21 +70,22 @@ def weight_bytes(config: Any) -> int:
     return 2 * (config.num_params - experts - config.vocab_size * h)
 
 
-def kv_bytes(config: Any, batch: int, context: int) -> int:
-    """Bytes of K and V `batch` sequences at `context` tokens read in a decode step, all layers."""
-    per_token = 2 * config.num_key_value_heads * config.head_dim * 2
+def kv_bytes(config: Any, batch: int, context: int, kv_itemsize: int = 2) -> int:
+    """Bytes of K and V `batch` sequences at `context` tokens read in a decode step, all layers, each value
+    `kv_itemsize` bytes (a bf16 cache's 2, an fp8 one's 1)."""
+    per_token = 2 * config.num_key_value_heads * config.head_dim * kv_itemsize
     tokens = sum(min(context, config.window(layer) or context) for layer in range(config.num_hidden_layers))
     return batch * tokens * per_token
 
 
 def estimate(report: dict[str, Any], launches_per_step: float, batch: int, context: int,
-             config: Any = None) -> StepEstimate:
+             config: Any = None, kv_itemsize: int = 2) -> StepEstimate:
     """A decode step of `batch` sequences at `context` tokens (`step_parts` of its rows), from `report`
     (engine.kernels.sm90's, compiled at the engine's tile height for `batch` tokens) and the forward's
-    `launches_per_step` (engine.launch_costs)."""
+    `launches_per_step` (engine.launch_costs), its KV cache `kv_itemsize` bytes a value."""
     config = config or model_config()
-    parts = step_parts(report, ((context - 1, 1, True),) * batch, launches_per_step, config)
-    roofline = (moe_read_bytes(config, batch) + weight_bytes(config) + kv_bytes(config, batch, context)) \
+    parts = step_parts(report, ((context - 1, 1, True),) * batch, launches_per_step, config, kv_itemsize)
+    roofline = (moe_read_bytes(config, batch) + weight_bytes(config) + kv_bytes(config, batch, context, kv_itemsize)) \
         * 1000 / H100_HBM_BYTES_PER_S
     return StepEstimate(batch, context, parts, roofline)
 
@@ -99,12 +100,13 @@ def moe_read_bytes(config: Any, num_tokens: int) -> float:
 
 
 def step_parts(report: dict[str, Any], rows: tuple[tuple[int, int, bool], ...], launches_per_step: float,
-               config: Any) -> dict[str, float]:
+               config: Any, kv_itemsize: int = 2) -> dict[str, float]:
     """Each part's ms of any step (decodes and prefill chunks alike), its rows as the scheduler made them: (first
     position, new tokens, sampled?) each: the MoE's issue at the engine's rows per tile for the step's tokens
     (engine.kernels.moe_cost.issue_bound_ms_at), its weights' read, or its matmuls at the tensor cores' peak; the
     other weights' read or every token's projections (the lm_head only the sampled rows'); the keys each row reads
-    and a chunk's attention FLOPs; the sampler's draw for the sampled rows; the launch gaps."""
+    and a chunk's attention FLOPs (`kv_itemsize` bytes a cached value); the sampler's draw for the sampled rows;
+    the launch gaps."""
     from engine.kernels.moe_cost import issue_bound_ms_at
     from engine.sampler_costs import draw_issue_ms, hbm_ms
 
@@ -119,7 +121,7 @@ def step_parts(report: dict[str, Any], rows: tuple[tuple[int, int, bool], ...], 
     weights = max(weight_bytes(config) * bandwidth_ms, 2 * (tokens * others + sampled * lm_head) * flops_ms)
     kv_ms, attention_flops = 0.0, 0.0
     for start, n, _ in rows:
-        kv_ms += kv_bytes(config, 1, start + n) * bandwidth_ms  # every key the row's queries see, read once
+        kv_ms += kv_bytes(config, 1, start + n, kv_itemsize) * bandwidth_ms  # every key its queries see, read once
         if n > 1:  # a chunk's queries each see the keys before them: QK and PV, 2 FLOPs a multiply-add
             for layer in range(layers):
                 seen = min(config.window(layer) or start + n, start + (n + 1) / 2)

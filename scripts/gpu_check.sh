@@ -140,13 +140,15 @@ step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 # vocabulary (the proxy estimates ~0.4 against ~4.7 ms at 256)
 step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
-# bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics.
+# bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics, then an fp8
+# KV cache (half the bytes attention reads, twice the tokens: its stats line's num_blocks).
 # Then the step token budget vLLM uses on an H100 (8,192 against the default 2,048: longer prefill chunks, more
 # piecewise graphs). Within 8 minutes these may be SKIPPED: the summary ends with the command that runs what was
 # skipped, for a second call.
 step moe_dense 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_dense
 step deterministic 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" \
     --systems engine_deterministic
+step fp8_kv 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_fp8_kv
 step batched_8192 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine \
     --max-num-batched-tokens 8192
 # the graph-share proxy decodes 512 requests with a tiny model on the CPU: about a minute on a quiet core

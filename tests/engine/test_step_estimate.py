@@ -81,6 +81,19 @@ def test_the_proxy_rows_judge_batch_1_against_the_goal(fake_measures):
     assert figures[0].ok == (ratio <= step_estimate.BATCH1_GOAL) and figures[0].goal == "<= 1.5x roofline"
 
 
+def test_an_fp8_kv_cache_halves_what_attention_reads(fake_measures):
+    config = step_estimate.model_config()
+    bf16, fp8 = (estimate(report(), 248, 64, 16384, config, kv_itemsize=size) for size in (2, 1))
+    assert fp8.parts_ms["attention"] == pytest.approx(bf16.parts_ms["attention"] / 2)
+    assert {name: ms for name, ms in fp8.parts_ms.items() if name != "attention"} == {
+        name: ms for name, ms in bf16.parts_ms.items() if name != "attention"}
+    assert fp8.roofline_ms < bf16.roofline_ms  # the roofline reads the fp8 cache too
+    rows = {f.name: f for f in dict(proxies.MEASURES)["decode step estimate"]()}
+    long, long_fp8 = rows["decode step estimate, B=64 ctx=16k"], rows["decode step estimate, B=64 ctx=16k, fp8 KV"]
+    assert long_fp8.value < long.value
+    assert f"(attention {fp8.parts_ms['attention']:.2f})" in long_fp8.unit
+
+
 def test_a_step_over_the_goal_is_not_ok(fake_measures, monkeypatch):
     monkeypatch.setattr(proxies, "launches", lambda: (11.0, 5000.0))  # 7.5 ms of launch gaps
     assert not dict(proxies.MEASURES)["decode step estimate"]()[0].ok

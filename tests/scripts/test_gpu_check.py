@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "decode_120b", "bench_random", "profile",
-         "moe_tiles", "routing", "sampler", "moe_dense", "deterministic", "batched_8192", "proxies"]
+         "moe_tiles", "routing", "sampler", "moe_dense", "deterministic", "fp8_kv", "batched_8192", "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -94,9 +94,10 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
         rows = [line.split() for line in log.splitlines() if line.startswith(f"{workload} ")]
         assert {row[1] for row in rows} >= {"engine", "hf_generate_bs2"}
     assert log.count("batch-1 decode: ") >= 4  # in each bench step and again under figures
-    for system, packed in (("engine_dense", False), ("engine_deterministic", True)):  # an option's cost each
+    for system, packed in (("engine_dense", False), ("engine_deterministic", True), ("engine_fp8_kv", True)):
         assert f"sharegpt {system} stats: num_steps=" in log and f"batch-1 decode ({system}): " in log
         assert f"mxfp4_experts={packed}" in log.split(f"sharegpt {system} stats:")[1].splitlines()[0]
+    assert "kv_cache_dtype=float8_e4m3fn" in log.split("sharegpt engine_fp8_kv stats:")[1].splitlines()[0]
     figures = log.split("=== figures")[1]
     decode_120b = figures.split("=== decode_120b")[1].split("\n=== ")[0]  # each step's lines under its name
     assert "random engine stats: num_steps=" in decode_120b and "batch-1 decode: " in decode_120b
