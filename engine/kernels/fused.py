@@ -47,7 +47,9 @@ def _e4m3_rounded(x):
     """fp32 x rounded to nearest (even) float8 e4m3, saturated at +-448 as an fp8 KV cache stores it
     (engine.attention.to_cache_dtype), as an fp32 that is exactly an e4m3. Spelled out because the interpreter's
     cast rounds wrongly across a power of two (1.9986 to 1.0) and wraps past 448. Power-of-two scalings are
-    exact, and adding then taking away 2^23 rounds a float below 2^23 to its nearest even integer."""
+    exact, and adding then taking away 2^23 rounds a float below 2^23 to its nearest even integer. The sign goes
+    back as a bit (compiled, -x of a +0 is +0: a negative value rounded to zero would lose it); a NaN stays one
+    (compiled, min(NaN, 448) is 448)."""
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = tl.minimum(tl.abs(x), 448.0)
     exponent = ((magnitude.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
@@ -55,15 +57,16 @@ def _e4m3_rounded(x):
     step = (step_exponent.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
     per_step = ((254 - step_exponent).to(tl.uint32) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly
     steps = (magnitude * per_step + 8388608.0) - 8388608.0
-    rounded_magnitude = steps * step
-    return tl.where((bits >> 31) != 0, -rounded_magnitude, rounded_magnitude)
+    signed = ((steps * step).to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, signed)
 
 
 @triton.jit
 def cache_value(x, dtype: tl.constexpr):
     """fp32 x (exactly a value of the model's dtype) as a KV cache of `dtype` stores it."""
     if dtype == tl.float8e4nv:
-        return _e4m3_rounded(x).to(dtype)
+        nan = tl.full(x.shape, 0x7F, tl.uint8).to(dtype, bitcast=True)
+        return tl.where(x != x, nan, _e4m3_rounded(x).to(dtype))  # the interpreter casts a NaN to a number
     else:
         return x.to(dtype)
 
