@@ -148,6 +148,24 @@ class ForwardTimer:
             self._seconds += start.elapsed_time(end) / 1000  # milliseconds
 
 
+def graphed(fn: Callable[[], object], device: str | torch.device) -> Callable[[], object]:
+    """`fn` as the replay of a CUDA graph of it on a CUDA device, else `fn` itself: timed so, a few kernels cost
+    what they cost inside the engine's graphs, not the Python and launch latency of calling them one by one (an
+    eager MoE layer took ~335 us at batch 1 whatever its launch shape; the graphed step's two GEMMs ~76 us). `fn`
+    must do device work only, on tensors it allocates or that outlive the graph."""
+    if torch.device(device).type != "cuda":
+        return fn
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm outside the capture: compiles, and settles the allocator
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def median_us(fn: Callable[[], object], device: str | torch.device, repeats: int = 20) -> float:
     """Microseconds `fn()` takes on `device`: the median of `repeats` calls after a first one (compiles, warms),
     each timed by a ForwardTimer (CUDA events on a GPU)."""

@@ -47,12 +47,12 @@ else
     # 120b: ~61 GB of weights leave ~104k KV tokens on an 80 GB GPU (engine.memory_plan): 64 x 1,200 fit
     PRESET_OPTS=(--device cuda --max-num-seqs 64)
     MIX_120B=(--num-requests 64 --random-input-len 1000 --random-output-len 200)
-    # transformers decodes one static batch of each workload, its outputs capped at 256 tokens: a batch runs
+    # transformers decodes one static batch of each workload, its outputs capped at 64 tokens: a batch runs
     # to its longest output (1,084 tokens for the first 32 ShareGPT-like requests), and transformers 5.17's
-    # expert loop waits on the GPU twice per expert and layer (~0.1 s a 20b step, estimated): uncapped, the
-    # baseline alone would outlast its step
-    SHAREGPT=(--num-requests 512 --baseline-requests 32 --baseline-output-len 256)
-    RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 256)
+    # expert loop waits on the GPU twice per expert and layer: 0.41 s a step at batch 32 on an H200, so 256
+    # tokens took ~110 of bench_sharegpt's 168 s for a ratio (the engine's ~130x) that 64 tokens give as well
+    SHAREGPT=(--num-requests 512 --baseline-requests 32 --baseline-output-len 64)
+    RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 64)
     ROUTING=(--device cuda)
     SAMPLER=(--device cuda)
     MOE_TILES=(--device cuda)

@@ -343,11 +343,11 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
 def time_routing(device: str, tokens: tuple[int, ...], num_experts: int = 32, top_k: int = 4,
                  repeats: int = 20) -> list[tuple[int, float, float]]:
     """(tokens, the kernel's us, torch's us) per step size: route_logits against torch.topk, torch.softmax
-    and route_reference on random bf16 logits, each the median of `repeats` (CUDA events on
-    a GPU: engine.device.ForwardTimer). What ROUTE_KERNEL_MAX_PAIRS should be."""
+    and route_reference on random bf16 logits, each the median of `repeats` (on a GPU: a CUDA graph's replays,
+    as inside the engine's graphs, timed by CUDA events). What ROUTE_KERNEL_MAX_PAIRS should be."""
     from functools import partial
 
-    from engine.device import median_us
+    from engine.device import graphed, median_us
 
     def by_torch(logits: Tensor, block_m: int) -> None:
         top_logits, expert_ids = torch.topk(logits, top_k, dim=-1)
@@ -359,8 +359,9 @@ def time_routing(device: str, tokens: tuple[int, ...], num_experts: int = 32, to
         logits = torch.randn(num_tokens, num_experts, device=device).to(torch.bfloat16)
         block_m = block_m_for(num_tokens * top_k, num_experts)
         tiles = max_tiles(num_tokens * top_k, num_experts, block_m)
-        rows.append((num_tokens, median_us(partial(route_logits, logits, top_k, block_m, tiles), device, repeats),
-                     median_us(partial(by_torch, logits, block_m), device, repeats)))
+        rows.append((num_tokens, median_us(graphed(partial(route_logits, logits, top_k, block_m, tiles), device),
+                                           device, repeats),
+                     median_us(graphed(partial(by_torch, logits, block_m), device), device, repeats)))
     return rows
 
 

@@ -112,9 +112,10 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
     """Each step size in `tokens` through one MoE layer with each of `candidates` (DEFAULT_TILES is the
     reference, first whether listed or not) and with the experts dense: a TilesTiming each, in that order.
     Every shape of a step size runs once (compiles, and its output is compared) before any is timed, so none is
-    timed cold. bf16 activations on CUDA, fp32 elsewhere (the interpreter's MXFP4 path). `report(timing)` is called
-    as each lands. A shape that fails (a launch past the GPU's resources) is recorded, not raised."""
-    from engine.device import median_us
+    timed cold; on CUDA each is timed as a CUDA graph's replay (as the engine's steps run it). bf16 activations on
+    CUDA, fp32 elsewhere (the interpreter's MXFP4 path). `report(timing)` is called as each lands. A shape that
+    fails (a launch past the GPU's resources) is recorded, not raised."""
+    from engine.device import graphed, median_us
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     layer = layer or build_layer(shape, device, dtype)
@@ -146,7 +147,12 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
             if isinstance(diff, str):
                 timing = TilesTiming(num_tokens, name, None, float("inf"), weight_bytes, diff)
             else:
-                timing = TilesTiming(num_tokens, name, median_us(call, device, repeats), diff, weight_bytes)
+                try:
+                    timing = TilesTiming(num_tokens, name, median_us(graphed(call, device), device, repeats), diff,
+                                         weight_bytes)
+                except Exception as error:  # noqa: BLE001 - a capture that fails is a result too
+                    timing = TilesTiming(num_tokens, name, None, float("inf"), weight_bytes,
+                                         f"{type(error).__name__}: {error}".splitlines()[0][:200])
             timings.append(timing)
             if report is not None:
                 report(timing)
@@ -221,7 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(sm90_lines(sm90_report(tokens))))
         return
     shape = SHAPES[args.shape]
-    print(f"moe tiles: {args.shape} shape {tuple(shape)}, block_m (rows a tile) "
+    print(f"moe tiles: {args.shape} shape {tuple(shape)}"
+          + (", each timed as a CUDA graph's replay" if torch.device(args.device).type == "cuda" else "")
+          + ", block_m (rows a tile) "
           + ", ".join(f"T={t}: {block_m_for(t * shape.top_k, shape.experts)}" for t in tokens), flush=True)
     default_us: dict[int, float | None] = {}
     landed: list[TilesTiming] = []

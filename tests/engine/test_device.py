@@ -202,3 +202,25 @@ def test_median_us_warms_once_then_times_each_call():
     calls = []
     assert median_us(lambda: calls.append(1), "cpu", repeats=5) > 0
     assert len(calls) == 6  # the first call compiles or warms; the median is over the other five
+
+
+def test_graphed_is_the_call_itself_off_cuda():
+    from engine.device import graphed
+
+    def call():
+        return 1
+
+    assert graphed(call, "cpu") is call
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a CUDA graph")
+def test_graphed_replays_the_captured_work_on_the_inputs_current_values():
+    from engine.device import graphed
+
+    x, out = torch.ones(8, device="cuda"), torch.zeros(8, device="cuda")
+    replay = graphed(lambda: out.copy_(x * 2), "cuda")
+    x.fill_(3)
+    replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == [6.0] * 8
