@@ -189,16 +189,20 @@ def rope_write_kv(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_c
 
 @triton.jit
 def _moe_combine_kernel(per_pair_ptr, residual_ptr, out_ptr, weight_ptr, normed_ptr, hidden, eps, stride_pair,
-                        stride_residual, stride_out, stride_normed,
-                        TOP_K: tl.constexpr, ADD: tl.constexpr, NORM: tl.constexpr, BLOCK_H: tl.constexpr):
-    """One token: the sum of its TOP_K experts' rows (fp32, in slot order), in out's dtype [+ the residual]
-    [and, NORM, its RMSNorm: the next layer's input norm]."""
+                        stride_residual, stride_out, stride_normed, stride_split,
+                        TOP_K: tl.constexpr, ADD: tl.constexpr, NORM: tl.constexpr, BLOCK_H: tl.constexpr,
+                        SPLITS: tl.constexpr):
+    """One token: the sum of its TOP_K experts' rows (fp32, in slot order; each row the sum of its SPLITS
+    partial sums when the down GEMM split K), in out's dtype [+ the residual] [and, NORM, its RMSNorm: the next
+    layer's input norm]."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < hidden
     total = tl.zeros([BLOCK_H], tl.float32)
     for slot in tl.static_range(TOP_K):
-        total += tl.load(per_pair_ptr + (token * TOP_K + slot) * stride_pair + cols, mask=mask, other=0.0)
+        for split in tl.static_range(SPLITS):
+            total += tl.load(per_pair_ptr + split * stride_split + (token * TOP_K + slot) * stride_pair + cols,
+                             mask=mask, other=0.0)
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     total = rounded(total, dtype)
     if ADD:
@@ -212,8 +216,9 @@ def _moe_combine_kernel(per_pair_ptr, residual_ptr, out_ptr, weight_ptr, normed_
 
 def moe_combine(per_pair: Tensor, top_k: int, dtype: torch.dtype, residual: Tensor | None = None) -> Tensor:
     """per_pair [T * top_k, hidden] fp32 -> [T, hidden] in `dtype`: each token's experts summed, as
-    `per_pair.view(T, top_k, hidden).sum(1).to(dtype)` [+ residual, the residual stream's add after the MoE]."""
-    out = torch.empty(per_pair.shape[0] // top_k, per_pair.shape[1], dtype=dtype, device=per_pair.device)
+    `per_pair.view(T, top_k, hidden).sum(1).to(dtype)` [+ residual, the residual stream's add after the MoE].
+    per_pair [splits, T * top_k, hidden]: a down GEMM's partial sums over K, each pair's added first."""
+    out = torch.empty(per_pair.shape[-2] // top_k, per_pair.shape[-1], dtype=dtype, device=per_pair.device)
     _launch_combine(per_pair, top_k, residual, out, None, None, 0.0)
     return out
 
@@ -222,7 +227,8 @@ def moe_combine_norm(per_pair: Tensor, top_k: int, residual: Tensor, weight: Ten
                      eps: float) -> tuple[Tensor, Tensor]:
     """`moe_combine` with the residual add, and the sum's RMSNorm (`weight`, `eps`: the next layer's input norm,
     or the model's final one) in the same launch: (residual stream, its norm), as add_rms_norm gives them."""
-    out = torch.empty(per_pair.shape[0] // top_k, per_pair.shape[1], dtype=residual.dtype, device=per_pair.device)
+    out = torch.empty(per_pair.shape[-2] // top_k, per_pair.shape[-1], dtype=residual.dtype,
+                      device=per_pair.device)
     normed = torch.empty_like(out)
     _launch_combine(per_pair, top_k, residual, out, weight, normed, eps)
     return out, normed
@@ -230,7 +236,7 @@ def moe_combine_norm(per_pair: Tensor, top_k: int, residual: Tensor, weight: Ten
 
 def _launch_combine(per_pair: Tensor, top_k: int, residual: Tensor | None, out: Tensor, weight: Tensor | None,
                     normed: Tensor | None, eps: float) -> None:
-    hidden = per_pair.shape[1]
+    hidden = per_pair.shape[-1]
     if residual is not None and (residual.shape != out.shape or residual.dtype != out.dtype):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} does not match {tuple(out.shape)} "
                          f"{out.dtype}")
@@ -239,7 +245,9 @@ def _launch_combine(per_pair: Tensor, top_k: int, residual: Tensor | None, out: 
     block = triton.next_power_of_2(hidden)
     _moe_combine_kernel[(out.shape[0],)](
         per_pair, out if residual is None else residual, out, out if weight is None else weight,
-        out if normed is None else normed, hidden, eps, per_pair.stride(0),
+        out if normed is None else normed, hidden, eps, per_pair.stride(-2),
         0 if residual is None else residual.stride(0), out.stride(0), 0 if normed is None else normed.stride(0),
+        per_pair.stride(0) if per_pair.dim() == 3 else 0,
         TOP_K=top_k, ADD=residual is not None, NORM=normed is not None, BLOCK_H=block,
+        SPLITS=per_pair.shape[0] if per_pair.dim() == 3 else 1,
         num_warps=min(16, max(1, block // 256)))

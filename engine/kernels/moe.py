@@ -41,7 +41,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from engine.kernels import fused  # noqa: E402
-from engine.kernels.moe_gemm import moe_gemm_kernel  # noqa: E402
+from engine.kernels.moe_gemm import moe_gemm_kernel, swiglu_reduce_kernel  # noqa: E402
 from engine.kernels.moe_route import route_logits, route_pairs  # noqa: E402
 
 # The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
@@ -140,23 +140,25 @@ MAX_BLOCK_M = 128
 
 class GemmTiles(NamedTuple):
     """A grouped GEMM launch's shape besides its rows per tile (block_m_for): columns and K a loop step, warps,
-    pipeline stages."""
+    pipeline stages, and the programs K is split between (engine.kernels.moe_gemm: SPLIT_K)."""
 
     block_n: int = 64
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1
 
     def __str__(self) -> str:
-        return f"{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+        split = f"k{self.split_k}" if self.split_k > 1 else ""
+        return f"{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}{split}"
 
     @classmethod
     def parse(cls, text: str) -> GemmTiles:
-        """The inverse of str(): "64x64w4s3" -> GemmTiles(64, 64, 4, 3)."""
-        match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", text.strip())
+        """The inverse of str(): "64x64w4s3" -> GemmTiles(64, 64, 4, 3); "64x64w4s3k4": K split 4 ways."""
+        match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?", text.strip())
         if match is None:
-            raise ValueError(f"tiles {text!r}: expected BLOCK_NxBLOCK_KwWARPSsSTAGES, e.g. 64x64w4s3")
-        return cls(*map(int, match.groups()))
+            raise ValueError(f"tiles {text!r}: expected BLOCK_NxBLOCK_KwWARPSsSTAGES[kSPLIT], e.g. 64x64w4s3")
+        return cls(*(int(group) for group in match.groups() if group is not None))
 
 
 # Chosen from sm_90 compiles (engine.kernels.sm90), never timed: engine.kernels.moe_tiles times the candidates on a
@@ -295,16 +297,27 @@ def _expert_weight(weight: Tensor, scales: Tensor | None) -> ExpertWeight:
 def gate_up_swiglu(x: Tensor, routing: Routing, top_k: int, gate_up: ExpertWeight, bias: Tensor,
                    alpha: float, limit: float, tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
     """x [T, hidden] -> [T * top_k, intermediate] in sorted-row order: swiglu(x[token] @ gate_up[e] + bias[e])."""
-    num_pairs = routing.sorted_pairs.numel()
-    activated = torch.empty(num_pairs, gate_up.shape[2] // 2, dtype=x.dtype, device=x.device)
-    _launch(x, gate_up, bias, activated, routing, top_k, pair_weights=x, swiglu=(alpha, limit), tiles=tiles)
+    num_pairs, two_inter = routing.sorted_pairs.numel(), gate_up.shape[2]
+    activated = torch.empty(num_pairs, two_inter // 2, dtype=x.dtype, device=x.device)
+    if tiles.split_k == 1:
+        _launch(x, gate_up, bias, activated, routing, top_k, pair_weights=x, swiglu=(alpha, limit), tiles=tiles)
+        return activated
+    partial = torch.empty(tiles.split_k, num_pairs, two_inter, dtype=torch.float32, device=x.device)
+    _launch(x, gate_up, bias, partial, routing, top_k, pair_weights=x, swiglu=(alpha, limit), tiles=tiles)
+    if num_pairs:
+        block_m, block_n = 16, 128
+        swiglu_reduce_kernel[(triton.cdiv(num_pairs, block_m), triton.cdiv(two_inter, block_n))](
+            partial, activated, num_pairs, two_inter, partial.stride(0), partial.stride(1), activated.stride(0),
+            alpha, limit, SPLIT_K=tiles.split_k, BLOCK_M=block_m, BLOCK_N=block_n)
     return activated
 
 
 def down_weighted(activated: Tensor, routing: Routing, down: ExpertWeight, bias: Tensor,
                   pair_weights: Tensor, tiles: GemmTiles = DEFAULT_TILES) -> Tensor:
-    """activated [P, intermediate] (sorted rows) -> fp32 [P, hidden] by pair: w[pair] * (a @ down[e] + bias[e])."""
-    per_pair = torch.empty(activated.shape[0], down.shape[2], dtype=torch.float32, device=activated.device)
+    """activated [P, intermediate] (sorted rows) -> fp32 [P, hidden] by pair: w[pair] * (a @ down[e] + bias[e]);
+    with K split (tiles.split_k > 1) [split, P, hidden], the splits' partial sums (the experts' sum adds them)."""
+    splits = (tiles.split_k,) if tiles.split_k > 1 else ()
+    per_pair = torch.empty(*splits, activated.shape[0], down.shape[2], dtype=torch.float32, device=activated.device)
     _launch(activated, down, bias, per_pair, routing, 1, pair_weights=pair_weights, swiglu=None, tiles=tiles)
     return per_pair
 
@@ -325,18 +338,19 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
         w_strides = (w.blocks.stride(0), 1, w.blocks.stride(1))  # (expert, byte along in, out)
         s_strides = (w.scales.stride(0), w.scales.stride(2), w.scales.stride(1))  # (expert, group, out)
     alpha, limit = swiglu or (0.0, 0.0)
-    grid = (routing.tile_expert.numel(), triton.cdiv(n, block_n))
+    grid = (routing.tile_expert.numel(), triton.cdiv(n, block_n), tiles.split_k)
     moe_gemm_kernel[grid](
         a, w_ptr, scales, bias, out, pair_weights,
         routing.sorted_pairs, routing.tile_expert, routing.tile_row_start, routing.expert_offsets,
         k, n, num_experts, top_k, alpha, limit,
-        a.stride(0), a.stride(1), *w_strides, *s_strides, bias.stride(0), bias.stride(1), out.stride(0),
+        a.stride(0), a.stride(1), *w_strides, *s_strides, bias.stride(0), bias.stride(1), out.stride(-2),
+        out.stride(0) if tiles.split_k > 1 else 0,
         SWIGLU=swiglu is not None, WEIGHTS=weights, A_FORMAT=SCALED_DOT_FORMATS.get(a.dtype, ""),
         EVEN_K=k % block_k == 0,
         PRECISION="ieee" if a.dtype == torch.float32 or UPCAST_DOT_OPERANDS else "tf32",
         DOT_DTYPE=tl.float32 if UPCAST_DOT_OPERANDS else _TL_DTYPES[a.dtype],
         BLOCK_M=routing.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, SPLIT_K=tiles.split_k,
     )
 
 

@@ -44,11 +44,17 @@ def issue_bound_ms(report: dict[str, Any], num_tokens: int, block_m: int = 0, la
 
 
 def _busiest_sm_cycles(kernel: dict[str, Any], tiles: int) -> float:
-    """One launch of `kernel` over `tiles` tiles: the cycles its busiest SM issues."""
+    """One launch of `kernel` over `tiles` tiles: the cycles its busiest SM issues (K split between programs: each
+    walks its share of K's steps)."""
+    from engine.kernels.moe import GemmTiles
+
     k_in, n_out = kernel["shape"]
-    block_n = kernel["block"][1]
-    programs = tiles * -(-n_out // block_n)
-    return -(-programs // H100_SMS) * k_in * block_n / 4096 * kernel["per_4096"]
+    _, block_n, block_k = kernel["block"]
+    split = GemmTiles.parse(kernel["gemm_tiles"]).split_k if kernel.get("gemm_tiles") else 1
+    programs = tiles * -(-n_out // block_n) * split
+    k_steps = -(-k_in // block_k)
+    k_per_program = -(-k_steps // split) * block_k
+    return -(-programs // H100_SMS) * min(k_in, k_per_program) * block_n / 4096 * kernel["per_4096"]
 
 
 def issue_bound_ms_at(report: dict[str, Any], num_tokens: int, layers: int = LAYERS_20B) -> float:

@@ -7,6 +7,10 @@
   of the interleaved gate/up columns, stored per sorted row;
 - otherwise (down): sorted rows times the expert's down weight, plus bias, times the router weight,
   stored per (token, expert) pair in fp32.
+SPLIT_K > 1 splits K between that many programs a tile and column block (program_id 2): each stores its fp32
+partial sum (the bias in the first's; down's times the router weight) in its own [rows or pairs, N] slice of
+out; `swiglu_reduce_kernel` sums gate_up's and applies the SwiGLU, the experts' sum (engine.kernels.fused) adds
+down's. At a small step a launch has a few programs an SM, each walking K's 45 steps one after another.
 
 The weight comes in one of three forms (WEIGHTS):
 - "dense": [E, in, out] floats, a plain tl.dot;
@@ -38,10 +42,10 @@ def moe_gemm_kernel(
     sorted_pairs_ptr, tile_expert_ptr, tile_row_start_ptr, expert_offsets_ptr,
     K, N, num_experts, top_k, alpha, limit,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_se, stride_sg, stride_sn,
-    stride_be, stride_bn, stride_om,
+    stride_be, stride_bn, stride_om, stride_os,
     SWIGLU: tl.constexpr, WEIGHTS: tl.constexpr, A_FORMAT: tl.constexpr, EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr = 1,
 ):
     """One [BLOCK_M, BLOCK_N] output tile of one expert's rows (see the module docstring)."""
     tile = tl.program_id(0)
@@ -61,7 +65,11 @@ def moe_gemm_kernel(
     w_ptr += expert.to(tl.int64) * stride_we
     s_ptr += expert.to(tl.int64) * stride_se
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_begin, k_end = 0, K
+    if SPLIT_K > 1:  # whole K steps a split, so EVEN_K still holds in each
+        k_begin = tl.program_id(2) * (tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K)
+        k_end = tl.minimum(K, k_begin + tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K)
+    for k0 in range(k_begin, k_end, BLOCK_K):
         if WEIGHTS == "mxfp4":
             acc = _mxfp4_scaled_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0, K,
                                      stride_wk, stride_wn, stride_sg, stride_sn, A_FORMAT, EVEN_K, BLOCK_K)
@@ -72,8 +80,14 @@ def moe_gemm_kernel(
             acc = _dense_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, offs_n, mask_n, k0, K,
                               stride_wk, stride_wn, PRECISION, DOT_DTYPE, BLOCK_K)
     bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=mask_n, other=0.0)
+    if SPLIT_K > 1:  # the bias once: in the first split's partial sum
+        bias = tl.where(tl.program_id(2) == 0, bias, 0.0)
+        out_ptr += tl.program_id(2).to(tl.int64) * stride_os
     y = acc + bias.to(tl.float32)[None, :]
-    if SWIGLU:
+    if SWIGLU and SPLIT_K > 1:
+        out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, y, mask=row_mask[:, None] & mask_n[None, :])
+    elif SWIGLU:
         _store_swiglu(y, out_ptr, rows, row_mask, N, stride_om, alpha, limit, BLOCK_M, BLOCK_N)
     else:
         router_weight = tl.load(pair_weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
@@ -152,6 +166,22 @@ def _e2m1_times_scale(code, scale):
     factor = (tl.maximum(scale, 1) << 23).to(tl.float32, bitcast=True)
     value = value * factor
     return tl.where(scale == 0, value * 0.5, value)
+
+
+@triton.jit
+def swiglu_reduce_kernel(partial_ptr, out_ptr, num_rows, N, stride_ps, stride_pm, stride_om, alpha, limit,
+                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """gate_up split over K: rows of the fp32 partial sums [SPLIT_K, rows, N] added in split order, then the
+    SwiGLU into out [rows, N / 2]."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < num_rows
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = row_mask[:, None] & (offs_n < N)[None, :]
+    offsets = rows.to(tl.int64)[:, None] * stride_pm + offs_n[None, :]
+    y = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for split in tl.static_range(SPLIT_K):
+        y += tl.load(partial_ptr + split * stride_ps + offsets, mask=mask, other=0.0)
+    _store_swiglu(y, out_ptr, rows, row_mask, N, stride_om, alpha, limit, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

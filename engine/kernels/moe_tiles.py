@@ -35,12 +35,13 @@ class MoeShape(NamedTuple):
 SHAPES = {"20b": MoeShape(2880, 2880, 32, 4), "tiny": MoeShape(64, 64, 8, 2)}
 LAYERS_20B = 24
 # The default first; then wider columns, a longer K step (2,880 is no multiple of 128: its last step is masked),
-# both with 8 warps, and 2 warps at 64 and 32 columns: compiled for sm_90 they issue ~30% less than 4 at the
-# 16-row tiles of steps up to ~64 tokens (4 warps each decode the weight tile the MMA splits between them), ~40%
-# more at 64 rows; whether 2 warps an SM's program hide the loads only a GPU says. sm_90 compiles of each: README
-# (python -m engine.kernels.moe_tiles --sm90).
+# 2 warps at 64 and 32 columns (compiled for sm_90 they issue ~30% less than 4 at the 16-row tiles of steps up to
+# ~64 tokens, ~40% more at 64 rows), and K split 4 and 2 ways: on an H200 a batch-1 step's MoE launches took ~38
+# us each, a few programs an SM each walking K's 45 steps in turn, so shorter walks and more programs. sm_90
+# compiles of each: README (python -m engine.kernels.moe_tiles --sm90).
 CANDIDATES = tuple(GemmTiles.parse(text) for text in
-                   ("64x64w4s3", "128x64w4s3", "64x128w4s3", "128x128w8s3", "64x64w2s3", "32x64w2s3"))
+                   ("64x64w4s3", "128x64w4s3", "64x128w4s3", "64x64w2s3", "32x64w2s3", "64x64w4s3k4",
+                    "64x128w4s3k2"))
 DENSE = "dense"  # the experts held dense, at the default shape
 # Outputs further than this from the default's (the largest difference over the largest magnitude) are wrong: a
 # K step or column block only reorders fp32 sums, then each rounds to the activations' dtype.

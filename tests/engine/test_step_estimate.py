@@ -143,3 +143,13 @@ def test_the_run_estimates_rows_judge_it_against_the_goal(monkeypatch):
     run = step_estimate.estimate_run(report(), steps, 2560, 248)
     assert figures[0].value == pytest.approx(run.tokens_per_s) and figures[0].ok == (run.tokens_per_s >= 20_000)
     assert [f.name for f in figures[1:]] == ["  moe", "  weights", "  attention", "  sampler", "  launches"]
+
+
+def test_a_k_split_launch_issues_its_share_of_k_over_more_programs():
+    def kernel(tiles):
+        return {"shape": [2880, 5760], "block": [16, 64, 64], "per_4096": 256.0, "gemm_tiles": tiles}
+
+    whole, split = moe_cost._busiest_sm_cycles(kernel("64x64w4s3"), 4), moe_cost._busiest_sm_cycles(kernel(
+        "64x64w4s3k4"), 4)
+    # 360 programs of 45 K steps: 3 on the busiest SM; 1,440 of 12 steps (the last split's 9): 11 there
+    assert whole == 3 * 2880 * 64 / 4096 * 256 and split == 11 * 12 * 64 * 64 / 4096 * 256

@@ -274,6 +274,31 @@ def random_mxfp4(num_experts, k, n, gen):
     return moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE)), mxfp4.dequantize(blocks, scales)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_k_split_between_programs_gives_the_unsplit_result(packed):
+    # K = 256 (gate_up) and 192 (down) in steps of 64: split 3 ways the last split of gate_up has no step, split
+    # 4 ways down's last has none (it stores zeros, and no bias); each split's partial sums add up to the whole
+    num_experts, top_k, hidden, inter, num_tokens = 4, 2, 256, 192, 6
+    gen = torch.Generator().manual_seed(7)
+    if packed:
+        (gate_up, _), (down, _) = random_mxfp4(num_experts, hidden, 2 * inter, gen), random_mxfp4(num_experts, inter,
+                                                                                                 hidden, gen)
+    else:
+        gate_up, down = (moe.ExpertWeight(dense=(torch.randn(num_experts, k, n, generator=gen) / k**0.5).to(DEVICE))
+                         for k, n in ((hidden, 2 * inter), (inter, hidden)))
+    gate_up_bias, down_bias = (torch.randn(num_experts, n, generator=gen).to(DEVICE) for n in (2 * inter, hidden))
+    x = (2 * torch.randn(num_tokens, hidden, generator=gen)).to(DEVICE)
+    residual = torch.randn(num_tokens, hidden, generator=gen).to(DEVICE)
+    ids, weights = routed(num_tokens, seed=3, experts=(0, 1, 2, 3), top_k=top_k)
+    results = [moe.fused_experts(x, ids, weights, gate_up, gate_up_bias, down, down_bias, 1.702, 7.0,
+                                 residual=residual, tiles=moe.GemmTiles(split_k=split)) for split in (1, 3, 4)]
+    assert results[0].abs().max() > 1.0
+    for split_result in results[1:]:  # fp32 sums in another order: a few units in the last place of ~1-10
+        torch.testing.assert_close(split_result, results[0], rtol=1e-4, atol=1e-4)
+        assert not torch.equal(split_result, 0 * results[0])
+    assert str(moe.GemmTiles(split_k=4)) == "64x64w4s3k4" and moe.GemmTiles.parse("64x64w4s3k4").split_k == 4
+
+
 @pytest.mark.parametrize("num_tokens,block_m", [(5, 16), (40, 16), (40, moe.MAX_BLOCK_M)])
 def test_scaled_dot_moe_stages_equal_engine_mxfp4_and_torch(num_tokens, block_m):
     # bf16 activations take tl.dot_scaled: each stage equals engine.mxfp4.dequantize + torch in fp32, up to
