@@ -164,6 +164,15 @@ class GemmTiles(NamedTuple):
 # Chosen from sm_90 compiles (engine.kernels.sm90), never timed: engine.kernels.moe_tiles times the candidates on a
 # GPU, and the fastest should replace it.
 DEFAULT_TILES = GemmTiles()
+# Launch shapes by rows a tile (block_m_for), where a GPU timed one faster than DEFAULT_TILES at the step sizes that
+# tile height serves (the GPU check's `moe T=` lines; e.g. {16: GemmTiles.parse("64x64w4s3k4")}). Keyed by tile
+# height, not step size, so a batch-invariant run (one height at every size) keeps one shape.
+TILES_BY_BLOCK_M: dict[int, GemmTiles] = {}
+
+
+def tiles_for(block_m: int) -> GemmTiles:
+    """The launch shape the engine's MoE takes at `block_m` rows a tile."""
+    return TILES_BY_BLOCK_M.get(block_m, DEFAULT_TILES)
 
 
 def block_m_for(num_pairs: int, num_experts: int) -> int:
@@ -240,7 +249,8 @@ def _expert_rows_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Exp
         _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
             logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
         routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
-    return _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit)
+    return _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit,
+                        tiles_for(routing.block_m))
 
 
 def _expert_rows(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight,

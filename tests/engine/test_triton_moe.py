@@ -3,6 +3,8 @@
 Without CUDA the kernels run in Triton's interpreter (small shapes); with CUDA the same tests run natively.
 """
 
+from functools import partial
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -186,6 +188,26 @@ def test_the_moe_with_the_next_norm_gives_its_sum_and_that_sums_norm(monkeypatch
                                              residual=residual)
     assert torch.equal(stream, expected)
     assert torch.equal(normed, fused.rms_norm(expected, weight, 1e-5))
+
+
+def test_the_engines_moe_takes_the_launch_shape_of_its_tile_height(monkeypatch):
+    gen = torch.Generator().manual_seed(9)
+    gate_up, _ = random_mxfp4(4, 128, 2 * 96, gen)
+    down, _ = random_mxfp4(4, 96, 128, gen)
+    biases = torch.randn(4, 2 * 96, generator=gen).to(DEVICE), torch.randn(4, 128, generator=gen).to(DEVICE)
+    x, logits = torch.randn(9, 128, generator=gen).to(DEVICE), torch.randn(9, 4, generator=gen).to(DEVICE)
+    run = partial(moe.fused_experts_from_logits, x, logits, 2, gate_up, biases[0], down, biases[1], 1.702, 7.0)
+    unsplit = run()
+    launched = []
+    real_launch = moe._launch
+    monkeypatch.setattr(moe, "_launch", lambda *args, tiles, **kw: launched.append(tiles) or real_launch(
+        *args, tiles=tiles, **kw))
+    monkeypatch.setitem(moe.TILES_BY_BLOCK_M, 16, moe.GemmTiles(split_k=2))
+    torch.testing.assert_close(run(), unsplit, rtol=1e-5, atol=1e-5)
+    assert launched == [moe.GemmTiles(split_k=2)] * 2  # 9 tokens: 16-row tiles
+    launched.clear()
+    run(block_m=32)  # another height (as a batch-invariant run gives): the default
+    assert launched == [moe.DEFAULT_TILES] * 2
 
 
 # -- dense expert weights ------------------------------------------------------------------
