@@ -152,13 +152,18 @@ def test_route_kernel_equals_the_torch_reference_entry_for_entry(num_tokens, num
         assert torch.equal(tensor.cpu(), getattr(want, name).cpu()), name
 
 
+def logits_layer(seed, hidden=64, inter=96, num_tokens=9):
+    """A 4-expert MXFP4 layer (gate_up, down, their biases), inputs x and router logits for `num_tokens` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    (gate_up, _), (down, _) = random_mxfp4(4, hidden, 2 * inter, gen), random_mxfp4(4, inter, hidden, gen)
+    biases = torch.randn(4, 2 * inter, generator=gen).to(DEVICE), torch.randn(4, hidden, generator=gen).to(DEVICE)
+    x, logits = (torch.randn(num_tokens, n, generator=gen).to(DEVICE) for n in (hidden, 4))
+    return gate_up, down, biases, x, logits, gen
+
+
 def test_past_the_kernels_size_the_moe_routes_and_takes_its_top_k_with_torch(monkeypatch):
     # the same experts, weights and output either way (fp32: the softmax may differ in its last bit at most)
-    gen = torch.Generator().manual_seed(7)
-    gate_up, _ = random_mxfp4(4, 64, 2 * 96, gen)
-    down, _ = random_mxfp4(4, 96, 64, gen)
-    biases = torch.randn(4, 2 * 96, generator=gen).to(DEVICE), torch.randn(4, 64, generator=gen).to(DEVICE)
-    x, logits = torch.randn(9, 64, generator=gen).to(DEVICE), torch.randn(9, 4, generator=gen).to(DEVICE)
+    gate_up, down, biases, x, logits, _ = logits_layer(7)
     kernel = moe.fused_experts_from_logits(x, logits, 2, gate_up, biases[0], down, biases[1], 1.702, 7.0)
     monkeypatch.setattr(moe, "ROUTE_KERNEL_MAX_PAIRS", 8)
 
@@ -176,11 +181,7 @@ def test_the_moe_with_the_next_norm_gives_its_sum_and_that_sums_norm(monkeypatch
     from engine.kernels import fused
 
     monkeypatch.setattr(moe, "ROUTE_KERNEL_MAX_PAIRS", max_pairs)
-    gen = torch.Generator().manual_seed(8)
-    gate_up, _ = random_mxfp4(4, 64, 2 * 96, gen)
-    down, _ = random_mxfp4(4, 96, 64, gen)
-    biases = torch.randn(4, 2 * 96, generator=gen).to(DEVICE), torch.randn(4, 64, generator=gen).to(DEVICE)
-    x, logits = torch.randn(9, 64, generator=gen).to(DEVICE), torch.randn(9, 4, generator=gen).to(DEVICE)
+    gate_up, down, biases, x, logits, gen = logits_layer(8)
     residual, weight = torch.randn(9, 64, generator=gen).to(DEVICE), torch.rand(64, generator=gen).to(DEVICE)
     stream, normed = moe.fused_experts_from_logits_norm(x, logits, 2, gate_up, biases[0], down, biases[1], 1.702,
                                                         7.0, 0, residual, weight, 1e-5)
@@ -191,11 +192,7 @@ def test_the_moe_with_the_next_norm_gives_its_sum_and_that_sums_norm(monkeypatch
 
 
 def test_the_engines_moe_takes_the_launch_shape_of_its_tile_height(monkeypatch):
-    gen = torch.Generator().manual_seed(9)
-    gate_up, _ = random_mxfp4(4, 128, 2 * 96, gen)
-    down, _ = random_mxfp4(4, 96, 128, gen)
-    biases = torch.randn(4, 2 * 96, generator=gen).to(DEVICE), torch.randn(4, 128, generator=gen).to(DEVICE)
-    x, logits = torch.randn(9, 128, generator=gen).to(DEVICE), torch.randn(9, 4, generator=gen).to(DEVICE)
+    gate_up, down, biases, x, logits, _ = logits_layer(9, hidden=128)
     run = partial(moe.fused_experts_from_logits, x, logits, 2, gate_up, biases[0], down, biases[1], 1.702, 7.0)
     unsplit = run()
     launched = []
