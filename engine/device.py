@@ -162,8 +162,13 @@ def graphed(fn: Callable[[], object], device: str | torch.device) -> Callable[[]
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        captured = fn()
+
+    def replay() -> object:
+        graph.replay()
+        return captured  # held with `fn` (and what it holds) for as long as the replays are
+
+    return replay
 
 
 def median_us(fn: Callable[[], object], device: str | torch.device, repeats: int = 20) -> float:

@@ -50,7 +50,8 @@ else
     # transformers decodes one static batch of each workload, its outputs capped at 64 tokens: a batch runs
     # to its longest output (1,084 tokens for the first 32 ShareGPT-like requests), and transformers 5.17's
     # expert loop waits on the GPU twice per expert and layer: 0.41 s a step at batch 32 on an H200, so 256
-    # tokens took ~110 of bench_sharegpt's 168 s for a ratio (the engine's ~130x) that 64 tokens give as well
+    # tokens took ~110 of bench_sharegpt's 168 s. At 64 more of its tokens are prompt: its tok/s (and the
+    # engine's ratio to it) is not comparable with a 256-token cap's (81 tok/s, 129x on that H200)
     SHAREGPT=(--num-requests 512 --baseline-requests 32 --baseline-output-len 64)
     RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 64)
     ROUTING=(--device cuda)

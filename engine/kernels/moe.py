@@ -158,15 +158,20 @@ class GemmTiles(NamedTuple):
         match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?", text.strip())
         if match is None:
             raise ValueError(f"tiles {text!r}: expected BLOCK_NxBLOCK_KwWARPSsSTAGES[kSPLIT], e.g. 64x64w4s3")
-        return cls(*(int(group) for group in match.groups() if group is not None))
+        tiles = cls(*(int(group) for group in match.groups() if group is not None))
+        if min(tiles) < 1:
+            raise ValueError(f"tiles {text!r}: every size must be at least 1")
+        return tiles
 
 
 # Chosen from sm_90 compiles (engine.kernels.sm90), never timed: engine.kernels.moe_tiles times the candidates on a
 # GPU, and the fastest should replace it.
 DEFAULT_TILES = GemmTiles()
 # Launch shapes by rows a tile (block_m_for), where a GPU timed one faster than DEFAULT_TILES at the step sizes that
-# tile height serves (the GPU check's `moe T=` lines; e.g. {16: GemmTiles.parse("64x64w4s3k4")}). Keyed by tile
-# height, not step size, so a batch-invariant run (one height at every size) keeps one shape.
+# tile height serves (the GPU check's `moe T=` lines; e.g. {16: GemmTiles.parse("64x64w4s3k4")}): the engine's MoE
+# from router logits takes them, a batch-invariant run (its tile height forced at every step size) never does. A K
+# split's fp32 partial sums ([split, pairs, 2 x intermediate]) fit engine.config.activation_bytes' bound only at
+# the 16-row tiles of small steps: a split belongs at that height alone.
 TILES_BY_BLOCK_M: dict[int, GemmTiles] = {}
 
 
@@ -238,6 +243,7 @@ def _expert_rows_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Exp
     if gate_up.shape[0] != num_experts or x.shape[0] != num_tokens:
         raise ValueError(f"router logits {tuple(logits.shape)} do not match x {tuple(x.shape)} and "
                          f"{gate_up.shape[0]} experts")
+    forced = bool(block_m)  # a batch-invariant run's height: one launch shape at every step size
     if num_tokens * top_k > ROUTE_KERNEL_MAX_PAIRS and not block_m:
         # torch's top-k and softmax (its softmax may round a weight otherwise than the kernel's, so batch-invariant
         # runs, which give block_m, keep to the kernel at any size)
@@ -250,7 +256,7 @@ def _expert_rows_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Exp
             logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
         routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
     return _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit,
-                        tiles_for(routing.block_m))
+                        DEFAULT_TILES if forced else tiles_for(routing.block_m))
 
 
 def _expert_rows(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight,

@@ -203,8 +203,9 @@ def test_the_engines_moe_takes_the_launch_shape_of_its_tile_height(monkeypatch):
     torch.testing.assert_close(run(), unsplit, rtol=1e-5, atol=1e-5)
     assert launched == [moe.GemmTiles(split_k=2)] * 2  # 9 tokens: 16-row tiles
     launched.clear()
-    run(block_m=32)  # another height (as a batch-invariant run gives): the default
-    assert launched == [moe.DEFAULT_TILES] * 2
+    run(block_m=32)  # another height: the default
+    run(block_m=16)  # a forced height (a batch-invariant run's, at any step size): the default too
+    assert launched == [moe.DEFAULT_TILES] * 4
 
 
 # -- dense expert weights ------------------------------------------------------------------
@@ -293,11 +294,12 @@ def random_mxfp4(num_experts, k, n, gen):
     return moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE)), mxfp4.dequantize(blocks, scales)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_k_split_between_programs_gives_the_unsplit_result(packed):
+@pytest.mark.parametrize(("packed", "inter"), [(False, 192), (True, 192), (True, 160)])
+def test_k_split_between_programs_gives_the_unsplit_result(packed, inter):
     # K = 256 (gate_up) and 192 (down) in steps of 64: split 3 ways the last split of gate_up has no step, split
-    # 4 ways down's last has none (it stores zeros, and no bias); each split's partial sums add up to the whole
-    num_experts, top_k, hidden, inter, num_tokens = 4, 2, 256, 192, 6
+    # 4 ways down's last has none (it stores zeros, and no bias); 160: down's last step masked. Each split's
+    # partial sums add up to the whole
+    num_experts, top_k, hidden, num_tokens = 4, 2, 256, 6
     gen = torch.Generator().manual_seed(7)
     if packed:
         (gate_up, _), (down, _) = random_mxfp4(num_experts, hidden, 2 * inter, gen), random_mxfp4(num_experts, inter,
@@ -316,6 +318,8 @@ def test_k_split_between_programs_gives_the_unsplit_result(packed):
         torch.testing.assert_close(split_result, results[0], rtol=1e-4, atol=1e-4)
         assert not torch.equal(split_result, 0 * results[0])
     assert str(moe.GemmTiles(split_k=4)) == "64x64w4s3k4" and moe.GemmTiles.parse("64x64w4s3k4").split_k == 4
+    with pytest.raises(ValueError, match="at least 1"):
+        moe.GemmTiles.parse("64x64w4s3k0")
 
 
 @pytest.mark.parametrize("num_tokens,block_m", [(5, 16), (40, 16), (40, moe.MAX_BLOCK_M)])
