@@ -41,6 +41,7 @@ PRESET_20B = dict(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64
                   sliding_window=128, max_position_embeddings=131072)
 PRESET_120B = {**PRESET_20B, "num_hidden_layers": 36, "num_local_experts": 128}
 PRESETS = {"20b": PRESET_20B, "120b": PRESET_120B}
+PRESET_DTYPE = torch.bfloat16  # the presets' models (the experts MXFP4 unless held dense)
 # The systems each preset can hold on one GPU: 120b's experts fit packed only (~57 GB; ~214 GiB as bf16).
 PRESET_SYSTEMS = {"20b": (*ENGINE_SYSTEMS, "hf_generate", "hf_generate_batch"),
                   "120b": tuple(s for s, options in ENGINE_SYSTEMS.items() if options.get("moe_weights") != "dense")}
@@ -173,11 +174,16 @@ def build_preset_engine(preset: str, engine_options: dict[str, Any], dry_run: bo
     engine system `system`'s options (ENGINE_SYSTEMS) over `engine_options`."""
     from engine.llm_engine import LLMEngine
 
-    config, dtype = preset_config(**{**PRESETS[preset], **(DRY_RUN_SHAPE if dry_run else {})}), torch.bfloat16
-    engine_config = dataclasses.replace(EngineConfig(Path(f"preset-{preset}"), dtype=dtype, **engine_options),
-                                        **ENGINE_SYSTEMS[system])
-    return LLMEngine(engine_config, build_engine_model(config, engine_config.device, dtype, engine_config.kernels,
-                                                       moe_weights=engine_config.moe_weights))
+    config, base = _preset_configs(preset, engine_options, dry_run)
+    engine_config = dataclasses.replace(base, **ENGINE_SYSTEMS[system])
+    return LLMEngine(engine_config, build_engine_model(config, engine_config.device, PRESET_DTYPE,
+                                                       engine_config.kernels, moe_weights=engine_config.moe_weights))
+
+
+def _preset_configs(preset: str, engine_options: dict[str, Any], dry_run: bool) -> tuple[Any, EngineConfig]:
+    """`preset`'s model config (DRY_RUN_SHAPE's if `dry_run`) and the engine's over `engine_options`."""
+    config = preset_config(**{**PRESETS[preset], **(DRY_RUN_SHAPE if dry_run else {})})
+    return config, EngineConfig(Path(f"preset-{preset}"), dtype=PRESET_DTYPE, **engine_options)
 
 
 def run_preset_system(system: str, workload: Workload, *, batch_size: int, engine_options: dict[str, Any],
@@ -188,9 +194,8 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
     dry_run: the same code at DRY_RUN_SHAPE on any device (a check of the harness, not a measurement)."""
     from engine.bench_hf import run_generate, run_generate_batch
 
-    config, dtype = preset_config(**{**PRESETS[preset], **(DRY_RUN_SHAPE if dry_run else {})}), torch.bfloat16
-    engine_config = EngineConfig(Path(f"preset-{preset}"), dtype=dtype, **engine_options)
-    device = engine_config.device
+    config, engine_config = _preset_configs(preset, engine_options, dry_run)
+    device, dtype = engine_config.device, PRESET_DTYPE
     on_gpu = device.startswith("cuda")
     if not on_gpu and not dry_run:
         raise ValueError(f"--preset {preset} is built on the GPU: pass --device cuda")

@@ -18,6 +18,7 @@ import torch
 from transformers import GptOssConfig
 
 from engine.api import CPU_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, ModelLoadError
+from engine.attention import FP8
 from engine.device import resolve_device, resolve_kernels
 from engine.device_sampler import sampler_temporary_bytes
 
@@ -28,7 +29,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 # float8 e4m3, a byte an element: twice a bf16 cache's tokens in the same memory and half the bytes attention
 # reads, each value rounded to 3 mantissa bits and saturated at +-448 (no scale: vLLM's `--kv-cache-dtype fp8`
 # without calibrated scales).
-KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn}
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": FP8}
 
 
 def read_config_json(model_dir: str | Path) -> dict:

@@ -66,7 +66,7 @@ def cache_value(x, dtype: tl.constexpr):
     """fp32 x (exactly a value of the model's dtype) as a KV cache of `dtype` stores it."""
     if dtype == tl.float8e4nv:
         nan = tl.full(x.shape, 0x7F, tl.uint8).to(dtype, bitcast=True)
-        return tl.where(x != x, nan, _e4m3_rounded(x).to(dtype))  # the interpreter casts a NaN to a number
+        return tl.where(x != x, nan, rounded(x, dtype).to(dtype))  # the interpreter casts a NaN to a number
     else:
         return x.to(dtype)
 

@@ -67,8 +67,9 @@ def moe_gemm_kernel(
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     k_begin, k_end = 0, K
     if SPLIT_K > 1:  # whole K steps a split, so EVEN_K still holds in each
-        k_begin = tl.program_id(2) * (tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K)
-        k_end = tl.minimum(K, k_begin + tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K)
+        k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_begin = tl.program_id(2) * k_per_split
+        k_end = tl.minimum(K, k_begin + k_per_split)
     for k0 in range(k_begin, k_end, BLOCK_K):
         if WEIGHTS == "mxfp4":
             acc = _mxfp4_scaled_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0, K,
