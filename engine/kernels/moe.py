@@ -168,15 +168,23 @@ class GemmTiles(NamedTuple):
 # GPU, and the fastest should replace it.
 DEFAULT_TILES = GemmTiles()
 # Launch shapes by rows a tile (block_m_for), where a GPU timed one faster than DEFAULT_TILES at the step sizes that
-# tile height serves (the GPU check's `moe T=` lines; e.g. {16: GemmTiles.parse("64x64w4s3k4")}): the engine's MoE
-# from router logits takes them, a batch-invariant run (its tile height forced at every step size) never does. A K
-# split's fp32 partial sums ([split, pairs, 2 x intermediate]) fit engine.config.activation_bytes' bound only at
-# the 16-row tiles of small steps: a split belongs at that height alone.
-TILES_BY_BLOCK_M: dict[int, GemmTiles] = {}
+# tile height serves (the GPU check's `moe T=` lines, graph replays of one 20b layer on an H200): at 16-row tiles
+# (20b steps under 72 tokens) 64x64w2s3 took x0.90-0.91 of the default's time at 8, 16, 32 and 64 tokens (x0.94 at
+# 1). At 64 and 128 rows (256 and 2,048 tokens) the default was the fastest. The engine's MoE from router logits
+# takes them on MXFP4 experts; a batch-invariant run (its tile height forced at every step size) never does.
+TILES_BY_BLOCK_M: dict[int, GemmTiles] = {16: GemmTiles.parse("64x64w2s3")}
+# The smallest steps: a few tiles x 90 column blocks leave most SMs idle while each program walks K's 45 steps in
+# turn, so K is split: x0.73 at 1 token, x0.81 at 2, x0.94 at 4, x1.00 at 8. Its fp32 partial sums ([split, pairs,
+# 2 x intermediate]) are small at these sizes, far inside engine.config.activation_bytes' bound.
+SPLIT_K_TILES = GemmTiles.parse("64x64w4s3k4")
+SPLIT_K_MAX_PAIRS = 8  # (token, expert) pairs: two tokens of a top-4 model
 
 
-def tiles_for(block_m: int) -> GemmTiles:
-    """The launch shape the engine's MoE takes at `block_m` rows a tile."""
+def tiles_for(block_m: int, num_pairs: int) -> GemmTiles:
+    """The launch shape the engine's MoE takes for a step of `num_pairs` (token, expert) pairs at `block_m` rows
+    a tile."""
+    if num_pairs <= SPLIT_K_MAX_PAIRS:
+        return SPLIT_K_TILES
     return TILES_BY_BLOCK_M.get(block_m, DEFAULT_TILES)
 
 
@@ -255,8 +263,10 @@ def _expert_rows_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Exp
         _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
             logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
         routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
-    return _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit,
-                        DEFAULT_TILES if forced else tiles_for(routing.block_m))
+    # the shapes were timed on MXFP4 experts: dense ones keep the default
+    timed = not forced and gate_up.blocks is not None
+    tiles = tiles_for(routing.block_m, num_tokens * top_k) if timed else DEFAULT_TILES
+    return _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, tiles)
 
 
 def _expert_rows(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight,

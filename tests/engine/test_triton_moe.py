@@ -195,10 +195,7 @@ def test_the_engines_moe_takes_the_launch_shape_of_its_tile_height(monkeypatch):
     gate_up, down, biases, x, logits, _ = logits_layer(9, hidden=128)
     run = partial(moe.fused_experts_from_logits, x, logits, 2, gate_up, biases[0], down, biases[1], 1.702, 7.0)
     unsplit = run()
-    launched = []
-    real_launch = moe._launch
-    monkeypatch.setattr(moe, "_launch", lambda *args, tiles, **kw: launched.append(tiles) or real_launch(
-        *args, tiles=tiles, **kw))
+    launched = spy_launches(monkeypatch)
     monkeypatch.setitem(moe.TILES_BY_BLOCK_M, 16, moe.GemmTiles(split_k=2))
     torch.testing.assert_close(run(), unsplit, rtol=1e-5, atol=1e-5)
     assert launched == [moe.GemmTiles(split_k=2)] * 2  # 9 tokens: 16-row tiles
@@ -206,6 +203,34 @@ def test_the_engines_moe_takes_the_launch_shape_of_its_tile_height(monkeypatch):
     run(block_m=32)  # another height: the default
     run(block_m=16)  # a forced height (a batch-invariant run's, at any step size): the default too
     assert launched == [moe.DEFAULT_TILES] * 4
+
+
+def test_the_smallest_steps_split_k_and_dense_experts_keep_the_default(monkeypatch):
+    gate_up, down, biases, x, logits, _ = logits_layer(10, hidden=128, num_tokens=3)
+    args = (gate_up, biases[0], down, biases[1], 1.702, 7.0)
+    one_token = moe.fused_experts_from_logits(x[:1], logits[:1], 2, *args)  # 2 pairs
+    three_tokens = moe.fused_experts_from_logits(x, logits, 4, *args)  # 12 pairs: past SPLIT_K_MAX_PAIRS
+    launched = spy_launches(monkeypatch)
+    torch.testing.assert_close(moe.fused_experts_from_logits(x[:1], logits[:1], 2, *args), one_token)
+    assert launched == [moe.SPLIT_K_TILES] * 2 and moe.SPLIT_K_TILES.split_k > 1
+    launched.clear()
+    moe.fused_experts_from_logits(x, logits, 4, *args)
+    assert launched == [moe.TILES_BY_BLOCK_M[16]] * 2 != [moe.SPLIT_K_TILES] * 2
+    launched.clear()
+    dense = [moe.ExpertWeight(dense=mxfp4.dequantize(w.blocks.cpu(), w.scales.cpu()).to(DEVICE))
+             for w in (gate_up, down)]
+    dense_out = moe.fused_experts_from_logits(x, logits, 4, dense[0], biases[0], dense[1], biases[1], 1.702, 7.0)
+    assert launched == [moe.DEFAULT_TILES] * 2
+    torch.testing.assert_close(dense_out, three_tokens, rtol=1e-5, atol=1e-5)
+
+
+def spy_launches(monkeypatch) -> list:
+    """The launch shape of each grouped GEMM the MoE launches from here on."""
+    launched = []
+    real_launch = moe._launch
+    monkeypatch.setattr(moe, "_launch", lambda *args, tiles, **kw: launched.append(tiles) or real_launch(
+        *args, tiles=tiles, **kw))
+    return launched
 
 
 # -- dense expert weights ------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "decode_120b", "bench_random", "profile",
-         "moe_tiles", "routing", "sampler", "moe_dense", "deterministic", "fp8_kv", "batched_8192", "proxies"]
+         "moe_tiles", "routing", "sampler", "moe_dense", "deterministic", "fp8_kv", "vllm_settings", "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -102,8 +102,8 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
     decode_120b = figures.split("=== decode_120b")[1].split("\n=== ")[0]  # each step's lines under its name
     assert "random engine stats: num_steps=" in decode_120b and "batch-1 decode: " in decode_120b
     assert "sharegpt engine_dense: " in figures and "batch-1 decode (engine_dense): " in figures
-    batched = figures.split("=== batched_8192")[1].split("\n=== ")[0]
-    assert "sharegpt engine: " in batched and "batch-1 decode: " in batched
+    vllm_settings = figures.split("=== vllm_settings")[1].split("\n=== ")[0]
+    assert "sharegpt engine: 6 requests" in vllm_settings and "batch-1 decode: " in vllm_settings
     assert "proxies: none registered" in log or "proxy " in log
     assert "routing T=16 (64 pairs; the engine's kernel up to 4096): kernel " in figures
     assert "sampler B=2 over 4,096 tokens, top-p 0.9: kernels " in figures
