@@ -10,8 +10,9 @@ their K/V writes land nowhere that is read.
 
 The attention kernel's grid depends on the longest context (`max_seq_len`,
 host int): each graph is captured with its bound, and a step uses the smallest
-graph whose batch size and bound cover it. Anything else (prefill rows, a
-bigger batch, a longer context) runs eagerly. Only the Triton kernels are
+graph whose batch size and bound cover it (rows x bound up to
+MAX_FULL_GRAPH_KEYS). Anything else (prefill rows, a bigger batch, a longer
+context) runs eagerly. Only the Triton kernels are
 captured: the torch path's MoE reads expert counts back to the host on CUDA.
 
 Steps with prefill rows (and decode steps past the context ladder) replay the
@@ -36,6 +37,12 @@ BATCH_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320
 CONTEXT_LADDER = (1024, 4096, 16384)  # then the model's max context
 # Token counts of the piecewise graphs: the batch ladder, then every 256 tokens up to the step's token budget.
 TOKEN_LADDER = BATCH_LADDER + tuple(range(768, 16385, 256))
+# The most rows x context bound a full decode graph is captured at. Its attention's split-K partial results (fp32,
+# [rows, heads, bound / PARTITION_SIZE, head_dim + 2]: engine.graph_memory.split_k_bytes) grow with both and live in
+# the graphs' pool: ~1 GB for gpt-oss at 256 rows of 128k, 4 at 1,024 rows (where an H200 held 8.6 GB of graphs
+# against 1.2 at 256). Past it a decode step replays the piecewise graphs: attention eager, its partial results
+# sized to the step's own longest context.
+MAX_FULL_GRAPH_KEYS = 256 * 131072
 
 
 def ladder(limit: int, rungs: tuple[int, ...]) -> list[int]:
@@ -59,13 +66,16 @@ class GraphPlan:
         self.batch_sizes = ladder(max_batch, BATCH_LADDER)
         self.context_bounds = ladder(max_model_len, CONTEXT_LADDER)
         self.token_sizes = ladder(max_tokens, TOKEN_LADDER)
+        # (batch size, context bound) of each full decode graph, largest bound first, then largest batch
+        self.full_graphs = [(size, bound) for bound in reversed(self.context_bounds)
+                            for size in reversed(self.batch_sizes) if size * bound <= MAX_FULL_GRAPH_KEYS]
 
     def pick(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> GraphChoice:
         """The smallest graph covering a step of `num_tokens` new tokens (decode-only if max_query_len is 1)."""
         if max_query_len == 1:
             size = next((s for s in self.batch_sizes if s >= num_tokens), None)
             bound = next((b for b in self.context_bounds if b >= max_seq_len), None)
-            if size is not None and bound is not None:
+            if size is not None and bound is not None and size * bound <= MAX_FULL_GRAPH_KEYS:
                 return GraphChoice("full", size, bound)
         tokens = next((t for t in self.token_sizes if t >= num_tokens), None)
         return GraphChoice("eager") if tokens is None else GraphChoice("piecewise", tokens)
@@ -165,20 +175,19 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self, pool: Any, stream: Any = None) -> None:
-        """Capture every (batch size, context bound), largest first so that smaller graphs reuse its memory.
+        """Capture the plan's full graphs, largest first so that smaller graphs reuse its memory.
 
         `stream`: the capture stream; graphs that share `pool` must share it too (engine.model_runner)."""
         stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for bound in reversed(self.plan.context_bounds):
-                for size in reversed(self.plan.batch_sizes):
-                    input_ids, meta = self.inputs.view(size, bound)
-                    self.model(input_ids, meta, self.kv_caches)  # warm-up: Triton compiles, allocator settles
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        hidden = self.model(input_ids, meta, self.kv_caches)
-                    self.graphs[(size, bound)] = (graph, hidden)
+            for size, bound in self.plan.full_graphs:
+                input_ids, meta = self.inputs.view(size, bound)
+                self.model(input_ids, meta, self.kv_caches)  # warm-up: Triton compiles, allocator settles
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    hidden = self.model(input_ids, meta, self.kv_caches)
+                self.graphs[(size, bound)] = (graph, hidden)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 

@@ -10,8 +10,9 @@ The graphs are set up after the KV cache is sized, so the cache must leave them 
 - one private memory pool, shared by every graph, captured largest first on one stream (a block freed
   on another stream would not be reused): each capture's transient activations (freed within it, so
   the next capture reuses them: the pool peaks at the largest step,
-  the piecewise graphs' largest token count or the decode graphs' largest batch with the split-K
-  partial results of its longest context bound) and every full decode graph's output, which it keeps.
+  the piecewise graphs' largest token count or the full decode graph of the largest activations and
+  split-K partial results, which engine.cuda_graphs.MAX_FULL_GRAPH_KEYS bounds) and every full decode
+  graph's output, which it keeps.
 
 The buffers are counted exactly (tests/engine/test_graph_memory.py checks them against the tensors
 the graph classes allocate); the activations with `engine.config.activation_bytes`, a bound a test
@@ -47,8 +48,7 @@ def decode_input_bytes(max_batch: int, max_blocks: int) -> int:
 
 def decode_output_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
     """Bytes of the full decode graphs' outputs, one [batch, hidden] per (batch size, context bound), kept."""
-    size = dtype.itemsize
-    return sum(plan.batch_sizes) * len(plan.context_bounds) * config.hidden_size * size
+    return sum(size for size, _ in plan.full_graphs) * config.hidden_size * dtype.itemsize
 
 
 def split_k_bytes(config: ModelConfig, batch: int, context: int) -> int:
@@ -61,8 +61,8 @@ def split_k_bytes(config: ModelConfig, batch: int, context: int) -> int:
 def graph_pool_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
     """A bound on the shared pool: the largest capture's transient activations, plus the decode outputs."""
     pieces = activation_bytes(config, plan.token_sizes[-1])
-    decode = activation_bytes(config, plan.batch_sizes[-1]) \
-        + split_k_bytes(config, plan.batch_sizes[-1], plan.context_bounds[-1])
+    decode = max((activation_bytes(config, size) + split_k_bytes(config, size, bound)
+                  for size, bound in plan.full_graphs), default=0)
     return max(pieces, decode) + decode_output_bytes(config, plan, dtype)
 
 

@@ -12,7 +12,7 @@ from engine import model as engine_model
 from engine.api import SamplingParams
 from engine.attention import paged_attention
 from engine.config import EngineConfig
-from engine.cuda_graphs import GraphChoice, GraphCounts, GraphPlan, StaticDecodeInputs, ladder
+from engine.cuda_graphs import MAX_FULL_GRAPH_KEYS, GraphChoice, GraphCounts, GraphPlan, StaticDecodeInputs, ladder
 from engine.graph_share import sharegpt_graph_stats
 from engine.kernels import PARTITION_SIZE
 from engine.piecewise_graphs import PiecewiseGraphs
@@ -73,6 +73,23 @@ def test_the_plan_picks_the_smallest_graph_that_covers_the_step():
     assert plan.pick(300, 40, 900) == GraphChoice("piecewise", 320)
     assert plan.pick(1100, 512, 900) == GraphChoice("piecewise", 1280)
     assert plan.pick(2049, 512, 900) == GraphChoice("eager")
+
+
+def test_full_graphs_stop_where_rows_times_context_would_pass_the_cap():
+    # 1,024 rows of a 131,072-token bound: 4 GB of split-K partial results in the pool for gpt-oss; past
+    # MAX_FULL_GRAPH_KEYS a decode step replays the piecewise graphs
+    plan = GraphPlan(max_batch=1024, max_model_len=131072, max_tokens=8192)
+    assert plan.full_graphs[0] == (256, 131072) and (320, 131072) not in plan.full_graphs
+    assert (1024, 16384) in plan.full_graphs and len(plan.full_graphs) == len(set(plan.full_graphs))
+    assert all(size * bound <= MAX_FULL_GRAPH_KEYS for size, bound in plan.full_graphs)
+    assert plan.pick(200, 1, 100_000) == GraphChoice("full", 224, 131072)
+    assert plan.pick(1000, 1, 16_000) == GraphChoice("full", 1024, 16384)
+    assert plan.pick(1000, 1, 20_000) == GraphChoice("piecewise", 1024)
+    assert plan.pick(300, 1, 20_000) == GraphChoice("piecewise", 320)
+    # the batch sizes and bounds a step can pick, every pair of them under the cap, and no other
+    picked = {(c.size, c.bound) for c in (plan.pick(n, 1, ctx) for n in plan.batch_sizes for ctx in plan.context_bounds)
+              if c.kind == "full"}
+    assert picked == set(plan.full_graphs)
 
 
 def test_counts_share_decode_tokens_by_how_their_step_ran():

@@ -7,8 +7,8 @@ from engine.checkpoint import tiny_config
 from engine.config import ModelConfig, activation_bytes, activation_reserve_bytes
 from engine.cuda_graphs import DecodeGraphs, GraphPlan
 from engine.device import gpu_kv_cache_budget
-from engine.graph_memory import (decode_input_bytes, graph_memory_bytes, graph_pool_bytes, kv_reserve_bytes,
-                                 piecewise_buffer_bytes, split_k_bytes)
+from engine.graph_memory import (decode_input_bytes, decode_output_bytes, graph_memory_bytes, graph_pool_bytes,
+                                 kv_reserve_bytes, piecewise_buffer_bytes, split_k_bytes)
 from engine.op_trace import PeakMemory
 from engine.piecewise_graphs import PiecewiseGraphs
 from tests.engine.test_decode_trace import decode_step
@@ -65,6 +65,13 @@ def test_the_reserve_counts_the_piecewise_buffers_and_the_largest_capture():
     # more batched tokens: bigger pieces (the estimate before counted one decode step at max_num_seqs only)
     assert kv_reserve_bytes(config, max_num_batched_tokens=16384, **sizes, cuda_graphs=True) - \
         kv_reserve_bytes(config, max_num_batched_tokens=16384, **sizes, cuda_graphs=False) > graphed - eager
+    # 1,024 sequences: the split-K partial results stay at 256 rows of 131,072 tokens' (engine.cuda_graphs.
+    # MAX_FULL_GRAPH_KEYS; uncapped, 1,024 rows' were 4x those), and the 8,192-token pieces set the pool's peak
+    wide = GraphPlan(max_batch=1024, max_model_len=131072, max_tokens=8192)
+    assert max(split_k_bytes(config, size, bound) for size, bound in wide.full_graphs) == split_k_bytes(config, 256,
+                                                                                                        131072)
+    assert graph_pool_bytes(config, wide, torch.bfloat16) \
+        == activation_bytes(config, 8192) + decode_output_bytes(config, wide, torch.bfloat16)
     # made-up figures: 80 GiB device, 20 GiB in use, at 0.9: the graphs come out of the KV cache, byte for byte
     budget = lambda reserve: gpu_kv_cache_budget(60 * GIB, 80 * GIB, 0.9, reserve)  # noqa: E731
     assert budget(eager) - budget(graphed) == graphed - eager
