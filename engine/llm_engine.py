@@ -169,7 +169,9 @@ class LLMEngine:
                 "async_scheduling": self.async_scheduling, "num_sync_steps": self.num_sync_steps,
                 # decode tokens computed in a CUDA graph: replayed on CUDA, counted by the same plan on CPU
                 **self.runner.counts.stats(), **self.runner.capture_stats,
-                **({"graph_reserve_gb": self.graph_reserve_bytes / 2**30} if self.runner.capture_stats else {})}
+                **({"graph_reserve_gb": self.graph_reserve_bytes / 2**30} if self.runner.capture_stats else {}),
+                # model time by step size (new tokens): "3-8:916/3.7s" is 916 steps of 3 to 8 tokens, 3.7 s in all
+                "forward_by_tokens": self.runner.timer.by_step_size}
 
     def describe(self) -> dict:
         """Configuration for the runs table."""

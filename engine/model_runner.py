@@ -154,7 +154,7 @@ class ModelRunner:
         sampled = batch.sampled
         params = [item.seq.sampling for item in sampled]
         masks = self.masks.start(params)  # grammar masks, computed while the model runs
-        self.timer.start()
+        self.timer.start(step.input_ids.shape[0])
         hidden = self.forward(batch, step.input_ids, step.meta)  # [T, hidden]
         if not step.num_logit_rows:
             self.timer.stop()

@@ -134,7 +134,7 @@ step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${
 # where a decode step's time goes: the kernels of 5 steady steps at batch 256 and 1 (1,024-token prompts, temperature
 # 1), summed by part of the step, and the share of the steps' wall time the device was busy
 step profile 150 "$PY" -m engine.step_profile "${PROFILE[@]}"
-# the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 1 and 2,048 tokens, through each launch shape of
+# the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 16, 4, 1 and 2,048 tokens, through each launch shape of
 # engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
 # should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64). Mostly compiles.
 step moe_tiles 120 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"

@@ -34,14 +34,15 @@ class MoeShape(NamedTuple):
 
 SHAPES = {"20b": MoeShape(2880, 2880, 32, 4), "tiny": MoeShape(64, 64, 8, 2)}
 LAYERS_20B = 24
-# The default first; then wider columns, a longer K step (2,880 is no multiple of 128: its last step is masked),
-# 2 warps at 64 and 32 columns (compiled for sm_90 they issue ~30% less than 4 at the 16-row tiles of steps up to
-# ~64 tokens, ~40% more at 64 rows), and K split 4 and 2 ways: on an H200 a batch-1 step's MoE launches took ~38
-# us each, a few programs an SM each walking K's 45 steps in turn, so shorter walks and more programs. sm_90
-# compiles of each: README (python -m engine.kernels.moe_tiles --sm90).
+# The default first; then a longer K step (2,880 is no multiple of 128: its last step is masked), 2 warps (compiled
+# for sm_90 they issue ~30% less than 4 at the 16-row tiles of steps up to ~64 tokens, ~40% more at 64 rows), K
+# split 4 and 2 ways (on an H200 a batch-1 step's MoE launches took ~38 us each, a few programs an SM each walking
+# K's 45 steps in turn), and deeper pipelines for the small steps, whose loops wait on their loads (the same issue
+# as their 3-stage shapes, more loads in flight). An H200 timed 128x64w4s3 and 32x64w2s3 at every step size and
+# never found them fastest. sm_90 compiles of each: README (python -m engine.kernels.moe_tiles --sm90).
 CANDIDATES = tuple(GemmTiles.parse(text) for text in
-                   ("64x64w4s3", "128x64w4s3", "64x128w4s3", "64x64w2s3", "32x64w2s3", "64x64w4s3k4",
-                    "64x128w4s3k2"))
+                   ("64x64w4s3", "64x128w4s3", "64x64w2s3", "64x64w4s3k4", "64x128w4s3k2", "64x64w2s5",
+                    "64x128w4s4"))
 DENSE = "dense"  # the experts held dense, at the default shape
 # Outputs further than this from the default's (the largest difference over the largest magnitude) are wrong: a
 # K step or column block only reorders fp32 sums, then each rounds to the activations' dtype.
@@ -218,14 +219,18 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="The MoE's grouped GEMMs timed per launch shape.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tokens", default="256,64,1,2048", help="step sizes, comma-separated (most telling first)")
+    parser.add_argument("--tokens", default="256,64,16,4,1,2048",
+                        help="step sizes, comma-separated (most telling first)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="20b")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--tiles", type=lambda text: tuple(map(GemmTiles.parse, text.split(","))),
+                        default=CANDIDATES, help="launch shapes, comma-separated, e.g. 64x128w4s4,64x64w2s3 "
+                        "(default: CANDIDATES; the default shape is timed first either way)")
     parser.add_argument("--sm90", action="store_true", help="compile each candidate for sm_90 here instead")
     args = parser.parse_args(argv)
     tokens = tuple(int(v) for v in args.tokens.split(","))
     if args.sm90:
-        print("\n".join(sm90_lines(sm90_report(tokens))))
+        print("\n".join(sm90_lines(sm90_report(tokens, args.tiles), args.tiles)))
         return
     shape = SHAPES[args.shape]
     print(f"moe tiles: {args.shape} shape {tuple(shape)}"
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
                                                         if best and best.us and base else "none ran correctly"),
                   flush=True)
 
-    timings = time_tiles(args.device, tokens, shape, repeats=args.repeats, report=report)
+    timings = time_tiles(args.device, tokens, shape, args.tiles, repeats=args.repeats, report=report)
     # a shape past the GPU's resources is a finding; a wrong answer, or no default, is a failure
     if any(t.us is not None and not t.ok for t in timings) or any(v is None for v in default_us.values()):
         raise SystemExit("a launch shape's output differed from the default's, or the default failed (lines above)")

@@ -6,7 +6,7 @@ import torch
 from engine.checkpoint import tiny_config
 from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
 from engine.device import (ForwardTimer, cuda_index, gpu_kv_cache_budget, kv_cache_budget, resolve_device,
-                           resolve_kernels, use_device)
+                           resolve_kernels, step_size_label, use_device)
 from engine.kernels import triton_available
 from engine.kv_cache import num_blocks_for_budget
 
@@ -163,6 +163,21 @@ def test_on_cuda_forward_time_comes_from_events_read_without_blocking_the_step(m
         timer.stop()
     assert FakeEvent.clock["done_at"] == 0.0  # stop() never waited for the GPU
     assert timer.seconds == pytest.approx(0.75) and FakeEvent.clock["done_at"] == 2.25
+
+
+def test_forward_time_is_split_by_step_size(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.clock.update(now=0.0, done_at=0.0)
+    timer = ForwardTimer(torch.device("cuda"))
+    for num_tokens, start, end in [(1, 1.0, 1.5), (5, 2.0, 2.25), (8, 3.0, 3.5), (2048, 4.0, 6.0), (1, 7.0, 7.25)]:
+        FakeEvent.clock["now"] = start
+        timer.start(num_tokens)
+        FakeEvent.clock["now"] = end
+        timer.stop()
+    assert timer.by_step_size == "1:2/0.75s 3-8:2/0.75s 1025+:1/2s"
+    assert timer.seconds == pytest.approx(3.5)
+    assert [step_size_label(n) for n in (1, 2, 3, 16, 17, 64, 65, 1024, 1025)] == [
+        "1", "2", "3-8", "9-16", "17-64", "17-64", "65-256", "257-1024", "1025+"]
 
 
 def test_off_cuda_forward_time_is_the_wall_clock():

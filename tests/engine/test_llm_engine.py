@@ -124,3 +124,15 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens_and_decodes_like_the_models_dtyp
 def test_an_unknown_kv_cache_dtype_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="unknown kv_cache_dtype 'fp4'; use one of auto, fp8"):
         EngineConfig(tiny_model_dir, kv_cache_dtype="fp4")
+
+
+def test_stats_split_the_model_time_by_step_size(tiny_model_dir):
+    # two 40-token prompts prefill in one 80-token step, then 11 decode steps of 2 tokens each
+    ours = engine(tiny_model_dir, async_scheduling=False)
+    decode(ours, {"a": prompt(0, 40), "b": prompt(1, 40)})
+    stats = ours.stats()
+    split = dict(part.split(":") for part in stats["forward_by_tokens"].split())
+    assert list(split) == ["2", "65-256"]
+    assert split["2"].split("/")[0] == "11" and split["65-256"].split("/")[0] == "1"
+    seconds = sum(float(value.split("/")[1].rstrip("s")) for value in split.values())
+    assert seconds == pytest.approx(stats["forward_s"], rel=0.01)
