@@ -33,7 +33,7 @@ def settings(options: RunOptions) -> dict:
             "max_turns": session.max_turns, "max_tool_output_bytes": session.max_tool_output_bytes,
             "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
             "deterministic": options.deterministic, "kv_cache_dtype": options.kv_cache_dtype,
-            "model_fingerprint": options.model_fingerprint}
+            "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint}
 
 
 def finished_run(store: Store, options: RunOptions) -> ListedRun | None:

@@ -434,7 +434,7 @@ def _run_options(input_path: Path, model_dir: Path, submit: SubmitOptions) -> Ru
         input_path=input_path, run_id=submit.run_id, resume=submit.resume,
         retry_failed=submit.retry_failed, limit=submit.limit, max_inflight=submit.max_inflight,
         max_line_bytes=submit.max_line_bytes, epochs=submit.epochs, deterministic=submit.deterministic,
-        kv_cache_dtype=submit.kv_cache_dtype,
+        kv_cache_dtype=submit.kv_cache_dtype, moe_weights=submit.moe_weights,
         model_fingerprint=readable_fingerprint(model_dir),
         prompt=PromptOptions(conversation_date=submit.conversation_date,
                              reasoning_effort=submit.reasoning_effort),

@@ -26,13 +26,13 @@ from batch.store.store import Store
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
                "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs", "deterministic",
-               "kv_cache_dtype", "model_fingerprint")
+               "kv_cache_dtype", "moe_weights", "model_fingerprint")
 # Keys whose None means "not known" (a run from before the key, or weights this process cannot read: a Ray
 # driver without the workers' files), which matches any value: an upgrade must not restart a run.
 UNKNOWN_MATCHES = ("model_fingerprint",)
 # What a run recorded before a key existed ran with (so a rerun still continues it).
 RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1, "deterministic": False,
-                   "kv_cache_dtype": "auto"}
+                   "kv_cache_dtype": "auto", "moe_weights": "auto"}
 # Keys even an explicit --resume/--retry-failed must match: --deterministic promises the same
 # tokens however a run is split, and a resume is a split; its runs row names one numerics.
 # --epochs and --shard say which rows the run holds: resumed with another value (`--resume ID`
@@ -225,7 +225,7 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
                  "max_tool_output_bytes": options.session.max_tool_output_bytes,
                  "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
                  "deterministic": options.deterministic, "kv_cache_dtype": options.kv_cache_dtype,
-                 "model_fingerprint": options.model_fingerprint},
+                 "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint},
         notes={}, batchrun_version=_version())
 
 

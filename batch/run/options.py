@@ -43,6 +43,7 @@ class RunOptions:
     engine_config: dict = field(default_factory=dict)
     deterministic: bool = False  # --deterministic: the engine decodes batch-invariantly (a resume setting)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: the engine's KV cache's element type (a resume setting)
+    moe_weights: str = "auto"  # --moe-weights: the experts held packed or dense (other kernels: a resume setting)
     shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
     epochs: int = 1  # --epochs K: each line decoded K times with distinct seeds (K requests rows)
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)

@@ -80,6 +80,23 @@ def test_kv_cache_dtype_is_a_resume_setting(tmp_path):
     assert rows(db, "SELECT count(*) FROM requests WHERE run_id = 'fp8'") == [(3,)]
 
 
+def test_moe_weights_is_a_resume_setting(tmp_path):
+    """Experts held dense take other kernels than packed ones: a rerun with another --moe-weights is a new run."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
+    db = tmp_path / "out.duckdb"
+    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
+              "--kv-cache-gb", "0.05", "--quiet"]
+    assert batchrun(*common, "--moe-weights", "dense", "--limit", "1", "--run-id", "dense").exit_code == 0
+    other = batchrun(*common)
+    assert other.exit_code == 0 and "already done" not in other.output, other.output
+    assert rows(db, "SELECT run_id = 'dense', options->>'moe_weights' FROM runs ORDER BY 1") == [
+        (False, "auto"), (True, "dense")]
+    resumed = batchrun(*common, "--resume", "dense")
+    assert resumed.exit_code == 0 and "1 already done" in resumed.output, resumed.output
+    assert "the run was started with --moe-weights dense" in resumed.output, resumed.output
+
+
 def test_an_explicit_resume_with_another_seed_continues_and_says_so(tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
