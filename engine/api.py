@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 # Sequences one step decodes when the caller names no number: on CPU a bigger batch only slows each step; on
 # a GPU a decode step reads the weights once for the whole batch, so it is nearly free throughput. 256 is what
-# the GPU benchmark and check run (vLLM's default: 256, and 1,024 on GPUs of 70 GiB or more but the A100).
+# the GPU benchmark and check run (vLLM's default: 256, and 1,024 on GPUs of 70 GiB or more, the A100 aside).
 CPU_MAX_NUM_SEQS = 64
 CUDA_MAX_NUM_SEQS = 256
 # Tokens one step computes (prompt chunks and decodes together; never fewer than the batch size).

@@ -268,8 +268,12 @@ def activation_bytes(config: ModelConfig, num_tokens: int) -> int:
 
 
 def activation_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """A bound on one eager step's transient memory: the forward's activations, and for every sequence
-    sampled its fp32 logits and the sampler's temporaries (engine.device_sampler.sampler_temporary_bytes)."""
-    logits = max_num_seqs * config.vocab_size * 4
-    return activation_bytes(config, max_num_batched_tokens) + logits \
-        + sampler_temporary_bytes(max_num_seqs, config.vocab_size)
+    """A bound on one eager step's transient memory: the forward's activations, and its sampling
+    (`sampling_reserve_bytes`)."""
+    return activation_bytes(config, max_num_batched_tokens) + sampling_reserve_bytes(config, max_num_seqs)
+
+
+def sampling_reserve_bytes(config: ModelConfig, max_num_seqs: int) -> int:
+    """For every sequence sampled, its fp32 logits and the sampler's temporaries
+    (engine.device_sampler.sampler_temporary_bytes)."""
+    return max_num_seqs * config.vocab_size * 4 + sampler_temporary_bytes(max_num_seqs, config.vocab_size)

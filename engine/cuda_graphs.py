@@ -11,11 +11,10 @@ their K/V writes land nowhere that is read.
 The attention kernel's grid depends on the longest context (`max_seq_len`,
 host int): each graph is captured with its bound, and a step uses the smallest
 graph whose batch size and bound cover it (rows x bound up to
-MAX_FULL_GRAPH_KEYS). Anything else (prefill rows, a bigger batch, a longer
-context) runs eagerly. Only the Triton kernels are
-captured: the torch path's MoE reads expert counts back to the host on CUDA.
+MAX_FULL_GRAPH_KEYS). Only the Triton kernels are captured: the torch path's
+MoE reads expert counts back to the host on CUDA.
 
-Steps with prefill rows (and decode steps past the context ladder) replay the
+Steps with prefill rows (and decode steps past the ladders or the cap) replay the
 piecewise graphs of engine.piecewise_graphs instead: everything but attention,
 at a ladder of token counts. `GraphPlan` is the one decision between the two
 (and eager): the runner asks it on every device, so a CPU run counts the steps
@@ -175,7 +174,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self, pool: Any, stream: Any = None) -> None:
-        """Capture the plan's full graphs, largest first so that smaller graphs reuse its memory.
+        """Capture the plan's full graphs, longest bound then largest batch first, so that later graphs mostly reuse
+        the memory earlier ones freed (the pool's bound, engine.graph_memory, takes the largest of them all).
 
         `stream`: the capture stream; graphs that share `pool` must share it too (engine.model_runner)."""
         stream = stream or torch.cuda.Stream()

@@ -116,7 +116,7 @@ STEP_SIZE_BOUNDS = (1, 2, 8, 16, 64, 256, 1024)
 
 
 def step_size_label(num_tokens: int) -> str:
-    """The STEP_SIZE_BOUNDS bucket of a step of `num_tokens` new tokens: "1", "2", "3-8", ..., "1025+"."""
+    """The STEP_SIZE_BOUNDS bucket of a step of `num_tokens` (>= 1) new tokens: "1", "2", "3-8", ..., "1025+"."""
     low = 1
     for high in STEP_SIZE_BOUNDS:
         if num_tokens <= high:
@@ -134,13 +134,13 @@ class ForwardTimer:
         self.is_cuda = device.type == "cuda"
         self._seconds = 0.0
         self._started: Any = None
-        self._label = step_size_label(0)
+        self._label = step_size_label(1)
         # (start, end, step size label): events the GPU may not have reached
         self._pending: deque[tuple[Any, Any, str]] = deque()
         self._by_size: dict[str, list[float]] = {}  # label -> [steps, seconds]
 
-    def start(self, num_tokens: int = 0) -> None:
-        """Start timing a forward of `num_tokens` new tokens."""
+    def start(self, num_tokens: int = 1) -> None:
+        """Start timing a forward of `num_tokens` new tokens (what `by_step_size` files it under)."""
         self._label = step_size_label(num_tokens)
         if self.is_cuda:
             self._started = torch.cuda.Event(enable_timing=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig, activation_bytes, activation_reserve_bytes, step_token_budget
+from engine.config import ModelConfig, activation_bytes, sampling_reserve_bytes, step_token_budget
 from engine.cuda_graphs import GraphPlan
 from engine.kernels import PARTITION_SIZE
 
@@ -77,11 +77,15 @@ def graph_memory_bytes(config: ModelConfig, plan: GraphPlan, *, max_model_len: i
 
 def kv_reserve_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
                      block_size: int, dtype: torch.dtype, cuda_graphs: bool) -> int:
-    """What the KV-cache budget leaves free on a GPU: one eager step's activations and sampling, plus,
-    when CUDA graphs are captured, their buffers and pool (private: eager steps cannot reuse it). The plan
-    is the one engine.model_runner builds, at `max_model_len` (the cache may clamp it: fewer graphs)."""
+    """What the KV-cache budget leaves free on a GPU: one eager step's activations, with the larger of its
+    sampling and its decode attention's split-K partial results (every row padded to the longest context's
+    partitions; freed layer by layer before the sampling starts; eager steps, and decode steps past the full
+    graphs' cap, allocate them outside the graphs' pool), plus, when CUDA graphs are captured, their buffers and
+    pool (private: eager steps cannot reuse it). The plan is the one engine.model_runner builds, at
+    `max_model_len` (the cache may clamp it: fewer graphs)."""
     step_tokens = step_token_budget(max_num_batched_tokens, max_num_seqs)
-    reserve = activation_reserve_bytes(config, step_tokens, max_num_seqs)
+    reserve = activation_bytes(config, step_tokens) + max(sampling_reserve_bytes(config, max_num_seqs),
+                                                          split_k_bytes(config, max_num_seqs, max_model_len))
     if not cuda_graphs:
         return reserve
     plan = GraphPlan(max_batch=max_num_seqs, max_model_len=max_model_len, max_tokens=step_tokens)

@@ -23,7 +23,7 @@ from engine.api import SamplingParams
 
 # Part of a step -> a pattern of the kernel (or, on a CPU, aten op) names that make it; the first match wins.
 PARTS = (
-    ("moe gemm", r"moe_gemm"),
+    ("moe gemm", r"moe_gemm|swiglu_reduce"),
     ("moe routing", r"_route_kernel|aten::topk|aten::sort"),
     ("moe combine", r"_moe_combine"),
     ("attention", r"_decode_partition|_reduce_partitions|_prefill_kernel|paged_attention"),

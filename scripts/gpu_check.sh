@@ -55,8 +55,8 @@ else
     # engine's ratio to it) is not comparable with a 256-token cap's (81 tok/s, 129x on that H200)
     SHAREGPT=(--num-requests 512 --baseline-requests 32 --baseline-output-len 64)
     RANDOM_MIX=(--num-requests 128 --baseline-requests 32 --baseline-output-len 64)
-    # vLLM's settings on a GPU of 70 GiB or more (but an A100), under which its published 20b figure was taken on
-    # 1,000 ShareGPT prompts: 1,024 sequences, 8,192-token steps
+    # `vllm serve`'s defaults on a GPU of 70 GiB or more, the A100 aside, under which its published 20b figure was
+    # taken on 1,000 ShareGPT prompts: 1,024 sequences, 8,192-token steps
     VLLM_SETTINGS=(--num-requests 1000 --max-num-seqs 1024 --max-num-batched-tokens 8192)
     ROUTING=(--device cuda)
     SAMPLER=(--device cuda)
@@ -134,7 +134,7 @@ step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${
 # where a decode step's time goes: the kernels of 5 steady steps at batch 256 and 1 (1,024-token prompts, temperature
 # 1), summed by part of the step, and the share of the steps' wall time the device was busy
 step profile 150 "$PY" -m engine.step_profile "${PROFILE[@]}"
-# the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 16, 4, 1 and 2,048 tokens, through each launch shape of
+# the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 16, 4, 1, 1,024 and 2,048 tokens, through each shape of
 # engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
 # should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64). Mostly compiles.
 step moe_tiles 120 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
@@ -147,8 +147,8 @@ step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics, then an fp8
 # KV cache (half the bytes attention reads, twice the tokens: its stats line's num_blocks).
-# Then the ShareGPT-like mix as vLLM's published figure was taken: 1,000 requests under vLLM's defaults for a GPU of
-# 70 GiB or more (1,024 sequences, 8,192-token steps). Within 8 minutes these may be SKIPPED: the summary ends with
+# Then the ShareGPT-like mix as vLLM's published figure was taken: 1,000 requests under `vllm serve`'s defaults on a
+# GPU of 70 GiB or more (1,024 sequences, 8,192-token steps). Within 8 minutes these may be SKIPPED: the summary ends with
 # the command that runs what was skipped, for a second call.
 step moe_dense 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" --systems engine_dense
 step deterministic 110 "$PY" -m engine.bench "${BENCH[@]}" --workloads sharegpt "${SHAREGPT[@]}" \

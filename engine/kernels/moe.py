@@ -100,7 +100,7 @@ def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 # The routing kernel is one program: fewer launches than torch's ~22 up to a few thousand pairs, and slower
-# past them (estimated from its compiled loop: ~3 us a chunk of 256 pairs on one SM; not yet measured on a GPU).
+# past them: graph-timed on an H200, 81.6 against torch's 86.8 us at 4,096 pairs, 158 against 128 at 8,192.
 ROUTE_KERNEL_MAX_PAIRS = 4096
 
 
@@ -164,20 +164,22 @@ class GemmTiles(NamedTuple):
         return tiles
 
 
-# Chosen from sm_90 compiles (engine.kernels.sm90), never timed: engine.kernels.moe_tiles times the candidates on a
-# GPU, and the fastest should replace it.
+# Chosen from sm_90 compiles (engine.kernels.sm90); an H200 found none faster at 256 and 2,048 tokens
+# (engine.kernels.moe_tiles), and other shapes where it did (below).
 DEFAULT_TILES = GemmTiles()
 # Launch shapes by rows a tile (block_m_for), where a GPU timed one faster than DEFAULT_TILES at the step sizes that
 # tile height serves (the GPU check's `moe T=` lines, graph replays of one 20b layer on an H200): at 16-row tiles
 # (20b steps under 72 tokens) 64x64w2s3 took x0.90-0.91 of the default's time at 8, 16, 32 and 64 tokens (x0.94 at
 # 1). At 64 and 128 rows (256 and 2,048 tokens) the default was the fastest. The engine's MoE from router logits
-# takes them on MXFP4 experts; a batch-invariant run (its tile height forced at every step size) never does.
+# takes them on MXFP4 experts; a batch-invariant run (its tile height forced at every step size) never does. The
+# height follows rows an expert, not the step: 120b's 128 experts take 16-row tiles up to 287 tokens (untimed there).
 TILES_BY_BLOCK_M: dict[int, GemmTiles] = {16: GemmTiles.parse("64x64w2s3")}
 # The smallest steps: a few tiles x 90 column blocks leave most SMs idle while each program walks K's 45 steps in
 # turn, so K is split: x0.73 at 1 token, x0.81 at 2, x0.94 at 4, x1.00 at 8. Its fp32 partial sums ([split, pairs,
-# 2 x intermediate]) are small at these sizes, far inside engine.config.activation_bytes' bound.
+# 2 x intermediate]: ~1 MB for 20b at 16 pairs) pass activation_bytes of their own step but are negligible beside
+# the largest step's, which sets the graphs' pool and the eager reserve (engine.graph_memory).
 SPLIT_K_TILES = GemmTiles.parse("64x64w4s3k4")
-SPLIT_K_MAX_PAIRS = 8  # (token, expert) pairs: two tokens of a top-4 model
+SPLIT_K_MAX_PAIRS = 16  # (token, expert) pairs: four tokens of a top-4 model
 
 
 def tiles_for(block_m: int, num_pairs: int) -> GemmTiles:

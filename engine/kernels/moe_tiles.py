@@ -1,12 +1,13 @@
 """The MoE's grouped GEMMs per launch shape: timed on a GPU, compiled for sm_90 on a CPU (issue 24).
 
 engine.kernels.moe launches both projections with DEFAULT_TILES (64 columns and 64 of K a loop step, 4 warps, 3
-pipeline stages), chosen from sm_90 compiles and never timed. `time_tiles` runs one MoE layer of gpt-oss-20b's
+pipeline stages), chosen from sm_90 compiles, but where an H200 timed another shape faster (moe.TILES_BY_BLOCK_M,
+moe.SPLIT_K_TILES). `time_tiles` runs one MoE layer of gpt-oss-20b's
 shape (32 experts, top 4, hidden and intermediate 2,880; MXFP4 experts of random codes and scales, seeded random
 router logits) at each step size with each of CANDIDATES, and with the experts held dense (bf16 on a GPU) at the
 default shape: the median of CUDA-event timings, and each output against the default's (a faster shape with
 another answer is a bug, not a win). `python -m engine.kernels.moe_tiles` prints a `moe T=` line a (step size,
-shape) and the fastest shape a step size: what DEFAULT_TILES (or a table by step size) should become. `--sm90`
+shape) and the fastest shape a step size: what those should become. `--sm90`
 prints instead what each candidate compiles to for sm_90 here (engine.kernels.sm90, never run): its inner loop,
 registers, spills and the issue-bound time engine.kernels.moe_cost makes of them.
 """
@@ -37,12 +38,14 @@ LAYERS_20B = 24
 # The default first; then a longer K step (2,880 is no multiple of 128: its last step is masked), 2 warps (compiled
 # for sm_90 they issue ~30% less than 4 at the 16-row tiles of steps up to ~64 tokens, ~40% more at 64 rows), K
 # split 4 and 2 ways (on an H200 a batch-1 step's MoE launches took ~38 us each, a few programs an SM each walking
-# K's 45 steps in turn), and deeper pipelines for the small steps, whose loops wait on their loads (the same issue
-# as their 3-stage shapes, more loads in flight). An H200 timed 128x64w4s3 and 32x64w2s3 at every step size and
-# never found them fastest. sm_90 compiles of each: README (python -m engine.kernels.moe_tiles --sm90).
+# K's 45 steps in turn), deeper pipelines for the small steps, whose loops wait on their loads (the same issue
+# as their 3-stage shapes, more loads in flight), and 128 x 128 tiles on 8 warps for the 128-row tiles of big steps
+# (2,048 tokens ran at ~1/3 of the tensor cores' bf16 peak in padded tiles on an H200, ~3x the issue bound: wider
+# MMAs may do better). An H200 timed 128x64w4s3 and 32x64w2s3 at every step size and never found them fastest.
+# sm_90 compiles of each: README (python -m engine.kernels.moe_tiles --sm90).
 CANDIDATES = tuple(GemmTiles.parse(text) for text in
                    ("64x64w4s3", "64x128w4s3", "64x64w2s3", "64x64w4s3k4", "64x128w4s3k2", "64x64w2s5",
-                    "64x128w4s4"))
+                    "64x128w4s4", "128x128w8s3"))
 DENSE = "dense"  # the experts held dense, at the default shape
 # Outputs further than this from the default's (the largest difference over the largest magnitude) are wrong: a
 # K step or column block only reorders fp32 sums, then each rounds to the activations' dtype.
@@ -219,13 +222,13 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="The MoE's grouped GEMMs timed per launch shape.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tokens", default="256,64,16,4,1,2048",
+    parser.add_argument("--tokens", default="256,64,16,4,1,1024,2048",
                         help="step sizes, comma-separated (most telling first)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="20b")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tiles", type=lambda text: tuple(map(GemmTiles.parse, text.split(","))),
                         default=CANDIDATES, help="launch shapes, comma-separated, e.g. 64x128w4s4,64x64w2s3 "
-                        "(default: CANDIDATES; the default shape is timed first either way)")
+                        "(default: CANDIDATES; timed, the default shape runs first either way)")
     parser.add_argument("--sm90", action="store_true", help="compile each candidate for sm_90 here instead")
     args = parser.parse_args(argv)
     tokens = tuple(int(v) for v in args.tokens.split(","))

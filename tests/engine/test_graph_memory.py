@@ -51,7 +51,10 @@ def test_the_reserve_counts_the_piecewise_buffers_and_the_largest_capture():
     sizes = dict(max_num_seqs=256, max_model_len=131072, block_size=16, dtype=torch.bfloat16)
     eager = kv_reserve_bytes(config, max_num_batched_tokens=8192, **sizes, cuda_graphs=False)
     graphed = kv_reserve_bytes(config, max_num_batched_tokens=8192, **sizes, cuda_graphs=True)
-    assert eager == activation_reserve_bytes(config, 8192, 256)
+    # the eager step: its sampling, or its decode attention's split-K partial results at 256 rows of 131,072
+    # tokens, whichever is larger (at 20b's vocabulary and heads, the partial results by a few percent)
+    assert eager == activation_bytes(config, 8192) + split_k_bytes(config, 256, 131072)
+    assert activation_reserve_bytes(config, 8192, 256) < eager < activation_reserve_bytes(config, 8192, 256) * 1.05
     plan = GraphPlan(max_batch=256, max_model_len=131072, max_tokens=8192)
     assert plan.token_sizes[-1] == 8192 and plan.context_bounds[-1] == 131072
     assert graphed - eager == graph_memory_bytes(config, plan, max_model_len=131072, block_size=16,

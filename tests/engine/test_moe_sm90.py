@@ -143,6 +143,6 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
     lines = moe_tiles.sm90_lines(report)
     assert [line.split(":")[0] for line in lines] == [f"sm90 T=256 {t}" for t in moe_tiles.CANDIDATES]
     assert all(" 0 spills" in line and "issue-bound" in line for line in lines)
-    # a wider column block issues less a weight than the default (the figures in the README)
+    # a longer K step issues less a weight than the default (the figures in the README)
     default, wide = (moe_cost.issue_bound_ms(report, 256, tiles=str(t)) for t in moe_tiles.CANDIDATES[:2])
     assert wide < default

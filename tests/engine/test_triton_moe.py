@@ -206,12 +206,15 @@ def test_the_engines_moe_takes_the_launch_shape_of_its_tile_height(monkeypatch):
 
 
 def test_the_smallest_steps_split_k_and_dense_experts_keep_the_default(monkeypatch):
-    gate_up, down, biases, x, logits, _ = logits_layer(10, hidden=128, num_tokens=3)
+    gate_up, down, biases, x, logits, _ = logits_layer(10, hidden=128, num_tokens=5)
     args = (gate_up, biases[0], down, biases[1], 1.702, 7.0)
-    one_token = moe.fused_experts_from_logits(x[:1], logits[:1], 2, *args)  # 2 pairs
-    three_tokens = moe.fused_experts_from_logits(x, logits, 4, *args)  # 12 pairs: past SPLIT_K_MAX_PAIRS
+    with monkeypatch.context() as unsplit:
+        unsplit.setattr(moe, "SPLIT_K_MAX_PAIRS", 0)
+        one_token = moe.fused_experts_from_logits(x[:1], logits[:1], 2, *args)  # 2 pairs, K unsplit
+    five_tokens = moe.fused_experts_from_logits(x, logits, 4, *args)  # 20 pairs: past SPLIT_K_MAX_PAIRS
     launched = spy_launches(monkeypatch)
-    torch.testing.assert_close(moe.fused_experts_from_logits(x[:1], logits[:1], 2, *args), one_token)
+    torch.testing.assert_close(moe.fused_experts_from_logits(x[:1], logits[:1], 2, *args), one_token,
+                               rtol=1e-5, atol=1e-5)
     assert launched == [moe.SPLIT_K_TILES] * 2 and moe.SPLIT_K_TILES.split_k > 1
     launched.clear()
     moe.fused_experts_from_logits(x, logits, 4, *args)
@@ -221,7 +224,7 @@ def test_the_smallest_steps_split_k_and_dense_experts_keep_the_default(monkeypat
              for w in (gate_up, down)]
     dense_out = moe.fused_experts_from_logits(x, logits, 4, dense[0], biases[0], dense[1], biases[1], 1.702, 7.0)
     assert launched == [moe.DEFAULT_TILES] * 2
-    torch.testing.assert_close(dense_out, three_tokens, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dense_out, five_tokens, rtol=1e-5, atol=1e-5)
 
 
 def spy_launches(monkeypatch) -> list:
