@@ -122,7 +122,7 @@ step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
 FIRST_TESTS="tests/engine/test_triton_moe.py tests/engine/test_triton_attention.py"
 FIRST_TESTS+=" tests/engine/test_triton_fused.py tests/engine/test_triton_sampler.py"
 export FIRST_TESTS
-step gpu_tests 120 bash -c 'opts="-m gpu -v -rs --durations=10 -p no:cacheprovider"
+step gpu_tests 200 bash -c 'opts="-m gpu -v -rs --durations=10 -p no:cacheprovider"
     "$PY" -m pytest $opts $FIRST_TESTS; first=$?
     "$PY" -m pytest $opts tests/engine ${FIRST_TESTS//tests\//--ignore=tests/}; rest=$?
     exit $((first || rest))'

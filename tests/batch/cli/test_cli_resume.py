@@ -23,11 +23,7 @@ def batchrun(*args):
 def test_deterministic_is_a_resume_setting(tmp_path):
     """A run decoded with --deterministic is not continued without it (nor the other way round):
     its rows would come from two numerics while its runs row names one."""
-    source = tmp_path / "in.jsonl"
-    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
-    db = tmp_path / "out.duckdb"
-    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
-              "--kv-cache-gb", "0.05", "--quiet"]
+    db, common = short_submit(tmp_path, 2)
     assert batchrun(*common, "--deterministic", "--limit", "1", "--run-id", "det").exit_code == 0
 
     refused = batchrun(*common, "--resume", "det")
@@ -64,11 +60,7 @@ def test_a_finished_runs_command_with_another_deterministic_is_a_new_run(tmp_pat
 def test_kv_cache_dtype_is_a_resume_setting(tmp_path):
     """An fp8 KV cache decodes other numerics: a rerun without it is a new run, an explicit resume with the
     model's dtype continues the fp8 run and says so."""
-    source = tmp_path / "in.jsonl"
-    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(3)))
-    db = tmp_path / "out.duckdb"
-    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
-              "--kv-cache-gb", "0.05", "--quiet"]
+    db, common = short_submit(tmp_path, 3)
     assert batchrun(*common, "--kv-cache-dtype", "fp8", "--limit", "1", "--run-id", "fp8").exit_code == 0
     other = batchrun(*common, "--limit", "2")
     assert other.exit_code == 0 and "already done" not in other.output, other.output
@@ -82,11 +74,7 @@ def test_kv_cache_dtype_is_a_resume_setting(tmp_path):
 
 def test_moe_weights_is_a_resume_setting(tmp_path):
     """Experts held dense take other kernels than packed ones: a rerun with another --moe-weights is a new run."""
-    source = tmp_path / "in.jsonl"
-    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
-    db = tmp_path / "out.duckdb"
-    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
-              "--kv-cache-gb", "0.05", "--quiet"]
+    db, common = short_submit(tmp_path, 2)
     assert batchrun(*common, "--moe-weights", "dense", "--limit", "1", "--run-id", "dense").exit_code == 0
     other = batchrun(*common)
     assert other.exit_code == 0 and "already done" not in other.output, other.output
@@ -98,11 +86,7 @@ def test_moe_weights_is_a_resume_setting(tmp_path):
 
 
 def test_an_explicit_resume_with_another_seed_continues_and_says_so(tmp_path):
-    source = tmp_path / "in.jsonl"
-    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(2)))
-    db = tmp_path / "out.duckdb"
-    common = ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
-              "--kv-cache-gb", "0.05", "--quiet"]
+    db, common = short_submit(tmp_path, 2)
     assert batchrun(*common, "--limit", "1", "--run-id", "r").exit_code == 0
     resumed = batchrun(*common, "--seed", "7", "--resume", "r")
     assert resumed.exit_code == 0 and "1 already done" in resumed.output, resumed.output
@@ -136,3 +120,12 @@ def test_epochs_and_shard_are_resume_settings(tmp_path, started, resumed, messag
     assert continued.exit_code == 0, continued.output
     assert rows(db, "SELECT count(*) FROM requests") == [(4 * 2 if "--epochs" in started else
                                                           2 if "--shard" in started else 4,)]
+
+
+def short_submit(tmp_path, num_lines: int) -> tuple:
+    """An input of `num_lines` "Hi" lines, its database, and the submit command decoding 2 tokens of each."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(num_lines)))
+    db = tmp_path / "out.duckdb"
+    return db, ["submit", source, "--db", db, "--model", SHIPPED_MODEL, "--max-output-tokens", "2",
+                "--kv-cache-gb", "0.05", "--quiet"]
