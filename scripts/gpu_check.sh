@@ -36,6 +36,7 @@ if [ "$DRY" = 1 ]; then
     ROUTING=(--device cpu --tokens 1,16)
     SAMPLER=(--device cpu --batches 1,2 --vocab 4096)
     MOE_TILES=(--device cpu --shape tiny --tokens 4 --repeats 2)
+    ATTENTION_PARTS=(--device cpu --shape tiny --steps 3x130 --partitions 64 --repeats 2)
     PROFILE=(--dry-run --device cpu --kernels torch --batches 4,1 --context 48 --steps 2)
 else
     BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
@@ -61,6 +62,7 @@ else
     ROUTING=(--device cuda)
     SAMPLER=(--device cuda)
     MOE_TILES=(--device cuda)
+    ATTENTION_PARTS=(--device cuda)
     PROFILE=(--preset 20b --device cuda)
 fi
 
@@ -144,6 +146,9 @@ step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 # the sampler's draw in two Triton launches against torch's ~20 passes, at batch 1, 64 and 256 over gpt-oss's
 # vocabulary (the proxy estimates ~0.4 against ~4.7 ms at 256)
 step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
+# the decode attention's partition kernel and reduce per partition size, at batch 1, 64 and 256: a batch-256 step's
+# attention read its K and V at ~1.8 TB/s on an H200; 2,048 (sequence, KV head) programs may need no split at all
+step attention_parts 40 "$PY" -m engine.kernels.attention_parts "${ATTENTION_PARTS[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics, then an fp8
 # KV cache (half the bytes attention reads, twice the tokens: its stats line's num_blocks).
@@ -160,7 +165,7 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^moe T=.*(fastest: | \(default\): | dense: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^attention B=|^moe T=.*(fastest: | \(default\): | dense: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
     "$LOG")
 {
     echo "=== figures"

@@ -285,12 +285,14 @@ def _prefill_kernel(
 
 def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
                            sinks: Tensor, sliding_window: int | None, scale: float,
-                           batch_invariant: bool = False) -> Tensor:
+                           batch_invariant: bool = False, partition: int = PARTITION_SIZE) -> Tensor:
     """`engine.attention.paged_attention` in Triton: same arguments, same result (see there).
 
     batch_invariant: every row, decode ones too, goes through the prefill kernel: one online softmax over
     the same absolute key tiles for a query wherever it is computed (no split-K, whose partition count
     follows the step's longest sequence, and no decode kernel, whose tile shape differs from prefill's).
+    partition: keys a decode program attends (a multiple of DECODE_BLOCK_N; engine.kernels.attention_parts times
+    the sizes); past the longest context, one partition and no reduce.
     """
     if q.device.type == "cpu" and not INTERPRETED:
         raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before "
@@ -319,7 +321,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     # Decode rows: split-K over partitions, then a reduce (one partition: neither). Sliding layers read at
     # most `window` keys.
     span = min(max_seq_len, window) if sliding else max_seq_len
-    num_parts = triton.cdiv(max(span, 1), PARTITION_SIZE)
+    num_parts = triton.cdiv(max(span, 1), partition)
     single = num_parts == 1
     if single:
         part_m = part_l = part_acc = out  # not read or written: the kernel writes `out` itself
@@ -331,7 +333,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
         q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks, part_m, part_l,
         part_acc, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         num_heads=num_heads, num_parts=num_parts, GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N, PARTITION=PARTITION_SIZE, SLIDING=sliding,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N, PARTITION=partition, SLIDING=sliding,
         UPCAST=UPCAST_DOT_OPERANDS, SINGLE=single, **common)
     if not single:
         _decode_reduce_kernel[(num_seqs, num_heads)](

@@ -10,7 +10,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STEPS = ["env", "imports", "memory_plan", "gpu_tests", "bench_sharegpt", "decode_120b", "bench_random", "profile",
-         "moe_tiles", "routing", "sampler", "moe_dense", "deterministic", "fp8_kv", "vllm_settings", "proxies"]
+         "moe_tiles", "routing", "sampler", "attention_parts", "moe_dense", "deterministic", "fp8_kv", "vllm_settings",
+         "proxies"]
 
 
 def gpu_check(out: Path, python: str = sys.executable, **env: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -107,6 +108,7 @@ def test_the_dry_run_passes_every_step_and_logs_every_figure(tmp_path):
     assert "proxies: none registered" in log or "proxy " in log
     assert "routing T=16 (64 pairs; the engine's kernel up to 4096): kernel " in figures
     assert "sampler B=2 over 4,096 tokens, top-p 0.9: kernels " in figures
+    assert "attention B=3 ctx=130 partition 64 (3 a sequence): " in figures
     moe_tiles = figures.split("=== moe_tiles")[1].split("\n=== ")[0]  # the default, dense and fastest lines only
     assert [line.split(":")[0] for line in moe_tiles.splitlines()[1:]] == [
         "moe T=4 64x64w4s3 (default)", "moe T=4 dense", "moe T=4 fastest"], moe_tiles

@@ -1,0 +1,134 @@
+"""The decode attention's split-K partition size, timed on a GPU (issue 24): what PARTITION_SIZE should be.
+
+On an H200 a decode step of 256 sequences at ~1,100 tokens of context spent 4.1 ms in the partition kernel and
+0.35 ms in its reduce: ~7.7 GB of K and V read at ~1.8 TB/s, a third of the bandwidth. At PARTITION_SIZE (512
+keys) such a step launches 256 sequences x 8 KV heads x 3 partitions a full-attention layer, then the reduce;
+2,048 (sequence, KV head) programs may fill the GPU without a split. `time_partitions` runs one full-attention
+layer of gpt-oss's shape (64 query heads, 8 KV heads of 64; bf16 on a GPU) decoding `batch` sequences of `context`
+tokens each, over a cache of shuffled blocks, through each partition size, each timed as a CUDA graph's replays
+(as the engine's decode graphs run it) and each output compared with the default size's.
+`python -m engine.kernels.attention_parts` prints an `attention B=` line each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from engine.attention import AttentionMetadata
+from engine.kernels import PARTITION_SIZE
+
+PARTITIONS = (PARTITION_SIZE, 1024, 2048, 4096)  # keys a program attends; a context within one: no split, no reduce
+# (batch, context): batch 1 at a short and a long context, the decode batches of a throughput run
+STEPS = ((1, 1024), (1, 16384), (64, 4096), (256, 1024), (256, 4096))
+MAX_RELATIVE_DIFF = 2e-2  # a partition only regroups fp32 sums (bf16 outputs): further is wrong
+
+
+class AttentionShape(NamedTuple):
+    heads: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+
+
+SHAPES = {"20b": AttentionShape(64, 8, 64, 16), "tiny": AttentionShape(8, 2, 16, 16)}
+
+
+@dataclass(frozen=True)
+class PartitionTiming:
+    batch: int
+    context: int
+    partition: int
+    us: float
+    diff: float  # largest difference from the default partition's output, over its largest magnitude
+    kv_bytes: int  # K and V the layer reads
+
+    @property
+    def ok(self) -> bool:
+        return self.diff <= MAX_RELATIVE_DIFF
+
+
+def decode_step(batch: int, context: int, shape: AttentionShape, device: str, dtype: torch.dtype,
+                seed: int = 0) -> tuple[Tensor, Tensor, Tensor, AttentionMetadata, Tensor]:
+    """q [batch, heads, head_dim], K and V caches of shuffled blocks, the step's metadata and the sinks: `batch`
+    sequences of `context` tokens, each decoding its last."""
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = math.ceil(context / shape.block_size)
+    blocks = torch.randperm(batch * per_seq, generator=gen).view(batch, per_seq)
+    cache_shape = (batch * per_seq, shape.block_size, shape.kv_heads, shape.head_dim)
+    k_cache, v_cache = (torch.randn(cache_shape, generator=gen).to(device, dtype) for _ in range(2))
+    q = torch.randn(batch, shape.heads, shape.head_dim, generator=gen).to(device, dtype)
+    sinks = torch.randn(shape.heads, generator=gen).to(device)
+    seq_lens = torch.full((batch,), context)
+    meta = AttentionMetadata(positions=(seq_lens - 1).to(device), slot_mapping=torch.zeros(batch, dtype=torch.long,
+                                                                                               device=device),
+                             query_start_loc=torch.arange(batch + 1, device=device), seq_lens=seq_lens.to(device),
+                             block_tables=blocks.to(device), block_size=shape.block_size, max_query_len=1,
+                             max_seq_len=context)
+    return q, k_cache, v_cache, meta, sinks
+
+
+def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, shape: AttentionShape = SHAPES["20b"],
+                    partitions: tuple[int, ...] = PARTITIONS, repeats: int = 20) -> list[PartitionTiming]:
+    """Each (batch, context) of `steps` through each partition size (PARTITION_SIZE first): a PartitionTiming each,
+    in that order. On CUDA each is timed as a CUDA graph's replay; bf16 there, fp32 in the interpreter."""
+    from functools import partial
+
+    from engine.device import graphed, median_us
+    from engine.kernels.attention import triton_paged_attention
+
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    order = (PARTITION_SIZE, *[p for p in partitions if p != PARTITION_SIZE])
+    timings = []
+    for batch, context in steps:
+        q, k_cache, v_cache, meta, sinks = decode_step(batch, context, shape, device, dtype)
+        kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
+        reference: Tensor | None = None
+        for size in order:
+            run = partial(triton_paged_attention, q, k_cache, v_cache, meta, sinks=sinks, sliding_window=None,
+                          scale=shape.head_dim ** -0.5, partition=size)
+            out = run().float()
+            reference = out if reference is None else reference
+            diff = ((out - reference).abs().max() / reference.abs().max().clamp(min=1e-30)).item()
+            timings.append(PartitionTiming(batch, context, size, median_us(graphed(run, device), device, repeats),
+                                           diff, kv_bytes))
+    return timings
+
+
+def describe(timing: PartitionTiming, default_us: float) -> str:
+    """One `attention B=` line: the time, the K and V read per second, the ratio to the default, the difference."""
+    parts = math.ceil(timing.context / timing.partition)
+    return (f"attention B={timing.batch} ctx={timing.context} partition {timing.partition} ({parts} a sequence"
+            + (", no reduce" if parts == 1 else "") + ("; the default" if timing.partition == PARTITION_SIZE else "")
+            + f"): {timing.us:.1f} us a layer, x{timing.us / default_us:.2f} the default, "
+              f"{timing.kv_bytes / timing.us / 1e6:.2f} TB/s of K and V, diff {timing.diff:.1e}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.kernels.attention_parts`: the decode attention per partition size."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="20b")
+    parser.add_argument("--steps", default=",".join(f"{b}x{c}" for b, c in STEPS),
+                        help="BATCHxCONTEXT, comma-separated")
+    parser.add_argument("--partitions", default=",".join(map(str, PARTITIONS)))
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    steps = tuple((int(batch), int(context)) for batch, context in (step.split("x") for step in args.steps.split(",")))
+    partitions = tuple(int(v) for v in args.partitions.split(","))
+    timings = time_partitions(args.device, steps, SHAPES[args.shape], partitions, args.repeats)
+    default_us = {(t.batch, t.context): t.us for t in timings if t.partition == PARTITION_SIZE}
+    for timing in timings:
+        print(describe(timing, default_us[(timing.batch, timing.context)]), flush=True)
+    if not all(t.ok for t in timings):
+        raise SystemExit("a partition size's output differed from the default's (lines above)")
+
+
+if __name__ == "__main__":
+    main()
