@@ -66,7 +66,7 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
 
     Row i draws with `seeds[i]` at `positions[i]` (the index the sampled token will have). kernels="triton"
     draws in engine.kernels.sampler's two launches (the same tokens, the logits read once); the thresholds of rows
-    with top-k or top-p are still torch's sort.
+    with top-k alone are torch's partial sort, with top-p engine.kernels.top_p's bisection.
     """
     if kernels == "triton":
         return _sample_in_kernels(logits, params, seeds, positions)
@@ -99,8 +99,14 @@ def _sample_in_kernels(logits: Tensor, params: list[SamplingParams], seeds: list
     if num_filtered:
         rows = table[len(params):]  # the filtered rows' (logit row, temperature, top_k - 1, top_p)
         scores = logits.index_select(0, rows[:, 0].long()).float().div_(rows[:, 1:2].float())
-        width = _sort_width([p for p in params if p.is_filtered], vocab)
-        thresholds = row_thresholds(scores, rows[:, 2:3].long(), rows[:, 3:4].float(), width)[:, 0]
+        filtered = [p for p in params if p.is_filtered]
+        width = _sort_width(filtered, vocab)
+        if width < vocab:  # top-k alone: torch's partial sort of the k largest
+            thresholds = row_thresholds(scores, rows[:, 2:3].long(), rows[:, 3:4].float(), width)[:, 0]
+        else:  # top-p: a bisection a row, no sort (engine.kernels.top_p), above each row's top-k floor
+            from engine.kernels.top_p import top_p_thresholds
+
+            thresholds = top_p_thresholds(scores, kth_floors(scores, rows[:, 2].long(), filtered), rows[:, 3])
     return draw_tokens(logits, table, thresholds, (*_MULTIPLIERS, _SALT_MULTIPLIER))
 
 
@@ -108,6 +114,17 @@ def _sort_width(filtered: list[SamplingParams], vocab: int) -> int:
     """How many of a filtered row's largest logits the threshold needs sorted: all with top-p, else the largest k."""
     # top-k alone needs only the k largest of a row (a partial sort); top-p needs the whole row sorted
     return vocab if any(p.top_p < 1.0 for p in filtered) else max(min(p.top_k, vocab) for p in filtered)
+
+
+def kth_floors(scores: Tensor, kth: Tensor, filtered: list[SamplingParams]) -> Tensor:
+    """[F] each row's k-th largest logit (`kth` [F]: top_k - 1), -inf for rows without top-k: one partial sort of
+    the largest top_k any row asks for."""
+    vocab = scores.shape[1]
+    widest = max((min(p.top_k, vocab) for p in filtered if p.top_k), default=0)
+    if not widest:
+        return torch.full((scores.shape[0],), float("-inf"), device=scores.device)
+    kth_values = torch.topk(scores, widest, dim=-1).values.gather(1, kth.clamp(max=widest - 1)[:, None])[:, 0]
+    return torch.where(kth < vocab - 1, kth_values, float("-inf"))
 
 
 def row_thresholds(logits: Tensor, kth: Tensor, mass_limit: Tensor, width: int | None = None) -> Tensor:

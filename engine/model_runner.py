@@ -95,10 +95,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_sampler(self, vocab: int) -> None:
-        """Draw a greedy and a sampled row of zero logits, so the sampler's kernels compile before the first request,
-        not in the first timed step (the filtered rows' thresholds are torch ops: nothing to compile)."""
-        rows = [SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(max_tokens=1)]
-        self.sampler.sample_on_device(torch.zeros(2, vocab, device=self.device), rows, [0, 0], [0, 0])
+        """Draw a greedy, a sampled and a top-p row of zero logits, so the sampler's kernels (and the top-p
+        threshold's) compile before the first request, not in the first timed step (top-k alone is torch ops)."""
+        rows = [SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(max_tokens=1),
+                SamplingParams(max_tokens=1, top_p=0.5)]
+        self.sampler.sample_on_device(torch.zeros(3, vocab, device=self.device), rows, [0] * 3, [0] * 3)
 
     @torch.inference_mode()
     def _warm_mixed_step(self, scratch_block: int, max_model_len: int) -> None:

@@ -206,7 +206,7 @@ def report(tokens: list[int], block_ms: list[int], tiles: list[str] | None = Non
 
 def _compile_layer_kernels(num_tokens: int) -> None:
     """Drive engine.kernels.fused at the 20b shape in bf16 (the norms, RoPE with the K/V write), the routing
-    from the router's logits, and the sampler's draw."""
+    from the router's logits, and the sampler's draw with a top-p row's threshold."""
     import torch
 
     from engine.kernels import fused
@@ -228,7 +228,8 @@ def _compile_layer_kernels(num_tokens: int) -> None:
     from engine.api import SamplingParams
     from engine.device_sampler import sample_tokens
 
-    rows = [SamplingParams(max_tokens=1)] * num_tokens  # the draw over gpt-oss's vocabulary, its noise inside
+    # the draw over gpt-oss's vocabulary, its noise inside, and a top-p row's threshold (engine.kernels.top_p)
+    rows = [SamplingParams(max_tokens=1, top_p=0.9)] + [SamplingParams(max_tokens=1)] * (num_tokens - 1)
     sample_tokens(torch.zeros(num_tokens, VOCAB), rows, [0] * num_tokens, [0] * num_tokens, kernels="triton")
 
 

@@ -62,11 +62,15 @@ def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypat
     # on CUDA the runner does this at start, so the draw's kernels compile before the first timed step
     from engine.config import EngineConfig
     from engine.kernels import sampler as kernels
+    from engine.kernels import top_p
     from engine.llm_engine import LLMEngine
 
     llm = LLMEngine(EngineConfig(tiny_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01, kernels="triton"))
-    drawn = []
-    draw = kernels.draw_tokens
+    drawn, thresholds = [], []
+    draw, bisect = kernels.draw_tokens, top_p.top_p_thresholds
     monkeypatch.setattr(kernels, "draw_tokens", lambda logits, *args: drawn.append(logits.shape) or draw(logits, *args))
+    monkeypatch.setattr(top_p, "top_p_thresholds",
+                        lambda scores, *args: thresholds.append(scores.shape) or bisect(scores, *args))
     llm.runner.warm_sampler(llm.runner.model.config.vocab_size)
-    assert drawn == [(2, llm.runner.model.config.vocab_size)]
+    vocab = llm.runner.model.config.vocab_size
+    assert drawn == [(3, vocab)] and thresholds == [(1, vocab)]  # greedy, sampled and top-p rows; one filtered
