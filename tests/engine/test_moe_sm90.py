@@ -30,11 +30,12 @@ def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
         if weights == "mxfp4":
             assert kernel["per_4096"] <= sm90.MOE_INNER_LOOP_GOAL, (projection, kernel)
             assert kernel["mma"]["HGMMA"] > 0, projection  # wgmma: the weights fill its 64 rows
-    # the MoE's routing and sum (a launch each per MoE call), the layer's fused kernels and the sampler's draw
-    # (float64 logs inside) compile too, no spills
+    # the MoE's routing and sum (a launch each per MoE call), the layer's fused kernels, a top-p row's threshold
+    # and the sampler's draw (float64 logs inside) compile too, no spills
     others = report["other_kernels"]
     assert [k["kernel"] for k in others] == ["_route_kernel", "_moe_combine_kernel"] * 2 + [
-        "_rms_norm_kernel", "_rms_norm_kernel", "_rope_write_kernel", "_route_kernel", "_draw_slices", "_pick_slices"]
+        "_rms_norm_kernel", "_rms_norm_kernel", "_rope_write_kernel", "_route_kernel", "_top_p_threshold_kernel",
+        "_draw_slices", "_pick_slices"]
     assert all(k["spills"] == 0 for k in others), others
     # the draw's noise is float64 logs: its issue at batch 256, half-rate float64 included, within the proxy's goal
     draw = next(k for k in others if k["kernel"] == "_draw_slices")
