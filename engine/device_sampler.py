@@ -28,8 +28,9 @@ int64), U = (h + 0.5) / 2^32 is exact in float64, and log E is computed in float
 and rounded to float32, so CPU and CUDA give the same noise unless their float64
 logs differ across a float32 rounding boundary (about 1e-9 per token). The top-p
 cumsum over the sorted rows may round differently on CUDA with the number of
-filtered rows; that moves a token only when its cumulative mass is within
-rounding of top_p.
+filtered rows (the Triton path's bisection, engine.kernels.top_p, sums each row on
+its own, in another order); either moves a token only when its cumulative mass is
+within rounding of top_p.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def _sample_in_kernels(logits: Tensor, params: list[SamplingParams], seeds: list
         rows = table[len(params):]  # the filtered rows' (logit row, temperature, top_k - 1, top_p)
         scores = logits.index_select(0, rows[:, 0].long()).float().div_(rows[:, 1:2].float())
         filtered = [p for p in params if p.is_filtered]
-        width = _sort_width(filtered, vocab)
-        if width < vocab:  # top-k alone: torch's partial sort of the k largest
+        if not any(p.top_p < 1.0 for p in filtered):  # top-k alone: torch's partial sort of the k largest
+            width = _sort_width(filtered, vocab)
             thresholds = row_thresholds(scores, rows[:, 2:3].long(), rows[:, 3:4].float(), width)[:, 0]
         else:  # top-p: a bisection a row, no sort (engine.kernels.top_p), above each row's top-k floor
             from engine.kernels.top_p import top_p_thresholds
@@ -120,7 +121,7 @@ def kth_floors(scores: Tensor, kth: Tensor, filtered: list[SamplingParams]) -> T
     """[F] each row's k-th largest logit (`kth` [F]: top_k - 1), -inf for rows without top-k: one partial sort of
     the largest top_k any row asks for."""
     vocab = scores.shape[1]
-    widest = max((min(p.top_k, vocab) for p in filtered if p.top_k), default=0)
+    widest = max((p.top_k for p in filtered if 0 < p.top_k < vocab), default=0)  # k >= vocab keeps every token
     if not widest:
         return torch.full((scores.shape[0],), float("-inf"), device=scores.device)
     kth_values = torch.topk(scores, widest, dim=-1).values.gather(1, kth.clamp(max=widest - 1)[:, None])[:, 0]

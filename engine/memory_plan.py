@@ -117,7 +117,7 @@ def format_plan(name: str, plan: MemoryPlan) -> str:
         f"the rest bf16 {(plan.weight_bytes - plan.expert_bytes) / GIB:.2f} GiB)",
         f"  CUDA context   {plan.context_bytes / GIB:7.2f} GiB  (assumed)",
         f"  activations    {(plan.reserve_bytes - plan.graph_bytes) / GIB:7.2f} GiB  (the engine's reserve for one "
-        f"step and its sampling)",
+        f"step and its sampling or attention partials)",
         f"  CUDA graphs    {plan.graph_bytes / GIB:7.2f} GiB  (static buffers and pool of the graph plan)",
         f"  KV cache       {plan.kv_bytes / GIB:7.2f} GiB  = {plan.num_blocks:,} blocks of {plan.block_size} tokens "
         f"= {plan.kv_tokens:,} tokens ({per_token / 1024:.0f} KiB per token)",

@@ -26,9 +26,9 @@ PARTS = (
     ("moe gemm", r"moe_gemm|swiglu_reduce"),
     ("moe routing", r"_route_kernel|aten::topk|aten::sort"),
     ("moe combine", r"_moe_combine"),
-    ("attention", r"_decode_partition|_reduce_partitions|_prefill_kernel|paged_attention"),
+    ("attention", r"_decode_partition|_decode_reduce|_reduce_partitions|_prefill_kernel|paged_attention"),
     ("norm, rope, kv write", r"_rms_norm|_rope_write|aten::rsqrt"),
-    ("sampler draw", r"_draw_slices|_pick_slices"),
+    ("sampler draw", r"_draw_slices|_pick_slices|_top_p_threshold"),
     ("gemm (cuBLAS)", r"gemm|gemv|nvjet|cutlass|xmma|aten::(addmm|mm|linear|matmul)"),
     ("copies", r"[Mm]emcpy|[Mm]emset|aten::copy_|aten::index"),
 )

@@ -10,7 +10,7 @@ Two kernels cover one flat batch, each launched over every sequence and each
 ignoring the sequences the other one owns (so no host read decides who is who):
 
 - decode (sequences with one new token), split-K: each (sequence, KV head,
-  partition) program attends the group's query heads to PARTITION_SIZE keys and
+  partition) program attends the group's query heads to a partition's keys (PARTITION_SIZE) and
   writes a partial max, sum and unnormalised output; a reduce kernel rescales
   the partitions to a common max, adds the sink once and normalises. When one
   partition covers the step (sliding layers, short contexts) the decode kernel
@@ -291,9 +291,11 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     batch_invariant: every row, decode ones too, goes through the prefill kernel: one online softmax over
     the same absolute key tiles for a query wherever it is computed (no split-K, whose partition count
     follows the step's longest sequence, and no decode kernel, whose tile shape differs from prefill's).
-    partition: keys a decode program attends (a multiple of DECODE_BLOCK_N; engine.kernels.attention_parts times
-    the sizes); past the longest context, one partition and no reduce.
+    partition: keys a decode program attends (best a multiple of DECODE_BLOCK_N; engine.kernels.attention_parts
+    times the sizes); a context within one partition takes no reduce.
     """
+    if partition < 1:
+        raise ValueError(f"partition must be at least 1 key, got {partition}")
     if q.device.type == "cpu" and not INTERPRETED:
         raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before "
                            "engine.kernels.attention is imported")

@@ -29,7 +29,7 @@ import triton.language as tl  # noqa: E402
 
 # Logits a program reads at once: on a GPU a slice of registers (16 a thread at 4 warps); the interpreter runs a
 # program's ops in numpy, so it takes wide ones (as engine.kernels.sampler.SLICE).
-BLOCK = 32768 if interpreted() else 2048
+ROW_SLICE = 32768 if interpreted() else 2048
 BISECT_STEPS = 32  # the float32 order has 2^32 keys: 32 halvings find any one
 
 
@@ -48,19 +48,19 @@ def _value(key):
 
 
 @triton.jit
-def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, out_ptr, BLOCK_V: tl.constexpr,
+def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, out_ptr, BLOCK: tl.constexpr,
                             STEPS: tl.constexpr):
     """Program (row): the row's top-p threshold over its logits at or above its floor."""
     row = tl.program_id(0)
     base = scores_ptr + row.to(tl.int64) * stride
     floor = tl.load(floors_ptr + row)
     limit = tl.load(top_p_ptr + row)
-    offs = tl.arange(0, BLOCK_V)
+    offs = tl.arange(0, BLOCK)
     # pass 1: the largest and smallest kept logit, and whether any is NaN
-    high = tl.full([BLOCK_V], -float("inf"), tl.float32)
-    low = tl.full([BLOCK_V], float("inf"), tl.float32)
-    nans = tl.zeros([BLOCK_V], tl.int32)
-    for start in range(0, vocab, BLOCK_V):
+    high = tl.full([BLOCK], -float("inf"), tl.float32)
+    low = tl.full([BLOCK], float("inf"), tl.float32)
+    nans = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, vocab, BLOCK):
         inside = start + offs < vocab
         x = tl.load(base + start + offs, mask=inside, other=-float("inf"))
         nans = tl.maximum(nans, (inside & (x != x)).to(tl.int32))
@@ -72,8 +72,8 @@ def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, ou
     any_nan = tl.max(nans, 0)
     shift = tl.where((top == -float("inf")) | (top == float("inf")), 0.0, top)
     # pass 2: the kept mass, unnormalised (the bisection compares against top_p of it)
-    mass = tl.zeros([BLOCK_V], tl.float32)
-    for start in range(0, vocab, BLOCK_V):
+    mass = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, vocab, BLOCK):
         inside = start + offs < vocab
         x = tl.load(base + start + offs, mask=inside, other=-float("inf"))
         mass += tl.where(inside & (x >= floor), tl.exp(x - shift), 0.0)
@@ -84,15 +84,16 @@ def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, ou
     for _ in range(STEPS):
         mid = lo + (hi - lo) // 2
         at = _value(mid)
-        above = tl.zeros([BLOCK_V], tl.float32)
-        for start in range(0, vocab, BLOCK_V):
+        above = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
             inside = start + offs < vocab
             x = tl.load(base + start + offs, mask=inside, other=-float("inf"))
             above += tl.where(inside & (x >= floor) & (x > at), tl.exp(x - shift), 0.0)
         light = tl.sum(above, 0) < target
         hi = tl.where(light, mid, hi)
         lo = tl.where(light, lo, mid + 1)
-    threshold = _value(lo)
+    # never past the largest: a top_p that rounds to 0 in fp32 leaves no value light, and lo ends at top + 1 key
+    threshold = tl.minimum(_value(lo), top)
     threshold = tl.where((top == float("inf")) | (top == -float("inf")), top, threshold)
     tl.store(out_ptr + row, tl.where(any_nan > 0, float("nan"), threshold))
 
@@ -107,6 +108,6 @@ def top_p_thresholds(scores: Tensor, floors: Tensor, top_p: Tensor) -> Tensor:
     out = torch.empty(rows, dtype=torch.float32, device=scores.device)
     if rows:
         _top_p_threshold_kernel[(rows,)](scores, scores.stride(0), vocab, floors.float().contiguous(),
-                                         top_p.float().contiguous(), out, BLOCK_V=BLOCK, STEPS=BISECT_STEPS,
+                                         top_p.float().contiguous(), out, BLOCK=ROW_SLICE, STEPS=BISECT_STEPS,
                                          num_warps=4)
     return out

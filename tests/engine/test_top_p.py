@@ -65,6 +65,15 @@ def test_ties_nan_infinite_and_masked_rows_take_what_the_sort_takes():
     assert got[2] == float("inf") and got[3] == 2.0
 
 
+def test_a_top_p_below_fp32s_range_keeps_the_top_token_as_the_sort_does():
+    # 1e-50 is 0 in fp32: no value's mass above it is below 0, and the threshold stays at the largest logit
+    gen = torch.Generator().manual_seed(3)
+    params = [sampled(top_p=1e-50), sampled(top_p=1e-50, top_k=VOCAB + 5)]  # a top_k past the vocabulary: off
+    scores = torch.randn(2, VOCAB, generator=gen).to(DEVICE)
+    want, got = sorted_thresholds(scores, params), bisected_thresholds(scores, params)
+    assert torch.equal(got, want) and torch.equal(got, scores.max(dim=1).values)
+
+
 def test_a_malformed_scores_tensor_is_refused():
     with pytest.raises(ValueError, match="contiguous fp32"):
         top_p_thresholds(torch.zeros(2, 8, dtype=torch.float64, device=DEVICE), torch.zeros(2), torch.ones(2))
