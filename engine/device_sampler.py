@@ -54,6 +54,10 @@ NOISE_CHUNKS = 4  # vocabulary slices the noise is made in: its memory / 4, for 
 # 4 + 16 / NOISE_CHUNKS = 8. engine.sampler_costs measures it; tests hold the measure to this bound.
 SAMPLER_BYTES_PER_LOGIT = 16
 SAMPLER_BYTES_PER_ROW = 64  # and a sampled row's own: its parameters, key, index, threshold, token
+# Filtered rows from which the Triton path takes top-p thresholds from engine.kernels.top_p's bisection, not a sort.
+# Estimated, not yet timed: on an H200 the sort cost ~0.7 ms for one row (launch-bound) and ~23 us a row at 256;
+# a bisecting program walks its row 34 times, latency-bound, ~1 ms or more whatever the rows up to a wave of SMs.
+TOP_P_BISECT_MIN_ROWS = 64
 
 
 def sampler_temporary_bytes(num_rows: int, vocab: int) -> int:
@@ -101,7 +105,8 @@ def _sample_in_kernels(logits: Tensor, params: list[SamplingParams], seeds: list
         rows = table[len(params):]  # the filtered rows' (logit row, temperature, top_k - 1, top_p)
         scores = logits.index_select(0, rows[:, 0].long()).float().div_(rows[:, 1:2].float())
         filtered = [p for p in params if p.is_filtered]
-        if not any(p.top_p < 1.0 for p in filtered):  # top-k alone: torch's partial sort of the k largest
+        if len(filtered) < TOP_P_BISECT_MIN_ROWS or not any(p.top_p < 1.0 for p in filtered):
+            # torch's sort: a partial one of the k largest for top-k alone
             width = _sort_width(filtered, vocab)
             thresholds = row_thresholds(scores, rows[:, 2:3].long(), rows[:, 3:4].float(), width)[:, 0]
         else:  # top-p: a bisection a row, no sort (engine.kernels.top_p), above each row's top-k floor

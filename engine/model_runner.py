@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from engine import device_sampler
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
@@ -95,11 +96,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_sampler(self, vocab: int) -> None:
-        """Draw a greedy, a sampled and a top-p row of zero logits, so the sampler's kernels (and the top-p
-        threshold's) compile before the first request, not in the first timed step (top-k alone is torch ops)."""
-        rows = [SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(max_tokens=1),
-                SamplingParams(max_tokens=1, top_p=0.5)]
-        self.sampler.sample_on_device(torch.zeros(3, vocab, device=self.device), rows, [0] * 3, [0] * 3)
+        """Draw a greedy, a sampled and enough top-p rows of zero logits to bisect (device_sampler.
+        TOP_P_BISECT_MIN_ROWS), so the sampler's kernels and the top-p threshold's compile before the first request,
+        not in the first timed step (fewer top-p rows, and top-k alone, are torch ops)."""
+        rows = [SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(max_tokens=1)] + [
+            SamplingParams(max_tokens=1, top_p=0.5)] * device_sampler.TOP_P_BISECT_MIN_ROWS
+        self.sampler.sample_on_device(torch.zeros(len(rows), vocab, device=self.device), rows, [0] * len(rows),
+                                      [0] * len(rows))
 
     @torch.inference_mode()
     def _warm_mixed_step(self, scratch_block: int, max_model_len: int) -> None:

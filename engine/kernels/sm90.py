@@ -228,8 +228,11 @@ def _compile_layer_kernels(num_tokens: int) -> None:
     from engine.api import SamplingParams
     from engine.device_sampler import sample_tokens
 
-    # the draw over gpt-oss's vocabulary, its noise inside, and a top-p row's threshold (engine.kernels.top_p)
-    rows = [SamplingParams(max_tokens=1, top_p=0.9)] + [SamplingParams(max_tokens=1)] * (num_tokens - 1)
+    from engine.kernels.top_p import top_p_thresholds
+
+    # top-p rows' thresholds (engine.kernels.top_p), then the draw over gpt-oss's vocabulary, its noise inside
+    top_p_thresholds(torch.zeros(num_tokens, VOCAB), torch.zeros(num_tokens), torch.zeros(num_tokens))
+    rows = [SamplingParams(max_tokens=1)] * num_tokens
     sample_tokens(torch.zeros(num_tokens, VOCAB), rows, [0] * num_tokens, [0] * num_tokens, kernels="triton")
 
 

@@ -27,9 +27,9 @@ require_triton("cuda" if torch.cuda.is_available() else "cpu")  # see engine.ker
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-# Logits a program reads at once: on a GPU a slice of registers (16 a thread at 4 warps); the interpreter runs a
+# Logits a program reads at once: on a GPU a slice of registers (16 a thread at 8 warps); the interpreter runs a
 # program's ops in numpy, so it takes wide ones (as engine.kernels.sampler.SLICE).
-ROW_SLICE = 32768 if interpreted() else 2048
+ROW_SLICE = 32768 if interpreted() else 4096
 BISECT_STEPS = 32  # the float32 order has 2^32 keys: 32 halvings find any one
 
 
@@ -109,5 +109,5 @@ def top_p_thresholds(scores: Tensor, floors: Tensor, top_p: Tensor) -> Tensor:
     if rows:
         _top_p_threshold_kernel[(rows,)](scores, scores.stride(0), vocab, floors.float().contiguous(),
                                          top_p.float().contiguous(), out, BLOCK=ROW_SLICE, STEPS=BISECT_STEPS,
-                                         num_warps=4)
+                                         num_warps=8)
     return out

@@ -61,9 +61,12 @@ def test_seeded_sampled_tokens_are_the_torch_samplers_on_the_triton_path(tiny_mo
 def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypatch):
     # on CUDA the runner does this at start, so the draw's kernels compile before the first timed step
     from engine.config import EngineConfig
+    from engine import device_sampler
     from engine.kernels import sampler as kernels
     from engine.kernels import top_p
     from engine.llm_engine import LLMEngine
+
+    monkeypatch.setattr(device_sampler, "TOP_P_BISECT_MIN_ROWS", 2)  # the interpreter: a few rows, not 64
 
     llm = LLMEngine(EngineConfig(tiny_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01, kernels="triton"))
     drawn, thresholds = [], []
@@ -73,4 +76,4 @@ def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypat
                         lambda scores, *args: thresholds.append(scores.shape) or bisect(scores, *args))
     llm.runner.warm_sampler(llm.runner.model.config.vocab_size)
     vocab = llm.runner.model.config.vocab_size
-    assert drawn == [(3, vocab)] and thresholds == [(1, vocab)]  # greedy, sampled and top-p rows; one filtered
+    assert drawn == [(4, vocab)] and thresholds == [(2, vocab)]  # greedy, sampled and two top-p rows
