@@ -148,7 +148,7 @@ step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
 # the decode attention's partition kernel and reduce per partition size, at batch 1, 64 and 256: a batch-256 step's
 # attention read its K and V at ~1.8 TB/s on an H200; 2,048 (sequence, KV head) programs may need no split at all
-step attention_parts 40 "$PY" -m engine.kernels.attention_parts "${ATTENTION_PARTS[@]}"
+step attention_parts 60 "$PY" -m engine.kernels.attention_parts "${ATTENTION_PARTS[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics, then an fp8
 # KV cache (half the bytes attention reads, twice the tokens: its stats line's num_blocks).
