@@ -42,8 +42,9 @@ LAYERS_20B = 24
 # as their 3-stage shapes, more loads in flight), and 128 x 128 tiles on 8 warps for the 128-row tiles of big steps
 # (2,048 tokens ran at ~1/3 of the tensor cores' bf16 peak in padded tiles on an H200, ~3x the issue bound: wider
 # MMAs may do better), and for batch 1, where the 4-way split took a layer from 87.8 to 64.3 us (still ~6x its
-# weights' read), an 8-way split and a 2-warp 4-way one with a deeper pipeline. An H200 timed 128x64w4s3 and 32x64w2s3 at every step size and never found them fastest.
-# sm_90 compiles of each: README (python -m engine.kernels.moe_tiles --sm90).
+# weights' read), an 8-way split and a 2-warp 4-way one with a deeper pipeline. An H200 timed 128x64w4s3 and
+# 32x64w2s3 at every step size and never found them fastest. sm_90 compiles of each: README (python -m
+# engine.kernels.moe_tiles --sm90).
 CANDIDATES = tuple(GemmTiles.parse(text) for text in
                    ("64x64w4s3", "64x128w4s3", "64x64w2s3", "64x64w4s3k4", "64x128w4s3k2", "64x64w2s5",
                     "64x128w4s4", "128x128w8s3", "64x64w4s3k8", "64x64w2s4k4"))
