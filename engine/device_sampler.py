@@ -28,7 +28,7 @@ int64), U = (h + 0.5) / 2^32 is exact in float64, and log E is computed in float
 and rounded to float32, so CPU and CUDA give the same noise unless their float64
 logs differ across a float32 rounding boundary (about 1e-9 per token). The top-p
 cumsum over the sorted rows may round differently on CUDA with the number of
-filtered rows (the Triton path's bisection, engine.kernels.top_p, sums each row on
+filtered rows (the Triton path's search, engine.kernels.top_p, sums each row on
 its own, in another order); either moves a token only when its cumulative mass is
 within rounding of top_p.
 """
@@ -54,10 +54,11 @@ NOISE_CHUNKS = 4  # vocabulary slices the noise is made in: its memory / 4, for 
 # 4 + 16 / NOISE_CHUNKS = 8. engine.sampler_costs measures it; tests hold the measure to this bound.
 SAMPLER_BYTES_PER_LOGIT = 16
 SAMPLER_BYTES_PER_ROW = 64  # and a sampled row's own: its parameters, key, index, threshold, token
-# Filtered rows from which the Triton path takes top-p thresholds from engine.kernels.top_p's bisection, not a sort.
-# Estimated, not yet timed: on an H200 the sort cost ~0.7 ms for one row (launch-bound) and ~23 us a row at 256;
-# a bisecting program walks its row 34 times, latency-bound, ~1 ms or more whatever the rows up to a wave of SMs.
-TOP_P_BISECT_MIN_ROWS = 64
+# Filtered rows from which the Triton path takes top-p thresholds from engine.kernels.top_p's search, not a sort.
+# On an H200 the sort cost ~0.7 ms for one row (launch-bound) and ~23 us a row at 256; a searching program reads its
+# row 11 times, ~0.5 ms estimated whatever the rows up to a wave of SMs. Not yet timed: the GPU check's `sampler`
+# step times the search against torch's sort at batch 1, 64 and 256; raise this if the sort wins at small batches.
+TOP_P_SEARCH_MIN_ROWS = 1
 
 
 def sampler_temporary_bytes(num_rows: int, vocab: int) -> int:
@@ -71,7 +72,7 @@ def sample_tokens(logits: Tensor, params: list[SamplingParams], seeds: list[int]
 
     Row i draws with `seeds[i]` at `positions[i]` (the index the sampled token will have). kernels="triton"
     draws in engine.kernels.sampler's two launches (the same tokens, the logits read once); the thresholds of rows
-    with top-k alone are torch's partial sort, with top-p engine.kernels.top_p's bisection.
+    with top-k alone are torch's partial sort, with top-p engine.kernels.top_p's search.
     """
     if kernels == "triton":
         return _sample_in_kernels(logits, params, seeds, positions)
@@ -105,11 +106,11 @@ def _sample_in_kernels(logits: Tensor, params: list[SamplingParams], seeds: list
         rows = table[len(params):]  # the filtered rows' (logit row, temperature, top_k - 1, top_p)
         scores = logits.index_select(0, rows[:, 0].long()).float().div_(rows[:, 1:2].float())
         filtered = [p for p in params if p.is_filtered]
-        if len(filtered) < TOP_P_BISECT_MIN_ROWS or not any(p.top_p < 1.0 for p in filtered):
+        if len(filtered) < TOP_P_SEARCH_MIN_ROWS or not any(p.top_p < 1.0 for p in filtered):
             # torch's sort: a partial one of the k largest for top-k alone
             width = _sort_width(filtered, vocab)
             thresholds = row_thresholds(scores, rows[:, 2:3].long(), rows[:, 3:4].float(), width)[:, 0]
-        else:  # top-p: a bisection a row, no sort (engine.kernels.top_p), above each row's top-k floor
+        else:  # top-p: a search a row, no sort (engine.kernels.top_p), above each row's top-k floor
             from engine.kernels.top_p import top_p_thresholds
 
             thresholds = top_p_thresholds(scores, kth_floors(scores, rows[:, 2].long(), filtered), rows[:, 3])

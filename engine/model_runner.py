@@ -96,11 +96,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_sampler(self, vocab: int) -> None:
-        """Draw a greedy, a sampled and enough top-p rows of zero logits to bisect (device_sampler.
-        TOP_P_BISECT_MIN_ROWS), so the sampler's kernels and the top-p threshold's compile before the first request,
+        """Draw a greedy, a sampled and enough top-p rows of zero logits to search (device_sampler.
+        TOP_P_SEARCH_MIN_ROWS), so the sampler's kernels and the top-p threshold's compile before the first request,
         not in the first timed step (fewer top-p rows, and top-k alone, are torch ops)."""
         rows = [SamplingParams(max_tokens=1, temperature=0.0), SamplingParams(max_tokens=1)] + [
-            SamplingParams(max_tokens=1, top_p=0.5)] * device_sampler.TOP_P_BISECT_MIN_ROWS
+            SamplingParams(max_tokens=1, top_p=0.5)] * device_sampler.TOP_P_SEARCH_MIN_ROWS
         self.sampler.sample_on_device(torch.zeros(len(rows), vocab, device=self.device), rows, [0] * len(rows),
                                       [0] * len(rows))
 

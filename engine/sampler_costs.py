@@ -24,7 +24,7 @@ MIXED = (SamplingParams(max_tokens=1, top_p=0.9), SamplingParams(max_tokens=1, t
          SamplingParams(max_tokens=1, temperature=0.7), SamplingParams(max_tokens=1, top_k=40),
          SamplingParams(max_tokens=1, temperature=1.2, top_k=20, top_p=0.8))
 # Every row alike: submit's default (temperature 1, no filter), and the costliest filter (top-p: torch's full sort,
-# on the Triton path a bisection a row).
+# on the Triton path a search a row).
 UNIFORM = {"temperature 1": SamplingParams(max_tokens=1), "top-p 0.9": SamplingParams(max_tokens=1, top_p=0.9)}
 
 

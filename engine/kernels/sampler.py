@@ -30,7 +30,7 @@ from engine.api import SamplingParams  # noqa: E402
 # (32-bit key, temperature (1: greedy), 1 if it draws (0: greedy), its index among the filtered rows or -1); then
 # filtered row j, one with top-k or top-p, is the table's row N + j, (its logits' row, temperature, top_k - 1
 # (vocab - 1: off), top_p (inf: off)): its threshold is made from those before the draw (torch's partial sort for
-# top-k alone, engine.kernels.top_p's bisection with top-p).
+# top-k alone, engine.kernels.top_p's search with top-p).
 TABLE_COLUMNS = 4
 # Logits a program draws from: on a GPU a slice is one program's registers (16 a thread at 4 warps); the interpreter
 # runs a program per slice in Python, so it takes a few wide ones (the numpy work is the same). Chosen as the kernels

@@ -1,14 +1,14 @@
 # mypy: allow-untyped-defs
 # (@triton.jit kernels take untyped arguments: Triton reads annotations as constexpr markers.)
-"""Top-p thresholds without sorting the vocabulary: one program a row, bisecting on the logits' values.
+"""Top-p thresholds without sorting the vocabulary: one program a row, searching the logits' values.
 
 engine.device_sampler.row_thresholds sorts each top-p row (201,088 fp32 logits for gpt-oss): on an H200 the sort
 made the draw at batch 256 take 7.2 ms against 1.2 without top-p, a third of a decode step. A row's top-p
 threshold is the smallest of its logits v (at or above its top-k floor) whose tokens above it hold less than
 top_p of the mass: S(>v) = sum over kept logits x > v of exp(x - max) < top_p x Z. S is a step function of v that
-only steps at the row's own logits, so bisecting over the 32-bit order of floats (each step one pass over the row)
-lands on a logit. The program reads its row 2 + BISECT_STEPS times (max and minimum, then Z, then one pass a
-step) and sorts nothing.
+only steps at the row's own logits, so a search over the 32-bit order of floats lands on a logit: each pass sums
+the mass above 15 candidates at once and keeps the sixteenth of the range that holds the threshold. The program
+reads its row 2 + SEARCH_STEPS times (max and minimum, then Z, then one pass a step) and sorts nothing.
 
 The result is the sort's threshold wherever no token's mass before it lies within fp32 rounding of top_p (the sums
 run in another order than the sort's cumsum: the same proviso the sampler makes for CUDA against the CPU, see
@@ -30,7 +30,11 @@ import triton.language as tl  # noqa: E402
 # Logits a program reads at once: on a GPU a slice of registers (16 a thread at 8 warps); the interpreter runs a
 # program's ops in numpy, so it takes wide ones (as engine.kernels.sampler.SLICE).
 ROW_SLICE = 32768 if interpreted() else 4096
-BISECT_STEPS = 32  # the float32 order has 2^32 keys: 32 halvings find any one
+# The float32 order has < 2^32 keys: 9 passes of a 16-way search find any one (16^8 = 2^32, and each pass's
+# sixteenth rounds up); a halving a pass would take 32.
+SEARCH_WAYS, SEARCH_STEPS = 16, 9
+# Logits a search pass reads at once: 16 candidates x this many partial sums live in registers
+SEARCH_SLICE = 32768 if interpreted() else 1024
 
 
 @triton.jit
@@ -49,7 +53,7 @@ def _value(key):
 
 @triton.jit
 def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, out_ptr, BLOCK: tl.constexpr,
-                            STEPS: tl.constexpr):
+                            SEARCH_BLOCK: tl.constexpr, WAYS: tl.constexpr, STEPS: tl.constexpr):
     """Program (row): the row's top-p threshold over its logits at or above its floor."""
     row = tl.program_id(0)
     base = scores_ptr + row.to(tl.int64) * stride
@@ -71,27 +75,33 @@ def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, ou
     bottom = tl.min(low, 0)
     any_nan = tl.max(nans, 0)
     shift = tl.where((top == -float("inf")) | (top == float("inf")), 0.0, top)
-    # pass 2: the kept mass, unnormalised (the bisection compares against top_p of it)
+    # pass 2: the kept mass, unnormalised (the search compares against top_p of it)
     mass = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab, BLOCK):
         inside = start + offs < vocab
         x = tl.load(base + start + offs, mask=inside, other=-float("inf"))
         mass += tl.where(inside & (x >= floor), tl.exp(x - shift), 0.0)
     target = tl.sum(mass, 0) * limit
-    # bisection over [bottom, top]'s keys: S(> value(hi)) < target holds throughout (S(> top) = 0)
+    # a 16-way search over [bottom, top]'s keys: S(> value(hi)) < target holds throughout (S(> top) = 0). Each pass
+    # sums the mass above 15 candidates between lo and hi at once and keeps the 16th of the range holding the answer
     lo = _key(bottom)
     hi = _key(top)
+    lanes = tl.arange(0, WAYS)
+    soffs = tl.arange(0, SEARCH_BLOCK)
     for _ in range(STEPS):
-        mid = lo + (hi - lo) // 2
-        at = _value(mid)
-        above = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, vocab, BLOCK):
-            inside = start + offs < vocab
-            x = tl.load(base + start + offs, mask=inside, other=-float("inf"))
-            above += tl.where(inside & (x >= floor) & (x > at), tl.exp(x - shift), 0.0)
-        light = tl.sum(above, 0) < target
-        hi = tl.where(light, mid, hi)
-        lo = tl.where(light, lo, mid + 1)
+        candidates = lo + ((hi - lo) * (lanes + 1).to(tl.int64)) // WAYS  # the last is hi
+        at = _value(candidates)
+        above = tl.zeros([WAYS, SEARCH_BLOCK], tl.float32)
+        for start in range(0, vocab, SEARCH_BLOCK):
+            inside = start + soffs < vocab
+            x = tl.load(base + start + soffs, mask=inside, other=-float("inf"))
+            weight = tl.where(inside & (x >= floor), tl.exp(x - shift), 0.0)
+            above += tl.where(x[None, :] > at[:, None], weight[None, :], 0.0)
+        light = (tl.sum(above, 1) < target) | (lanes == WAYS - 1)
+        first = tl.min(tl.where(light, lanes, WAYS), 0)  # the mass above only falls as the candidates rise
+        below = tl.sum(tl.where(lanes == first - 1, candidates, 0), 0)
+        hi = tl.sum(tl.where(lanes == first, candidates, 0), 0)
+        lo = tl.where(first == 0, lo, below + 1)
     # never past the largest: a top_p that rounds to 0 in fp32 leaves no value light, and lo ends at top + 1 key
     threshold = tl.minimum(_value(lo), top)
     threshold = tl.where((top == float("inf")) | (top == -float("inf")), top, threshold)
@@ -108,6 +118,7 @@ def top_p_thresholds(scores: Tensor, floors: Tensor, top_p: Tensor) -> Tensor:
     out = torch.empty(rows, dtype=torch.float32, device=scores.device)
     if rows:
         _top_p_threshold_kernel[(rows,)](scores, scores.stride(0), vocab, floors.float().contiguous(),
-                                         top_p.float().contiguous(), out, BLOCK=ROW_SLICE, STEPS=BISECT_STEPS,
+                                         top_p.float().contiguous(), out, BLOCK=ROW_SLICE, SEARCH_BLOCK=SEARCH_SLICE,
+                                         WAYS=SEARCH_WAYS, STEPS=SEARCH_STEPS,
                                          num_warps=8)
     return out

@@ -1,4 +1,4 @@
-"""engine.kernels.top_p: top-p thresholds by bisection equal the sort's (engine.device_sampler.row_thresholds).
+"""engine.kernels.top_p: top-p thresholds by search equal the sort's (engine.device_sampler.row_thresholds).
 
 Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 """
@@ -30,19 +30,19 @@ def sorted_thresholds(scores, params):
                           torch.tensor(mass)[:, None].to(scores.device))[:, 0]
 
 
-def bisected_thresholds(scores, params):
+def searched_thresholds(scores, params):
     kth, mass = zip(*(p.filter_bounds(scores.shape[1]) for p in params))
     floors = kth_floors(scores, torch.tensor(kth, device=scores.device), params)
     return top_p_thresholds(scores, floors, torch.tensor(mass, device=scores.device))
 
 
 @pytest.mark.parametrize("spread", [1.0, 8.0])  # flat rows (top-p keeps thousands) and peaked ones (a few)
-def test_the_bisection_finds_the_sorts_threshold(spread):
+def test_the_search_finds_the_sorts_threshold(spread):
     gen = torch.Generator().manual_seed(int(spread))
     params = [sampled(top_p=0.9), sampled(top_p=0.5, top_k=40), sampled(top_p=0.99),
               sampled(top_k=7, top_p=0.999), sampled(top_p=0.01), sampled(top_k=3)]
     scores = (spread * torch.randn(len(params), VOCAB, generator=gen)).to(DEVICE)
-    want, got = sorted_thresholds(scores, params), bisected_thresholds(scores, params)
+    want, got = sorted_thresholds(scores, params), searched_thresholds(scores, params)
     assert torch.equal(got, want), (got, want)
     kept = (scores >= want[:, None]).sum(dim=1).tolist()
     assert kept[3] <= 7 and kept[5] == 3 and kept[4] >= 1 and kept[2] > kept[0] > 1  # a real spread of cuts
@@ -59,7 +59,7 @@ def test_ties_nan_infinite_and_masked_rows_take_what_the_sort_takes():
     masked[1234] = 2.0  # one token left (an earlier mask): the threshold is its logit
     negative = -1000 + torch.randn(VOCAB)  # far below zero: only the differences matter
     scores = torch.stack([ties, nan, inf, masked, negative]).to(DEVICE)
-    want, got = sorted_thresholds(scores, params), bisected_thresholds(scores, params)
+    want, got = sorted_thresholds(scores, params), searched_thresholds(scores, params)
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan()[1]
     assert torch.equal(got[~got.isnan()], want[~want.isnan()]), (got, want)
     assert got[2] == float("inf") and got[3] == 2.0
@@ -70,7 +70,7 @@ def test_a_top_p_below_fp32s_range_keeps_the_top_token_as_the_sort_does():
     gen = torch.Generator().manual_seed(3)
     params = [sampled(top_p=1e-50), sampled(top_p=1e-50, top_k=VOCAB + 5)]  # a top_k past the vocabulary: off
     scores = torch.randn(2, VOCAB, generator=gen).to(DEVICE)
-    want, got = sorted_thresholds(scores, params), bisected_thresholds(scores, params)
+    want, got = sorted_thresholds(scores, params), searched_thresholds(scores, params)
     assert torch.equal(got, want) and torch.equal(got, scores.max(dim=1).values)
 
 

@@ -66,14 +66,14 @@ def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypat
     from engine.kernels import top_p
     from engine.llm_engine import LLMEngine
 
-    monkeypatch.setattr(device_sampler, "TOP_P_BISECT_MIN_ROWS", 2)  # the interpreter: a few rows, not 64
+    monkeypatch.setattr(device_sampler, "TOP_P_SEARCH_MIN_ROWS", 2)  # the interpreter: a few rows, not 64
 
     llm = LLMEngine(EngineConfig(tiny_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01, kernels="triton"))
     drawn, thresholds = [], []
-    draw, bisect = kernels.draw_tokens, top_p.top_p_thresholds
+    draw, search = kernels.draw_tokens, top_p.top_p_thresholds
     monkeypatch.setattr(kernels, "draw_tokens", lambda logits, *args: drawn.append(logits.shape) or draw(logits, *args))
     monkeypatch.setattr(top_p, "top_p_thresholds",
-                        lambda scores, *args: thresholds.append(scores.shape) or bisect(scores, *args))
+                        lambda scores, *args: thresholds.append(scores.shape) or search(scores, *args))
     llm.runner.warm_sampler(llm.runner.model.config.vocab_size)
     vocab = llm.runner.model.config.vocab_size
     assert drawn == [(4, vocab)] and thresholds == [(2, vocab)]  # greedy, sampled and two top-p rows

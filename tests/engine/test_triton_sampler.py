@@ -42,22 +42,23 @@ def test_the_kernels_draw_the_torch_paths_tokens_for_every_kind_of_row(vocab):
     assert len(set(expected)) > 12  # really drawn: rows differ
 
 
-def test_from_enough_filtered_rows_top_p_bisects_and_draws_the_torch_paths_tokens(monkeypatch):
+def test_from_enough_filtered_rows_top_p_searches_and_draws_the_torch_paths_tokens(monkeypatch):
     from engine import device_sampler
     from engine.kernels import top_p
 
-    bisected = []
-    bisect = top_p.top_p_thresholds
-    monkeypatch.setattr(top_p, "top_p_thresholds", lambda scores, *args: bisected.append(len(scores)) or bisect(
+    searched = []
+    search = top_p.top_p_thresholds
+    monkeypatch.setattr(top_p, "top_p_thresholds", lambda scores, *args: searched.append(len(scores)) or search(
         scores, *args))
-    rows = [MIX[i % len(MIX)] for i in range(device_sampler.TOP_P_BISECT_MIN_ROWS * 2)]
+    monkeypatch.setattr(device_sampler, "TOP_P_SEARCH_MIN_ROWS", 4)
+    rows = [MIX[i % len(MIX)] for i in range(12)]
     num_filtered = sum(p.is_filtered for p in rows)
-    assert num_filtered >= device_sampler.TOP_P_BISECT_MIN_ROWS
+    assert num_filtered >= 4
     expected, got = both(logits_for(4, len(rows), 300), rows, list(range(len(rows))), [7] * len(rows))
-    assert got == expected and bisected == [num_filtered]
-    bisected.clear()
-    both(logits_for(4, 8, 300), rows[:8], list(range(8)), [7] * 8)  # a few filtered rows: the sort
-    assert bisected == []
+    assert got == expected and searched == [num_filtered]
+    searched.clear()
+    both(logits_for(4, 2, 300), rows[:2], [0, 1], [7, 7])  # fewer filtered rows (one): the sort
+    assert searched == []
 
 
 def test_the_kernels_keep_the_draws_recorded_before_them():
