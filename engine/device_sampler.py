@@ -56,8 +56,9 @@ SAMPLER_BYTES_PER_LOGIT = 16
 SAMPLER_BYTES_PER_ROW = 64  # and a sampled row's own: its parameters, key, index, threshold, token
 # Filtered rows from which the Triton path takes top-p thresholds from engine.kernels.top_p's search, not a sort.
 # On an H200 the sort cost ~0.7 ms for one row (launch-bound) and ~23 us a row at 256; a searching program reads its
-# row 11 times, ~0.5 ms estimated whatever the rows up to a wave of SMs. Not yet timed: the GPU check's `sampler`
-# step times the search against torch's sort at batch 1, 64 and 256; raise this if the sort wins at small batches.
+# row 10 times, ~0.45 ms issue-bound estimated (two share an SM: ~0.9 ms at 256). Not yet timed: the GPU check's
+# `sampler` step times the search against torch's sort at batch 1, 64 and 256; raise this if the sort wins at small
+# batches.
 TOP_P_SEARCH_MIN_ROWS = 1
 
 

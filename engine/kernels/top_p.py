@@ -8,7 +8,7 @@ threshold is the smallest of its logits v (at or above its top-k floor) whose to
 top_p of the mass: S(>v) = sum over kept logits x > v of exp(x - max) < top_p x Z. S is a step function of v that
 only steps at the row's own logits, so a search over the 32-bit order of floats lands on a logit: each pass sums
 the mass above 15 candidates at once and keeps the sixteenth of the range that holds the threshold. The program
-reads its row 2 + SEARCH_STEPS times (max and minimum, then Z, then one pass a step) and sorts nothing.
+reads its row 2 + SEARCH_STEPS times (max and minimum, then Z, then one pass a step: 10) and sorts nothing.
 
 The result is the sort's threshold wherever no token's mass before it lies within fp32 rounding of top_p (the sums
 run in another order than the sort's cumsum: the same proviso the sampler makes for CUDA against the CPU, see
@@ -30,9 +30,9 @@ import triton.language as tl  # noqa: E402
 # Logits a program reads at once: on a GPU a slice of registers (16 a thread at 8 warps); the interpreter runs a
 # program's ops in numpy, so it takes wide ones (as engine.kernels.sampler.SLICE).
 ROW_SLICE = 32768 if interpreted() else 4096
-# The float32 order has < 2^32 keys: 9 passes of a 16-way search find any one (16^8 = 2^32, and each pass's
-# sixteenth rounds up); a halving a pass would take 32.
-SEARCH_WAYS, SEARCH_STEPS = 16, 9
+# The float32 order's widest range, -inf to +inf, is 4,278,190,081 keys < 16^8, and a pass leaves at most
+# floor(width / 16) of it: 8 passes of a 16-way search find any threshold (a halving a pass would take 32).
+SEARCH_WAYS, SEARCH_STEPS = 16, 8
 # Logits a search pass reads at once: 16 candidates x this many partial sums live in registers
 SEARCH_SLICE = 32768 if interpreted() else 1024
 
@@ -82,8 +82,10 @@ def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, ou
         x = tl.load(base + start + offs, mask=inside, other=-float("inf"))
         mass += tl.where(inside & (x >= floor), tl.exp(x - shift), 0.0)
     target = tl.sum(mass, 0) * limit
-    # a 16-way search over [bottom, top]'s keys: S(> value(hi)) < target holds throughout (S(> top) = 0). Each pass
-    # sums the mass above 15 candidates between lo and hi at once and keeps the 16th of the range holding the answer
+    # a 16-way search over [bottom, top]'s keys: with target > 0, S(> value(hi)) < target holds throughout
+    # (S(> top) = 0). Each pass sums the mass above 15 candidates between lo and hi at once and keeps the 16th of the
+    # range holding the answer. With target <= 0 (a top_p that rounds to 0 in fp32) only the last lane is ever
+    # light: hi stays at top, the sort's threshold then (it keeps the top token)
     lo = _key(bottom)
     hi = _key(top)
     lanes = tl.arange(0, WAYS)
@@ -98,12 +100,13 @@ def _top_p_threshold_kernel(scores_ptr, stride, vocab, floors_ptr, top_p_ptr, ou
             weight = tl.where(inside & (x >= floor), tl.exp(x - shift), 0.0)
             above += tl.where(x[None, :] > at[:, None], weight[None, :], 0.0)
         light = (tl.sum(above, 1) < target) | (lanes == WAYS - 1)
-        first = tl.min(tl.where(light, lanes, WAYS), 0)  # the mass above only falls as the candidates rise
+        # the lanes sum the same non-negative weights over nested sets in the same order, and rounding to nearest is
+        # monotone: the mass above never rises with the candidate, so the light lanes are a suffix
+        first = tl.min(tl.where(light, lanes, WAYS), 0)
         below = tl.sum(tl.where(lanes == first - 1, candidates, 0), 0)
         hi = tl.sum(tl.where(lanes == first, candidates, 0), 0)
         lo = tl.where(first == 0, lo, below + 1)
-    # never past the largest: a top_p that rounds to 0 in fp32 leaves no value light, and lo ends at top + 1 key
-    threshold = tl.minimum(_value(lo), top)
+    threshold = _value(hi)  # lo == hi once the search has converged
     threshold = tl.where((top == float("inf")) | (top == -float("inf")), top, threshold)
     tl.store(out_ptr + row, tl.where(any_nan > 0, float("nan"), threshold))
 

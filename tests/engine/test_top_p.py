@@ -74,6 +74,21 @@ def test_a_top_p_below_fp32s_range_keeps_the_top_token_as_the_sort_does():
     assert torch.equal(got, want) and torch.equal(got, scores.max(dim=1).values)
 
 
+def test_slices_of_a_row_add_up_as_one(monkeypatch):
+    # on a GPU a row is many slices (the interpreter's 32,768-logit slices hold this vocabulary in one): narrow
+    # ones here, the last short, give the one-slice threshold
+    from engine.kernels import top_p
+
+    gen = torch.Generator().manual_seed(11)
+    params = [sampled(top_p=0.9), sampled(top_p=0.5, top_k=40), sampled(top_p=0.999)]
+    scores = (3 * torch.randn(len(params), VOCAB, generator=gen)).to(DEVICE)
+    whole = searched_thresholds(scores, params)
+    monkeypatch.setattr(top_p, "ROW_SLICE", 1024)
+    monkeypatch.setattr(top_p, "SEARCH_SLICE", 256)
+    sliced = searched_thresholds(scores, params)
+    assert torch.equal(sliced, whole) and torch.equal(sliced, sorted_thresholds(scores, params))
+
+
 def test_a_malformed_scores_tensor_is_refused():
     with pytest.raises(ValueError, match="contiguous fp32"):
         top_p_thresholds(torch.zeros(2, 8, dtype=torch.float64, device=DEVICE), torch.zeros(2), torch.ones(2))

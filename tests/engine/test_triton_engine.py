@@ -66,7 +66,7 @@ def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypat
     from engine.kernels import top_p
     from engine.llm_engine import LLMEngine
 
-    monkeypatch.setattr(device_sampler, "TOP_P_SEARCH_MIN_ROWS", 2)  # the interpreter: a few rows, not 64
+    monkeypatch.setattr(device_sampler, "TOP_P_SEARCH_MIN_ROWS", 2)  # two rows: the warm-up draws as many
 
     llm = LLMEngine(EngineConfig(tiny_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01, kernels="triton"))
     drawn, thresholds = [], []
