@@ -267,12 +267,6 @@ def activation_bytes(config: ModelConfig, num_tokens: int) -> int:
     return hidden + attention + moe
 
 
-def activation_reserve_bytes(config: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """A bound on one eager step's transient memory: the forward's activations, and its sampling
-    (`sampling_reserve_bytes`)."""
-    return activation_bytes(config, max_num_batched_tokens) + sampling_reserve_bytes(config, max_num_seqs)
-
-
 def sampling_reserve_bytes(config: ModelConfig, max_num_seqs: int) -> int:
     """For every sequence sampled, its fp32 logits and the sampler's temporaries
     (engine.device_sampler.sampler_temporary_bytes)."""

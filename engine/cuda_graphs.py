@@ -44,6 +44,11 @@ TOKEN_LADDER = BATCH_LADDER + tuple(range(768, 16385, 256))
 MAX_FULL_GRAPH_KEYS = 256 * 131072
 
 
+def captures_full_graph(size: int, bound: int) -> bool:
+    """Whether a full decode graph is captured at `size` rows and a `bound`-token context (MAX_FULL_GRAPH_KEYS)."""
+    return size * bound <= MAX_FULL_GRAPH_KEYS
+
+
 def ladder(limit: int, rungs: tuple[int, ...]) -> list[int]:
     """The rungs below `limit`, then `limit` itself (so every size up to it is covered)."""
     return [rung for rung in rungs if rung < limit] + [limit]
@@ -67,14 +72,14 @@ class GraphPlan:
         self.token_sizes = ladder(max_tokens, TOKEN_LADDER)
         # (batch size, context bound) of each full decode graph, largest bound first, then largest batch
         self.full_graphs = [(size, bound) for bound in reversed(self.context_bounds)
-                            for size in reversed(self.batch_sizes) if size * bound <= MAX_FULL_GRAPH_KEYS]
+                            for size in reversed(self.batch_sizes) if captures_full_graph(size, bound)]
 
     def pick(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> GraphChoice:
         """The smallest graph covering a step of `num_tokens` new tokens (decode-only if max_query_len is 1)."""
         if max_query_len == 1:
             size = next((s for s in self.batch_sizes if s >= num_tokens), None)
             bound = next((b for b in self.context_bounds if b >= max_seq_len), None)
-            if size is not None and bound is not None and size * bound <= MAX_FULL_GRAPH_KEYS:
+            if size is not None and bound is not None and captures_full_graph(size, bound):
                 return GraphChoice("full", size, bound)
         tokens = next((t for t in self.token_sizes if t >= num_tokens), None)
         return GraphChoice("eager") if tokens is None else GraphChoice("piecewise", tokens)

@@ -206,6 +206,18 @@ def graphed(fn: Callable[[], object], device: str | torch.device) -> Callable[[]
     return replay
 
 
+# A launch shape's output further than this from the default's (the largest difference over the largest magnitude)
+# is wrong: a tile or partition size only regroups fp32 sums, then each rounds to the output's dtype.
+MAX_RELATIVE_DIFF = 2e-2
+
+
+def relative_diff(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest |out - reference| over the largest |reference| (NaN anywhere: inf)."""
+    diff = (out.float() - reference.float()).abs().max().item()
+    scale = reference.float().abs().max().item()
+    return float("inf") if diff != diff or scale != scale else diff / max(scale, 1e-30)
+
+
 def median_us(fn: Callable[[], object], device: str | torch.device, repeats: int = 20) -> float:
     """Microseconds `fn()` takes on `device`: the median of `repeats` calls after a first one (compiles, warms),
     each timed by a ForwardTimer (CUDA events on a GPU)."""

@@ -131,7 +131,7 @@ def _sampler_ops() -> list[ProxyFigure]:
 
 def sampler_temporary_figures() -> list[ProxyFigure]:
     """The sampler's peak temporaries at batch 256 over gpt-oss's vocabulary (measured per vocabulary entry
-    on a small one), against what the KV reserve allows for them (engine.config.activation_reserve_bytes)."""
+    on a small one), against what the KV reserve allows for them (engine.config.sampling_reserve_bytes)."""
     from engine.device_sampler import sampler_temporary_bytes
     from engine.sampler_costs import GPT_OSS_VOCAB, MEASURE_VOCAB, temporaries
 

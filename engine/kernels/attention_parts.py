@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from engine.attention import AttentionMetadata
+from engine.device import MAX_RELATIVE_DIFF, graphed, median_us, relative_diff
 from engine.kernels import PARTITION_SIZE
 
 # keys a program attends (a context within one: no split, no reduce); smaller ones for batch 1, whose 24 attention
@@ -29,7 +30,6 @@ from engine.kernels import PARTITION_SIZE
 PARTITIONS = (PARTITION_SIZE, 128, 256, 1024, 2048, 4096)
 # (batch, context): batch 1 at a short and a long context, the decode batches of a throughput run
 STEPS = ((1, 1024), (1, 16384), (64, 4096), (256, 1024), (256, 4096))
-MAX_RELATIVE_DIFF = 2e-2  # a partition only regroups fp32 sums (bf16 outputs): further is wrong
 
 
 class AttentionShape(NamedTuple):
@@ -84,7 +84,6 @@ def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, sha
     there, fp32 in the interpreter."""
     from functools import partial
 
-    from engine.device import graphed, median_us
     from engine.kernels.attention import triton_paged_attention
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
@@ -97,11 +96,10 @@ def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, sha
         for size in order:
             run = partial(triton_paged_attention, q, k_cache, v_cache, meta, sinks=sinks, sliding_window=None,
                           scale=shape.head_dim ** -0.5, partition=size)
-            out = run().float()
+            out = run()
             reference = out if reference is None else reference
-            diff = ((out - reference).abs().max() / reference.abs().max().clamp(min=1e-30)).item()
             timings.append(PartitionTiming(batch, context, size, median_us(graphed(run, device), device, repeats),
-                                           diff, kv_bytes))
+                                           relative_diff(out, reference), kv_bytes))
             if report is not None:
                 report(timings[-1])
         del q, k_cache, v_cache, run  # before the next step's caches

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from engine.device import MAX_RELATIVE_DIFF, relative_diff
 from engine.kernels.moe import DEFAULT_TILES, ExpertWeight, GemmTiles, block_m_for, fused_experts
 from engine.mxfp4 import MXFP4_BLOCK, dequantize
 
@@ -49,9 +50,6 @@ CANDIDATES = tuple(GemmTiles.parse(text) for text in
                    ("64x64w4s3", "64x128w4s3", "64x64w2s3", "64x64w4s3k4", "64x128w4s3k2", "64x64w2s5",
                     "64x128w4s4", "128x128w8s3", "64x64w4s3k8", "64x64w2s4k4"))
 DENSE = "dense"  # the experts held dense, at the default shape
-# Outputs further than this from the default's (the largest difference over the largest magnitude) are wrong: a
-# K step or column block only reorders fp32 sums, then each rounds to the activations' dtype.
-MAX_RELATIVE_DIFF = 2e-2
 ALPHA, LIMIT = 1.702, 7.0
 
 
@@ -104,13 +102,6 @@ def build_layer(shape: MoeShape, device: str, dtype: torch.dtype, seed: int = 0)
     biases = [torch.randn(shape.experts, n, device=device, generator=generator).to(dtype) * 0.1
               for n in (2 * shape.intermediate, shape.hidden)]
     return MoeLayer(shape, gate_up, down, dense[0], dense[1], biases[0], biases[1])
-
-
-def relative_diff(out: Tensor, reference: Tensor) -> float:
-    """The largest |out - reference| over the largest |reference| (NaN anywhere: inf)."""
-    diff = (out.float() - reference.float()).abs().max().item()
-    scale = reference.float().abs().max().item()
-    return float("inf") if diff != diff or scale != scale else diff / max(scale, 1e-30)
 
 
 def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["20b"],

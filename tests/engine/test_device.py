@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from engine.checkpoint import tiny_config
-from engine.config import EngineConfig, ModelConfig, activation_reserve_bytes
-from engine.device import (ForwardTimer, cuda_index, gpu_kv_cache_budget, kv_cache_budget, resolve_device,
-                           resolve_kernels, step_size_label, use_device)
+from engine.config import EngineConfig, ModelConfig, activation_bytes, sampling_reserve_bytes
+from engine.device import (ForwardTimer, cuda_index, gpu_kv_cache_budget, kv_cache_budget, relative_diff,
+                           resolve_device, resolve_kernels, step_size_label, use_device)
 from engine.kernels import triton_available
 from engine.kv_cache import num_blocks_for_budget
 
@@ -52,7 +52,7 @@ def test_a_20b_shape_on_an_h100_gets_a_cache_of_millions_of_tokens():
     config = ModelConfig.from_hf(tiny_config(hidden_size=2880, num_hidden_layers=24, num_attention_heads=64,
                                              num_key_value_heads=8, head_dim=64, intermediate_size=2880,
                                              num_local_experts=32, num_experts_per_tok=4))
-    reserve = activation_reserve_bytes(config, max_num_batched_tokens=8192, max_num_seqs=256)
+    reserve = activation_bytes(config, 8192) + sampling_reserve_bytes(config, 256)
     assert GIB // 4 < reserve < 4 * GIB
     # ~13 GiB of MXFP4 weights loaded on an 80 GiB GPU
     budget = gpu_kv_cache_budget(67 * GIB, 80 * GIB, 0.9, reserve)
@@ -239,3 +239,10 @@ def test_graphed_replays_the_captured_work_on_the_inputs_current_values():
     replay()
     torch.cuda.synchronize()
     assert out.tolist() == [6.0] * 8
+
+
+def test_relative_diff_is_inf_with_a_nan():
+    reference = torch.ones(3)
+    assert relative_diff(reference, reference) == 0
+    assert relative_diff(torch.tensor([1.0, 1.0, 1.5]), reference) == pytest.approx(0.5)
+    assert relative_diff(torch.tensor([1.0, float("nan"), 1.0]), reference) == float("inf")
