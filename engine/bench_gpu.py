@@ -93,6 +93,7 @@ def build_engine_model(config: GptOssConfig, device: torch.device | str, dtype: 
     model = model.to_empty(device=device).eval().requires_grad_(False)
     params = dict(model.named_parameters())
     _fill(params, random_weights(config, device, dtype, seed), dtype)
+    model.pack_expert_words()
     return model, model_config
 
 

@@ -19,6 +19,7 @@ from engine import batch_invariant as invariant
 from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
+from engine import mxfp4_words
 from engine.mxfp4 import MXFP4_BLOCK, dequantize_expert
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
@@ -238,7 +239,9 @@ class GptOssExperts(nn.Module):
     packed `*_blocks` / `*_scales` (engine.mxfp4) instead of `gate_up_proj` / `down_proj`:
     kernels="triton" runs the Triton grouped GEMMs of engine.kernels.moe, dequantising inside the
     kernel; the torch path dequantises each hit expert per step (engine.mxfp4.dequantize_expert),
-    so a gpt-oss-20b holds ~13 GB, not the ~41 GB of its experts dequantised.
+    so a gpt-oss-20b holds ~13 GB, not the ~41 GB of its experts dequantised. `pack_words` re-packs
+    the blocks in place as engine.mxfp4_words, the layout the kernels decode fastest with bf16
+    activations (GptOssModel.pack_expert_words, after loading).
     """
 
     def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
@@ -334,8 +337,25 @@ class GptOssExperts(nn.Module):
         """One expert's [in, out] weight: a view of the dense parameter, or its packed bytes decoded now."""
         if not self.is_mxfp4:
             return getattr(self, name)[expert]
-        blocks, scales = getattr(self, name + "_blocks"), getattr(self, name + "_scales")
-        return dequantize_expert(blocks[expert], scales[expert], dtype).T
+        blocks, scales = getattr(self, name + "_blocks")[expert], getattr(self, name + "_scales")[expert]
+        if mxfp4_words.is_words(blocks):
+            blocks = mxfp4_words.unpack(blocks[None])[0]
+        return dequantize_expert(blocks, scales, dtype).T
+
+    def pack_words(self) -> int:
+        """Re-pack each MXFP4 projection whose scales allow it as engine.mxfp4_words, in place (the same bytes);
+        how many were. The torch path reads either layout; the Triton path takes words with bf16 activations."""
+        packed = 0
+        for name in ("gate_up_proj", "down_proj") if self.is_mxfp4 else ():
+            blocks, scales = getattr(self, name + "_blocks"), getattr(self, name + "_scales")
+            if mxfp4_words.is_words(blocks) or not mxfp4_words.fits(blocks, scales):
+                continue
+            words = blocks.view(torch.int32).view(blocks.shape[0], blocks.shape[1], -1)  # the same storage
+            for expert in range(blocks.shape[0]):  # one expert's transients at a time
+                words[expert] = mxfp4_words.pack(blocks[expert][None].clone())[0]
+            setattr(self, name + "_blocks", nn.Parameter(words, requires_grad=False))
+            packed += 1
+        return packed
 
     def _swiglu(self, gate_up: Tensor) -> Tensor:
         gate = gate_up[..., ::2].clamp(max=self.limit)
@@ -434,6 +454,14 @@ class GptOssModel(nn.Module):
             if isinstance(module, GptOssAttention) and module.fused is not None:
                 module.tie_projections()
         return self
+
+    def pack_expert_words(self) -> int:
+        """On the Triton path in bf16: every MoE projection the word layout can hold re-packed as engine.mxfp4_words
+        (GptOssExperts.pack_words); how many were. Call after the weights are loaded."""
+        experts = [m for m in self.modules() if isinstance(m, GptOssExperts) and m.triton_moe is not None]
+        if not experts or self.lm_head.weight.dtype != torch.bfloat16:
+            return 0
+        return sum(module.pack_words() for module in experts)
 
     def set_batch_invariant(self, on: bool) -> None:
         """Compute every row the same way in any batch, chunk or decode step (EngineConfig.deterministic)."""

@@ -14,10 +14,12 @@ each projection over (tile, column block):
   result is deterministic: no atomics).
 
 Expert weights come dense ([E, in, out], any float dtype) or MXFP4
-(engine.mxfp4: blocks [E, out, in/32, 16], scales [E, out, in/32]). MXFP4 times
-bf16/fp16 activations goes through tl.dot_scaled (the scale applied once per
-32-weight group, on the tensor cores); times fp32 activations each weight is
-decoded in fp32 (exact; CPU models).
+(engine.mxfp4: blocks [E, out, in/32, 16], scales [E, out, in/32]), or MXFP4
+re-packed as words (engine.mxfp4_words: [E, out, in/8] int32, the same scales).
+MXFP4 times bf16/fp16 activations goes through tl.dot_scaled (the scale applied
+once per 32-weight group, on the tensor cores); times fp32 activations each weight
+is decoded in fp32 (exact; CPU models). Words take bf16 activations, decoded by
+the kernel's own bit operations (fewer instructions than dot_scaled's decode).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from torch import Tensor
 
 from engine.kernels import interpreted, require_triton
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
+from engine.mxfp4_words import CHUNK as WORDS_CHUNK
+from engine.mxfp4_words import is_words
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run. The kernels
 # call no @triton.jit function of triton.language.standard (tl.zeros, tl.sigmoid, tl.sum, ...): those are
@@ -57,13 +61,18 @@ class ExpertWeight:
     """One projection of all experts: `dense` [E, in, out], or MXFP4 `blocks` + `scales`."""
 
     dense: Tensor | None = None
-    blocks: Tensor | None = None  # [E, out, in / 32, 16] uint8
+    blocks: Tensor | None = None  # [E, out, in / 32, 16] uint8, or words [E, out, in / 8] int32 (mxfp4_words)
     scales: Tensor | None = None  # [E, out, in / 32] uint8
 
     def __post_init__(self) -> None:
         if (self.dense is None) == (self.blocks is None) or (self.blocks is None) != (self.scales is None):
             raise ValueError("ExpertWeight takes either dense or blocks and scales")
-        if self.blocks is not None and self.scales is not None:
+        if self.blocks is not None and self.scales is not None and is_words(self.blocks):
+            if self.blocks.ndim != 3 or self.blocks.shape[:2] != self.scales.shape[:2] \
+                    or self.blocks.shape[2] * 8 != self.scales.shape[2] * MXFP4_BLOCK or self.blocks.stride(-1) != 1:
+                raise ValueError(f"MXFP4 words {tuple(self.blocks.shape)} do not match scales "
+                                 f"{tuple(self.scales.shape)}")
+        elif self.blocks is not None and self.scales is not None:
             check_packed(self.blocks, self.scales)
             if self.blocks.stride(-1) != 1 or self.blocks.stride(-2) != MXFP4_BLOCK // 2:
                 raise ValueError("MXFP4 blocks must be contiguous along their last two dims")
@@ -79,6 +88,9 @@ class ExpertWeight:
             e, k, n = self.dense.shape
             return e, k, n
         assert self.blocks is not None  # for mypy: __post_init__ guarantees it
+        if is_words(self.blocks):
+            e, n, words = self.blocks.shape
+            return e, words * 8, n
         e, n, g, _ = self.blocks.shape
         return e, g * MXFP4_BLOCK, n
 
@@ -364,6 +376,11 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
         weights = "mxfp4" if a.dtype in SCALED_DOT_FORMATS else "mxfp4_upcast"
         w_ptr, scales = w.blocks, w.scales
         w_strides = (w.blocks.stride(0), 1, w.blocks.stride(1))  # (expert, byte along in, out)
+        if is_words(w.blocks):  # (expert, word along in, out)
+            if a.dtype != torch.bfloat16 or k % block_k or block_k % WORDS_CHUNK:
+                raise ValueError(f"MXFP4 words take bf16 activations and K steps of a multiple of {WORDS_CHUNK} "
+                                 f"dividing in ({k}): got {a.dtype}, {tiles}")
+            weights = "mxfp4_words"
         s_strides = (w.scales.stride(0), w.scales.stride(2), w.scales.stride(1))  # (expert, group, out)
     alpha, limit = swiglu or (0.0, 0.0)
     grid = (routing.tile_expert.numel(), triton.cdiv(n, block_n), tiles.split_k)
@@ -375,7 +392,7 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
         out.stride(0) if tiles.split_k > 1 else 0,
         SWIGLU=swiglu is not None, WEIGHTS=weights, A_FORMAT=SCALED_DOT_FORMATS.get(a.dtype, ""),
         EVEN_K=k % block_k == 0,
-        PRECISION="ieee" if a.dtype == torch.float32 or UPCAST_DOT_OPERANDS else "tf32",
+        PRECISION="ieee" if a.dtype == torch.float32 or UPCAST_DOT_OPERANDS else "tf32", ASM=not interpreted(),
         DOT_DTYPE=tl.float32 if UPCAST_DOT_OPERANDS else _TL_DTYPES[a.dtype],
         BLOCK_M=routing.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, SPLIT_K=tiles.split_k,

@@ -19,6 +19,9 @@ H100_SMS = 132
 H100_CLOCK_HZ = 1.755e9
 H100_HBM_BYTES_PER_S = 3.35e12
 LAYERS_20B = 24
+# The MXFP4 kernel the engine runs on a GPU (bf16 activations, experts re-packed as engine.mxfp4_words at load;
+# "mxfp4", tl.dot_scaled's decode, where a projection's scales do not allow the words)
+ENGINE_MXFP4 = "mxfp4_words"
 MXFP4_BYTES_PER_WEIGHT = 17 / 32  # half a byte a weight and one scale byte per 32
 
 
@@ -27,7 +30,7 @@ def mxfp4_kernels(report: dict[str, Any], num_tokens: int, block_m: int = 0,
     """The report's MXFP4 kernels (gate_up, down) compiled for `num_tokens` tokens with `block_m` rows per tile
     asked (0: the engine's choice) and GemmTiles `tiles` (as text; None: a report compiled with one)."""
     found = [k for k in report["kernels"]
-             if k["weights"] == "mxfp4" and k["tokens"] == num_tokens and k["block_m_asked"] == block_m
+             if k["weights"] == ENGINE_MXFP4 and k["tokens"] == num_tokens and k["block_m_asked"] == block_m
              and (tiles is None or k.get("gemm_tiles") == tiles)]
     if sorted(k["projection"] for k in found) != ["down", "gate_up"]:
         raise ValueError(f"the report has no MXFP4 gate_up and down kernels at {num_tokens} tokens, "
@@ -65,7 +68,7 @@ def issue_bound_ms_at(report: dict[str, Any], num_tokens: int, layers: int = LAY
 
     block_m = block_m_for(num_tokens * TOP_K, EXPERTS)
     kernels = {k["projection"]: k for k in report["kernels"]
-               if k["weights"] == "mxfp4" and k["block_m_asked"] == 0 and k["block"][0] == block_m}
+               if k["weights"] == ENGINE_MXFP4 and k["block_m_asked"] == 0 and k["block"][0] == block_m}
     if set(kernels) != {"gate_up", "down"}:
         raise ValueError(f"the report has no MXFP4 kernels compiled at {block_m} rows a tile ({num_tokens} tokens)")
     tiles = uniform_tiles(num_tokens, block_m, EXPERTS, TOP_K)

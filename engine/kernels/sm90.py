@@ -237,8 +237,8 @@ def _compile_layer_kernels(num_tokens: int) -> None:
 
 
 def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
-    """Drive engine.kernels.moe.fused_experts at the 20b shape for `ids` [T, TOP_K] with GemmTiles `tiles`: MXFP4,
-    then bf16 experts if `dense`."""
+    """Drive engine.kernels.moe.fused_experts at the 20b shape for `ids` [T, TOP_K] with GemmTiles `tiles`: MXFP4
+    blocks, the same as words where the tiles' K step allows, then bf16 experts if `dense`."""
     import torch
 
     from engine.kernels import moe
@@ -251,9 +251,13 @@ def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
                               scales=torch.empty(EXPERTS, 2 * INTERMEDIATE, HIDDEN // 32, dtype=u8)),
              moe.ExpertWeight(blocks=torch.empty(EXPERTS, HIDDEN, INTERMEDIATE // 32, 16, dtype=u8),
                               scales=torch.empty(EXPERTS, HIDDEN, INTERMEDIATE // 32, dtype=u8)))
+    # the same experts re-packed as words (engine.mxfp4_words), as the engine holds them on a GPU
+    words = tuple(moe.ExpertWeight(blocks=torch.empty(*w.scales.shape[:2], w.shape[1] // 8, dtype=torch.int32),
+                                   scales=w.scales) for w in mxfp4 if w.scales is not None)
     bf16_experts = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
              moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
-    for gate_up, down in (mxfp4, bf16_experts) if dense else (mxfp4,):
+    forms = [mxfp4] + ([words] if tiles.block_k % 64 == 0 and HIDDEN % tiles.block_k == 0 else [])
+    for gate_up, down in forms + ([bf16_experts] if dense else []):
         moe.fused_experts(x, ids, torch.empty(num_tokens, TOP_K, dtype=bf16), gate_up, gate_up_bias, down,
                           down_bias, 1.702, 7.0, block_m, tiles=tiles)
 

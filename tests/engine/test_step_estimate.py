@@ -20,7 +20,8 @@ def report(per_4096=256.0, draw_instructions=400):
     return {"triton": "x", "tokens": [t for t, _ in HEIGHTS], "other_kernels": [
         {"kernel": "_draw_slices", "block": 2048, "num_warps": 4, "instructions": draw_instructions,
          "fp64_instructions": 40}],
-        "kernels": [{"projection": p, "weights": "mxfp4", "per_4096": per_4096, "tokens": t, "block_m_asked": 0,
+        "kernels": [{"projection": p, "weights": moe_cost.ENGINE_MXFP4, "per_4096": per_4096, "tokens": t,
+                     "block_m_asked": 0,
                      "tiles": moe_cost.uniform_tiles(t, m, 32, 4), "experts_hit": round(moe_cost.experts_hit(t, 32, 4)),
                      "block": [m, 64, 64], "weights_per_expert": sm90.WEIGHTS_PER_EXPERT[p],
                      "shape": list(sm90.PROJECTION_SHAPES[p])}
