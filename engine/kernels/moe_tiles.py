@@ -5,9 +5,10 @@ pipeline stages), chosen from sm_90 compiles, but where an H200 timed another sh
 moe.SPLIT_K_TILES). `time_tiles` runs one MoE layer of gpt-oss-20b's
 shape (32 experts, top 4, hidden and intermediate 2,880; MXFP4 experts of random codes and scales, seeded random
 router logits) at each step size with each of CANDIDATES, and with the experts held dense (bf16 on a GPU) at the
-default shape: the median of CUDA-event timings, and each output against the default's (a faster shape with
-another answer is a bug, not a win). `python -m engine.kernels.moe_tiles` prints a `moe T=` line a (step size,
-shape) and the fastest shape a step size: what those should become. `--sm90`
+default shape, and with bf16 activations each shape again on the experts re-packed as words (engine.mxfp4_words,
+what the engine holds on a GPU): the median of CUDA-event timings, and each output against the default's (a
+faster shape with another answer is a bug, not a win). `python -m engine.kernels.moe_tiles` prints a `moe T=`
+line a (step size, shape) and the fastest shape a step size: what those should become. `--sm90`
 prints instead what each candidate compiles to for sm_90 here (engine.kernels.sm90, never run): its inner loop,
 registers, spills and the issue-bound time engine.kernels.moe_cost makes of them.
 """
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from engine.device import MAX_RELATIVE_DIFF, relative_diff
 from engine.kernels.moe import DEFAULT_TILES, ExpertWeight, GemmTiles, block_m_for, fused_experts
+from engine import mxfp4_words
 from engine.mxfp4 import MXFP4_BLOCK, dequantize
 
 
@@ -50,6 +52,7 @@ CANDIDATES = tuple(GemmTiles.parse(text) for text in
                    ("64x64w4s3", "64x128w4s3", "64x64w2s3", "64x64w4s3k4", "64x128w4s3k2", "64x64w2s5",
                     "64x128w4s4", "128x128w8s3", "64x64w4s3k8", "64x64w2s4k4"))
 DENSE = "dense"  # the experts held dense, at the default shape
+WORDS_SUFFIX = "+words"  # a shape's run on the experts re-packed as engine.mxfp4_words (the engine's on a GPU)
 ALPHA, LIMIT = 1.702, 7.0
 
 
@@ -81,6 +84,8 @@ class MoeLayer:
     down_dense: ExpertWeight
     gate_up_bias: Tensor
     down_bias: Tensor
+    gate_up_words: ExpertWeight | None = None  # the packed experts as engine.mxfp4_words (bf16 activations only)
+    down_words: ExpertWeight | None = None
 
 
 def build_layer(shape: MoeShape, device: str, dtype: torch.dtype, seed: int = 0) -> MoeLayer:
@@ -101,7 +106,10 @@ def build_layer(shape: MoeShape, device: str, dtype: torch.dtype, seed: int = 0)
              if w.blocks is not None and w.scales is not None]
     biases = [torch.randn(shape.experts, n, device=device, generator=generator).to(dtype) * 0.1
               for n in (2 * shape.intermediate, shape.hidden)]
-    return MoeLayer(shape, gate_up, down, dense[0], dense[1], biases[0], biases[1])
+    words = [ExpertWeight(blocks=mxfp4_words.pack(w.blocks), scales=w.scales) for w in (gate_up, down)
+             if w.blocks is not None and w.scales is not None and dtype == torch.bfloat16
+             and mxfp4_words.fits(w.blocks, w.scales)]
+    return MoeLayer(shape, gate_up, down, dense[0], dense[1], biases[0], biases[1], *words)
 
 
 def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["20b"],
@@ -110,13 +118,15 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
     """Each step size in `tokens` through one MoE layer with each of `candidates` (DEFAULT_TILES is the
     reference, first whether listed or not) and with the experts dense: a TilesTiming each, in that order.
     Every shape of a step size runs once (compiles, and its output is compared) before any is timed, so none is
-    timed cold; on CUDA each is timed as a CUDA graph's replay (as the engine's steps run it). bf16 activations on
-    CUDA, fp32 elsewhere (the interpreter's MXFP4 path). `report(timing)` is called as each lands. A shape that
+    timed cold; on CUDA each is timed as a CUDA graph's replay (as the engine's steps run it). The activations take
+    the layer's dtype: bf16 on CUDA, fp32 elsewhere (the interpreter's MXFP4 path), unless a layer is given.
+    `report(timing)` is called as each lands. A shape that
     fails (a launch past the GPU's resources) is recorded, not raised."""
     from engine.device import graphed, median_us
 
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    layer = layer or build_layer(shape, device, dtype)
+    if layer is None:
+        layer = build_layer(shape, device, torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    dtype = layer.gate_up_bias.dtype  # the activations' too
     order = (DEFAULT_TILES, *[c for c in candidates if c != DEFAULT_TILES])
     timings: list[TilesTiming] = []
     for num_tokens in tokens:
@@ -129,8 +139,11 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
         # name -> (the call, its weight bytes, its output's distance from the default's, or its error)
         runs: dict[str, tuple[Callable[[], Tensor], int, float | str]] = {}
         reference: Tensor | None = None
-        for name, tiles, dense in [(str(tiles), tiles, False) for tiles in order] + [(DENSE, DEFAULT_TILES, True)]:
-            gate_up, down = (layer.gate_up_dense, layer.down_dense) if dense else (layer.gate_up, layer.down)
+        for name, tiles, form in _runs(order, layer):
+            gate_up, down = {"blocks": (layer.gate_up, layer.down), "dense": (layer.gate_up_dense, layer.down_dense),
+                             "words": (layer.gate_up_words, layer.down_words)}[form]
+            assert gate_up is not None and down is not None  # _runs has words only where the layer has them
+            dense = form == "dense"
             run = partial(fused_experts, x, expert_ids, weights, gate_up, layer.gate_up_bias, down, layer.down_bias,
                           ALPHA, LIMIT, 0, None, tiles)
             weight_bytes = hit * _bytes_per_expert(shape, dense=dense, dtype=dtype)
@@ -155,6 +168,18 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
             if report is not None:
                 report(timing)
     return timings
+
+
+def _runs(order: tuple[GemmTiles, ...], layer: MoeLayer) -> list[tuple[str, GemmTiles, str]]:
+    """(name, tiles, weights' form) a step size runs, the default on blocks first and dense last: each shape on
+    the checkpoint's blocks, then on words (WORDS_SUFFIX) where the layer has them and the K step is whole
+    chunks of them (engine.mxfp4_words), then the experts dense."""
+    runs = [(str(tiles), tiles, "blocks") for tiles in order]
+    if layer.gate_up_words is not None:
+        runs += [(f"{tiles}{WORDS_SUFFIX}", tiles, "words") for tiles in order
+                 if tiles.block_k % mxfp4_words.CHUNK == 0 and layer.shape.hidden % tiles.block_k == 0
+                 and layer.shape.intermediate % tiles.block_k == 0]
+    return runs + [(DENSE, DEFAULT_TILES, "dense")]
 
 
 def _bytes_per_expert(shape: MoeShape, dense: bool, dtype: torch.dtype) -> int:
