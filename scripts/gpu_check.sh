@@ -121,7 +121,7 @@ step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
 # the kernels' own numerics first (tl.dot_scaled's MoE at the 20b shape): a cold Triton cache compiles every
 # variant, and a step stopped by its timeout should have cut the end-to-end tests, not these. Two runs: given
 # a folder beside them, pytest would collect the files in the folder's order
-FIRST_TESTS="tests/engine/test_triton_moe.py tests/engine/test_triton_attention.py"
+FIRST_TESTS="tests/engine/test_triton_moe.py tests/engine/test_triton_moe_words.py tests/engine/test_triton_attention.py"
 FIRST_TESTS+=" tests/engine/test_triton_fused.py tests/engine/test_triton_sampler.py"
 export FIRST_TESTS
 step gpu_tests 200 bash -c 'opts="-m gpu -v -rs --durations=10 -p no:cacheprovider"
@@ -138,8 +138,9 @@ step bench_random 130 "$PY" -m engine.bench "${BENCH[@]}" --workloads random "${
 step profile 150 "$PY" -m engine.step_profile "${PROFILE[@]}"
 # the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 16, 4, 1, 1,024 and 2,048 tokens, through each shape of
 # engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
-# should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64). Mostly compiles.
-step moe_tiles 120 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
+# should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64), then each shape on the
+# experts re-packed as words ("+words" rows: the engine's form on a GPU; sm_90 loop 191 against 270). Mostly compiles.
+step moe_tiles 180 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be
 step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
@@ -165,7 +166,7 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^attention B=|^moe T=.*(fastest: | \(default\): | dense: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^attention B=|^moe T=.*(fastest: | \(default\): | dense: |\+words: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
     "$LOG")
 {
     echo "=== figures"

@@ -169,7 +169,8 @@ def _mxfp4_words_step(acc_t, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs
 
 @triton.jit
 def _words_bf16(words, scale, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
-    """Words [N, BLOCK_K/8] int32 and their scales [N, BLOCK_K/32] uint8 -> the weights [N, BLOCK_K] bf16."""
+    """Words [N, BLOCK_K/8] int32 and their scales [N, BLOCK_K/32] uint8 -> the weights [N, BLOCK_K] (bf16 with
+    ASM; their fp32 values in the interpreter)."""
     n: tl.constexpr = words.shape[0]
     chunks: tl.constexpr = BLOCK_K // WORDS_CHUNK
     # a word's group is its h (the words of a chunk are (c, h) in c-major order): the scale of (chunk, h) to each
@@ -180,7 +181,8 @@ def _words_bf16(words, scale, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
             asm=WORDS_PTX, constraints="=r,=r,=r,=r,r,r", args=[words, factor | (factor << 16)],
             dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
         q = tl.join(tl.join(_bf16_pair(o0), _bf16_pair(o1)), tl.join(_bf16_pair(o2), _bf16_pair(o3)))
-    else:  # the same bits in Triton's operations, the multiply in fp32 (exact either way)
+    else:  # the same bits in Triton's operations, the multiply in fp32 (exact either way); the weights stay fp32,
+        # since the interpreter's cast to bf16 flushes subnormals (scales 2^-127 and 2^-126) to zero
         scaled = (factor << 16).to(tl.float32, bitcast=True)
         q = tl.join(tl.join(_scaled_pair(words & -2118090304, scaled),  # 0x81C081C0
                             _scaled_pair((words << 3) & -2118090304, scaled)),
@@ -201,10 +203,10 @@ def _bf16_pair(register):
 
 @triton.jit
 def _scaled_pair(register, factor):
-    """`_bf16_pair` of a register of 2^-126-scaled codes, times `factor` (fp32) -> [..., 2] bf16."""
+    """`_bf16_pair` of a register of 2^-126-scaled codes, times `factor` (fp32) -> [..., 2] fp32 (bf16 values)."""
     low = ((register & 0xFFFF) << 16).to(tl.float32, bitcast=True) * factor
     high = (register & -65536).to(tl.float32, bitcast=True) * factor  # 0xFFFF0000
-    return tl.join(low.to(tl.bfloat16), high.to(tl.bfloat16))
+    return tl.join(low, high)
 
 
 @triton.jit

@@ -457,12 +457,20 @@ def test_mxfp4_moe_at_the_20b_shape_on_gpu():
         getattr(packed, name + "_scales").copy_(scales)
         getattr(reference, name).data.copy_(mxfp4.dequantize(blocks, scales, torch.bfloat16))
         getattr(packed, name + "_bias").data.copy_(getattr(reference, name + "_bias"))
+    inputs = []
     for num_tokens in (1, 64, 2048):
         x = torch.randn(num_tokens, 2880, device=DEVICE, dtype=torch.bfloat16)
         ids, weights = routed(num_tokens, experts=tuple(range(0, 32, 2)), top_k=4)
         with torch.inference_mode():
             want, got = reference(x, ids, weights.bfloat16()), packed(x, ids, weights.bfloat16())
         assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max() + 0.02
+        inputs.append((x, ids, weights.bfloat16(), got))
+    # re-packed as words (engine.mxfp4_words), the kernels' own PTX decode gives what tl.dot_scaled's did
+    assert packed.pack_words() == 2
+    for x, ids, weights, from_blocks in inputs:
+        with torch.inference_mode():
+            from_words = packed(x, ids, weights)
+        torch.testing.assert_close(from_words.float(), from_blocks.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_triton_experts_trace_in_one_graph():

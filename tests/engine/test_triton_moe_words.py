@@ -27,6 +27,7 @@ def experts_as_blocks_and_words(num_experts, k, n, gen):
     return as_blocks, as_words, mxfp4.dequantize(blocks, scales)
 
 
+@(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)  # the GPU check runs it natively: the PTX
 @pytest.mark.parametrize("num_tokens,block_m,tiles", [
     (5, 16, "64x64w4s3"), (40, 16, "64x64w2s3"), (40, moe.MAX_BLOCK_M, "64x64w4s3"), (3, 16, "64x64w4s3k4"),
     (9, 16, "128x64w8s3")])  # 128 columns a block: down's 192 leave the second block half masked
@@ -72,6 +73,22 @@ def test_words_refuse_what_their_decode_cannot_take():
                               tiles=tiles)
     with pytest.raises(ValueError, match="do not match scales"):
         moe.ExpertWeight(blocks=gate_up_words.blocks[:, :, :4], scales=gate_up_words.scales)
+
+
+@(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)
+def test_words_decode_every_code_at_every_scale_they_take():
+    # one expert whose row n holds every code at scale 2^(n - 127), n = 0..128: the MoE of a one-hot token
+    # through it reads back a column of weights, exactly, for every code and scale the PTX decodes
+    rows = mxfp4_words.MAX_SCALE + 1
+    codes = torch.arange(64) % 16
+    blocks = (codes[0::2] | codes[1::2] << 4).to(torch.uint8).reshape(1, 1, 2, 16).expand(1, rows, 2, 16)
+    scales = torch.arange(rows, dtype=torch.uint8).reshape(1, rows, 1).expand(1, rows, 2).contiguous()
+    weight = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks.contiguous()).to(DEVICE), scales=scales.to(DEVICE))
+    routing = moe.route(torch.zeros(64, 1, dtype=torch.long, device=DEVICE), 1, 64)
+    x = torch.eye(64, dtype=torch.bfloat16, device=DEVICE)  # token i reads input i of every row
+    out = moe.down_weighted(x, routing, weight, torch.zeros(1, rows, device=DEVICE), torch.ones(64, device=DEVICE))
+    want = mxfp4.dequantize(blocks.contiguous(), scales)[0]  # [in = 64, out = rows]
+    assert torch.equal(out.cpu(), want)
 
 
 # -- the model ---------------------------------------------------------------------------------------------------
