@@ -26,23 +26,25 @@ MXFP4_BYTES_PER_WEIGHT = 17 / 32  # half a byte a weight and one scale byte per 
 
 
 def mxfp4_kernels(report: dict[str, Any], num_tokens: int, block_m: int = 0,
-                  tiles: str | None = None) -> list[dict[str, Any]]:
+                  tiles: str | None = None, weights: str = ENGINE_MXFP4) -> list[dict[str, Any]]:
     """The report's MXFP4 kernels (gate_up, down) compiled for `num_tokens` tokens with `block_m` rows per tile
-    asked (0: the engine's choice) and GemmTiles `tiles` (as text; None: a report compiled with one)."""
+    asked (0: the engine's choice) and GemmTiles `tiles` (as text; None: a report compiled with one), on `weights`
+    ("mxfp4_words", or "mxfp4": the checkpoint's blocks)."""
     found = [k for k in report["kernels"]
-             if k["weights"] == ENGINE_MXFP4 and k["tokens"] == num_tokens and k["block_m_asked"] == block_m
+             if k["weights"] == weights and k["tokens"] == num_tokens and k["block_m_asked"] == block_m
              and (tiles is None or k.get("gemm_tiles") == tiles)]
     if sorted(k["projection"] for k in found) != ["down", "gate_up"]:
         raise ValueError(f"the report has no MXFP4 gate_up and down kernels at {num_tokens} tokens, "
-                         f"block_m {block_m}")
+                         f"block_m {block_m}, {weights}")
     return found
 
 
 def issue_bound_ms(report: dict[str, Any], num_tokens: int, block_m: int = 0, layers: int = LAYERS_20B,
-                   tiles: str | None = None) -> float:
+                   tiles: str | None = None, weights: str = ENGINE_MXFP4) -> float:
     """Milliseconds a step of `num_tokens` tokens spends issuing the MXFP4 MoE's inner loops on its busiest SM, at
     best (see the module's doc)."""
-    sm_cycles = sum(_busiest_sm_cycles(k, k["tiles"]) for k in mxfp4_kernels(report, num_tokens, block_m, tiles))
+    sm_cycles = sum(_busiest_sm_cycles(k, k["tiles"])
+                    for k in mxfp4_kernels(report, num_tokens, block_m, tiles, weights))
     return 1000 * layers * sm_cycles / H100_CLOCK_HZ
 
 

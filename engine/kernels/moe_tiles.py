@@ -217,20 +217,27 @@ def sm90_report(tokens: tuple[int, ...], candidates: tuple[GemmTiles, ...] = CAN
 
 
 def sm90_lines(report: dict, candidates: tuple[GemmTiles, ...] = CANDIDATES) -> list[str]:
-    """A line per (step size, candidate) of `sm90_report`'s: the inner loops per 4,096 weights, registers, spills,
-    shared memory, and the issue-bound time of a 24-layer step (engine.kernels.moe_cost)."""
+    """A line per (step size, candidate, on blocks and on words where compiled) of `sm90_report`'s: the inner loops
+    per 4,096 weights, registers, spills, shared memory, and the issue-bound time of a 24-layer step
+    (engine.kernels.moe_cost)."""
     from engine.kernels import moe_cost
 
     lines = []
+    compiled = {(k["gemm_tiles"], k["weights"]) for k in report["kernels"]}
+    runs = [(str(tiles), weights) for tiles in candidates for weights in ("mxfp4", "mxfp4_words")
+            if (str(tiles), weights) in compiled]
     for num_tokens in report["tokens"]:
-        for tiles in map(str, candidates):
-            kernels = sorted(moe_cost.mxfp4_kernels(report, num_tokens, 0, tiles), key=lambda k: k["projection"])
-            lines.append(f"sm90 T={num_tokens} {tiles}: down/gate_up "
+        for tiles, weights in runs:
+            kernels = sorted(moe_cost.mxfp4_kernels(report, num_tokens, 0, tiles, weights),
+                             key=lambda k: k["projection"])
+            name = tiles + (WORDS_SUFFIX if weights == "mxfp4_words" else "")
+            lines.append(f"sm90 T={num_tokens} {name}: down/gate_up "
                          f"{'/'.join(format(k['per_4096'], '.0f') for k in kernels)} warp-instr / 4096 weights, "
                          f"{'/'.join(str(k['registers']) for k in kernels)} registers, "
                          f"{sum(k['spills'] for k in kernels)} spills, "
                          f"{max(k['shared_bytes'] for k in kernels):,} B shared; issue-bound "
-                         f"{moe_cost.issue_bound_ms(report, num_tokens, tiles=tiles):.2f} ms at {LAYERS_20B} layers")
+                         f"{moe_cost.issue_bound_ms(report, num_tokens, tiles=tiles, weights=weights):.2f} ms at "
+                         f"{LAYERS_20B} layers")
     return lines
 
 

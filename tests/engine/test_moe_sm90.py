@@ -140,14 +140,20 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
     from engine.kernels import moe_tiles
 
     report = moe_tiles.sm90_report((256,))
+    names = []
     for tiles in moe_tiles.CANDIDATES:
-        kernels = moe_cost.mxfp4_kernels(report, 256, 0, str(tiles))  # gate_up and down, or it raises
-        assert all(k["spills"] == 0 and sum(k["mma"].values()) > 0 for k in kernels), (tiles, kernels)
-        assert all(k["num_warps"] == tiles.num_warps and k["block"][1:] == [tiles.block_n, tiles.block_k]
-                   for k in kernels), (tiles, kernels)
+        # on the checkpoint's blocks, and on words where the K step is whole chunks of them (2,880 of 64)
+        forms = ["mxfp4"] + (["mxfp4_words"] if tiles.block_k == 64 else [])
+        for weights in forms:
+            kernels = moe_cost.mxfp4_kernels(report, 256, 0, str(tiles), weights)  # gate_up and down, or it raises
+            assert all(k["spills"] == 0 and sum(k["mma"].values()) > 0 for k in kernels), (tiles, kernels)
+            assert all(k["num_warps"] == tiles.num_warps and k["block"][1:] == [tiles.block_n, tiles.block_k]
+                       for k in kernels), (tiles, kernels)
+        names += [f"sm90 T=256 {tiles}{moe_tiles.WORDS_SUFFIX if w == 'mxfp4_words' else ''}" for w in forms]
     lines = moe_tiles.sm90_lines(report)
-    assert [line.split(":")[0] for line in lines] == [f"sm90 T=256 {t}" for t in moe_tiles.CANDIDATES]
+    assert sorted(line.split(":")[0] for line in lines) == sorted(names)
     assert all(" 0 spills" in line and "issue-bound" in line for line in lines)
-    # a longer K step issues less a weight than the default (the figures in the README)
-    default, wide = (moe_cost.issue_bound_ms(report, 256, tiles=str(t)) for t in moe_tiles.CANDIDATES[:2])
+    # on blocks a longer K step issues less a weight than the default (the figures in the README)
+    default, wide = (moe_cost.issue_bound_ms(report, 256, tiles=str(t), weights="mxfp4")
+                     for t in moe_tiles.CANDIDATES[:2])
     assert wide < default
