@@ -350,9 +350,12 @@ class GptOssExperts(nn.Module):
             blocks, scales = getattr(self, name + "_blocks"), getattr(self, name + "_scales")
             if mxfp4_words.is_words(blocks) or not mxfp4_words.fits(blocks, scales):
                 continue
-            words = blocks.view(torch.int32).view(blocks.shape[0], blocks.shape[1], -1)  # the same storage
-            for expert in range(blocks.shape[0]):  # one expert's transients at a time
-                words[expert] = mxfp4_words.pack(blocks[expert][None].clone())[0]
+            if blocks.is_contiguous():  # the same storage: expert e's words are exactly its bytes
+                words = blocks.view(torch.int32).view(blocks.shape[0], blocks.shape[1], -1)
+                for expert in range(blocks.shape[0]):  # one expert's transients at a time
+                    words[expert] = mxfp4_words.pack(blocks[expert][None].clone())[0]
+            else:
+                words = mxfp4_words.pack(blocks)
             setattr(self, name + "_blocks", nn.Parameter(words, requires_grad=False))
             packed += 1
         return packed
@@ -456,10 +459,12 @@ class GptOssModel(nn.Module):
         return self
 
     def pack_expert_words(self) -> int:
-        """On the Triton path in bf16: every MoE projection the word layout can hold re-packed as engine.mxfp4_words
-        (GptOssExperts.pack_words); how many were. Call after the weights are loaded."""
+        """On the Triton path in bf16, on a device whose kernels decode words (sm_90 and newer, or the interpreter):
+        every MoE projection the word layout can hold re-packed as engine.mxfp4_words (GptOssExperts.pack_words);
+        how many were. Call after the weights are loaded."""
         experts = [m for m in self.modules() if isinstance(m, GptOssExperts) and m.triton_moe is not None]
-        if not experts or self.lm_head.weight.dtype != torch.bfloat16:
+        weight = self.lm_head.weight
+        if not experts or weight.dtype != torch.bfloat16 or not mxfp4_words.decodable_on(weight.device):
             return 0
         return sum(module.pack_words() for module in experts)
 

@@ -85,6 +85,12 @@ def unpack(words: torch.Tensor) -> torch.Tensor:
     return blocks
 
 
+def decodable_on(device: torch.device) -> bool:
+    """Whether the Triton MoE can decode words on `device`: its PTX multiplies bf16x2 (sm_90 and newer); without
+    CUDA the interpreter decodes them in Triton's own operations."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def is_words(blocks: torch.Tensor) -> bool:
     """Whether an expert weight's packed tensor is in this layout (int32 words), not the checkpoint's (uint8)."""
     return blocks.dtype == torch.int32

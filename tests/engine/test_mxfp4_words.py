@@ -1,5 +1,6 @@
 """MXFP4 re-packed as words (engine.mxfp4_words): the layout, and the kernel's PTX decode of it, emulated here."""
 
+import itertools
 import re
 
 import numpy as np
@@ -25,19 +26,15 @@ def test_pack_and_unpack_are_inverses_on_any_bytes(shape):
 
 
 def test_a_word_holds_one_threads_inputs_of_one_scale_group():
-    # input k of a row holds code k % 16: word (c, h) of the chunk must hold inputs 32h + 16b + 8s + 2c + t, the
-    # one in register o = 2b + s, half t, read back through source_bit
-    codes = torch.arange(64) % 16
-    blocks = (codes[0::2] | codes[1::2] << 4).to(torch.uint8).reshape(1, 1, 2, 16)
+    # random codes, two chunks of a row: word (c, h) of chunk ch (stored at 8ch + 2c + h) must hold input
+    # 64ch + 32h + 16b + 8s + 2c + t in register o = 2b + s, half t, read back through source_bit
+    codes = torch.randint(0, 16, (128,), generator=torch.Generator().manual_seed(1))
+    blocks = (codes[0::2] | codes[1::2] << 4).to(torch.uint8).reshape(1, 1, 4, 16)
     words = mxfp4_words.pack(blocks)[0, 0].long() & 0xFFFFFFFF
-    for c in range(4):
-        for h in range(2):
-            word = int(words[c * 2 + h])
-            for b in range(2):
-                for s in range(2):
-                    for t in range(2):
-                        code = sum(((word >> mxfp4_words.source_bit(2 * b + s, t, bit)) & 1) << bit for bit in range(4))
-                        assert code == (32 * h + 16 * b + 8 * s + 2 * c + t) % 16
+    for ch, c, h, b, s, t in itertools.product(range(2), range(4), range(2), range(2), range(2), range(2)):
+        word = int(words[8 * ch + 2 * c + h])
+        code = sum(((word >> mxfp4_words.source_bit(2 * b + s, t, bit)) & 1) << bit for bit in range(4))
+        assert code == codes[64 * ch + 32 * h + 16 * b + 8 * s + 2 * c + t], (ch, c, h, b, s, t)
 
 
 def test_fits_needs_whole_chunks_and_scales_a_bf16_factor_can_hold():
@@ -109,6 +106,13 @@ def test_the_kernels_ptx_decodes_a_word_to_its_weights_exactly():
             expected = np.array(FP4_VALUES, dtype=np.float64)[code] * np.exp2(scale_grid.astype(np.float64) - 127)
             got = _bf16_bits_to_f32((out[f"${register}"] >> (16 * half)) & 0xFFFF).astype(np.float64)
             np.testing.assert_array_equal(got, expected, err_msg=f"o{register} half {half}")
+
+
+def test_words_are_decoded_on_sm90_and_newer_and_without_cuda(monkeypatch):
+    assert mxfp4_words.decodable_on(torch.device("cpu"))  # the interpreter: Triton's own operations
+    for capability, decodable in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        assert mxfp4_words.decodable_on(torch.device("cuda", 0)) is decodable  # mul.rn.bf16x2 wants sm_90
 
 
 def test_words_dequantize_through_the_torch_path_as_the_blocks_do():

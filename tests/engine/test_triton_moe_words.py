@@ -28,11 +28,13 @@ def experts_as_blocks_and_words(num_experts, k, n, gen):
 
 
 @(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)  # the GPU check runs it natively: the PTX
-@pytest.mark.parametrize("num_tokens,block_m,tiles", [
-    (5, 16, "64x64w4s3"), (40, 16, "64x64w2s3"), (40, moe.MAX_BLOCK_M, "64x64w4s3"), (3, 16, "64x64w4s3k4"),
-    (9, 16, "128x64w8s3")])  # 128 columns a block: down's 192 leave the second block half masked
-def test_words_give_the_moe_of_the_same_experts_as_blocks(num_tokens, block_m, tiles):
-    num_experts, top_k, hidden, inter = 4, 2, 192, 64  # K = 192 and 64: three chunks and one
+@pytest.mark.parametrize("num_tokens,block_m,tiles,hidden,inter", [
+    (5, 16, "64x64w4s3", 192, 64), (40, 16, "64x64w2s3", 192, 64), (40, moe.MAX_BLOCK_M, "64x64w4s3", 192, 64),
+    (3, 16, "64x64w4s3k4", 192, 64),
+    (9, 16, "128x64w8s3", 192, 64),  # 128 columns a block: down's 192 leave the second block half masked
+    (7, 16, "64x128w4s3", 256, 128), (4, 16, "64x128w4s3k2", 256, 128)])  # two chunks a K step
+def test_words_give_the_moe_of_the_same_experts_as_blocks(num_tokens, block_m, tiles, hidden, inter):
+    num_experts, top_k = 4, 2  # K = hidden and inter: whole chunks of 64
     gen = torch.Generator().manual_seed(num_tokens)
     gate_up, gate_up_words, gate_up_fp32 = experts_as_blocks_and_words(num_experts, hidden, 2 * inter, gen)
     down, down_words, _ = experts_as_blocks_and_words(num_experts, inter, hidden, gen)
@@ -77,17 +79,19 @@ def test_words_refuse_what_their_decode_cannot_take():
 
 @(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)
 def test_words_decode_every_code_at_every_scale_they_take():
-    # one expert whose row n holds every code at scale 2^(n - 127), n = 0..128: the MoE of a one-hot token
-    # through it reads back a column of weights, exactly, for every code and scale the PTX decodes
+    # one expert whose rows hold every code in every place (a random permutation of 4 x 16 codes a row) at scales
+    # 2^(n - 127) and 2^(128 - n - 127) for row n's two groups: the MoE of one-hot tokens through it reads back
+    # the weights, exactly, for every code and scale the PTX decodes
     rows = mxfp4_words.MAX_SCALE + 1
-    codes = torch.arange(64) % 16
-    blocks = (codes[0::2] | codes[1::2] << 4).to(torch.uint8).reshape(1, 1, 2, 16).expand(1, rows, 2, 16)
-    scales = torch.arange(rows, dtype=torch.uint8).reshape(1, rows, 1).expand(1, rows, 2).contiguous()
-    weight = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks.contiguous()).to(DEVICE), scales=scales.to(DEVICE))
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.stack([torch.randperm(64, generator=gen) % 16 for _ in range(rows)])  # [rows, 64]
+    blocks = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8).reshape(1, rows, 2, 16)
+    scales = torch.stack([torch.arange(rows), rows - 1 - torch.arange(rows)], dim=-1).to(torch.uint8)[None]
+    weight = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks).to(DEVICE), scales=scales.to(DEVICE))
     routing = moe.route(torch.zeros(64, 1, dtype=torch.long, device=DEVICE), 1, 64)
     x = torch.eye(64, dtype=torch.bfloat16, device=DEVICE)  # token i reads input i of every row
     out = moe.down_weighted(x, routing, weight, torch.zeros(1, rows, device=DEVICE), torch.ones(64, device=DEVICE))
-    want = mxfp4.dequantize(blocks.contiguous(), scales)[0]  # [in = 64, out = rows]
+    want = mxfp4.dequantize(blocks, scales)[0]  # [in = 64, out = rows]
     assert torch.equal(out.cpu(), want)
 
 
@@ -140,3 +144,19 @@ def test_experts_keep_blocks_where_a_scale_is_past_what_words_take(mxfp4_model_d
     assert experts.pack_words() == 1
     assert experts.gate_up_proj_blocks.dtype == torch.int32 and experts.down_proj_blocks.dtype == torch.uint8
     assert experts.pack_words() == 0  # already words, or never
+
+
+def test_blocks_that_are_no_contiguous_tensor_are_re_packed_out_of_place(mxfp4_model_dir):
+    from engine.loader import load_model
+
+    model, _ = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE, kernels="triton", dtype="bfloat16"))
+    experts = model.decoder_layers[0].mlp.experts
+    blocks = mxfp4_words.unpack(experts.gate_up_proj_blocks.data)
+    # every expert one view of expert 0's bytes (stride 0): in place, each expert's packing would clobber the next
+    shared = blocks[:1].expand_as(blocks)
+    experts.gate_up_proj_blocks = torch.nn.Parameter(shared, requires_grad=False)
+    experts.down_proj_blocks = torch.nn.Parameter(mxfp4_words.unpack(experts.down_proj_blocks.data),
+                                                  requires_grad=False)
+    assert experts.pack_words() == 2
+    assert torch.equal(experts.gate_up_proj_blocks, mxfp4_words.pack(shared.contiguous()))
+    assert torch.equal(mxfp4_words.unpack(experts.gate_up_proj_blocks.data), shared)
