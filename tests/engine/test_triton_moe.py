@@ -379,17 +379,11 @@ def test_scaled_dot_moe_stages_equal_engine_mxfp4_and_torch(num_tokens, block_m)
 
 
 # -- the model --------------------------------------------------------------------------
-def test_triton_model_keeps_mxfp4_experts_packed_and_matches_the_torch_model(mxfp4_model_dir):
+def one_sequence_logits(model, config, dtype, num_tokens=20):
+    """The logits of one sequence of `num_tokens` seeded tokens (over two cache blocks) through `model`."""
     from engine.attention import AttentionMetadata
-    from engine.loader import load_model
     from engine.model import allocate_kv_cache
 
-    packed, config = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE, kernels="triton"))
-    dequantised, _ = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE, moe_weights="dense"))
-    params = dict(packed.named_parameters())
-    assert params["model.layers.0.mlp.experts.down_proj_blocks"].dtype == torch.uint8
-    assert not any(name.endswith(("gate_up_proj", "down_proj")) for name in params)
-    num_tokens = 20  # one sequence over two cache blocks
     ids = torch.randint(0, config.vocab_size, (num_tokens,), generator=torch.Generator().manual_seed(0))
     meta = AttentionMetadata(
         positions=torch.arange(num_tokens, device=DEVICE), slot_mapping=torch.arange(num_tokens, device=DEVICE),
@@ -397,9 +391,18 @@ def test_triton_model_keeps_mxfp4_experts_packed_and_matches_the_torch_model(mxf
         seq_lens=torch.tensor([num_tokens], device=DEVICE), block_tables=torch.tensor([[0, 1]], device=DEVICE),
         block_size=16)
     with torch.inference_mode():
-        logits = [model.compute_logits(model(ids.to(DEVICE), meta, allocate_kv_cache(config, 2, 16, torch.float32,
-                                                                                     DEVICE)))
-                  for model in (packed, dequantised)]
+        return model.compute_logits(model(ids.to(DEVICE), meta, allocate_kv_cache(config, 2, 16, dtype, DEVICE)))
+
+
+def test_triton_model_keeps_mxfp4_experts_packed_and_matches_the_torch_model(mxfp4_model_dir):
+    from engine.loader import load_model
+
+    packed, config = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE, kernels="triton"))
+    dequantised, _ = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE, moe_weights="dense"))
+    params = dict(packed.named_parameters())
+    assert params["model.layers.0.mlp.experts.down_proj_blocks"].dtype == torch.uint8
+    assert not any(name.endswith(("gate_up_proj", "down_proj")) for name in params)
+    logits = [one_sequence_logits(model, config, torch.float32) for model in (packed, dequantised)]
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 

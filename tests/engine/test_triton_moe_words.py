@@ -97,9 +97,9 @@ def test_words_decode_every_code_at_every_scale_they_take():
 
 # -- the model ---------------------------------------------------------------------------------------------------
 def test_a_bf16_triton_model_loads_its_experts_as_words_and_decodes_as_with_blocks(mxfp4_model_dir, monkeypatch):
-    from engine.attention import AttentionMetadata
     from engine.loader import load_model
-    from engine.model import GptOssModel, allocate_kv_cache
+    from engine.model import GptOssModel
+    from tests.engine.test_triton_moe import one_sequence_logits
 
     config = EngineConfig(mxfp4_model_dir, device=DEVICE, kernels="triton", dtype="bfloat16")
     words_model, model_config = load_model(config)
@@ -110,16 +110,7 @@ def test_a_bf16_triton_model_loads_its_experts_as_words_and_decodes_as_with_bloc
     blocks_model, _ = load_model(config)
     assert dict(blocks_model.named_parameters())["model.layers.0.mlp.experts.down_proj_blocks"].dtype == torch.uint8
     torch_model, _ = load_model(EngineConfig(mxfp4_model_dir, device=DEVICE, dtype="bfloat16"))
-    num_tokens = 20
-    ids = torch.randint(0, model_config.vocab_size, (num_tokens,), generator=torch.Generator().manual_seed(0))
-    meta = AttentionMetadata(
-        positions=torch.arange(num_tokens, device=DEVICE), slot_mapping=torch.arange(num_tokens, device=DEVICE),
-        query_start_loc=torch.tensor([0, num_tokens], device=DEVICE),
-        seq_lens=torch.tensor([num_tokens], device=DEVICE), block_tables=torch.tensor([[0, 1]], device=DEVICE),
-        block_size=16)
-    with torch.inference_mode():
-        logits = [model.compute_logits(model(ids.to(DEVICE), meta, allocate_kv_cache(
-            model_config, 2, 16, torch.bfloat16, DEVICE))) for model in (words_model, blocks_model)]
+    logits = [one_sequence_logits(model, model_config, torch.bfloat16) for model in (words_model, blocks_model)]
     torch.testing.assert_close(logits[0], logits[1], rtol=2e-2, atol=2e-2)
     assert logits[0].argmax(-1).eq(logits[1].argmax(-1)).float().mean() > 0.9
     # the torch path reads words too: each expert's weight decoded back to the same values
