@@ -2,7 +2,7 @@
 
 The runner asks `GraphPlan` on every device, so a CPU run counts exactly the steps a GPU run would replay
 (engine.cuda_graphs). The run: 512 requests of `engine.workloads.sharegpt_mix` (output lengths forced,
-mean 96 tokens) through the engine with a GPU's batch shape (256 sequences, 2,048 tokens a step) and a
+a mean of ~200 tokens) through the engine with a GPU's batch shape (256 sequences, 2,048 tokens a step) and a
 tiny random model (1 layer, hidden 32, 1,024-token vocabulary: the workload's ids are taken modulo it),
 so the run takes seconds; the scheduler, and so the counts, depend on lengths alone, not on the model.
 """
