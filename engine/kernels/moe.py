@@ -377,9 +377,9 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
         w_ptr, scales = w.blocks, w.scales
         w_strides = (w.blocks.stride(0), 1, w.blocks.stride(1))  # (expert, byte along in, out)
         if is_words(w.blocks):  # (expert, word along in, out)
-            if a.dtype != torch.bfloat16 or k % block_k or block_k % WORDS_CHUNK:
-                raise ValueError(f"MXFP4 words take bf16 activations and K steps of a multiple of {WORDS_CHUNK} "
-                                 f"dividing in ({k}): got {a.dtype}, {tiles}")
+            if a.dtype != torch.bfloat16 or block_k % WORDS_CHUNK:
+                raise ValueError(f"MXFP4 words take bf16 activations and K steps of a multiple of {WORDS_CHUNK}: "
+                                 f"got {a.dtype}, {tiles}")
             weights = "mxfp4_words"
         s_strides = (w.scales.stride(0), w.scales.stride(2), w.scales.stride(1))  # (expert, group, out)
     alpha, limit = swiglu or (0.0, 0.0)

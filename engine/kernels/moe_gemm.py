@@ -78,7 +78,12 @@ def moe_gemm_kernel(
         k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
         k_begin = tl.program_id(2) * k_per_split
         k_end = tl.minimum(K, k_begin + k_per_split)
-    for k0 in range(k_begin, k_end, BLOCK_K):
+        if WEIGHTS == "mxfp4_words" and BLOCK_K > WORDS_CHUNK:
+            k_end = tl.maximum(k_end, k_begin)  # a split past K has no step, nor chunk left over (below)
+    k_steps_end = k_end
+    if WEIGHTS == "mxfp4_words" and BLOCK_K > WORDS_CHUNK:  # whole K steps, then the chunks of 64 left over
+        k_steps_end = k_begin + (k_end - k_begin) // BLOCK_K * BLOCK_K
+    for k0 in range(k_begin, k_steps_end, BLOCK_K):
         if WEIGHTS == "mxfp4_words":
             acc = _mxfp4_words_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0,
                                     stride_wn, stride_sg, stride_sn, PRECISION, DOT_DTYPE, BLOCK_K, ASM)
@@ -92,6 +97,10 @@ def moe_gemm_kernel(
             acc = _dense_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, offs_n, mask_n, k0, K,
                               stride_wk, stride_wn, PRECISION, DOT_DTYPE, BLOCK_K)
     if WEIGHTS == "mxfp4_words":
+        if BLOCK_K > WORDS_CHUNK:  # peeled, so the loop above needs no masks
+            for k0 in range(k_steps_end, k_end, WORDS_CHUNK):
+                acc = _mxfp4_words_step(acc, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs_n, mask_n, k0,
+                                        stride_wn, stride_sg, stride_sn, PRECISION, DOT_DTYPE, WORDS_CHUNK, ASM)
         acc = tl.trans(acc)
     bias = tl.load(bias_ptr + expert * stride_be + offs_n * stride_bn, mask=mask_n, other=0.0)
     if SPLIT_K > 1:  # the bias once: in the first split's partial sum
@@ -156,7 +165,7 @@ def _mxfp4_words_step(acc_t, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs
                       stride_wn, stride_sg, stride_sn, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
                       BLOCK_K: tl.constexpr, ASM: tl.constexpr):
     """acc_t [BLOCK_N, BLOCK_M] + (a[:, k0:k0+BLOCK_K] @ W[k0:k0+BLOCK_K, offs_n])^T: W^T's tile decoded from its
-    words [BLOCK_N, BLOCK_K/8] (engine.mxfp4_words) and scales [BLOCK_N, BLOCK_K/32]; K a multiple of BLOCK_K."""
+    words [BLOCK_N, BLOCK_K/8] (engine.mxfp4_words) and scales [BLOCK_N, BLOCK_K/32]; the step inside K."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_rows_ptr + offs_k[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
     m = k0 // 8 + tl.arange(0, BLOCK_K // 8)

@@ -173,12 +173,11 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
 def _runs(order: tuple[GemmTiles, ...], layer: MoeLayer) -> list[tuple[str, GemmTiles, str]]:
     """(name, tiles, weights' form) a step size runs, the default on blocks first and dense last: each shape on
     the checkpoint's blocks, then on words (WORDS_SUFFIX) where the layer has them and the K step is whole
-    chunks of them (engine.mxfp4_words), then the experts dense."""
+    chunks of them (engine.mxfp4_words; a K it does not divide ends in single chunks), then the experts dense."""
     runs = [(str(tiles), tiles, "blocks") for tiles in order]
     if layer.gate_up_words is not None:
         runs += [(f"{tiles}{WORDS_SUFFIX}", tiles, "words") for tiles in order
-                 if tiles.block_k % mxfp4_words.CHUNK == 0 and layer.shape.hidden % tiles.block_k == 0
-                 and layer.shape.intermediate % tiles.block_k == 0]
+                 if tiles.block_k % mxfp4_words.CHUNK == 0]
     return runs + [(DENSE, DEFAULT_TILES, "dense")]
 
 

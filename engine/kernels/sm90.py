@@ -256,7 +256,7 @@ def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
                                    scales=w.scales) for w in mxfp4 if w.scales is not None)
     bf16_experts = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
              moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
-    forms = [mxfp4] + ([words] if tiles.block_k % 64 == 0 and HIDDEN % tiles.block_k == 0 else [])
+    forms = [mxfp4] + ([words] if tiles.block_k % 64 == 0 else [])
     for gate_up, down in forms + ([bf16_experts] if dense else []):
         moe.fused_experts(x, ids, torch.empty(num_tokens, TOP_K, dtype=bf16), gate_up, gate_up_bias, down,
                           down_bias, 1.702, 7.0, block_m, tiles=tiles)

@@ -142,8 +142,8 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
     report = moe_tiles.sm90_report((256,))
     names = []
     for tiles in moe_tiles.CANDIDATES:
-        # on the checkpoint's blocks, and on words where the K step is whole chunks of them (2,880 of 64)
-        forms = ["mxfp4"] + (["mxfp4_words"] if tiles.block_k == 64 else [])
+        # on the checkpoint's blocks, and on words (every candidate's K step is whole chunks of 64)
+        forms = ["mxfp4", "mxfp4_words"]
         for weights in forms:
             kernels = moe_cost.mxfp4_kernels(report, 256, 0, str(tiles), weights)  # gate_up and down, or it raises
             assert all(k["spills"] == 0 and sum(k["mma"].values()) > 0 for k in kernels), (tiles, kernels)

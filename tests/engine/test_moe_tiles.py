@@ -56,12 +56,14 @@ def test_every_candidate_and_the_dense_experts_give_the_default_shapes_output(la
 def test_a_bf16_layer_runs_each_shape_on_words_too_where_its_k_step_takes_them():
     bf16_layer = moe_tiles.build_layer(TINY, DEVICE, torch.bfloat16)  # K = 64: one chunk of words
     assert bf16_layer.gate_up_words is not None and bf16_layer.down_words is not None
-    shapes = (DEFAULT_TILES, GemmTiles.parse("64x128w4s3"), GemmTiles.parse("64x64w4s3k4"))
+    shapes = (DEFAULT_TILES, GemmTiles.parse("64x128w4s3"), GemmTiles.parse("64x64w4s3k4"),
+              GemmTiles.parse("64x32w4s3"))
     timings = moe_tiles.time_tiles(DEVICE, (6,), TINY, shapes, repeats=1, layer=bf16_layer)
     words = moe_tiles.WORDS_SUFFIX
-    # a 128-wide K step is no whole number of chunks of a 64-wide K: no words run for it
-    assert [t.tiles for t in timings] == ["64x64w4s3", "64x128w4s3", "64x64w4s3k4", f"64x64w4s3{words}",
-                                          f"64x64w4s3k4{words}", moe_tiles.DENSE]
+    # every shape on words too (a 128-wide K step over K = 64: its one chunk left over), a 32-wide step not
+    shapes_words = [f"{s}{words}" for s in ("64x64w4s3", "64x128w4s3", "64x64w4s3k4")]
+    assert [t.tiles for t in timings] == ["64x64w4s3", "64x128w4s3", "64x64w4s3k4", "64x32w4s3", *shapes_words,
+                                          moe_tiles.DENSE]
     assert all(t.ok and t.us > 0 for t in timings), timings
     assert all(t.diff < 1e-2 for t in timings if t.tiles.endswith(words))  # bf16 out, fp32 sums in another order
     assert moe_tiles.fastest(timings, 6).tiles != moe_tiles.DENSE

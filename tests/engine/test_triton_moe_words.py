@@ -32,7 +32,10 @@ def experts_as_blocks_and_words(num_experts, k, n, gen):
     (5, 16, "64x64w4s3", 192, 64), (40, 16, "64x64w2s3", 192, 64), (40, moe.MAX_BLOCK_M, "64x64w4s3", 192, 64),
     (3, 16, "64x64w4s3k4", 192, 64),
     (9, 16, "128x64w8s3", 192, 64),  # 128 columns a block: down's 192 leave the second block half masked
-    (7, 16, "64x128w4s3", 256, 128), (4, 16, "64x128w4s3k2", 256, 128)])  # two chunks a K step
+    (7, 16, "64x128w4s3", 256, 128), (4, 16, "64x128w4s3k2", 256, 128),  # two chunks a K step
+    # K 192 and 64 in steps of 128: a step and a chunk left over, and no whole step at all (split 2 ways: the
+    # second split of down starts past K)
+    (6, 16, "64x128w4s3", 192, 64), (5, 16, "64x128w4s3k2", 192, 64), (3, 16, "64x256w4s3", 192, 64)])
 def test_words_give_the_moe_of_the_same_experts_as_blocks(num_tokens, block_m, tiles, hidden, inter):
     num_experts, top_k = 4, 2  # K = hidden and inter: whole chunks of 64
     gen = torch.Generator().manual_seed(num_tokens)
@@ -69,7 +72,7 @@ def test_words_refuse_what_their_decode_cannot_take():
     bias_up, bias_down = torch.zeros(2, 128, device=DEVICE), torch.zeros(2, 64, device=DEVICE)
     ids, weights = torch.zeros(3, 1, dtype=torch.long, device=DEVICE), torch.ones(3, 1, device=DEVICE)
     for x, tiles in ((torch.randn(3, 64, device=DEVICE), moe.DEFAULT_TILES),  # fp32 activations
-                     (torch.randn(3, 64, device=DEVICE).bfloat16(), moe.GemmTiles.parse("64x32w4s3"))):  # K step 32
+                     (torch.randn(3, 64, device=DEVICE).bfloat16(), moe.GemmTiles.parse("64x32w4s3"))):  # half a chunk
         with pytest.raises(ValueError, match="MXFP4 words take bf16 activations"):
             moe.fused_experts(x, ids, weights, gate_up_words, bias_up, down_words, bias_down, 1.702, 7.0,
                               tiles=tiles)
