@@ -16,10 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from engine import batch_invariant as invariant
+from engine import mxfp4_words
 from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
-from engine import mxfp4_words
 from engine.mxfp4 import MXFP4_BLOCK, dequantize_expert
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
@@ -350,13 +350,7 @@ class GptOssExperts(nn.Module):
             blocks, scales = getattr(self, name + "_blocks"), getattr(self, name + "_scales")
             if mxfp4_words.is_words(blocks) or not mxfp4_words.fits(blocks, scales):
                 continue
-            if blocks.is_contiguous():  # the same storage: expert e's words are exactly its bytes
-                words = blocks.view(torch.int32).view(blocks.shape[0], blocks.shape[1], -1)
-                for expert in range(blocks.shape[0]):  # one expert's transients at a time
-                    words[expert] = mxfp4_words.pack(blocks[expert][None].clone())[0]
-            else:
-                words = mxfp4_words.pack(blocks)
-            setattr(self, name + "_blocks", nn.Parameter(words, requires_grad=False))
+            setattr(self, name + "_blocks", nn.Parameter(mxfp4_words.pack_in_place(blocks), requires_grad=False))
             packed += 1
         return packed
 

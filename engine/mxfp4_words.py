@@ -7,7 +7,7 @@ each output row's codes are re-ordered, per 64 inputs (a chunk), into 8 words of
 - word (c, h) of a chunk (c = 0..3, h = 0..1; stored at c * 2 + h) holds inputs 32h + 16b + 8s + 2c + t for
   b, s, t in {0, 1}: the inputs an MMA's A fragment gives one thread (pairs 2c, 2c + 1 and 8 further, in each
   16-input step), all of one 32-input scale group (h);
-- its codes are placed so that four shift-and-mask steps (`DECODE_MASKS`) give four registers o0..o3, each two
+- its codes are placed so that four shift-and-mask steps (`DECODE_SHIFTS`) give four registers o0..o3, each two
   bf16 (low half t = 0, high half t = 1) of the codes of b, s with o = 2b + s: sign at bit 15, the code's
   exponent and mantissa at bits 8..6. Read as bf16 that is the e2m1 value times 2^-126 (a zero exponent is
   bf16's subnormal, as it is e2m1's), so one bf16x2 multiply by 2^(scale - 1) per register gives the weight
@@ -25,7 +25,6 @@ import torch
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
 
 CHUNK = 64  # inputs per re-ordered chunk (one 64-wide K step of the kernel: 8 words a row)
-WORDS_PER_CHUNK = CHUNK // 8
 MAX_SCALE = 128  # the largest e8m0 scale byte whose 2^(scale - 1) is a finite bf16
 # Per register o: (shift of the exponent and mantissa bits, shift of the sign bit) that bring them to bf16's
 # bits 8..6 and 15 in each half (a negative shift is to the right). Found by search: no four single shifts tile
@@ -68,6 +67,24 @@ def pack(blocks: torch.Tensor) -> torch.Tensor:
         word = (bits << sources).sum(dim=(-4, -3, -2, -1))  # disjoint bits: the sum is their or
         words[e] = (word - (word >= 2**31).long() * 2**32).reshape(num_out, -1).int()
     return words
+
+
+def pack_in_place(blocks: torch.Tensor) -> torch.Tensor:
+    """`pack`, the words written over the blocks' own bytes where the blocks are one contiguous tensor (expert e's
+    words take exactly its bytes: one expert's transients at a time, no second copy of the weights); a new tensor
+    otherwise (blocks viewed across experts, say with stride 0, would overwrite each other)."""
+    if not blocks.is_contiguous():
+        return pack(blocks)
+    words = blocks.view(torch.int32).view(blocks.shape[0], blocks.shape[1], -1)
+    for expert in range(blocks.shape[0]):
+        words[expert] = pack(blocks[expert][None].clone())[0]
+    return words
+
+
+def takes_k_step(block_k: int) -> bool:
+    """Whether the kernel's K step of `block_k` inputs reads whole chunks of words (a K it does not divide ends in
+    single chunks, engine.kernels.moe_gemm)."""
+    return block_k % CHUNK == 0
 
 
 def unpack(words: torch.Tensor) -> torch.Tensor:

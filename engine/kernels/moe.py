@@ -34,7 +34,7 @@ from torch import Tensor
 from engine.kernels import interpreted, require_triton
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
 from engine.mxfp4_words import CHUNK as WORDS_CHUNK
-from engine.mxfp4_words import is_words
+from engine.mxfp4_words import is_words, takes_k_step
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run. The kernels
 # call no @triton.jit function of triton.language.standard (tl.zeros, tl.sigmoid, tl.sum, ...): those are
@@ -377,7 +377,7 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
         w_ptr, scales = w.blocks, w.scales
         w_strides = (w.blocks.stride(0), 1, w.blocks.stride(1))  # (expert, byte along in, out)
         if is_words(w.blocks):  # (expert, word along in, out)
-            if a.dtype != torch.bfloat16 or block_k % WORDS_CHUNK:
+            if a.dtype != torch.bfloat16 or not takes_k_step(block_k):
                 raise ValueError(f"MXFP4 words take bf16 activations and K steps of a multiple of {WORDS_CHUNK}: "
                                  f"got {a.dtype}, {tiles}")
             weights = "mxfp4_words"

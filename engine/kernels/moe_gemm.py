@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import mxfp4_words
 from engine.kernels import require_triton
 from engine.mxfp4 import MXFP4_BLOCK
 
@@ -157,7 +158,7 @@ mul.rn.bf16x2 $2, $2, $5;
 mul.rn.bf16x2 $3, $3, $5;
 }
 """)
-WORDS_CHUNK: tl.constexpr = tl.constexpr(64)  # engine.mxfp4_words.CHUNK
+WORDS_CHUNK: tl.constexpr = tl.constexpr(mxfp4_words.CHUNK)  # inputs a chunk of words
 
 
 @triton.jit

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from engine.device import MAX_RELATIVE_DIFF, relative_diff
-from engine.kernels.moe import DEFAULT_TILES, ExpertWeight, GemmTiles, block_m_for, fused_experts
 from engine import mxfp4_words
+from engine.kernels.moe import DEFAULT_TILES, ExpertWeight, GemmTiles, block_m_for, fused_experts
 from engine.mxfp4 import MXFP4_BLOCK, dequantize
 
 
@@ -177,7 +177,7 @@ def _runs(order: tuple[GemmTiles, ...], layer: MoeLayer) -> list[tuple[str, Gemm
     runs = [(str(tiles), tiles, "blocks") for tiles in order]
     if layer.gate_up_words is not None:
         runs += [(f"{tiles}{WORDS_SUFFIX}", tiles, "words") for tiles in order
-                 if tiles.block_k % mxfp4_words.CHUNK == 0]
+                 if mxfp4_words.takes_k_step(tiles.block_k)]
     return runs + [(DENSE, DEFAULT_TILES, "dense")]
 
 

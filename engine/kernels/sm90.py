@@ -241,6 +241,7 @@ def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
     blocks, the same as words where the tiles' K step allows, then bf16 experts if `dense`."""
     import torch
 
+    from engine import mxfp4_words
     from engine.kernels import moe
 
     num_tokens, bf16, u8 = ids.shape[0], torch.bfloat16, torch.uint8
@@ -256,7 +257,7 @@ def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
                                    scales=w.scales) for w in mxfp4 if w.scales is not None)
     bf16_experts = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
              moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
-    forms = [mxfp4] + ([words] if tiles.block_k % 64 == 0 else [])
+    forms = [mxfp4] + ([words] if mxfp4_words.takes_k_step(tiles.block_k) else [])
     for gate_up, down in forms + ([bf16_experts] if dense else []):
         moe.fused_experts(x, ids, torch.empty(num_tokens, TOP_K, dtype=bf16), gate_up, gate_up_bias, down,
                           down_bias, 1.702, 7.0, block_m, tiles=tiles)
