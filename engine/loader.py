@@ -5,7 +5,7 @@ given uninitialised storage on the target device, and every parameter is then
 filled from the checkpoint tensor of the same name, one tensor at a time. MXFP4
 experts (`*_blocks` + `*_scales`, as the published gpt-oss checkpoints ship
 them) stay packed unless moe_weights="dense" dequantises them into the target
-dtype on load (engine.model.GptOssExperts decodes packed ones as it runs).
+dtype on load (engine.experts.GptOssExperts decodes packed ones as it runs).
 """
 
 from __future__ import annotations

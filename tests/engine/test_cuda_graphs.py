@@ -354,7 +354,7 @@ def test_the_host_read_check_sees_the_torch_moes_reads(tiny_model_dir, monkeypat
     # The torch path's batch-invariant MoE reads each expert's row count back (why the torch path is never
     # captured): the check above would see such a read added to the captured path.
     reads = captured_host_reads(tiny_model_dir, monkeypatch, kernels="torch", deterministic=True)
-    assert reads and all(read.startswith("tolist at model.py:") for read in reads), reads
+    assert reads and all(read.startswith("tolist at experts.py:") for read in reads), reads
 
 
 def test_nearly_every_decode_token_of_a_sharegpt_run_is_in_a_graph():

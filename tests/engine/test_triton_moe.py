@@ -14,7 +14,7 @@ from engine import mxfp4
 from engine.checkpoint import tiny_config
 from engine.config import EngineConfig, ModelConfig
 from engine.kernels import require_triton, triton_available
-from engine.model import GptOssExperts
+from engine.experts import GptOssExperts
 
 if not triton_available():
     pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
