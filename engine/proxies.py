@@ -60,6 +60,24 @@ def _moe_inner_loop() -> list[ProxyFigure]:
     return figures
 
 
+def attention_figures() -> list[ProxyFigure]:
+    """The decode attention's loop over a key tile compiled for sm_90, and what it issues a decode step at batch 256
+    and 1,024 tokens of context against the time its K and V take to read (engine.kernels.attention_cost)."""
+    from engine.kernels.attention_cost import ISSUE_SHARE_GOAL, decode_issue_ms, decode_kernels, decode_read_ms
+    from engine.kernels.sm90 import ATTENTION_LOOP_GOAL
+    from engine.step_estimate import model_config
+
+    report, config = sm90_report(), model_config()
+    full = decode_kernels(report)[False]
+    issue, read = decode_issue_ms(report, config, 256, 1024), decode_read_ms(config, 256, 1024)
+    return [ProxyFigure(f"attention decode loop (triton {report['triton']})", full["loop_instructions"],
+                        f"warp-instr / {full['block_n']} keys", f"<= {ATTENTION_LOOP_GOAL}",
+                        full["loop_instructions"] <= ATTENTION_LOOP_GOAL),
+            ProxyFigure("  its issue / K,V read, B=256 ctx=1k", issue / read,
+                        f"({issue:.2f} / {read:.2f} ms, {full['registers']} regs)", f"<= {ISSUE_SHARE_GOAL}",
+                        issue / read <= ISSUE_SHARE_GOAL)]
+
+
 def host_prepare_figures() -> list[ProxyFigure]:
     """The host's ms to prepare a decode step (engine.host_costs), at batch 64/256 and 1k/4k context."""
     from engine.host_costs import GOAL_MS, prepare_figures
@@ -217,6 +235,7 @@ def run_estimate_figures() -> list[ProxyFigure]:
 # missing optional dependency (triton) fails only its own line.
 MEASURES: list[tuple[str, Callable[[], list[ProxyFigure]]]] = [
     ("moe inner loop", _moe_inner_loop),
+    ("attention decode loop", attention_figures),
     ("decode tokens in graphs", graph_share_figures),
     ("host prepare ms/step", host_prepare_figures),
     ("engine host ms/step", engine_step_figures),

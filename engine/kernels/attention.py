@@ -69,41 +69,45 @@ STEP_POINTERS = ("block_tables", "seq_lens", "query_start_loc", "sinks")
 
 @triton.jit
 def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, key_lo, key_hi, window,
-                 block_size, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
+                 BLOCK_SIZE: tl.constexpr, stride_b, stride_s, stride_h, scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-                 UPCAST: tl.constexpr, DTYPE: tl.constexpr):
+                 UPCAST: tl.constexpr, DTYPE: tl.constexpr, MASKED: tl.constexpr):
     """Online softmax of the rows of q over keys key_lo .. key_hi - 1, read through the block table.
 
-    q: [R, BLOCK_D] in the model's dtype DTYPE (fp32 if UPCAST); q_pos: [R] positions (a key is seen if at or
-    before its row's position, and inside the window); m_i, l_i: [R] running max / sum, acc: [R, BLOCK_D] fp32.
-    The cache holds DTYPE, or fp8 (widened to DTYPE as it is read, exactly).
+    q: [R, BLOCK_D] in the model's dtype DTYPE (fp32 if UPCAST); q_pos: [R] positions (MASKED: a key is seen if at
+    or before its row's position, and inside the window; not MASKED: every key of the range with a block, as for a
+    decode row, whose range ends at its position and starts inside its window); m_i, l_i: [R] running max / sum,
+    acc: [R, BLOCK_D] fp32. The cache holds DTYPE, or fp8 (widened to DTYPE as it is read, exactly). Key positions
+    are int32 and the block size a constexpr: the per-key address arithmetic was most of the decode loop's issue.
     """
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     for start in range(key_lo, key_hi, BLOCK_N):
         k_pos = start + tl.arange(0, BLOCK_N)
         k_in = k_pos < key_hi
-        block = tl.load(table_row + k_pos // block_size, mask=k_in, other=0)
+        block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_in, other=0)
         k_in = k_in & (block >= 0)  # a -1 (missing) block is never read
-        slot = k_pos % block_size
+        slot = k_pos % BLOCK_SIZE
         kv_mask = k_in[:, None] & d_ok[None, :]
-        k = tl.load(k_cache + (block * stride_kb + slot * stride_ks + kv_head * stride_kh)[:, None] + d[None, :],
-                    mask=kv_mask, other=0.0)
+        at = (block * stride_b + slot * stride_s + kv_head * stride_h)[:, None] + d[None, :]  # K and V alike
+        k = tl.load(k_cache + at, mask=kv_mask, other=0.0)
         k = _widened(k, DTYPE)
         if UPCAST:  # the same products as a 16-bit MMA with fp32 accumulation
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BLOCK_N] fp32
-        seen = k_in[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        if SLIDING:
-            seen = seen & (k_pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(seen, s, float("-inf"))
+        if MASKED:
+            seen = k_in[None, :] & (k_pos[None, :] <= q_pos[:, None])
+            if SLIDING:
+                seen = seen & (k_pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(seen, s, float("-inf"))
+        else:
+            s = tl.where(k_in[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at zero
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + d[None, :],
-                    mask=kv_mask, other=0.0)
+        v = tl.load(v_cache + at, mask=kv_mask, other=0.0)
         v = _widened(v, DTYPE)
         p = p.to(DTYPE)  # probabilities rounded to the model's dtype, as a 16-bit MMA takes them
         if UPCAST:
@@ -127,11 +131,11 @@ def _widened(x, dtype: tl.constexpr):
 @triton.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=STEP_POINTERS)
 def _decode_partition_kernel(
         q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks, part_m, part_l, part_acc,
-        stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-        stride_vh, stride_bt, block_size, window, scale, num_heads, num_parts,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_b, stride_s, stride_h, stride_bt, window, scale, num_heads,
+        num_parts,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_N: tl.constexpr, PARTITION: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr,
-        SINGLE: tl.constexpr):
+        SINGLE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     """Program (sequence, KV head, partition): one partition of a decode sequence's keys, unnormalised.
 
     SINGLE (one partition covers every sequence): the sink seeds the softmax and the program writes
@@ -143,7 +147,7 @@ def _decode_partition_kernel(
     part = tl.program_id(2)
     q_start = tl.load(query_start_loc + seq)
     is_decode = tl.load(query_start_loc + seq + 1) - q_start == 1
-    seq_len = tl.load(seq_lens + seq)
+    seq_len = tl.load(seq_lens + seq).to(tl.int32)  # key positions in int32: half the address arithmetic
     q_pos = seq_len - 1
     first_key = 0
     if SLIDING:
@@ -169,11 +173,10 @@ def _decode_partition_kernel(
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    q_rows_pos = tl.zeros([BLOCK_G], tl.int64) + q_pos
+    q_rows_pos = tl.zeros([BLOCK_G], tl.int32) + q_pos
     m_i, l_i, acc = _attend_keys(q, q_rows_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
-                                 kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
-                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST,
-                                 q_ptr.dtype.element_ty)
+                                 kv_head, key_lo, key_hi, window, BLOCK_SIZE, stride_b, stride_s, stride_h, scale,
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST, q_ptr.dtype.element_ty, False)
     if SINGLE:
         tl.store(out_ptr + q_start * stride_ot + head[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -233,18 +236,17 @@ def _tile_sequence(query_start_loc, num_seqs, tile, BLOCK_M: tl.constexpr):
 @triton.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=STEP_POINTERS)
 def _prefill_kernel(
         q_ptr, out_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sinks, num_seqs,
-        stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-        stride_vh, stride_bt, block_size, window, scale,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_b, stride_s, stride_h, stride_bt, window, scale,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr,
-        MIN_Q_LEN: tl.constexpr):
+        MIN_Q_LEN: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     """Program (flat query tile, KV head): BLOCK_M queries x the group's heads of a sequence with at least
     MIN_Q_LEN new tokens (2: prefill sequences; 1: every sequence, the batch-invariant mode)."""
     seq, tile = _tile_sequence(query_start_loc, num_seqs, tl.program_id(0), BLOCK_M)
     kv_head = tl.program_id(1)
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
-    seq_len = tl.load(seq_lens + seq)
+    seq_len = tl.load(seq_lens + seq).to(tl.int32)  # key positions in int32: half the address arithmetic
     first_pos = seq_len - q_len  # position of the sequence's first new token
 
     rows = tl.arange(0, BLOCK_M * GROUP_PAD)
@@ -275,9 +277,8 @@ def _prefill_kernel(
         key_lo = tl.maximum(tile_first - window + 1, 0) // BLOCK_N * BLOCK_N
     key_hi = tl.where((q_len >= MIN_Q_LEN) & (tile * BLOCK_M < q_len), key_hi, key_lo)  # not ours, or past the end
     m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
-                                 kv_head, key_lo, key_hi, window, block_size, stride_kb, stride_ks, stride_kh,
-                                 stride_vb, stride_vs, stride_vh, scale, HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST,
-                                 q_ptr.dtype.element_ty)
+                                 kv_head, key_lo, key_hi, window, BLOCK_SIZE, stride_b, stride_s, stride_h, scale,
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST, q_ptr.dtype.element_ty, True)
     o = acc / l_i[:, None]
     tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -308,12 +309,14 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
         return out
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("paged attention wants q and the caches contiguous in head_dim")
+    if k_cache.stride() != v_cache.stride():  # the kernels address a key and its value with one offset
+        raise ValueError(f"paged attention wants the K and V caches laid out alike, got strides "
+                         f"{k_cache.stride()} and {v_cache.stride()}")
     sliding = sliding_window is not None
     window = sliding_window or 0
     block_d = max(MIN_DOT, triton.next_power_of_2(head_dim))
-    common = dict(stride_kb=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
-                  stride_vb=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
-                  stride_bt=meta.block_tables.stride(0), block_size=meta.block_size, window=window, scale=scale)
+    common = dict(stride_b=k_cache.stride(0), stride_s=k_cache.stride(1), stride_h=k_cache.stride(2),
+                  stride_bt=meta.block_tables.stride(0), BLOCK_SIZE=meta.block_size, window=window, scale=scale)
 
     if batch_invariant:
         _launch_prefill(q, out, k_cache, v_cache, meta, sinks, num_seqs, group, block_d, sliding, common,

@@ -28,6 +28,11 @@ from engine.kernels import run_json_child
 
 
 MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.09 issue slots per weight)
+# The decode attention's loop over one key tile (64 keys of a KV head, its 8 query heads): 577 warp-instructions
+# while key positions were int64 and the block size a runtime divisor; 365 since
+ATTENTION_LOOP_GOAL = 400
+ATTENTION_CONTEXT = 1024  # tokens of context of the decode attention's compile (3 partitions a full layer)
+SLIDING_WINDOW = 128
 DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 64)
 # gpt-oss-20b: hidden, intermediate, experts, experts per token
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 2880, 2880, 32, 4
@@ -163,11 +168,16 @@ def resources(compiled: Any) -> dict[str, Any]:
 
 def _describe_other(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int) -> dict[str, Any]:
     """A kernel other than the MoE's GEMMs: its resources, and its SASS length for an issue estimate of
-    straight-line code (all of it, and the float64 part, which issues at half rate on an H100's SMs)."""
+    straight-line code (all of it, and the float64 part, which issues at half rate on an H100's SMs); an
+    attention kernel's loop over a key tile too (`loop_instructions`, per BLOCK_N keys)."""
     opcodes = [_opcode(t) for _, t in _sass(compiled.asm["cubin"])]
-    return {"kernel": kernel_fn.__name__, "tokens": num_tokens, **resources(compiled),
-            "num_warps": compiled.metadata.num_warps, "block": kwargs.get("BLOCK"), "instructions": len(opcodes),
-            "fp64_instructions": sum(op in FP64_OPS for op in opcodes)}
+    described = {"kernel": kernel_fn.__name__, "tokens": num_tokens, **resources(compiled),
+                 "num_warps": compiled.metadata.num_warps, "block": kwargs.get("BLOCK"), "instructions": len(opcodes),
+                 "fp64_instructions": sum(op in FP64_OPS for op in opcodes)}
+    if "SLIDING" in kwargs:  # an attention kernel
+        described |= {"block_n": kwargs["BLOCK_N"], "sliding": kwargs["SLIDING"],
+                      "loop_instructions": len(inner_loop(compiled.asm["cubin"]))}
+    return described
 
 
 def report(tokens: list[int], block_ms: list[int], tiles: list[str] | None = None) -> dict[str, Any]:
@@ -206,7 +216,7 @@ def report(tokens: list[int], block_ms: list[int], tiles: list[str] | None = Non
 
 def _compile_layer_kernels(num_tokens: int) -> None:
     """Drive engine.kernels.fused at the 20b shape in bf16 (the norms, RoPE with the K/V write), the routing
-    from the router's logits, and the sampler's draw with a top-p row's threshold."""
+    from the router's logits, the sampler's draw with a top-p row's threshold, and the decode attention."""
     import torch
 
     from engine.kernels import fused
@@ -234,6 +244,29 @@ def _compile_layer_kernels(num_tokens: int) -> None:
     top_p_thresholds(torch.zeros(num_tokens, VOCAB), torch.zeros(num_tokens), torch.zeros(num_tokens))
     rows = [SamplingParams(max_tokens=1)] * num_tokens
     sample_tokens(torch.zeros(num_tokens, VOCAB), rows, [0] * num_tokens, [0] * num_tokens, kernels="triton")
+    _compile_decode_attention(num_tokens)
+
+
+def _compile_decode_attention(num_seqs: int) -> None:
+    """The decode attention at the 20b shape: `num_seqs` sequences of ATTENTION_CONTEXT tokens, each decoding its
+    last, in a full layer (partitions, then the reduce) and a sliding one (one partition, no reduce)."""
+    import torch
+
+    import engine.kernels.attention as attention
+    from engine.attention import AttentionMetadata
+
+    attention.INTERPRETED = True  # only lets CPU tensors past the wrapper's guard: every launch here compiles
+    bf16, block_size = torch.bfloat16, 16
+    cache = torch.empty(64, block_size, KV_HEADS, HEAD_DIM, dtype=bf16)  # nothing is read: any blocks will do
+    seq_lens = torch.full((num_seqs,), ATTENTION_CONTEXT)
+    meta = AttentionMetadata(positions=seq_lens - 1, slot_mapping=torch.zeros(num_seqs, dtype=torch.long),
+                             query_start_loc=torch.arange(num_seqs + 1), seq_lens=seq_lens,
+                             block_tables=torch.zeros(num_seqs, ATTENTION_CONTEXT // block_size, dtype=torch.long),
+                             block_size=block_size, max_query_len=1, max_seq_len=ATTENTION_CONTEXT)
+    for window in (None, SLIDING_WINDOW):
+        attention.triton_paged_attention(torch.empty(num_seqs, HEADS, HEAD_DIM, dtype=bf16), cache,
+                                         torch.empty_like(cache), meta, sinks=torch.empty(HEADS, dtype=bf16),
+                                         sliding_window=window, scale=HEAD_DIM ** -0.5)
 
 
 def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:

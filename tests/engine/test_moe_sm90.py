@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from engine import proxies, sampler_costs
-from engine.kernels import moe_cost, sm90, triton_available
+from engine import proxies, sampler_costs, step_estimate
+from engine.kernels import attention_cost, moe_cost, sm90, triton_available
 
 
 
@@ -39,8 +39,16 @@ def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
     others = report["other_kernels"]
     assert [k["kernel"] for k in others] == ["_route_kernel", "_moe_combine_kernel"] * 3 + [
         "_rms_norm_kernel", "_rms_norm_kernel", "_rope_write_kernel", "_route_kernel", "_top_p_threshold_kernel",
-        "_draw_slices", "_pick_slices"]
+        "_draw_slices", "_pick_slices", "_decode_partition_kernel", "_decode_reduce_kernel", "_decode_partition_kernel"]
     assert all(k["spills"] == 0 for k in others), others
+    # the decode attention's loop over a key tile (full and sliding layers): within its goal (577 before key
+    # positions went int32 and the block size constexpr), the tile's two MMAs in it, and issue to spare at batch 256
+    for sliding, kernel in attention_cost.decode_kernels(report).items():
+        assert kernel["loop_instructions"] <= sm90.ATTENTION_LOOP_GOAL, (sliding, kernel)
+        assert kernel["block_n"] == 64 and kernel["registers"] <= 96, (sliding, kernel)
+    config = step_estimate.model_config()
+    assert attention_cost.decode_issue_ms(report, config, 256, 1024) <= attention_cost.ISSUE_SHARE_GOAL * (
+        attention_cost.decode_read_ms(config, 256, 1024))
     # the draw's noise is float64 logs: its issue at batch 256, half-rate float64 included, within the proxy's goal
     draw = next(k for k in others if k["kernel"] == "_draw_slices")
     assert draw["fp64_instructions"] > 50 and draw["block"] == 2048
@@ -157,3 +165,33 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
     default, wide = (moe_cost.issue_bound_ms(report, 256, tiles=str(t), weights="mxfp4")
                      for t in moe_tiles.CANDIDATES[:2])
     assert wide < default
+
+
+def attention_report(full_loop, sliding_loop=300):
+    return {"triton": "x", "other_kernels": [
+        {"kernel": "_decode_partition_kernel", "sliding": sliding, "block_n": 64, "num_warps": 4, "registers": 63,
+         "loop_instructions": loop} for sliding, loop in ((False, full_loop), (True, sliding_loop))]}
+
+
+def test_the_attentions_issue_counts_every_key_tile_of_every_layer_at_the_h100s_rate():
+    config = step_estimate.model_config()  # 24 layers, half of them sliding over 128 keys; 8 KV heads
+    # 1,100 tokens in full layers: partitions of 512, 512 and 76 keys, 8 + 8 + 2 tiles of 64; sliding: 2 tiles
+    tiles = 12 * (8 + 8 + 2) * 256 * 8, 12 * 2 * 256 * 8
+    assert attention_cost.decode_issue_ms(attention_report(400, 300), config, 256, 1100) == pytest.approx(
+        1000 * (tiles[0] * 400 + tiles[1] * 300) * 4 / 4 / (132 * 1.755e9))
+    # the read: 12 x 1,100 + 12 x 128 tokens of K and V, 8 heads of 64 in bf16, at 3.35 TB/s
+    assert attention_cost.decode_read_ms(config, 256, 1100) == pytest.approx(
+        1000 * 256 * (12 * 1100 + 12 * 128) * 2 * 8 * 64 * 2 / 3.35e12)
+    with pytest.raises(ValueError, match="full and sliding"):
+        attention_cost.decode_kernels({"other_kernels": attention_report(400)["other_kernels"][:1]})
+
+
+def test_the_attention_rows_hold_the_loop_to_its_goal(monkeypatch, uncached_report):
+    monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: attention_report(365, 360))
+    loop, share = dict(proxies.MEASURES)["attention decode loop"]()
+    assert (loop.value, loop.ok) == (365, True) and share.ok
+    assert share.value == pytest.approx(0.32, abs=0.01)  # issue a third of the read time on an H100
+    monkeypatch.setattr(sm90, "moe_inner_loop", lambda tokens: attention_report(577, 583))
+    proxies.sm90_report.cache_clear()
+    loop, share = dict(proxies.MEASURES)["attention decode loop"]()
+    assert not loop.ok and not share.ok  # the loop as it was: over both goals

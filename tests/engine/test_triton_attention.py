@@ -131,6 +131,14 @@ def test_an_fp8_cache_is_read_as_the_model_dtype(dtype, atol):
           atol=atol)
 
 
+def test_k_and_v_caches_laid_out_differently_are_refused():
+    # the kernels address a key and its value with one offset: a V cache of other strides would be misread
+    q, k_cache, v_cache, meta, sinks = make_step([(4, 1)], block_size=4)
+    v_other = v_cache.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, blocks not outermost
+    with pytest.raises(ValueError, match="laid out alike"):
+        triton_paged_attention(q, k_cache, v_other, meta, sinks=sinks, sliding_window=None, scale=0.25)
+
+
 def test_the_wrapper_reads_nothing_back_to_the_host_when_the_runner_gives_the_bounds(monkeypatch):
     q, k_cache, v_cache, meta, sinks = make_step(RAGGED, block_size=8)
 
