@@ -125,17 +125,20 @@ class GptOssExperts(nn.Module):
         blocks, scales = getattr(self, name + "_blocks")[expert], getattr(self, name + "_scales")[expert]
         if mxfp4_words.is_words(blocks):
             blocks = mxfp4_words.unpack(blocks[None])[0]
+            scales = mxfp4_words.unpack_scales(scales[None], blocks.shape[1])[0]
         return dequantize_expert(blocks, scales, dtype).T
 
     def pack_words(self) -> int:
-        """Re-pack each MXFP4 projection whose scales allow it as engine.mxfp4_words, in place (the same bytes);
-        how many were. The torch path reads either layout; the Triton path takes words with bf16 activations."""
+        """Re-pack each MXFP4 projection whose scales allow it as engine.mxfp4_words, the words in place (the same
+        bytes), the scales as scale words (a new tensor, padded to whole words); how many were. The torch path reads
+        either layout; the Triton path takes words with bf16 activations."""
         packed = 0
         for name in ("gate_up_proj", "down_proj") if self.is_mxfp4 else ():
             blocks, scales = getattr(self, name + "_blocks"), getattr(self, name + "_scales")
             if mxfp4_words.is_words(blocks) or not mxfp4_words.fits(blocks, scales):
                 continue
             setattr(self, name + "_blocks", nn.Parameter(mxfp4_words.pack_in_place(blocks), requires_grad=False))
+            setattr(self, name + "_scales", nn.Parameter(mxfp4_words.pack_scales(scales), requires_grad=False))
             packed += 1
         return packed
 

@@ -14,8 +14,11 @@ each output row's codes are re-ordered, per 64 inputs (a chunk), into 8 words of
   exactly (engine.kernels.moe_gemm). 2^(scale - 1) is a bf16 only up to scale 128 (a group's scale 2^1):
   `fits` says whether a projection's scales allow it; trained weights' do by far.
 
-Words are int32 [E, out, in / 8]; scales stay as they are ([E, out, in / 32] uint8). `pack` and `unpack` are
-exact inverses; the words hold the same bytes as the blocks, so re-packing in place costs no memory.
+Words are int32 [E, out, in / 8]; `pack` and `unpack` are exact inverses; the words hold the same bytes as the
+blocks, so re-packing in place costs no memory. The scales keep their bytes and order but are read as int32
+scale words too ([E, out, ceil(in / 128)], byte j of word w the scale of group 4w + j, rows padded with zeros
+to whole words: `pack_scales`): a K step's scales are then one 4-byte load a row, which a GPU copies
+asynchronously with the weights, where a byte a row was a synchronous load in every step of the kernel's loop.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from engine.mxfp4 import MXFP4_BLOCK, check_packed
 
 CHUNK = 64  # inputs per re-ordered chunk (one 64-wide K step of the kernel: 8 words a row)
 MAX_SCALE = 128  # the largest e8m0 scale byte whose 2^(scale - 1) is a finite bf16
+SCALES_PER_WORD = 4  # a scale word's bytes: the scales of 4 groups, 128 inputs
 # Per register o: (shift of the exponent and mantissa bits, shift of the sign bit) that bring them to bf16's
 # bits 8..6 and 15 in each half (a negative shift is to the right). Found by search: no four single shifts tile
 # the word's 32 bits, and these need 11 operations for the four registers (the kernel's inline assembly).
@@ -79,6 +83,21 @@ def pack_in_place(blocks: torch.Tensor) -> torch.Tensor:
     for expert in range(blocks.shape[0]):
         words[expert] = pack(blocks[expert][None].clone())[0]
     return words
+
+
+def pack_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Scales [E, out, in / 32] uint8 -> scale words [E, out, ceil(in / 128)] int32, byte j of word w the scale of
+    group 4w + j (little-endian, as torch and CUDA lay out an int32), each row padded with zero bytes."""
+    num_experts, num_out, groups = scales.shape
+    padded = torch.zeros(num_experts, num_out, -(-groups // SCALES_PER_WORD) * SCALES_PER_WORD, dtype=torch.uint8,
+                         device=scales.device)
+    padded[..., :groups] = scales
+    return padded.view(torch.int32)
+
+
+def unpack_scales(scale_words: torch.Tensor, groups: int) -> torch.Tensor:
+    """The inverse of `pack_scales`: scale words [E, out, ceil(groups / 4)] int32 -> scales [E, out, groups] uint8."""
+    return scale_words.contiguous().view(torch.uint8)[..., :groups]
 
 
 def takes_k_step(block_k: int) -> bool:

@@ -34,7 +34,7 @@ from torch import Tensor
 from engine.kernels import interpreted, require_triton
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
 from engine.mxfp4_words import CHUNK as WORDS_CHUNK
-from engine.mxfp4_words import is_words, takes_k_step
+from engine.mxfp4_words import SCALES_PER_WORD, is_words, takes_k_step
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run. The kernels
 # call no @triton.jit function of triton.language.standard (tl.zeros, tl.sigmoid, tl.sum, ...): those are
@@ -62,16 +62,23 @@ class ExpertWeight:
 
     dense: Tensor | None = None
     blocks: Tensor | None = None  # [E, out, in / 32, 16] uint8, or words [E, out, in / 8] int32 (mxfp4_words)
-    scales: Tensor | None = None  # [E, out, in / 32] uint8
+    scales: Tensor | None = None  # [E, out, in / 32] uint8, or with words scale words [E, out, in / 128] int32
 
     def __post_init__(self) -> None:
         if (self.dense is None) == (self.blocks is None) or (self.blocks is None) != (self.scales is None):
             raise ValueError("ExpertWeight takes either dense or blocks and scales")
         if self.blocks is not None and self.scales is not None and is_words(self.blocks):
-            if self.blocks.ndim != 3 or self.blocks.shape[:2] != self.scales.shape[:2] \
-                    or self.blocks.shape[2] * 8 != self.scales.shape[2] * MXFP4_BLOCK or self.blocks.stride(-1) != 1:
-                raise ValueError(f"MXFP4 words {tuple(self.blocks.shape)} do not match scales "
-                                 f"{tuple(self.scales.shape)}")
+            groups = self.blocks.shape[-1] * 8 // MXFP4_BLOCK
+            scale_words = -(-groups // SCALES_PER_WORD)
+            # the scale words the engine packs (engine.mxfp4_words.pack_scales), or the checkpoint's bytes (timed
+            # against them by engine.kernels.moe_tiles)
+            if self.blocks.ndim != 3 or self.blocks.shape[:2] != self.scales.shape[:2] or (
+                    self.scales.dtype, self.scales.shape[2]) not in ((torch.int32, scale_words), (torch.uint8, groups)):
+                raise ValueError(f"MXFP4 words {tuple(self.blocks.shape)} take scale words [E, out, {scale_words}] "
+                                 f"int32 (engine.mxfp4_words.pack_scales) or scales [E, out, {groups}] uint8, got "
+                                 f"{self.scales.dtype} {tuple(self.scales.shape)}")
+            if self.blocks.stride(-1) != 1:
+                raise ValueError(f"MXFP4 words must be contiguous along in: strides {self.blocks.stride()}")
         elif self.blocks is not None and self.scales is not None:
             check_packed(self.blocks, self.scales)
             if self.blocks.stride(-1) != 1 or self.blocks.stride(-2) != MXFP4_BLOCK // 2:

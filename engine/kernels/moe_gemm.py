@@ -22,8 +22,10 @@ The weight comes in one of three forms (WEIGHTS):
 - "mxfp4_words": the codes re-packed as engine.mxfp4_words lays them out, times bf16 activations: the kernel
   decodes them itself, four shift-and-masks and four bf16x2 multiplies a word of 8 (inline assembly on a GPU,
   the same bits in Triton's operations in the interpreter), each thread's words holding exactly its MMA
-  fragment. The weights fill the MMA's rows (the accumulator is [BLOCK_N, BLOCK_M]), as dot_scaled's do.
-  sm_90's inner loop: 191 warp-instructions per 4,096 weights against dot_scaled's 270 (engine.kernels.sm90).
+  fragment. The weights fill the MMA's rows (the accumulator is [BLOCK_N, BLOCK_M]), as dot_scaled's do. Their
+  scales come as scale words (int32, 4 groups each), so that every load of the loop is an asynchronous copy.
+  sm_90's inner loop: 214 warp-instructions per 4,096 weights against dot_scaled's 270 (engine.kernels.sm90),
+  and no load the loop waits for against dot_scaled's one a step.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ mul.rn.bf16x2 $3, $3, $5;
 }
 """)
 WORDS_CHUNK: tl.constexpr = tl.constexpr(mxfp4_words.CHUNK)  # inputs a chunk of words
+SCALES_PER_WORD: tl.constexpr = tl.constexpr(mxfp4_words.SCALES_PER_WORD)
 
 
 @triton.jit
@@ -166,25 +169,59 @@ def _mxfp4_words_step(acc_t, a_rows_ptr, row_mask, stride_ak, w_ptr, s_ptr, offs
                       stride_wn, stride_sg, stride_sn, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
                       BLOCK_K: tl.constexpr, ASM: tl.constexpr):
     """acc_t [BLOCK_N, BLOCK_M] + (a[:, k0:k0+BLOCK_K] @ W[k0:k0+BLOCK_K, offs_n])^T: W^T's tile decoded from its
-    words [BLOCK_N, BLOCK_K/8] (engine.mxfp4_words) and scales [BLOCK_N, BLOCK_K/32]; the step inside K."""
+    words [BLOCK_N, BLOCK_K/8] (engine.mxfp4_words) and their scales (`_step_scales`); the step inside K."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_rows_ptr + offs_k[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
+    # (told that a row's words are 16-byte aligned, Triton copies them as vectors, but then decodes in a layout the
+    # MMA does not take and shuffles the weights between threads: 280 warp-instructions a 4,096 against 214)
     m = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     words = tl.load(w_ptr + offs_n[:, None] * stride_wn + m[None, :], mask=mask_n[:, None], other=0)
-    g = k0 // MXFP4_GROUP + tl.arange(0, BLOCK_K // MXFP4_GROUP)
-    scale = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=mask_n[:, None], other=0)
-    w_t = _words_bf16(words, scale, BLOCK_K, ASM)
+    w_t = _words_bf16(words, _step_scales(s_ptr, offs_n, mask_n, k0, stride_sg, stride_sn, BLOCK_K), BLOCK_K, ASM)
     return tl.dot(w_t.to(DOT_DTYPE), tl.trans(a).to(DOT_DTYPE), acc_t, input_precision=PRECISION)
 
 
 @triton.jit
+def _step_scales(s_ptr, offs_n, mask_n, k0, stride_sg, stride_sn, BLOCK_K: tl.constexpr):
+    """The scales of K step k0 .. k0 + BLOCK_K - 1, [BLOCK_N, BLOCK_K/32] int32.
+
+    From scale words (engine.mxfp4_words.pack_scales: int32, 4 groups each) a step reads one word a row per 128
+    inputs (a step of 64 half of one), which a GPU copies asynchronously with the weights. From the checkpoint's
+    scale bytes (uint8) it reads a byte a row a group: Triton loads those synchronously, a memory round trip in
+    every step of the loop (the layout before the scale words, kept so a GPU can time the two)."""
+    groups: tl.constexpr = BLOCK_K // MXFP4_GROUP
+    if s_ptr.dtype.element_ty == tl.uint8:
+        g = k0 // MXFP4_GROUP + tl.arange(0, groups)
+        return tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=mask_n[:, None],
+                       other=0).to(tl.int32)
+    tl.static_assert(groups <= 2 * SCALES_PER_WORD, "scale words: K steps of 64, 128 or 256 inputs")
+    at = s_ptr + offs_n * stride_sn + k0 // (MXFP4_GROUP * SCALES_PER_WORD) * stride_sg
+    word = tl.load(at, mask=mask_n, other=0)
+    if groups == 2:  # half a word: k0 // 32 % 4 is 0 or 2
+        word = word >> (k0 // MXFP4_GROUP % SCALES_PER_WORD * 8)
+        return tl.join(word & 0xFF, (word >> 8) & 0xFF)
+    elif groups == 4:  # k0 a multiple of 128: the step's word
+        return _word_scales(word)
+    else:  # two words; [n, word, byte] in group order
+        second = tl.load(at + stride_sg, mask=mask_n, other=0)
+        return tl.reshape(tl.permute(tl.join(_word_scales(word), _word_scales(second)), (0, 2, 1)), (word.shape[0], 8))
+
+
+@triton.jit
+def _word_scales(word):
+    """A scale word's 4 scales, [N, 4] int32 in group order (byte j is group j)."""
+    even = tl.join(word & 0xFF, (word >> 16) & 0xFF)  # groups 0 and 2
+    odd = tl.join((word >> 8) & 0xFF, (word >> 24) & 0xFF)  # 1 and 3
+    return tl.reshape(tl.join(even, odd), (word.shape[0], 4))  # [n, i, j] is group 2i + j
+
+
+@triton.jit
 def _words_bf16(words, scale, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
-    """Words [N, BLOCK_K/8] int32 and their scales [N, BLOCK_K/32] uint8 -> the weights [N, BLOCK_K] (bf16 with
+    """Words [N, BLOCK_K/8] int32 and their scales [N, BLOCK_K/32] int32 -> the weights [N, BLOCK_K] (bf16 with
     ASM; their fp32 values in the interpreter)."""
     n: tl.constexpr = words.shape[0]
     chunks: tl.constexpr = BLOCK_K // WORDS_CHUNK
     # a word's group is its h (the words of a chunk are (c, h) in c-major order): the scale of (chunk, h) to each
-    factor = (scale.to(tl.int32) + 126) << 7  # 2^(scale - 1) as bf16 bits
+    factor = (scale + 126) << 7  # 2^(scale - 1) as bf16 bits
     factor = tl.reshape(tl.broadcast_to(tl.reshape(factor, (n, chunks, 1, 2)), (n, chunks, 4, 2)), (n, BLOCK_K // 8))
     if ASM:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(

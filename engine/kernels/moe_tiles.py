@@ -53,6 +53,8 @@ CANDIDATES = tuple(GemmTiles.parse(text) for text in
                     "64x128w4s4", "128x128w8s3", "64x64w4s3k8", "64x64w2s4k4"))
 DENSE = "dense"  # the experts held dense, at the default shape
 WORDS_SUFFIX = "+words"  # a shape's run on the experts re-packed as engine.mxfp4_words (the engine's on a GPU)
+# the default shape on words with the checkpoint's scale bytes (a synchronous load a K step) instead of scale words
+SCALE_BYTES_SUFFIX = "+words(scale bytes)"
 ALPHA, LIMIT = 1.702, 7.0
 
 
@@ -87,6 +89,13 @@ class MoeLayer:
     gate_up_words: ExpertWeight | None = None  # the packed experts as engine.mxfp4_words (bf16 activations only)
     down_words: ExpertWeight | None = None
 
+    def words_with_scale_bytes(self) -> tuple[ExpertWeight, ExpertWeight]:
+        """The words with the checkpoint's scale bytes, as the engine held them before scale words."""
+        assert self.gate_up_words is not None and self.down_words is not None and self.gate_up.scales is not None \
+            and self.down.scales is not None  # _runs asks only where the layer has words
+        return (ExpertWeight(blocks=self.gate_up_words.blocks, scales=self.gate_up.scales),
+                ExpertWeight(blocks=self.down_words.blocks, scales=self.down.scales))
+
 
 def build_layer(shape: MoeShape, device: str, dtype: torch.dtype, seed: int = 0) -> MoeLayer:
     """Random MXFP4 experts (every code; scales 2^-9 to 2^-5, so the SwiGLU's inputs stay within its clamp for
@@ -106,7 +115,8 @@ def build_layer(shape: MoeShape, device: str, dtype: torch.dtype, seed: int = 0)
              if w.blocks is not None and w.scales is not None]
     biases = [torch.randn(shape.experts, n, device=device, generator=generator).to(dtype) * 0.1
               for n in (2 * shape.intermediate, shape.hidden)]
-    words = [ExpertWeight(blocks=mxfp4_words.pack(w.blocks), scales=w.scales) for w in (gate_up, down)
+    words = [ExpertWeight(blocks=mxfp4_words.pack(w.blocks), scales=mxfp4_words.pack_scales(w.scales))
+             for w in (gate_up, down)
              if w.blocks is not None and w.scales is not None and dtype == torch.bfloat16
              and mxfp4_words.fits(w.blocks, w.scales)]
     return MoeLayer(shape, gate_up, down, dense[0], dense[1], biases[0], biases[1], *words)
@@ -141,7 +151,9 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
         reference: Tensor | None = None
         for name, tiles, form in _runs(order, layer):
             gate_up, down = {"blocks": (layer.gate_up, layer.down), "dense": (layer.gate_up_dense, layer.down_dense),
-                             "words": (layer.gate_up_words, layer.down_words)}[form]
+                             "words": (layer.gate_up_words, layer.down_words),
+                             "scale bytes": layer.words_with_scale_bytes() if form == "scale bytes" else (None, None)
+                             }[form]
             assert gate_up is not None and down is not None  # _runs has words only where the layer has them
             dense = form == "dense"
             run = partial(fused_experts, x, expert_ids, weights, gate_up, layer.gate_up_bias, down, layer.down_bias,
@@ -173,11 +185,13 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
 def _runs(order: tuple[GemmTiles, ...], layer: MoeLayer) -> list[tuple[str, GemmTiles, str]]:
     """(name, tiles, weights' form) a step size runs, the default on blocks first and dense last: each shape on
     the checkpoint's blocks, then on words (WORDS_SUFFIX) where the layer has them and the K step is whole
-    chunks of them (engine.mxfp4_words; a K it does not divide ends in single chunks), then the experts dense."""
+    chunks of them (engine.mxfp4_words; a K it does not divide ends in single chunks), the default shape on words
+    with scale bytes (SCALE_BYTES_SUFFIX), then the experts dense."""
     runs = [(str(tiles), tiles, "blocks") for tiles in order]
     if layer.gate_up_words is not None:
         runs += [(f"{tiles}{WORDS_SUFFIX}", tiles, "words") for tiles in order
                  if mxfp4_words.takes_k_step(tiles.block_k)]
+        runs.append((f"{DEFAULT_TILES}{SCALE_BYTES_SUFFIX}", DEFAULT_TILES, "scale bytes"))
     return runs + [(DENSE, DEFAULT_TILES, "dense")]
 
 
@@ -233,6 +247,7 @@ def sm90_lines(report: dict, candidates: tuple[GemmTiles, ...] = CANDIDATES) -> 
             lines.append(f"sm90 T={num_tokens} {name}: down/gate_up "
                          f"{'/'.join(format(k['per_4096'], '.0f') for k in kernels)} warp-instr / 4096 weights, "
                          f"{'/'.join(str(k['registers']) for k in kernels)} registers, "
+                         f"{'/'.join(str(k['sync_loads']) for k in kernels)} synchronous loads a step, "
                          f"{sum(k['spills'] for k in kernels)} spills, "
                          f"{max(k['shared_bytes'] for k in kernels):,} B shared; issue-bound "
                          f"{moe_cost.issue_bound_ms(report, num_tokens, tiles=tiles, weights=weights):.2f} ms at "

@@ -155,7 +155,9 @@ def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, bloc
             "shape": list(PROJECTION_SHAPES[projection]),
             "kernel": kernel_fn.__name__, "block": [block_m, kwargs["BLOCK_N"], kwargs["BLOCK_K"]],
             "num_warps": warps, "gemm_tiles": tiles, "loop_instructions": len(loop), "per_4096": per_4096,
-            "mma": {op: opcodes.count(op) for op in MMA_OPS}, **resources(compiled)}
+            # LDG: a global load into registers, which the loop waits for (pipelined copies are LDGSTS)
+            "mma": {op: opcodes.count(op) for op in MMA_OPS}, "sync_loads": opcodes.count("LDG"),
+            **resources(compiled)}
 
 
 def resources(compiled: Any) -> dict[str, Any]:
@@ -287,7 +289,7 @@ def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
                               scales=torch.empty(EXPERTS, HIDDEN, INTERMEDIATE // 32, dtype=u8)))
     # the same experts re-packed as words (engine.mxfp4_words), as the engine holds them on a GPU
     words = tuple(moe.ExpertWeight(blocks=torch.empty(*w.scales.shape[:2], w.shape[1] // 8, dtype=torch.int32),
-                                   scales=w.scales) for w in mxfp4 if w.scales is not None)
+                                   scales=mxfp4_words.pack_scales(w.scales)) for w in mxfp4 if w.scales is not None)
     bf16_experts = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
              moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
     forms = [mxfp4] + ([words] if mxfp4_words.takes_k_step(tiles.block_k) else [])
@@ -319,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"T={k['tokens']:<5} {k['tiles']:>4} tiles {k['projection']:<8} {k['weights']:<6} "
               f"BLOCK {'x'.join(map(str, k['block']))} ({k['gemm_tiles']}): "
               f"{k['per_4096']:.0f} warp-instr / 4096 weights ({k['loop_instructions']} in the loop, "
-              f"{k['num_warps']} warps, MMAs {k['mma']}), {k['registers']} registers, {k['spills']} spills, "
+              f"{k['num_warps']} warps, MMAs {k['mma']}, {k['sync_loads']} synchronous global loads), "
+              f"{k['registers']} registers, {k['spills']} spills, "
               f"{k['shared_bytes']} B shared")
 
 

@@ -37,6 +37,18 @@ def test_a_word_holds_one_threads_inputs_of_one_scale_group():
         assert code == codes[64 * ch + 32 * h + 16 * b + 8 * s + 2 * c + t], (ch, c, h, b, s, t)
 
 
+@pytest.mark.parametrize("groups", [90, 4, 2, 9])  # 20b's 2,880 inputs: 22 words and a half; one; half of one
+def test_scale_words_hold_four_groups_each_low_byte_first(groups):
+    scales = torch.randint(0, 256, (2, 3, groups), dtype=torch.uint8, generator=torch.Generator().manual_seed(groups))
+    scale_words = mxfp4_words.pack_scales(scales)
+    assert scale_words.dtype == torch.int32 and scale_words.shape == (2, 3, -(-groups // 4))
+    as_unsigned = scale_words.long() & 0xFFFFFFFF
+    for e, n, g in itertools.product(range(2), range(3), range(-(-groups // 4) * 4)):
+        byte = int(as_unsigned[e, n, g // 4]) >> (8 * (g % 4)) & 0xFF
+        assert byte == (int(scales[e, n, g]) if g < groups else 0), (e, n, g)  # the row padded with zeros
+    assert torch.equal(mxfp4_words.unpack_scales(scale_words, groups), scales)
+
+
 def test_fits_needs_whole_chunks_and_scales_a_bf16_factor_can_hold():
     blocks, scales = quantize(torch.randn(2, 128, 8))
     assert mxfp4_words.fits(blocks, scales)

@@ -18,12 +18,14 @@ require_triton(DEVICE)  # CPU: the interpreter, chosen before triton is first im
 from engine.kernels import moe  # noqa: E402
 
 
-def experts_as_blocks_and_words(num_experts, k, n, gen):
-    """Random MXFP4 experts [E, in=k, out=n] (scales around 2^-4) as blocks and as words; their fp32 values."""
+def experts_as_blocks_and_words(num_experts, k, n, gen, scale_bytes=False):
+    """Random MXFP4 experts [E, in=k, out=n] (scales around 2^-4) as blocks and as words (with scale words, or
+    with the checkpoint's scale bytes); their fp32 values."""
     blocks = torch.randint(0, 256, (num_experts, n, k // 32, 16), dtype=torch.uint8, generator=gen)
     scales = torch.randint(120, 126, (num_experts, n, k // 32), dtype=torch.uint8, generator=gen)
     as_blocks = moe.ExpertWeight(blocks=blocks.to(DEVICE), scales=scales.to(DEVICE))
-    as_words = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks).to(DEVICE), scales=scales.to(DEVICE))
+    as_words = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks).to(DEVICE),
+                                scales=(scales if scale_bytes else mxfp4_words.pack_scales(scales)).to(DEVICE))
     return as_blocks, as_words, mxfp4.dequantize(blocks, scales)
 
 
@@ -35,12 +37,15 @@ def experts_as_blocks_and_words(num_experts, k, n, gen):
     (7, 16, "64x128w4s3", 256, 128), (4, 16, "64x128w4s3k2", 256, 128),  # two chunks a K step
     # K 192 and 64 in steps of 128: a step and a chunk left over, and no whole step at all (split 2 ways: the
     # second split of down starts past K)
-    (6, 16, "64x128w4s3", 192, 64), (5, 16, "64x128w4s3k2", 192, 64), (3, 16, "64x256w4s3", 192, 64)])
-def test_words_give_the_moe_of_the_same_experts_as_blocks(num_tokens, block_m, tiles, hidden, inter):
+    (6, 16, "64x128w4s3", 192, 64), (5, 16, "64x128w4s3k2", 192, 64), (3, 16, "64x256w4s3", 192, 64),
+    (4, 16, "64x256w4s3", 256, 256)])  # two scale words a step
+@pytest.mark.parametrize("scale_bytes", [False, True], ids=["scale-words", "scale-bytes"])
+def test_words_give_the_moe_of_the_same_experts_as_blocks(num_tokens, block_m, tiles, hidden, inter, scale_bytes):
     num_experts, top_k = 4, 2  # K = hidden and inter: whole chunks of 64
     gen = torch.Generator().manual_seed(num_tokens)
-    gate_up, gate_up_words, gate_up_fp32 = experts_as_blocks_and_words(num_experts, hidden, 2 * inter, gen)
-    down, down_words, _ = experts_as_blocks_and_words(num_experts, inter, hidden, gen)
+    gate_up, gate_up_words, gate_up_fp32 = experts_as_blocks_and_words(num_experts, hidden, 2 * inter, gen,
+                                                                       scale_bytes)
+    down, down_words, _ = experts_as_blocks_and_words(num_experts, inter, hidden, gen, scale_bytes)
     gate_up_bias = torch.randn(num_experts, 2 * inter, generator=gen).to(DEVICE)
     down_bias = torch.randn(num_experts, hidden, generator=gen).to(DEVICE)
     x = (2 * torch.randn(num_tokens, hidden, generator=gen)).bfloat16().to(DEVICE)
@@ -76,8 +81,10 @@ def test_words_refuse_what_their_decode_cannot_take():
         with pytest.raises(ValueError, match="MXFP4 words take bf16 activations"):
             moe.fused_experts(x, ids, weights, gate_up_words, bias_up, down_words, bias_down, 1.702, 7.0,
                               tiles=tiles)
-    with pytest.raises(ValueError, match="do not match scales"):
-        moe.ExpertWeight(blocks=gate_up_words.blocks[:, :, :4], scales=gate_up_words.scales)
+    with pytest.raises(ValueError, match="take scale words"):  # 2 scale words a row for 1
+        moe.ExpertWeight(blocks=gate_up_words.blocks, scales=gate_up_words.scales.repeat(1, 1, 2))
+    with pytest.raises(ValueError, match="take scale words"):  # the scale bytes as int32
+        moe.ExpertWeight(blocks=gate_up_words.blocks, scales=gate_up.scales.int())
 
 
 @(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)
@@ -90,7 +97,8 @@ def test_words_decode_every_code_at_every_scale_they_take():
     codes = torch.stack([torch.randperm(64, generator=gen) % 16 for _ in range(rows)])  # [rows, 64]
     blocks = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8).reshape(1, rows, 2, 16)
     scales = torch.stack([torch.arange(rows), rows - 1 - torch.arange(rows)], dim=-1).to(torch.uint8)[None]
-    weight = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks).to(DEVICE), scales=scales.to(DEVICE))
+    weight = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks).to(DEVICE),
+                              scales=mxfp4_words.pack_scales(scales).to(DEVICE))
     routing = moe.route(torch.zeros(64, 1, dtype=torch.long, device=DEVICE), 1, 64)
     x = torch.eye(64, dtype=torch.bfloat16, device=DEVICE)  # token i reads input i of every row
     out = moe.down_weighted(x, routing, weight, torch.zeros(1, rows, device=DEVICE), torch.ones(64, device=DEVICE))
@@ -134,9 +142,13 @@ def test_experts_keep_blocks_where_a_scale_is_past_what_words_take(mxfp4_model_d
                                                      requires_grad=False)
     experts.down_proj_blocks = torch.nn.Parameter(mxfp4_words.unpack(experts.down_proj_blocks.data),
                                                   requires_grad=False)
+    for name, blocks in (("gate_up_proj", experts.gate_up_proj_blocks), ("down_proj", experts.down_proj_blocks)):
+        scales = mxfp4_words.unpack_scales(getattr(experts, name + "_scales").data, blocks.shape[2])
+        setattr(experts, name + "_scales", torch.nn.Parameter(scales, requires_grad=False))
     experts.down_proj_scales.data[0, 0, 0] = mxfp4_words.MAX_SCALE + 1
     assert experts.pack_words() == 1
     assert experts.gate_up_proj_blocks.dtype == torch.int32 and experts.down_proj_blocks.dtype == torch.uint8
+    assert experts.gate_up_proj_scales.dtype == torch.int32 and experts.down_proj_scales.dtype == torch.uint8
     assert experts.pack_words() == 0  # already words, or never
 
 
@@ -151,6 +163,9 @@ def test_blocks_that_are_no_contiguous_tensor_are_re_packed_out_of_place(mxfp4_m
     experts.gate_up_proj_blocks = torch.nn.Parameter(shared, requires_grad=False)
     experts.down_proj_blocks = torch.nn.Parameter(mxfp4_words.unpack(experts.down_proj_blocks.data),
                                                   requires_grad=False)
+    for name, blocks in (("gate_up_proj", experts.gate_up_proj_blocks), ("down_proj", experts.down_proj_blocks)):
+        scales = mxfp4_words.unpack_scales(getattr(experts, name + "_scales").data, blocks.shape[2])
+        setattr(experts, name + "_scales", torch.nn.Parameter(scales, requires_grad=False))
     assert experts.pack_words() == 2
     assert torch.equal(experts.gate_up_proj_blocks, mxfp4_words.pack(shared.contiguous()))
     assert torch.equal(mxfp4_words.unpack(experts.gate_up_proj_blocks.data), shared)
