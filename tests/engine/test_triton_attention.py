@@ -221,7 +221,7 @@ pointers = {"q_ptr": "*bf16", "out_ptr": "*bf16", "sinks": "*bf16", "block_table
             "query_start_loc": "*i64", "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "scale": "fp32",
             "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_out_ptr": "*bf16",
             "slot_ptr": "*i64", "eps": "fp32"}
-shape = dict(HEAD_DIM=64, BLOCK_D=64)
+shape = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16)
 kernels_in_a_step = [
         # the K/V write, and the attention reading a bf16 cache, or an fp8 one (--kv-cache-dtype fp8)
         (fused._rope_write_kernel, dict(HALF=32, BLOCK_HEADS=64, BLOCK_KV_HEADS=8)),
@@ -232,16 +232,17 @@ kernels_in_a_step = [
         (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=True, MIN_Q_LEN=2)),
         # the batch-invariant mode: every row, decode ones too
         (kernels._prefill_kernel, dict(GROUP=8, GROUP_PAD=8, BLOCK_M=8, BLOCK_N=64, SLIDING=False, MIN_Q_LEN=1)),
-        (kernels._decode_reduce_kernel, dict(BLOCK_P=16))]
+        (kernels._decode_reduce_kernel, dict(GROUP=8, BLOCK_P=16))]
 for cache in ("*bf16", "*fp8e4nv"):
     types = {**pointers, "k_cache": cache, "v_cache": cache, "k_cache_ptr": cache, "v_cache_ptr": cache}
     for fn, constants in kernels_in_a_step:
         constants = {**constants, "UPCAST": False} if "UPCAST" in fn.arg_names else constants
         constants = {name: value for name, value in {**shape, **constants}.items() if name in fn.arg_names}
         signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in fn.arg_names}
+        # every constexpr given, as the engine's launches give them (one left out would compile as a runtime int)
+        assert all(signature[name] == "constexpr" for name in fn.arg_names if name.isupper()), fn.arg_names
         source = ASTSource(fn, signature, {(fn.arg_names.index(k),): v for k, v in constants.items()})
         assert compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"], (fn.__name__, cache)
-    assert all(signature[name] == "constexpr" for name in fn.arg_names if name.isupper()), fn.arg_names
 """
 
 
