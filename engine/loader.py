@@ -60,6 +60,7 @@ def load_model(config: EngineConfig) -> tuple[GptOssModel, ModelConfig]:
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ModelLoadError(f"--model {model_dir}: weights missing from the checkpoint: {shown}")
+    params.clear()  # re-packing replaces the experts' scales: the old ones must not stay referenced here meanwhile
     model.pack_expert_words()
     return model, model_config
 

@@ -30,6 +30,7 @@ from engine.mxfp4 import MXFP4_BLOCK, check_packed
 CHUNK = 64  # inputs per re-ordered chunk (one 64-wide K step of the kernel: 8 words a row)
 MAX_SCALE = 128  # the largest e8m0 scale byte whose 2^(scale - 1) is a finite bf16
 SCALES_PER_WORD = 4  # a scale word's bytes: the scales of 4 groups, 128 inputs
+MAX_K_STEP = 2 * SCALES_PER_WORD * MXFP4_BLOCK  # the kernel takes a K step's scales from one or two scale words
 # Per register o: (shift of the exponent and mantissa bits, shift of the sign bit) that bring them to bf16's
 # bits 8..6 and 15 in each half (a negative shift is to the right). Found by search: no four single shifts tile
 # the word's 32 bits, and these need 11 operations for the four registers (the kernel's inline assembly).
@@ -101,9 +102,10 @@ def unpack_scales(scale_words: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def takes_k_step(block_k: int) -> bool:
-    """Whether the kernel's K step of `block_k` inputs reads whole chunks of words (a K it does not divide ends in
-    single chunks, engine.kernels.moe_gemm)."""
-    return block_k % CHUNK == 0
+    """Whether the kernel's K step of `block_k` inputs (a power of two, as any Triton tile's) reads whole chunks of
+    words (a K it does not divide ends in single chunks, engine.kernels.moe_gemm) and at most two scale words a row
+    (MAX_K_STEP)."""
+    return block_k % CHUNK == 0 and block_k <= MAX_K_STEP and block_k & (block_k - 1) == 0
 
 
 def unpack(words: torch.Tensor) -> torch.Tensor:

@@ -139,7 +139,9 @@ step profile 150 "$PY" -m engine.step_profile "${PROFILE[@]}"
 # the MoE's grouped GEMMs, one 20b-shaped layer at 256, 64, 16, 4, 1, 1,024 and 2,048 tokens, through each shape of
 # engine.kernels.moe_tiles (and the experts held as bf16), each output against the default's: what DEFAULT_TILES
 # should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64), then each shape on the
-# experts re-packed as words ("+words" rows: the engine's form on a GPU; sm_90 loop 191 against 270). Mostly compiles.
+# experts re-packed as words ("+words" rows: the engine's form on a GPU; sm_90 loop 214 against 270, and no load the
+# loop waits for), and the default shape on words with the checkpoint's scale bytes ("+words(scale bytes)": 191, a
+# synchronous load a step). Mostly compiles.
 step moe_tiles 180 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be
@@ -166,7 +168,7 @@ step proxies 120 "$PY" -m engine.bench --proxies
 
 # the figures again, where a reader of the output's tail sees them: read before anything is appended (a
 # grep reading the log that its own output is appended to could feed on itself)
-FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^attention B=|^moe T=.*(fastest: | \(default\): | dense: |\+words: )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
+FIGURES=$(grep -E '^=== |^(sharegpt|random) |^batch-1 decode|^routing T=|^sampler B=|^attention B=|^moe T=.*(fastest: | \(default\): | dense: |\+words: |\+words\(scale bytes\): )|^profile B=[0-9]+ ctx~[0-9]+(: | part )|^  (weights|KV cache|fits|the engine clamps)' \
     "$LOG")
 {
     echo "=== figures"

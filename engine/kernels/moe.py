@@ -15,7 +15,8 @@ each projection over (tile, column block):
 
 Expert weights come dense ([E, in, out], any float dtype) or MXFP4
 (engine.mxfp4: blocks [E, out, in/32, 16], scales [E, out, in/32]), or MXFP4
-re-packed as words (engine.mxfp4_words: [E, out, in/8] int32, the same scales).
+re-packed as words (engine.mxfp4_words: [E, out, in/8] int32, with scale words [E, out, ceil(in/128)] int32, or
+the same scale bytes).
 MXFP4 times bf16/fp16 activations goes through tl.dot_scaled (the scale applied
 once per 32-weight group, on the tensor cores); times fp32 activations each weight
 is decoded in fp32 (exact; CPU models). Words take bf16 activations, decoded by
@@ -34,7 +35,7 @@ from torch import Tensor
 from engine.kernels import interpreted, require_triton
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
 from engine.mxfp4_words import CHUNK as WORDS_CHUNK
-from engine.mxfp4_words import SCALES_PER_WORD, is_words, takes_k_step
+from engine.mxfp4_words import MAX_K_STEP, SCALES_PER_WORD, is_words, takes_k_step
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run. The kernels
 # call no @triton.jit function of triton.language.standard (tl.zeros, tl.sigmoid, tl.sum, ...): those are
@@ -385,8 +386,8 @@ def _launch(a: Tensor, w: ExpertWeight, bias: Tensor, out: Tensor, routing: Rout
         w_strides = (w.blocks.stride(0), 1, w.blocks.stride(1))  # (expert, byte along in, out)
         if is_words(w.blocks):  # (expert, word along in, out)
             if a.dtype != torch.bfloat16 or not takes_k_step(block_k):
-                raise ValueError(f"MXFP4 words take bf16 activations and K steps of a multiple of {WORDS_CHUNK}: "
-                                 f"got {a.dtype}, {tiles}")
+                raise ValueError(f"MXFP4 words take bf16 activations and K steps of a multiple of {WORDS_CHUNK} "
+                                 f"up to {MAX_K_STEP}: got {a.dtype}, {tiles}")
             weights = "mxfp4_words"
         s_strides = (w.scales.stride(0), w.scales.stride(2), w.scales.stride(1))  # (expert, group, out)
     alpha, limit = swiglu or (0.0, 0.0)

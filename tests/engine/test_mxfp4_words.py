@@ -49,6 +49,10 @@ def test_scale_words_hold_four_groups_each_low_byte_first(groups):
     assert torch.equal(mxfp4_words.unpack_scales(scale_words, groups), scales)
 
 
+def test_the_kernel_takes_k_steps_of_whole_chunks_up_to_two_scale_words():
+    assert [step for step in range(32, 1025, 32) if mxfp4_words.takes_k_step(step)] == [64, 128, 256]
+
+
 def test_fits_needs_whole_chunks_and_scales_a_bf16_factor_can_hold():
     blocks, scales = quantize(torch.randn(2, 128, 8))
     assert mxfp4_words.fits(blocks, scales)

@@ -65,11 +65,12 @@ def make_step(seqs, *, block_size, num_heads=8, num_kv_heads=2, head_dim=16, sha
     return q.to(dtype=dtype, **to), k_cache, v_cache, meta, sinks.to(dtype=dtype, **to)
 
 
-def check(seqs, *, window, atol=1e-5, **step):
+def check(seqs, *, window, atol=1e-5, partition=kernels.PARTITION_SIZE, **step):
     q, k_cache, v_cache, meta, sinks = make_step(seqs, **step)
     scale = q.shape[-1] ** -0.5
     want = paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale)
-    got = triton_paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale)
+    got = triton_paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale,
+                                 partition=partition)
     assert got.shape == want.shape and got.dtype == want.dtype
     starts = meta.query_start_loc.tolist()
     for i, seq in enumerate(seqs):
@@ -96,9 +97,11 @@ def test_decode_only_and_prefill_only_batches_match(window):
 
 @pytest.mark.parametrize("window", [None, 40])
 def test_split_k_decode_over_several_partitions_matches(window, monkeypatch):
-    monkeypatch.setattr(kernels, "PARTITION_SIZE", 16)  # up to 7 partitions a sequence, 4 within a window
     monkeypatch.setattr(kernels, "DECODE_BLOCK_N", 16)
-    check([(99, 1), (16, 1), (0, 1), (47, 1), (63, 1), (30, 5)], window=window, block_size=8)
+    # partitions of 16 keys: up to 7 a sequence, 3 within a window (the reduce over them), the last partial; 24
+    # keys a partition: a key tile ends mid-partition
+    for partition in (16, 24):
+        check([(99, 1), (16, 1), (0, 1), (47, 1), (63, 1), (30, 5)], window=window, block_size=8, partition=partition)
 
 
 @pytest.mark.parametrize("window", [None, 20])

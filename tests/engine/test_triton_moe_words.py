@@ -77,7 +77,8 @@ def test_words_refuse_what_their_decode_cannot_take():
     bias_up, bias_down = torch.zeros(2, 128, device=DEVICE), torch.zeros(2, 64, device=DEVICE)
     ids, weights = torch.zeros(3, 1, dtype=torch.long, device=DEVICE), torch.ones(3, 1, device=DEVICE)
     for x, tiles in ((torch.randn(3, 64, device=DEVICE), moe.DEFAULT_TILES),  # fp32 activations
-                     (torch.randn(3, 64, device=DEVICE).bfloat16(), moe.GemmTiles.parse("64x32w4s3"))):  # half a chunk
+                     (torch.randn(3, 64, device=DEVICE).bfloat16(), moe.GemmTiles.parse("64x32w4s3")),  # half a chunk
+                     (torch.randn(3, 64, device=DEVICE).bfloat16(), moe.GemmTiles.parse("64x512w4s3"))):  # 4 words
         with pytest.raises(ValueError, match="MXFP4 words take bf16 activations"):
             moe.fused_experts(x, ids, weights, gate_up_words, bias_up, down_words, bias_down, 1.702, 7.0,
                               tiles=tiles)
@@ -104,6 +105,26 @@ def test_words_decode_every_code_at_every_scale_they_take():
     out = moe.down_weighted(x, routing, weight, torch.zeros(1, rows, device=DEVICE), torch.ones(64, device=DEVICE))
     want = mxfp4.dequantize(blocks, scales)[0]  # [in = 64, out = rows]
     assert torch.equal(out.cpu(), want)
+
+
+@(pytest.mark.gpu if DEVICE == "cuda" else lambda test: test)
+@pytest.mark.parametrize("tiles", ["64x64w4s3", "64x128w4s3", "64x256w4s3"])
+def test_scale_bytes_with_the_top_bit_set_in_any_byte_of_a_scale_word(tiles):
+    # 128 (2^1, the largest scale the words take) has its top bit set: in a scale word's top byte an arithmetic
+    # shift right brings it along as a sign, which the kernel must mask off. 256 inputs: 2 scale words a row, every
+    # group's scale 126..128, read back through one-hot tokens at K steps of 64, 128 and 256
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (64, 256), generator=gen)
+    blocks = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8).reshape(1, 64, 8, 16)
+    scales = torch.randint(126, 129, (1, 64, 8), dtype=torch.uint8, generator=gen)
+    scales[0, :, 3] = scales[0, :, 7] = 128  # each word's top byte
+    weight = moe.ExpertWeight(blocks=mxfp4_words.pack(blocks).to(DEVICE),
+                              scales=mxfp4_words.pack_scales(scales).to(DEVICE))
+    routing = moe.route(torch.zeros(256, 1, dtype=torch.long, device=DEVICE), 1, 64)
+    x = torch.eye(256, dtype=torch.bfloat16, device=DEVICE)  # token i reads input i of every row
+    out = moe.down_weighted(x, routing, weight, torch.zeros(1, 64, device=DEVICE), torch.ones(256, device=DEVICE),
+                            moe.GemmTiles.parse(tiles))
+    assert torch.equal(out.cpu(), mxfp4.dequantize(blocks, scales)[0])
 
 
 # -- the model ---------------------------------------------------------------------------------------------------
