@@ -43,8 +43,8 @@ def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
         "_rms_norm_kernel", "_rms_norm_kernel", "_rope_write_kernel", "_route_kernel", "_top_p_threshold_kernel",
         "_draw_slices", "_pick_slices", "_decode_partition_kernel", "_decode_reduce_kernel", "_decode_partition_kernel"]
     assert all(k["spills"] == 0 for k in others), others
-    # the decode attention's loop over a key tile (full and sliding layers): within its goal (577 before key
-    # positions went int32 and the block size constexpr), the tile's two MMAs in it, and issue to spare at batch 256
+    # the decode attention's loop over a key tile (full and sliding layers): within its goal (840 / 577 before key
+    # positions went int32 and the block size constexpr, triton 3.6 / 3.9), and issue to spare at batch 256
     for sliding, kernel in attention_cost.decode_kernels(report).items():
         assert kernel["loop_instructions"] <= sm90.ATTENTION_LOOP_GOAL, (sliding, kernel)
         assert kernel["block_n"] == 64 and kernel["registers"] <= 96, (sliding, kernel)
@@ -157,9 +157,10 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
         for weights in forms:
             kernels = moe_cost.mxfp4_kernels(report, 256, 0, str(tiles), weights)  # gate_up and down, or it raises
             # 2-warp shapes serve 16-row tiles and batch 1 (moe.TILES_BY_BLOCK_M, the K split): at 256 tokens' 64-row
-            # tiles a thread holds 64 accumulators, and on words 64x64w2s4k4 spills 2 instructions; wider ones none
-            spills_allowed = 4 if tiles.num_warps == 2 else 0
-            assert all(k["spills"] <= spills_allowed and sum(k["mma"].values()) > 0 for k in kernels), (tiles, kernels)
+            # tiles a thread holds 64 accumulators and on words they spill (2-34 instructions; below, at 16 tokens,
+            # none); wider ones never
+            assert all((k["spills"] == 0 or tiles.num_warps == 2) and sum(k["mma"].values()) > 0 for k in kernels), (
+                tiles, kernels)
             assert all(k["num_warps"] == tiles.num_warps and k["block"][1:] == [tiles.block_n, tiles.block_k]
                        for k in kernels), (tiles, kernels)
         names += [f"sm90 T=256 {tiles}{moe_tiles.WORDS_SUFFIX if w == 'mxfp4_words' else ''}" for w in forms]
@@ -172,6 +173,11 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
     default, wide = (moe_cost.issue_bound_ms(report, 256, tiles=str(t), weights="mxfp4")
                      for t in moe_tiles.CANDIDATES[:2])
     assert wide < default
+    # the 2-warp shapes at the 16-row tiles they serve: no spills on blocks or words
+    two_warps = tuple(tiles for tiles in moe_tiles.CANDIDATES if tiles.num_warps == 2)
+    small = moe_tiles.sm90_report((16,), two_warps)
+    assert all(k["spills"] == 0 and k["block"][0] == 16 for k in small["kernels"] if k["weights"] != "dense"), [
+        (k["gemm_tiles"], k["weights"], k["spills"]) for k in small["kernels"]]
 
 
 def attention_report(full_loop, sliding_loop=300):
