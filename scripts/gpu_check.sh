@@ -149,8 +149,9 @@ step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 # the sampler's draw in two Triton launches against torch's ~20 passes, at batch 1, 64 and 256 over gpt-oss's
 # vocabulary (the proxy estimates ~0.4 against ~4.7 ms at 256)
 step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
-# the decode attention's partition kernel and reduce per partition size, at batch 1, 64 and 256: a batch-256 step's
-# attention read its K and V at ~1.8 TB/s on an H200; 2,048 (sequence, KV head) programs may need no split at all
+# the decode attention's partition kernel and reduce per partition size, then at a 128-key tile, at batch 1, 64 and
+# 256: a batch-256 step's attention read its K and V at ~1.8 TB/s on an H200 (before its loop lost a third of its
+# code); 2,048 (sequence, KV head) programs may need no split at all
 step attention_parts 60 "$PY" -m engine.kernels.attention_parts "${ATTENTION_PARTS[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics, then an fp8

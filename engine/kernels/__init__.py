@@ -22,6 +22,7 @@ INSTALL_HINT = "pip install 'batchrun[gpu]'"
 # Keys per decode partition of the attention kernel (split-K); here, free of triton, because the CUDA
 # graphs' memory plan (engine.graph_memory) sizes the partitions' partial results from it.
 PARTITION_SIZE = 512
+DECODE_KEY_TILE = 64  # keys the decode attention kernel reads a loop step (engine.kernels.attention)
 
 
 def triton_available() -> bool:

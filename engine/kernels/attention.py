@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from engine.attention import AttentionMetadata
-from engine.kernels import PARTITION_SIZE, interpreted, require_triton
+from engine.kernels import DECODE_KEY_TILE, PARTITION_SIZE, interpreted, require_triton
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
 require_triton("cuda" if torch.cuda.is_available() else "cpu")
@@ -55,7 +55,7 @@ INTERPRETED = interpreted()  # as triton read it when the decorators below ran
 UPCAST_DOT_OPERANDS = INTERPRETED
 
 # PARTITION_SIZE (engine.kernels): keys per decode partition; best a multiple of DECODE_BLOCK_N
-DECODE_BLOCK_N = 64  # keys per tile in the decode kernel
+DECODE_BLOCK_N = DECODE_KEY_TILE  # keys per tile in the decode kernel (engine.kernels, where attention_parts reads it)
 PREFILL_BLOCK_N = 64  # keys per tile in the prefill kernel
 PREFILL_ROWS = 64  # query rows (queries x heads of a group) per prefill tile
 MIN_DOT = 16  # tl.dot wants every dimension >= 16 on GPUs
@@ -289,17 +289,22 @@ def _prefill_kernel(
 
 def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
                            sinks: Tensor, sliding_window: int | None, scale: float,
-                           batch_invariant: bool = False, partition: int = PARTITION_SIZE) -> Tensor:
+                           batch_invariant: bool = False, partition: int = PARTITION_SIZE,
+                           key_tile: int | None = None) -> Tensor:
     """`engine.attention.paged_attention` in Triton: same arguments, same result (see there).
 
     batch_invariant: every row, decode ones too, goes through the prefill kernel: one online softmax over
     the same absolute key tiles for a query wherever it is computed (no split-K, whose partition count
     follows the step's longest sequence, and no decode kernel, whose tile shape differs from prefill's).
-    partition: keys a decode program attends (best a multiple of DECODE_BLOCK_N; engine.kernels.attention_parts
-    times the sizes); a context within one partition takes no reduce.
+    partition: keys a decode program attends (best a multiple of the key tile; engine.kernels.attention_parts
+    times the sizes); a context within one partition takes no reduce. key_tile: keys the decode kernel reads a loop
+    step (a power of two, at least 16; default DECODE_BLOCK_N).
     """
     if partition < 1:
         raise ValueError(f"partition must be at least 1 key, got {partition}")
+    key_tile = key_tile or DECODE_BLOCK_N
+    if key_tile < MIN_DOT or key_tile & (key_tile - 1):
+        raise ValueError(f"key_tile must be a power of two of at least {MIN_DOT} keys, got {key_tile}")
     if q.device.type == "cpu" and not INTERPRETED:
         raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before "
                            "engine.kernels.attention is imported")
@@ -341,7 +346,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
         q, out, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, sinks, part_m, part_l,
         part_acc, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         num_heads=num_heads, num_parts=num_parts, GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N, PARTITION=partition, SLIDING=sliding,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=key_tile, PARTITION=partition, SLIDING=sliding,
         UPCAST=UPCAST_DOT_OPERANDS, SINGLE=single, **common)
     if not single:
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](

@@ -20,7 +20,7 @@ TINY = attention_parts.SHAPES["tiny"]
 
 
 def test_every_partition_size_gives_the_default_sizes_output_and_the_torch_paths():
-    timings = attention_parts.time_partitions(DEVICE, ((3, 200),), TINY, (64, 128), repeats=1)
+    timings = attention_parts.time_partitions(DEVICE, ((3, 200),), TINY, (64, 128), repeats=1, key_tiles=())
     assert [t.partition for t in timings] == [PARTITION_SIZE, 64, 128]  # the default first, though not listed
     assert all(t.ok and t.us > 0 for t in timings) and max(t.diff for t in timings) > 0  # 64: 4 partitions
     q, k_cache, v_cache, meta, sinks = attention_parts.decode_step(3, 200, TINY, DEVICE, torch.float32)
@@ -29,6 +29,18 @@ def test_every_partition_size_gives_the_default_sizes_output_and_the_torch_paths
                                  scale=TINY.head_dim ** -0.5, partition=64)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert timings[0].kv_bytes == 2 * 3 * 13 * 16 * TINY.kv_heads * TINY.head_dim * 4  # 13 blocks a sequence
+
+
+def test_a_wider_key_tile_gives_the_default_tiles_output():
+    timings = attention_parts.time_partitions(DEVICE, ((2, 300),), TINY, (), repeats=1, key_tiles=(16, 32))
+    assert [(t.partition, t.key_tile) for t in timings] == [(PARTITION_SIZE, attention_parts.DECODE_KEY_TILE),
+                                                            (PARTITION_SIZE, 16), (PARTITION_SIZE, 32)]
+    assert all(t.ok for t in timings) and max(t.diff for t in timings) > 0  # other tiles: other sums' order
+    line = attention_parts.describe(timings[1], timings[0].us)
+    assert "partition 512 (1 a sequence, no reduce, 16 keys a tile):" in line and "; the default" not in line
+    with pytest.raises(ValueError, match="key_tile must be a power of two of at least 16"):
+        q, k_cache, v_cache, meta, sinks = attention_parts.decode_step(1, 40, TINY, DEVICE, torch.float32)
+        triton_paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=None, scale=0.25, key_tile=48)
 
 
 def test_the_lines_say_partitions_a_sequence_and_the_ratio_to_the_default():
