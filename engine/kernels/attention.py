@@ -87,7 +87,7 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
         k_pos = start + tl.arange(0, BLOCK_N)
         k_in = k_pos < key_hi
         block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_in, other=0)
-        k_in = k_in & (block >= 0)  # a -1 (missing) block is never read
+        k_in = k_in & (block.to(tl.int32) >= 0)  # a -1 (missing) block is never read (ids fit in int32: 1 compare)
         slot = k_pos % BLOCK_SIZE
         kv_mask = k_in[:, None] & d_ok[None, :]
         at = (block * stride_b + slot * stride_s + kv_head * stride_h)[:, None] + d[None, :]  # K and V alike
