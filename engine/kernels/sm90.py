@@ -30,7 +30,7 @@ from engine.kernels import run_json_child
 MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.09 issue slots per weight)
 # The decode attention's loop over one key tile (64 keys of a KV head, its 8 query heads): 840 warp-instructions with
 # triton 3.6 (the GPU machines') and 577 with 3.9 while key positions were int64 and the block size a runtime
-# divisor; 452 and 365 since
+# divisor; 444 and 360 since
 ATTENTION_LOOP_GOAL = 480
 ATTENTION_CONTEXT = 1024  # tokens of context of the decode attention's compile (2 partitions a full layer)
 SLIDING_WINDOW = 128
