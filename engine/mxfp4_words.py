@@ -86,11 +86,16 @@ def pack_in_place(blocks: torch.Tensor) -> torch.Tensor:
     return words
 
 
+def scale_words(groups: int) -> int:
+    """Scale words a row of `groups` scale groups takes (the last padded with zero bytes)."""
+    return -(-groups // SCALES_PER_WORD)
+
+
 def pack_scales(scales: torch.Tensor) -> torch.Tensor:
     """Scales [E, out, in / 32] uint8 -> scale words [E, out, ceil(in / 128)] int32, byte j of word w the scale of
     group 4w + j (little-endian, as torch and CUDA lay out an int32), each row padded with zero bytes."""
     num_experts, num_out, groups = scales.shape
-    padded = torch.zeros(num_experts, num_out, -(-groups // SCALES_PER_WORD) * SCALES_PER_WORD, dtype=torch.uint8,
+    padded = torch.zeros(num_experts, num_out, scale_words(groups) * SCALES_PER_WORD, dtype=torch.uint8,
                          device=scales.device)
     padded[..., :groups] = scales
     return padded.view(torch.int32)

@@ -35,7 +35,7 @@ from torch import Tensor
 from engine.kernels import interpreted, require_triton
 from engine.mxfp4 import MXFP4_BLOCK, check_packed
 from engine.mxfp4_words import CHUNK as WORDS_CHUNK
-from engine.mxfp4_words import MAX_K_STEP, SCALES_PER_WORD, is_words, takes_k_step
+from engine.mxfp4_words import MAX_K_STEP, is_words, scale_words, takes_k_step
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run. The kernels
 # call no @triton.jit function of triton.language.standard (tl.zeros, tl.sigmoid, tl.sum, ...): those are
@@ -70,12 +70,12 @@ class ExpertWeight:
             raise ValueError("ExpertWeight takes either dense or blocks and scales")
         if self.blocks is not None and self.scales is not None and is_words(self.blocks):
             groups = self.blocks.shape[-1] * 8 // MXFP4_BLOCK
-            scale_words = -(-groups // SCALES_PER_WORD)
+            words = scale_words(groups)
             # the scale words the engine packs (engine.mxfp4_words.pack_scales), or the checkpoint's bytes (timed
             # against them by engine.kernels.moe_tiles)
             if self.blocks.ndim != 3 or self.blocks.shape[:2] != self.scales.shape[:2] or (
-                    self.scales.dtype, self.scales.shape[2]) not in ((torch.int32, scale_words), (torch.uint8, groups)):
-                raise ValueError(f"MXFP4 words {tuple(self.blocks.shape)} take scale words [E, out, {scale_words}] "
+                    self.scales.dtype, self.scales.shape[2]) not in ((torch.int32, words), (torch.uint8, groups)):
+                raise ValueError(f"MXFP4 words {tuple(self.blocks.shape)} take scale words [E, out, {words}] "
                                  f"int32 (engine.mxfp4_words.pack_scales) or scales [E, out, {groups}] uint8, got "
                                  f"{self.scales.dtype} {tuple(self.scales.shape)}")
             if self.blocks.stride(-1) != 1:

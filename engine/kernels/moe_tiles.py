@@ -89,10 +89,14 @@ class MoeLayer:
     gate_up_words: ExpertWeight | None = None  # the packed experts as engine.mxfp4_words (bf16 activations only)
     down_words: ExpertWeight | None = None
 
-    def words_with_scale_bytes(self) -> tuple[ExpertWeight, ExpertWeight]:
-        """The words with the checkpoint's scale bytes, as the engine held them before scale words."""
-        assert self.gate_up_words is not None and self.down_words is not None and self.gate_up.scales is not None \
-            and self.down.scales is not None  # _runs asks only where the layer has words
+    def experts(self, form: str) -> tuple[ExpertWeight, ExpertWeight]:
+        """(gate_up, down) in one of `_runs`' forms: "blocks", "dense", "words", or "scale bytes" (the words with the
+        checkpoint's scale bytes, as the engine held them before scale words)."""
+        if form in ("blocks", "dense"):
+            return (self.gate_up, self.down) if form == "blocks" else (self.gate_up_dense, self.down_dense)
+        assert self.gate_up_words is not None and self.down_words is not None  # _runs has words only where these are
+        if form == "words":
+            return self.gate_up_words, self.down_words
         return (ExpertWeight(blocks=self.gate_up_words.blocks, scales=self.gate_up.scales),
                 ExpertWeight(blocks=self.down_words.blocks, scales=self.down.scales))
 
@@ -150,11 +154,7 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
         runs: dict[str, tuple[Callable[[], Tensor], int, float | str]] = {}
         reference: Tensor | None = None
         for name, tiles, form in _runs(order, layer):
-            gate_up, down = {"blocks": (layer.gate_up, layer.down), "dense": (layer.gate_up_dense, layer.down_dense),
-                             "words": (layer.gate_up_words, layer.down_words),
-                             "scale bytes": layer.words_with_scale_bytes() if form == "scale bytes" else (None, None)
-                             }[form]
-            assert gate_up is not None and down is not None  # _runs has words only where the layer has them
+            gate_up, down = layer.experts(form)
             dense = form == "dense"
             run = partial(fused_experts, x, expert_ids, weights, gate_up, layer.gate_up_bias, down, layer.down_bias,
                           ALPHA, LIMIT, 0, None, tiles)
