@@ -37,7 +37,7 @@ CONTEXT_LADDER = (1024, 4096, 16384)  # then the model's max context
 # Token counts of the piecewise graphs: the batch ladder, then every 256 tokens up to the step's token budget.
 TOKEN_LADDER = BATCH_LADDER + tuple(range(768, 16385, 256))
 # The most rows x context bound a full decode graph is captured at. Its attention's split-K partial results (fp32,
-# [rows, heads, bound / PARTITION_SIZE, head_dim + 2]: engine.graph_memory.split_k_bytes) grow with both and live in
+# [rows, heads, partitions, head_dim + 2]: engine.graph_memory.split_k_bytes) grow with both and live in
 # the graphs' pool: ~1 GB for gpt-oss at 256 rows of 128k, 4 at 1,024 rows (where an H200 held 8.6 GB of graphs
 # against 1.2 at 256). Past it a decode step replays the piecewise graphs: attention eager, its partial results
 # sized to the step's own longest context.

@@ -25,7 +25,7 @@ import torch
 
 from engine.config import ModelConfig, activation_bytes, sampling_reserve_bytes, step_token_budget
 from engine.cuda_graphs import GraphPlan
-from engine.kernels import PARTITION_SIZE
+from engine.kernels import DECODE_MIN_PROGRAMS, decode_parts
 
 LONG = 8  # bytes of an int64 index
 
@@ -54,8 +54,17 @@ def decode_output_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype
 def split_k_bytes(config: ModelConfig, batch: int, context: int) -> int:
     """Bytes of the decode attention's split-K partial results (max, sum, fp32 accumulator) at `batch` rows
     of up to `context` keys (engine.kernels.attention; one partition needs none)."""
-    parts = -(-context // PARTITION_SIZE)
+    parts = decode_parts(batch, config.num_key_value_heads, context)
     return 0 if parts == 1 else batch * config.num_attention_heads * parts * (config.head_dim + 2) * 4
+
+
+def eager_split_k_bytes(config: ModelConfig, max_batch: int, max_context: int) -> int:
+    """A bound on split_k_bytes over any eager step of up to `max_batch` rows and `max_context` keys: the full
+    batch's at the longest context, or a few rows' finer partitions (fewer than 2 x DECODE_MIN_PROGRAMS programs,
+    engine.kernels.decode_partition), whichever is more."""
+    group = config.num_attention_heads // config.num_key_value_heads
+    few_rows = 2 * DECODE_MIN_PROGRAMS * group * (config.head_dim + 2) * 4
+    return max(split_k_bytes(config, max_batch, max_context), few_rows)
 
 
 def graph_pool_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
@@ -85,7 +94,7 @@ def kv_reserve_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_nu
     `max_model_len` (the cache may clamp it: fewer graphs)."""
     step_tokens = step_token_budget(max_num_batched_tokens, max_num_seqs)
     reserve = activation_bytes(config, step_tokens) + max(sampling_reserve_bytes(config, max_num_seqs),
-                                                          split_k_bytes(config, max_num_seqs, max_model_len))
+                                                          eager_split_k_bytes(config, max_num_seqs, max_model_len))
     if not cuda_graphs:
         return reserve
     plan = GraphPlan(max_batch=max_num_seqs, max_model_len=max_model_len, max_tokens=step_tokens)

@@ -15,7 +15,7 @@ from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.device import ForwardTimer
-from engine.kernels import PARTITION_SIZE
+from engine.kernels import split_decode_steps
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.api import SamplingParams, TokenLogprob
@@ -108,26 +108,30 @@ class ModelRunner:
     def _warm_mixed_step(self, scratch_block: int, max_model_len: int) -> None:
         """Mixed steps' forwards on the scratch block alone, before any request: a step with prefill rows runs
         its attention eagerly (between the pieces), and the kernels it needs that no capture ran compile here,
-        not in the first timed steps: the prefill kernel, the single-partition decode of full layers, and the
-        split-K reduce at every power of two of partitions a context can reach (the graphs capture only
-        their context bounds'). A decode row at each such context and a two-token prefill row; every K/V
-        they write lands in the scratch block, which their block tables repeat."""
+        not in the first timed steps: the prefill kernel, the single-partition decode, and the split-K decode at
+        each partition size a step can split at (engine.kernels.split_decode_steps; their reduce compiles once).
+        Each step is decode rows at one context and a two-token prefill row; every K/V they write lands in the
+        scratch block, which their block tables repeat."""
+        config = self.model_config
+        steps = [(2, 1)] + split_decode_steps(config.num_key_value_heads, max_model_len)
+        if config.sliding_window:
+            steps += split_decode_steps(config.num_key_value_heads, min(config.sliding_window, max_model_len))
+        for num_seqs, context in steps:
+            self._warm_step(scratch_block, num_seqs - 1, context)
+
+    def _warm_step(self, scratch_block: int, decodes: int, context: int) -> None:
+        """`decodes` rows at `context` keys and a two-token prefill row, on the scratch block alone."""
         device = self.device
-        contexts, parts = [1], 2
-        while contexts[-1] < max_model_len:
-            contexts.append(min(parts * PARTITION_SIZE, max_model_len))
-            parts *= 2
-        for context in contexts:
-            positions = torch.tensor([context - 1, 0, 1], device=device)
-            table_width = -(-context // self.block_size)
-            meta = AttentionMetadata(positions=positions,
-                                     slot_mapping=scratch_block * self.block_size + positions % self.block_size,
-                                     query_start_loc=torch.tensor([0, 1, 3], device=device),
-                                     seq_lens=torch.tensor([context, 2], device=device),
-                                     block_tables=torch.full((2, table_width), scratch_block, device=device),
-                                     block_size=self.block_size, max_query_len=2, max_seq_len=max(context, 2))
-            input_ids = torch.zeros(3, dtype=torch.long, device=device)
-            self._run(self._choice(input_ids, meta), input_ids, meta)
+        positions = torch.tensor([context - 1] * decodes + [0, 1], device=device)
+        table_width = -(-context // self.block_size)
+        meta = AttentionMetadata(positions=positions,
+                                 slot_mapping=scratch_block * self.block_size + positions % self.block_size,
+                                 query_start_loc=torch.tensor([*range(decodes + 1), decodes + 2], device=device),
+                                 seq_lens=torch.tensor([context] * decodes + [2], device=device),
+                                 block_tables=torch.full((decodes + 1, table_width), scratch_block, device=device),
+                                 block_size=self.block_size, max_query_len=2, max_seq_len=max(context, 2))
+        input_ids = torch.zeros(decodes + 2, dtype=torch.long, device=device)
+        self._run(self._choice(input_ids, meta), input_ids, meta)
 
     @property
     def forward_s(self) -> float:

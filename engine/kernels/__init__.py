@@ -19,10 +19,43 @@ from typing import Any
 import torch
 
 INSTALL_HINT = "pip install 'batchrun[gpu]'"
-# Keys per decode partition of the attention kernel (split-K); here, free of triton, because the CUDA
-# graphs' memory plan (engine.graph_memory) sizes the partitions' partial results from it.
+# The decode attention's split-K (engine.kernels.attention): here, free of triton, because the CUDA graphs' memory
+# plan (engine.graph_memory) sizes the partitions' partial results from it. PARTITION_SIZE is the most keys a program
+# attends. A step with few sequences halves it while it has fewer than DECODE_MIN_PROGRAMS programs, down to two key
+# tiles: at batch 1 on an H200 each full layer's 8 KV heads x 3 partitions of 512 keys (24 programs on 132 SMs,
+# each walking 8 tiles in turn) took ~16 us. A count, not the device's SMs: the same step splits alike on any GPU.
 PARTITION_SIZE = 512
 DECODE_KEY_TILE = 64  # keys the decode attention kernel reads a loop step (engine.kernels.attention)
+DECODE_MIN_PROGRAMS = 2 * 132  # two an SM of an H100 or H200
+
+
+def decode_partition(num_seqs: int, num_kv_heads: int, span: int, key_tile: int = DECODE_KEY_TILE) -> int:
+    """Keys a decode attention program attends in a step of `num_seqs` sequences reading up to `span` keys each
+    (see PARTITION_SIZE): the largest of PARTITION_SIZE halved that gives DECODE_MIN_PROGRAMS programs, or two key
+    tiles."""
+    partition, least = PARTITION_SIZE, max(2 * key_tile, 1)
+    while partition // 2 >= least and num_seqs * num_kv_heads * -(-span // partition) < DECODE_MIN_PROGRAMS:
+        partition //= 2
+    return partition
+
+
+def decode_parts(num_seqs: int, num_kv_heads: int, span: int, key_tile: int = DECODE_KEY_TILE) -> int:
+    """Partitions a decode sequence's keys split into (decode_partition's); 1 means no reduce."""
+    return max(-(-span // decode_partition(num_seqs, num_kv_heads, span, key_tile)), 1)
+
+
+def split_decode_steps(num_kv_heads: int, max_span: int, key_tile: int = DECODE_KEY_TILE) -> list[tuple[int, int]]:
+    """(sequences, keys) of a step that splits its keys at each partition size steps of up to `max_span` keys can
+    split at (decode_partition's), the fewest sequences each: the decode kernel compiles once per size (a constexpr:
+    a runtime size took it from 63 to 75 registers, sm_90), so a warm-up runs these before any request."""
+    steps, partition = [], PARTITION_SIZE
+    while partition >= max(2 * key_tile, 1):
+        span = min(2 * partition, max_span)
+        if span > partition:  # two partitions of `partition`, or one of twice that
+            steps += [(n, span) for n in range(1, DECODE_MIN_PROGRAMS + 2)
+                      if decode_partition(n, num_kv_heads, span, key_tile) == partition][:1]
+        partition //= 2
+    return steps
 
 
 def triton_available() -> bool:

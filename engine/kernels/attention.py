@@ -10,10 +10,11 @@ Two kernels cover one flat batch, each launched over every sequence and each
 ignoring the sequences the other one owns (so no host read decides who is who):
 
 - decode (sequences with one new token), split-K: each (sequence, KV head,
-  partition) program attends the group's query heads to a partition's keys (PARTITION_SIZE) and
+  partition) program attends the group's query heads to a partition's keys and
   writes a partial max, sum and unnormalised output; a reduce kernel (a program a
   sequence and KV head) rescales the partitions to a common max, adds the sink once
-  and normalises. When one
+  and normalises. A partition is at most PARTITION_SIZE keys, fewer when a step has
+  too few sequences to fill the GPU (engine.kernels.decode_partition). When one
   partition covers the step (sliding layers, short contexts) the decode kernel
   finishes the softmax itself and the reduce is not launched.
 - prefill (sequences with several new tokens, prompt chunks): each (query tile,
@@ -42,7 +43,7 @@ import torch
 from torch import Tensor
 
 from engine.attention import AttentionMetadata
-from engine.kernels import DECODE_KEY_TILE, PARTITION_SIZE, interpreted, require_triton
+from engine.kernels import DECODE_KEY_TILE, decode_partition, interpreted, require_triton
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
 require_triton("cuda" if torch.cuda.is_available() else "cpu")
@@ -54,7 +55,6 @@ INTERPRETED = interpreted()  # as triton read it when the decorators below ran
 # upcast the operands to fp32 first, which gives what a 16-bit MMA with fp32 accumulation gives.
 UPCAST_DOT_OPERANDS = INTERPRETED
 
-# PARTITION_SIZE (engine.kernels): keys per decode partition; best a multiple of DECODE_BLOCK_N
 DECODE_BLOCK_N = DECODE_KEY_TILE  # keys per tile in the decode kernel (engine.kernels, where attention_parts reads it)
 PREFILL_BLOCK_N = 64  # keys per tile in the prefill kernel
 PREFILL_ROWS = 64  # query rows (queries x heads of a group) per prefill tile
@@ -65,6 +65,9 @@ MIN_DOT = 16  # tl.dot wants every dimension >= 16 on GPUs
 # each new combination is a compile in the middle of a run (~1 s each on an H100 host, several per kernel, in
 # the first timed steps); unspecialised, the kernels a step can need are the ones its constexprs pick.
 STEP_INTS = ("num_seqs", "num_parts", "stride_bt")
+# Partitions the reduce combines a loop step: one compile whatever a step's count (a power of two of them each was a
+# compile, which a warm-up had to run at every context before the first request)
+REDUCE_BLOCK_P = 16
 STEP_POINTERS = ("block_tables", "seq_lens", "query_start_loc", "sinks")
 
 
@@ -193,28 +196,37 @@ def _decode_reduce_kernel(
         out_ptr, sinks, query_start_loc, part_m, part_l, part_acc, stride_ot, stride_oh, num_heads, num_parts,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
     """Program (sequence, KV head): combine a decode sequence's partitions for each query head of the group in
-    turn, adding each head's sink once. (A program a head made a step's reduce 64 tiny programs a sequence: at
-    batch 256, 16,384 of them took an H200 ~0.35 ms a step, mostly in starting them.)"""
+    turn, BLOCK_P partitions a loop step (an online softmax over them, seeded by the head's sink). (A program a head
+    made a step's reduce 64 tiny programs a sequence: at batch 256, 16,384 of them took an H200 ~0.35 ms a step,
+    mostly in starting them.)"""
     seq = tl.program_id(0)
     q_start = tl.load(query_start_loc + seq)
     is_decode = tl.load(query_start_loc + seq + 1) - q_start == 1
+    parts = tl.where(is_decode, num_parts, 0)
     p = tl.arange(0, BLOCK_P)
-    p_ok = p < tl.where(is_decode, num_parts, 0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     d_out = d < tl.where(is_decode, HEAD_DIM, 0)
     for i in range(GROUP):
         head = tl.program_id(1) * GROUP + i
-        row = (seq.to(tl.int64) * num_heads + head) * num_parts + p
-        m = tl.load(part_m + row, mask=p_ok, other=float("-inf"))
-        l_p = tl.load(part_l + row, mask=p_ok, other=0.0)
-        acc = tl.load(part_acc + row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
-        sink = tl.load(sinks + head).to(tl.float32)
-        m_all = tl.maximum(tl.max(m, 0), sink)  # finite: the sink is
-        w = tl.exp(m - m_all)  # 0 for an empty partition (m = -inf)
-        denom = tl.sum(l_p * w, 0) + tl.exp(sink - m_all)
-        o = tl.sum(acc * w[:, None], 0) / denom
-        tl.store(out_ptr + q_start * stride_ot + head * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_out)
+        m_run = tl.load(sinks + head).to(tl.float32)  # finite, so every rescale below is too
+        denom = m_run * 0.0 + 1.0  # the sink's own term, exp(sink - m_run)
+        o = tl.zeros([BLOCK_D], tl.float32)
+        for first in range(0, parts, BLOCK_P):
+            p_ok = first + p < parts
+            row = (seq.to(tl.int64) * num_heads + head) * num_parts + first + p
+            m = tl.load(part_m + row, mask=p_ok, other=float("-inf"))
+            l_p = tl.load(part_l + row, mask=p_ok, other=0.0)
+            acc = tl.load(part_acc + row[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None] & d_ok[None, :],
+                          other=0.0)
+            m_new = tl.maximum(m_run, tl.max(m, 0))
+            alpha = tl.exp(m_run - m_new)
+            w = tl.exp(m - m_new)  # 0 for an empty partition (m = -inf)
+            denom = denom * alpha + tl.sum(l_p * w, 0)
+            o = o * alpha + tl.sum(acc * w[:, None], 0)
+            m_run = m_new
+        tl.store(out_ptr + q_start * stride_ot + head * stride_oh + d, (o / denom).to(out_ptr.dtype.element_ty),
+                 mask=d_out)
 
 
 @triton.jit
@@ -289,18 +301,19 @@ def _prefill_kernel(
 
 def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
                            sinks: Tensor, sliding_window: int | None, scale: float,
-                           batch_invariant: bool = False, partition: int = PARTITION_SIZE,
+                           batch_invariant: bool = False, partition: int | None = None,
                            key_tile: int | None = None) -> Tensor:
     """`engine.attention.paged_attention` in Triton: same arguments, same result (see there).
 
     batch_invariant: every row, decode ones too, goes through the prefill kernel: one online softmax over
     the same absolute key tiles for a query wherever it is computed (no split-K, whose partition count
     follows the step's longest sequence, and no decode kernel, whose tile shape differs from prefill's).
-    partition: keys a decode program attends (best a multiple of the key tile; engine.kernels.attention_parts
-    times the sizes); a context within one partition takes no reduce. key_tile: keys the decode kernel reads a loop
+    partition: keys a decode program attends (best a multiple of the key tile; default: the step's
+    engine.kernels.decode_partition; engine.kernels.attention_parts times the sizes); a context within one partition
+    takes no reduce. key_tile: keys the decode kernel reads a loop
     step (a power of two, at least 16; default DECODE_BLOCK_N).
     """
-    if partition < 1:
+    if partition is not None and partition < 1:
         raise ValueError(f"partition must be at least 1 key, got {partition}")
     key_tile = key_tile or DECODE_BLOCK_N
     if key_tile < MIN_DOT or key_tile & (key_tile - 1):
@@ -334,6 +347,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     # Decode rows: split-K over partitions, then a reduce (one partition: neither). Sliding layers read at
     # most `window` keys.
     span = min(max_seq_len, window) if sliding else max_seq_len
+    partition = partition or decode_partition(num_seqs, num_kv_heads, span, key_tile)
     num_parts = triton.cdiv(max(span, 1), partition)
     single = num_parts == 1
     if single:
@@ -351,7 +365,7 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     if not single:
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
             out, sinks, meta.query_start_loc, part_m, part_l, part_acc, out.stride(0), out.stride(1), num_heads,
-            num_parts, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_parts))
+            num_parts, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=REDUCE_BLOCK_P)
 
     if max_query_len > 1:  # prefill rows
         _launch_prefill(q, out, k_cache, v_cache, meta, sinks, num_seqs, group, block_d, sliding, common,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.kernels import PARTITION_SIZE
+from engine.kernels import decode_partition
 from engine.kernels.moe_cost import H100_CLOCK_HZ, H100_HBM_BYTES_PER_S, H100_SMS
 
 # issue at most half the time the keys take to read: at 577 warp-instructions a tile (int64 key positions, a runtime
@@ -28,14 +28,15 @@ def decode_kernels(report: dict[str, Any]) -> dict[bool, dict[str, Any]]:
 
 
 def _tiles(config: Any, batch: int, context: int, block_n: int, sliding: bool) -> int:
-    """Key tiles a decode step walks in the layers of one kind: each (sequence, KV head) its keys, in partitions
-    of PARTITION_SIZE whose last tile may be partial."""
-    per_partition = -(-PARTITION_SIZE // block_n)
+    """Key tiles a decode step walks in the layers of one kind: each (sequence, KV head) its keys, in the step's
+    partitions (engine.kernels.decode_partition), whose last tile may be partial."""
     tiles = 0
     for layer in range(config.num_hidden_layers):
         if config.is_sliding(layer) == sliding:
-            whole, rest = divmod(min(context, config.window(layer) or context), PARTITION_SIZE)
-            tiles += whole * per_partition + -(-rest // block_n)
+            span = min(context, config.window(layer) or context)
+            partition = decode_partition(batch, config.num_key_value_heads, span, block_n)
+            whole, rest = divmod(span, partition)
+            tiles += whole * -(-partition // block_n) + -(-rest // block_n)
     return batch * config.num_key_value_heads * tiles
 
 

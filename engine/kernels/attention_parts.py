@@ -1,14 +1,16 @@
-"""The decode attention's split-K partition size and key tile, timed on a GPU (issue 24): what PARTITION_SIZE and
+"""The decode attention's split-K partition size and key tile, timed on a GPU (issue 24): what the engine's choice
+of partition (engine.kernels.decode_partition: PARTITION_SIZE, halved for steps of few sequences) and
 DECODE_KEY_TILE should be.
 
 On an H200 a decode step of 256 sequences at ~1,100 tokens of context spent 4.1 ms in the partition kernel and
 0.35 ms in its reduce: ~7.7 GB of K and V read at ~1.8 TB/s, a third of the bandwidth. At PARTITION_SIZE (512
 keys) such a step launches 256 sequences x 8 KV heads x 3 partitions a full-attention layer, then the reduce;
-2,048 (sequence, KV head) programs may fill the GPU without a split. `time_partitions` runs one full-attention
-layer of gpt-oss's shape (64 query heads, 8 KV heads of 64; bf16 on a GPU) decoding `batch` sequences of `context`
-tokens each, over a cache of shuffled blocks, through each partition size, then the default partition with each
-key tile (keys a loop step), each timed as a CUDA graph's replays (as the engine's decode graphs run it) and each
-output compared with the default's.
+2,048 (sequence, KV head) programs may fill the GPU without a split. At batch 1 the engine now halves the partition
+while a layer has fewer than DECODE_MIN_PROGRAMS programs. `time_partitions` runs one full-attention layer of
+gpt-oss's shape (64 query heads, 8 KV heads of 64; bf16 on a GPU) decoding `batch` sequences of `context` tokens
+each, over a cache of shuffled blocks, through the engine's partition for the step (the default), each other
+partition size, then the default partition with each key tile (keys a loop step), each timed as a CUDA graph's
+replays (as the engine's decode graphs run it) and each output compared with the default's.
 `python -m engine.kernels.attention_parts` prints an `attention B=` line each, a (batch, context)'s as soon as they
 are timed. At batch 1 the K and V (2-32 MB) partly stay in L2 between replays: its times are optimistic.
 """
@@ -25,11 +27,12 @@ from torch import Tensor
 
 from engine.attention import AttentionMetadata
 from engine.device import MAX_RELATIVE_DIFF, graphed, median_us, relative_diff
-from engine.kernels import DECODE_KEY_TILE, PARTITION_SIZE
+from engine.kernels import DECODE_KEY_TILE, PARTITION_SIZE, decode_partition
 
-# keys a program attends (a context within one: no split, no reduce); smaller ones for batch 1, whose 24 attention
-# launches took ~16 us each on an H200: 8 KV heads x 3 partitions of 512 at ~1,100 tokens, each walking 8 key tiles
-PARTITIONS = (PARTITION_SIZE, 128, 256, 1024, 2048, 4096)
+# keys a program attends (a context within one: no split, no reduce), each timed beside the engine's choice; smaller
+# ones for batch 1, whose 24 attention launches took ~16 us each on an H200: 8 KV heads x 3 partitions of 512 at
+# ~1,100 tokens, each walking 8 key tiles (the engine now takes 128 there: decode_partition)
+PARTITIONS = (PARTITION_SIZE, 64, 128, 256, 1024, 2048, 4096)
 # keys the decode kernel reads a loop step, each timed at the default partition: the default, and 128 (compiled for
 # sm_90 with triton 3.9 its loop issues 250 warp-instructions a 64 keys against 365, in 96 registers against 63 and
 # 70 KB of shared memory against 21: 3 programs an SM where 8 fit)
@@ -57,6 +60,7 @@ class PartitionTiming:
     diff: float  # largest difference from the default partition's output, over its largest magnitude
     kv_bytes: int  # K and V the layer reads
     key_tile: int = DECODE_KEY_TILE
+    default: bool = False  # the engine's partition for the step (decode_partition) at its key tile
 
     @property
     def ok(self) -> bool:
@@ -87,18 +91,20 @@ def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, sha
                     partitions: tuple[int, ...] = PARTITIONS, repeats: int = 20,
                     report: Callable[[PartitionTiming], None] | None = None,
                     key_tiles: tuple[int, ...] = KEY_TILES) -> list[PartitionTiming]:
-    """Each (batch, context) of `steps` through each partition size (PARTITION_SIZE first), then at the default
-    partition with each other key tile of `key_tiles`: a PartitionTiming each, in that order, `report(timing)` called
-    as each lands. On CUDA each is timed as a CUDA graph's replay; bf16 there, fp32 in the interpreter."""
+    """Each (batch, context) of `steps` through the engine's partition for it (decode_partition) and each other
+    partition size, then at the engine's partition with each other key tile of `key_tiles`: a PartitionTiming each,
+    in that order, `report(timing)` called as each lands. On CUDA each is timed as a CUDA graph's replay; bf16
+    there, fp32 in the interpreter."""
     from functools import partial
 
     from engine.kernels.attention import triton_paged_attention
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    order = [(PARTITION_SIZE, DECODE_KEY_TILE), *[(p, DECODE_KEY_TILE) for p in partitions if p != PARTITION_SIZE],
-             *[(PARTITION_SIZE, t) for t in key_tiles if t != DECODE_KEY_TILE]]
     timings = []
     for batch, context in steps:
+        default = decode_partition(batch, shape.kv_heads, context)
+        order = [(default, DECODE_KEY_TILE), *[(p, DECODE_KEY_TILE) for p in partitions if p != default],
+                 *[(default, t) for t in key_tiles if t != DECODE_KEY_TILE]]
         q, k_cache, v_cache, meta, sinks = decode_step(batch, context, shape, device, dtype)
         kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
         reference: Tensor | None = None
@@ -108,7 +114,8 @@ def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, sha
             out = run()
             reference = out if reference is None else reference
             timings.append(PartitionTiming(batch, context, size, median_us(graphed(run, device), device, repeats),
-                                           relative_diff(out, reference), kv_bytes, key_tile))
+                                           relative_diff(out, reference), kv_bytes, key_tile,
+                                           (size, key_tile) == order[0]))
             if report is not None:
                 report(timings[-1])
         del q, k_cache, v_cache, run  # before the next step's caches
@@ -118,11 +125,10 @@ def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, sha
 def describe(timing: PartitionTiming, default_us: float) -> str:
     """One `attention B=` line: the time, the K and V read per second, the ratio to the default, the difference."""
     parts = math.ceil(timing.context / timing.partition)
-    default = timing.partition == PARTITION_SIZE and timing.key_tile == DECODE_KEY_TILE
     return (f"attention B={timing.batch} ctx={timing.context} partition {timing.partition} ({parts} a sequence"
             + (", no reduce" if parts == 1 else "")
             + (f", {timing.key_tile} keys a tile" if timing.key_tile != DECODE_KEY_TILE else "")
-            + ("; the default" if default else "")
+            + ("; the default" if timing.default else "")
             + f"): {timing.us:.1f} us a layer, x{timing.us / default_us:.2f} the default, "
               f"{timing.kv_bytes / timing.us / 1e6:.2f} TB/s of K and V, diff {timing.diff:.1e}")
 

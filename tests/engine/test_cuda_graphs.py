@@ -14,7 +14,7 @@ from engine.attention import paged_attention
 from engine.config import EngineConfig
 from engine.cuda_graphs import MAX_FULL_GRAPH_KEYS, GraphChoice, GraphCounts, GraphPlan, StaticDecodeInputs, ladder
 from engine.graph_share import sharegpt_graph_stats
-from engine.kernels import PARTITION_SIZE
+from engine.kernels import PARTITION_SIZE, decode_partition, decode_parts
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.proxies import graph_share_figures
 from engine.llm_engine import LLMEngine
@@ -312,22 +312,24 @@ def test_a_mixed_steps_attention_runs_on_the_scratch_block_before_any_request(ti
         assert not k[:scratch].any() and not v[:scratch].any() and k[scratch].any()
 
 
-def test_mixed_steps_run_every_split_k_width_before_any_request(tiny_model_dir, monkeypatch):
-    # An eager step's decode rows reduce their partitions with a kernel compiled per power of two of them
-    # (BLOCK_P); the graphs capture only their context bounds' widths, so a mixed step with a context of
-    # 1,025-2,048 keys compiled one inside a timed run unless a warm-up ran it first.
-    widths = []
+def test_mixed_steps_run_the_split_k_decode_at_every_partition_size_before_any_request(tiny_model_dir, monkeypatch):
+    # An eager step's decode rows past one partition run the split-K decode, compiled once per partition size (a
+    # constexpr), then the reduce; the graphs capture only decode steps, so a mixed step of a new size compiled it
+    # inside a timed run unless a warm-up ran one first.
+    split_at = set()
 
     def recording(q, k_cache, v_cache, meta, **options):
         if meta.max_query_len > 1 and options["sliding_window"] is None:
-            widths.append(1 << (-(-meta.max_seq_len // PARTITION_SIZE) - 1).bit_length())
+            num_seqs, kv_heads, span = meta.num_seqs, k_cache.shape[2], meta.max_seq_len
+            if decode_parts(num_seqs, kv_heads, span) > 1:
+                split_at.add(decode_partition(num_seqs, kv_heads, span))
         return paged_attention(q, k_cache, v_cache, meta, **options)
 
     monkeypatch.setattr(engine_model, "paged_attention", recording)
     FakeGraphCapture(monkeypatch)
     engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=16,
                                     max_model_len=4 * PARTITION_SIZE + 1))
-    assert set(widths) == {1, 2, 4, 8}
+    assert split_at == {PARTITION_SIZE, PARTITION_SIZE // 2, PARTITION_SIZE // 4}  # down to two key tiles
     scratch = engine.num_blocks
     for k, v in engine.runner.kv_caches:
         assert not k[:scratch].any() and not v[:scratch].any()

@@ -66,6 +66,8 @@ def test_the_reserve_counts_the_piecewise_buffers_and_the_largest_capture():
     # the decode graph at 256 rows and a 131,072-token bound: 256 split-K partitions of 64 heads each
     assert split_k_bytes(config, 256, 131072) == 256 * 64 * 256 * 66 * 4
     assert split_k_bytes(config, 256, 512) == 0  # one partition: the kernel writes its output directly
+    # a lone sequence's keys split finer (engine.kernels.decode_partition): 8 partitions of 128 at 1,024 keys
+    assert split_k_bytes(config, 1, 1024) == 64 * 8 * 66 * 4
     # more batched tokens: bigger pieces (the estimate before counted one decode step at max_num_seqs only)
     assert kv_reserve_bytes(config, max_num_batched_tokens=16384, **sizes, cuda_graphs=True) - \
         kv_reserve_bytes(config, max_num_batched_tokens=16384, **sizes, cuda_graphs=False) > graphed - eager

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.attention import AttentionMetadata, paged_attention, to_cache_dtype
-from engine.kernels import require_triton, triton_available
+from engine.kernels import PARTITION_SIZE, decode_partition, require_triton, triton_available
 
 if not triton_available():
     pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
@@ -65,7 +65,7 @@ def make_step(seqs, *, block_size, num_heads=8, num_kv_heads=2, head_dim=16, sha
     return q.to(dtype=dtype, **to), k_cache, v_cache, meta, sinks.to(dtype=dtype, **to)
 
 
-def check(seqs, *, window, atol=1e-5, partition=kernels.PARTITION_SIZE, **step):
+def check(seqs, *, window, atol=1e-5, partition=None, **step):
     q, k_cache, v_cache, meta, sinks = make_step(seqs, **step)
     scale = q.shape[-1] ** -0.5
     want = paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale)
@@ -99,9 +99,18 @@ def test_decode_only_and_prefill_only_batches_match(window):
 def test_split_k_decode_over_several_partitions_matches(window, monkeypatch):
     monkeypatch.setattr(kernels, "DECODE_BLOCK_N", 16)
     # partitions of 16 keys: up to 7 a sequence, 3 within a window (the reduce over them), the last partial; 24
-    # keys a partition: a key tile ends mid-partition
-    for partition in (16, 24):
+    # keys a partition: a key tile ends mid-partition; 3 keys: up to 34 partitions, the reduce's loop over them in
+    # steps of REDUCE_BLOCK_P
+    assert 99 // 3 > 2 * kernels.REDUCE_BLOCK_P
+    for partition in (16, 24, 3):
         check([(99, 1), (16, 1), (0, 1), (47, 1), (63, 1), (30, 5)], window=window, block_size=8, partition=partition)
+
+
+def test_a_step_of_few_sequences_splits_their_keys_finer():
+    # 2 sequences x 2 KV heads of 600 keys: too few programs at PARTITION_SIZE, so partitions of two key tiles
+    assert decode_partition(2, 2, 600) == 2 * kernels.DECODE_BLOCK_N < PARTITION_SIZE
+    assert decode_partition(256, 8, 600) == PARTITION_SIZE  # a full batch keeps the largest
+    check([(599, 1), (200, 1)], window=None, block_size=16)
 
 
 @pytest.mark.parametrize("window", [None, 20])
@@ -299,19 +308,20 @@ import engine.kernels.attention as kernels
 from engine.attention import AttentionMetadata
 
 kernels.INTERPRETED = True  # only lets CPU tensors through the wrapper's guard
-for window in (None, 128):
-    # (sequences, block-table width, where the lengths start in the step's buffer): as steps vary them
+for window, context in ((None, 30), (128, 30), (None, 700), (None, 3000)):
+    # (sequences, block-table width, where the lengths start in the step's buffer): as steps vary them; at 700 and
+    # 3,000 keys full layers split them, into partitions whose size (128 to 512) and count vary with the sequences
     for num_seqs, width, offset in ((3, 2, 0), (16, 16, 1), (1, 1, 1), (5, 7, 0)):
         q_lens = [4] + [1] * (num_seqs - 1)
         starts = torch.tensor([0, *q_lens]).cumsum(0)
         buffer = torch.zeros(64, dtype=torch.long)
         seq_lens = buffer[offset:offset + num_seqs]
-        seq_lens.copy_(torch.tensor([30 + row for row in range(num_seqs)]))
+        seq_lens.copy_(torch.tensor([context + row for row in range(num_seqs)]))
         tokens = int(starts[-1])
         meta = AttentionMetadata(positions=torch.zeros(tokens, dtype=torch.long),
                                  slot_mapping=torch.zeros(tokens, dtype=torch.long), query_start_loc=starts,
                                  seq_lens=seq_lens, block_tables=torch.zeros(num_seqs, width, dtype=torch.long),
-                                 block_size=16, max_query_len=4, max_seq_len=30 + num_seqs)
+                                 block_size=16, max_query_len=4, max_seq_len=context + num_seqs)
         cache = torch.empty(8, 16, 8, 64, dtype=torch.bfloat16)
         kernels.triton_paged_attention(torch.empty(tokens, 64, 64, dtype=torch.bfloat16), cache,
                                        torch.empty_like(cache), meta, sinks=torch.empty(64, dtype=torch.bfloat16),
@@ -324,5 +334,8 @@ for window in (None, 128):
 def test_a_mixed_steps_attention_compiles_once_per_layer_kind_whatever_the_steps_shape():
     # The eager attention between the pieces sees a new sequence count, table width and buffer offset every
     # step; were those specialised, a run would stop to compile each new combination (~1 s on an H100 host,
-    # in the first timed steps). One compile per sliding/full layer kind for each kernel, all shapes alike.
-    assert compiles_per_kernel(COMPILES_PER_MIXED_STEP) == {"_decode_partition_kernel": 2, "_prefill_kernel": 2}
+    # in the first timed steps). One compile per sliding/full layer kind for each kernel, all shapes alike, and one
+    # more for each partition size full layers split their keys at (here 128, 256 and 512, engine.kernels.
+    # split_decode_steps: what the runner's warm-up compiles), then their reduce: once, whatever the partitions' count.
+    assert compiles_per_kernel(COMPILES_PER_MIXED_STEP) == {"_decode_partition_kernel": 2 + 3, "_prefill_kernel": 2,
+                                                            "_decode_reduce_kernel": 1}
