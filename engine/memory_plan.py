@@ -1,8 +1,8 @@
 """Would a model fit one GPU, and how much KV cache would be left: the engine's own budget, on paper.
 
 The weights are counted from the engine's model built on the meta device (no memory is touched), as
-the engine holds them on CUDA: MXFP4 experts packed (4-bit codes, an 8-bit scale per 32), the rest
-bf16. The KV cache then gets what `engine.device.gpu_kv_cache_budget` gives it once the weights and an
+the engine holds them on CUDA: MXFP4 experts packed (4-bit codes, an 8-bit scale per 32, the scales in whole
+int32 words of 4: engine.mxfp4_words), the rest bf16. The KV cache then gets what `engine.device.gpu_kv_cache_budget` gives it once the weights and an
 allowance for the CUDA context are in use, less the engine's reserve (`engine.graph_memory.kv_reserve_bytes`:
 one step's activations and sampling, and the CUDA graphs' buffers and pool), in blocks of
 `engine.model.kv_cache_bytes_per_block` (every layer holds every token: sliding-window layers too).
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import mxfp4_words
 from engine.config import KV_CACHE_DTYPES, ModelConfig
 from engine.device import gpu_kv_cache_budget
 from engine.graph_memory import kv_reserve_bytes
@@ -67,7 +68,8 @@ class MemoryPlan:
 
 @functools.cache  # building 120b's modules, even on the meta device, takes seconds
 def weight_bytes(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
-    """(all weights, the experts' share) in bytes, as the engine holds them with the Triton kernels."""
+    """(all weights, the experts' share) in bytes, as the engine holds them with the Triton kernels on an H100: the
+    experts' scales as padded scale words (engine.mxfp4_words.held_scale_bytes)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -78,6 +80,8 @@ def weight_bytes(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> tu
     total = experts = 0
     for name, param in model.named_parameters():
         size = param.numel() * param.element_size()
+        if ".experts." in name and name.endswith("_scales"):
+            size = mxfp4_words.held_scale_bytes(param.shape)
         total += size
         experts += size if ".experts." in name else 0
     return total, experts

@@ -101,6 +101,15 @@ def pack_scales(scales: torch.Tensor) -> torch.Tensor:
     return padded.view(torch.int32)
 
 
+def held_scale_bytes(shape: torch.Size) -> int:
+    """Bytes a GPU that decodes words holds for checkpoint scales of `shape` [E, out, in / 32]: scale words, each
+    row padded to whole words, where the inputs fit the layout (`fits`; gpt-oss's scales do), else the bytes."""
+    num_experts, num_out, groups = shape
+    if groups * MXFP4_BLOCK % CHUNK:
+        return num_experts * num_out * groups
+    return num_experts * num_out * scale_words(groups) * SCALES_PER_WORD
+
+
 def unpack_scales(scale_words: torch.Tensor, groups: int) -> torch.Tensor:
     """The inverse of `pack_scales`: scale words [E, out, ceil(groups / 4)] int32 -> scales [E, out, groups] uint8."""
     return scale_words.contiguous().view(torch.uint8)[..., :groups]

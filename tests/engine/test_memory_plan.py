@@ -12,8 +12,10 @@ def test_weights_count_packed_mxfp4_experts_and_bf16_for_the_rest():
     assert config.num_params == pytest.approx(116.8e9, rel=0.01)  # gpt-oss-120b's published count
     h, i = config.hidden_size, config.intermediate_size
     expert_weights = config.num_hidden_layers * config.num_local_experts * (h * 2 * i + i * h)
-    # 4-bit codes and an 8-bit scale per 32 weights = 17/32 bytes a weight; everything else 2 bytes
-    expected = 2 * (config.num_params - expert_weights) + expert_weights * 17 // 32
+    # 4-bit codes and an 8-bit scale per 32 weights = 17/32 bytes a weight; everything else 2 bytes; each scale row
+    # (90 groups of 32 inputs) held as 23 int32 words: 2 zero bytes more a row
+    rows = config.num_hidden_layers * config.num_local_experts * (2 * i + h)
+    expected = 2 * (config.num_params - expert_weights) + expert_weights * 17 // 32 + 2 * rows
     total, experts = weight_bytes(config)
     assert total == expected
     assert 55 * GIB < experts < total < 62 * GIB

@@ -47,6 +47,9 @@ def test_scale_words_hold_four_groups_each_low_byte_first(groups):
         byte = int(as_unsigned[e, n, g // 4]) >> (8 * (g % 4)) & 0xFF
         assert byte == (int(scales[e, n, g]) if g < groups else 0), (e, n, g)  # the row padded with zeros
     assert torch.equal(mxfp4_words.unpack_scales(scale_words, groups), scales)
+    # what the memory plan counts for them: the packed words, where whole chunks let the experts take words
+    held = scale_words.numel() * 4 if groups % 2 == 0 else scales.numel()
+    assert mxfp4_words.held_scale_bytes(scales.shape) == held
 
 
 def test_the_kernel_takes_k_steps_of_whole_chunks_up_to_two_scale_words():
