@@ -1,10 +1,11 @@
 """Would a model fit one GPU, and how much KV cache would be left: the engine's own budget, on paper.
 
 The weights are counted from the engine's model built on the meta device (no memory is touched), as
-the engine holds them on CUDA: MXFP4 experts packed (4-bit codes, an 8-bit scale per 32, the scales in whole
-int32 words of 4: engine.mxfp4_words), the rest bf16. The KV cache then gets what `engine.device.gpu_kv_cache_budget` gives it once the weights and an
-allowance for the CUDA context are in use, less the engine's reserve (`engine.graph_memory.kv_reserve_bytes`:
-one step's activations and sampling, and the CUDA graphs' buffers and pool), in blocks of
+the engine holds them on CUDA: MXFP4 experts packed (4-bit codes, an 8-bit scale per 32, the scales in
+whole int32 words of 4: engine.mxfp4_words), the rest bf16. The KV cache then gets what
+`engine.device.gpu_kv_cache_budget` gives it once the weights and an allowance for the CUDA context are
+in use, less the engine's reserve (`engine.graph_memory.kv_reserve_bytes`: one step's activations and
+sampling, and the CUDA graphs' buffers and pool), in blocks of
 `engine.model.kv_cache_bytes_per_block` (every layer holds every token: sliding-window layers too).
 
 `python -m engine.memory_plan --preset 120b` prints the plan for gpt-oss-120b's shape on the GPU torch
