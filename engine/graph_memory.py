@@ -53,8 +53,10 @@ def decode_output_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype
 
 def split_k_bytes(config: ModelConfig, batch: int, context: int) -> int:
     """Bytes of the decode attention's split-K partial results (max, sum, fp32 accumulator) at `batch` rows
-    of up to `context` keys (engine.kernels.attention; one partition needs none)."""
-    parts = decode_parts(batch, config.num_key_value_heads, context)
+    of up to `context` keys (engine.kernels.attention; one partition needs none), in the layer kind that splits
+    them into most partitions (a sliding layer's span is its window: it may split finer than a full layer's)."""
+    spans = {context, min(context, config.sliding_window or context)}
+    parts = max(decode_parts(batch, config.num_key_value_heads, span) for span in spans)
     return 0 if parts == 1 else batch * config.num_attention_heads * parts * (config.head_dim + 2) * 4
 
 

@@ -85,7 +85,7 @@ class ModelRunner:
             self.capture_stats = {"capture_s": time.perf_counter() - start,
                                   "num_graphs": len(self.graphs.graphs) + len(self.pieces.graphs),
                                   "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30}
-            self._warm_mixed_step(scratch_block=num_blocks, max_model_len=max_model_len)
+            self._warm_mixed_step(scratch_block=num_blocks, max_model_len=max_model_len, max_seqs=config.max_num_seqs)
         self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
         self.sampler = Sampler(config.kernels)
         if config.kernels == "triton" and self.device.type == "cuda":
@@ -105,17 +105,19 @@ class ModelRunner:
                                       [0] * len(rows))
 
     @torch.inference_mode()
-    def _warm_mixed_step(self, scratch_block: int, max_model_len: int) -> None:
+    def _warm_mixed_step(self, scratch_block: int, max_model_len: int, max_seqs: int) -> None:
         """Mixed steps' forwards on the scratch block alone, before any request: a step with prefill rows runs
         its attention eagerly (between the pieces), and the kernels it needs that no capture ran compile here,
         not in the first timed steps: the prefill kernel, the single-partition decode, and the split-K decode at
-        each partition size a step can split at (engine.kernels.split_decode_steps; their reduce compiles once).
+        each partition size a step of up to `max_seqs` sequences can split at (engine.kernels.split_decode_steps;
+        their reduce compiles once).
         Each step is decode rows at one context and a two-token prefill row; every K/V they write lands in the
         scratch block, which their block tables repeat."""
         config = self.model_config
-        steps = [(2, 1)] + split_decode_steps(config.num_key_value_heads, max_model_len)
+        steps = [(2, 1)] + split_decode_steps(config.num_key_value_heads, max_model_len, max_seqs)
         if config.sliding_window:
-            steps += split_decode_steps(config.num_key_value_heads, min(config.sliding_window, max_model_len))
+            steps += split_decode_steps(config.num_key_value_heads, min(config.sliding_window, max_model_len),
+                                        max_seqs)
         for num_seqs, context in steps:
             self._warm_step(scratch_block, num_seqs - 1, context)
 

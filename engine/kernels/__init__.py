@@ -44,16 +44,25 @@ def decode_parts(num_seqs: int, num_kv_heads: int, span: int, key_tile: int = DE
     return max(-(-span // decode_partition(num_seqs, num_kv_heads, span, key_tile)), 1)
 
 
-def split_decode_steps(num_kv_heads: int, max_span: int, key_tile: int = DECODE_KEY_TILE) -> list[tuple[int, int]]:
-    """(sequences, keys) of a step that splits its keys at each partition size steps of up to `max_span` keys can
-    split at (decode_partition's), the fewest sequences each: the decode kernel compiles once per size (a constexpr:
-    a runtime size took it from 63 to 75 registers, sm_90), so a warm-up runs these before any request."""
+def split_decode_steps(num_kv_heads: int, max_span: int, max_seqs: int,
+                       key_tile: int = DECODE_KEY_TILE) -> list[tuple[int, int]]:
+    """(sequences, keys) of a step that splits its keys at each partition size steps of up to `max_seqs` sequences
+    and `max_span` keys can split at (decode_partition's): the fewest sequences, at the longest span that still
+    splits that finely. The decode kernel compiles once per size (a constexpr: a runtime size took it from 63 to
+    75 registers, sm_90), so a warm-up runs these before any request."""
     steps, partition = [], PARTITION_SIZE
     while partition >= max(2 * key_tile, 1):
-        span = min(2 * partition, max_span)
-        if span > partition:  # two partitions of `partition`, or one of twice that
-            steps += [(n, span) for n in range(1, DECODE_MIN_PROGRAMS + 2)
-                      if decode_partition(n, num_kv_heads, span, key_tile) == partition][:1]
+        for num_seqs in range(1, max_seqs + 1 if max_span > partition else 1):
+            if decode_partition(num_seqs, num_kv_heads, partition + 1, key_tile) > partition:
+                break  # more sequences only split coarser
+            lo, hi = partition + 1, max_span  # the longest span this many split at `partition` or finer
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if decode_partition(num_seqs, num_kv_heads, mid, key_tile) <= partition else (
+                    lo, mid - 1)
+            if decode_partition(num_seqs, num_kv_heads, lo, key_tile) == partition:
+                steps.append((num_seqs, lo))
+                break
         partition //= 2
     return steps
 

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from engine.attention import AttentionMetadata
-from engine.kernels import DECODE_KEY_TILE, decode_partition, interpreted, require_triton
+from engine.kernels import DECODE_KEY_TILE, PARTITION_SIZE, decode_partition, interpreted, require_triton
 
 # Without CUDA the kernels run in Triton's interpreter, chosen before the decorators below run.
 require_triton("cuda" if torch.cuda.is_available() else "cpu")
@@ -309,8 +309,8 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     the same absolute key tiles for a query wherever it is computed (no split-K, whose partition count
     follows the step's longest sequence, and no decode kernel, whose tile shape differs from prefill's).
     partition: keys a decode program attends (best a multiple of the key tile; default: the step's
-    engine.kernels.decode_partition; engine.kernels.attention_parts times the sizes); a context within one partition
-    takes no reduce. key_tile: keys the decode kernel reads a loop
+    engine.kernels.decode_partition, which follows its sequence count, prefill and padding rows included;
+    engine.kernels.attention_parts times the sizes); a context within one partition takes no reduce. key_tile: keys the decode kernel reads a loop
     step (a power of two, at least 16; default DECODE_BLOCK_N).
     """
     if partition is not None and partition < 1:
@@ -350,6 +350,8 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     partition = partition or decode_partition(num_seqs, num_kv_heads, span, key_tile)
     num_parts = triton.cdiv(max(span, 1), partition)
     single = num_parts == 1
+    if single:  # one compile whatever the size (PARTITION only has to cover the span), so no warm-up needs each
+        partition = max(partition, PARTITION_SIZE)
     if single:
         part_m = part_l = part_acc = out  # not read or written: the kernel writes `out` itself
     else:

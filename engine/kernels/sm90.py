@@ -32,7 +32,9 @@ MOE_INNER_LOOP_GOAL = 350  # warp-instructions per 4,096 weights (issue 24: ~0.0
 # triton 3.6 (the GPU machines') and 577 with 3.9 while key positions were int64 and the block size a runtime
 # divisor; 444 and 360 since
 ATTENTION_LOOP_GOAL = 480
-ATTENTION_CONTEXT = 1024  # tokens of context of the decode attention's compile (2 partitions a full layer)
+# tokens of context of the decode attention's compile: at 256 sequences 2 partitions of 512 a full layer, at 16 or
+# fewer partitions of 256 or 128 (engine.kernels.decode_partition)
+ATTENTION_CONTEXT = 1024
 SLIDING_WINDOW = 128
 DECODE_TOKENS = 256  # decode batch of the figure (BLOCK_M 64)
 # gpt-oss-20b: hidden, intermediate, experts, experts per token

@@ -312,24 +312,28 @@ def test_a_mixed_steps_attention_runs_on_the_scratch_block_before_any_request(ti
         assert not k[:scratch].any() and not v[:scratch].any() and k[scratch].any()
 
 
-def test_mixed_steps_run_the_split_k_decode_at_every_partition_size_before_any_request(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize(("max_num_seqs", "sizes"), [(32, {512, 256, 128}), (4, {128})])
+def test_mixed_steps_run_the_split_k_decode_at_every_partition_size_before_any_request(tiny_model_dir, monkeypatch,
+                                                                                     max_num_seqs, sizes):
     # An eager step's decode rows past one partition run the split-K decode, compiled once per partition size (a
     # constexpr), then the reduce; the graphs capture only decode steps, so a mixed step of a new size compiled it
-    # inside a timed run unless a warm-up ran one first.
-    split_at = set()
+    # inside a timed run unless a warm-up ran one first. The tiny model's 2 KV heads over up to 2,049 keys: 27
+    # sequences split at 512 keys, 15 at 256, 1 at 128; 4 sequences only ever at 128 (the warm-up runs no more).
+    split_at, most_seqs = set(), []
 
     def recording(q, k_cache, v_cache, meta, **options):
         if meta.max_query_len > 1 and options["sliding_window"] is None:
             num_seqs, kv_heads, span = meta.num_seqs, k_cache.shape[2], meta.max_seq_len
+            most_seqs.append(num_seqs)
             if decode_parts(num_seqs, kv_heads, span) > 1:
                 split_at.add(decode_partition(num_seqs, kv_heads, span))
         return paged_attention(q, k_cache, v_cache, meta, **options)
 
     monkeypatch.setattr(engine_model, "paged_attention", recording)
     FakeGraphCapture(monkeypatch)
-    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=4, max_num_batched_tokens=16,
-                                    max_model_len=4 * PARTITION_SIZE + 1))
-    assert split_at == {PARTITION_SIZE, PARTITION_SIZE // 2, PARTITION_SIZE // 4}  # down to two key tiles
+    engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.01, max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=64, max_model_len=4 * PARTITION_SIZE + 1))
+    assert split_at == sizes and max(most_seqs) <= max_num_seqs
     scratch = engine.num_blocks
     for k, v in engine.runner.kv_caches:
         assert not k[:scratch].any() and not v[:scratch].any()

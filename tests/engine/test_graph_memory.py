@@ -68,6 +68,10 @@ def test_the_reserve_counts_the_piecewise_buffers_and_the_largest_capture():
     assert split_k_bytes(config, 256, 512) == 0  # one partition: the kernel writes its output directly
     # a lone sequence's keys split finer (engine.kernels.decode_partition): 8 partitions of 128 at 1,024 keys
     assert split_k_bytes(config, 1, 1024) == 64 * 8 * 66 * 4
+    # a sliding window of 16,384 keys splits a lone sequence into 64 partitions of 256, the full layers' 16,385 keys
+    # into 33 of 512: the pool holds the larger
+    wide_window = ModelConfig.from_hf(tiny_config(**SHAPE_20B, sliding_window=16384))
+    assert split_k_bytes(wide_window, 1, 16385) == 64 * 64 * 66 * 4 > split_k_bytes(config, 1, 16385)
     # more batched tokens: bigger pieces (the estimate before counted one decode step at max_num_seqs only)
     assert kv_reserve_bytes(config, max_num_batched_tokens=16384, **sizes, cuda_graphs=True) - \
         kv_reserve_bytes(config, max_num_batched_tokens=16384, **sizes, cuda_graphs=False) > graphed - eager

@@ -310,8 +310,9 @@ from engine.attention import AttentionMetadata
 kernels.INTERPRETED = True  # only lets CPU tensors through the wrapper's guard
 for window, context in ((None, 30), (128, 30), (None, 700), (None, 3000)):
     # (sequences, block-table width, where the lengths start in the step's buffer): as steps vary them; at 700 and
-    # 3,000 keys full layers split them, into partitions whose size (128 to 512) and count vary with the sequences
-    for num_seqs, width, offset in ((3, 2, 0), (16, 16, 1), (1, 1, 1), (5, 7, 0)):
+    # 3,000 keys full layers split them, into partitions whose size (128 to 512) and count vary with the sequences;
+    # 40 sequences of 30 keys take one partition of 512, 3 of them one of 128: the same compile
+    for num_seqs, width, offset in ((3, 2, 0), (16, 16, 1), (1, 1, 1), (5, 7, 0), (40, 2, 0)):
         q_lens = [4] + [1] * (num_seqs - 1)
         starts = torch.tensor([0, *q_lens]).cumsum(0)
         buffer = torch.zeros(64, dtype=torch.long)
