@@ -310,8 +310,8 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     follows the step's longest sequence, and no decode kernel, whose tile shape differs from prefill's).
     partition: keys a decode program attends (best a multiple of the key tile; default: the step's
     engine.kernels.decode_partition, which follows its sequence count, prefill and padding rows included;
-    engine.kernels.attention_parts times the sizes); a context within one partition takes no reduce. key_tile: keys the decode kernel reads a loop
-    step (a power of two, at least 16; default DECODE_BLOCK_N).
+    engine.kernels.attention_parts times the sizes); a context within one partition takes no reduce.
+    key_tile: keys the decode kernel reads a loop step (a power of two, at least 16; default DECODE_BLOCK_N).
     """
     if partition is not None and partition < 1:
         raise ValueError(f"partition must be at least 1 key, got {partition}")
