@@ -96,7 +96,8 @@ def test_the_command_prints_a_line_a_shape_and_the_fastest(capsys):
 
 
 def test_each_step_sizes_fastest_prints_as_soon_as_it_is_timed(capsys):
-    moe_tiles.main(["--device", DEVICE, "--shape", "tiny", "--tokens", "2,3", "--repeats", "1"])
+    moe_tiles.main(["--device", DEVICE, "--shape", "tiny", "--tokens", "2,3", "--repeats", "1",
+                    "--tiles", "64x64w4s3,64x64w2s3"])  # two shapes: the order is the point, not the shapes
     lines = capsys.readouterr().out.splitlines()
     fastest = [index for index, line in enumerate(lines) if " fastest: " in line]
     assert len(fastest) == 2 and lines[fastest[0]].startswith("moe T=2 fastest: ")
