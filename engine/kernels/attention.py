@@ -350,9 +350,8 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     partition = partition or decode_partition(num_seqs, num_kv_heads, span, key_tile)
     num_parts = triton.cdiv(max(span, 1), partition)
     single = num_parts == 1
-    if single:  # one compile whatever the size (PARTITION only has to cover the span), so no warm-up needs each
-        partition = max(partition, PARTITION_SIZE)
     if single:
+        partition = max(partition, PARTITION_SIZE)  # one compile whatever the size: it only has to cover the span
         part_m = part_l = part_acc = out  # not read or written: the kernel writes `out` itself
     else:
         part_m = torch.empty(num_seqs, num_heads, num_parts, dtype=torch.float32, device=q.device)
