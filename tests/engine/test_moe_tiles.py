@@ -85,14 +85,21 @@ def test_a_shape_with_another_answer_is_flagged_and_a_failing_one_recorded(layer
 
 
 def test_the_command_prints_a_line_a_shape_and_the_fastest(capsys):
-    moe_tiles.main(["--device", DEVICE, "--shape", "tiny", "--tokens", "4", "--repeats", "1"])
+    moe_tiles.main(["--device", DEVICE, "--shape", "tiny", "--tokens", "4", "--repeats", "1",
+                    "--tiles", "64x64w4s3,64x64w2s3,64x64w4s3k4"])  # every candidate: the test above
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("moe tiles: tiny shape")
     shapes = [line.split(":")[0] for line in lines[1:-1]]
-    assert shapes == [f"moe T=4 {t}" + (" (default)" if t == DEFAULT_TILES else "") for t in moe_tiles.CANDIDATES] \
-        + ["moe T=4 dense"]
+    assert shapes == ["moe T=4 64x64w4s3 (default)", "moe T=4 64x64w2s3", "moe T=4 64x64w4s3k4", "moe T=4 dense"]
     assert "x1.00 the default" in lines[1] and "ms at 24 layers" not in lines[1]  # no layer count for tiny
     assert lines[-1].startswith("moe T=4 fastest: ") and "x" in lines[-1]
+
+
+def test_the_command_times_every_candidate_unless_told_which(monkeypatch):
+    asked = []
+    monkeypatch.setattr(moe_tiles, "time_tiles", lambda device, tokens, shape, tiles, **_: asked.append(tiles) or [])
+    moe_tiles.main(["--device", DEVICE, "--shape", "tiny", "--tokens", "4"])
+    assert asked == [moe_tiles.CANDIDATES]
 
 
 def test_each_step_sizes_fastest_prints_as_soon_as_it_is_timed(capsys):
