@@ -55,13 +55,18 @@ def _sources() -> torch.Tensor:
 def fits(blocks: torch.Tensor, scales: torch.Tensor) -> bool:
     """Whether (blocks, scales) can take this layout: inputs a multiple of CHUNK and every scale <= MAX_SCALE."""
     check_packed(blocks, scales)
-    return blocks.shape[2] * MXFP4_BLOCK % CHUNK == 0 and int(scales.max()) <= MAX_SCALE
+    return whole_chunks(blocks.shape[2]) and int(scales.max()) <= MAX_SCALE
+
+
+def whole_chunks(groups: int) -> bool:
+    """Whether a row of `groups` scale groups (32 inputs each) is whole chunks, as the layout needs."""
+    return groups * MXFP4_BLOCK % CHUNK == 0
 
 
 def pack(blocks: torch.Tensor) -> torch.Tensor:
     """Checkpoint blocks [E, out, in / 32, 16] uint8 -> words [E, out, in / 8] int32 (see the module's doc)."""
     num_experts, num_out, groups, _ = blocks.shape
-    if groups * MXFP4_BLOCK % CHUNK:
+    if not whole_chunks(groups):
         raise ValueError(f"MXFP4 blocks of {groups * MXFP4_BLOCK} inputs: the word layout needs a multiple of {CHUNK}")
     sources = _sources().to(blocks.device)
     words = torch.empty(num_experts, num_out, groups * MXFP4_BLOCK // 8, dtype=torch.int32, device=blocks.device)
@@ -105,7 +110,7 @@ def held_scale_bytes(shape: torch.Size) -> int:
     """Bytes a GPU that decodes words holds for checkpoint scales of `shape` [E, out, in / 32]: scale words, each
     row padded to whole words, where the inputs fit the layout (`fits`; gpt-oss's scales do), else the bytes."""
     num_experts, num_out, groups = shape
-    if groups * MXFP4_BLOCK % CHUNK:
+    if not whole_chunks(groups):
         return num_experts * num_out * groups
     return num_experts * num_out * scale_words(groups) * SCALES_PER_WORD
 
