@@ -29,14 +29,21 @@ DECODE_KEY_TILE = 64  # keys the decode attention kernel reads a loop step (engi
 DECODE_MIN_PROGRAMS = 2 * 132  # two an SM of an H100 or H200
 
 
+def decode_partition_sizes(key_tile: int = DECODE_KEY_TILE) -> tuple[int, ...]:
+    """The sizes a decode partition takes, largest first: PARTITION_SIZE halved down to two key tiles."""
+    sizes = [PARTITION_SIZE]
+    while sizes[-1] // 2 >= max(2 * key_tile, 1):
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
+
+
 def decode_partition(num_seqs: int, num_kv_heads: int, span: int, key_tile: int = DECODE_KEY_TILE) -> int:
     """Keys a decode attention program attends in a step of `num_seqs` sequences reading up to `span` keys each
-    (see PARTITION_SIZE): the largest of PARTITION_SIZE halved that gives DECODE_MIN_PROGRAMS programs, or two key
-    tiles."""
-    partition, least = PARTITION_SIZE, max(2 * key_tile, 1)
-    while partition // 2 >= least and num_seqs * num_kv_heads * -(-span // partition) < DECODE_MIN_PROGRAMS:
-        partition //= 2
-    return partition
+    (see PARTITION_SIZE): the largest of decode_partition_sizes that gives DECODE_MIN_PROGRAMS programs, or the
+    least."""
+    sizes = decode_partition_sizes(key_tile)
+    return next((size for size in sizes if num_seqs * num_kv_heads * -(-span // size) >= DECODE_MIN_PROGRAMS),
+                sizes[-1])
 
 
 def decode_parts(num_seqs: int, num_kv_heads: int, span: int, key_tile: int = DECODE_KEY_TILE) -> int:
@@ -50,9 +57,11 @@ def split_decode_steps(num_kv_heads: int, max_span: int, max_seqs: int,
     and `max_span` keys can split at (decode_partition's): the fewest sequences, at the longest span that still
     splits that finely. The decode kernel compiles once per size (a constexpr: a runtime size took it from 63 to
     75 registers, sm_90), so a warm-up runs these before any request."""
-    steps, partition = [], PARTITION_SIZE
-    while partition >= max(2 * key_tile, 1):
-        for num_seqs in range(1, max_seqs + 1 if max_span > partition else 1):
+    steps = []
+    for partition in decode_partition_sizes(key_tile):
+        if max_span <= partition:
+            continue  # no step reaches two partitions of this size
+        for num_seqs in range(1, max_seqs + 1):
             if decode_partition(num_seqs, num_kv_heads, partition + 1, key_tile) > partition:
                 break  # more sequences only split coarser
             lo, hi = partition + 1, max_span  # the longest span this many split at `partition` or finer
@@ -63,7 +72,6 @@ def split_decode_steps(num_kv_heads: int, max_span: int, max_seqs: int,
             if decode_partition(num_seqs, num_kv_heads, lo, key_tile) == partition:
                 steps.append((num_seqs, lo))
                 break
-        partition //= 2
     return steps
 
 
