@@ -55,11 +55,25 @@ class AttentionMetadata:
     # Host-side bounds of this step, set by the model runner so a device kernel's launch reads nothing back.
     max_query_len: int | None = None  # most new tokens of one sequence
     max_seq_len: int | None = None  # longest seq_lens entry
+    # The hybrid KV layout (engine.kv_layout): the sliding layers' metadata, the same step with their own block
+    # tables and slots. None: every layer reads this one.
+    window: AttentionMetadata | None = None
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return self.seq_lens.numel()
+
+    def for_layer(self, sliding_window: int | None) -> AttentionMetadata:
+        """The metadata a layer with this window reads: the sliding layers' under the hybrid layout."""
+        return self.window if sliding_window is not None and self.window is not None else self
+
+    def with_tables(self, block_tables: Tensor, slot_mapping: Tensor) -> AttentionMetadata:
+        """The same step over other block tables and slots (the sliding layers' under the hybrid layout)."""
+        return AttentionMetadata(positions=self.positions, slot_mapping=slot_mapping,
+                                 query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
+                                 block_tables=block_tables, block_size=self.block_size,
+                                 max_query_len=self.max_query_len, max_seq_len=self.max_seq_len)
 
     def plan(self, sliding_window: int | None) -> AttentionPlan:
         """The gather plan for layers with this window (built once per step, then cached)."""

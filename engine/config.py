@@ -184,6 +184,10 @@ class EngineConfig:
     # Off by default: on the CPU torch path it costs throughput (README: the measured cost).
     deterministic: bool = False
     kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES
+    # The sliding layers' blocks given back once they leave the window (engine.kv_layout), for models with as
+    # many sliding as full layers (gpt-oss): about twice the tokens in the same memory. False: every layer
+    # keeps every token (the uniform layout).
+    hybrid_kv_cache: bool = True
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)

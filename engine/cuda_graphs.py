@@ -123,27 +123,39 @@ class StaticDecodeInputs:
     block_tables: Tensor  # [max_batch, max_blocks]
     block_size: int
     scratch_block: int
+    # the sliding layers' slots and tables under the hybrid KV layout (engine.kv_layout), else None
+    window_slot_mapping: Tensor | None = None  # [max_batch]
+    window_block_tables: Tensor | None = None  # [max_batch, max_blocks]
 
     @classmethod
     def allocate(cls, max_batch: int, max_blocks: int, block_size: int, scratch_block: int,
-                 device: torch.device) -> StaticDecodeInputs:
+                 device: torch.device, hybrid: bool = False) -> StaticDecodeInputs:
         def longs(*shape: int) -> Tensor:
             return torch.zeros(shape, dtype=torch.long, device=device)
 
         inputs = cls(longs(max_batch), longs(max_batch), longs(max_batch),
                      torch.arange(max_batch + 1, device=device), longs(max_batch),
-                     longs(max_batch, max_blocks), block_size, scratch_block)
+                     longs(max_batch, max_blocks), block_size, scratch_block,
+                     longs(max_batch) if hybrid else None, longs(max_batch, max_blocks) if hybrid else None)
         inputs.pad_from(0)
         return inputs
+
+    def _table_pairs(self) -> list[tuple[Tensor, Tensor]]:
+        """(slots, block tables) of each layer group: the full layers', then the sliding layers' if hybrid."""
+        pairs = [(self.slot_mapping, self.block_tables)]
+        if self.window_slot_mapping is not None and self.window_block_tables is not None:
+            pairs.append((self.window_slot_mapping, self.window_block_tables))
+        return pairs
 
     def pad_from(self, row: int) -> None:
         """Rows `row`.. decode token 0 at position 0 of the scratch block."""
         for tensor in (self.input_ids, self.positions):
             tensor[row:] = 0
-        self.slot_mapping[row:] = self.scratch_block * self.block_size
         self.seq_lens[row:] = 1
-        self.block_tables[row:] = -1
-        self.block_tables[row:, 0] = self.scratch_block
+        for slots, tables in self._table_pairs():
+            slots[row:] = self.scratch_block * self.block_size
+            tables[row:] = -1
+            tables[row:, 0] = self.scratch_block
 
     def view(self, size: int, max_seq_len: int) -> tuple[Tensor, AttentionMetadata]:
         """The first `size` rows as a decode step's inputs, bounded by `max_seq_len`."""
@@ -151,17 +163,22 @@ class StaticDecodeInputs:
                                  query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
                                  block_tables=self.block_tables[:size], block_size=self.block_size,
                                  max_query_len=1, max_seq_len=max_seq_len)
+        if self.window_slot_mapping is not None and self.window_block_tables is not None:
+            meta.window = meta.with_tables(self.window_block_tables[:size], self.window_slot_mapping[:size])
         return self.input_ids[:size], meta
 
     def fill(self, input_ids: Tensor, meta: AttentionMetadata, size: int) -> None:
         """Copy a decode step of B <= size rows in; rows B..size-1 become padding."""
-        num_rows, width = input_ids.shape[0], meta.block_tables.shape[1]
+        num_rows = input_ids.shape[0]
         self.input_ids[:num_rows].copy_(input_ids, non_blocking=True)
         self.positions[:num_rows].copy_(meta.positions, non_blocking=True)
-        self.slot_mapping[:num_rows].copy_(meta.slot_mapping, non_blocking=True)
         self.seq_lens[:num_rows].copy_(meta.seq_lens, non_blocking=True)
-        self.block_tables[:num_rows, :width].copy_(meta.block_tables, non_blocking=True)
-        self.block_tables[:num_rows, width:] = -1
+        sources = [meta, meta.window or meta]  # a hybrid graph fed a uniform step: both groups read its tables
+        for (slots, tables), source in zip(self._table_pairs(), sources):
+            width = source.block_tables.shape[1]
+            slots[:num_rows].copy_(source.slot_mapping, non_blocking=True)
+            tables[:num_rows, :width].copy_(source.block_tables, non_blocking=True)
+            tables[:num_rows, width:] = -1
         self.pad_from(num_rows)
 
 
@@ -169,12 +186,13 @@ class DecodeGraphs:
     """Captured decode forwards, one per (batch size, context bound) of the plan; `replay` runs one."""
 
     def __init__(self, model: GptOssModel, kv_caches: list[KVCache], plan: GraphPlan, *, max_model_len: int,
-                 block_size: int, scratch_block: int) -> None:
+                 block_size: int, scratch_block: int, hybrid: bool = False) -> None:
+        """`hybrid`: the KV cache's hybrid layout (engine.kv_layout): the graphs read the sliding layers' tables."""
         self.model, self.kv_caches, self.plan = model, kv_caches, plan
         max_blocks = (max_model_len + block_size - 1) // block_size
         device = kv_caches[0][0].device
         self.inputs = StaticDecodeInputs.allocate(plan.batch_sizes[-1], max_blocks, block_size, scratch_block,
-                                                  device)
+                                                  device, hybrid)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 
     @torch.inference_mode()

@@ -34,16 +34,18 @@ def piecewise_buffer_bytes(config: ModelConfig, num_tokens: int, dtype: torch.dt
     """Bytes of engine.piecewise_graphs.PiecewiseGraphs' static buffers at `num_tokens` rows."""
     size = dtype.itemsize
     q_width = config.num_attention_heads * config.head_dim
-    per_token = (3 * LONG  # input_ids, positions, slot_mapping
+    per_token = (4 * LONG  # input_ids, positions, slot_mapping, window_slot_mapping
                  + 2 * config.hidden_size * size  # x (the residual stream), hidden
                  + 2 * (config.head_dim // 2) * 4  # cos, sin (fp32)
                  + 2 * q_width * size)  # q, o
     return num_tokens * per_token
 
 
-def decode_input_bytes(max_batch: int, max_blocks: int) -> int:
-    """Bytes of engine.cuda_graphs.StaticDecodeInputs for `max_batch` rows of `max_blocks` blocks."""
-    return LONG * (4 * max_batch + (max_batch + 1) + max_batch * max_blocks)
+def decode_input_bytes(max_batch: int, max_blocks: int, hybrid: bool = False) -> int:
+    """Bytes of engine.cuda_graphs.StaticDecodeInputs for `max_batch` rows of `max_blocks` blocks (`hybrid`: the
+    KV cache's hybrid layout, engine.kv_layout: a second table and slots for the sliding layers)."""
+    tables = 1 + hybrid
+    return LONG * ((3 + tables) * max_batch + (max_batch + 1) + tables * max_batch * max_blocks)
 
 
 def decode_output_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
@@ -78,22 +80,22 @@ def graph_pool_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -
 
 
 def graph_memory_bytes(config: ModelConfig, plan: GraphPlan, *, max_model_len: int, block_size: int,
-                       dtype: torch.dtype) -> int:
+                       dtype: torch.dtype, hybrid: bool = False) -> int:
     """Everything the CUDA graphs of `plan` add beside the KV cache: static buffers and the pool."""
     max_blocks = -(-max_model_len // block_size)
     return (piecewise_buffer_bytes(config, plan.token_sizes[-1], dtype)
-            + decode_input_bytes(plan.batch_sizes[-1], max_blocks)
+            + decode_input_bytes(plan.batch_sizes[-1], max_blocks, hybrid)
             + graph_pool_bytes(config, plan, dtype))
 
 
 def kv_reserve_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                     block_size: int, dtype: torch.dtype, cuda_graphs: bool) -> int:
+                     block_size: int, dtype: torch.dtype, cuda_graphs: bool, hybrid: bool = False) -> int:
     """What the KV-cache budget leaves free on a GPU: one eager step's activations, with the larger of its
     sampling and its decode attention's split-K partial results (every row padded to the longest context's
     partitions; freed layer by layer before the sampling starts; eager steps, and decode steps past the full
     graphs' cap, allocate them outside the graphs' pool), plus, when CUDA graphs are captured, their buffers and
     pool (private: eager steps cannot reuse it). The plan is the one engine.model_runner builds, at
-    `max_model_len` (the cache may clamp it: fewer graphs)."""
+    `max_model_len` (the cache may clamp it: fewer graphs); `hybrid`: the KV cache's layout (engine.kv_layout)."""
     step_tokens = step_token_budget(max_num_batched_tokens, max_num_seqs)
     reserve = activation_bytes(config, step_tokens) + max(sampling_reserve_bytes(config, max_num_seqs),
                                                           eager_split_k_bytes(config, max_num_seqs, max_model_len))
@@ -101,4 +103,4 @@ def kv_reserve_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_nu
         return reserve
     plan = GraphPlan(max_batch=max_num_seqs, max_model_len=max_model_len, max_tokens=step_tokens)
     return reserve + graph_memory_bytes(config, plan, max_model_len=max_model_len, block_size=block_size,
-                                        dtype=dtype)
+                                        dtype=dtype, hybrid=hybrid)

@@ -10,6 +10,13 @@ be revived by a hit until a fresh allocation takes it for other tokens.
 
 Only hashes of computed blocks are registered (`cache_full_blocks`, after the
 step that filled them ran), so a hit never points at KV that is not written yet.
+
+Under the hybrid layout (engine.kv_layout: `window` set) every sequence has a
+second table for the sliding layers, drawn from the same pool. Its blocks are
+hashed too (`window_hash` of the full table's hash at the same index), and
+`free_out_of_window` gives back the ones no later query can read. A prefix hit
+then needs the full layers' blocks up to the hit and the sliding layers' blocks
+of the window before it.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import time
 from array import array
 from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 
+from engine.kv_layout import first_window_block
 from engine.sequence import Sequence
 
 
@@ -31,9 +40,16 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((-1 if parent_hash is None else parent_hash, token_ids))
 
 
+def window_hash(block_hash: int) -> int:
+    """The hash of the sliding layers' block at the index of the full layers' block hashed `block_hash` (the
+    same tokens and prefix, another cache: a key of its own)."""
+    return hash((-2, block_hash))
+
+
 def bytes_per_block(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype) -> int:
-    """Bytes of K and V for `block_size` tokens over every layer."""
+    """Bytes of K and V for `block_size` tokens over `num_layers` layers (a block's layers: all of them, or one
+    group's under the hybrid layout)."""
     element_size = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
 
@@ -49,6 +65,15 @@ def num_blocks_for_budget(budget_bytes: int, block_bytes: int) -> int:
     return num_blocks
 
 
+class PrefixHit(NamedTuple):
+    """A prefix-cache hit: the full layers' blocks of its first len(full) logical blocks, and (hybrid layout) the
+    sliding layers' blocks of logical blocks first_window_block .. len(full) - 1."""
+
+    full: list[int]
+    window: list[int]
+    first_window_block: int
+
+
 class BlockManager:
     """Hands out KV-cache blocks to sequences; the only editor of `Sequence.block_table`.
 
@@ -59,12 +84,18 @@ class BlockManager:
     blocks in LRU order. So a 1M-block cache is built in milliseconds, not seconds.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None) -> None:
+        """`window`: the hybrid layout's sliding window (a second table a sequence), None for the uniform one."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window
+        self.tables = 1 if window is None else 2  # block tables a sequence has (a token's slot in each)
         self._ref_counts = array("i", bytes(4 * num_blocks))
         self._hashes: dict[int, int] = {}  # block id -> hash of a full, computed block (else reusable by nobody)
         self._token_ids: dict[int, tuple[int, ...]] = {}  # the tokens a hash covers, to rule out collisions
@@ -82,6 +113,12 @@ class BlockManager:
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
+
+    @property
+    def token_capacity(self) -> int:
+        """The most tokens one sequence can be admitted with: a block in each table for every one of them (the
+        sliding layers' table gives its old blocks back only as the sequence is computed)."""
+        return self.num_blocks // self.tables * self.block_size
 
     @property
     def hit_rate(self) -> float:
@@ -117,12 +154,16 @@ class BlockManager:
         hits = self._cached_prefix(seq)
         if self._num_blocks_to_take(seq, hits) > self.num_free_blocks:
             raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}; check can_allocate first")
-        for block_id in hits:
+        for block_id in [*hits.full, *hits.window]:  # every hit before any fresh block: those may evict a hit
             self._take(block_id)
-            seq.block_table.append(block_id)
-        for _ in range(seq.num_blocks_needed(self.block_size) - len(hits)):
-            seq.block_table.append(self._take_fresh())
-        seq.num_computed_tokens = len(hits) * self.block_size
+        num_fresh = seq.num_blocks_needed(self.block_size) - len(hits.full)
+        seq.block_table += hits.full
+        seq.block_table += [self._take_fresh() for _ in range(num_fresh)]
+        if self.window is not None:
+            seq.window_block_table = [-1] * hits.first_window_block + hits.window
+            seq.window_block_table += [self._take_fresh() for _ in range(num_fresh)]
+            seq.window_first_block = hits.first_window_block
+        seq.num_computed_tokens = len(hits.full) * self.block_size
         if not seq.is_admitted:
             seq.is_admitted = True
             seq.num_cached_tokens = seq.num_computed_tokens
@@ -131,15 +172,27 @@ class BlockManager:
 
     def deallocate(self, seq: Sequence) -> None:
         """Drop `seq`'s blocks; unused ones stay revivable by their hash until evicted."""
-        for block_id in reversed(seq.block_table):  # a prefix's tail is evicted before its head
-            self._ref_counts[block_id] -= 1
-            if self._ref_counts[block_id] == 0:
-                if block_id in self._hashes:
-                    self._free_hashed[block_id] = None
-                else:  # worth nothing to anyone: evict first
-                    self._free_unhashed.append(block_id)
+        window_held = seq.window_block_table[seq.window_first_block:]
+        for block_id in [*reversed(window_held), *reversed(seq.block_table)]:  # a prefix's tail evicted first
+            self._give_back(block_id)
         seq.block_table.clear()
+        seq.window_block_table.clear()
+        seq.window_first_block = 0
         seq.num_computed_tokens = 0
+
+    def free_out_of_window(self, seq: Sequence) -> None:
+        """Give back the sliding layers' blocks no query from `seq.num_computed_tokens` on can read (hybrid
+        layout; a no-op otherwise). Call after the step that computed them was queued: a later step that reuses a
+        block writes it after that step has read it (one stream)."""
+        if self.window is None:
+            return
+        first = min(first_window_block(seq.num_computed_tokens, self.window, self.block_size),
+                    len(seq.window_block_table))
+        table = seq.window_block_table
+        for index in range(seq.window_first_block, first):
+            self._give_back(table[index])
+            table[index] = -1
+        seq.window_first_block = max(first, seq.window_first_block)
 
     # -- growth ----------------------------------------------------------------
     def has_room(self, seq: Sequence) -> bool:
@@ -147,15 +200,17 @@ class BlockManager:
         return len(seq.block_table) * self.block_size >= len(seq.token_ids)
 
     def can_append(self, seq: Sequence) -> bool:
-        """True if the blocks `seq` lacks for its known tokens (0 or 1 while decoding) are free."""
-        return self._num_missing_blocks(seq) <= self.num_free_blocks
+        """True if the blocks `seq` lacks for its known tokens (0 or 1 a table while decoding) are free."""
+        return self._num_missing_blocks(seq) * self.tables <= self.num_free_blocks
 
     def may_append(self, seq: Sequence) -> None:
-        """Add blocks so `seq.block_table` covers every known token (a new block past a boundary)."""
-        if self._num_missing_blocks(seq) > self.num_free_blocks:
+        """Add blocks so `seq`'s tables cover every known token (a new block past a boundary)."""
+        if self._num_missing_blocks(seq) * self.tables > self.num_free_blocks:
             raise RuntimeError(f"no free KV block for {seq.request_id!r}; check can_append first")
         for _ in range(self._num_missing_blocks(seq)):
             seq.block_table.append(self._take_fresh())
+            if self.window is not None:
+                seq.window_block_table.append(self._take_fresh())
 
     def cache_full_blocks(self, seq: Sequence, since: int = 0) -> None:
         """Register the hash of every block of `seq` that is now full of computed tokens.
@@ -168,22 +223,29 @@ class BlockManager:
         if not self.enable_prefix_caching or num_full == since // self.block_size:
             return
         first = num_full
-        table = seq.block_table
+        table, window_table = seq.block_table, seq.window_block_table
         while first > 0 and table[first - 1] not in self._hashes:
             first -= 1
         for index in range(first, num_full):
-            block_id = table[index]
             token_ids = tuple(seq.block_token_ids(index, self.block_size))
             block_hash = chain_hash(self._hashes[table[index - 1]] if index else None, token_ids)
-            self._token_ids[block_id], self._hashes[block_id] = token_ids, block_hash
-            self.hash_to_block_id.setdefault(block_hash, block_id)  # a twin computed earlier wins
+            self._register(table[index], block_hash, token_ids)
+            if window_table and window_table[index] >= 0:
+                self._register(window_table[index], window_hash(block_hash), token_ids)
+
+    def _register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> None:
+        self._token_ids[block_id], self._hashes[block_id] = token_ids, block_hash
+        self.hash_to_block_id.setdefault(block_hash, block_id)  # a twin computed earlier wins
 
     # -- internals -------------------------------------------------------------
-    def _cached_prefix(self, seq: Sequence) -> list[int]:
-        """The registered blocks that hold `seq`'s leading full blocks, leaving its last token uncached."""
+    def _cached_prefix(self, seq: Sequence) -> PrefixHit:
+        """The registered blocks that hold `seq`'s leading full blocks, leaving its last token uncached; under the
+        hybrid layout, only as many as the sliding layers' blocks of the window before the hit are cached for."""
         if not self.enable_prefix_caching:
-            return []
+            return PrefixHit([], [], 0)
         hits: list[int] = []
+        hashes: list[int] = []
+        blocks: list[tuple[int, ...]] = []
         parent = None
         for index in range((seq.num_tokens - 1) // self.block_size):
             token_ids = tuple(seq.block_token_ids(index, self.block_size))
@@ -192,15 +254,41 @@ class BlockManager:
             if block_id is None or self._token_ids[block_id] != token_ids:
                 break
             hits.append(block_id)
-        return hits
+            hashes.append(parent)
+            blocks.append(token_ids)
+        if self.window is None:
+            return PrefixHit(hits, [], 0)
+        num_hit = len(hits)
+        while num_hit > 0:
+            first = first_window_block(num_hit * self.block_size, self.window, self.block_size)
+            window_hits = []
+            for index in range(first, num_hit):
+                block_id = self.hash_to_block_id.get(window_hash(hashes[index]))
+                if block_id is None or self._token_ids[block_id] != blocks[index]:
+                    num_hit = index  # any longer hit would need this block too
+                    break
+                window_hits.append(block_id)
+            else:
+                return PrefixHit(hits[:num_hit], window_hits, first)
+        return PrefixHit([], [], 0)
 
-    def _num_blocks_to_take(self, seq: Sequence, hits: list[int]) -> int:
-        """Free blocks an allocation takes: new ones plus hits revived from the free list."""
-        num_revived = sum(1 for block_id in hits if self._ref_counts[block_id] == 0)
-        return seq.num_blocks_needed(self.block_size) - len(hits) + num_revived
+    def _num_blocks_to_take(self, seq: Sequence, hits: PrefixHit) -> int:
+        """Free blocks an allocation takes: new ones (in each table) plus hits revived from the free list."""
+        num_revived = sum(1 for block_id in [*hits.full, *hits.window] if self._ref_counts[block_id] == 0)
+        return (seq.num_blocks_needed(self.block_size) - len(hits.full)) * self.tables + num_revived
 
     def _num_missing_blocks(self, seq: Sequence) -> int:
+        """Blocks `seq` lacks for its known tokens, in each of its tables (they grow together)."""
         return max(0, seq.num_blocks_needed(self.block_size) - len(seq.block_table))
+
+    def _give_back(self, block_id: int) -> None:
+        """One holder fewer; an unheld block goes to the free list (revivable by its hash if it has one)."""
+        self._ref_counts[block_id] -= 1
+        if self._ref_counts[block_id] == 0:
+            if block_id in self._hashes:
+                self._free_hashed[block_id] = None
+            else:  # worth nothing to anyone: evict first
+                self._free_unhashed.append(block_id)
 
     def _take(self, block_id: int) -> None:
         if self._ref_counts[block_id] == 0:  # a hit on a freed block: only hashed blocks are hit

@@ -18,6 +18,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.device import kv_cache_budget, use_device
 from engine.graph_memory import kv_reserve_bytes
 from engine.kv_cache import BlockManager, num_blocks_for_budget
+from engine.kv_layout import KVLayout
 from engine.loader import load_model
 from engine.model import GptOssModel, kv_cache_bytes_per_block
 from engine.model_runner import LaunchedStep, ModelRunner
@@ -37,29 +38,32 @@ class LLMEngine:
         model, self.model_config = built or load_model(config)
         self.dtype = next(model.parameters()).dtype
         self.cache_dtype = config.cache_dtype(self.dtype)
-        block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.cache_dtype)
+        self.kv_layout = KVLayout.for_model(self.model_config, config.hybrid_kv_cache)
+        block_bytes = kv_cache_bytes_per_block(self.model_config, config.block_size, self.cache_dtype, self.kv_layout)
         # On CUDA: what --gpu-memory-utilization leaves once the model is in memory; on CPU: --kv-cache-gb.
         # CUDA graphs: their static buffers and memory pool are reserved too, sized from the plan's shapes
         positions = self.model_config.max_position_embeddings
         configured_len = min(config.max_model_len or positions, positions)
         reserve_for = partial(kv_reserve_bytes, self.model_config, max_num_batched_tokens=config.max_num_batched_tokens,
                               max_num_seqs=config.max_num_seqs, block_size=config.block_size, dtype=self.dtype,
-                              max_model_len=configured_len)
+                              max_model_len=configured_len, hybrid=self.kv_layout.is_hybrid)
         reserve = reserve_for(cuda_graphs=config.captures_graphs)
         # the graphs' part, set beside what capturing them took (stats(), on CUDA)
         self.graph_reserve_bytes = reserve - reserve_for(cuda_graphs=False)
         budget = kv_cache_budget(config.device, config.kv_cache_gb, config.gpu_memory_utilization, reserve)
         self.num_blocks = num_blocks_for_budget(budget, block_bytes)
         self.kv_cache_bytes = self.num_blocks * block_bytes
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching,
+                                          self.kv_layout.window)
         # A sequence can never outgrow the cache: clamp the context to what the budget holds.
-        limit = min(configured_len, self.num_blocks * config.block_size)
+        limit = min(configured_len, self.block_manager.token_capacity)
         self.max_model_len = limit
         self.model_name = config.model_dir.name
-        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.step_tokens,
                                    max_model_len=limit)
-        self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.cache_dtype, limit)
+        self.runner = ModelRunner(model, self.model_config, config, self.num_blocks, self.cache_dtype, limit,
+                                  self.kv_layout)
         self.step_s = 0.0
         self.num_steps = 0
         # async scheduling (default on CUDA): the step launched last, its tokens not yet read back
@@ -181,7 +185,7 @@ class LLMEngine:
                 "dtype": str(self.dtype).removeprefix("torch."), "device": c.device, "kernels": c.kernels,
                 "moe_weights": c.moe_weights,  # and what it came to: experts held packed, or dense
                 "mxfp4_experts": any(name.endswith("_blocks") for name, _ in self.runner.model.named_parameters()),
-                "block_size": c.block_size, "num_blocks": self.num_blocks,
+                "block_size": c.block_size, "num_blocks": self.num_blocks, "kv_layout": self.kv_layout.describe(),
                 "kv_cache_dtype": str(self.cache_dtype).removeprefix("torch."),
                 # on CUDA the cache is sized from free memory: record what it came to
                 "kv_cache_gb": round(self.kv_cache_bytes / 2**30, 3) if on_cuda else c.kv_cache_gb,

@@ -21,6 +21,7 @@ from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.config import ModelConfig
 from engine.experts import GptOssExperts
 from engine.kv_cache import bytes_per_block
+from engine.kv_layout import KVLayout
 
 KVCache = tuple[Tensor, Tensor]  # k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -147,7 +148,7 @@ class GptOssAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's K/V into kv_cache first."""
-        q = self.project(x, cos, sin, meta.slot_mapping, kv_cache)
+        q = self.project(x, cos, sin, meta.for_layer(self.sliding_window).slot_mapping, kv_cache)
         return self.o_proj(self.attend(q, meta, kv_cache))
 
     def project(self, x: Tensor, cos: Tensor, sin: Tensor, slot_mapping: Tensor, kv_cache: KVCache) -> Tensor:
@@ -213,7 +214,7 @@ class GptOssAttention(nn.Module):
 
     def attend(self, q: Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> Tensor:
         """q: [T, heads, head_dim] -> [T, heads * head_dim] over the paged cache (depends on the step's shape)."""
-        o = self.paged_attention(q, kv_cache[0], kv_cache[1], meta, sinks=self.sinks,
+        o = self.paged_attention(q, kv_cache[0], kv_cache[1], meta.for_layer(self.sliding_window), sinks=self.sinks,
                                  sliding_window=self.sliding_window, scale=self.scale,
                                  batch_invariant=self.batch_invariant)  # [T, heads, head_dim]
         return o.reshape(q.shape[0], -1)
@@ -262,7 +263,7 @@ class GptOssDecoderLayer(nn.Module):
     def forward(self, x: Tensor, h: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata, kv_cache: KVCache,
                 next_norm: RMSNorm) -> tuple[Tensor, Tensor]:
         """Residual stream x and its input norm h [T, hidden] -> the layer's output and `next_norm` of it."""
-        q = self.before_attention(h, cos, sin, meta.slot_mapping, kv_cache)
+        q = self.before_attention(h, cos, sin, meta.for_layer(self.self_attn.sliding_window).slot_mapping, kv_cache)
         return self.after_attention(x, self.self_attn.attend(q, meta, kv_cache), next_norm)
 
     def before_attention(self, h: Tensor, cos: Tensor, sin: Tensor, slot_mapping: Tensor,
@@ -355,19 +356,25 @@ class GptOssModel(nn.Module):
         return self.lm_head(hidden).float()
 
 
-def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one cache block takes over all layers (K and V)."""
-    return bytes_per_block(block_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype)
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype,
+                             layout: KVLayout | None = None) -> int:
+    """Bytes one cache block takes (K and V) over the layers a block spans: all of them (uniform layout, the
+    default), or one group's (hybrid: engine.kv_layout)."""
+    num_layers = config.num_hidden_layers if layout is None else layout.num_caches
+    return bytes_per_block(block_size, num_layers, config.num_key_value_heads, config.head_dim, dtype)
 
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: torch.device | str) -> list[KVCache]:
-    """One (k_cache, v_cache) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim].
+                      device: torch.device | str, layout: KVLayout | None = None) -> list[KVCache]:
+    """A (k_cache, v_cache) pair for each layer, each [num_blocks, block_size, num_kv_heads, head_dim]: a pair of
+    its own (uniform layout, the default), or shared by a sliding and a full layer (hybrid: engine.kv_layout).
 
     Zeroed: attention reads (and masks) slots no token has written yet, and 0 * NaN garbage would be NaN.
     """
+    cache_index = range(config.num_hidden_layers) if layout is None else layout.cache_index
     shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [(_zeroed(shape, dtype, device), _zeroed(shape, dtype, device)) for _ in range(config.num_hidden_layers)]
+    pairs = [(_zeroed(shape, dtype, device), _zeroed(shape, dtype, device)) for _ in range(max(cache_index) + 1)]
+    return [pairs[index] for index in cache_index]
 
 
 def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> Tensor:

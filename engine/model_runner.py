@@ -16,6 +16,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, GraphChoice, GraphCounts, GraphPlan
 from engine.device import ForwardTimer
 from engine.kernels import split_decode_steps
+from engine.kv_layout import KVLayout
 from engine.model import GptOssModel, allocate_kv_cache
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.api import SamplingParams, TokenLogprob
@@ -51,8 +52,11 @@ class ModelRunner:
     """Runs scheduled batches through the model over a preallocated paged cache."""
 
     def __init__(self, model: GptOssModel, model_config: ModelConfig, config: EngineConfig,
-                 num_blocks: int, cache_dtype: torch.dtype, max_model_len: int | None = None):
+                 num_blocks: int, cache_dtype: torch.dtype, max_model_len: int | None = None,
+                 layout: KVLayout | None = None):
+        """`layout`: the cache's (engine.kv_layout); uniform if None."""
         self.model, self.model_config = model, model_config
+        layout = layout or KVLayout.for_model(model_config, hybrid=False)
         model.set_batch_invariant(config.deterministic)  # before any graph captures the forward
         self.block_size = config.block_size
         self.device = torch.device(config.device)
@@ -64,14 +68,14 @@ class ModelRunner:
                               max_tokens=config.step_tokens) if config.cuda_graphs else None
         use_graphs = config.captures_graphs
         self.kv_caches = allocate_kv_cache(model_config, num_blocks + use_graphs, self.block_size, cache_dtype,
-                                           self.device)
+                                           self.device, layout)
         self.graphs: DecodeGraphs | None = None
         self.pieces: PiecewiseGraphs | None = None
         self.capture_stats: dict = {}  # on CUDA: what capturing the graphs took (LLMEngine.stats() has it)
         if use_graphs and self.plan is not None:
             start, reserved = time.perf_counter(), _reserved_bytes(self.device)
             self.graphs = DecodeGraphs(model, self.kv_caches, self.plan, max_model_len=max_model_len,
-                                       block_size=self.block_size, scratch_block=num_blocks)
+                                       block_size=self.block_size, scratch_block=num_blocks, hybrid=layout.is_hybrid)
             self.pieces = PiecewiseGraphs(model, self.kv_caches, self.plan.token_sizes, block_size=self.block_size,
                                           scratch_block=num_blocks)
             # One pool and one capture stream for both: the caching allocator hands a freed block only to
@@ -86,7 +90,7 @@ class ModelRunner:
                                   "num_graphs": len(self.graphs.graphs) + len(self.pieces.graphs),
                                   "graph_memory_gb": (_reserved_bytes(self.device) - reserved) / 2**30}
             self._warm_mixed_step(scratch_block=num_blocks, max_model_len=max_model_len, max_seqs=config.max_num_seqs)
-        self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device)
+        self.inputs = StepInputs(config.max_num_seqs, max_model_len, self.block_size, self.device, layout.is_hybrid)
         self.sampler = Sampler(config.kernels)
         if config.kernels == "triton" and self.device.type == "cuda":
             self.warm_sampler(model_config.vocab_size)

@@ -49,6 +49,8 @@ class PiecewiseGraphs:
         self.input_ids = torch.zeros(size, dtype=torch.long, device=device)
         self.positions = torch.zeros(size, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((size,), self.scratch_slot, dtype=torch.long, device=device)
+        # the sliding layers' slots under the hybrid KV layout (engine.kv_layout); else a copy of slot_mapping
+        self.window_slot_mapping = self.slot_mapping.clone()
         self.x = torch.zeros(size, config.hidden_size, dtype=dtype, device=device)  # the residual stream
         self.cos = torch.zeros(size, config.head_dim // 2, dtype=torch.float32, device=device)
         self.sin = torch.zeros_like(self.cos)
@@ -77,8 +79,8 @@ class PiecewiseGraphs:
                 self.hidden[rows].copy_(h)
                 return
             self.x[rows].copy_(x)
-            q = layers[index].before_attention(h, self.cos[rows], self.sin[rows], self.slot_mapping[rows],
-                                               self.kv_caches[index])
+            slots = self.slot_mapping if layers[index].self_attn.sliding_window is None else self.window_slot_mapping
+            q = layers[index].before_attention(h, self.cos[rows], self.sin[rows], slots[rows], self.kv_caches[index])
             self.q[rows].copy_(q)
         return run
 
@@ -123,6 +125,8 @@ class PiecewiseGraphs:
         self.input_ids[:num_tokens].copy_(input_ids, non_blocking=True)
         self.positions[:num_tokens].copy_(meta.positions, non_blocking=True)
         self.slot_mapping[:num_tokens].copy_(meta.slot_mapping, non_blocking=True)
+        self.window_slot_mapping[:num_tokens].copy_((meta.window or meta).slot_mapping, non_blocking=True)
         self.input_ids[num_tokens:size] = 0
         self.positions[num_tokens:size] = 0
         self.slot_mapping[num_tokens:size] = self.scratch_slot
+        self.window_slot_mapping[num_tokens:size] = self.scratch_slot

@@ -104,7 +104,7 @@ class Scheduler:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({max_num_seqs}): every running sequence decodes one token per step")
-        capacity = block_manager.num_blocks * block_manager.block_size
+        capacity = block_manager.token_capacity
         if capacity < max_model_len - 1:  # the last token of a full context is sampled, never computed
             raise ValueError(f"the KV cache holds {capacity} tokens, less than one sequence of max_model_len "
                              f"{max_model_len}; raise --kv-cache-gb or lower --max-model-len")
@@ -246,6 +246,7 @@ class Scheduler:
                 continue  # aborted after schedule()
             seq.num_computed_tokens = item.end
             self.block_manager.cache_full_blocks(seq, item.start)
+            self.block_manager.free_out_of_window(seq)
             if row is None:
                 continue
             token_id = int(sampled_token_ids[row])
@@ -307,6 +308,7 @@ class Scheduler:
                 continue
             seq.num_computed_tokens = start + num_new_tokens
             self.block_manager.cache_full_blocks(seq, start)
+            self.block_manager.free_out_of_window(seq)
             if not is_sampled:
                 continue
             seq.token_ids.append(PLACEHOLDER)

@@ -1,8 +1,8 @@
 """One request's decoding state: tokens, progress through the KV cache, block table.
 
 The scheduler moves a `Sequence` between waiting, running and finished and
-advances `num_computed_tokens`; only the block manager edits `block_table` and
-`num_cached_tokens`; the model runner only reads it.
+advances `num_computed_tokens`; only the block manager edits the block tables and
+`num_cached_tokens`; the model runner only reads them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.is_admitted = False  # True once the block manager has allocated for it
         self.block_table: list[int] = []
+        # The sliding layers' blocks under a hybrid KV layout (engine.kv_layout), one per logical block as in
+        # block_table; entries before `window_first_block` left the window and were given back (-1).
+        self.window_block_table: list[int] = []
+        self.window_first_block = 0
         self.finish_reason: FinishReason | None = None
         self.arrival_index = -1  # set by the scheduler: order of `add`
         self.num_preemptions = 0

@@ -32,6 +32,7 @@ from engine.sequence import Sequence
 _SEQ, _START, _NUM_NEW_TOKENS, _IS_SAMPLED = (attrgetter(name) for name in ("seq", "start", "num_new_tokens",
                                                                              "is_sampled"))
 _BLOCK_TABLE, _TOKEN_IDS = attrgetter("block_table"), attrgetter("token_ids")
+_WINDOW_TABLE, _WINDOW_FIRST = attrgetter("window_block_table"), attrgetter("window_first_block")
 
 
 @dataclass
@@ -54,14 +55,22 @@ class PreparedStep:
 
 
 class DeviceBlockTables:
-    """Each running sequence's block table as a row of one device tensor, kept in step incrementally."""
+    """Each running sequence's block table as a row of one device tensor, kept in step incrementally.
 
-    def __init__(self, max_rows: int, max_blocks: int, device: torch.device) -> None:
-        self.table = torch.full((max_rows, max_blocks), -1, dtype=torch.long, device=device)
+    Under the hybrid KV layout (engine.kv_layout) a row holds both of the sequence's tables: the full layers' in
+    columns [0, max_blocks), the sliding layers' in [max_blocks, 2 * max_blocks), where the entries that left the
+    window are sent as -1 once given back.
+    """
+
+    def __init__(self, max_rows: int, max_blocks: int, device: torch.device, hybrid: bool = False) -> None:
+        self.hybrid = hybrid
+        self.table = torch.full((max_rows, max_blocks * (1 + hybrid)), -1, dtype=torch.long, device=device)
         self.flat = self.table.view(-1)  # the same storage, for gathers of single entries
         self.max_blocks = max_blocks
+        self.row_width = self.table.shape[1]
         self.rows: dict[Sequence, int] = {}  # by identity (Sequence keeps object hashing)
         self.num_synced = np.zeros(max_rows, np.int64)  # block ids of each row already on the device
+        self.num_released = np.zeros(max_rows, np.int64)  # hybrid: leading window entries sent as -1
         self.free_rows = list(range(max_rows - 1, -1, -1))
         self.pending_clear: list[int] = []  # rows released since the last sync: reset to -1 on the device
 
@@ -74,6 +83,7 @@ class DeviceBlockTables:
                 if self.num_synced[row]:
                     self.pending_clear.append(row)
                     self.num_synced[row] = 0  # a later owner of the row gets its whole table sent
+                    self.num_released[row] = 0
 
     def sync(self, seqs: list[Sequence]) -> tuple[np.ndarray, list[int], list[int], list[int]]:
         """The row of each sequence (assigned on its first step), and the (rows, cols, block ids) to write.
@@ -89,14 +99,28 @@ class DeviceBlockTables:
         upd_rows: list[int] = []
         upd_cols: list[int] = []
         upd_vals: list[int] = []
-        for index in np.flatnonzero(lengths != self.num_synced[rows]).tolist():
+        grown = np.flatnonzero(lengths != self.num_synced[rows]).tolist()
+        for index in grown:
             row, table = found[index], tables[index]
             synced = int(self.num_synced[row])
             start = synced if len(table) > synced else 0  # a shorter table would be a bug upstream: resend it
             upd_rows += [row] * (len(table) - start)
             upd_cols += range(start, len(table))
             upd_vals += table[start:]
+            if self.hybrid:  # the sliding layers' table grows with it
+                upd_rows += [row] * (len(table) - start)
+                upd_cols += range(self.max_blocks + start, self.max_blocks + len(table))
+                upd_vals += _WINDOW_TABLE(seqs[index])[start:]
             self.num_synced[row] = len(table)
+        if self.hybrid:  # window entries given back since the last sync: -1 on the device too
+            firsts = np.fromiter(map(_WINDOW_FIRST, seqs), np.int64, len(seqs))
+            for index in np.flatnonzero(firsts > self.num_released[rows]).tolist():
+                row, first = found[index], int(firsts[index])
+                released = int(self.num_released[row])
+                upd_rows += [row] * (first - released)
+                upd_cols += range(self.max_blocks + released, self.max_blocks + first)
+                upd_vals += [-1] * (first - released)
+                self.num_released[row] = first
         return rows, upd_rows, upd_cols, upd_vals
 
     def _assign(self, seq: Sequence) -> int:
@@ -116,9 +140,11 @@ class DeviceBlockTables:
 class StepInputs:
     """Builds a step's model inputs from a ScheduledBatch; holds the device block tables between steps."""
 
-    def __init__(self, max_rows: int, max_model_len: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, max_model_len: int, block_size: int, device: torch.device,
+                 hybrid: bool = False) -> None:
+        """`hybrid`: the KV cache's hybrid layout (engine.kv_layout): the sliding layers get tables of their own."""
         self.block_size, self.device = block_size, device
-        self.tables = DeviceBlockTables(max_rows, -(-max_model_len // block_size), device)
+        self.tables = DeviceBlockTables(max_rows, -(-max_model_len // block_size), device, hybrid)
         self.pin = device.type == "cuda"
 
     def prepare(self, batch: ScheduledBatch, external: ExternalTokens | None = None) -> PreparedStep:
@@ -142,11 +168,20 @@ class StepInputs:
         width = -(-max_seq_len // self.block_size)
         # index_select: advanced indexing of a strided view takes a slow path (~10x on CPU)
         block_tables = table[:, :width].index_select(0, dev["rows"])  # [S, width], -1 past each's blocks
-        slots = self.tables.flat.index_select(0, dev["table_entry"]).mul_(self.block_size).add_(dev["offset"])
+        slots = self._slots(dev["table_entry"], dev["offset"])
         meta = AttentionMetadata(positions=dev["positions"], slot_mapping=slots, query_start_loc=dev["cu"],
                                  seq_lens=dev["seq_lens"], block_tables=block_tables, block_size=self.block_size,
                                  max_query_len=max_query_len, max_seq_len=max_seq_len)
+        if self.tables.hybrid:
+            first = self.tables.max_blocks
+            meta.window = meta.with_tables(table[:, first:first + width].index_select(0, dev["rows"]),
+                                           self._slots(dev["table_entry"] + first, dev["offset"]))
         return PreparedStep(ids, meta, dev["logit_rows"], len(host["logit_rows"]))
+
+    def _slots(self, table_entry: Tensor, offset: Tensor) -> Tensor:
+        """Each new token's cache slot: the block at its entry of the device table, times the block size, plus
+        its offset in the block."""
+        return self.tables.flat.index_select(0, table_entry).mul_(self.block_size).add_(offset)
 
     def _host_arrays(self, batch: ScheduledBatch, external: ExternalTokens | None) -> tuple[dict[str, Any], int]:
         """Every host int the step sends, by name (numpy arrays or lists, O(batch + new tokens) to build), and the
@@ -163,7 +198,7 @@ class StepInputs:
         arrays = {
             "ids": self._token_ids(batch, q_lens), "positions": positions,
             # where each new token's K/V goes: an entry of the device table, and the offset in that block
-            "table_entry": rows[token_row] * tables.max_blocks + positions // bs,
+            "table_entry": rows[token_row] * tables.row_width + positions // bs,
             "offset": positions % bs, "cu": cu, "seq_lens": starts + q_lens, "rows": rows,
             "logit_rows": cu[1:][sampled] - 1, "upd_rows": upd_rows, "upd_cols": upd_cols, "upd_vals": upd_vals,
             "clears": tables.take_clears(),

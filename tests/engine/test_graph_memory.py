@@ -24,11 +24,13 @@ def test_the_static_buffers_are_what_the_graph_classes_allocate(tiny_model_dir):
     plan = GraphPlan(max_batch=24, max_model_len=300, max_tokens=200)
     with PeakMemory() as memory:
         pieces = PiecewiseGraphs(model, kv_caches, plan.token_sizes, block_size=16, scratch_block=0)
-        graphs = DecodeGraphs(model, kv_caches, plan, max_model_len=300, block_size=16, scratch_block=0)
+        graphs = DecodeGraphs(model, kv_caches, plan, max_model_len=300, block_size=16, scratch_block=0, hybrid=True)
     assert pieces.input_ids.shape[0] == 200 and graphs.inputs.block_tables.shape == (24, 19)
-    assert memory.live == piecewise_buffer_bytes(config, 200, engine.dtype) + decode_input_bytes(24, 19)
-    assert graph_memory_bytes(config, plan, max_model_len=300, block_size=16, dtype=engine.dtype) \
+    assert graphs.inputs.window_block_tables is not None and graphs.inputs.window_block_tables.shape == (24, 19)
+    assert memory.live == piecewise_buffer_bytes(config, 200, engine.dtype) + decode_input_bytes(24, 19, hybrid=True)
+    assert graph_memory_bytes(config, plan, max_model_len=300, block_size=16, dtype=engine.dtype, hybrid=True) \
         == memory.live + graph_pool_bytes(config, plan, engine.dtype)
+    assert decode_input_bytes(24, 19, hybrid=True) - decode_input_bytes(24, 19) == 8 * 24 * (1 + 19)
 
 
 def test_every_piece_holds_no_more_than_the_pool_allows(tiny_model_dir):
@@ -62,7 +64,7 @@ def test_the_reserve_counts_the_piecewise_buffers_and_the_largest_capture():
                                                  dtype=torch.bfloat16)
     # the pieces' buffers at 8,192 tokens: ids, positions, slots, the residual and hidden (2 x 2880 bf16),
     # cos and sin (2 x 32 fp32), q and o (2 x 64 heads x 64 bf16)
-    assert piecewise_buffer_bytes(config, 8192, torch.bfloat16) == 8192 * (24 + 4 * 2880 + 256 + 4 * 4096)
+    assert piecewise_buffer_bytes(config, 8192, torch.bfloat16) == 8192 * (32 + 4 * 2880 + 256 + 4 * 4096)
     # the decode graph at 256 rows and a 131,072-token bound: 256 split-K partitions of 64 heads each
     assert split_k_bytes(config, 256, 131072) == 256 * 64 * 256 * 66 * 4
     assert split_k_bytes(config, 256, 512) == 0  # one partition: the kernel writes its output directly
