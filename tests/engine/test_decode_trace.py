@@ -28,9 +28,10 @@ def decode_step(model_dir, prompt_lens: list[int]) -> tuple[LLMEngine, torch.Ten
 
 
 def fresh(meta: AttentionMetadata) -> AttentionMetadata:
-    """The same metadata without its cached gather plans (each run must build its own)."""
+    """The same metadata without its cached gather plans (each run must build its own), the sliding layers' too."""
     return AttentionMetadata(meta.positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
-                             meta.block_tables, meta.block_size, meta.max_query_len, meta.max_seq_len)
+                             meta.block_tables, meta.block_size, meta.max_query_len, meta.max_seq_len,
+                             None if meta.window is None else fresh(meta.window))
 
 
 def test_the_decode_forward_traces_whole_and_matches_eager(tiny_model_dir_bf16):

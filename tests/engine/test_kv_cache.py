@@ -255,3 +255,108 @@ def test_the_build_time_proxy_is_registered():
 
     [figure] = dict(MEASURES)["block manager build"]()
     assert figure.name == "block manager build, 1M blocks" and figure.unit == "s" and figure.value > 0
+
+
+# -- the hybrid layout: a second table for the sliding layers ------------------------------------------------
+WINDOW = 8  # keys a sliding layer reads: two blocks of BS
+
+
+def advance(manager, seq, num_tokens):
+    """A step that computes `num_tokens` more of `seq`'s tokens (appending outputs as needed), as the scheduler
+    records it: blocks for the known tokens, computed, hashed, the window's old blocks given back."""
+    while seq.num_tokens < seq.num_computed_tokens + num_tokens:
+        seq.append_token(1000 + seq.num_tokens)
+    manager.may_append(seq)
+    since = seq.num_computed_tokens
+    seq.num_computed_tokens += num_tokens
+    manager.cache_full_blocks(seq, since)
+    manager.free_out_of_window(seq)
+
+
+def held(seq):
+    return [b for b in seq.window_block_table if b >= 0]
+
+
+def test_a_hybrid_sequence_has_two_tables_of_its_own_blocks_from_one_pool():
+    manager = BlockManager(16, BS, window=WINDOW)
+    assert manager.tables == 2 and manager.token_capacity == 8 * BS
+    seq = admit(manager, range(10))
+    assert len(seq.block_table) == len(seq.window_block_table) == 3
+    assert len({*seq.block_table, *seq.window_block_table}) == 6 and manager.num_free_blocks == 10
+    assert not manager.can_allocate(make_seq(range(21), "big"))  # 6 blocks in each table: 12 > 10
+    manager.deallocate(seq)
+    assert seq.window_block_table == [] and seq.window_first_block == 0 and manager.num_free_blocks == 16
+
+
+def test_window_blocks_go_back_once_no_later_query_can_read_them():
+    manager = BlockManager(32, BS, window=WINDOW)
+    seq = admit(manager, range(10))
+    advance(manager, seq, 10)  # the next query at 10 reads keys 3..10: blocks 0 to 2
+    assert seq.window_first_block == 0 and len(held(seq)) == 3
+    advance(manager, seq, 3)  # next at 13 reads 6..13: block 0 goes
+    assert seq.window_block_table[0] == -1 and seq.window_first_block == 1 and manager.ref_count(
+        seq.block_table[0]) == 1
+    for _ in range(40):  # a long decode holds at most the window's blocks and the one being written
+        advance(manager, seq, 1)
+        assert len(held(seq)) <= WINDOW // BS + 1
+    assert len(seq.block_table) == -(-seq.num_tokens // BS)  # the full layers keep every token
+    manager.deallocate(seq)
+    assert manager.num_free_blocks == 32 and all(manager.ref_count(b) == 0 for b in range(32))
+
+
+def test_a_hybrid_decode_grows_both_tables_and_counts_a_block_for_each():
+    manager = BlockManager(7, BS, window=WINDOW)
+    seq = admit(manager, range(8))  # 2 + 2 blocks
+    advance(manager, seq, 8)
+    seq.append_token(7)  # a ninth token needs a third block in each table
+    assert not manager.has_room(seq) and manager.can_append(seq)
+    manager.may_append(seq)
+    assert len(seq.block_table) == len(seq.window_block_table) == 3 and manager.num_free_blocks == 1
+    assert not manager.can_allocate(make_seq(range(100, 103), "o"))  # a block in each table: 2 > 1
+    seq.num_computed_tokens = 9
+    manager.free_out_of_window(seq)  # the next query at 9 reads keys 2..9: block 0 stays
+    assert seq.window_first_block == 0 and manager.num_free_blocks == 1
+    seq.append_token(8)
+    seq.append_token(9)
+    seq.num_computed_tokens = 11
+    manager.free_out_of_window(seq)  # at 11 it reads keys 4..11: block 0 goes back
+    assert seq.window_block_table[0] == -1 and manager.num_free_blocks == 2
+    assert manager.can_allocate(make_seq(range(100, 103), "o"))
+
+
+def test_a_hybrid_hit_revives_both_tables_and_skips_the_window_blocks_it_does_not_need():
+    manager = BlockManager(64, BS, window=WINDOW)
+    first = admit(manager, range(30), "a")
+    advance(manager, first, 30)  # computed and hashed; its window table's blocks 0..5 given back (still hashed)
+    assert first.window_first_block == (30 - WINDOW + 1) // BS == 5
+    full, window = list(first.block_table), list(first.window_block_table)
+    manager.deallocate(first)
+    second = admit(manager, [*range(30), 99], "b")
+    assert second.num_cached_tokens == 28  # every full block before the last token's
+    hit_first = (28 - WINDOW + 1) // BS  # the window before the hit: blocks 5 and 6
+    assert second.window_first_block == hit_first == 5
+    assert second.window_block_table[:7] == [-1] * 5 + window[5:7]
+    assert second.block_table[:7] == full[:7]
+    assert manager.ref_count(window[5]) == manager.ref_count(full[0]) == 1
+
+
+def test_a_hit_needs_the_window_before_it_still_cached():
+    manager = BlockManager(24, BS, window=WINDOW)
+    first = admit(manager, range(24), "a")
+    window = list(first.window_block_table)
+    advance(manager, first, 24)  # window blocks 0..3 given back as it went: the oldest in the LRU order
+    assert first.window_block_table[:4] == [-1] * 4
+    manager.deallocate(first)
+    filler = admit(manager, range(500, 528), "filler")  # 7 blocks a table: the 12 untouched, then the 2 oldest
+    assert manager.block_hash(window[0]) is None and manager.block_hash(window[1]) is None  # evicted
+    manager.deallocate(filler)
+    # a hit at 20 reads the window's blocks 3 and 4, both still cached
+    probe = admit(manager, [*range(20), 7, 7], "long")
+    assert probe.num_cached_tokens == 20 and probe.window_block_table[3:5] == window[3:5]
+    manager.deallocate(probe)
+    # a hit at 12 would read blocks 1 and 2, one at 4 block 0: evicted, so no hit, though the full layers'
+    # blocks are cached (the uniform layout hits them)
+    assert admit(manager, [*range(12), 7, 7], "short").num_cached_tokens == 0
+    uniform = BlockManager(24, BS)
+    compute_all(uniform, admit(uniform, range(24), "a"))
+    assert admit(uniform, [*range(12), 7, 7], "short").num_cached_tokens == 12

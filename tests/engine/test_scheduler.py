@@ -57,9 +57,38 @@ class FakeModel:
         return sampled
 
 
+class WindowedFakeModel(FakeModel):
+    """The hybrid KV layout's fake: each token's KV goes to its slot in both tables, and a sampled row reads the
+    last WINDOW positions back through the sliding layers' table too (they must hold the same tokens)."""
+
+    def __init__(self, manager: BlockManager) -> None:
+        super().__init__(manager)
+        assert manager.window is not None
+        self.window = manager.window
+
+    def window_slot(self, seq: Sequence, position: int) -> int:
+        block_size = self.manager.block_size
+        block_id = seq.window_block_table[position // block_size]
+        assert block_id >= 0, "a sliding layer read or wrote a block given back"
+        return block_id * block_size + position % block_size
+
+    def step(self, batch) -> list[int]:
+        for item in batch.items:
+            for position in range(item.start, item.end):
+                block_id = item.seq.window_block_table[position // self.manager.block_size]
+                assert self.manager.ref_count(block_id) == 1, "a step wrote into a window block another shares"
+                self.kv[self.window_slot(item.seq, position)] = (position, item.seq.token_ids[position])
+        for item in batch.items:  # every query's window, as a sliding layer reads it
+            for position in range(item.start, item.end):
+                seen = range(max(0, position - self.window + 1), position + 1)
+                assert [self.kv[self.window_slot(item.seq, p)] for p in seen] == [
+                    (p, item.seq.token_ids[p]) for p in seen], "the window's table lost a token"
+        return super().step(batch)
+
+
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256,
-                   enable_prefix_caching=True) -> Scheduler:
-    manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+                   enable_prefix_caching=True, window=None) -> Scheduler:
+    manager = BlockManager(num_blocks, block_size, enable_prefix_caching, window)
     return Scheduler(manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
 
@@ -304,10 +333,11 @@ def test_concurrent_requests_share_a_computed_prefix():
     assert scheduler.block_manager.num_hit_tokens == 36
 
 
-def test_random_workload_matches_uninterrupted_runs():
+@pytest.mark.parametrize("window", [None, 8], ids=["uniform", "hybrid"])
+def test_random_workload_matches_uninterrupted_runs(window):
     rng = random.Random(0)
-    scheduler = make_scheduler(num_blocks=24, block_size=4, max_num_seqs=6, max_num_batched_tokens=20,
-                               max_model_len=64)
+    scheduler = make_scheduler(num_blocks=24 * (1 + bool(window)), block_size=4, max_num_seqs=6,
+                               max_num_batched_tokens=20, max_model_len=64, window=window)
     shared = prompt(10, seed=99)
     expected, aborted = {}, set()
     for i in range(16):
@@ -322,7 +352,8 @@ def test_random_workload_matches_uninterrupted_runs():
             aborted.add(victim.request_id)
             scheduler.abort(victim.request_id)
 
-    outputs, _ = drive(scheduler, on_step=maybe_abort)
+    model = WindowedFakeModel(scheduler.block_manager) if window else None
+    outputs, _ = drive(scheduler, model, on_step=maybe_abort)
     assert scheduler.num_preemptions > 0 and aborted and scheduler.block_manager.num_hit_tokens > 0
     for request_id, want in expected.items():
         got = tokens(outputs[request_id])
@@ -330,3 +361,29 @@ def test_random_workload_matches_uninterrupted_runs():
         finishes = [out.finish_reason for out in outputs[request_id] if out.finish_reason]
         assert finishes == (["abort"] if request_id in aborted else ["length"])
     assert_all_blocks_free(scheduler)
+
+
+def test_hybrid_sequences_hold_their_window_and_run_more_at_once_in_the_same_memory():
+    """Long decodes: the uniform layout's 48 blocks of both groups preempt; the hybrid's 96 of one group each hold
+    the same bytes, and the sliding layers' table keeps a window's worth per sequence, so all four run through."""
+    def run(window):
+        scheduler = make_scheduler(num_blocks=48 * (1 + bool(window)), block_size=4, max_num_seqs=4,
+                                   max_num_batched_tokens=64, max_model_len=128, window=window)
+        seqs = [add(scheduler, f"r{i}", prompt(6, seed=i), greedy(50)) for i in range(4)]
+        most_held = [0]
+
+        def watch(step, batch):
+            held = [sum(b >= 0 for b in seq.window_block_table) for seq in seqs]
+            most_held[0] = max(most_held[0], *held)
+
+        model = WindowedFakeModel(scheduler.block_manager) if window else None
+        outputs, _ = drive(scheduler, model, on_step=watch)
+        for seq in seqs:
+            assert tokens(outputs[seq.request_id]) == expected_tokens(seq.prompt_token_ids, 50)
+        assert_all_blocks_free(scheduler)
+        return scheduler.num_preemptions, most_held[0]
+
+    uniform_preemptions, _ = run(None)
+    hybrid_preemptions, most_window_blocks = run(8)
+    assert uniform_preemptions > 0 and hybrid_preemptions == 0
+    assert most_window_blocks <= 8 // 4 + 2  # the window's blocks, the one written, and one more for a new token

@@ -7,29 +7,36 @@ The reference is the runner's former prepare(): every list rebuilt from the
 
 import random
 
+import pytest
 import torch
 
 from engine.host_costs import advance, decode_sequences
 from engine.scheduler import ScheduledBatch, ScheduledSeq
 from engine.step_inputs import ExternalTokens, StepInputs
-from tests.engine.test_scheduler import FakeModel, add, greedy, make_scheduler
+from tests.engine.test_scheduler import FakeModel, WindowedFakeModel, add, greedy, make_scheduler
 
 
 def rebuilt(batch: ScheduledBatch, block_size: int) -> dict[str, list]:
-    """Each input as the lists-per-step prepare built it."""
+    """Each input as the lists-per-step prepare built it (and the sliding layers' tables and slots, which are
+    empty under the uniform layout)."""
     ids, positions, slots, starts, seq_lens, tables, logit_rows = [], [], [], [0], [], [], []
+    window_slots, window_tables = [], []
     for item in batch.items:
         seq, start, end = item.seq, item.start, item.end
         ids += seq.token_ids[start:end]
         positions += range(start, end)
         slots += [seq.block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        if seq.window_block_table:
+            window_slots += [seq.window_block_table[p // block_size] * block_size + p % block_size
+                             for p in range(start, end)]
         starts.append(starts[-1] + item.num_new_tokens)
         seq_lens.append(end)
         tables.append(list(seq.block_table))
+        window_tables.append(list(seq.window_block_table))
         if item.is_sampled:
             logit_rows.append(starts[-1] - 1)
     return dict(ids=ids, positions=positions, slots=slots, starts=starts, seq_lens=seq_lens, tables=tables,
-                logit_rows=logit_rows)
+                logit_rows=logit_rows, window_slots=window_slots, window_tables=window_tables)
 
 
 def check_step(inputs: StepInputs, batch: ScheduledBatch) -> None:
@@ -43,29 +50,39 @@ def check_step(inputs: StepInputs, batch: ScheduledBatch) -> None:
     width = meta.block_tables.shape[1]  # the blocks this step reads; -1 past a sequence's last block
     assert width == (max(want["seq_lens"]) - 1) // inputs.block_size + 1
     assert meta.block_tables.tolist() == [(table + [-1] * width)[:width] for table in want["tables"]]
+    if inputs.tables.hybrid:  # the sliding layers' tables: -1 where a block was given back
+        window = meta.window
+        assert window is not None and window.seq_lens is meta.seq_lens
+        assert window.slot_mapping.tolist() == want["window_slots"]
+        assert window.block_tables.tolist() == [(table + [-1] * width)[:width] for table in want["window_tables"]]
+    else:
+        assert meta.window is None
 
 
-def test_incremental_tables_match_a_rebuild_through_preemption_abort_and_reuse():
+@pytest.mark.parametrize("window", [None, 8], ids=["uniform", "hybrid"])
+def test_incremental_tables_match_a_rebuild_through_preemption_abort_and_reuse(window):
     rng = random.Random(0)
-    scheduler = make_scheduler(num_blocks=40, block_size=4, max_num_seqs=6, max_num_batched_tokens=24,
-                               max_model_len=120)
-    model = FakeModel(scheduler.block_manager)
-    inputs = StepInputs(6, 256, 4, torch.device("cpu"))
+    scheduler = make_scheduler(num_blocks=40 + 20 * bool(window), block_size=4, max_num_seqs=6,
+                               max_num_batched_tokens=24, max_model_len=120, window=window)
+    model = WindowedFakeModel(scheduler.block_manager) if window else FakeModel(scheduler.block_manager)
+    inputs = StepInputs(6, 256, 4, torch.device("cpu"), hybrid=bool(window))
     for index in range(14):
         add(scheduler, f"r{index}", [rng.randrange(1000) for _ in range(rng.randrange(3, 30))],
             greedy(rng.randrange(4, 30)))
-    steps = 0
+    steps = given_back = 0
     while scheduler.has_unfinished():
         if steps == 9:
             scheduler.abort("r1")  # a running sequence: its row is released with the next step
         batch = scheduler.schedule()
         if batch.items:
             check_step(inputs, batch)
+            given_back += any(item.seq.window_first_block for item in batch.items)
         else:
             inputs.tables.release(batch.released)
         scheduler.postprocess(batch, model.step(batch))
         steps += 1
     assert scheduler.num_preemptions > 0 and steps > 20
+    assert given_back if window else not given_back  # steps whose window tables had -1s sent
     inputs.tables.release(scheduler.schedule().released)  # the last finishes
     assert not inputs.tables.rows and sorted(inputs.tables.free_rows) == list(range(6))
 
