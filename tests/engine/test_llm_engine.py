@@ -137,3 +137,27 @@ def test_stats_split_the_model_time_by_step_size(tiny_model_dir):
     assert split["2"].split("/")[0] == "11" and split["65-256"].split("/")[0] == "1"
     seconds = sum(float(value.split("/")[1].rstrip("s")) for value in split.values())
     assert seconds == pytest.approx(stats["forward_s"], rel=0.01)
+
+
+def test_the_hybrid_cache_gives_the_uniform_caches_tokens_and_runs_more_at_once(tiny_model_dir):
+    """Prompts past the 128-token window, decoding 60 tokens each in a cache of 96 uniform blocks' bytes: the
+    sliding layers' blocks go back once they leave the window, so four sequences run at once where three did (fewer
+    steps), with the same tokens; then two requests sharing a 300-token prefix hit it, the window before the hit
+    included."""
+    sampling = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    block_bytes = 0.05 / engine(tiny_model_dir, hybrid_kv_cache=False).num_blocks
+    shared = prompt(9, 300)
+    tokens, engines = {}, {}
+    for hybrid in (False, True):
+        llm = engines[hybrid] = engine(tiny_model_dir, hybrid_kv_cache=hybrid, kv_cache_gb=96.25 * block_bytes,
+                                       max_model_len=512)
+        tokens[hybrid] = [decode(llm, {f"r{i}": prompt(i, 380 + 10 * i) for i in range(4)}, sampling),
+                          decode(llm, {"a": shared + prompt(1, 20)}, sampling),
+                          decode(llm, {"b": shared + prompt(2, 30)}, sampling)]
+    uniform, hybrid = engines[False], engines[True]
+    assert (uniform.kv_layout.describe(), hybrid.describe()["kv_layout"]) == ("uniform", "hybrid")
+    assert (uniform.num_blocks, hybrid.num_blocks) == (96, 192) and hybrid.max_model_len == uniform.max_model_len
+    assert tokens[True] == tokens[False]
+    assert hybrid.num_steps < uniform.num_steps
+    assert hybrid.block_manager.num_hit_tokens == uniform.block_manager.num_hit_tokens == 288
+    assert hybrid.block_manager.num_free_blocks == hybrid.num_blocks

@@ -77,3 +77,24 @@ def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypat
     llm.runner.warm_sampler(llm.runner.model.config.vocab_size)
     vocab = llm.runner.model.config.vocab_size
     assert drawn == [(4, vocab)] and thresholds == [(2, vocab)]  # greedy, sampled and two top-p rows
+
+
+def test_the_hybrid_cache_on_the_triton_kernels_gives_the_uniform_torch_paths_tokens(tiny_model_dir):
+    # past the 128-token window: the sliding layers' tables hold -1 where blocks went back, which the kernels
+    # never read; a later request hits the shared prefix, its window's blocks revived
+    from engine.api import SamplingParams
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from tests.engine.test_llm_engine import decode, prompt
+
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    shared = prompt(5, 176)
+    tokens = {}
+    for kernels, hybrid in (("torch", False), ("triton", True)):
+        llm = LLMEngine(EngineConfig(tiny_model_dir, dtype="float32", device=DEVICE, kv_cache_gb=0.01,
+                                     max_num_batched_tokens=64, kernels=kernels, hybrid_kv_cache=hybrid))
+        assert llm.kv_layout.is_hybrid == hybrid
+        tokens[kernels] = [decode(llm, {"a": shared + prompt(1, 3)}, greedy),
+                           decode(llm, {"c": shared + prompt(3, 9)}, greedy)]
+        assert llm.block_manager.num_hit_tokens == 176
+    assert tokens["triton"] == tokens["torch"]
