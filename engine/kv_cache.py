@@ -16,7 +16,10 @@ second table for the sliding layers, drawn from the same pool. Its blocks are
 hashed too (`window_hash` of the full table's hash at the same index), and
 `free_out_of_window` gives back the ones no later query can read. A prefix hit
 then needs the full layers' blocks up to the hit and the sliding layers' blocks
-of the window before it.
+of the window before it. A prompt admitted to be prefilled in chunks gets its
+sliding layers' blocks a chunk at a time (`cover_window`), from a reservation
+made at admission (the window before a chunk and the chunk), so a long prompt
+takes about one table's worth of blocks, not two, and never waits mid-prefill.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.window = window
         self.tables = 1 if window is None else 2  # block tables a sequence has (a token's slot in each)
+        self.num_reserved = 0  # free blocks promised to prefilling sequences' sliding-layer tables
         self._ref_counts = array("i", bytes(4 * num_blocks))
         self._hashes: dict[int, int] = {}  # block id -> hash of a full, computed block (else reusable by nobody)
         self._token_ids: dict[int, tuple[int, ...]] = {}  # the tokens a hash covers, to rule out collisions
@@ -114,11 +118,20 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
-    @property
-    def token_capacity(self) -> int:
-        """The most tokens one sequence can be admitted with: a block in each table for every one of them (the
-        sliding layers' table gives its old blocks back only as the sequence is computed)."""
-        return self.num_blocks // self.tables * self.block_size
+    def window_reserve(self, chunk_tokens: int) -> int:
+        """The most sliding-layer blocks a sequence holds while it prefills in chunks of up to `chunk_tokens`
+        tokens: those of the window before a chunk and of the chunk (0 under the uniform layout)."""
+        if self.window is None:
+            return 0
+        return (self.window - 1 + chunk_tokens) // self.block_size + 2
+
+    def token_capacity(self, chunk_tokens: int) -> int:
+        """The most tokens one sequence can hold, prefilled in chunks of up to `chunk_tokens`: a full-layer block
+        for each 16 of them, and (hybrid) the sliding layers' blocks of a window and a chunk, or of every token
+        for a sequence shorter than that."""
+        reserve = self.window_reserve(chunk_tokens)
+        blocks = max(self.num_blocks // 2, self.num_blocks - reserve) if reserve else self.num_blocks
+        return blocks * self.block_size
 
     @property
     def hit_rate(self) -> float:
@@ -138,21 +151,26 @@ class BlockManager:
         return self._hashes.get(block_id)
 
     # -- admission -------------------------------------------------------------
-    def can_allocate(self, seq: Sequence) -> bool:
-        """True if the free blocks can hold every known token of `seq`, counting prefix hits."""
-        return self._num_blocks_to_take(seq, self._cached_prefix(seq)) <= self.num_free_blocks
+    def can_allocate(self, seq: Sequence, chunk_tokens: int | None = None) -> bool:
+        """True if the free blocks can hold every known token of `seq`, counting prefix hits (`chunk_tokens`: see
+        `allocate`)."""
+        hits = self._cached_prefix(seq)
+        return self._num_blocks_to_take(seq, hits, chunk_tokens) <= self.num_free_blocks - self.num_reserved
 
-    def allocate(self, seq: Sequence) -> None:
+    def allocate(self, seq: Sequence, chunk_tokens: int | None = None) -> None:
         """Give `seq` blocks for all its tokens, reusing the longest cached prefix of full blocks.
 
         Sets `seq.num_computed_tokens` to the hit length (never all tokens: the last
         one is always computed so the step has logits to sample from). RuntimeError
-        if `can_allocate` is false or `seq` already has blocks.
+        if `can_allocate` is false or `seq` already has blocks. Hybrid layout: with
+        `chunk_tokens` (the most tokens a step computes of it) the sliding layers'
+        table gets its blocks chunk by chunk (`cover_window`) from a reservation
+        made here; without, it gets them all now.
         """
         if seq.block_table:
             raise RuntimeError(f"{seq.request_id!r} already has blocks")
         hits = self._cached_prefix(seq)
-        if self._num_blocks_to_take(seq, hits) > self.num_free_blocks:
+        if self._num_blocks_to_take(seq, hits, chunk_tokens) > self.num_free_blocks - self.num_reserved:
             raise RuntimeError(f"not enough free KV blocks for {seq.request_id!r}; check can_allocate first")
         for block_id in [*hits.full, *hits.window]:  # every hit before any fresh block: those may evict a hit
             self._take(block_id)
@@ -161,8 +179,13 @@ class BlockManager:
         seq.block_table += [self._take_fresh() for _ in range(num_fresh)]
         if self.window is not None:
             seq.window_block_table = [-1] * hits.first_window_block + hits.window
-            seq.window_block_table += [self._take_fresh() for _ in range(num_fresh)]
             seq.window_first_block = hits.first_window_block
+            if chunk_tokens is None:
+                seq.window_block_table += [self._take_fresh() for _ in range(num_fresh)]
+            else:
+                seq.window_peak = self._window_peak(seq, hits, chunk_tokens)
+                seq.window_reserved = seq.window_peak - len(hits.window)
+                self.num_reserved += seq.window_reserved
         seq.num_computed_tokens = len(hits.full) * self.block_size
         if not seq.is_admitted:
             seq.is_admitted = True
@@ -178,7 +201,25 @@ class BlockManager:
         seq.block_table.clear()
         seq.window_block_table.clear()
         seq.window_first_block = 0
+        self._end_reservation(seq)
         seq.num_computed_tokens = 0
+
+    def cover_window(self, seq: Sequence, end: int) -> None:
+        """Give the sliding layers' table of a prefilling `seq` its blocks up to token `end` (the end of the chunk
+        a step computes), from its reservation (hybrid layout; a no-op otherwise or when it has them)."""
+        if self.window is None:
+            return
+        table = seq.window_block_table
+        missing = -(-end // self.block_size) - len(table)
+        if missing > seq.window_reserved:
+            raise RuntimeError(f"{seq.request_id!r}: a chunk to {end} needs {missing} sliding-layer blocks, "
+                               f"{seq.window_reserved} reserved (a chunk longer than allocate's chunk_tokens?)")
+        if missing > 0:
+            table += [self._take_fresh() for _ in range(missing)]
+            seq.window_reserved -= missing
+            self.num_reserved -= missing
+        if len(table) >= seq.num_blocks_needed(self.block_size):  # prefilled to the end: decodes grow it
+            self._end_reservation(seq)
 
     def free_out_of_window(self, seq: Sequence) -> None:
         """Give back the sliding layers' blocks no query from `seq.num_computed_tokens` on can read (hybrid
@@ -192,6 +233,9 @@ class BlockManager:
         for index in range(seq.window_first_block, first):
             self._give_back(table[index])
             table[index] = -1
+        if seq.window_peak and first > seq.window_first_block:  # still prefilling: promised to its next chunks
+            seq.window_reserved += first - seq.window_first_block
+            self.num_reserved += first - seq.window_first_block
         seq.window_first_block = max(first, seq.window_first_block)
 
     # -- growth ----------------------------------------------------------------
@@ -201,11 +245,11 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """True if the blocks `seq` lacks for its known tokens (0 or 1 a table while decoding) are free."""
-        return self._num_missing_blocks(seq) * self.tables <= self.num_free_blocks
+        return self._num_missing_blocks(seq) * self.tables <= self.num_free_blocks - self.num_reserved
 
     def may_append(self, seq: Sequence) -> None:
         """Add blocks so `seq`'s tables cover every known token (a new block past a boundary)."""
-        if self._num_missing_blocks(seq) * self.tables > self.num_free_blocks:
+        if self._num_missing_blocks(seq) * self.tables > self.num_free_blocks - self.num_reserved:
             raise RuntimeError(f"no free KV block for {seq.request_id!r}; check can_append first")
         for _ in range(self._num_missing_blocks(seq)):
             seq.block_table.append(self._take_fresh())
@@ -272,10 +316,24 @@ class BlockManager:
                 return PrefixHit(hits[:num_hit], window_hits, first)
         return PrefixHit([], [], 0)
 
-    def _num_blocks_to_take(self, seq: Sequence, hits: PrefixHit) -> int:
-        """Free blocks an allocation takes: new ones (in each table) plus hits revived from the free list."""
+    def _num_blocks_to_take(self, seq: Sequence, hits: PrefixHit, chunk_tokens: int | None) -> int:
+        """Free blocks an allocation takes or reserves: new ones for the full layers, hits revived from the free
+        list, and (hybrid) the sliding layers' new ones, or their reservation if `chunk_tokens`."""
         num_revived = sum(1 for block_id in [*hits.full, *hits.window] if self._ref_counts[block_id] == 0)
-        return (seq.num_blocks_needed(self.block_size) - len(hits.full)) * self.tables + num_revived
+        num_fresh = seq.num_blocks_needed(self.block_size) - len(hits.full)
+        if self.window is None:
+            return num_fresh + num_revived
+        if chunk_tokens is None:
+            return 2 * num_fresh + num_revived
+        return num_fresh + num_revived + self._window_peak(seq, hits, chunk_tokens) - len(hits.window)
+
+    def _window_peak(self, seq: Sequence, hits: PrefixHit, chunk_tokens: int) -> int:
+        """The most sliding-layer blocks `seq` holds while it prefills from the hit in chunks of `chunk_tokens`."""
+        return min(self.window_reserve(chunk_tokens), seq.num_blocks_needed(self.block_size) - hits.first_window_block)
+
+    def _end_reservation(self, seq: Sequence) -> None:
+        self.num_reserved -= seq.window_reserved
+        seq.window_peak = seq.window_reserved = 0
 
     def _num_missing_blocks(self, seq: Sequence) -> int:
         """Blocks `seq` lacks for its known tokens, in each of its tables (they grow together)."""

@@ -56,7 +56,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching,
                                           self.kv_layout.window)
         # A sequence can never outgrow the cache: clamp the context to what the budget holds.
-        limit = min(configured_len, self.block_manager.token_capacity)
+        limit = min(configured_len, self.block_manager.token_capacity(config.step_tokens))
         self.max_model_len = limit
         self.model_name = config.model_dir.name
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,

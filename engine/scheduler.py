@@ -104,7 +104,7 @@ class Scheduler:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({max_num_seqs}): every running sequence decodes one token per step")
-        capacity = block_manager.token_capacity
+        capacity = block_manager.token_capacity(max_num_batched_tokens)
         if capacity < max_model_len - 1:  # the last token of a full context is sampled, never computed
             raise ValueError(f"the KV cache holds {capacity} tokens, less than one sequence of max_model_len "
                              f"{max_model_len}; raise --kv-cache-gb or lower --max-model-len")
@@ -172,6 +172,8 @@ class Scheduler:
                 continue  # preempted just now, or mid-prefill (the hot loop: no property calls)
             if not self._make_room(seq):
                 break  # it preempted itself: nothing after it is running
+            if seq.window_peak:  # a prompt's last token: the sliding layers' last block of its prefill
+                self.block_manager.cover_window(seq, seq.num_computed_tokens + 1)
             batch.items.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True))
             budget -= 1
         return budget
@@ -201,18 +203,19 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.token_ids[-1] == PLACEHOLDER:
                 break  # preempted while its last token is on the device: readmitted once it is known
-            if not self.block_manager.can_allocate(seq):
+            if not self.block_manager.can_allocate(seq, self.max_num_batched_tokens):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
-            self.block_manager.allocate(seq)
+            self.block_manager.allocate(seq, self.max_num_batched_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._schedule_chunk(batch, seq, budget)
 
-    @staticmethod
-    def _schedule_chunk(batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+    def _schedule_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
         num_new_tokens = min(seq.num_uncomputed_tokens, budget)
         is_sampled = num_new_tokens == seq.num_uncomputed_tokens
+        # the sliding layers' blocks of the chunk (hybrid KV layout), from what admission reserved
+        self.block_manager.cover_window(seq, seq.num_computed_tokens + num_new_tokens)
         batch.items.append(ScheduledSeq(seq, seq.num_computed_tokens, num_new_tokens, is_sampled))
         return num_new_tokens
 

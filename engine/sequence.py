@@ -44,6 +44,10 @@ class Sequence:
         # block_table; entries before `window_first_block` left the window and were given back (-1).
         self.window_block_table: list[int] = []
         self.window_first_block = 0
+        # While it prefills, the most sliding-layer blocks it may hold, and the free blocks promised to it toward
+        # that (the block manager's reservation: a later chunk never waits for a block)
+        self.window_peak = 0
+        self.window_reserved = 0
         self.finish_reason: FinishReason | None = None
         self.arrival_index = -1  # set by the scheduler: order of `add`
         self.num_preemptions = 0

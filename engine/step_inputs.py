@@ -59,7 +59,8 @@ class DeviceBlockTables:
 
     Under the hybrid KV layout (engine.kv_layout) a row holds both of the sequence's tables: the full layers' in
     columns [0, max_blocks), the sliding layers' in [max_blocks, 2 * max_blocks), where the entries that left the
-    window are sent as -1 once given back.
+    window are sent as -1 once given back. The two grow apart while a prompt prefills (the sliding layers' a chunk
+    at a time): each has its own count of entries sent.
     """
 
     def __init__(self, max_rows: int, max_blocks: int, device: torch.device, hybrid: bool = False) -> None:
@@ -70,6 +71,7 @@ class DeviceBlockTables:
         self.row_width = self.table.shape[1]
         self.rows: dict[Sequence, int] = {}  # by identity (Sequence keeps object hashing)
         self.num_synced = np.zeros(max_rows, np.int64)  # block ids of each row already on the device
+        self.num_synced_window = np.zeros(max_rows, np.int64)  # hybrid: the sliding layers' entries sent
         self.num_released = np.zeros(max_rows, np.int64)  # hybrid: leading window entries sent as -1
         self.free_rows = list(range(max_rows - 1, -1, -1))
         self.pending_clear: list[int] = []  # rows released since the last sync: reset to -1 on the device
@@ -83,7 +85,7 @@ class DeviceBlockTables:
                 if self.num_synced[row]:
                     self.pending_clear.append(row)
                     self.num_synced[row] = 0  # a later owner of the row gets its whole table sent
-                    self.num_released[row] = 0
+                self.num_synced_window[row] = self.num_released[row] = 0
 
     def sync(self, seqs: list[Sequence]) -> tuple[np.ndarray, list[int], list[int], list[int]]:
         """The row of each sequence (assigned on its first step), and the (rows, cols, block ids) to write.
@@ -99,20 +101,18 @@ class DeviceBlockTables:
         upd_rows: list[int] = []
         upd_cols: list[int] = []
         upd_vals: list[int] = []
-        grown = np.flatnonzero(lengths != self.num_synced[rows]).tolist()
-        for index in grown:
-            row, table = found[index], tables[index]
-            synced = int(self.num_synced[row])
-            start = synced if len(table) > synced else 0  # a shorter table would be a bug upstream: resend it
-            upd_rows += [row] * (len(table) - start)
-            upd_cols += range(start, len(table))
-            upd_vals += table[start:]
-            if self.hybrid:  # the sliding layers' table grows with it
-                upd_rows += [row] * (len(table) - start)
-                upd_cols += range(self.max_blocks + start, self.max_blocks + len(table))
-                upd_vals += _WINDOW_TABLE(seqs[index])[start:]
-            self.num_synced[row] = len(table)
-        if self.hybrid:  # window entries given back since the last sync: -1 on the device too
+        updates = (upd_rows, upd_cols, upd_vals)
+        for index in np.flatnonzero(lengths != self.num_synced[rows]).tolist():
+            row = found[index]
+            self.num_synced[row] = _send_tail(updates, row, 0, tables[index], int(self.num_synced[row]))
+        if self.hybrid:
+            windows = list(map(_WINDOW_TABLE, seqs))
+            lengths = np.fromiter(map(len, windows), np.int64, len(seqs))
+            for index in np.flatnonzero(lengths != self.num_synced_window[rows]).tolist():
+                row = found[index]
+                self.num_synced_window[row] = _send_tail(updates, row, self.max_blocks, windows[index],
+                                                         int(self.num_synced_window[row]))
+            # entries given back since the last sync: -1 on the device too (a tail sent above holds -1 there too)
             firsts = np.fromiter(map(_WINDOW_FIRST, seqs), np.int64, len(seqs))
             for index in np.flatnonzero(firsts > self.num_released[rows]).tolist():
                 row, first = found[index], int(firsts[index])
@@ -135,6 +135,18 @@ class DeviceBlockTables:
         """Rows to reset to -1 before this step's updates (released rows; a reused one is rewritten after)."""
         rows, self.pending_clear = self.pending_clear, []
         return rows
+
+
+def _send_tail(updates: tuple[list[int], list[int], list[int]], row: int, column: int, table: list[int],
+               synced: int) -> int:
+    """Queue the entries of `table` past the `synced` already on the device, at `column` + index of `row`; returns
+    how many the device then holds."""
+    start = synced if len(table) > synced else 0  # a shorter table would be a bug upstream: resend it
+    rows, cols, vals = updates
+    rows += [row] * (len(table) - start)
+    cols += range(column + start, column + len(table))
+    vals += table[start:]
+    return len(table)
 
 
 class StepInputs:

@@ -279,7 +279,7 @@ def held(seq):
 
 def test_a_hybrid_sequence_has_two_tables_of_its_own_blocks_from_one_pool():
     manager = BlockManager(16, BS, window=WINDOW)
-    assert manager.tables == 2 and manager.token_capacity == 8 * BS
+    assert manager.tables == 2 and manager.token_capacity(64) == 8 * BS  # a reserve of 19 blocks: half of 16
     seq = admit(manager, range(10))
     assert len(seq.block_table) == len(seq.window_block_table) == 3
     assert len({*seq.block_table, *seq.window_block_table}) == 6 and manager.num_free_blocks == 10
@@ -360,3 +360,64 @@ def test_a_hit_needs_the_window_before_it_still_cached():
     uniform = BlockManager(24, BS)
     compute_all(uniform, admit(uniform, range(24), "a"))
     assert admit(uniform, [*range(12), 7, 7], "short").num_cached_tokens == 12
+
+
+def test_a_prompt_prefilled_in_chunks_gets_its_window_blocks_a_chunk_at_a_time_from_a_reservation():
+    manager = BlockManager(40, BS, window=WINDOW)
+    assert manager.window_reserve(8) == (WINDOW - 1 + 8) // BS + 2 == 5
+    seq = make_seq(range(40))
+    assert manager.can_allocate(seq, chunk_tokens=8)
+    manager.allocate(seq, chunk_tokens=8)  # 10 full-layer blocks; 5 reserved for the sliding layers
+    assert len(seq.block_table) == 10 and seq.window_block_table == []
+    assert (seq.window_peak, seq.window_reserved, manager.num_reserved, manager.num_free_blocks) == (5, 5, 5, 30)
+    # 25 free blocks are not promised: 20 full-layer blocks and a reserve of 5 fit, 21 and 5 do not (though 30 are free)
+    assert manager.can_allocate(make_seq(range(100, 180), "fits"), chunk_tokens=8)
+    assert not manager.can_allocate(make_seq(range(100, 184), "too long"), chunk_tokens=8)
+    for start in range(0, 40, 8):
+        manager.cover_window(seq, start + 8)
+        held = [b for b in seq.window_block_table if b >= 0]
+        assert len(held) <= 5 and len(held) + seq.window_reserved == 5 or seq.window_peak == 0
+        assert manager.num_free_blocks >= manager.num_reserved
+        seq.num_computed_tokens = start + 8
+        manager.cache_full_blocks(seq, start)
+        manager.free_out_of_window(seq)
+    assert seq.window_peak == seq.window_reserved == manager.num_reserved == 0  # prefilled: decodes grow it
+    assert len(seq.window_block_table) == 10 and seq.window_first_block == (40 - WINDOW + 1) // BS
+    manager.deallocate(seq)
+    assert manager.num_free_blocks == 40 and manager.num_reserved == 0
+
+
+def test_a_reservation_goes_back_with_a_sequence_dropped_mid_prefill():
+    manager = BlockManager(40, BS, window=WINDOW)
+    seq = make_seq(range(40))
+    manager.allocate(seq, chunk_tokens=8)
+    manager.cover_window(seq, 8)
+    assert manager.num_reserved == 3
+    manager.deallocate(seq)  # preempted or aborted
+    assert (manager.num_reserved, seq.window_reserved, seq.window_peak, manager.num_free_blocks) == (0, 0, 0, 40)
+
+
+def test_the_window_reserve_covers_every_chunking_from_every_hit():
+    # brute force: from any prefix hit, chunks of any size up to the reserve's never ask for more than it promised
+    rng = __import__("random").Random(0)
+    for block_size, window, chunk in ((4, 8, 8), (4, 8, 5), (16, 128, 64), (16, 128, 300), (4, 6, 1)):
+        manager, hits = BlockManager(4000, block_size, window=window), 0
+        for trial in range(40):
+            prefix = [trial] * rng.randrange(0, 300)  # computed once, whole: its blocks cached
+            donor = admit(manager, [*prefix, -1], f"d{trial}")
+            advance(manager, donor, donor.num_tokens)
+            manager.deallocate(donor)
+            seq = make_seq([*prefix, *range(rng.randrange(1, 200))], f"s{trial}")
+            manager.allocate(seq, chunk_tokens=chunk)
+            start = seq.num_computed_tokens
+            hits += start > 0
+            while start < seq.num_tokens:
+                end = min(seq.num_tokens, start + rng.randrange(1, chunk + 1))
+                manager.cover_window(seq, end)  # raises past the reservation
+                assert sum(b >= 0 for b in seq.window_block_table) <= manager.window_reserve(chunk)
+                assert manager.num_free_blocks >= manager.num_reserved
+                seq.num_computed_tokens = start = end
+                manager.free_out_of_window(seq)
+            assert manager.num_reserved == 0
+            manager.deallocate(seq)
+        assert manager.num_free_blocks == 4000 and manager.num_reserved == 0 and hits > 20

@@ -95,8 +95,13 @@ def test_abort_and_stop_tokens(tiny_model_dir):
 
 def test_kv_budget_bounds_the_context(tiny_model_dir):
     small = engine(tiny_model_dir, kv_cache_gb=0.001)
-    # hybrid layout: a prompt takes a block in each table for every 16 tokens until its window's are given back
-    assert small.kv_layout.is_hybrid and small.max_model_len == small.num_blocks // 2 * 16
+    # hybrid layout: a full-layer block for every 16 tokens, and the sliding layers' window and a chunk (or, shorter
+    # than that, every token: half the blocks)
+    reserve = (128 - 1 + small.config.step_tokens) // 16 + 2
+    assert small.kv_layout.is_hybrid and small.max_model_len == max(small.num_blocks // 2,
+                                                                    small.num_blocks - reserve) * 16
+    roomier = engine(tiny_model_dir, kv_cache_gb=0.001, max_num_batched_tokens=256)  # ~260 blocks
+    assert roomier.max_model_len == (roomier.num_blocks - (127 + 256) // 16 - 2) * 16 > roomier.num_blocks // 2 * 16
     with pytest.raises(ValueError):
         small.add_request("big", prompt(0, small.max_model_len), GREEDY)
     with pytest.raises(ValueError, match="token ids"):

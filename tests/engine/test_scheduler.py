@@ -387,3 +387,19 @@ def test_hybrid_sequences_hold_their_window_and_run_more_at_once_in_the_same_mem
     hybrid_preemptions, most_window_blocks = run(8)
     assert uniform_preemptions > 0 and hybrid_preemptions == 0
     assert most_window_blocks <= 8 // 4 + 2  # the window's blocks, the one written, and one more for a new token
+
+
+def test_a_hybrid_cache_holds_a_full_context_in_little_more_than_one_tables_blocks():
+    # 57 blocks of 4: a 200-token context takes 50 in the full layers' table, and the sliding layers' window of 8
+    # with a chunk of 16 at most 7 more; a prompt given both tables' blocks at admission would need 75 + 2
+    scheduler = make_scheduler(num_blocks=57, block_size=4, max_num_seqs=2, max_num_batched_tokens=16,
+                               max_model_len=200, window=8)
+    assert scheduler.block_manager.token_capacity(16) == 200
+    seq = add(scheduler, "long", prompt(150, seed=3), greedy(60))
+    outputs, batches = drive(scheduler, WindowedFakeModel(scheduler.block_manager))
+    assert tokens(outputs["long"]) == expected_tokens(seq.prompt_token_ids, 60, max_model_len=200)
+    assert outputs["long"][-1].finish_reason == "length" and len(seq.token_ids) == 200
+    assert len(batches) > 150 // 16 and scheduler.num_preemptions == 0
+    assert_all_blocks_free(scheduler)
+    with pytest.raises(ValueError, match="holds 200 tokens"):
+        make_scheduler(num_blocks=57, block_size=4, max_num_batched_tokens=16, max_model_len=202, window=8)
