@@ -57,8 +57,9 @@ class ScheduledBatch:
     """One step's work: decodes first, then prefill chunks."""
 
     items: list[ScheduledSeq] = field(default_factory=list)
-    # Sequences whose blocks were freed (finished, aborted, preempted) since the last schedule(): the model
-    # runner drops the device copies of their block tables before it reads this step's.
+    # Sequences whose blocks were freed (finished, aborted, preempted) since the last schedule() or during this one
+    # (a sequence preempted and readmitted here is in items too): the model runner drops the device copies of their
+    # block tables before it reads this step's.
     released: list[Sequence] = field(default_factory=list)
 
     @property
@@ -157,11 +158,14 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         """Pick this step's work; may preempt running sequences to free blocks."""
         batch = ScheduledBatch(released=self.released)
-        self.released = []
+        # Sequences preempted while this step is scheduled are released with it: one may be readmitted in it with
+        # other blocks, and its device table row must be given back before this step's tables are sent.
+        self.released = batch.released
         budget = self.max_num_batched_tokens
         budget = self._schedule_decodes(batch, budget)
         budget = self._schedule_partial_prefills(batch, budget)
-        self._schedule_admissions(batch, budget)  # a sequence preempted just now heads the queue and waits
+        self._schedule_admissions(batch, budget)  # a sequence preempted just now heads the queue
+        self.released = []
         return batch
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:

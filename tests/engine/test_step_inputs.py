@@ -114,3 +114,28 @@ def test_a_decode_step_sends_the_same_host_ints_whatever_the_context():
             advance(seqs, 16)
         sizes[context] = sum(len(part) for part in host.values())
     assert sizes[1024] == sizes[4096] <= 12 * 32
+
+
+def test_a_sequence_preempted_and_readmitted_in_one_schedule_gets_its_new_table_on_the_device():
+    # s1 decodes past its last block with none free: the scheduler preempts it (the latest admitted), and, as its
+    # prefix is cached, readmits it in the same schedule() with other blocks. Its row must be released before this
+    # step's tables are synced (it was reported a step late: the device kept the old blocks, now another's).
+    from engine.api import SamplingParams
+    from engine.kv_cache import BlockManager
+    from engine.scheduler import Scheduler
+    from engine.sequence import Sequence
+
+    scheduler = Scheduler(BlockManager(8, 4), max_num_seqs=4, max_num_batched_tokens=8, max_model_len=32)
+    inputs = StepInputs(4, 32, 4, torch.device("cpu"))
+    for index, prompt in enumerate([[0, 1, 1, 0, 1, 2, 0], [0, 1, 1, 0]]):
+        scheduler.add(Sequence(f"s{index}", prompt, SamplingParams(max_tokens=11, temperature=0.0, ignore_eos=True)))
+    readmitted = 0
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        readmitted += any(seq in {item.seq for item in batch.items} for seq in scheduler.released + batch.released)
+        if batch.items:
+            check_step(inputs, batch)
+        else:
+            inputs.tables.release(batch.released)
+        scheduler.postprocess(batch, [7] * len(batch.sampled))
+    assert scheduler.num_preemptions > 0 and readmitted
