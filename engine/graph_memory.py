@@ -48,6 +48,12 @@ def decode_input_bytes(max_batch: int, max_blocks: int, hybrid: bool = False) ->
     return LONG * ((3 + tables) * max_batch + (max_batch + 1) + tables * max_batch * max_blocks)
 
 
+def block_table_bytes(max_num_seqs: int, max_model_len: int, block_size: int, hybrid: bool = False) -> int:
+    """Bytes of the device block tables (engine.step_inputs.DeviceBlockTables): a row of every table a sequence
+    has (two under the hybrid KV layout) for each of `max_num_seqs`, as wide as the longest context's blocks."""
+    return LONG * max_num_seqs * -(-max_model_len // block_size) * (1 + hybrid)
+
+
 def decode_output_bytes(config: ModelConfig, plan: GraphPlan, dtype: torch.dtype) -> int:
     """Bytes of the full decode graphs' outputs, one [batch, hidden] per (batch size, context bound), kept."""
     return sum(size for size, _ in plan.full_graphs) * config.hidden_size * dtype.itemsize
@@ -90,15 +96,16 @@ def graph_memory_bytes(config: ModelConfig, plan: GraphPlan, *, max_model_len: i
 
 def kv_reserve_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
                      block_size: int, dtype: torch.dtype, cuda_graphs: bool, hybrid: bool = False) -> int:
-    """What the KV-cache budget leaves free on a GPU: one eager step's activations, with the larger of its
-    sampling and its decode attention's split-K partial results (every row padded to the longest context's
-    partitions; freed layer by layer before the sampling starts; eager steps, and decode steps past the full
-    graphs' cap, allocate them outside the graphs' pool), plus, when CUDA graphs are captured, their buffers and
-    pool (private: eager steps cannot reuse it). The plan is the one engine.model_runner builds, at
+    """What the KV-cache budget leaves free on a GPU: the device block tables, one eager step's activations, with
+    the larger of its sampling and its decode attention's split-K partial results (every row padded to the longest
+    context's partitions; freed layer by layer before the sampling starts; eager steps, and decode steps past the
+    full graphs' cap, allocate them outside the graphs' pool), plus, when CUDA graphs are captured, their buffers
+    and pool (private: eager steps cannot reuse it). The plan is the one engine.model_runner builds, at
     `max_model_len` (the cache may clamp it: fewer graphs); `hybrid`: the KV cache's layout (engine.kv_layout)."""
     step_tokens = step_token_budget(max_num_batched_tokens, max_num_seqs)
-    reserve = activation_bytes(config, step_tokens) + max(sampling_reserve_bytes(config, max_num_seqs),
-                                                          eager_split_k_bytes(config, max_num_seqs, max_model_len))
+    reserve = (block_table_bytes(max_num_seqs, max_model_len, block_size, hybrid)
+               + activation_bytes(config, step_tokens) + max(sampling_reserve_bytes(config, max_num_seqs),
+                                                             eager_split_k_bytes(config, max_num_seqs, max_model_len)))
     if not cuda_graphs:
         return reserve
     plan = GraphPlan(max_batch=max_num_seqs, max_model_len=max_model_len, max_tokens=step_tokens)

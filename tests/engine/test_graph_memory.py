@@ -7,7 +7,7 @@ from engine.checkpoint import tiny_config
 from engine.config import ModelConfig, activation_bytes, sampling_reserve_bytes
 from engine.cuda_graphs import DecodeGraphs, GraphPlan
 from engine.device import gpu_kv_cache_budget
-from engine.graph_memory import (decode_input_bytes, decode_output_bytes, graph_memory_bytes, graph_pool_bytes,
+from engine.graph_memory import (block_table_bytes, decode_input_bytes, decode_output_bytes, graph_memory_bytes, graph_pool_bytes,
                                  kv_reserve_bytes, piecewise_buffer_bytes, split_k_bytes)
 from engine.op_trace import PeakMemory
 from engine.piecewise_graphs import PiecewiseGraphs
@@ -55,9 +55,13 @@ def test_the_reserve_counts_the_piecewise_buffers_and_the_largest_capture():
     graphed = kv_reserve_bytes(config, max_num_batched_tokens=8192, **sizes, cuda_graphs=True)
     # the eager step: its sampling, or its decode attention's split-K partial results at 256 rows of 131,072
     # tokens, whichever is larger (at 20b's vocabulary and heads, the partial results by a few percent)
-    assert eager == activation_bytes(config, 8192) + split_k_bytes(config, 256, 131072)
-    with_sampling = activation_bytes(config, 8192) + sampling_reserve_bytes(config, 256)
+    tables = block_table_bytes(256, 131072, 16)  # 16 MiB: a row of 8,192 blocks a sequence
+    assert tables == 16 * 2**20 and block_table_bytes(256, 131072, 16, hybrid=True) == 2 * tables
+    assert eager == tables + activation_bytes(config, 8192) + split_k_bytes(config, 256, 131072)
+    with_sampling = tables + activation_bytes(config, 8192) + sampling_reserve_bytes(config, 256)
     assert with_sampling < eager < with_sampling * 1.05
+    assert kv_reserve_bytes(config, max_num_batched_tokens=8192, **sizes, cuda_graphs=False, hybrid=True) \
+        == eager + tables
     plan = GraphPlan(max_batch=256, max_model_len=131072, max_tokens=8192)
     assert plan.token_sizes[-1] == 8192 and plan.context_bounds[-1] == 131072
     assert graphed - eager == graph_memory_bytes(config, plan, max_model_len=131072, block_size=16,

@@ -23,23 +23,39 @@ def test_weights_count_packed_mxfp4_experts_and_bf16_for_the_rest():
 
 def test_the_kv_cache_gets_what_the_engines_budget_leaves():
     config = preset_model_config("120b")
-    plan = plan_memory(config, H100_80GB_BYTES, utilization=0.9, context_bytes=GIB)
+    plan = plan_memory(config, H100_80GB_BYTES, utilization=0.9, context_bytes=GIB, hybrid=False)
     budget = int(0.9 * H100_80GB_BYTES) - plan.weight_bytes - GIB - plan.reserve_bytes
     assert plan.kv_block_bytes == 16 * 2 * 36 * 8 * 64 * 2  # K and V, every layer, bf16
-    assert plan.num_blocks == budget // plan.kv_block_bytes
-    assert plan.fits and 100_000 < plan.kv_tokens < 160_000
+    assert plan.num_blocks == budget // plan.kv_block_bytes and plan.window is None
+    assert plan.fits and 100_000 < plan.kv_tokens == plan.context_tokens < 160_000
     text = format_plan("120b", plan)
     assert "fits: yes" in text and f"{plan.kv_tokens:,} KV tokens remain" in text
     assert f"--gpu-memory-utilization >= {plan.utilization_for_full_context:.3f}" in text
-    full = plan_memory(config, H100_80GB_BYTES, utilization=plan.utilization_for_full_context + 0.001)
-    assert full.kv_tokens >= config.max_position_embeddings
+    full = plan_memory(config, H100_80GB_BYTES, utilization=plan.utilization_for_full_context + 0.001, hybrid=False)
+    assert full.context_tokens == full.max_model_len == config.max_position_embeddings <= full.kv_tokens
+
+
+def test_the_hybrid_layout_holds_about_twice_the_tokens_and_a_full_context():
+    config = preset_model_config("120b")
+    uniform = plan_memory(config, H100_80GB_BYTES, hybrid=False)
+    hybrid = plan_memory(config, H100_80GB_BYTES)
+    assert (hybrid.window, hybrid.window_blocks) == (128, 9) and 2 * hybrid.kv_block_bytes == uniform.kv_block_bytes
+    assert hybrid.reserve_bytes - uniform.reserve_bytes == 8 * 256 * 8192 + 8 * 256 * (1 + 8192)  # the second tables
+    assert 1.98 < hybrid.num_blocks / uniform.num_blocks < 2.0
+    # a request of n tokens takes ceil(n / 16) blocks and 9 for its window: 92 of 2,048 tokens where 49 fitted
+    assert int(hybrid.requests_of(2048)) == hybrid.num_blocks // (128 + 9) > 1.8 * int(uniform.requests_of(2048))
+    assert uniform.context_tokens < 131072 == hybrid.context_tokens  # the full context fits at 0.90
+    text = format_plan("120b", hybrid)
+    assert "hybrid layout: the full layers keep every token, the sliding layers their last 128" in text
+    assert "clamps" not in text and "clamps" in format_plan("120b", uniform)
 
 
 def test_an_fp8_cache_holds_twice_the_tokens_in_the_same_memory(capsys):
     import torch
 
     config = preset_model_config("120b")
-    bf16, fp8 = (plan_memory(config, H100_80GB_BYTES, cache_dtype=dtype) for dtype in (None, torch.float8_e4m3fn))
+    bf16, fp8 = (plan_memory(config, H100_80GB_BYTES, cache_dtype=dtype, hybrid=False)
+                 for dtype in (None, torch.float8_e4m3fn))
     assert fp8.kv_block_bytes * 2 == bf16.kv_block_bytes and fp8.weight_bytes == bf16.weight_bytes
     assert fp8.num_blocks in (2 * bf16.num_blocks, 2 * bf16.num_blocks + 1)
     assert fp8.kv_tokens > config.max_position_embeddings > bf16.kv_tokens  # a full 131k context fits in fp8 only

@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from engine.graph_memory import block_table_bytes
 from engine.host_costs import advance, decode_sequences
 from engine.scheduler import ScheduledBatch, ScheduledSeq
 from engine.step_inputs import ExternalTokens, StepInputs
@@ -66,6 +67,7 @@ def test_incremental_tables_match_a_rebuild_through_preemption_abort_and_reuse(w
                                max_num_batched_tokens=24, max_model_len=120, window=window)
     model = WindowedFakeModel(scheduler.block_manager) if window else FakeModel(scheduler.block_manager)
     inputs = StepInputs(6, 256, 4, torch.device("cpu"), hybrid=bool(window))
+    assert inputs.tables.table.numel() * 8 == block_table_bytes(6, 256, 4, hybrid=bool(window))  # the KV reserve's
     for index in range(14):
         add(scheduler, f"r{index}", [rng.randrange(1000) for _ in range(rng.randrange(3, 30))],
             greedy(rng.randrange(4, 30)))
