@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.api import SamplingParams
+from engine.kv_layout import first_window_block
 from engine.scheduler import ScheduledBatch, ScheduledSeq
 from engine.sequence import Sequence
 from engine.step_inputs import StepInputs
@@ -38,10 +39,13 @@ if TYPE_CHECKING:
 
 CASES = ((64, 1024), (256, 1024), (256, 4096))
 GOAL_MS = 0.5
+WINDOW = 128  # gpt-oss's sliding window: the sequences' second table (the hybrid KV layout, engine.kv_layout)
 
 
-def decode_sequences(batch_size: int, context: int, block_size: int, seed: int = 0) -> list[Sequence]:
-    """`batch_size` sequences of `context` tokens with disjoint block tables, ready to decode."""
+def decode_sequences(batch_size: int, context: int, block_size: int, seed: int = 0,
+                     window: int | None = WINDOW) -> list[Sequence]:
+    """`batch_size` sequences of `context` tokens with disjoint block tables, ready to decode; with a `window`, the
+    sliding layers' tables too (their blocks before the window given back, -1)."""
     rng = random.Random(seed)
     seqs = []
     blocks_each = -(-(context + 1024) // block_size)
@@ -51,17 +55,32 @@ def decode_sequences(batch_size: int, context: int, block_size: int, seed: int =
         first = index * blocks_each
         seq.block_table = list(range(first, first + -(-context // block_size)))
         seq.num_computed_tokens = context - 1
+        if window is not None:
+            offset = batch_size * blocks_each  # the sliding layers' blocks after every full layers' one
+            seq.window_block_table = [block + offset for block in seq.block_table]
+            _give_back_window(seq, window, block_size)
         seqs.append(seq)
     return seqs
 
 
-def advance(seqs: list[Sequence], block_size: int) -> None:
-    """What postprocess and the block manager do between two decode steps: one more token, a block when full."""
+def advance(seqs: list[Sequence], block_size: int, window: int | None = WINDOW) -> None:
+    """What postprocess and the block manager do between two decode steps: one more token, a block when full (in
+    each table), and the sliding layers' blocks that left the window given back."""
     for seq in seqs:
         seq.num_computed_tokens = seq.num_tokens
+        if window is not None:
+            _give_back_window(seq, window, block_size)
         seq.append_token(1000)
         if len(seq.block_table) * block_size < seq.num_tokens:
             seq.block_table.append(seq.block_table[-1] + 1)
+            if window is not None:
+                seq.window_block_table.append(seq.window_block_table[-1] + 1)
+
+
+def _give_back_window(seq: Sequence, window: int, block_size: int) -> None:
+    first = first_window_block(seq.num_computed_tokens, window, block_size)
+    seq.window_block_table[seq.window_first_block:first] = [-1] * max(0, first - seq.window_first_block)
+    seq.window_first_block = max(first, seq.window_first_block)
 
 
 @contextmanager
@@ -81,20 +100,22 @@ def _best_median_ms(times: list[float], num_steps: int, rounds: int) -> float:
     return min(statistics.median(times[r * num_steps:(r + 1) * num_steps]) for r in range(rounds)) * 1e3
 
 
-def prepare_ms(batch_size: int, context: int, num_steps: int = 200, rounds: int = 3, block_size: int = 16) -> float:
+def prepare_ms(batch_size: int, context: int, num_steps: int = 200, rounds: int = 3, block_size: int = 16,
+               window: int | None = WINDOW) -> float:
     """Milliseconds of StepInputs.prepare per decode step: the lowest of `rounds` medians, each over `num_steps`
-    consecutive decode steps (CPU, 1 thread)."""
+    consecutive decode steps (CPU, 1 thread); the hybrid KV layout's two tables unless `window` is None."""
     with _one_torch_thread():
-        seqs = decode_sequences(batch_size, context, block_size)
+        seqs = decode_sequences(batch_size, context, block_size, window=window)
         total = rounds * num_steps
-        inputs = StepInputs(batch_size, context + total + block_size, block_size, torch.device("cpu"))
+        inputs = StepInputs(batch_size, context + total + block_size, block_size, torch.device("cpu"),
+                            hybrid=window is not None)
         times = []
         for _ in range(total + 1):
             batch = ScheduledBatch([ScheduledSeq(seq, seq.num_tokens - 1, 1, True) for seq in seqs])
             start = time.perf_counter()
             inputs.prepare(batch)
             times.append(time.perf_counter() - start)
-            advance(seqs, block_size)
+            advance(seqs, block_size, window)
         return _best_median_ms(times[1:], num_steps, rounds)  # the first sends every whole block table once
 
 
@@ -119,8 +140,9 @@ def decoding_engine(batch_size: int, context: int, max_steps: int) -> Iterator[L
     from engine.llm_engine import LLMEngine
 
     with tempfile.TemporaryDirectory() as model_dir:
-        # gpt-oss's own context (131,072: what its YaRN scaling implies), its special tokens inside the vocabulary
-        make_random_checkpoint(model_dir, vocab_size=256, num_hidden_layers=1, num_key_value_heads=1,
+        # gpt-oss's own context (131,072: what its YaRN scaling implies), its special tokens inside the vocabulary;
+        # a sliding and a full layer, so the cache takes the hybrid layout, as gpt-oss's does
+        make_random_checkpoint(model_dir, vocab_size=256, num_hidden_layers=2, num_key_value_heads=1,
                                max_position_embeddings=131_072, eos_token_id=255, pad_token_id=254, bos_token_id=253)
         # the first sequences decode while the last ones prefill: room for those steps too
         warm_up = -(-batch_size * context // (STEP_TOKENS - batch_size)) + 4

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 
 from engine.kv_layout import first_window_block
-from engine.sequence import Sequence
+from engine.sequence import NEVER, Sequence
 
 
 def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -100,6 +100,8 @@ class BlockManager:
         self.window = window
         self.tables = 1 if window is None else 2  # block tables a sequence has (a token's slot in each)
         self.num_reserved = 0  # free blocks promised to prefilling sequences' sliding-layer tables
+        # computed tokens past a block's start from which it leaves the window (Sequence.window_release_at)
+        self._release_offset = block_size + window - 1 if window is not None else 0
         self._ref_counts = array("i", bytes(4 * num_blocks))
         self._hashes: dict[int, int] = {}  # block id -> hash of a full, computed block (else reusable by nobody)
         self._token_ids: dict[int, tuple[int, ...]] = {}  # the tokens a hash covers, to rule out collisions
@@ -180,6 +182,7 @@ class BlockManager:
         if self.window is not None:
             seq.window_block_table = [-1] * hits.first_window_block + hits.window
             seq.window_first_block = hits.first_window_block
+            seq.window_release_at = hits.first_window_block * self.block_size + self._release_offset
             if chunk_tokens is None:
                 seq.window_block_table += [self._take_fresh() for _ in range(num_fresh)]
             else:
@@ -201,6 +204,7 @@ class BlockManager:
         seq.block_table.clear()
         seq.window_block_table.clear()
         seq.window_first_block = 0
+        seq.window_release_at = NEVER
         self._end_reservation(seq)
         seq.num_computed_tokens = 0
 
@@ -224,19 +228,24 @@ class BlockManager:
     def free_out_of_window(self, seq: Sequence) -> None:
         """Give back the sliding layers' blocks no query from `seq.num_computed_tokens` on can read (hybrid
         layout; a no-op otherwise). Call after the step that computed them was queued: a later step that reuses a
-        block writes it after that step has read it (one stream)."""
+        block writes it after that step has read it (one stream). There is one to give back only once
+        `seq.num_computed_tokens` reaches `seq.window_release_at` (the scheduler's loops check that first)."""
         if self.window is None:
             return
-        first = min(first_window_block(seq.num_computed_tokens, self.window, self.block_size),
-                    len(seq.window_block_table))
-        table = seq.window_block_table
-        for index in range(seq.window_first_block, first):
+        # engine.kv_layout.first_window_block inline, max(0, ...) included (a negative one gives back nothing): calls
+        # at every block boundary of every row add to the host's count a decode row
+        first = (seq.num_computed_tokens - self.window + 1) // self.block_size
+        released, table = seq.window_first_block, seq.window_block_table
+        if first <= released:
+            return
+        for index in range(released, first):  # the table covers every computed token: never past its end
             self._give_back(table[index])
             table[index] = -1
-        if seq.window_peak and first > seq.window_first_block:  # still prefilling: promised to its next chunks
-            seq.window_reserved += first - seq.window_first_block
-            self.num_reserved += first - seq.window_first_block
-        seq.window_first_block = max(first, seq.window_first_block)
+        if seq.window_peak:  # still prefilling: promised to its next chunks
+            seq.window_reserved += first - released
+            self.num_reserved += first - released
+        seq.window_first_block = first
+        seq.window_release_at = first * self.block_size + self._release_offset
 
     # -- growth ----------------------------------------------------------------
     def has_room(self, seq: Sequence) -> bool:
@@ -263,7 +272,7 @@ class BlockManager:
         before that step, when every block full then was registered (a decode step that fills no block is
         then no work).
         """
-        num_full = seq.num_full_blocks(self.block_size)
+        num_full = seq.num_computed_tokens // self.block_size  # Sequence.num_full_blocks (a row a step: no call)
         if not self.enable_prefix_caching or num_full == since // self.block_size:
             return
         first = num_full

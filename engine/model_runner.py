@@ -179,7 +179,7 @@ class ModelRunner:
             apply_bitmask(logits, *masks.result())
         # Draws keyed by (seed, position of the new token): the same token in any batch; no host read here.
         tokens = self.sampler.sample_on_device(logits, params, [item.seq.seed for item in sampled],
-                                               [item.seq.num_tokens for item in sampled])
+                                               [len(item.seq.token_ids) for item in sampled])  # num_tokens
         keep = logits if any(p.logprobs is not None for p in params) else None
         return LaunchedStep(params, tokens, keep)
 

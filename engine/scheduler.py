@@ -198,7 +198,7 @@ class Scheduler:
         for seq in self.running:
             if budget == 0:
                 break
-            if seq.num_uncomputed_tokens > 1:
+            if len(seq.token_ids) - seq.num_computed_tokens > 1:  # mid-prefill (a row a step: no property calls)
                 budget -= self._schedule_chunk(batch, seq, budget)
         return budget
 
@@ -253,7 +253,8 @@ class Scheduler:
                 continue  # aborted after schedule()
             seq.num_computed_tokens = item.end
             self.block_manager.cache_full_blocks(seq, item.start)
-            self.block_manager.free_out_of_window(seq)
+            if item.end >= seq.window_release_at:
+                self.block_manager.free_out_of_window(seq)
             if row is None:
                 continue
             token_id = int(sampled_token_ids[row])
@@ -315,7 +316,8 @@ class Scheduler:
                 continue
             seq.num_computed_tokens = start + num_new_tokens
             self.block_manager.cache_full_blocks(seq, start)
-            self.block_manager.free_out_of_window(seq)
+            if seq.num_computed_tokens >= seq.window_release_at:  # the sliding layers' blocks: see free_out_of_window
+                self.block_manager.free_out_of_window(seq)
             if not is_sampled:
                 continue
             seq.token_ids.append(PLACEHOLDER)

@@ -8,7 +8,11 @@ advances `num_computed_tokens`; only the block manager edits the block tables an
 from __future__ import annotations
 
 import enum
+import sys
 from engine.api import FinishReason, SamplingParams
+
+
+NEVER = sys.maxsize
 
 
 class SequenceStatus(enum.Enum):
@@ -44,6 +48,9 @@ class Sequence:
         # block_table; entries before `window_first_block` left the window and were given back (-1).
         self.window_block_table: list[int] = []
         self.window_first_block = 0
+        # computed tokens from which its first held sliding-layer block can be given back (the scheduler's hot loops
+        # compare, and call the block manager only then): never, unless the block manager sets it
+        self.window_release_at = NEVER
         # While it prefills, the most sliding-layer blocks it may hold, and the free blocks promised to it toward
         # that (the block manager's reservation: a later chunk never waits for a block)
         self.window_peak = 0

@@ -102,25 +102,23 @@ class DeviceBlockTables:
         upd_cols: list[int] = []
         upd_vals: list[int] = []
         updates = (upd_rows, upd_cols, upd_vals)
-        for index in np.flatnonzero(lengths != self.num_synced[rows]).tolist():
+        for index in (lengths != self.num_synced[rows]).nonzero()[0].tolist():  # not np.flatnonzero: 8 calls
             row = found[index]
             self.num_synced[row] = _send_tail(updates, row, 0, tables[index], int(self.num_synced[row]))
-        if self.hybrid:
+        if self.hybrid:  # the sliding layers' tables: grown, or with entries given back since the last sync
             windows = list(map(_WINDOW_TABLE, seqs))
             lengths = np.fromiter(map(len, windows), np.int64, len(seqs))
-            for index in np.flatnonzero(lengths != self.num_synced_window[rows]).tolist():
-                row = found[index]
+            firsts = np.fromiter(map(_WINDOW_FIRST, seqs), np.int64, len(seqs))
+            changed = (lengths != self.num_synced_window[rows]) | (firsts > self.num_released[rows])
+            for index in changed.nonzero()[0].tolist():
+                row, first = found[index], int(firsts[index])
                 self.num_synced_window[row] = _send_tail(updates, row, self.max_blocks, windows[index],
                                                          int(self.num_synced_window[row]))
-            # entries given back since the last sync: -1 on the device too (a tail sent above holds -1 there too)
-            firsts = np.fromiter(map(_WINDOW_FIRST, seqs), np.int64, len(seqs))
-            for index in np.flatnonzero(firsts > self.num_released[rows]).tolist():
-                row, first = found[index], int(firsts[index])
-                released = int(self.num_released[row])
+                released = int(self.num_released[row])  # -1 on the device too (a tail sent above holds -1 there)
                 upd_rows += [row] * (first - released)
                 upd_cols += range(self.max_blocks + released, self.max_blocks + first)
                 upd_vals += [-1] * (first - released)
-                self.num_released[row] = first
+                self.num_released[row] = max(first, released)
         return rows, upd_rows, upd_cols, upd_vals
 
     def _assign(self, seq: Sequence) -> int:
@@ -178,22 +176,19 @@ class StepInputs:
             ids = ids.index_copy(0, dev["ext_rows"], external.source[dev["ext_idx"]])
         max_seq_len = int(host["seq_lens"].max())
         width = -(-max_seq_len // self.block_size)
-        # index_select: advanced indexing of a strided view takes a slow path (~10x on CPU)
-        block_tables = table[:, :width].index_select(0, dev["rows"])  # [S, width], -1 past each's blocks
-        slots = self._slots(dev["table_entry"], dev["offset"])
-        meta = AttentionMetadata(positions=dev["positions"], slot_mapping=slots, query_start_loc=dev["cu"],
-                                 seq_lens=dev["seq_lens"], block_tables=block_tables, block_size=self.block_size,
+        # Every table of the step's rows in one gather, [S, tables, width] (-1 past each's blocks), and each new
+        # token's slot in every table in another ([tables, T]: the block at its entry, times the block size, plus its
+        # offset). index_select: advanced indexing of a strided view takes a slow path (~10x on CPU).
+        groups = 1 + self.tables.hybrid
+        tables = table.view(table.shape[0], groups, -1)[:, :, :width].index_select(0, dev["rows"])
+        slots = self.tables.flat.index_select(0, dev["table_entry"]).view(groups, -1)
+        slots = slots.mul_(self.block_size).add_(dev["offset"])
+        meta = AttentionMetadata(positions=dev["positions"], slot_mapping=slots[0], query_start_loc=dev["cu"],
+                                 seq_lens=dev["seq_lens"], block_tables=tables[:, 0], block_size=self.block_size,
                                  max_query_len=max_query_len, max_seq_len=max_seq_len)
         if self.tables.hybrid:
-            first = self.tables.max_blocks
-            meta.window = meta.with_tables(table[:, first:first + width].index_select(0, dev["rows"]),
-                                           self._slots(dev["table_entry"] + first, dev["offset"]))
+            meta.window = meta.with_tables(tables[:, 1], slots[1])
         return PreparedStep(ids, meta, dev["logit_rows"], len(host["logit_rows"]))
-
-    def _slots(self, table_entry: Tensor, offset: Tensor) -> Tensor:
-        """Each new token's cache slot: the block at its entry of the device table, times the block size, plus
-        its offset in the block."""
-        return self.tables.flat.index_select(0, table_entry).mul_(self.block_size).add_(offset)
 
     def _host_arrays(self, batch: ScheduledBatch, external: ExternalTokens | None) -> tuple[dict[str, Any], int]:
         """Every host int the step sends, by name (numpy arrays or lists, O(batch + new tokens) to build), and the
@@ -207,10 +202,13 @@ class StepInputs:
         token_row = np.repeat(np.arange(len(items)), q_lens)
         positions = np.arange(cu[-1]) + np.repeat(starts - cu[:-1], q_lens)
         sampled = np.fromiter(map(_IS_SAMPLED, items), bool, len(items))
+        # where each new token's K/V goes: an entry of the device table, and the offset in that block; the sliding
+        # layers' entries after the full layers' (hybrid)
+        table_entries = rows[token_row] * tables.row_width + positions // bs
+        if tables.hybrid:
+            table_entries = np.concatenate([table_entries, table_entries + tables.max_blocks])
         arrays = {
-            "ids": self._token_ids(batch, q_lens), "positions": positions,
-            # where each new token's K/V goes: an entry of the device table, and the offset in that block
-            "table_entry": rows[token_row] * tables.row_width + positions // bs,
+            "ids": self._token_ids(batch, q_lens), "positions": positions, "table_entry": table_entries,
             "offset": positions % bs, "cu": cu, "seq_lens": starts + q_lens, "rows": rows,
             "logit_rows": cu[1:][sampled] - 1, "upd_rows": upd_rows, "upd_cols": upd_cols, "upd_vals": upd_vals,
             "clears": tables.take_clears(),

@@ -7,8 +7,8 @@ from engine.checkpoint import tiny_config
 from engine.config import ModelConfig, activation_bytes, sampling_reserve_bytes
 from engine.cuda_graphs import DecodeGraphs, GraphPlan
 from engine.device import gpu_kv_cache_budget
-from engine.graph_memory import (block_table_bytes, decode_input_bytes, decode_output_bytes, graph_memory_bytes, graph_pool_bytes,
-                                 kv_reserve_bytes, piecewise_buffer_bytes, split_k_bytes)
+from engine.graph_memory import (block_table_bytes, decode_input_bytes, decode_output_bytes, graph_memory_bytes,
+                                 graph_pool_bytes, kv_reserve_bytes, piecewise_buffer_bytes, split_k_bytes)
 from engine.op_trace import PeakMemory
 from engine.piecewise_graphs import PiecewiseGraphs
 from tests.engine.test_decode_trace import decode_step

@@ -5,6 +5,7 @@ import torch
 
 from engine.api import SamplingParams
 from engine.kv_cache import BlockManager, bytes_per_block, num_blocks_for_budget
+from engine.kv_layout import first_window_block
 from engine.sequence import Sequence
 
 BS = 4
@@ -417,6 +418,9 @@ def test_the_window_reserve_covers_every_chunking_from_every_hit():
                 assert sum(b >= 0 for b in seq.window_block_table) <= manager.window_reserve(chunk)
                 assert manager.num_free_blocks >= manager.num_reserved
                 seq.num_computed_tokens = start = end
+                # the scheduler calls free_out_of_window only from window_release_at on: exactly when it gives back
+                gives_back = first_window_block(end, window, block_size) > seq.window_first_block
+                assert gives_back == (end >= seq.window_release_at)
                 manager.free_out_of_window(seq)
             assert manager.num_reserved == 0
             manager.deallocate(seq)
