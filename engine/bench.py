@@ -111,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kernels", default="auto")
     parser.add_argument("--moe-weights", default="auto", help="MXFP4 experts: auto, mxfp4 (packed) or dense")
     parser.add_argument("--kv-cache-dtype", default="auto", help="the KV cache: auto (the model's dtype) or fp8")
+    parser.add_argument("--uniform-kv-cache", action="store_true",
+                        help="every layer keeps every token (default: the hybrid layout, engine.kv_layout)")
     parser.add_argument("--max-num-seqs", type=int, help="the engine's batch size (default: 64 on CPU, 256 on CUDA)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
                         help="tokens one engine step computes at most (prefill chunks and decode rows)")
@@ -211,7 +213,7 @@ def _run(args: argparse.Namespace) -> None:
                       "max_num_seqs": args.max_num_seqs or batch_size_on(args.device),
                       "max_num_batched_tokens": args.max_num_batched_tokens,
                       "gpu_memory_utilization": utilization, "moe_weights": args.moe_weights,
-                      "kv_cache_dtype": args.kv_cache_dtype}
+                      "kv_cache_dtype": args.kv_cache_dtype, "hybrid_kv_cache": not args.uniform_kv_cache}
     results: list[BenchResult] = []
     runs: list[tuple[str, dict]] = []
     options = {"random": {"input_len": args.random_input_len, "output_len": args.random_output_len},

@@ -210,7 +210,8 @@ def run_preset_system(system: str, workload: Workload, *, batch_size: int, engin
             result = run_backend(system, engine, workload)
             held = engine.describe()  # what the options came to: experts packed or dense, the KV cache left
             stats = {**engine.stats(), "mxfp4_experts": held["mxfp4_experts"], "kv_cache_gb": held["kv_cache_gb"],
-                     "num_blocks": held["num_blocks"], "kv_cache_dtype": held["kv_cache_dtype"]}
+                     "num_blocks": held["num_blocks"], "kv_cache_dtype": held["kv_cache_dtype"],
+                     "kv_layout": held["kv_layout"]}
             # the workload's stats, before the batch-1 run adds its steps
             prompt_len, num_tokens = DRY_RUN_BATCH1 if dry_run else (BATCH1_PROMPT, BATCH1_TOKENS)
             batch1 = batch1_decode(engine, hbm_bytes_per_s(device) if on_gpu else None, prompt_len, num_tokens)

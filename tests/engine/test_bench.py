@@ -86,6 +86,7 @@ def test_the_20b_presets_dry_run_goes_through_its_code_at_a_tiny_shape_on_cpu(ca
     # the same engine twice in one run: its experts packed (the preset's MXFP4), then dequantised
     assert "mxfp4_experts=True" in out.split("random engine stats:")[1].splitlines()[0]
     assert "mxfp4_experts=False" in out.split("random engine_dense stats:")[1].splitlines()[0]
+    assert "kv_layout=hybrid" in out.split("random engine stats:")[1].splitlines()[0]
     table = [line.split() for line in out.splitlines() if line.startswith("random ")]
     assert [row[:3] for row in table[-2:]] == [["random", "engine", "2"], ["random", "engine_dense", "2"]]
     assert "batch-1 decode: " in out and "roofline" not in out  # no bandwidth on the CPU
@@ -165,3 +166,12 @@ def test_a_system_that_fails_costs_its_own_row_only(monkeypatch, capsys):
     assert "random hf_generate: FAILED: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n" in out
     table = [line.split()[:2] for line in out.splitlines() if line.startswith("random ") and ":" not in line]
     assert table == [["random", "engine"], ["random", "engine_dense"]]
+
+
+def test_uniform_kv_cache_reaches_the_engine(capsys):
+    from engine.bench import main
+
+    main(["--preset", "20b", "--dry-run", "--device", "cpu", "--kernels", "torch", "--systems", "engine",
+          "--workloads", "random", "--num-requests", "1", "--random-input-len", "8", "--random-output-len", "2",
+          "--uniform-kv-cache"])
+    assert "kv_layout=uniform" in capsys.readouterr().out.split("random engine stats:")[1].splitlines()[0]

@@ -703,3 +703,23 @@ def test_reasoning_effort_minimal_is_a_run_default_rendered_as_low(tmp_path, tin
         ("low", "low"), ("minimal", "minimal")]
     prompts = rows(db, "SELECT run_id, prompt_token_ids FROM tokens ORDER BY 1")
     assert prompts[0][1] == prompts[1][1]  # harmony has no minimal: the same prompt as low
+
+
+def test_the_engine_keeps_only_the_sliding_layers_window_and_records_that_layout(tmp_path, tiny_model_dir):
+    # gpt-oss's alternating layers: the hybrid KV cache (engine.kv_layout) gives the sliding layers' blocks back
+    # once they leave the 128-token window; requests past it, prefilled in chunks, decode to their limit
+    source = tmp_path / "in.jsonl"
+    long = " ".join(f"item {i}," for i in range(150))
+    source.write_text("".join(json.dumps({"custom_id": cid, "input": text}) + "\n"
+                              for cid, text in (("long", long), ("short", "hi"), ("longer", long + long))))
+    db = tmp_path / "o.duckdb"
+    result = submit(source, "--db", db, "--device", "cpu", "--max-output-tokens", "40",
+                    "--max-num-batched-tokens", "128", model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    [(config,)] = rows(db, "SELECT engine_config FROM runs")
+    assert json.loads(config)["kv_layout"] == "hybrid"
+    usage = dict((cid, (i, o)) for cid, i, o in rows(
+        db, "SELECT q.custom_id, s.input_tokens, s.output_tokens FROM responses s JOIN requests q USING (response_id)"))
+    assert usage["longer"][0] > usage["long"][0] > 300 and all(o == 40 for _, o in usage.values())
+    # every one decoded to --max-output-tokens (the random model emits no stop token in 40)
+    assert dict(rows(db, "SELECT custom_id, status FROM requests")) == dict.fromkeys(usage, "incomplete")
