@@ -112,8 +112,9 @@ class DeviceBlockTables:
             changed = (lengths != self.num_synced_window[rows]) | (firsts > self.num_released[rows])
             for index in changed.nonzero()[0].tolist():
                 row, first = found[index], int(firsts[index])
-                self.num_synced_window[row] = _send_tail(updates, row, self.max_blocks, windows[index],
-                                                         int(self.num_synced_window[row]))
+                if lengths[index] != self.num_synced_window[row]:
+                    self.num_synced_window[row] = _send_tail(updates, row, self.max_blocks, windows[index],
+                                                             int(self.num_synced_window[row]))
                 released = int(self.num_released[row])  # -1 on the device too (a tail sent above holds -1 there)
                 upd_rows += [row] * (first - released)
                 upd_cols += range(self.max_blocks + released, self.max_blocks + first)
@@ -176,18 +177,19 @@ class StepInputs:
             ids = ids.index_copy(0, dev["ext_rows"], external.source[dev["ext_idx"]])
         max_seq_len = int(host["seq_lens"].max())
         width = -(-max_seq_len // self.block_size)
-        # Every table of the step's rows in one gather, [S, tables, width] (-1 past each's blocks), and each new
-        # token's slot in every table in another ([tables, T]: the block at its entry, times the block size, plus its
-        # offset). index_select: advanced indexing of a strided view takes a slow path (~10x on CPU).
+        # Each new token's slot in every table in one gather ([tables, T]: the block at its entry, times the block
+        # size, plus its offset), and the step's rows of each table, -1 past each's blocks (index_select: advanced
+        # indexing of a strided view takes a slow path, ~10x on CPU; one gather of both tables as [S, 2, width], a
+        # slower one)
         groups = 1 + self.tables.hybrid
-        tables = table.view(table.shape[0], groups, -1)[:, :, :width].index_select(0, dev["rows"])
         slots = self.tables.flat.index_select(0, dev["table_entry"]).view(groups, -1)
         slots = slots.mul_(self.block_size).add_(dev["offset"])
         meta = AttentionMetadata(positions=dev["positions"], slot_mapping=slots[0], query_start_loc=dev["cu"],
-                                 seq_lens=dev["seq_lens"], block_tables=tables[:, 0], block_size=self.block_size,
-                                 max_query_len=max_query_len, max_seq_len=max_seq_len)
+                                 seq_lens=dev["seq_lens"], block_tables=table[:, :width].index_select(0, dev["rows"]),
+                                 block_size=self.block_size, max_query_len=max_query_len, max_seq_len=max_seq_len)
         if self.tables.hybrid:
-            meta.window = meta.with_tables(tables[:, 1], slots[1])
+            first = self.tables.max_blocks
+            meta.window = meta.with_tables(table[:, first:first + width].index_select(0, dev["rows"]), slots[1])
         return PreparedStep(ids, meta, dev["logit_rows"], len(host["logit_rows"]))
 
     def _host_arrays(self, batch: ScheduledBatch, external: ExternalTokens | None) -> tuple[dict[str, Any], int]:
