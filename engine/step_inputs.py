@@ -109,17 +109,22 @@ class DeviceBlockTables:
             windows = list(map(_WINDOW_TABLE, seqs))
             lengths = np.fromiter(map(len, windows), np.int64, len(seqs))
             firsts = np.fromiter(map(_WINDOW_FIRST, seqs), np.int64, len(seqs))
-            changed = (lengths != self.num_synced_window[rows]) | (firsts > self.num_released[rows])
-            for index in changed.nonzero()[0].tolist():
-                row, first = found[index], int(firsts[index])
-                if lengths[index] != self.num_synced_window[row]:
-                    self.num_synced_window[row] = _send_tail(updates, row, self.max_blocks, windows[index],
-                                                             int(self.num_synced_window[row]))
-                released = int(self.num_released[row])  # -1 on the device too (a tail sent above holds -1 there)
-                upd_rows += [row] * (first - released)
-                upd_cols += range(self.max_blocks + released, self.max_blocks + first)
-                upd_vals += [-1] * (first - released)
-                self.num_released[row] = max(first, released)
+            synced, released = self.num_synced_window[rows], self.num_released[rows]
+            changed = ((lengths != synced) | (firsts > released)).nonzero()[0]
+            # per row, Python ints (a numpy scalar's every read and compare costs a call's time)
+            for index, length, first, sent, gone in zip(changed.tolist(), lengths[changed].tolist(),
+                                                        firsts[changed].tolist(), synced[changed].tolist(),
+                                                        released[changed].tolist()):
+                row = found[index]
+                if length != sent:
+                    _send_tail(updates, row, self.max_blocks, windows[index], sent)
+                # given back since: -1 on the device too (a tail sent above holds -1 there already)
+                upd_rows += [row] * (first - gone)
+                upd_cols += range(self.max_blocks + gone, self.max_blocks + first)
+                upd_vals += [-1] * (first - gone)
+            changed_rows = rows[changed]
+            self.num_synced_window[changed_rows] = lengths[changed]
+            self.num_released[changed_rows] = np.maximum(firsts[changed], released[changed])
         return rows, upd_rows, upd_cols, upd_vals
 
     def _assign(self, seq: Sequence) -> int:
