@@ -215,7 +215,7 @@ class StepInputs:
         if tables.hybrid:
             table_entries = np.concatenate([table_entries, table_entries + tables.max_blocks])
         arrays = {
-            "ids": self._token_ids(batch, q_lens), "positions": positions, "table_entry": table_entries,
+            "ids": self._token_ids(batch, q_lens, sampled), "positions": positions, "table_entry": table_entries,
             "offset": positions % bs, "cu": cu, "seq_lens": starts + q_lens, "rows": rows,
             "logit_rows": cu[1:][sampled] - 1, "upd_rows": upd_rows, "upd_cols": upd_cols, "upd_vals": upd_vals,
             "clears": tables.take_clears(),
@@ -225,9 +225,11 @@ class StepInputs:
         return arrays, int(q_lens.max())
 
     @staticmethod
-    def _token_ids(batch: ScheduledBatch, q_lens: np.ndarray) -> np.ndarray:
+    def _token_ids(batch: ScheduledBatch, q_lens: np.ndarray, sampled: np.ndarray) -> np.ndarray:
         """The step's new tokens, flat; one list index per decode row, one slice per prefill chunk."""
-        if int(q_lens.max(initial=0)) == 1:  # decode rows only: each computes its last known token
+        # decode rows only: each computes its last known token (a one-token prompt chunk short of the prompt's end is
+        # not sampled, and computes its own)
+        if int(q_lens.max(initial=0)) == 1 and sampled.all():
             return np.fromiter([ids[-1] for ids in map(_TOKEN_IDS, map(_SEQ, batch.items))], np.int64, len(q_lens))
         ids: list[int] = []
         for item in batch.items:

@@ -141,3 +141,23 @@ def test_a_sequence_preempted_and_readmitted_in_one_schedule_gets_its_new_table_
             inputs.tables.release(batch.released)
         scheduler.postprocess(batch, [7] * len(batch.sampled))
     assert scheduler.num_preemptions > 0 and readmitted
+
+
+def test_a_one_token_prefill_chunk_sends_its_own_token_not_the_last():
+    # a step whose rows all have one new token is not all decodes: a budget of 2 leaves b's prompt a chunk of 1
+    from engine.api import SamplingParams
+    from engine.kv_cache import BlockManager
+    from engine.scheduler import Scheduler
+    from engine.sequence import Sequence
+
+    scheduler = Scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=2, max_model_len=64)
+    inputs = StepInputs(2, 64, 4, torch.device("cpu"))
+    for request_id, prompt in (("a", [11, 12]), ("b", [21, 22, 23])):
+        scheduler.add(Sequence(request_id, prompt, SamplingParams(max_tokens=3, temperature=0.0)))
+    one_token_chunks = 0
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        one_token_chunks += any(item.num_new_tokens == 1 and not item.is_sampled for item in batch.items)
+        check_step(inputs, batch)
+        scheduler.postprocess(batch, [7] * len(batch.sampled))
+    assert one_token_chunks
