@@ -208,22 +208,26 @@ class BlockManager:
         self._end_reservation(seq)
         seq.num_computed_tokens = 0
 
-    def cover_window(self, seq: Sequence, end: int) -> None:
+    def cover_window(self, seq: Sequence, end: int) -> bool:
         """Give the sliding layers' table of a prefilling `seq` its blocks up to token `end` (the end of the chunk
-        a step computes), from its reservation (hybrid layout; a no-op otherwise or when it has them)."""
+        a step computes), from its reservation, then from the blocks nobody is promised (hybrid layout; a no-op
+        otherwise or when it has them). False, and nothing taken, if they do not suffice: the sequence gave back
+        window blocks another one still holds (a shared prefix), which returned nothing to the pool, so its
+        reservation did not grow by them (the scheduler preempts it)."""
         if self.window is None:
-            return
+            return True
         table = seq.window_block_table
         missing = -(-end // self.block_size) - len(table)
-        if missing > seq.window_reserved:
-            raise RuntimeError(f"{seq.request_id!r}: a chunk to {end} needs {missing} sliding-layer blocks, "
-                               f"{seq.window_reserved} reserved (a chunk longer than allocate's chunk_tokens?)")
         if missing > 0:
+            from_reserve = min(missing, seq.window_reserved)
+            if missing - from_reserve > self.num_free_blocks - self.num_reserved:
+                return False
             table += [self._take_fresh() for _ in range(missing)]
-            seq.window_reserved -= missing
-            self.num_reserved -= missing
+            seq.window_reserved -= from_reserve
+            self.num_reserved -= from_reserve
         if len(table) >= seq.num_blocks_needed(self.block_size):  # prefilled to the end: decodes grow it
             self._end_reservation(seq)
+        return True
 
     def free_out_of_window(self, seq: Sequence) -> None:
         """Give back the sliding layers' blocks no query from `seq.num_computed_tokens` on can read (hybrid
@@ -238,12 +242,13 @@ class BlockManager:
         released, table = seq.window_first_block, seq.window_block_table
         if first <= released:
             return
+        returned = 0
         for index in range(released, first):  # the table covers every computed token: never past its end
-            self._give_back(table[index])
+            returned += self._give_back(table[index])
             table[index] = -1
-        if seq.window_peak:  # still prefilling: promised to its next chunks
-            seq.window_reserved += first - released
-            self.num_reserved += first - released
+        if seq.window_peak:  # still prefilling: what went back to the pool is promised to its next chunks
+            seq.window_reserved += returned
+            self.num_reserved += returned
         seq.window_first_block = first
         seq.window_release_at = first * self.block_size + self._release_offset
 
@@ -348,14 +353,16 @@ class BlockManager:
         """Blocks `seq` lacks for its known tokens, in each of its tables (they grow together)."""
         return max(0, seq.num_blocks_needed(self.block_size) - len(seq.block_table))
 
-    def _give_back(self, block_id: int) -> None:
-        """One holder fewer; an unheld block goes to the free list (revivable by its hash if it has one)."""
+    def _give_back(self, block_id: int) -> bool:
+        """One holder fewer; an unheld block goes to the free list (revivable by its hash if it has one): True."""
         self._ref_counts[block_id] -= 1
-        if self._ref_counts[block_id] == 0:
-            if block_id in self._hashes:
-                self._free_hashed[block_id] = None
-            else:  # worth nothing to anyone: evict first
-                self._free_unhashed.append(block_id)
+        if self._ref_counts[block_id]:
+            return False
+        if block_id in self._hashes:
+            self._free_hashed[block_id] = None
+        else:  # worth nothing to anyone: evict first
+            self._free_unhashed.append(block_id)
+        return True
 
     def _take(self, block_id: int) -> None:
         if self._ref_counts[block_id] == 0:  # a hit on a freed block: only hashed blocks are hit

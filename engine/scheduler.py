@@ -176,8 +176,9 @@ class Scheduler:
                 continue  # preempted just now, or mid-prefill (the hot loop: no property calls)
             if not self._make_room(seq):
                 break  # it preempted itself: nothing after it is running
-            if seq.window_peak:  # a prompt's last token: the sliding layers' last block of its prefill
-                self.block_manager.cover_window(seq, seq.num_computed_tokens + 1)
+            if seq.window_peak and not self.block_manager.cover_window(seq, seq.num_computed_tokens + 1):
+                self._preempt(seq)  # a prompt's last token, with no sliding-layer block for it (cover_window)
+                continue
             batch.items.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True))
             budget -= 1
         return budget
@@ -195,7 +196,7 @@ class Scheduler:
         return True
 
     def _schedule_partial_prefills(self, batch: ScheduledBatch, budget: int) -> int:
-        for seq in self.running:
+        for seq in list(self.running):  # a chunk may preempt its own sequence (_schedule_chunk)
             if budget == 0:
                 break
             if len(seq.token_ids) - seq.num_computed_tokens > 1:  # mid-prefill (a row a step: no property calls)
@@ -213,13 +214,17 @@ class Scheduler:
             self.block_manager.allocate(seq, self.max_num_batched_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            budget -= self._schedule_chunk(batch, seq, budget)
+            budget -= self._schedule_chunk(batch, seq, budget)  # within the reservation just made: never preempts
 
     def _schedule_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        """Schedule `seq`'s next prompt chunk within `budget` tokens; the tokens it takes (0: preempted for want
+        of sliding-layer blocks, see BlockManager.cover_window)."""
         num_new_tokens = min(seq.num_uncomputed_tokens, budget)
         is_sampled = num_new_tokens == seq.num_uncomputed_tokens
         # the sliding layers' blocks of the chunk (hybrid KV layout), from what admission reserved
-        self.block_manager.cover_window(seq, seq.num_computed_tokens + num_new_tokens)
+        if not self.block_manager.cover_window(seq, seq.num_computed_tokens + num_new_tokens):
+            self._preempt(seq)
+            return 0
         batch.items.append(ScheduledSeq(seq, seq.num_computed_tokens, num_new_tokens, is_sampled))
         return num_new_tokens
 

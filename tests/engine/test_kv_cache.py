@@ -375,7 +375,7 @@ def test_a_prompt_prefilled_in_chunks_gets_its_window_blocks_a_chunk_at_a_time_f
     assert manager.can_allocate(make_seq(range(100, 180), "fits"), chunk_tokens=8)
     assert not manager.can_allocate(make_seq(range(100, 184), "too long"), chunk_tokens=8)
     for start in range(0, 40, 8):
-        manager.cover_window(seq, start + 8)
+        assert manager.cover_window(seq, start + 8)
         held = [b for b in seq.window_block_table if b >= 0]
         assert len(held) <= 5 and len(held) + seq.window_reserved == 5 or seq.window_peak == 0
         assert manager.num_free_blocks >= manager.num_reserved
@@ -392,7 +392,7 @@ def test_a_reservation_goes_back_with_a_sequence_dropped_mid_prefill():
     manager = BlockManager(40, BS, window=WINDOW)
     seq = make_seq(range(40))
     manager.allocate(seq, chunk_tokens=8)
-    manager.cover_window(seq, 8)
+    assert manager.cover_window(seq, 8)
     assert manager.num_reserved == 3
     manager.deallocate(seq)  # preempted or aborted
     assert (manager.num_reserved, seq.window_reserved, seq.window_peak, manager.num_free_blocks) == (0, 0, 0, 40)
@@ -414,7 +414,9 @@ def test_the_window_reserve_covers_every_chunking_from_every_hit():
             hits += start > 0
             while start < seq.num_tokens:
                 end = min(seq.num_tokens, start + rng.randrange(1, chunk + 1))
-                manager.cover_window(seq, end)  # raises past the reservation
+                # nobody else holds its blocks: every chunk is covered from its reservation alone
+                assert -(-end // block_size) - len(seq.window_block_table) <= seq.window_reserved
+                assert manager.cover_window(seq, end)
                 assert sum(b >= 0 for b in seq.window_block_table) <= manager.window_reserve(chunk)
                 assert manager.num_free_blocks >= manager.num_reserved
                 seq.num_computed_tokens = start = end
@@ -425,3 +427,24 @@ def test_the_window_reserve_covers_every_chunking_from_every_hit():
             assert manager.num_reserved == 0
             manager.deallocate(seq)
         assert manager.num_free_blocks == 4000 and manager.num_reserved == 0 and hits > 20
+
+
+@pytest.mark.parametrize("num_blocks", [17, 18])
+def test_window_blocks_another_sequence_still_holds_return_nothing_to_the_reservation(num_blocks):
+    manager = BlockManager(num_blocks, BS, window=WINDOW)
+    holder = admit(manager, range(9), "holder")  # 3 blocks a table
+    advance(manager, holder, 9)  # its blocks 0 and 1 hashed, in both tables; it keeps them
+    seq = make_seq([*range(8), *range(100, 132)], "sharer")
+    manager.allocate(seq, chunk_tokens=8)  # hits both tables' blocks 0 and 1 (held by two now), 8 full-layer more
+    assert seq.num_computed_tokens == 8 and seq.window_block_table == holder.window_block_table[:2]
+    assert (seq.window_peak, seq.window_reserved) == (5, 3)
+    assert manager.cover_window(seq, 16)
+    seq.num_computed_tokens = 16
+    manager.free_out_of_window(seq)  # gives back blocks 0 and 1, which the holder keeps: the pool gains nothing
+    assert seq.window_first_block == 2 and seq.window_reserved == manager.num_reserved == 1
+    assert manager.num_free_blocks - manager.num_reserved == num_blocks - 17
+    taken = manager.num_free_blocks
+    # the next chunk needs 2 blocks: 1 reserved, 1 nobody is promised (if the pool has one; else none is taken)
+    assert manager.cover_window(seq, 24) == (num_blocks == 18)
+    assert taken - manager.num_free_blocks == (2 if num_blocks == 18 else 0)
+    assert manager.num_free_blocks >= manager.num_reserved

@@ -403,3 +403,27 @@ def test_a_hybrid_cache_holds_a_full_context_in_little_more_than_one_tables_bloc
     assert_all_blocks_free(scheduler)
     with pytest.raises(ValueError, match="holds 200 tokens"):
         make_scheduler(num_blocks=57, block_size=4, max_num_batched_tokens=16, max_model_len=202, window=8)
+
+
+def test_a_prefill_giving_back_window_blocks_another_sequence_holds_never_overdraws_the_pool():
+    # A hits H's first two blocks in both tables; as A's prefill moves on it gives those window blocks back, but H
+    # still holds them: none returns to the pool, so A's reservation may not grow by them (it did, promising blocks
+    # the pool did not have, and A's next chunk crashed taking them)
+    shared = list(range(100, 140))
+    scheduler = make_scheduler(num_blocks=17, block_size=4, max_num_seqs=2, max_num_batched_tokens=8,
+                               max_model_len=48, window=8)
+    manager = scheduler.block_manager
+    seqs = [add(scheduler, "H", shared[:9], greedy(30))]
+
+    def check(step, batch):
+        assert manager.num_free_blocks >= manager.num_reserved
+        if step == 0:
+            seqs.append(add(scheduler, "A", shared, greedy(30)))
+
+    outputs, _ = drive(scheduler, WindowedFakeModel(manager), on_step=check)
+    for seq in seqs:
+        assert tokens(outputs[seq.request_id]) == expected_tokens(seq.prompt_token_ids, 30, max_model_len=48)
+    # A's chunk found neither reserved nor unpromised blocks once: A was preempted, and resumed to the same tokens
+    assert manager.num_hit_tokens > 0 and scheduler.num_preemptions > 0
+    assert_all_blocks_free(scheduler)
+    assert manager.num_reserved == 0
