@@ -78,7 +78,7 @@ class PrefixHit(NamedTuple):
 
 
 class BlockManager:
-    """Hands out KV-cache blocks to sequences; the only editor of `Sequence.block_table`.
+    """Hands out KV-cache blocks to sequences; the only editor of a `Sequence`'s block tables.
 
     No Python object per block: a block is its id, with a ref count in a 4-byte array; hashes
     and token ids live in dicts that hold only the hashed blocks. The free blocks are three
