@@ -111,6 +111,7 @@ class BlockManager:
         self._free_hashed: OrderedDict[int, None] = OrderedDict()  # least recently freed first
         self.num_queried_tokens = 0  # prompt tokens looked up at admission
         self.num_hit_tokens = 0  # of those, served by the prefix cache
+        self.peak_used_blocks = 0  # the most blocks held at once (LLMEngine.stats: how full the cache got)
 
     @property
     def num_free_blocks(self) -> int:
@@ -190,6 +191,7 @@ class BlockManager:
                 seq.window_reserved = seq.window_peak - len(hits.window)
                 self.num_reserved += seq.window_reserved
         seq.num_computed_tokens = len(hits.full) * self.block_size
+        self._note_usage()
         if not seq.is_admitted:
             seq.is_admitted = True
             seq.num_cached_tokens = seq.num_computed_tokens
@@ -225,6 +227,7 @@ class BlockManager:
             table += [self._take_fresh() for _ in range(missing)]
             seq.window_reserved -= from_reserve
             self.num_reserved -= from_reserve
+            self._note_usage()
         if len(table) >= seq.num_blocks_needed(self.block_size):  # prefilled to the end: decodes grow it
             self._end_reservation(seq)
         return True
@@ -269,6 +272,7 @@ class BlockManager:
             seq.block_table.append(self._take_fresh())
             if self.window is not None:
                 seq.window_block_table.append(self._take_fresh())
+        self._note_usage()
 
     def cache_full_blocks(self, seq: Sequence, since: int = 0) -> None:
         """Register the hash of every block of `seq` that is now full of computed tokens.
@@ -352,6 +356,9 @@ class BlockManager:
     def _num_missing_blocks(self, seq: Sequence) -> int:
         """Blocks `seq` lacks for its known tokens, in each of its tables (they grow together)."""
         return max(0, seq.num_blocks_needed(self.block_size) - len(seq.block_table))
+
+    def _note_usage(self) -> None:
+        self.peak_used_blocks = max(self.peak_used_blocks, self.num_blocks - self.num_free_blocks)
 
     def _give_back(self, block_id: int) -> bool:
         """One holder fewer; an unheld block goes to the free list (revivable by its hash if it has one): True."""

@@ -170,6 +170,8 @@ class LLMEngine:
         return {"num_steps": self.num_steps, "step_s": self.step_s, "forward_s": self.runner.forward_s,
                 "overhead_frac": 1 - self.runner.forward_s / self.step_s if self.step_s else 0.0,
                 "prefix_hit_rate": bm.hit_rate, "num_preemptions": self.scheduler.num_preemptions,
+                # how full the KV cache got: the most blocks held at once, and their share of the cache
+                "kv_peak_blocks": bm.peak_used_blocks, "kv_peak_usage": bm.peak_used_blocks / bm.num_blocks,
                 "async_scheduling": self.async_scheduling, "num_sync_steps": self.num_sync_steps,
                 # decode tokens computed in a CUDA graph: replayed on CUDA, counted by the same plan on CPU
                 **self.runner.counts.stats(), **self.runner.capture_stats,

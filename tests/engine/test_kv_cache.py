@@ -301,8 +301,11 @@ def test_window_blocks_go_back_once_no_later_query_can_read_them():
         advance(manager, seq, 1)
         assert len(held(seq)) <= WINDOW // BS + 1
     assert len(seq.block_table) == -(-seq.num_tokens // BS)  # the full layers keep every token
+    # the most held at once: every full-layer block and a window's (a uniform cache: two of each logical block)
+    assert len(seq.block_table) < manager.peak_used_blocks <= len(seq.block_table) + WINDOW // BS + 1
     manager.deallocate(seq)
     assert manager.num_free_blocks == 32 and all(manager.ref_count(b) == 0 for b in range(32))
+    assert manager.peak_used_blocks > 0  # a peak, not the current use
 
 
 def test_a_hybrid_decode_grows_both_tables_and_counts_a_block_for_each():

@@ -164,5 +164,9 @@ def test_the_hybrid_cache_gives_the_uniform_caches_tokens_and_runs_more_at_once(
     assert (uniform.num_blocks, hybrid.num_blocks) == (96, 192) and hybrid.max_model_len == uniform.max_model_len
     assert tokens[True] == tokens[False]
     assert hybrid.num_steps < uniform.num_steps
+    # the stats say how full each cache got: the hybrid one held more sequences in fewer bytes a sequence
+    peaks = {llm.kv_layout.describe(): llm.stats()["kv_peak_blocks"] for llm in (uniform, hybrid)}
+    assert 0 < peaks["uniform"] <= 96 and 0 < peaks["hybrid"] <= 192
+    assert uniform.stats()["kv_peak_usage"] == peaks["uniform"] / 96
     assert hybrid.block_manager.num_hit_tokens == uniform.block_manager.num_hit_tokens == 288
     assert hybrid.block_manager.num_free_blocks == hybrid.num_blocks
