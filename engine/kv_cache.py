@@ -281,7 +281,7 @@ class BlockManager:
         before that step, when every block full then was registered (a decode step that fills no block is
         then no work).
         """
-        num_full = seq.num_computed_tokens // self.block_size  # Sequence.num_full_blocks (a row a step: no call)
+        num_full = seq.num_computed_tokens // self.block_size  # blocks full of computed tokens
         if not self.enable_prefix_caching or num_full == since // self.block_size:
             return
         first = num_full

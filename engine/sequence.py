@@ -98,10 +98,6 @@ class Sequence:
         """Blocks that hold the KV of every known token."""
         return -(-self.num_tokens // block_size)
 
-    def num_full_blocks(self, block_size: int) -> int:
-        """Blocks whose every slot holds a computed token."""
-        return self.num_computed_tokens // block_size
-
     def block_token_ids(self, index: int, block_size: int) -> list[int]:
         """The tokens of block `index` (fewer than `block_size` for a partial last block)."""
         return self.token_ids[index * block_size:(index + 1) * block_size]
