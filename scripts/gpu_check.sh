@@ -141,7 +141,8 @@ step profile 150 "$PY" -m engine.step_profile "${PROFILE[@]}"
 # should be (compiled for sm_90, a K step of 128 issues ~9% less than the default's 64), then each shape on the
 # experts re-packed as words ("+words" rows: the engine's form on a GPU; sm_90 loop 214 against 270, and no load the
 # loop waits for), and the default shape on words with the checkpoint's scale bytes ("+words(scale bytes)": 191, a
-# synchronous load a step). Mostly compiles.
+# synchronous load a step), and up to 16 tokens the matrix-vector kernel's shapes on words ("gemv...+words":
+# engine.kernels.moe_gemv, whether GEMV_MAX_PAIRS should turn it on for the smallest steps). Mostly compiles.
 step moe_tiles 180 "$PY" -m engine.kernels.moe_tiles "${MOE_TILES[@]}"
 # the MoE's one-program routing kernel against torch's ~24 launches, per step size: where ROUTE_KERNEL_MAX_PAIRS
 # (4,096, estimated from the kernel's compiled loop) should be

@@ -47,6 +47,7 @@ import triton.language as tl  # noqa: E402
 
 from engine.kernels import fused  # noqa: E402
 from engine.kernels.moe_gemm import moe_gemm_kernel, swiglu_reduce_kernel  # noqa: E402
+from engine.kernels.moe_gemv import gemv_launch  # noqa: E402
 from engine.kernels.moe_route import route_logits, route_pairs  # noqa: E402
 
 # The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
@@ -160,28 +161,35 @@ MAX_BLOCK_M = 128
 
 class GemmTiles(NamedTuple):
     """A grouped GEMM launch's shape besides its rows per tile (block_m_for): columns and K a loop step, warps,
-    pipeline stages, and the programs K is split between (engine.kernels.moe_gemm: SPLIT_K)."""
+    pipeline stages, and the programs K is split between (engine.kernels.moe_gemm: SPLIT_K). `gemv`: the launch is
+    engine.kernels.moe_gemv's instead, a program per (token, expert) pair and column block (experts as words only)."""
 
     block_n: int = 64
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    gemv: bool = False
 
     def __str__(self) -> str:
         split = f"k{self.split_k}" if self.split_k > 1 else ""
-        return f"{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}{split}"
+        kind = "gemv" if self.gemv else ""
+        return f"{kind}{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}{split}"
 
     @classmethod
     def parse(cls, text: str) -> GemmTiles:
-        """The inverse of str(): "64x64w4s3" -> GemmTiles(64, 64, 4, 3); "64x64w4s3k4": K split 4 ways."""
-        match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?", text.strip())
+        """The inverse of str(): "64x64w4s3" -> GemmTiles(64, 64, 4, 3); "64x64w4s3k4": K split 4 ways;
+        "gemv16x256w4s1": the matrix-vector kernel's 16 columns and 256 of K a program step."""
+        match = re.fullmatch(r"(gemv)?(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?", text.strip())
         if match is None:
-            raise ValueError(f"tiles {text!r}: expected BLOCK_NxBLOCK_KwWARPSsSTAGES[kSPLIT], e.g. 64x64w4s3")
-        tiles = cls(*(int(group) for group in match.groups() if group is not None))
-        if min(tiles) < 1:
+            raise ValueError(f"tiles {text!r}: expected [gemv]BLOCK_NxBLOCK_KwWARPSsSTAGES[kSPLIT], e.g. 64x64w4s3")
+        sizes = [int(group) for group in match.groups()[1:] if group is not None]
+        if min(sizes) < 1:
             raise ValueError(f"tiles {text!r}: every size must be at least 1")
-        return tiles
+        if match[1] and len(sizes) > 4:
+            raise ValueError(f"tiles {text!r}: the matrix-vector kernel does not split K")
+        block_n, block_k, num_warps, num_stages, *split = sizes
+        return cls(block_n, block_k, num_warps, num_stages, split[0] if split else 1, gemv=bool(match[1]))
 
 
 # Chosen from sm_90 compiles (engine.kernels.sm90); an H200 found none faster at 256 and 2,048 tokens
@@ -202,9 +210,19 @@ SPLIT_K_TILES = GemmTiles.parse("64x64w4s3k4")
 SPLIT_K_MAX_PAIRS = 16  # (token, expert) pairs: four tokens of a top-4 model
 
 
-def tiles_for(block_m: int, num_pairs: int) -> GemmTiles:
+# The matrix-vector kernel (engine.kernels.moe_gemv) for steps of up to this many pairs, on experts held as words:
+# 0 until a GPU times it faster than SPLIT_K_TILES (engine.kernels.moe_tiles' gemv candidates at 1 to 4 tokens).
+# Compiled for sm_90 its loop issues ~210-260 warp-instructions a 4,096 weights, as the GEMM's does; what it might
+# win is latency: no padded rows, no partial sums to reduce, ~1,440 programs of 20b's gate_up at one token.
+GEMV_MAX_PAIRS = 0
+GEMV_TILES = GemmTiles.parse("gemv16x256w4s1")
+
+
+def tiles_for(block_m: int, num_pairs: int, words: bool = False) -> GemmTiles:
     """The launch shape the engine's MoE takes for a step of `num_pairs` (token, expert) pairs at `block_m` rows
-    a tile."""
+    a tile; `words`: whether the experts are held as words with bf16 activations (what the gemv kernel takes)."""
+    if words and num_pairs <= GEMV_MAX_PAIRS:
+        return GEMV_TILES
     if num_pairs <= SPLIT_K_MAX_PAIRS:
         return SPLIT_K_TILES
     return TILES_BY_BLOCK_M.get(block_m, DEFAULT_TILES)
@@ -237,6 +255,10 @@ def fused_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up: Exper
         raise ValueError(f"MoE shapes do not match: x {tuple(x.shape)}, gate_up {gate_up.shape}, down {down.shape}")
     if hidden % 2 or two_inter % 4:
         raise ValueError(f"hidden {hidden} and intermediate {two_inter // 2} must be even")
+    if tiles.gemv:
+        per_pair = _expert_rows_gemv(x, expert_ids, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha,
+                                     limit, tiles)
+        return fused.moe_combine(per_pair, top_k, x.dtype, residual)
     routing = route(expert_ids, num_experts, block_m or block_m_for(num_tokens * top_k, num_experts))
     per_pair = _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, tiles)
     return fused.moe_combine(per_pair, top_k, x.dtype, residual)
@@ -282,13 +304,44 @@ def _expert_rows_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Exp
         routing = route(expert_ids, num_experts, block_m_for(num_tokens * top_k, num_experts))
     else:
         block_m = block_m or block_m_for(num_tokens * top_k, num_experts)
-        _, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
+        expert_ids, weights, sorted_pairs, offsets, tile_expert, row_start = route_logits(
             logits, top_k, block_m, max_tiles(num_tokens * top_k, num_experts, block_m))
         routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
     # the shapes were timed on MXFP4 experts: dense ones keep the default
     timed = not forced and gate_up.blocks is not None
-    tiles = tiles_for(routing.block_m, num_tokens * top_k) if timed else DEFAULT_TILES
+    tiles = tiles_for(routing.block_m, num_tokens * top_k, words=_takes_gemv(x, gate_up, down)) if timed \
+        else DEFAULT_TILES
+    if tiles.gemv:
+        return _expert_rows_gemv(x, expert_ids, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha,
+                                 limit, tiles)
     return _expert_rows(x, routing, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha, limit, tiles)
+
+
+def _takes_gemv(x: Tensor, gate_up: ExpertWeight, down: ExpertWeight) -> bool:
+    """Whether the matrix-vector kernel can take this MoE: experts held as words, bf16 activations."""
+    return x.dtype == torch.bfloat16 and all(w.blocks is not None and is_words(w.blocks) for w in (gate_up, down))
+
+
+def _expert_rows_gemv(x: Tensor, expert_ids: Tensor, top_k: int, weights: Tensor, gate_up: ExpertWeight,
+                      gate_up_bias: Tensor, down: ExpertWeight, down_bias: Tensor, alpha: float, limit: float,
+                      tiles: GemmTiles) -> Tensor:
+    """`_expert_rows` by engine.kernels.moe_gemv: a program per (pair, column block), no routing; [T * top_k,
+    hidden] fp32 by pair."""
+    if not _takes_gemv(x, gate_up, down):
+        raise ValueError(f"the MoE's matrix-vector kernel ({tiles}) takes experts held as MXFP4 words "
+                         f"(engine.mxfp4_words) and bf16 activations, got {x.dtype}")
+    assert gate_up.blocks is not None and gate_up.scales is not None  # for mypy: _takes_gemv holds
+    assert down.blocks is not None and down.scales is not None
+    ids = expert_ids.reshape(-1)
+    num_pairs, launch = ids.numel(), dict(block_n=tiles.block_n, block_k=tiles.block_k, num_warps=tiles.num_warps,
+                                          num_stages=tiles.num_stages)
+    activated = torch.empty(num_pairs, gate_up.shape[2] // 2, dtype=x.dtype, device=x.device)
+    gemv_launch(x, gate_up.blocks, gate_up.scales, gate_up_bias, activated, ids, top_k, pair_weights=x,
+                swiglu=(alpha, limit), **launch)
+    per_pair = torch.empty(num_pairs, down.shape[2], dtype=torch.float32, device=x.device)
+    gemv_launch(activated, down.blocks, down.scales, down_bias, per_pair, ids, 1,
+                pair_weights=weights.reshape(-1).contiguous(), swiglu=None, **launch)
+    return per_pair
 
 
 def _expert_rows(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight,

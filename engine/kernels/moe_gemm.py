@@ -188,22 +188,42 @@ def _step_scales(s_ptr, offs_n, mask_n, k0, stride_sg, stride_sn, BLOCK_K: tl.co
     inputs (a step of 64 half of one), which a GPU copies asynchronously with the weights. From the checkpoint's
     scale bytes (uint8) it reads a byte a row a group: Triton loads those synchronously, a memory round trip in
     every step of the loop (the layout before the scale words, kept so a GPU can time the two)."""
+    first, second = _load_step_scales(s_ptr, offs_n, mask_n, k0, stride_sg, stride_sn, BLOCK_K)
+    return _unpack_step_scales(first, second, k0, BLOCK_K)
+
+
+@triton.jit
+def _load_step_scales(s_ptr, offs_n, mask_n, k0, stride_sg, stride_sn, BLOCK_K: tl.constexpr):
+    """`_step_scales`' loads, two of a kind (what a step does not need is the first again): the step's scale bytes
+    [BLOCK_N, BLOCK_K/32], or its scale word [BLOCK_N] and the next (read at steps of 256 inputs only)."""
     groups: tl.constexpr = BLOCK_K // MXFP4_GROUP
     if s_ptr.dtype.element_ty == tl.uint8:
         g = k0 // MXFP4_GROUP + tl.arange(0, groups)
-        return tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=mask_n[:, None],
-                       other=0).to(tl.int32)
+        scale_bytes = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=mask_n[:, None],
+                              other=0)
+        return scale_bytes, scale_bytes
     tl.static_assert(groups <= 2 * SCALES_PER_WORD, "scale words: K steps of 64, 128 or 256 inputs")
     at = s_ptr + offs_n * stride_sn + k0 // (MXFP4_GROUP * SCALES_PER_WORD) * stride_sg
     word = tl.load(at, mask=mask_n, other=0)
+    if groups == 2 * SCALES_PER_WORD:
+        return word, tl.load(at + stride_sg, mask=mask_n, other=0)
+    return word, word
+
+
+@triton.jit
+def _unpack_step_scales(first, second, k0, BLOCK_K: tl.constexpr):
+    """`_load_step_scales`' loads -> the step's scales, [BLOCK_N, BLOCK_K/32] int32."""
+    groups: tl.constexpr = BLOCK_K // MXFP4_GROUP
+    if first.dtype == tl.uint8:
+        return first.to(tl.int32)
     if groups == 2:  # half a word: k0 // 32 % 4 is 0 or 2
-        word = word >> (k0 // MXFP4_GROUP % SCALES_PER_WORD * 8)
+        word = first >> (k0 // MXFP4_GROUP % SCALES_PER_WORD * 8)
         return tl.join(word & 0xFF, (word >> 8) & 0xFF)
     elif groups == 4:  # k0 a multiple of 128: the step's word
-        return _word_scales(word)
+        return _word_scales(first)
     else:  # two words; [n, word, byte] in group order
-        second = tl.load(at + stride_sg, mask=mask_n, other=0)
-        return tl.reshape(tl.permute(tl.join(_word_scales(word), _word_scales(second)), (0, 2, 1)), (word.shape[0], 8))
+        return tl.reshape(tl.permute(tl.join(_word_scales(first), _word_scales(second)), (0, 2, 1)),
+                          (first.shape[0], 8))
 
 
 @triton.jit
@@ -218,6 +238,19 @@ def _word_scales(word):
 def _words_bf16(words, scale, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
     """Words [N, BLOCK_K/8] int32 and their scales [N, BLOCK_K/32] int32 -> the weights [N, BLOCK_K] (bf16 with
     ASM; their fp32 values in the interpreter)."""
+    n: tl.constexpr = words.shape[0]
+    chunks: tl.constexpr = BLOCK_K // WORDS_CHUNK
+    q = _words_decoded(words, scale, BLOCK_K, ASM)
+    # q: (n, word, t, s, b); a word is (chunk, c, h), and its weight (b, s, t) is input 32h + 16b + 8s + 2c + t
+    q = tl.permute(tl.reshape(q, (n, chunks, 4, 2, 2, 2, 2)), (0, 1, 3, 6, 5, 2, 4))
+    return tl.reshape(q, (n, BLOCK_K))
+
+
+@triton.jit
+def _words_decoded(words, scale, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+    """Words [N, BLOCK_K/8] int32 and their scales [N, BLOCK_K/32] int32 -> the weights in word order,
+    [N, BLOCK_K/8, 2 (t), 2 (s), 2 (b)]: weight (t, s, b) of word (chunk, c, h) is input 32h + 16b + 8s + 2c + t
+    of its chunk (bf16 with ASM; their fp32 values in the interpreter)."""
     n: tl.constexpr = words.shape[0]
     chunks: tl.constexpr = BLOCK_K // WORDS_CHUNK
     # a word's group is its h (the words of a chunk are (c, h) in c-major order): the scale of (chunk, h) to each
@@ -235,9 +268,7 @@ def _words_bf16(words, scale, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
                             _scaled_pair((words << 3) & -2118090304, scaled)),
                     tl.join(_scaled_pair(((words >> 3) & 0x01C001C0) | ((words << 1) & -2147450880), scaled),
                             _scaled_pair(((words << 6) & 0x01C001C0) | ((words << 2) & -2147450880), scaled)))
-    # q: (n, word, t, s, b); a word is (chunk, c, h), and its weight (b, s, t) is input 32h + 16b + 8s + 2c + t
-    q = tl.permute(tl.reshape(q, (n, chunks, 4, 2, 2, 2, 2)), (0, 1, 3, 6, 5, 2, 4))
-    return tl.reshape(q, (n, BLOCK_K))
+    return q
 
 
 @triton.jit

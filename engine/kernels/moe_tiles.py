@@ -48,9 +48,15 @@ LAYERS_20B = 24
 # weights' read), an 8-way split and a 2-warp 4-way one with a deeper pipeline. An H200 timed 128x64w4s3 and
 # 32x64w2s3 at every step size and never found them fastest. sm_90 compiles of each: README (python -m
 # engine.kernels.moe_tiles --sm90).
+# Last, the matrix-vector kernel (engine.kernels.moe_gemv: a program per pair, on words only, at steps of up to
+# GEMV_MAX_TOKENS), whose 16 and 32 columns a program give 20b's gate_up 1,440 and 720 programs a token.
 CANDIDATES = tuple(GemmTiles.parse(text) for text in
                    ("64x64w4s3", "64x128w4s3", "64x64w2s3", "64x64w4s3k4", "64x128w4s3k2", "64x64w2s5",
-                    "64x128w4s4", "128x128w8s3", "64x64w4s3k8", "64x64w2s4k4"))
+                    "64x128w4s4", "128x128w8s3", "64x64w4s3k8", "64x64w2s4k4", "gemv16x256w4s1", "gemv32x256w4s1",
+                    "gemv16x128w2s1"))
+# The most tokens a step the gemv candidates are timed at: past a few, each pair's program reading its expert's
+# weights on its own costs ~pairs / experts x the GEMM's reads (and minutes of a GPU check at 2,048 tokens).
+GEMV_MAX_TOKENS = 16
 DENSE = "dense"  # the experts held dense, at the default shape
 WORDS_SUFFIX = "+words"  # a shape's run on the experts re-packed as engine.mxfp4_words (the engine's on a GPU)
 # the default shape on words with the checkpoint's scale bytes (a synchronous load a K step) instead of scale words
@@ -153,7 +159,7 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
         # name -> (the call, its weight bytes, its output's distance from the default's, or its error)
         runs: dict[str, tuple[Callable[[], Tensor], int, float | str]] = {}
         reference: Tensor | None = None
-        for name, tiles, form in _runs(order, layer):
+        for name, tiles, form in _runs(order, layer, num_tokens):
             gate_up, down = layer.experts(form)
             dense = form == "dense"
             run = partial(fused_experts, x, expert_ids, weights, gate_up, layer.gate_up_bias, down, layer.down_bias,
@@ -182,15 +188,15 @@ def time_tiles(device: str, tokens: tuple[int, ...], shape: MoeShape = SHAPES["2
     return timings
 
 
-def _runs(order: tuple[GemmTiles, ...], layer: MoeLayer) -> list[tuple[str, GemmTiles, str]]:
-    """(name, tiles, weights' form) a step size runs, the default on blocks first and dense last: each shape on
-    the checkpoint's blocks, then on words (WORDS_SUFFIX) where the layer has them and the K step is whole
-    chunks of them (engine.mxfp4_words; a K it does not divide ends in single chunks), the default shape on words
-    with scale bytes (SCALE_BYTES_SUFFIX), then the experts dense."""
-    runs = [(str(tiles), tiles, "blocks") for tiles in order]
+def _runs(order: tuple[GemmTiles, ...], layer: MoeLayer, num_tokens: int) -> list[tuple[str, GemmTiles, str]]:
+    """(name, tiles, weights' form) a step size runs, the default on blocks first and dense last: each GEMM shape on
+    the checkpoint's blocks, then each shape on words (WORDS_SUFFIX) where the layer has them and the K step is
+    whole chunks of them (engine.mxfp4_words; a K it does not divide ends in single chunks; the gemv shapes up to
+    GEMV_MAX_TOKENS), the default shape on words with scale bytes (SCALE_BYTES_SUFFIX), then the experts dense."""
+    runs = [(str(tiles), tiles, "blocks") for tiles in order if not tiles.gemv]
     if layer.gate_up_words is not None:
         runs += [(f"{tiles}{WORDS_SUFFIX}", tiles, "words") for tiles in order
-                 if mxfp4_words.takes_k_step(tiles.block_k)]
+                 if mxfp4_words.takes_k_step(tiles.block_k) and (not tiles.gemv or num_tokens <= GEMV_MAX_TOKENS)]
         runs.append((f"{DEFAULT_TILES}{SCALE_BYTES_SUFFIX}", DEFAULT_TILES, "scale bytes"))
     return runs + [(DENSE, DEFAULT_TILES, "dense")]
 

@@ -129,8 +129,9 @@ def _opcode(instruction: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", instruction).split(" ")[0].split(".")[0]
 
 
-def inner_loop(cubin: bytes) -> list[str]:
-    """The innermost loop doing the most MMAs (a backward branch's body; the shorter on a tie), as SASS."""
+def inner_loop(cubin: bytes, longest: bool = False) -> list[str]:
+    """The innermost loop doing the most MMAs (a backward branch's body; the shorter on a tie), as SASS;
+    `longest`: the longest loop instead (a kernel on the CUDA cores: its main loop, not a loop over a tail)."""
     sass = _sass(cubin)
     best: tuple[int, int, list[str]] = (-1, 0, [])
     for address, text in sass:
@@ -138,7 +139,8 @@ def inner_loop(cubin: bytes) -> list[str]:
         if target and int(target[1], 16) < address:
             body = [t for a, t in sass if int(target[1], 16) <= a <= address]
             mmas = sum(_opcode(t) in MMA_OPS for t in body)
-            best = max(best, (mmas, -len(body), body), key=lambda loop: loop[:2])
+            key = (0, len(body)) if longest else (mmas, -len(body))
+            best = max(best, (*key, body), key=lambda loop: loop[:2])
     return best[2]
 
 
@@ -147,12 +149,13 @@ def _describe(kernel_fn: Any, kwargs: dict, compiled: Any, num_tokens: int, bloc
     """One launch: its block, loop, registers and spills, and the tiles the step's routing (`counts`: pairs
     per expert) gives at its BLOCK_M; `tiles`: the GemmTiles it was launched with, as text."""
     cubin = compiled.asm["cubin"]
-    loop = inner_loop(cubin)
+    loop = inner_loop(cubin, longest=kernel_fn.__name__ == "moe_gemv_kernel")
     warps = compiled.metadata.num_warps
     per_4096 = len(loop) * warps / 4 * 4096 / (kwargs["BLOCK_N"] * kwargs["BLOCK_K"])
     opcodes = [_opcode(t) for t in loop]
-    block_m, projection = kwargs["BLOCK_M"], "gate_up" if kwargs["SWIGLU"] else "down"
-    return {"projection": projection, "weights": kwargs["WEIGHTS"], "tokens": num_tokens,
+    # the matrix-vector kernel (engine.kernels.moe_gemv): a program a pair, as a tile of one row would be
+    block_m, projection = kwargs.get("BLOCK_M", 1), "gate_up" if kwargs["SWIGLU"] else "down"
+    return {"projection": projection, "weights": kwargs.get("WEIGHTS", "mxfp4_words"), "tokens": num_tokens,
             "block_m_asked": block_m_asked, "tiles": sum(-(-count // block_m) for count in counts),
             "experts_hit": sum(c > 0 for c in counts), "weights_per_expert": WEIGHTS_PER_EXPERT[projection],
             "shape": list(PROJECTION_SHAPES[projection]),
@@ -207,7 +210,7 @@ def report(tokens: list[int], block_ms: list[int], tiles: list[str] | None = Non
                 seen = len(launches)
                 _compile_moe(ids, block_m, shape, dense=shape == DEFAULT_TILES)
                 for kernel_fn, kwargs, compiled in launches[seen:]:
-                    if kernel_fn.__name__ == "moe_gemm_kernel":
+                    if kernel_fn.__name__ in ("moe_gemm_kernel", "moe_gemv_kernel"):
                         described.append(_describe(kernel_fn, kwargs, compiled, num_tokens, block_m, counts,
                                                    str(shape)))
                     else:
@@ -296,6 +299,8 @@ def _compile_moe(ids: Any, block_m: int, tiles: Any, dense: bool) -> None:
     bf16_experts = (moe.ExpertWeight(dense=torch.empty(EXPERTS, HIDDEN, 2 * INTERMEDIATE, dtype=bf16)),
              moe.ExpertWeight(dense=torch.empty(EXPERTS, INTERMEDIATE, HIDDEN, dtype=bf16)))
     forms = [mxfp4] + ([words] if mxfp4_words.takes_k_step(tiles.block_k) else [])
+    if tiles.gemv:  # the matrix-vector kernel takes words only
+        forms, dense = forms[1:], False
     for gate_up, down in forms + ([bf16_experts] if dense else []):
         moe.fused_experts(x, ids, torch.empty(num_tokens, TOP_K, dtype=bf16), gate_up, gate_up_bias, down,
                           down_bias, 1.702, 7.0, block_m, tiles=tiles)

@@ -149,9 +149,10 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
     # decode batch that matters most
     from engine.kernels import moe_tiles
 
-    report = moe_tiles.sm90_report((256,))
+    gemm = tuple(tiles for tiles in moe_tiles.CANDIDATES if not tiles.gemv)
+    report = moe_tiles.sm90_report((256,), gemm)
     names = []
-    for tiles in moe_tiles.CANDIDATES:
+    for tiles in gemm:
         # on the checkpoint's blocks, and on words (every candidate's K step is whole chunks of 64)
         forms = ["mxfp4", "mxfp4_words"]
         for weights in forms:
@@ -164,7 +165,7 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
             assert all(k["num_warps"] == tiles.num_warps and k["block"][1:] == [tiles.block_n, tiles.block_k]
                        for k in kernels), (tiles, kernels)
         names += [f"sm90 T=256 {tiles}{moe_tiles.WORDS_SUFFIX if w == 'mxfp4_words' else ''}" for w in forms]
-    lines = moe_tiles.sm90_lines(report)
+    lines = moe_tiles.sm90_lines(report, gemm)
     assert sorted(line.split(":")[0] for line in lines) == sorted(names)
     assert all(" spills" in line and "issue-bound" in line for line in lines)
     # on words every shape's loop copies its scales with the weights: no load the loop waits for
@@ -174,10 +175,19 @@ def test_every_launch_shape_the_gpu_check_times_compiles_for_sm90_without_spills
                      for t in moe_tiles.CANDIDATES[:2])
     assert wide < default
     # the 2-warp shapes at the 16-row tiles they serve: no spills on blocks or words
-    two_warps = tuple(tiles for tiles in moe_tiles.CANDIDATES if tiles.num_warps == 2)
+    two_warps = tuple(tiles for tiles in gemm if tiles.num_warps == 2)
     small = moe_tiles.sm90_report((16,), two_warps)
     assert all(k["spills"] == 0 and k["block"][0] == 16 for k in small["kernels"] if k["weights"] != "dense"), [
         (k["gemm_tiles"], k["weights"], k["spills"]) for k in small["kernels"]]
+    # the gemv candidates at the step sizes they are timed at: on words only, no spills, a program a pair (a tile
+    # of one row) each decoding its expert's slice on the CUDA cores in about the GEMM's instructions a weight
+    gemv = tuple(tiles for tiles in moe_tiles.CANDIDATES if tiles.gemv)
+    tiny = moe_tiles.sm90_report((1,), gemv)
+    kernels = tiny["kernels"]
+    assert sorted((k["gemm_tiles"], k["projection"]) for k in kernels) == sorted(
+        (str(t), p) for t in gemv for p in ("gate_up", "down"))
+    assert all(k["weights"] == "mxfp4_words" and k["spills"] == 0 and k["block"][0] == 1 and k["tiles"] == 4
+               and sum(k["mma"].values()) == 0 and 150 < k["per_4096"] < 350 for k in kernels), kernels
 
 
 def attention_report(full_loop, sliding_loop=300):

@@ -38,7 +38,8 @@ def test_every_candidate_and_the_dense_experts_give_the_default_shapes_output(la
     landed = []
     timings = moe_tiles.time_tiles(DEVICE, (5, 24), TINY, repeats=1, layer=layer, report=landed.append)
     assert timings == landed  # each reported as it lands
-    expected = [str(t) for t in moe_tiles.CANDIDATES] + [moe_tiles.DENSE]
+    # fp32: no words, so no gemv candidate (it takes words only)
+    expected = [str(t) for t in moe_tiles.CANDIDATES if not t.gemv] + [moe_tiles.DENSE]
     assert [t.tiles for t in timings] == expected * 2
     assert [t.tokens for t in timings] == [5] * len(expected) + [24] * len(expected)
     for timing in timings:
@@ -57,14 +58,18 @@ def test_a_bf16_layer_runs_each_shape_on_words_too_where_its_k_step_takes_them()
     bf16_layer = moe_tiles.build_layer(TINY, DEVICE, torch.bfloat16)  # K = 64: one chunk of words
     assert bf16_layer.gate_up_words is not None and bf16_layer.down_words is not None
     shapes = (DEFAULT_TILES, GemmTiles.parse("64x128w4s3"), GemmTiles.parse("64x64w4s3k4"),
-              GemmTiles.parse("64x32w4s3"))
-    timings = moe_tiles.time_tiles(DEVICE, (6,), TINY, shapes, repeats=1, layer=bf16_layer)
+              GemmTiles.parse("64x32w4s3"), GemmTiles.parse("gemv16x64w4s1"))
+    too_many = moe_tiles.GEMV_MAX_TOKENS + 1
+    timings = moe_tiles.time_tiles(DEVICE, (6, too_many), TINY, shapes, repeats=1, layer=bf16_layer)
     words = moe_tiles.WORDS_SUFFIX
-    # every shape on words too (a 128-wide K step over K = 64: its one chunk left over), a 32-wide step not; the
-    # default on words with the checkpoint's scale bytes as well
+    # every GEMM shape on blocks, and on words too (a 128-wide K step over K = 64: its one chunk left over), a
+    # 32-wide step not; the gemv on words only, and only up to GEMV_MAX_TOKENS; the default on words with the
+    # checkpoint's scale bytes as well
     shapes_words = [f"{s}{words}" for s in ("64x64w4s3", "64x128w4s3", "64x64w4s3k4")]
-    assert [t.tiles for t in timings] == ["64x64w4s3", "64x128w4s3", "64x64w4s3k4", "64x32w4s3", *shapes_words,
-                                          f"64x64w4s3{moe_tiles.SCALE_BYTES_SUFFIX}", moe_tiles.DENSE]
+    runs = ["64x64w4s3", "64x128w4s3", "64x64w4s3k4", "64x32w4s3", *shapes_words]
+    tail = [f"64x64w4s3{moe_tiles.SCALE_BYTES_SUFFIX}", moe_tiles.DENSE]
+    assert [t.tiles for t in timings] == [*runs, f"gemv16x64w4s1{words}", *tail, *runs, *tail]
+    assert [t.tokens for t in timings] == [6] * (len(runs) + 3) + [too_many] * (len(runs) + 2)
     assert all(t.ok and t.us > 0 for t in timings), timings
     # bf16 out, fp32 sums in another order
     assert all(t.diff < 1e-2 for t in timings if words in t.tiles)
