@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.kv_layout import first_window_block
+from engine.kv_layout import first_window_block, window_blocks
 from engine.sequence import NEVER, Sequence
 
 
@@ -126,7 +126,7 @@ class BlockManager:
         tokens: those of the window before a chunk and of the chunk (0 under the uniform layout)."""
         if self.window is None:
             return 0
-        return (self.window - 1 + chunk_tokens) // self.block_size + 2
+        return window_blocks(self.window, self.block_size, chunk_tokens)
 
     def token_capacity(self, chunk_tokens: int) -> int:
         """The most tokens one sequence can hold, prefilled in chunks of up to `chunk_tokens`: a full-layer block

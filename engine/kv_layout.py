@@ -49,13 +49,14 @@ class KVLayout:
         """How many (k, v) tensor pairs the cache allocates (layers per block)."""
         return max(self.cache_index) + 1
 
-    @property
-    def tables_per_token(self) -> int:
-        """Block tables a token's KV takes a slot in: 2 (both groups) when hybrid, else 1."""
-        return 2 if self.is_hybrid else 1
-
     def describe(self) -> str:
         return "hybrid" if self.is_hybrid else "uniform"
+
+
+def window_blocks(window: int, block_size: int, chunk_tokens: int = 0) -> int:
+    """The most blocks a sequence's sliding-layer table holds: those of a window of keys and of a chunk of
+    `chunk_tokens` new tokens after it (0: a decoding sequence, whose next token may start a block of its own)."""
+    return (window - 1 + chunk_tokens) // block_size + 2
 
 
 def first_window_block(next_position: int, window: int, block_size: int) -> int:

@@ -27,7 +27,7 @@ from engine.config import KV_CACHE_DTYPES, ModelConfig
 from engine.device import gpu_kv_cache_budget
 from engine.graph_memory import kv_reserve_bytes
 from engine.kv_cache import BlockManager, num_blocks_for_budget
-from engine.kv_layout import KVLayout
+from engine.kv_layout import KVLayout, window_blocks
 from engine.model import GptOssModel, kv_cache_bytes_per_block
 
 GIB = 2**30
@@ -64,7 +64,7 @@ class MemoryPlan:
     @property
     def window_blocks(self) -> int:
         """Blocks a decoding request's sliding layers hold (hybrid; 0 uniform): its window's and a new one."""
-        return 0 if self.window is None else (self.window - 1) // self.block_size + 2
+        return 0 if self.window is None else window_blocks(self.window, self.block_size)
 
     @property
     def context_tokens(self) -> int:
@@ -88,7 +88,7 @@ class MemoryPlan:
         """The gpu_memory_utilization at which the cache would hold one request of the model's full context."""
         blocks = -(-self.max_model_len // self.block_size)
         if self.window is not None:  # and the sliding layers' reserve for its prefill
-            blocks += BlockManager(1, self.block_size, window=self.window).window_reserve(self.chunk_tokens)
+            blocks += window_blocks(self.window, self.block_size, self.chunk_tokens)
         need = self.weight_bytes + self.context_bytes + self.reserve_bytes + blocks * self.kv_block_bytes
         return need / self.total_bytes
 
