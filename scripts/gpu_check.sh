@@ -121,7 +121,8 @@ step memory_plan 45 "$PY" -m engine.memory_plan --preset 120b
 # the kernels' own numerics first (tl.dot_scaled's MoE at the 20b shape): a cold Triton cache compiles every
 # variant, and a step stopped by its timeout should have cut the end-to-end tests, not these. Two runs: given
 # a folder beside them, pytest would collect the files in the folder's order
-FIRST_TESTS="tests/engine/test_triton_moe.py tests/engine/test_triton_moe_words.py tests/engine/test_triton_attention.py"
+FIRST_TESTS="tests/engine/test_triton_moe.py tests/engine/test_triton_moe_words.py tests/engine/test_triton_moe_gemv.py"
+FIRST_TESTS+=" tests/engine/test_triton_attention.py"
 FIRST_TESTS+=" tests/engine/test_triton_fused.py tests/engine/test_triton_sampler.py"
 export FIRST_TESTS
 step gpu_tests 200 bash -c 'opts="-m gpu -v -rs --durations=10 -p no:cacheprovider"
