@@ -221,7 +221,7 @@ GEMV_TILES = GemmTiles.parse("gemv16x256w4s1")
 def tiles_for(block_m: int, num_pairs: int, words: bool = False) -> GemmTiles:
     """The launch shape the engine's MoE takes for a step of `num_pairs` (token, expert) pairs at `block_m` rows
     a tile; `words`: whether the experts are held as words with bf16 activations (what the gemv kernel takes)."""
-    if words and num_pairs <= GEMV_MAX_PAIRS:
+    if words and 0 < num_pairs <= GEMV_MAX_PAIRS:
         return GEMV_TILES
     if num_pairs <= SPLIT_K_MAX_PAIRS:
         return SPLIT_K_TILES
@@ -327,6 +327,8 @@ def _expert_rows_gemv(x: Tensor, expert_ids: Tensor, top_k: int, weights: Tensor
                       tiles: GemmTiles) -> Tensor:
     """`_expert_rows` by engine.kernels.moe_gemv: a program per (pair, column block), no routing; [T * top_k,
     hidden] fp32 by pair."""
+    if tiles.split_k != 1:
+        raise ValueError(f"the MoE's matrix-vector kernel does not split K: {tiles}")
     if not _takes_gemv(x, gate_up, down):
         raise ValueError(f"the MoE's matrix-vector kernel ({tiles}) takes experts held as MXFP4 words "
                          f"(engine.mxfp4_words) and bf16 activations, got {x.dtype}")

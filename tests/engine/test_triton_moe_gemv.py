@@ -47,19 +47,23 @@ def run(experts, inputs, tiles):
     x, ids, weights, gate_up_bias, down_bias = inputs
     gate_up, down = experts
     return moe.fused_experts(x, ids, weights, gate_up, gate_up_bias, down, down_bias, ALPHA, LIMIT,
-                             tiles=moe.GemmTiles.parse(tiles))
+                             tiles=moe.GemmTiles.parse(tiles) if isinstance(tiles, str) else tiles)
 
 
 @on_gpu
-@pytest.mark.parametrize("num_tokens,tiles,hidden,inter,scale_bytes", [
-    (1, "gemv16x128w4s1", 192, 64, False),  # K 192 in steps of 128: a step and a chunk left over
-    (3, "gemv16x256w4s1", 192, 64, False),  # no whole step at all: chunks only
-    (2, "gemv32x256w4s1", 256, 128, False),  # two scale words a step
-    (2, "gemv128x64w4s1", 192, 64, False),  # down's 192 columns: the second block half masked
-    (3, "gemv16x128w2s1", 192, 64, True),  # the checkpoint's scale bytes
+@pytest.mark.parametrize("num_tokens,tiles,hidden,inter,scale_bytes,top_k", [
+    (1, "gemv16x128w4s1", 192, 64, False, 2),  # K 192 in steps of 128: a step and a chunk left over
+    (3, "gemv16x256w4s1", 192, 64, False, 2),  # no whole step at all: chunks only
+    (2, "gemv32x256w4s1", 256, 128, False, 2),  # two scale words a step
+    (2, "gemv128x64w4s1", 192, 64, False, 2),  # down's 192 columns: the second block half masked
+    (3, "gemv16x128w2s1", 192, 64, True, 2),  # the checkpoint's scale bytes
+    (2, "gemv16x64w4s1", 64, 64, False, 1), (3, "gemv16x64w4s1", 64, 64, False, 3),  # other experts a token
 ])
-def test_the_gemv_gives_the_moe_of_the_reference_and_of_the_gemm(num_tokens, tiles, hidden, inter, scale_bytes):
-    words, _, inputs, reference = small_moe(num_tokens, hidden, inter, num_tokens + hidden, scale_bytes)
+def test_the_gemv_gives_the_moe_of_the_reference_and_of_the_gemm(num_tokens, tiles, hidden, inter, scale_bytes,
+                                                                   top_k):
+    words, _, inputs, reference = small_moe(num_tokens, hidden, inter, num_tokens + hidden, scale_bytes, top_k=top_k)
+    if top_k == 3:  # the routing kernel's expert ids are int32 (engine.kernels.moe_route)
+        inputs[1] = inputs[1].int()
     gemv = run(words, inputs, tiles)
     gemm = run(words, inputs, "64x64w4s3")
     assert gemv.dtype == torch.bfloat16 and gemv.shape == reference.shape
@@ -92,6 +96,7 @@ def test_the_engine_takes_the_gemv_up_to_gemv_max_pairs_on_words_only(monkeypatc
     assert launched == [moe.GEMV_TILES.block_n] * 2  # gate_up, then down
     torch.testing.assert_close(gemv.float(), gemm.float(), rtol=2**-7, atol=float(gemm.abs().max()) * 2**-7)
     from_logits(blocks)  # the checkpoint's blocks: the GEMM
+    assert len(launched) == 2
     monkeypatch.setattr(moe, "GEMV_MAX_PAIRS", 3)  # 4 pairs: past it
     from_logits(words)
     assert len(launched) == 2
@@ -101,6 +106,7 @@ def test_the_engine_takes_the_gemv_up_to_gemv_max_pairs_on_words_only(monkeypatc
                                   block_m=moe.INVARIANT_BLOCK_M)
     assert len(launched) == 2
     assert moe.tiles_for(16, 4, words=True) == moe.GEMV_TILES and moe.tiles_for(16, 4) == moe.SPLIT_K_TILES
+    assert moe.tiles_for(16, 0, words=True) == moe.SPLIT_K_TILES  # no pairs: nothing to launch either way
 
 
 def test_the_gemv_refuses_what_it_cannot_take():
@@ -114,5 +120,7 @@ def test_the_gemv_refuses_what_it_cannot_take():
         run(words, inputs, "gemv16x512w4s1")
     with pytest.raises(ValueError, match="does not split K"):
         moe.GemmTiles.parse("gemv16x256w4s1k2")
+    with pytest.raises(ValueError, match="does not split K"):
+        run(words, inputs, moe.GemmTiles(16, 64, 4, 1, split_k=2, gemv=True))
     assert str(moe.GEMV_TILES) == "gemv16x256w4s1" and moe.GemmTiles.parse("gemv16x256w4s1").gemv
     assert not moe.GemmTiles.parse("16x256w4s1").gemv
