@@ -153,7 +153,8 @@ step routing 40 "$PY" -m engine.kernels.moe "${ROUTING[@]}"
 step sampler 30 "$PY" -m engine.sampler_costs "${SAMPLER[@]}"
 # the decode attention's partition kernel and reduce per partition size, then at a 128-key tile, at batch 1, 64 and
 # 256: a batch-256 step's attention read its K and V at ~1.8 TB/s on an H200 (before its loop lost a third of its
-# code); 2,048 (sequence, KV head) programs may need no split at all
+# code, and its K and V copies got a pipeline: TABLE_AHEAD, timed against the old read); 2,048 (sequence, KV head)
+# programs may need no split at all
 step attention_parts 60 "$PY" -m engine.kernels.attention_parts "${ATTENTION_PARTS[@]}"
 # what an option costs on the ShareGPT-like mix, against bench_sharegpt's engine row: the experts held as
 # bf16 (the faster of the two is what --moe-weights auto should pick), then batch-invariant numerics, then an fp8

@@ -75,7 +75,7 @@ STEP_POINTERS = ("block_tables", "seq_lens", "query_start_loc", "sinks")
 def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, key_lo, key_hi, window,
                  BLOCK_SIZE: tl.constexpr, stride_b, stride_s, stride_h, scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-                 UPCAST: tl.constexpr, DTYPE: tl.constexpr, MASKED: tl.constexpr):
+                 UPCAST: tl.constexpr, DTYPE: tl.constexpr, MASKED: tl.constexpr, TABLE_AHEAD: tl.constexpr):
     """Online softmax of the rows of q over keys key_lo .. key_hi - 1, read through the block table.
 
     q: [R, BLOCK_D] in the model's dtype DTYPE (fp32 if UPCAST); q_pos: [R] positions (MASKED: a key is seen if at
@@ -83,13 +83,24 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
     decode row, whose range ends at its position and starts inside its window); m_i, l_i: [R] running max / sum,
     acc: [R, BLOCK_D] fp32. The cache holds DTYPE, or fp8 (widened to DTYPE as it is read, exactly). Key positions
     are int32 and the block size a constexpr: the per-key address arithmetic was most of the decode loop's issue.
+    TABLE_AHEAD: each tile's block ids are read in the iteration before (the first before the loop), so the K and V
+    copies' addresses come from the loop's state; read in the tile's own iteration, they kept Triton's pipeliner to
+    one tile in flight (compiled for sm_90, a wait for every outstanding copy at the top of each iteration; ahead,
+    a wait that leaves two in flight).
     """
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
+    first_tile = key_lo + tl.arange(0, BLOCK_N)
+    block = tl.load(table_row + first_tile // BLOCK_SIZE, mask=(first_tile < key_hi) & TABLE_AHEAD, other=0)
     for start in range(key_lo, key_hi, BLOCK_N):
         k_pos = start + tl.arange(0, BLOCK_N)
         k_in = k_pos < key_hi
-        block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_in, other=0)
+        if TABLE_AHEAD:
+            next_pos = k_pos + BLOCK_N
+            next_block = tl.load(table_row + next_pos // BLOCK_SIZE, mask=next_pos < key_hi, other=0)
+        else:
+            block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_in, other=0)
+            next_block = block
         k_in = k_in & (block.to(tl.int32) >= 0)  # a -1 (missing) block is never read (ids fit in int32: 1 compare)
         slot = k_pos % BLOCK_SIZE
         kv_mask = k_in[:, None] & d_ok[None, :]
@@ -119,6 +130,7 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, table_row, kv_head, 
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
+        block = next_block
     return m_i, l_i, acc
 
 
@@ -139,7 +151,7 @@ def _decode_partition_kernel(
         num_parts,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_N: tl.constexpr, PARTITION: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr,
-        SINGLE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+        SINGLE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TABLE_AHEAD: tl.constexpr):
     """Program (sequence, KV head, partition): one partition of a decode sequence's keys, unnormalised.
 
     SINGLE (one partition covers every sequence): the sink seeds the softmax and the program writes
@@ -180,7 +192,8 @@ def _decode_partition_kernel(
     q_rows_pos = tl.zeros([BLOCK_G], tl.int32) + q_pos
     m_i, l_i, acc = _attend_keys(q, q_rows_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, BLOCK_SIZE, stride_b, stride_s, stride_h, scale,
-                                 HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST, q_ptr.dtype.element_ty, False)
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST, q_ptr.dtype.element_ty, False,
+                                 TABLE_AHEAD)
     if SINGLE:
         tl.store(out_ptr + q_start * stride_ot + head[:, None] * stride_oh + d[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -254,7 +267,7 @@ def _prefill_kernel(
         stride_qt, stride_qh, stride_ot, stride_oh, stride_b, stride_s, stride_h, stride_bt, window, scale,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr, UPCAST: tl.constexpr,
-        MIN_Q_LEN: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+        MIN_Q_LEN: tl.constexpr, BLOCK_SIZE: tl.constexpr, TABLE_AHEAD: tl.constexpr):
     """Program (flat query tile, KV head): BLOCK_M queries x the group's heads of a sequence with at least
     MIN_Q_LEN new tokens (2: prefill sequences; 1: every sequence, the batch-invariant mode)."""
     seq, tile = _tile_sequence(query_start_loc, num_seqs, tl.program_id(0), BLOCK_M)
@@ -293,7 +306,8 @@ def _prefill_kernel(
     key_hi = tl.where((q_len >= MIN_Q_LEN) & (tile * BLOCK_M < q_len), key_hi, key_lo)  # not ours, or past the end
     m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables + seq * stride_bt,
                                  kv_head, key_lo, key_hi, window, BLOCK_SIZE, stride_b, stride_s, stride_h, scale,
-                                 HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST, q_ptr.dtype.element_ty, True)
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, SLIDING, UPCAST, q_ptr.dtype.element_ty, True,
+                                 TABLE_AHEAD)
     o = acc / l_i[:, None]
     tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -302,7 +316,7 @@ def _prefill_kernel(
 def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, *,
                            sinks: Tensor, sliding_window: int | None, scale: float,
                            batch_invariant: bool = False, partition: int | None = None,
-                           key_tile: int | None = None) -> Tensor:
+                           key_tile: int | None = None, table_ahead: bool = True) -> Tensor:
     """`engine.attention.paged_attention` in Triton: same arguments, same result (see there).
 
     batch_invariant: every row, decode ones too, goes through the prefill kernel: one online softmax over
@@ -312,6 +326,8 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     engine.kernels.decode_partition, which follows its sequence count, prefill and padding rows included;
     engine.kernels.attention_parts times the sizes); a context within one partition takes no reduce.
     key_tile: keys the decode kernel reads a loop step (a power of two, at least 16; default DECODE_BLOCK_N).
+    table_ahead: read each key tile's block ids an iteration early (the kernels' TABLE_AHEAD; False: in the tile's own
+    iteration, as before, which engine.kernels.attention_parts times against it).
     """
     if partition is not None and partition < 1:
         raise ValueError(f"partition must be at least 1 key, got {partition}")
@@ -337,7 +353,8 @@ def triton_paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: At
     window = sliding_window or 0
     block_d = max(MIN_DOT, triton.next_power_of_2(head_dim))
     common = dict(stride_b=k_cache.stride(0), stride_s=k_cache.stride(1), stride_h=k_cache.stride(2),
-                  stride_bt=meta.block_tables.stride(0), BLOCK_SIZE=meta.block_size, window=window, scale=scale)
+                  stride_bt=meta.block_tables.stride(0), BLOCK_SIZE=meta.block_size, window=window, scale=scale,
+                  TABLE_AHEAD=table_ahead)
 
     if batch_invariant:
         _launch_prefill(q, out, k_cache, v_cache, meta, sinks, num_seqs, group, block_d, sliding, common,

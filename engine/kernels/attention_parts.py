@@ -61,6 +61,7 @@ class PartitionTiming:
     kv_bytes: int  # K and V the layer reads
     key_tile: int = DECODE_KEY_TILE
     default: bool = False  # the engine's partition for the step (decode_partition) at its key tile
+    table_ahead: bool = True  # each key tile's block ids read an iteration early (the kernels' TABLE_AHEAD)
 
     @property
     def ok(self) -> bool:
@@ -92,7 +93,8 @@ def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, sha
                     report: Callable[[PartitionTiming], None] | None = None,
                     key_tiles: tuple[int, ...] = KEY_TILES) -> list[PartitionTiming]:
     """Each (batch, context) of `steps` through the engine's partition for it (decode_partition) and each other
-    partition size, then at the engine's partition with each other key tile of `key_tiles`: a PartitionTiming each,
+    partition size, then at the engine's partition with each other key tile of `key_tiles`, then once with each
+    tile's block ids read in its own iteration (table_ahead=False, as before TABLE_AHEAD): a PartitionTiming each,
     in that order, `report(timing)` called as each lands. On CUDA each is timed as a CUDA graph's replay; bf16
     there, fp32 in the interpreter."""
     from functools import partial
@@ -103,19 +105,19 @@ def time_partitions(device: str, steps: tuple[tuple[int, int], ...] = STEPS, sha
     timings = []
     for batch, context in steps:
         default = decode_partition(batch, shape.kv_heads, context)
-        order = [(default, DECODE_KEY_TILE), *[(p, DECODE_KEY_TILE) for p in partitions if p != default],
-                 *[(default, t) for t in key_tiles if t != DECODE_KEY_TILE]]
+        order = [(default, DECODE_KEY_TILE, True), *[(p, DECODE_KEY_TILE, True) for p in partitions if p != default],
+                 *[(default, t, True) for t in key_tiles if t != DECODE_KEY_TILE], (default, DECODE_KEY_TILE, False)]
         q, k_cache, v_cache, meta, sinks = decode_step(batch, context, shape, device, dtype)
         kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
         reference: Tensor | None = None
-        for size, key_tile in order:
+        for size, key_tile, table_ahead in order:
             run = partial(triton_paged_attention, q, k_cache, v_cache, meta, sinks=sinks, sliding_window=None,
-                          scale=shape.head_dim ** -0.5, partition=size, key_tile=key_tile)
+                          scale=shape.head_dim ** -0.5, partition=size, key_tile=key_tile, table_ahead=table_ahead)
             out = run()
             reference = out if reference is None else reference
             timings.append(PartitionTiming(batch, context, size, median_us(graphed(run, device), device, repeats),
                                            relative_diff(out, reference), kv_bytes, key_tile,
-                                           (size, key_tile) == order[0]))
+                                           (size, key_tile, table_ahead) == order[0], table_ahead))
             if report is not None:
                 report(timings[-1])
         del q, k_cache, v_cache, run  # before the next step's caches
@@ -128,6 +130,7 @@ def describe(timing: PartitionTiming, default_us: float) -> str:
     return (f"attention B={timing.batch} ctx={timing.context} partition {timing.partition} ({parts} a sequence"
             + (", no reduce" if parts == 1 else "")
             + (f", {timing.key_tile} keys a tile" if timing.key_tile != DECODE_KEY_TILE else "")
+            + ("" if timing.table_ahead else ", block ids read in the tile's iteration")
             + ("; the default" if timing.default else "")
             + f"): {timing.us:.1f} us a layer, x{timing.us / default_us:.2f} the default, "
               f"{timing.kv_bytes / timing.us / 1e6:.2f} TB/s of K and V, diff {timing.diff:.1e}")

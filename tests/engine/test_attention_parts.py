@@ -23,8 +23,13 @@ def test_every_partition_size_gives_the_default_sizes_output_and_the_torch_paths
     timings = attention_parts.time_partitions(DEVICE, ((3, 200),), TINY, (64, 512), repeats=1, key_tiles=())
     # the engine's partition for 3 sequences x 2 KV heads first, though not listed: too few programs at 512 keys
     assert decode_partition(3, TINY.kv_heads, 200) == 128
-    assert [(t.partition, t.default) for t in timings] == [(128, True), (64, False), (512, False)]
+    # last, the default again with each tile's block ids read in its own iteration
+    assert [(t.partition, t.default, t.table_ahead) for t in timings] == [
+        (128, True, True), (64, False, True), (512, False, True), (128, False, False)]
     assert all(t.ok and t.us > 0 for t in timings) and max(t.diff for t in timings) > 0  # 64: 4 partitions
+    assert timings[-1].diff == 0  # the same loads, a tile later: the same sums
+    assert "block ids read in the tile's iteration" in attention_parts.describe(timings[-1], timings[0].us)
+    assert "block ids" not in attention_parts.describe(timings[0], timings[0].us)
     q, k_cache, v_cache, meta, sinks = attention_parts.decode_step(3, 200, TINY, DEVICE, torch.float32)
     want = paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=None, scale=TINY.head_dim ** -0.5)
     got = triton_paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=None,
@@ -36,7 +41,7 @@ def test_every_partition_size_gives_the_default_sizes_output_and_the_torch_paths
 def test_a_wider_key_tile_gives_the_default_tiles_output():
     timings = attention_parts.time_partitions(DEVICE, ((2, 300),), TINY, (), repeats=1, key_tiles=(16, 32))
     assert [(t.partition, t.key_tile) for t in timings] == [(128, attention_parts.DECODE_KEY_TILE), (128, 16),
-                                                            (128, 32)]
+                                                            (128, 32), (128, attention_parts.DECODE_KEY_TILE)]
     assert all(t.ok for t in timings) and max(t.diff for t in timings) > 0  # other tiles: other sums' order
     line = attention_parts.describe(timings[1], timings[0].us)
     assert "partition 128 (3 a sequence, 16 keys a tile):" in line and "; the default" not in line

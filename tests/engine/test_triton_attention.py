@@ -65,12 +65,12 @@ def make_step(seqs, *, block_size, num_heads=8, num_kv_heads=2, head_dim=16, sha
     return q.to(dtype=dtype, **to), k_cache, v_cache, meta, sinks.to(dtype=dtype, **to)
 
 
-def check(seqs, *, window, atol=1e-5, partition=None, **step):
+def check(seqs, *, window, atol=1e-5, partition=None, table_ahead=True, **step):
     q, k_cache, v_cache, meta, sinks = make_step(seqs, **step)
     scale = q.shape[-1] ** -0.5
     want = paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale)
     got = triton_paged_attention(q, k_cache, v_cache, meta, sinks=sinks, sliding_window=window, scale=scale,
-                                 partition=partition)
+                                 partition=partition, table_ahead=table_ahead)
     assert got.shape == want.shape and got.dtype == want.dtype
     starts = meta.query_start_loc.tolist()
     for i, seq in enumerate(seqs):
@@ -84,9 +84,11 @@ RAGGED = [(0, 9), (20, 1), (7, 1), (0, 1), (15, 1), (16, 1), (21, 12), (40, 1), 
 
 
 @pytest.mark.parametrize(("window", "block_size"), [(None, 16), (8, 5), (13, 8)])
-def test_a_ragged_batch_of_decode_and_prefill_rows_matches(window, block_size):
-    # windows of 8 and 13 over blocks of 5 and 8: windows start mid-block and span block edges
-    check(RAGGED, window=window, block_size=block_size)
+@pytest.mark.parametrize("table_ahead", [True, False], ids=["ids-ahead", "ids-in-tile"])
+def test_a_ragged_batch_of_decode_and_prefill_rows_matches(window, block_size, table_ahead):
+    # windows of 8 and 13 over blocks of 5 and 8: windows start mid-block and span block edges; each key tile's
+    # block ids read an iteration ahead (the default) or in its own
+    check(RAGGED, window=window, block_size=block_size, table_ahead=table_ahead)
 
 
 @pytest.mark.parametrize("window", [None, 6])
@@ -235,7 +237,7 @@ pointers = {"q_ptr": "*bf16", "out_ptr": "*bf16", "sinks": "*bf16", "block_table
             "query_start_loc": "*i64", "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "scale": "fp32",
             "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_out_ptr": "*bf16",
             "slot_ptr": "*i64", "eps": "fp32"}
-shape = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16)
+shape = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_SIZE=16, TABLE_AHEAD=True)
 kernels_in_a_step = [
         # the K/V write, and the attention reading a bf16 cache, or an fp8 one (--kv-cache-dtype fp8)
         (fused._rope_write_kernel, dict(HALF=32, BLOCK_HEADS=64, BLOCK_KV_HEADS=8)),
