@@ -309,8 +309,10 @@ def _expert_rows_from_logits(x: Tensor, logits: Tensor, top_k: int, gate_up: Exp
         routing = Routing(sorted_pairs, offsets, tile_expert, row_start, block_m)
     # the shapes were timed on MXFP4 experts: dense ones keep the default
     timed = not forced and gate_up.blocks is not None
-    tiles = tiles_for(routing.block_m, num_tokens * top_k, words=_takes_gemv(x, gate_up, down)) if timed \
-        else DEFAULT_TILES
+    num_pairs = num_tokens * top_k
+    # (the words check only where the gemv could apply: it is a few Python calls a layer, every step)
+    words = num_pairs <= GEMV_MAX_PAIRS and _takes_gemv(x, gate_up, down)
+    tiles = tiles_for(routing.block_m, num_pairs, words=words) if timed else DEFAULT_TILES
     if tiles.gemv:
         return _expert_rows_gemv(x, expert_ids, top_k, weights, gate_up, gate_up_bias, down, down_bias, alpha,
                                  limit, tiles)
