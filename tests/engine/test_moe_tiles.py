@@ -36,12 +36,13 @@ def test_tiles_text_round_trips_and_bad_text_names_the_form():
 
 def test_every_candidate_and_the_dense_experts_give_the_default_shapes_output(layer):
     landed = []
-    timings = moe_tiles.time_tiles(DEVICE, (5, 24), TINY, repeats=1, layer=layer, report=landed.append)
+    # one step size: the tiny shape's tiles are 16 rows at any a test can afford (two step sizes: a test below)
+    timings = moe_tiles.time_tiles(DEVICE, (5,), TINY, repeats=1, layer=layer, report=landed.append)
     assert timings == landed  # each reported as it lands
     # fp32: no words, so no gemv candidate (it takes words only)
     expected = [str(t) for t in moe_tiles.CANDIDATES if not t.gemv] + [moe_tiles.DENSE]
-    assert [t.tiles for t in timings] == expected * 2
-    assert [t.tokens for t in timings] == [5] * len(expected) + [24] * len(expected)
+    assert [t.tiles for t in timings] == expected
+    assert [t.tokens for t in timings] == [5] * len(expected)
     for timing in timings:
         assert timing.ok and timing.us > 0 and not timing.error, timing
         # fp32: a longer K step or a wider column block reorders nothing here (K = 64), and the dense experts are
