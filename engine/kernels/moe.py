@@ -47,7 +47,7 @@ import triton.language as tl  # noqa: E402
 
 from engine.kernels import fused  # noqa: E402
 from engine.kernels.moe_gemm import moe_gemm_kernel, swiglu_reduce_kernel  # noqa: E402
-from engine.kernels.moe_gemv import gemv_launch  # noqa: E402
+from engine.kernels.moe_gemv import gemv_experts  # noqa: E402
 from engine.kernels.moe_route import route_logits, route_pairs  # noqa: E402
 
 # The interpreter's tl.dot multiplies 16-bit floats wrongly (triton 3.9): interpreted, the operands go to fp32
@@ -336,16 +336,9 @@ def _expert_rows_gemv(x: Tensor, expert_ids: Tensor, top_k: int, weights: Tensor
                          f"(engine.mxfp4_words) and bf16 activations, got {x.dtype}")
     assert gate_up.blocks is not None and gate_up.scales is not None  # for mypy: _takes_gemv holds
     assert down.blocks is not None and down.scales is not None
-    ids = expert_ids.reshape(-1)
-    num_pairs, launch = ids.numel(), dict(block_n=tiles.block_n, block_k=tiles.block_k, num_warps=tiles.num_warps,
-                                          num_stages=tiles.num_stages)
-    activated = torch.empty(num_pairs, gate_up.shape[2] // 2, dtype=x.dtype, device=x.device)
-    gemv_launch(x, gate_up.blocks, gate_up.scales, gate_up_bias, activated, ids, top_k, pair_weights=x,
-                swiglu=(alpha, limit), **launch)
-    per_pair = torch.empty(num_pairs, down.shape[2], dtype=torch.float32, device=x.device)
-    gemv_launch(activated, down.blocks, down.scales, down_bias, per_pair, ids, 1,
-                pair_weights=weights.reshape(-1).contiguous(), swiglu=None, **launch)
-    return per_pair
+    return gemv_experts(x, expert_ids, top_k, weights, (gate_up.blocks, gate_up.scales, gate_up_bias),
+                        (down.blocks, down.scales, down_bias), alpha, limit, block_n=tiles.block_n,
+                        block_k=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
 def _expert_rows(x: Tensor, routing: Routing, top_k: int, weights: Tensor, gate_up: ExpertWeight,

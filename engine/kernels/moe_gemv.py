@@ -22,6 +22,8 @@ chunk, engine.mxfp4_words), and the activations read in the same order, so no we
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
@@ -34,9 +36,6 @@ import triton.language as tl  # noqa: E402
 
 from engine.kernels.moe_gemm import (  # noqa: E402
     WORDS_CHUNK, _load_step_scales, _store_swiglu, _unpack_step_scales, _words_decoded)
-
-__all__ = ["CHUNK", "MAX_K_STEP", "gemv_launch", "moe_gemv_kernel"]
-
 
 @triton.jit
 def moe_gemv_kernel(
@@ -124,6 +123,21 @@ def _sum_rows(acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc [BLOCK_N, BLOCK_K/8, 2, 2, 2] -> its sums over all but the first axis, [BLOCK_N] (tl.sum's combine
     through tl.reduce: see engine.kernels.moe_route._sum)."""
     return tl.reduce(tl.reshape(acc, (BLOCK_N, BLOCK_K)), 1, tl.standard._sum_combine)
+
+
+def gemv_experts(x: Tensor, expert_ids: Tensor, top_k: int, weights: Tensor,
+                 gate_up: tuple[Tensor, Tensor, Tensor], down: tuple[Tensor, Tensor, Tensor], alpha: float,
+                 limit: float, *, block_n: int, block_k: int, num_warps: int, num_stages: int) -> Tensor:
+    """The MoE's two projections by pair: x [T, hidden] bf16, expert_ids and router weights [T, top_k], each
+    projection as (words, scale words or bytes, bias) -> [T * top_k, hidden] fp32, row token * top_k + slot, each
+    pair's expert output times its router weight (what engine.kernels.fused.moe_combine sums)."""
+    ids = expert_ids.reshape(-1)
+    launch = partial(gemv_launch, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    activated = torch.empty(ids.numel(), gate_up[0].shape[1] // 2, dtype=x.dtype, device=x.device)
+    launch(x, *gate_up, activated, ids, top_k, pair_weights=x, swiglu=(alpha, limit))
+    per_pair = torch.empty(ids.numel(), down[0].shape[1], dtype=torch.float32, device=x.device)
+    launch(activated, *down, per_pair, ids, 1, pair_weights=weights.reshape(-1).contiguous(), swiglu=None)
+    return per_pair
 
 
 def gemv_launch(a: Tensor, blocks: Tensor, scales: Tensor, bias: Tensor, out: Tensor, expert_ids: Tensor,

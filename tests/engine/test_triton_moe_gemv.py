@@ -13,7 +13,7 @@ if not triton_available():
     pytest.skip("triton is not installed (pip install 'batchrun[gpu]')", allow_module_level=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 require_triton(DEVICE)  # CPU: the interpreter, chosen before triton is first imported
-from engine.kernels import moe  # noqa: E402
+from engine.kernels import moe, moe_gemv  # noqa: E402
 from tests.engine.test_triton_moe_words import experts_as_blocks_and_words  # noqa: E402
 
 ALPHA, LIMIT = 1.702, 7.0
@@ -80,8 +80,8 @@ def test_the_engine_takes_the_gemv_up_to_gemv_max_pairs_on_words_only(monkeypatc
     words, blocks, (x, ids, _, gate_up_bias, down_bias), _ = small_moe(2, 192, 64, seed=7)
     logits = torch.randn(2, 4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     launched = []
-    real_launch = moe.gemv_launch
-    monkeypatch.setattr(moe, "gemv_launch", lambda *args, **kwargs: launched.append(kwargs["block_n"])
+    real_launch = moe_gemv.gemv_launch
+    monkeypatch.setattr(moe_gemv, "gemv_launch", lambda *args, **kwargs: launched.append(kwargs["block_n"])
                         or real_launch(*args, **kwargs))
 
     def from_logits(experts):
