@@ -11,7 +11,7 @@ PYTEST_ARGS ?=             # e.g. --durations=25 (.ci/run)
 # (`make test PYTEST_WORKERS=0` runs in one process). Ray tests share one worker (xdist_group).
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-all lint gpu-check gpu-check-image train-model eval-model clean
+.PHONY: setup demo test test-slow test-all lint gpu-check gpu-check-image train-model eval-model clean
 
 # Where torch comes from: these machines' pip index serves 2.13.0 as a CPU build; pypi.org's Linux wheel is
 # the multi-GB CUDA one, so there pass TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
@@ -77,6 +77,10 @@ demo: $(VENV)/.installed $(DEMO_MODEL)/config.json
 
 test: $(TEST_DEPS)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# the tests marked slow (~20 min on 2 cores), which CI runs after `make test`
+test-slow: $(TEST_DEPS)
+	$(PY) -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-all: $(TEST_DEPS)
 	$(PY) -m pytest -q -m '' -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)

@@ -15,6 +15,7 @@ def needs_sm90_compile(test):
         test)
 
 
+@pytest.mark.slow  # ~35 s of sm_90 compiles; CI's `make gpu-check-image` runs it under the GPU machines' triton too
 @needs_sm90_compile
 def test_mxfp4_moe_inner_loop_fits_the_goal_on_the_tensor_cores():
     interpret_before = os.environ.get("TRITON_INTERPRET")

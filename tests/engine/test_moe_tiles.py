@@ -55,6 +55,8 @@ def test_every_candidate_and_the_dense_experts_give_the_default_shapes_output(la
     assert moe_tiles.fastest(timings, 5).tiles in expected[:-1]
 
 
+# ~36 s interpreted; the default run keeps every shape on blocks (above) and the words' numerics (test_triton_moe_words)
+@pytest.mark.slow
 def test_a_bf16_layer_runs_each_shape_on_words_too_where_its_k_step_takes_them():
     bf16_layer = moe_tiles.build_layer(TINY, DEVICE, torch.bfloat16)  # K = 64: one chunk of words
     assert bf16_layer.gate_up_words is not None and bf16_layer.down_words is not None

@@ -71,6 +71,7 @@ def test_the_command_profiles_each_batch(capsys):
     assert any(line.startswith("profile B=1 ctx~") and " part " in line for line in lines)
 
 
+@pytest.mark.slow  # ~16 s; the default run keeps the profile of a tiny engine (above)
 def test_every_sequence_still_decodes_when_the_prefills_take_more_steps_than_a_short_output():
     # 8 prompts of 128 tokens at 8 tokens a step: 128 steps of prefill. Requests capped at a few dozen tokens had the
     # first ones finish before the last began: a "B=8" profile of fewer sequences

@@ -177,9 +177,10 @@ def test_gpt_oss_20b_shapes_on_the_gpu(window):
           atol=3e-2)
 
 
-# fp8 is slow (~1 min in the interpreter): the kernels' fp8 reads are held by the test above, the engine's fp8 cache
-# end to end on the torch path (tests/engine/test_llm_engine.py)
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", pytest.param("fp8", marks=pytest.mark.slow)])
+# ~40 s a cache dtype interpreted: the default run keeps the kernels' reads of both (the tests above), the engine on
+# the kernels (tests/engine/test_triton_engine.py) and the fp8 cache end to end on the torch path (test_llm_engine.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_the_engine_gives_the_torch_paths_greedy_tokens_on_the_shipped_model(kv_cache_dtype):
     from engine.api import SamplingParams
     from engine.config import EngineConfig

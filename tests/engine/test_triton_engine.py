@@ -29,6 +29,7 @@ def test_random_model_greedy_tokens_are_the_same_on_the_triton_kernels(tiny_mode
     assert tokens["triton"] == tokens["torch"]
 
 
+@pytest.mark.slow  # ~24 s interpreted; the default run keeps the draw's kernels against torch's (test_triton_sampler)
 def test_seeded_sampled_tokens_are_the_torch_samplers_on_the_triton_path(tiny_model_dir):
     # the same forward (Triton kernels) twice, drawn by the Triton sampler and then by the torch one: the kernels'
     # draw must give the torch path's tokens from the same logits, through top-k, top-p and greedy rows

@@ -420,6 +420,7 @@ def test_dense_moe_weights_hold_the_experts_dequantised_in_the_models_dtype(mxfp
     assert experts.down_proj.dtype == torch.bfloat16 and torch.equal(experts.down_proj.cpu(), want)
 
 
+@pytest.mark.slow  # ~17 s interpreted; the default run keeps each weight form's MoE against the torch path's (above)
 def test_dense_and_packed_moe_weights_decode_the_torch_paths_tokens(mxfp4_model_dir):
     from engine.api import SamplingParams
     from engine.llm_engine import LLMEngine

@@ -18,7 +18,8 @@ from batch.store.store import Store
 from tests.evals.factories import make_result, make_run, message
 from tests.support.browser import dump_dom, needs_chromium
 
-pytestmark = needs_chromium
+# one worker for the module: its two decoded runs (the module fixture, ~7 s) are then decoded once, not once a worker
+pytestmark = [needs_chromium, pytest.mark.xdist_group("report-browser")]
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

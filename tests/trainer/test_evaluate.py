@@ -9,8 +9,10 @@ import pytest
 from trainer.evaluate import DEFAULT_MODEL, HELD_OUT_SEED, _answer_ok, evaluate, grade, main, set_tasks
 from trainer.tasks import FAMILIES, generate
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(),
-                                reason="no shipped checkpoint in data/models/batchrun-tiny")
+# one worker for the module: its decoded sample (the module fixture, ~20 s) is then decoded once, not once a worker
+pytestmark = [pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(),
+                                 reason="no shipped checkpoint in data/models/batchrun-tiny"),
+              pytest.mark.xdist_group("trainer-evaluate")]
 N = 18  # three tasks per family
 
 

@@ -134,6 +134,10 @@ class Loops:
         return [(a.prompt_token_ids, self.backend.completion_ids(a.request_id)) for a in added]
 
 
+# one worker for the module: its tool loops (the module fixture, ~8 s) then run once, not once a worker
+pytestmark = pytest.mark.xdist_group("rerender")
+
+
 @pytest.fixture(scope="module")
 def loops(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("rerender")

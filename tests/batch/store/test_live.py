@@ -260,6 +260,8 @@ def assert_final_file_complete(db: Path, num_lines: int) -> None:
 SNAPSHOT_NOTE = re.compile(r"note: reading a snapshot of a live run, \d+ s old")
 
 
+# ~19 s; the default run keeps a live run's reads (below) and the snapshot's publishing across processes (above)
+@pytest.mark.slow
 def test_readers_in_other_processes_see_a_live_run_grow(tmp_path, tiny_model_dir):
     # Long enough for two snapshots (every 2 s) after the readers' commands, on a quiet or a busy machine.
     num_lines = 100
