@@ -94,7 +94,7 @@ def require_triton(device: torch.device | str) -> None:
     if interpreted():
         from engine.kernels.interpreter_calls import install
 
-        install()  # nested device functions called without re-patching triton.language each call (3-4x faster)
+        install()  # nested device functions called without re-patching triton.language each call
 
 
 def interpreted() -> bool:

@@ -13,12 +13,21 @@ Compiled kernels (a GPU) never come here. A triton whose interpreter lacks these
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 _INSTALLED_FLAG = "_batchrun_direct_device_calls"
-# the language modules each running launch patched, the innermost launch last
-_active_launches: list[frozenset[int]] = []
+
+
+class _Launches(threading.local):
+    """The language modules each launch running on this thread patched, the innermost launch last."""
+
+    def __init__(self) -> None:
+        self.stack: list[frozenset[int]] = []
+
+
+_active = _Launches()
 _languages_cache: dict[Callable[..., Any], frozenset[int]] = {}
 
 
@@ -50,14 +59,14 @@ def install() -> bool:
     launch_call, device_call = grid_executor.__call__, device_function.__call__
 
     def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _active_launches.append(_languages(self.fn))
+        _active.stack.append(_languages(self.fn))
         try:
             return launch_call(self, *args, **kwargs)
         finally:
-            _active_launches.pop()
+            _active.stack.pop()
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _active_launches or not _languages(self.fn) <= _active_launches[-1]:
+        if not _active.stack or not _languages(self.fn) <= _active.stack[-1]:
             return device_call(self, *args, **kwargs)
         fn = self.rewrite()
         try:

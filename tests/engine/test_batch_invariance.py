@@ -110,7 +110,7 @@ def test_without_deterministic_batches_change_the_logits(model_dir):
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install batchrun[gpu])")
-@pytest.mark.slow  # ~45 s interpreted; the default run keeps the torch path's (above) and the Triton draw's
+@pytest.mark.slow  # ~30-45 s interpreted; slow only: the default run keeps the torch path's (above)
 def test_triton_kernels_logits_are_bitwise_identical_alone_and_batched(model_dir):
     """The Triton kernels (interpreted on CPU): every row through one attention kernel, fixed MoE tiles."""
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -67,7 +67,7 @@ def test_a_launch_patches_the_language_once_however_many_nested_calls(monkeypatc
     torch.testing.assert_close(out, x * 9 + x * 0.5, rtol=0, atol=0)
     # 3 programs x 4 nested calls went straight to the callees: only the launch patched
     assert calls == ["_nested_kernel"]
-    assert not interpreter_calls._active_launches  # popped when the launch returned
+    assert not interpreter_calls._active.stack  # popped when the launch returned
 
 
 def test_a_callee_that_sees_another_language_module_is_patched_as_before(monkeypatch):
@@ -86,6 +86,9 @@ def test_a_callees_failure_is_reported_as_the_interpreter_reports_it():
         x = tl.load(x_ptr + tl.arange(0, BLOCK))
         _scaled(x)  # a missing argument
 
-    with pytest.raises(interpreter.InterpreterError, match="factor"):
+    with pytest.raises(interpreter.InterpreterError, match="factor") as raised:
         _failing_kernel[(1,)](torch.zeros(4), BLOCK=4)
-    assert not interpreter_calls._active_launches
+    # the launch's error wraps the call's, as when each device call went through the interpreter's own
+    assert isinstance(raised.value.__cause__, interpreter.InterpreterError)
+    assert isinstance(raised.value.__cause__.__cause__, TypeError)
+    assert not interpreter_calls._active.stack

@@ -71,7 +71,7 @@ def test_the_command_profiles_each_batch(capsys):
     assert any(line.startswith("profile B=1 ctx~") and " part " in line for line in lines)
 
 
-@pytest.mark.slow  # ~16 s; the default run keeps the profile of a tiny engine (above)
+@pytest.mark.slow  # ~16 s: 128 steps of prefill at the 20b preset's dry-run shape
 def test_every_sequence_still_decodes_when_the_prefills_take_more_steps_than_a_short_output():
     # 8 prompts of 128 tokens at 8 tokens a step: 128 steps of prefill. Requests capped at a few dozen tokens had the
     # first ones finish before the last began: a "B=8" profile of fewer sequences
@@ -81,6 +81,11 @@ def test_every_sequence_still_decodes_when_the_prefills_take_more_steps_than_a_s
                                          "max_num_batched_tokens": 8}, dry_run=True)
     profile = step_profile.profile_decode(engine, batch=8, context=128, steps=1, warm_steps=0)
     assert profile.batch == 8 and profile.context > 128
+
+
+def test_a_batch_past_max_num_seqs_is_refused():
+    from engine.bench_gpu import build_preset_engine
+
     with pytest.raises(ValueError, match="5 sequences: more than the engine's max_num_seqs"):
         step_profile.profile_decode(build_preset_engine("20b", {"device": "cpu", "kernels": "torch",
                                                                 "max_num_seqs": 4}, dry_run=True),

@@ -376,7 +376,7 @@ class CapacityRecordingRunner(RayRunner):
         self.capacities = self.capacities | {slot.capacity for slot in self.slots if slot.chunks}
 
 
-@pytest.mark.slow  # ~20 s; the default run keeps a worker killed mid-run (above)
+@pytest.mark.slow  # ~20 s; slow only: the default run kills workers (above), restarts none
 def test_a_restarted_worker_takes_as_many_lines_as_its_new_engine_batches(tmp_path, cluster):
     # Ray may restart a dead worker on another node, with an engine of another batch size: the driver reads its
     # room again (it kept the one from its first start: two lines of five).
@@ -430,7 +430,7 @@ def test_workers_fit_whole_on_live_nodes_by_their_cpus_and_gpus():
         "18 CPUs and 9 GPUs in all)")
 
 
-@pytest.mark.slow  # ~17 s; the default run keeps the fit of workers to nodes, without a cluster (above)
+@pytest.mark.slow  # ~17 s; the default run keeps the fit's count and message (above), not the run going on
 def test_a_worker_the_cluster_cannot_hold_waits_while_the_others_decode(tmp_path, cluster, tiny_model_dir):
     # Two nodes of one CPU: a third worker is never placed. The run used to wait for it before decoding
     # (or send it lines that never came back); now it is told, and two workers decode everything.
@@ -765,7 +765,7 @@ class NodeRemovingRunner(RayRunner):
 
 
 # Last in the module: it adds a node and removes another from the shared cluster.
-@pytest.mark.slow  # ~15 s; the default run keeps a worker killed mid-run and mid-chunk
+@pytest.mark.slow  # ~15 s; the default run keeps workers killed mid-run and mid-chunk (ray.kill, no node removed)
 def test_a_node_removed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
     assert unreachable(cluster.address) is None  # a real GCS answers the probe --ray ADDRESS makes first
     cluster.add_node(num_cpus=1)  # where the lost worker can come back

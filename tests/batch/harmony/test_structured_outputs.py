@@ -117,6 +117,8 @@ SHIPPED_MODEL = Path(__file__).resolve().parents[3] / "data" / "models" / "batch
 STRUCTURED = Path(__file__).resolve().parents[3] / "data" / "examples" / "structured.jsonl"
 
 
+# ~13 s; the default run keeps every completion valid and replayed on random weights (above, below)
+@pytest.mark.slow
 @pytest.mark.skipif(not (SHIPPED_MODEL / "config.json").exists(), reason="the shipped model is not in this checkout")
 def test_the_shipped_model_completes_the_seeded_structured_set_valid(tmp_path):
     db = tmp_path / "out.duckdb"
