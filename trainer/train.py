@@ -77,13 +77,12 @@ class TrainConfig:
 def live_vocabulary(sequences: list[Sequence]) -> list[int]:
     """Token ids the model may ever read or write: those of the tasks, every number up to 3
     digits (o200k splits numbers into 1-3 digit tokens), harmony's special tokens."""
-    from batch.harmony.vocab import harmony_encoding
+    from batch.harmony.vocab import ordinary_tokens  # the encoding's wrapper re-checks special tokens each call
 
-    encoding = harmony_encoding()
     ids = {i for s in sequences for i in s.token_ids}
     for n in range(1000):
-        ids.update(encoding.encode(str(n)))
-        ids.update(encoding.encode(f"{n:03d}"))
+        ids.update(ordinary_tokens(str(n)))
+        ids.update(ordinary_tokens(f"{n:03d}"))
     ids.update(HARMONY_SPECIAL_IDS)
     return sorted(ids)
 
