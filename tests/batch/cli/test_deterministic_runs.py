@@ -79,6 +79,7 @@ def shards_merged(source: Path, tmp_path: Path, num_shards: int, run_id: str) ->
     return merged
 
 
+@pytest.mark.slow  # ~40 s; the default run keeps the engine's invariance (tests/engine/test_batch_invariance.py)
 def test_one_at_a_time_and_three_shards_give_the_all_at_once_traces(mixed, golden, tmp_path):
     source, num_lines = mixed
     one = tmp_path / "one.duckdb"
