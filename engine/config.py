@@ -4,13 +4,11 @@
 rest of the engine never touches a transformers config object. transformers'
 `GptOssConfig` does the parsing: it normalises the old `rope_scaling`/`rope_theta`
 format of the published checkpoints into `rope_parameters` and fills defaults.
-`read_config_json` is the one reader of config.json (what makes a directory a
-gpt-oss checkpoint); `check_model_dir` adds the weights check.
+What makes a directory a gpt-oss checkpoint is engine.model_dir's (no torch there).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from engine.api import CPU_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, ModelLo
 from engine.attention import FP8
 from engine.device import resolve_device, resolve_kernels
 from engine.device_sampler import sampler_temporary_bytes
+from engine.model_dir import read_config_json
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -30,33 +29,6 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 # reads, each value rounded to 3 mantissa bits and saturated at +-448 (no scale: vLLM's `--kv-cache-dtype fp8`
 # without calibrated scales).
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8": FP8}
-
-
-def read_config_json(model_dir: str | Path) -> dict:
-    """The gpt-oss config.json of `model_dir`; ModelLoadError if missing, not JSON or not gpt-oss."""
-    model_dir = Path(model_dir)
-    where = f"--model {model_dir}"
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"{where}: not a directory")
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise ModelLoadError(f"{where}: no config.json in {model_dir} (expected a local HF gpt-oss checkpoint)")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{where}: config.json is not valid JSON: {exc}") from exc
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type != "gpt_oss":
-        raise ModelLoadError(f"{where}: config.json has model_type {model_type!r}, expected 'gpt_oss'")
-    return config
-
-
-def check_model_dir(model_dir: str | Path) -> dict:
-    """Raise ModelLoadError unless `model_dir` looks like an HF gpt-oss checkpoint; returns its config."""
-    config = read_config_json(model_dir)
-    if not any(Path(model_dir).glob("*.safetensors")):
-        raise ModelLoadError(f"--model {model_dir}: no *.safetensors weights in {model_dir}")
-    return config
 
 
 @dataclass(frozen=True)

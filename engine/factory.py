@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import Backend, ModelLoadError
-from engine.config import EngineConfig, check_model_dir
+from engine.config import EngineConfig
 from engine.device import batch_size_on
+from engine.model_dir import check_model_dir
 
 BACKENDS = ("engine", "transformers")  # the first is `batchrun submit`'s default
 

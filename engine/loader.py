@@ -20,9 +20,10 @@ from safetensors import SafetensorError, safe_open
 
 from engine.api import ModelLoadError
 from engine.compact import is_compact, load_compact
-from engine.config import EngineConfig, ModelConfig, check_model_dir, held_model_config
+from engine.config import EngineConfig, ModelConfig, held_model_config
 from engine.kernels import require_triton
 from engine.model import GptOssModel
+from engine.model_dir import check_model_dir
 from engine.mxfp4 import dequantize
 
 

@@ -26,7 +26,8 @@ from transformers.utils import logging as hf_logging
 
 from engine.api import FinishReason, ModelLoadError, RequestOutput, SamplingParams, TokenLogprob
 from engine.compact import compact_file, load_compact
-from engine.config import DTYPES, check_model_dir
+from engine.config import DTYPES
+from engine.model_dir import check_model_dir
 from engine.device import resolve_device
 from engine.sampler import apply_bitmask, bitmask_words, request_seed, token_logprobs
 from engine.sampler import sample_one as sample  # one sampling implementation, shared with the engine

@@ -129,7 +129,7 @@ class _ModelSource:
 
 
 def _model_source(plan: BenchPlan) -> _ModelSource:
-    from engine.config import read_config_json
+    from engine.model_dir import read_config_json
 
     if plan.model_dir is None and plan.preset in GPU_PRESETS:
         if plan.engine_options.get("device") not in ("cuda", "auto"):

@@ -107,6 +107,11 @@ def summary_text(summary: RunSummary, db: str) -> str:
         theirs = " ".join(setting_flag(key, old) for key, (old, _) in summary.changed_settings.items())
         lines.append(f"note: these lines were decoded with {ours}; the run was started with {theirs} "
                      "(its runs row keeps those; notes.resumed_with lists each resume's)")
+    if summary.num_left:
+        lines.append(f"note: {plural(summary.num_left, 'request')} of run {summary.run_id} "
+                     f"{'has' if summary.num_left == 1 else 'have'} no row yet (never decoded: the run was "
+                     f"interrupted or stopped at --limit); --retry-failed redoes failed and incomplete ones only, "
+                     f"--resume {summary.run_id} decodes the rest")
     if summary.ignored_fields:
         fields = ", ".join(f"{name} ({n})" for name, n in sorted(summary.ignored_fields.items()))
         lines.append(f"note: fields accepted but not honoured offline: {fields}")

@@ -214,7 +214,8 @@ class BackendSpec:
 
     def check(self) -> None:
         """Exit 1 at once unless the model directory looks like a checkpoint (nothing loaded)."""
-        from engine.factory import ModelLoadError, check_model_dir
+        from engine.api import ModelLoadError
+        from engine.model_dir import check_model_dir  # not engine.factory's: torch and transformers take seconds
 
         try:
             check_model_dir(self.model_dir)

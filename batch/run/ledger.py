@@ -51,9 +51,11 @@ class OpenedRun:
 
     run_id: str
     resumed: bool
-    done: set[tuple[int, int]]  # (line_no, epoch) of every sample with a requests row
+    done: set[tuple[int, int]]  # (line_no, epoch) of every sample with a requests row (and not redone)
     # An explicit --resume/--retry-failed with other RESUME_KEYS values: key -> (the run's, this command's)
     changed_settings: dict[str, tuple[object, object]] = field(default_factory=dict)
+    # --retry-failed: the samples this command redoes, and no other (a line with no row yet is left to a plain rerun)
+    only: set[tuple[int, int]] | None = None
 
 
 class RunLedger:
@@ -89,13 +91,15 @@ class RunLedger:
         if learnt:
             recorded["options"] = {**(stored.options or {}), **learnt}
         done = self.store.runs.finished_samples(run_id)
+        only = None
         if options.retry_failed:
             failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
-            done -= self.store.runs.finished_samples(run_id, statuses=failed)
             # a conversation's line after one redone continued the response it replaces: redone too
-            done -= self.store.runs.conversation_followers(run_id, failed)
+            only = (self.store.runs.finished_samples(run_id, statuses=failed)
+                    | self.store.runs.conversation_followers(run_id, failed))
+            done -= only
         self.store.runs.update(run_id, status=RunStatus.RUNNING, finished_at=None, **recorded)
-        return OpenedRun(run_id, True, done, changed)
+        return OpenedRun(run_id, True, done, changed, only)
 
     def check_named_run(self, options: RunOptions) -> None:
         """RunError when the run --resume or --retry-failed names is not in the store, was started

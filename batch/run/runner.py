@@ -84,6 +84,7 @@ class RunSummary:
     invalid_reasons: Counter = field(default_factory=Counter)  # an invalid line's error without "line N: "
     failed_reasons: Counter = field(default_factory=Counter)  # a failed line's error, per kind (failure_kind)
     changed_settings: dict = field(default_factory=dict)  # setting -> (the run's, this resume's) values
+    num_left: int = 0  # samples of the run with no row yet that this command left alone (--retry-failed)
 
 
 MAX_REASON_CHARS = 300  # of a failed line's error in the summary (the requests table keeps it whole)
@@ -136,10 +137,10 @@ class Run:
         self.num_input_requests = scan.num_requests
         opened = self.ledger.open(self.options, scan.sha256)
         self.run_id = opened.run_id
-        lines = self._lines(opened.done)
+        lines = self._lines(opened.done, opened.only)
         self.conversations = Conversations(self._stored_turn, resumed=opened.resumed)
         self.skipped = len(opened.done)
-        self._count_requests(scan.num_requests, opened.done)
+        num_left = self._count_requests(scan.num_requests, opened.done, opened.only)
         # The total now, not at the end: a reader of the live snapshot can show % done and an ETA.
         self.store.runs.update(self.run_id, notes={**(self.ledger.get(self.run_id).notes or {}),
                                                    "input_lines": scan.num_requests})
@@ -148,8 +149,9 @@ class Run:
                                                    min_rows=WRITE_MIN_EVENTS, max_wait_s=FLUSH_S)
         try:
             self._decode(self, lines)
-            # A --limit run stops early on purpose: a plain rerun continues it.
-            status = RunStatus.PARTIAL if self.stopped_at_limit else RunStatus.COMPLETED
+            # A --limit run stops early on purpose, and a --retry-failed one leaves the lines that have no row yet:
+            # a plain rerun continues either.
+            status = RunStatus.PARTIAL if self.stopped_at_limit or num_left else RunStatus.COMPLETED
         except KeyboardInterrupt:
             status = RunStatus.INTERRUPTED
             raise
@@ -158,7 +160,7 @@ class Run:
         return RunSummary(self.run_id, opened.resumed, self.statuses, self.skipped, self.tokens["input"],
                           self.tokens["output"], time.monotonic() - start, self.ignored,
                           self.ledger.worker_rows(self.run_id), self.tool_errors, self.server_errors,
-                          self.invalid_reasons, self.failed_reasons, opened.changed_settings)
+                          self.invalid_reasons, self.failed_reasons, opened.changed_settings, num_left)
 
     def next_line(self, lines: Iterator[InputLine], room: bool) -> InputLine | None:
         """The next line to read: one whose conversation's turn came (it is held already, so it needs no
@@ -286,7 +288,7 @@ class Run:
             raise error
         return status
 
-    def _lines(self, done: set[tuple[int, int]]) -> Iterator[InputLine]:
+    def _lines(self, done: set[tuple[int, int]], only: set[tuple[int, int]] | None) -> Iterator[InputLine]:
         for count, line in enumerate(read_requests(self.options.input_path,
                                                    max_line_bytes=self.options.max_line_bytes)):
             if self.options.limit is not None and count >= self.options.limit:
@@ -296,20 +298,32 @@ class Run:
                 continue  # another shard's line: it gets its row there
             self.ignored.update(line.ignored_fields)  # every line of the run, resumed or not
             for epoch in range(self.options.epochs):  # a shard owns every epoch of its lines
-                if (line.line_no, epoch) not in done:
+                sample = (line.line_no, epoch)
+                if sample not in done and (only is None or sample in only):
                     yield line if epoch == 0 else dataclasses.replace(line, epoch=epoch)
 
-    def _count_requests(self, num_lines: int, done: set[tuple[int, int]]) -> None:
+    def _count_requests(self, num_lines: int, done: set[tuple[int, int]],
+                        only: set[tuple[int, int]] | None) -> int:
+        """Set the progress bar's total and the rows it starts from; returns the samples in scope this command
+        leaves without a row (`only`: --retry-failed's)."""
         # The bar counts rows, not lines: --epochs K writes K per line, and --limit and --shard
         # leave lines to another command (the bar ran past its total, or stopped short of it).
         if self.options.limit is not None:
             num_lines = min(num_lines, self.options.limit)
         shard = self.options.shard
-        in_scope = num_lines if shard is None else sum(1 for _ in shard.line_numbers(num_lines))
-        self.num_requests = in_scope * self.options.epochs
-        self.num_skipped_in_scope = sum(1 for line_no, epoch in done
-                                        if line_no <= num_lines and (shard is None or shard.owns(line_no))
-                                        and epoch < self.options.epochs)
+
+        def in_scope(samples: set[tuple[int, int]]) -> int:
+            return sum(1 for line_no, epoch in samples if line_no <= num_lines and epoch < self.options.epochs
+                       and (shard is None or shard.owns(line_no)))
+
+        lines = num_lines if shard is None else sum(1 for _ in shard.line_numbers(num_lines))
+        self.num_requests = lines * self.options.epochs
+        self.num_skipped_in_scope = in_scope(done)
+        if only is None:
+            return 0
+        num_left = self.num_requests - self.num_skipped_in_scope - in_scope(only)
+        self.num_requests -= num_left  # the bar: what this command writes, and what was there
+        return num_left
 
     def _report_written(self) -> None:
         written = self.writer.num_written - self._num_reported

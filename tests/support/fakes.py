@@ -137,6 +137,7 @@ def use_scripted_backend(monkeypatch, script: Callable[[str, int], str], **kwarg
     """`batchrun submit` decodes with a ScriptedBackend(script, **kwargs) (any --model directory will do);
     returns the backends it loads, in order."""
     import engine.factory
+    import engine.model_dir
 
     backends: list[ScriptedBackend] = []
 
@@ -144,6 +145,7 @@ def use_scripted_backend(monkeypatch, script: Callable[[str, int], str], **kwarg
         backends.append(ScriptedBackend(script, **kwargs))
         return backends[-1]
 
-    monkeypatch.setattr(engine.factory, "check_model_dir", lambda _: {"hidden_size": 4096})
+    for module in (engine.factory, engine.model_dir):
+        monkeypatch.setattr(module, "check_model_dir", lambda _: {"hidden_size": 4096})
     monkeypatch.setattr(engine.factory, "load_backend", load)
     return backends

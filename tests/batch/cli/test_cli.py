@@ -253,6 +253,26 @@ def test_retry_failed_reruns_only_failed_and_incomplete(tmp_path, tiny_model_dir
     assert rows(db, "SELECT count(*) FROM responses") == [(2,)]
 
 
+def test_retry_failed_on_a_limited_run_leaves_its_unread_lines_and_says_how_to_decode_them(tmp_path, tiny_model_dir):
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"custom_id": f"q{i}", "input": "Hi"}) + "\n" for i in range(4)))
+    db = tmp_path / "out.duckdb"
+    assert submit(source, "--db", db, "--limit", "1", "--max-output-tokens", "2", "--run-id", "r",
+                  model=tiny_model_dir).exit_code == 0
+    assert rows(db, "SELECT status FROM requests") == [("incomplete",)]
+    result = submit(source, "--db", db, "--retry-failed", "r", "--max-output-tokens", "2", model=tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    assert "run r resumed: 1 request this time" in result.output  # it was 4: the 3 lines --limit left too
+    assert ("note: 3 requests of run r have no row yet (never decoded: the run was interrupted or stopped at "
+            "--limit); --retry-failed redoes failed and incomplete ones only, --resume r decodes the rest"
+            ) in result.output
+    assert rows(db, "SELECT line_no, status FROM requests") == [(1, "incomplete")]
+    assert rows(db, "SELECT status, n_requests FROM runs") == [("partial", 1)]
+    rest = submit(source, "--db", db, "--resume", "r", "--max-output-tokens", "2", model=tiny_model_dir)
+    assert "run r resumed: 3 requests this time" in rest.output, rest.output
+    assert rows(db, "SELECT status, n_requests FROM runs") == [("completed", 4)]
+
+
 def test_previous_response_id_continues_a_stored_conversation(tmp_path, tiny_model_dir):
     db = tmp_path / "out.duckdb"
     first = tmp_path / "first.jsonl"

@@ -53,3 +53,23 @@ def test_a_run_without_tools_never_imports_mcp(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "loaded: []" in done.stdout and "after the run: []" in done.stdout, done.stdout
     assert "1 request this time" in done.stdout, done.stdout
+
+
+def test_a_bad_model_is_refused_before_torch_is_imported(tmp_path):
+    # The README promises the refusal in under a second: importing torch and transformers for a check that reads
+    # one JSON file took 3-10 s on a loaded machine.
+    source, db = tmp_path / "in.jsonl", tmp_path / "out.duckdb"
+    source.write_text('{"custom_id": "a", "input": "Hi"}\n')
+    (tmp_path / "not-a-model").mkdir()
+    code = ("import sys\n"
+            "from batch.cli.main import main\n"
+            "try:\n"
+            f"    main(['submit', {str(source)!r}, '--db', {str(db)!r}, '--model', {str(tmp_path / 'not-a-model')!r}],"
+            " standalone_mode=False)\n"
+            "except SystemExit as exc:\n"
+            "    print('exit:', exc.code)\n"
+            "print('heavy:', sorted({'torch', 'transformers'} & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "exit: 1" in done.stdout and "heavy: []" in done.stdout, (done.stdout, done.stderr)
+    assert "no config.json" in done.stdout + done.stderr
+    assert not db.exists()

@@ -381,6 +381,28 @@ def test_retry_failed_reruns_only_failed_and_incomplete_lines(tmp_path, store):
     assert_one_row_per_line(store, 5, num_responses=4)  # c4 is invalid: no response
 
 
+def test_retry_failed_leaves_the_lines_a_limited_run_never_read_to_a_plain_rerun(tmp_path, store):
+    # It decoded them too, and recorded the run completed: a "retry" that was a resume.
+    path = write_input(tmp_path / "in.jsonl", [request("c1", "long", max_output_tokens=16), *SIX[1:]])
+    first = run(store, backend_for(), path, limit=2)
+    assert first.statuses == Counter(completed=1, incomplete=1)
+    snapshots: list[ProgressSnapshot] = []
+    options = RunOptions(input_path=path, session=SessionOptions(model="scripted"),
+                         prompt=PromptOptions(conversation_date="2025-01-01"), retry_failed=first.run_id)
+    backend = backend_for(FIXED)
+    second = Runner(store, backend, options, progress=snapshots.append).run()
+    assert added_custom_ids(backend) == ["c1"]
+    assert (second.skipped, second.statuses, second.num_left) == (1, Counter(completed=1), 4)
+    assert (snapshots[-1].num_requests, snapshots[-1].num_skipped) == (2, 1)  # the bar: what this command does
+    assert sorted(statuses(store)) == ["c1", "c2"]
+    assert store.runs.get(first.run_id).status == "partial"  # a plain rerun still continues it
+    third = run(store, backend_for(), path)
+    assert (third.run_id, third.skipped, third.statuses, third.num_left) == (
+        first.run_id, 2, Counter(completed=4), 0)
+    assert store.runs.get(first.run_id).status == "completed"
+    assert_one_row_per_line(store, 6)
+
+
 # -- input problems ---------------------------------------------------------
 
 def test_bad_lines_are_invalid_and_ignored_fields_are_noted(tmp_path, store):
