@@ -48,9 +48,11 @@ class LineParser:
         self.first_seen: dict[str, int] = {}
 
     def failed(self, line_no: int, message: str, custom_id: str | None = None) -> InputLine:
-        """An InputLine for a line that could not be decoded at all."""
-        custom_id = custom_id or f"line-{line_no}"
-        self._claim(line_no, custom_id)
+        """An InputLine for a line that could not be decoded at all (`custom_id`: the id it gave, if any)."""
+        if custom_id is None or custom_id in self.first_seen:
+            custom_id = self._stand_in(line_no)  # not claimed: no request answers to it
+        else:
+            self._claim(line_no, custom_id)
         return InputLine(line_no, custom_id, None, None, error=f"line {line_no}: {message}")
 
     def parse(self, line_no: int, value: Any, *, wrapped: bool = False, finite: bool = False) -> InputLine:
@@ -61,8 +63,10 @@ class LineParser:
             return self.failed(line_no, f"expected a JSON object, got {json_type(value)}")
         # A Responses body has no url or method: a line with either is an envelope, its body missing or not
         envelope = wrapped or "url" in value or "method" in value
-        custom_id, body, problem = _split(line_no, value, envelope, id_required=not wrapped)
-        duplicate = self._claim(line_no, custom_id)
+        given, body, problem = _split(value, envelope, id_required=not wrapped)
+        custom_id = self._stand_in(line_no) if given is None else given
+        # a request without an id of its own answers to its stand-in: claimed, as a given id is
+        duplicate = self._claim(line_no, custom_id) if given is not None or problem is None else None
         not_json = None if finite else _non_finite(value, body, envelope)
         problem = problem or duplicate or not_json
         if problem is None and envelope:
@@ -82,6 +86,15 @@ class LineParser:
                          ignored_fields=ignored,
                          error=None if problem is None else f"line {line_no}: {problem}")
 
+    def _stand_in(self, line_no: int) -> str:
+        """The id of a line that gives none (or one that is no string): `line-N`, or `line-N-2`, ... when an earlier
+        line took that (so a stand-in never makes a given id a duplicate, nor shares one)."""
+        custom_id, count = f"line-{line_no}", 1
+        while custom_id in self.first_seen:
+            count += 1
+            custom_id = f"line-{line_no}-{count}"
+        return custom_id
+
     def _claim(self, line_no: int, custom_id: str) -> str | None:
         first = self.first_seen.setdefault(custom_id, line_no)
         if first != line_no:
@@ -89,20 +102,18 @@ class LineParser:
         return None
 
 
-def _split(line_no: int, value: dict, envelope: bool,
-           id_required: bool) -> tuple[str, Any, str | None]:
-    """(custom_id, body, problem with the custom_id or None)."""
+def _split(value: dict, envelope: bool, id_required: bool) -> tuple[str | None, Any, str | None]:
+    """(the custom_id the line gives, or None; body; problem with the custom_id or None)."""
     if envelope:
         body = value.get("body")
     else:
         body = {key: item for key, item in value.items() if key != "custom_id"}
-    default = f"line-{line_no}"
     if "custom_id" not in value:
-        return default, body, "custom_id: required" if envelope and id_required else None
+        return None, body, "custom_id: required" if envelope and id_required else None
     custom_id = value["custom_id"]
     if isinstance(custom_id, str) and custom_id:
         return custom_id, body, None
-    return default, body, f"custom_id: expected a non-empty string, got {_shown(custom_id)}"
+    return None, body, f"custom_id: expected a non-empty string, got {_shown(custom_id)}"
 
 
 def _non_finite(value: dict, body: Any, envelope: bool) -> str | None:

@@ -272,6 +272,18 @@ def test_every_later_duplicate_names_the_first_line(tmp_path):
                           "line 4: custom_id: duplicate 'd' (first seen on line 1)"]
 
 
+def test_a_stand_in_id_never_takes_a_given_one(tmp_path):
+    # A line without an id of its own is `line-N`. An unreadable line's stand-in refused a later request that named
+    # itself `line-1` as a duplicate, and an earlier request's `line-3` was shared by the unreadable line 3.
+    path = write_jsonl(tmp_path, ["{bad", {"custom_id": "line-1", "input": "1"}, {"custom_id": "line-4", "input": "2"},
+                                  "{bad", {"input": "3"}, {"custom_id": 5, "input": "4"}, {"custom_id": "line-5"}])
+    lines = read_all(path)
+    assert [(line.line_no, line.custom_id, line.is_valid) for line in lines] == [
+        (1, "line-1", False), (2, "line-1", True), (3, "line-4", True), (4, "line-4-2", False), (5, "line-5", True),
+        (6, "line-6", False), (7, "line-5", False)]
+    assert lines[6].error == "line 7: custom_id: duplicate 'line-5' (first seen on line 5)"
+
+
 def test_invalid_utf8_is_a_line_error(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"input": "ok"}\n{"input": "\xff\xfe"}\n{"input": "fine"}\n')
