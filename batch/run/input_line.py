@@ -68,7 +68,8 @@ class LineParser:
         # a request without an id of its own answers to its stand-in: claimed, as a given id is
         duplicate = self._claim(line_no, custom_id) if given is not None or problem is None else None
         not_json = None if finite else _non_finite(value, body, envelope)
-        problem = problem or duplicate or not_json
+        too_deep, outside = _beyond_limits(value, body, envelope)
+        problem = too_deep or outside or problem or duplicate or not_json
         if problem is None and envelope:
             problem = _envelope_problem(value, route_required=not wrapped)
         request: ResponsesRequest | None = None
@@ -80,8 +81,8 @@ class LineParser:
                 request, ignored = parse_request(body)
             except RequestError as exc:
                 problem = str(exc)
-        if not_json is not None:
-            body = None  # not JSON (as a line that does not parse): no body to store
+        if not_json is not None or too_deep is not None:
+            body = None  # not JSON (as a line that does not parse), or past what storing it can walk
         return InputLine(line_no, custom_id, body if isinstance(body, dict) else None, request,
                          ignored_fields=ignored,
                          error=None if problem is None else f"line {line_no}: {problem}")
@@ -128,6 +129,39 @@ def _non_finite(value: dict, body: Any, envelope: bool) -> str | None:
     where, number = found
     beyond = " (a number too large for a double, such as 1e999, reads as one)" if math.isinf(number) else ""
     return f"{NonFiniteError(where, number)}{beyond}"
+
+
+# Objects and arrays within one another a line may hold: copying, storing and validating a value walk it
+# recursively (Python's stack: ~1,000 frames), and pydantic serialises at most ~130 levels.
+MAX_NESTING = 64
+# Integers a line may hold: what pydantic serialises (a JSON schema's bound past it failed the line as a bug).
+MIN_INT, MAX_INT = -2 ** 63, 2 ** 64 - 1
+
+
+def _beyond_limits(value: dict, body: Any, envelope: bool) -> tuple[str | None, str | None]:
+    """(a field nested deeper than MAX_NESTING, a field holding an integer outside MIN_INT..MAX_INT), each None
+    where there is none; fields of the body named as in the body, an envelope's others as in the line. Walked
+    without recursion, in document order, MAX_NESTING levels deep at most."""
+    fields = list(body.items()) if envelope and isinstance(body, dict) else []
+    fields += [(key, item) for key, item in value.items() if key != "custom_id" and not (envelope and key == "body")]
+    outside = None
+    stack: list[tuple[Any, str, int]] = [(item, str(key), 1) for key, item in reversed(fields)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, dict):
+            children = [(child, f"{where}.{key}") for key, child in item.items()]
+        elif isinstance(item, list):
+            children = [(child, f"{where}[{index}]") for index, child in enumerate(item)]
+        else:
+            if (outside is None and isinstance(item, int) and not isinstance(item, bool)
+                    and not MIN_INT <= item <= MAX_INT):
+                outside = f"{where}: integer {item} is outside 64 bits (-2**63 to 2**64 - 1)"
+            continue
+        if depth >= MAX_NESTING:
+            field_name = where.split(".", 1)[0].split("[", 1)[0]
+            return f"{field_name}: nested deeper than {MAX_NESTING} levels of objects and arrays", outside
+        stack += [(child, name, depth + 1) for child, name in reversed(children)]
+    return None, outside
 
 
 def _envelope_problem(value: dict, route_required: bool) -> str | None:

@@ -582,3 +582,36 @@ def test_half_a_surrogate_pair_is_a_line_error_not_a_run_failure():
     first, second = iter_jsonl(io.BytesIO(data))
     assert first.error == "line 1: invalid JSON: '\\ud800' is half of a surrogate pair (not valid Unicode)"
     assert second.is_valid and second.request.input == "\U0001F600"
+
+
+def nested(depth, leaf=None):
+    value = leaf if leaf is not None else {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def test_a_value_nested_too_deep_or_an_integer_past_64_bits_is_an_invalid_line_naming_its_field(tmp_path):
+    # Nested 500 levels, a line's body broke copying and storing it (RecursionError), which failed the whole run
+    # and every resume of it; a schema 130 levels deep or holding 2**64 failed its line as an internal error.
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 2 ** 64}}}
+    fine_schema = {"type": "integer", "maximum": 2 ** 64 - 1}
+    for _ in range(25):  # 54 levels within the body
+        fine_schema = {"type": "object", "properties": {"x": fine_schema}}
+    path = write_jsonl(tmp_path, [
+        {"custom_id": "deep", "input": "Hi", "frobnicate": nested(500)},
+        {"custom_id": "schema", "input": "Hi", "text": {"format": {"type": "json_schema", "name": "s",
+                                                                  "schema": nested(130, {"type": "object"})}}},
+        {"custom_id": "big", "input": "Hi", "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}},
+        {"custom_id": "fine", "input": "Hi", "metadata": {"n": str(2 ** 64)},
+         "text": {"format": {"type": "json_schema", "name": "s", "schema": fine_schema}}},
+        envelope("env", {"input": "Hi"}) | {"extra": nested(100)},
+    ])
+    errors = [line.error for line in read_all(path)]
+    assert errors == [
+        "line 1: frobnicate: nested deeper than 64 levels of objects and arrays",
+        "line 2: text: nested deeper than 64 levels of objects and arrays",
+        "line 3: text.format.schema.properties.n.minimum: integer 18446744073709551616 is outside 64 bits "
+        "(-2**63 to 2**64 - 1)",
+        None,
+        "line 5: extra: nested deeper than 64 levels of objects and arrays"]
