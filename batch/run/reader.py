@@ -326,14 +326,51 @@ def _parquet_lines(path: Path, wrapped: bool) -> Iterator[InputLine]:
     line_no = 0
     with pq.ParquetFile(path) as parquet:
         for batch in parquet.iter_batches():
-            for row in batch.to_pylist(maps_as_pydicts="strict"):
+            for row, unreadable in _batch_rows(batch):
                 line_no += 1
                 try:
+                    if unreadable is not None:
+                        raise LineError(unreadable)
                     record = _row_record(row, wrapped)
                 except LineError as exc:
                     yield lines.failed(line_no, str(exc), _given_id(row))
                     continue
                 yield lines.parse(line_no, record, wrapped=wrapped)
+
+
+# What pyarrow raises for a value Python cannot hold: a nanosecond timestamp (ValueError), a map with a key twice
+# (KeyError), a value past its type's range
+_UNREADABLE = (ValueError, KeyError, TypeError, OverflowError, pa.ArrowException)
+
+
+def _batch_rows(batch: pa.RecordBatch) -> Iterator[tuple[dict, str | None]]:
+    """The batch's rows as Python values, each with why one of its values cannot be read (None when all can):
+    converted whole, else column by column and, in a column that fails, value by value, so one row's value
+    is that row's error, not the batch's."""
+    try:
+        rows = batch.to_pylist(maps_as_pydicts="strict")
+    except _UNREADABLE:
+        pass
+    else:
+        yield from ((row, None) for row in rows)
+        return
+    columns: dict[str, list] = {}
+    errors: dict[int, str] = {}
+    for name, column in zip(batch.schema.names, batch.columns):
+        try:
+            columns[name] = column.to_pylist(maps_as_pydicts="strict")
+            continue
+        except _UNREADABLE:
+            values = columns[name] = []
+        for index in range(len(column)):
+            try:
+                values.append(column[index].as_py(maps_as_pydicts="strict"))
+            except _UNREADABLE as exc:
+                values.append(None)
+                errors.setdefault(index, f"{name}: Parquet value of type {column.type} cannot be read as JSON "
+                                         f"(store it as a string or number): {exc}")
+    for index in range(batch.num_rows):
+        yield {name: values[index] for name, values in columns.items()}, errors.get(index)
 
 
 def _row_record(row: dict, wrapped: bool) -> dict:

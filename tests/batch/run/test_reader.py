@@ -615,3 +615,24 @@ def test_a_value_nested_too_deep_or_an_integer_past_64_bits_is_an_invalid_line_n
         "(-2**63 to 2**64 - 1)",
         None,
         "line 5: extra: nested deeper than 64 levels of objects and arrays"]
+
+
+def test_a_parquet_value_python_cannot_hold_is_its_rows_error_and_the_rest_are_read(tmp_path):
+    # A nanosecond timestamp (pandas' datetime64[ns]) or a map with a key twice raised out of the reader for the
+    # whole batch: a traceback before the run, or a failed run mid-way (and its resume) past 65,536 rows.
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({
+        "custom_id": ["t1", "t2", "t3"],
+        "input": ["Say hi."] * 3,
+        "created": pa.array([1_700_000_000_123_456_789, None, None], pa.timestamp("ns")),
+        "metadata": pa.array([None, [("a", "1"), ("a", "2")], [("a", "1")]], pa.map_(pa.string(), pa.string())),
+    }), path)
+    lines = read_all(path)
+    assert [line.custom_id for line in lines] == ["t1", "t2", "t3"]
+    # (pyarrow's own words follow: which value, which key; with pandas installed the timestamp reads as pandas')
+    assert lines[0].error.startswith("line 1: created: Parquet value of type ")
+    assert lines[1].error.startswith("line 2: metadata: Parquet value of type map<string, string")
+    assert "cannot be read as JSON (store it as a string or number): " in lines[1].error
+    assert "duplicate key" in lines[1].error
+    assert lines[2].is_valid
+    assert lines[2].body == {"input": "Say hi.", "metadata": {"a": "1"}}
