@@ -377,6 +377,10 @@ def _document_hint(path: Path, num_lines: int) -> str | None:
     try:
         with gzip.open(path, "rb") if name.endswith(".gz") else path.open("rb") as handle:
             data = handle.read(DOCUMENT_HINT_BYTES + 1)
+        encoding = json.detect_encoding(data)  # what json.loads would read the bytes as: UTF-16 and -32 too
+        if encoding not in ("utf-8", "utf-8-sig"):
+            shown = encoding.upper().replace("-LE", "LE").replace("-BE", "BE")  # as iconv names them
+            return f"the file is {shown}, not UTF-8: convert it (iconv -f {shown} -t UTF-8 {path} > requests.jsonl)"
         value = json.loads(data) if len(data) <= DOCUMENT_HINT_BYTES else None
     except (OSError, EOFError, zlib.error, ValueError, RecursionError):  # not one JSON document either
         return None

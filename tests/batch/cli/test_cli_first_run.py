@@ -127,6 +127,16 @@ def test_a_json_document_instead_of_json_lines_says_so(tmp_path, no_model_load, 
     assert result.exit_code == 1 and f"\n  {hint.format(source=source)}\n" in result.output, result.output
 
 
+def test_a_utf16_file_is_told_to_be_converted_not_reshaped(tmp_path, no_model_load):
+    # json.loads reads UTF-16 bytes too: the hint said "one JSON object over 2 lines", and to run jq on it
+    source = tmp_path / "in.jsonl"
+    source.write_bytes('{"input": "hi"}\n'.encode("utf-16"))
+    result = batchrun("submit", source, "--db", tmp_path / "out.duckdb")
+    assert result.exit_code == 1 and "JSON Lines" not in result.output, result.output
+    assert (f"\n  the file is UTF-16, not UTF-8: convert it (iconv -f UTF-16 -t UTF-8 {source} > requests.jsonl)\n"
+            in result.output), result.output
+
+
 def test_a_one_line_object_that_is_no_request_gets_no_document_hint(tmp_path, no_model_load):
     source = write_lines(tmp_path / "in.json", {"prompt": "a"})
     result = batchrun("submit", source, "--db", tmp_path / "out.duckdb")
