@@ -682,7 +682,7 @@ def test_an_interrupted_run_with_its_own_id_says_to_resume_it_by_that_id(tmp_pat
     # exists) and for `eval` starts another run that decodes everything again.
     import batch.run.runner
 
-    def interrupted(self, done):
+    def interrupted(self, done, only):
         raise KeyboardInterrupt
         yield  # a generator, as Run._lines is: the run is open when it is first read
 
