@@ -22,6 +22,8 @@ IGNORED_FIELDS = frozenset({
     "background", "stream", "stream_options", "store", "service_tier",
     "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
 })
+# Of those, the ones the Response object echoes as sent: validated and kept in the request for that alone.
+ECHOED_IGNORED_FIELDS = frozenset({"store", "prompt_cache_key", "safety_identifier"})
 # Fields whose meaning lives on OpenAI's servers: ignored, the line would decode another request.
 _SERVER_SIDE = {"prompt": "a reusable prompt is kept on OpenAI's servers, which batchrun cannot read: write its "
                           "instructions and input into the line"}
@@ -395,8 +397,11 @@ class ResponsesRequest(_Strict):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     # auto: a prompt longer than the context drops conversation items from its start (batch.run.admission)
     truncation: Literal["auto", "disabled"] | None = None
-    # Not honoured either, but echoed in the Response object as the API does.
+    # Not honoured either, but echoed in the Response object as the API does (the last three reported as ignored).
     user: str | None = None
+    store: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @property
     def conversation_id(self) -> str | None:
@@ -456,7 +461,8 @@ def parse_request(body: dict) -> tuple[ResponsesRequest, list[str]]:
         if name in body:
             raise RequestError(name, why)
     ignored = [name for name in body if name in IGNORED_FIELDS]
-    kept = {name: value for name, value in body.items() if name not in IGNORED_FIELDS}
+    kept = {name: value for name, value in body.items()
+            if name not in IGNORED_FIELDS or name in ECHOED_IGNORED_FIELDS}
     try:
         return ResponsesRequest.model_validate(kept), ignored
     except ValidationError as exc:

@@ -78,16 +78,18 @@ def build_response(request: ResponsesRequest, *, response_id: str, created_at: i
         "frequency_penalty": 0.0,
         "top_logprobs": request.top_logprobs or 0,
         "temperature": temperature,
-        "reasoning": {"effort": (request.reasoning and request.reasoning.effort) or "medium", "summary": None},
+        # summary: echoed, as the API does; harmony's gpt-oss writes no summaries, so none is made
+        "reasoning": {"effort": (request.reasoning and request.reasoning.effort) or "medium",
+                      "summary": request.reasoning and request.reasoning.summary},
         "usage": usage,
         "max_output_tokens": max_output_tokens,
         "max_tool_calls": request.max_tool_calls,
-        "store": True,
+        "store": request.store is not False,  # echoed; nothing is stored on a server here
         "background": False,
         "service_tier": "default",
         "metadata": request.metadata or {},
-        "safety_identifier": None,
-        "prompt_cache_key": None,
+        "safety_identifier": request.safety_identifier,
+        "prompt_cache_key": request.prompt_cache_key,
         "user": request.user,
         # only when named: a response without one keeps the object (and golden traces) it always had
         **({"conversation": {"id": request.conversation_id}} if request.conversation_id else {}),

@@ -77,3 +77,24 @@ def test_the_include_values_are_the_apis():
     from openai.types.responses import ResponseIncludable
 
     assert typing.get_args(Includable) == typing.get_args(ResponseIncludable)
+
+
+def test_the_response_echoes_the_fields_it_does_not_honour_as_the_api_does():
+    # It held store true, prompt_cache_key and safety_identifier null, and reasoning.summary null whatever the
+    # request said; they stay ignored (no server store, no prompt cache key, no summaries), and reported so.
+    from batch.responses.response import build_response
+
+    body = {"input": "hi", "store": False, "prompt_cache_key": "pck-1", "safety_identifier": "user-42",
+            "reasoning": {"summary": "auto"}}
+    request, ignored = parse_request(body)
+    assert ignored == ["store", "prompt_cache_key", "safety_identifier"]
+    echoed = build_response(request, response_id="resp_1", created_at=0, model="m", max_output_tokens=8,
+                            temperature=1.0, top_p=1.0)
+    assert (echoed["store"], echoed["prompt_cache_key"], echoed["safety_identifier"], echoed["reasoning"]) == (
+        False, "pck-1", "user-42", {"effort": "medium", "summary": "auto"})
+    plain = build_response(parse_request({"input": "hi"})[0], response_id="resp_2", created_at=0, model="m",
+                           max_output_tokens=8, temperature=1.0, top_p=1.0)
+    assert (plain["store"], plain["prompt_cache_key"], plain["safety_identifier"], plain["reasoning"]) == (
+        True, None, None, {"effort": "medium", "summary": None})
+    with pytest.raises(RequestError, match="^store: "):
+        parse_request({"input": "hi", "store": "no"})

@@ -94,14 +94,14 @@ def test_gzipped_jsonl(tmp_path):
     assert (line.custom_id, line.request.input) == ("z", "zipped")
 
 
-def test_ignored_fields_are_reported_and_not_in_the_request(tmp_path):
+def test_ignored_fields_are_reported_and_only_those_the_response_echoes_are_in_the_request(tmp_path):
     path = write_jsonl(tmp_path, [{"input": "Hi", "stream": True, "store": False,
                                    "background": False, "prompt_cache_key": "k", "user": "u1"}])
     [line] = read_all(path)
     assert line.is_valid
     assert line.ignored_fields == ["stream", "store", "background", "prompt_cache_key"]
     dumped = line.request.model_dump(mode="json", exclude_none=True)
-    assert dumped == {"input": "Hi", "tool_choice": "auto", "user": "u1"}
+    assert dumped == {"input": "Hi", "tool_choice": "auto", "user": "u1", "store": False, "prompt_cache_key": "k"}
     assert line.body["stream"] is True  # the stored body keeps what the user sent
     assert {"stream", "store", "background", "prompt_cache_key"} <= IGNORED_FIELDS
     assert "text" not in IGNORED_FIELDS  # text.format is honoured (batch/harmony/turn_grammar.py)
