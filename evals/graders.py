@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import cast
 import json
-import math
 import re
 import unicodedata
 
 from evals.output import Output
 from evals.registry import GRADERS, Grade, GraderError, grader
 
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# A sign only where no letter, digit or point comes before it: "2026-01-01" is 2026, 1, 1, not 2026, -1, -1.
+_NUMBER = re.compile(r"(?:(?<![\w.])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _FENCE = re.compile(r"^```[\w-]*\s*\n(.*?)\n?```\s*$", re.DOTALL)
 
 
@@ -33,7 +33,7 @@ def normalize_text(text: str) -> str:
 @grader("exact")
 def exact(output: Output, expected: object, strip: bool = True) -> Grade:
     """The text equals ``expected`` (surrounding whitespace ignored unless strip=false)."""
-    text, want = output.text, str(expected)
+    text, want = output.text, _expected_text(expected)
     if strip:
         text, want = text.strip(), want.strip()
     return Grade.check(text == want, f"text {_short(text)}, expected {_short(want)}")
@@ -42,8 +42,14 @@ def exact(output: Output, expected: object, strip: bool = True) -> Grade:
 @grader("normalized")
 def normalized(output: Output, expected: object) -> Grade:
     """The texts are equal after case folding and removing punctuation and extra spaces."""
-    text, want = normalize_text(output.text), normalize_text(str(expected))
+    text, want = normalize_text(output.text), normalize_text(_expected_text(expected))
     return Grade.check(text == want, f"normalized text {_short(text)}, expected {_short(want)}")
+
+
+def _expected_text(expected: object) -> str:
+    """A case's `expected` as the text an answer would hold: a string as it is, another JSON value as JSON
+    (`true`, not Python's `True`)."""
+    return expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
 
 
 @grader("contains")
@@ -97,8 +103,8 @@ def numeric(output: Output, expected: float | str, tolerance: float = 0.0, relat
     if not found:
         return Grade.check(False, f"no number in {_short(output.text)}")
     candidates = found[-1:] if match == "last" else found
-    close = [n for n in candidates
-             if math.isclose(n, want, abs_tol=tolerance, rel_tol=relative)]
+    # (not math.isclose: its rel_tol is a fraction of the larger of the two, so 0.5 took 2026 for 1013)
+    close = [n for n in candidates if abs(n - want) <= max(tolerance, relative * abs(want))]
     if close:
         return Grade.check(True, f"found {close[0]:g}, expected {want:g}")
     shown = ", ".join(f"{n:g}" for n in candidates[:5])

@@ -172,4 +172,4 @@ def _parse_tags(tags: object) -> tuple[str, ...]:
         return (tags,)
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise SuiteError(f"tags: expected a list of strings, got {json.dumps(tags)}")
-    return tuple(tags)
+    return tuple(dict.fromkeys(tags))  # a tag given twice is one: the per-tag rate counted its case twice

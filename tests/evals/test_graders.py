@@ -71,6 +71,22 @@ def test_numeric_tolerance_and_match_mode():
     assert grade("numeric", text("no digits"), 1).explanation == "no number in 'no digits'"
 
 
+def test_numeric_reads_a_hyphen_between_digits_as_no_sign_and_relative_is_a_fraction_of_expected():
+    # "2026-01-01" read as 2026, -1, -1; and rel_tol scaled by the larger of the two, so 0.5 took 2026 for 1013
+    assert grade("numeric", text("It is 2026-01-01"), 1, match="last").passed
+    assert grade("numeric", text("range 3-5 or -4"), -4).passed
+    assert grade("numeric", text("x-7"), 7).passed and grade("numeric", text("(-7)"), -7).passed
+    assert not grade("numeric", text("2026"), 1013, relative=0.5).passed
+    assert grade("numeric", text("1519"), 1013, relative=0.5).passed
+
+
+@pytest.mark.parametrize("expected, answer", [(True, "true"), ([1, "a"], '[1, "a"]'), (3, "3"), (2.5, "2.5")])
+def test_exact_and_normalized_compare_a_json_expected_value_as_its_json_text(expected, answer):
+    # exact compared str(expected): True as "True", a list as its Python repr
+    assert grade("exact", text(answer), expected).passed
+    assert grade("normalized", text(answer), expected).passed
+
+
 def test_json_schema():
     schema = {"type": "object", "required": ["name", "born"],
               "properties": {"born": {"type": "integer"}}}

@@ -25,6 +25,9 @@ def test_line_expected_goes_to_graders_that_need_one(tmp_path):
                             GraderSpec("status"), GraderSpec("contains", "56"))
     assert case.tags == ("math",)
     assert case.request == {"custom_id": "m", "input": "Multiply 123*456."}
+    # a tag given twice is one tag: the per-tag rate counted its case twice
+    repeated = write(tmp_path, {"custom_id": "r", "input": "x", "expected": 1, "tags": ["t", "u", "t"]})
+    assert load_suite(str(repeated)).cases[0].tags == ("t", "u")
     assert case.graders[0].recorded_options() == {"expected": 56088}
 
 
