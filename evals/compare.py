@@ -101,9 +101,11 @@ def classify(a: RequestSide | None, b: RequestSide | None, on_grades: bool = Tru
     grades = a.grades if on_grades else {}
     flips = [f"{name}: {_verdict(grades[name])} -> {_verdict(b.grades.get(name))}"
              for name in grades if grades[name] != b.grades.get(name)]
-    worse = any(grades[name] and not b.grades.get(name) for name in grades)
-    better = any(not grades[name] and b.grades.get(name) for name in grades)
-    if not grades:
+    # only graders both runs have: one B's grading left out ("absent") has not failed
+    shared = [name for name in grades if name in b.grades]
+    worse = any(grades[name] and not b.grades[name] for name in shared)
+    better = any(not grades[name] and b.grades[name] for name in shared)
+    if not shared:
         worse = a.status == "completed" and b.status != "completed"
         better = a.status != "completed" and b.status == "completed"
     if worse:

@@ -25,6 +25,12 @@ def side(status="completed", text="x", **grades):
     (side("failed"), side(), "improvement"),
     (side(), None, "missing"),
     (None, side(), "new"),
+    # a case B's grading left out (graded with a smaller suite): no grader failed, so status decides; it was a
+    # regression that `--fail-on-regression --strict` failed on, while report called it the same
+    (side(regex=True), side(), "same"),
+    (side(regex=True), side("incomplete"), "regression"),
+    (side(regex=True, numeric=True), side(numeric=True), "same"),
+    (side(regex=True, numeric=True), side(numeric=False), "regression"),
 ])
 def test_classify(a, b, kind):
     assert classify(a, b)[0] == kind
