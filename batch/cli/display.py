@@ -171,6 +171,9 @@ def merge_text(plan: MergePlan, run: RunRow, workers: list[dict], db: str) -> st
         lines.append(f"  merged again: run {run.run_id} was there; the parts' lines replaced its copies of them"
                      + (f", {plural(kept, 'other ' + ('row' if plan.epochs > 1 else 'line'))} kept"
                         if kept else ""))
+    if plan.dropped_grades:
+        lines.append(f"  its grades were dropped ({plural(plan.dropped_grades, 'row')}): its responses changed; "
+                     f"grade it again (batchrun grade {run.run_id} SUITE --db {db})")
     lines += [f"  shard {part.shard.label}: {part.path} run {part.run.run_id} ({part.run.status}), "
               + (f"{plural(len(part.line_nos), 'line')}, " if plan.epochs > 1 else "")
               + plural(len(part.samples), "row")

@@ -64,6 +64,7 @@ class MergePlan:
     epochs: int = 1  # --epochs K: rows per line
     earlier_run: str | None = None  # the output's run that an earlier merge of this split made
     earlier_samples: set[tuple[int, int]] = field(default_factory=set)  # its samples no part holds (kept)
+    dropped_grades: int = 0  # the earlier merge's grades rows, dropped (as carried out)
 
     @property
     def is_complete(self) -> bool:
@@ -230,6 +231,6 @@ def merge_parts(store: Store, plan: MergePlan, run_id: str | None = None) -> tup
     returns the plan as carried out and the merged run's runs row."""
     plan = with_earlier_merge(store, plan, run_id)
     run = merged_run_row(plan, plan.earlier_run or run_id)
-    copy_runs(store, run, [(part.path, part.run.run_id) for part in plan.parts],
-              replace=plan.earlier_run is not None)
-    return plan, run
+    dropped = copy_runs(store, run, [(part.path, part.run.run_id) for part in plan.parts],
+                        replace=plan.earlier_run is not None)
+    return dataclasses.replace(plan, dropped_grades=dropped), run

@@ -18,17 +18,18 @@ from batch.store.rows import RunRow
 from batch.store.store import Store
 from batch.store.writes import TRACE_TABLES, transaction
 
-# Every table whose rows belong to one run by run_id (grades are made later, per merged run).
+# Every table whose rows belong to one run by run_id (grades are made later, per merged run: a merge again drops them).
 RUN_TABLES = ("requests", "responses", *TRACE_TABLES)
 
 
-def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]], *, replace: bool = False) -> None:
+def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]], *, replace: bool = False) -> int:
     """Create `run` in `store` with every row of each (database file, run_id) source, in one transaction.
 
     Rows keep their columns but run_id, which becomes `run.run_id`; a source
     missing a newer column gets its default. With ``replace``, `run` exists: its runs row
     is replaced and so is each sample (line, epoch) a source holds (its requests row, its response
-    and that response's traces); its other samples stay. Nothing is written if anything fails.
+    and that response's traces); its other samples stay, and its grades go (they graded other
+    responses, or fewer lines). Nothing is written if anything fails. Returns the grades rows dropped.
     """
     aliases = [f"_batchrun_part_{index}" for index in range(len(sources))]
     con = store.con
@@ -36,16 +37,19 @@ def copy_runs(store: Store, run: RunRow, sources: list[tuple[Path, str]], *, rep
         con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [os.fspath(path)])
     try:
         with transaction(con), _as_store_errors():
+            dropped = 0
             if replace:
                 for alias, (_, source_run) in zip(aliases, sources):
                     _delete_lines(con, run.run_id, alias, source_run)
                 con.execute("DELETE FROM runs WHERE run_id = ?", [run.run_id])
+                [(dropped,)] = con.execute("DELETE FROM grades WHERE run_id = ?", [run.run_id]).fetchall()
             store.runs.create(run)
             for alias, (_, source_run) in zip(aliases, sources):
                 for table in RUN_TABLES:
                     con.execute(f"""INSERT INTO {table} BY NAME
                                     SELECT * REPLACE (? AS run_id) FROM {alias}.{table} WHERE run_id = ?""",
                                 [run.run_id, source_run])
+        return dropped
     finally:
         for alias in aliases:
             con.execute(f"DETACH {alias}")

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from batch.cli.main import main
 from batch.run.shards import Shard, ShardSpecError
+from batch.store.store import Store
 from tests.support.db import rows
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "data" / "examples"
@@ -184,9 +185,18 @@ def test_merging_again_into_the_same_output_completes_the_run(tmp_path, tiny_mod
     merged = tmp_path / "merged1.duckdb"
     partial = cli("merge", parts[0], "-o", merged)
     assert partial.exit_code == 1 and "2 of 4 lines (partial)" in partial.output, partial.output
+    [(run_id, custom_id, response_id)] = rows(merged, "SELECT run_id, custom_id, response_id FROM requests "
+                                                      "ORDER BY line_no LIMIT 1")
+    with Store(merged) as store:  # graded while partial: its grades covered two of the four lines
+        store.grades.write(run_id, [{"custom_id": custom_id, "response_id": response_id, "grader": "status",
+                                     "score": 1.0, "passed": True}])
     result = cli("merge", *parts, "-o", merged)
     assert result.exit_code == 0, result.output
     assert "4 of 4 lines (completed)" in result.output and "merged again" in result.output
+    # they stayed, counted in every pass rate, as if the run held those lines alone
+    assert rows(merged, "SELECT count(*) FROM grades") == [(0,)]
+    assert (f"  its grades were dropped (1 row): its responses changed; grade it again "
+            f"(batchrun grade {run_id} SUITE --db {merged})") in result.output
     query = "SELECT run_id, line_no, response_id FROM requests ORDER BY line_no"
     once = rows(merged, query)
     assert len({run for run, _, _ in once}) == 1 and [line for _, line, _ in once] == [1, 2, 3, 4]
