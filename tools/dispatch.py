@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 import json
+import re
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,10 +112,22 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return value
 
 
+# A complete `"key": "string"` pair of a JSON object, in text that may be cut short
+_STRING_FIELD = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
 def web_search_action(name: str, text: str) -> dict:
-    """The `action` of a web_search_call item for a browser call."""
+    """The `action` of a web_search_call item for a browser call; from arguments cut short (a response that ended
+    mid-call), what their complete string fields say."""
     arguments = parse_arguments(text)
-    arguments = arguments if isinstance(arguments, dict) else {}
+    if not isinstance(arguments, dict):
+        arguments = {}
+        for match in _STRING_FIELD.finditer(text):
+            try:
+                key, value = json.loads(f'"{match[1]}"'), json.loads(f'"{match[2]}"')
+            except json.JSONDecodeError:
+                continue
+            arguments.setdefault(key, value)
     if name == "open":
         link = arguments.get("id")
         return {"type": "open_page", "url": link if isinstance(link, str) else None}

@@ -437,7 +437,7 @@ class ResponseEvents:
             item.extra["outputs"] = [{"type": "logs", "logs": output or error or ""}]
         ok_event, failed_event = _TOOL_DONE[item.kind]
         self._emit(failed_event if error else ok_event, **self._ids(item))
-        status = ItemStatus.FAILED if error and item.kind is not ItemKind.WEB_SEARCH_CALL else ItemStatus.COMPLETED
+        status = ItemStatus.FAILED if error else ItemStatus.COMPLETED
         self._finish_item(item, status)
         return self.output[item.output_index]
 

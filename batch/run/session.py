@@ -22,7 +22,7 @@ from typing import Any
 
 from batch.harmony.attempt import Attempt
 from batch.harmony.constraint import GrammarConstraint
-from batch.responses.events import ResponseEvents
+from batch.responses.events import ItemKind, ResponseEvents
 from batch.harmony.render import browser_call, error_answer, render_tool_output, with_browser_calls
 from batch.harmony.token_parser import CALL_TOKEN, STOP_TOKEN_IDS
 from batch.responses.metrics import ResponseMetrics, TurnMetrics
@@ -261,6 +261,9 @@ class Session:
 
     def finish(self) -> FinishedResponse:
         """Close open items, emit the terminal event; returns the final response."""
+        cut = self.events.current
+        if cut is not None and cut.kind is ItemKind.WEB_SEARCH_CALL and "action" not in cut.extra:
+            cut.extra["action"] = web_search_action(cut.name or "search", "".join(cut.parts))  # what it had asked
         self.events.abandon()
         self.metrics.finish()
         outcome = self.outcome or Outcome(ResponseStatus.FAILED, "response ended without an outcome")

@@ -382,7 +382,8 @@ CORPUS: dict[str, dict] = {
                                 "previous_response_id": None, "conversation": {"id": "conv_1"},
                                 "include": ["message.output_text.logprobs"], "top_logprobs": 5},
     "ignored fields": {"input": "Hi", "stream": False, "store": True, "include": ["reasoning.encrypted_content"],
-                       "truncation": "disabled", "service_tier": "auto", "background": False},
+                       "truncation": "disabled", "service_tier": "auto", "background": False,
+                       "prompt_cache_key": "k-1", "safety_identifier": "user-1"},
     "special-token spellings and unicode": {"input": "What is <|start|>? Déjà vu 😀\n\n  spaced  "},
 }
 

@@ -93,6 +93,15 @@ def test_failed_mcp_call_emits_failed_event_and_records_error():
     validate_all(events.events)
 
 
+@pytest.mark.parametrize("kind", [ItemKind.WEB_SEARCH_CALL, ItemKind.CODE_INTERPRETER_CALL])
+def test_a_hosted_call_that_failed_is_failed(kind):
+    # A web search refused by max_tool_calls (it never ran) was `completed`; the SDK's status has `failed`.
+    events = stream(kind, ['{"query": "paris"}'], name="search", server_label="browser")
+    item = events.tool_result(error="max_tool_calls: 0 calls allowed")
+    assert item["status"] == "failed"
+    validate_all(events.events)
+
+
 def test_abandon_closes_open_item_incomplete_and_one_terminal_event():
     events = ResponseEvents("resp_1")
     events.start(RESPONSE)

@@ -307,6 +307,22 @@ def test_browser_search_is_a_web_search_call(tmp_path, store):
             "response.web_search_call.completed"] == [t for t in types if "web_search_call" in t]
 
 
+def test_a_web_search_cut_mid_call_or_refused_keeps_its_query_and_says_so(tmp_path, store):
+    # Cut by max_output_tokens mid-arguments, its action's query was the raw partial JSON
+    # ('{"query": "paris city", "top'); refused by max_tool_calls it was `completed`, though it never ran.
+    arguments = '{"query": "paris city", "topn": 5, "source": "news"}'
+    scripts = {"find": [think() + call("browser.search", arguments, "analysis"), final("Found.")]}
+    cut = len(think()) // 4 + 24  # the scripted backend's tokens are ~4 characters: the cut falls in the arguments
+    lines = [request("cut", "find", tools=[{"type": "web_search"}], max_output_tokens=cut),
+             request("refused", "find", tools=[{"type": "web_search"}], max_tool_calls=0)]
+    run(tmp_path, store, backend_for(scripts), lines)
+    [cut_search] = [item for item in response_of(store, "cut")["output"] if item["type"] == "web_search_call"]
+    assert (cut_search["status"], cut_search["action"]) == ("incomplete", {"type": "search", "query": "paris city"})
+    [refused] = [item for item in response_of(store, "refused")["output"] if item["type"] == "web_search_call"]
+    assert (refused["status"], refused["action"]) == ("failed", {"type": "search", "query": "paris city"})
+    validate_response(response_of(store, "refused"))
+
+
 # -- tool_choice --------------------------------------------------------------
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
