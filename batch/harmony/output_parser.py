@@ -8,6 +8,7 @@ resolves its recipient to an item kind once, through the request's tool registry
 from __future__ import annotations
 
 import itertools
+import json
 
 from batch.responses.events import ItemKind, ResponseEvents
 from batch.harmony.call_header import header_text
@@ -17,6 +18,7 @@ from batch.responses.status import ItemStatus
 from engine.api import TokenLogprob
 from tools.kinds import ToolType
 from tools.registry import ToolRegistry
+from tools.servers import builtin_kind
 
 _KIND_OF_TOOL = {
     ToolType.FUNCTION: ItemKind.FUNCTION_CALL,
@@ -27,6 +29,10 @@ _KIND_OF_TOOL = {
 
 
 _NO_LOGPROBS = itertools.repeat(None)
+# An mcp_call to a label the built-in python serves: the model writes raw code (to=python), the item holds the
+# JSON arguments the server gets, {"code": ...}, as the API's McpCall.arguments is: streamed as such, a delta the
+# opening, each token's text JSON-escaped, a delta the closing.
+CODE_ARGUMENTS_OPEN, CODE_ARGUMENTS_CLOSE = '{"code": "', '"}'
 
 
 def logprob_entry(token_id: int, logprob: TokenLogprob) -> dict:
@@ -51,11 +57,13 @@ class OutputParser:
         self.reasoning_tokens = 0  # tokens of every turn on the analysis channel (usage)
         # By item id, the header of each call as the model wrote it, which no item keeps (batch/harmony/call_header.py).
         self.call_headers: dict[str, str] = {}
+        self._code_as_json = False  # the open item is an mcp_call of raw code held as JSON (CODE_ARGUMENTS_OPEN)
 
     def begin_turn(self, turn: int) -> None:
         """A new completion."""
         self._tokens = TokenParser()
         self._last_step = None
+        self._code_as_json = False
         self.events.turn = turn
 
     @property
@@ -89,10 +97,13 @@ class OutputParser:
                 if logprob is not None and events.current is not None and events.current.kind is ItemKind.MESSAGE:
                     events.add_delta(step, logprob_entry(token_id, logprob))
                 elif step:
-                    events.add_delta(step)
+                    events.add_delta(json.dumps(step)[1:-1] if self._code_as_json else step)
             elif step is Boundary.OPENED:
                 self._open_item(tokens.channel, tokens.recipient)
             else:
+                if self._code_as_json:
+                    events.add_delta(CODE_ARGUMENTS_CLOSE)
+                    self._code_as_json = False
                 # A message to a hosted tool runs the tool only when it ends with <|call|>.
                 current = events.current
                 hosted = current is not None and current.kind.is_hosted_tool
@@ -105,6 +116,7 @@ class OutputParser:
         return None
 
     def _open_item(self, channel: str | None, recipient: str | None) -> None:
+        self._code_as_json = False
         if recipient is None:
             if channel == "analysis":
                 self.events.open_item(ItemKind.REASONING)
@@ -118,6 +130,9 @@ class OutputParser:
         else:
             item = self.events.open_item(_KIND_OF_TOOL[target.tool_type], name=target.name,
                                          server_label=target.server_label)
+            if target.tool_type is ToolType.MCP and builtin_kind(target.server_label or "") == "python":
+                self.events.add_delta(CODE_ARGUMENTS_OPEN)
+                self._code_as_json = True
         header_ids = self._tokens.written_header_ids() if self._tokens else None
         header = header_text(header_ids) if header_ids is not None else None
         if header is not None:

@@ -197,7 +197,7 @@ def _item_messages(index: int, item: dict, calls: dict[str, tuple[str, str | Non
         arguments = _string_field(item, index, "arguments")
         builtin = builtin_kind(item["server_label"])
         if builtin == "python":  # served by the built-in's section: the call was `to=python`, as the guide's
-            call, author, channel = _call(item, headers, arguments, "python", "analysis", "code")
+            call, author, channel = _call(item, headers, _python_code(arguments), "python", "analysis", "code")
         elif builtin == "browser":  # ... and `to=browser.<action>`, never `web_search.search` nor on commentary
             call, author, channel = _call(item, headers, arguments, f"browser.{item['name']}", "analysis",
                                           "<|constrain|>json")
@@ -206,6 +206,17 @@ def _item_messages(index: int, item: dict, calls: dict[str, tuple[str, str | Non
                                           "commentary", "<|constrain|>json")
         return [call, _tool(author, output, channel)]
     return []  # web_search_call, mcp_list_tools: nothing the model needs to re-read
+
+
+def _python_code(arguments: str) -> str:
+    """The code of an mcp_call the built-in python served: its arguments `{"code": ...}` (the model wrote the code
+    raw, batch/harmony/output_parser.py), or raw code itself (an item written so by hand, or by batchrun before)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    code = value.get("code") if isinstance(value, dict) and len(value) == 1 else None
+    return code if isinstance(code, str) else arguments
 
 
 def _string_field(item: dict, index: int, key: str) -> str:

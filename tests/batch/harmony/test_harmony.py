@@ -80,6 +80,18 @@ def test_mcp_label_code_interpreter_maps_to_builtin_python():
     assert ToolRegistry.from_tools([{"type": "web_search"}]).resolve("browser.open").name == "open"
 
 
+@pytest.mark.parametrize("arguments", ['{"code": "print(2 + 2)"}', "print(2 + 2)"])
+def test_an_mcp_call_the_python_built_in_served_renders_its_code_raw(arguments):
+    # Its item holds {"code": ...} (the API's JSON arguments); the model wrote, and must read back, the code alone.
+    # Raw code (an item written by hand, or by batchrun before) renders the same.
+    items = [{"role": "user", "content": "2+2?"},
+             {"type": "mcp_call", "server_label": "code_interpreter", "name": "python", "arguments": arguments,
+              "output": "4\n"}]
+    text, _ = render({"input": items, "tools": [{"type": "mcp", "server_label": "code_interpreter",
+                                                 "server_url": "http://127.0.0.1:9/mcp"}]})
+    assert "to=python<|channel|>analysis code<|message|>print(2 + 2)<|call|>" in text, text
+
+
 def test_tool_output_tokens_continue_the_prompt_on_the_calls_channel():
     text = harmony_encoding().decode_utf8(render_tool_output("python", "2\n", "analysis"))
     assert text == "<|start|>python to=assistant<|channel|>analysis<|message|>2\n<|end|><|start|>assistant"

@@ -246,6 +246,26 @@ def test_python_state_lives_for_one_response(tmp_path, store):
     assert items[1]["outputs"] == [{"type": "logs", "logs": "42\n"}]
 
 
+def test_an_mcp_label_served_by_the_python_built_in_holds_json_arguments(tmp_path, store):
+    # The model writes raw code (to=python); the mcp_call item held it as `arguments`, which the API's McpCall
+    # documents as "a JSON string of the arguments passed to the tool": the server got {"code": ...}.
+    code = 'print("a\\tb", 6 * 7)'
+    scripts = {"py": [think() + call("python", code, "analysis", "code"), final("42")]}
+    python_mcp = {"type": "mcp", "server_label": "code_interpreter", "server_url": "http://127.0.0.1:9/mcp"}
+    summary = run(tmp_path, store, backend_for(scripts), [request("m", "py", tools=[python_mcp])])
+    assert summary.statuses == Counter(completed=1)
+    response = response_of(store, "m")
+    validate_response(response)
+    [item] = [item for item in response["output"] if item["type"] == "mcp_call"]
+    assert json.loads(item["arguments"]) == {"code": code} and item["output"] == "a\tb 42\n"
+    stream = events(store, response["id"])
+    deltas = "".join(e["delta"] for e in stream if e["type"] == "response.mcp_call_arguments.delta")
+    [done] = [e for e in stream if e["type"] == "response.mcp_call_arguments.done"]
+    assert deltas == done["arguments"] == item["arguments"]
+    [(_, arguments, _, _, _)] = tool_calls(store, "m")  # the table keeps what the model wrote
+    assert arguments == code
+
+
 @pytest.mark.slow  # ~10 s: two servers start; tests/tools/test_client.py has the fast check
 def test_an_interrupted_run_leaves_no_tool_server_alive(tmp_path, store):
     """Ctrl-C while a python call and an MCP call are in flight (another response decoding): every
