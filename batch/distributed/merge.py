@@ -144,7 +144,8 @@ def plan_merge(paths: list[Path]) -> MergePlan:
     epochs = cast(int, recorded_setting(parts[0].run, "epochs"))  # a JSON number in runs.options
     missing_lines = sorted(line for part in parts for line in part.shard.line_numbers(num_lines)
                            if not _has_every_epoch(line, epochs, part.samples))
-    return MergePlan(parts, num_lines, [Shard(k, count) for k in range(count) if k not in present],
+    # a shard that owns no line (an input of fewer lines than shards) is not missing: it has nothing to give
+    return MergePlan(parts, num_lines, [Shard(k, count) for k in range(count) if k not in present and k < num_lines],
                      missing_lines, epochs)
 
 

@@ -179,6 +179,21 @@ def test_merge_refuses_shards_of_another_input_or_split(tmp_path, tiny_model_dir
     assert result.exit_code == 1 and "no run made with --shard" in result.output
 
 
+def test_shards_that_own_no_line_are_not_missing(tmp_path, tiny_model_dir):
+    # Split 5 ways, 2 lines: shards 2/5 to 4/5 own none. Merging the two that hold every line said `partial`
+    # ("missing shards: 2/5, 3/5, 4/5") and exited 1.
+    source = tmp_path / "two.jsonl"
+    source.write_text("".join((EXAMPLES / "quickstart.jsonl").read_text().splitlines(keepends=True)[:2]))
+    parts = []
+    for index in range(2):
+        parts.append(tmp_path / f"part-{index}.duckdb")
+        assert cli("submit", source, "--shard", f"{index}/5", "--db", parts[-1], "--model", tiny_model_dir,
+                   *GREEDY).exit_code == 0
+    result = cli("merge", *parts, "-o", tmp_path / "run.duckdb")
+    assert result.exit_code == 0 and "2 of 2 lines (completed)" in result.output, result.output
+    assert "missing shards" not in result.output
+
+
 def test_merging_again_into_the_same_output_completes_the_run(tmp_path, tiny_model_dir, small):
     """The README's way: merge what is there, run the missing shard, merge again (issue #30 item 1)."""
     parts = run_shards(tmp_path, small, tiny_model_dir, 2)
