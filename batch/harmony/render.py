@@ -18,6 +18,7 @@ from batch.harmony.attempt import read_attempt
 from batch.harmony.call_header import CallHeaders, header_ids, read_header
 from batch.harmony.head import HEADS, HeadSpec, system_content
 from batch.harmony.sections import response_format_section
+from batch.harmony.output_parser import CODE_ARGUMENTS_OPEN
 from batch.harmony.token_parser import CALL_TOKEN, MESSAGE_TOKEN, assistant_start_ids
 from batch.harmony.tool_sections import ToolSections
 from batch.harmony.vocab import harmony_encoding, ordinary_tokens
@@ -210,11 +211,18 @@ def _item_messages(index: int, item: dict, calls: dict[str, tuple[str, str | Non
 
 def _python_code(arguments: str) -> str:
     """The code of an mcp_call the built-in python served: its arguments `{"code": ...}` (the model wrote the code
-    raw, batch/harmony/output_parser.py), or raw code itself (an item written so by hand, or by batchrun before)."""
+    raw, batch/harmony/output_parser.py), those of a call the response ended in (no closing `"}`: each token's text
+    is escaped whole, so the rest decodes as a string), or raw code itself (an item written so by hand, or by
+    batchrun before)."""
     try:
         value = json.loads(arguments)
     except ValueError:
-        return arguments
+        if not arguments.startswith(CODE_ARGUMENTS_OPEN):
+            return arguments
+        try:
+            value = {"code": json.loads(f'"{arguments.removeprefix(CODE_ARGUMENTS_OPEN)}"')}
+        except ValueError:
+            return arguments
     code = value.get("code") if isinstance(value, dict) and len(value) == 1 else None
     return code if isinstance(code, str) else arguments
 

@@ -348,10 +348,13 @@ ReasoningEffortName: TypeAlias = Literal["minimal", "low", "medium", "high"]
 REASONING_EFFORTS: tuple[str, ...] = typing.get_args(ReasoningEffortName)
 
 
+ReasoningSummary: TypeAlias = Literal["auto", "concise", "detailed"]
+
+
 class Reasoning(_Strict):
     effort: ReasoningEffortName | None = None
-    summary: str | None = None
-    generate_summary: str | None = None
+    summary: ReasoningSummary | None = None  # echoed in the response; gpt-oss writes no summaries
+    generate_summary: ReasoningSummary | None = None  # (the API's older name of summary)
 
 
 Metadata = Annotated[

@@ -80,16 +80,19 @@ def test_mcp_label_code_interpreter_maps_to_builtin_python():
     assert ToolRegistry.from_tools([{"type": "web_search"}]).resolve("browser.open").name == "open"
 
 
-@pytest.mark.parametrize("arguments", ['{"code": "print(2 + 2)"}', "print(2 + 2)"])
-def test_an_mcp_call_the_python_built_in_served_renders_its_code_raw(arguments):
+@pytest.mark.parametrize("arguments, code", [('{"code": "print(2 + 2)"}', "print(2 + 2)"),
+                                             ("print(2 + 2)", "print(2 + 2)"),
+                                             ('{"code": "x = 1\\nprint(x, \\"', 'x = 1\nprint(x, "')])
+def test_an_mcp_call_the_python_built_in_served_renders_its_code_raw(arguments, code):
     # Its item holds {"code": ...} (the API's JSON arguments); the model wrote, and must read back, the code alone.
-    # Raw code (an item written by hand, or by batchrun before) renders the same.
+    # Raw code (an item written by hand, or by batchrun before) renders the same; so does a call the response
+    # ended in, whose arguments never got their closing `"}`.
     items = [{"role": "user", "content": "2+2?"},
              {"type": "mcp_call", "server_label": "code_interpreter", "name": "python", "arguments": arguments,
               "output": "4\n"}]
     text, _ = render({"input": items, "tools": [{"type": "mcp", "server_label": "code_interpreter",
                                                  "server_url": "http://127.0.0.1:9/mcp"}]})
-    assert "to=python<|channel|>analysis code<|message|>print(2 + 2)<|call|>" in text, text
+    assert f"to=python<|channel|>analysis code<|message|>{code}<|call|>" in text, text
 
 
 def test_tool_output_tokens_continue_the_prompt_on_the_calls_channel():

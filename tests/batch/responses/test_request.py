@@ -98,3 +98,10 @@ def test_the_response_echoes_the_fields_it_does_not_honour_as_the_api_does():
         True, None, None, {"effort": "medium", "summary": None})
     with pytest.raises(RequestError, match="^store: "):
         parse_request({"input": "hi", "store": "no"})
+
+
+def test_reasoning_summary_takes_the_apis_values_only():
+    # echoed in the response, any string made a Response the SDK's type refuses
+    with pytest.raises(RequestError, match="^reasoning.summary: "):
+        parse_request({"input": "hi", "reasoning": {"summary": "bogus"}})
+    assert parse_request({"input": "hi", "reasoning": {"summary": "detailed"}})[0].reasoning.summary == "detailed"
