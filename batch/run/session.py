@@ -263,7 +263,7 @@ class Session:
         """Close open items, emit the terminal event; returns the final response."""
         cut = self.events.current
         if cut is not None and cut.kind is ItemKind.WEB_SEARCH_CALL and "action" not in cut.extra:
-            cut.extra["action"] = web_search_action(cut.name or "search", "".join(cut.parts))  # what it had asked
+            cut.extra["action"] = web_search_action(cut.name or "search", cut.text)  # what it had asked
         self.events.abandon()
         self.metrics.finish()
         outcome = self.outcome or Outcome(ResponseStatus.FAILED, "response ended without an outcome")
