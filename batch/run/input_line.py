@@ -67,8 +67,9 @@ class LineParser:
         custom_id = self._stand_in(line_no) if given is None else given
         # a request without an id of its own answers to its stand-in: claimed, as a given id is
         duplicate = self._claim(line_no, custom_id) if given is not None or problem is None else None
-        not_json = None if finite else _non_finite(value, body, envelope)
         too_deep, outside = _beyond_limits(value, body, envelope)
+        # (a line too deep is refused for that and keeps no body: its numbers need no second walk)
+        not_json = None if finite or too_deep else _non_finite(value, body, envelope)
         problem = too_deep or outside or problem or duplicate or not_json
         if problem is None and envelope:
             problem = _envelope_problem(value, route_required=not wrapped)
