@@ -11,6 +11,7 @@ the key before it serialised every message, each tool's schema included, on each
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -110,10 +111,16 @@ def render_head(spec: HeadSpec) -> list[int]:
     return tokens
 
 
+@functools.cache
+def _developer_start() -> tuple[int, ...]:
+    return (START_TOKEN, *ordinary_tokens("developer"), MESSAGE_TOKEN)
+
+
 def with_instructions(head: list[int], instructions: str) -> list[int] | None:
-    """The head with `instructions`, from the same spec's head without them, whose developer message
-    has content (tool sections or a response format); None where it has no developer message or
-    its content does not start with a `#` heading.
+    """The head with `instructions`, from the same spec's head without them; None where its developer
+    message's content does not start with a `#` heading. A head without a developer message gets one
+    holding the section alone. Harmony's own rendering of a long text is quadratic in its longest word,
+    and panics past ~1 MB; this one is linear (batch/harmony/vocab.py).
 
     Harmony joins the developer message's sections with a blank line, `# Instructions` first, and
     encodes the content as one ordinary text; batchrun's response format joins the same way. So
@@ -125,8 +132,8 @@ def with_instructions(head: list[int], instructions: str) -> list[int] | None:
     """
     try:
         content = head.index(MESSAGE_TOKEN, head.index(START_TOKEN, 1)) + 1
-    except ValueError:  # the system message alone
-        return None
+    except ValueError:  # the system message alone: the developer message holds the section alone
+        return [*head, *_developer_start(), *ordinary_tokens(f"# Instructions\n\n{instructions}"), END_TOKEN]
     if content == len(head) or head[content] != _HASH_TOKEN:
         return None
     return [*head[:content], *ordinary_tokens(f"# Instructions\n\n{instructions}\n\n"), *head[content:]]
@@ -161,7 +168,7 @@ class HeadCache:
     def _render(self, spec: HeadSpec) -> list[int]:
         """A head the cache lacks: a spec with instructions from its head without them (cached
         too: a run whose every request has its own instructions mostly shares the rest)."""
-        if spec.instructions and (spec.tools.has_developer_tools or spec.response_format):
+        if spec.instructions:
             tokens = with_instructions(self.tokens(replace(spec, instructions=None)), spec.instructions)
             if tokens is not None:
                 return tokens

@@ -8,7 +8,7 @@ import hashlib
 import os
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding
@@ -69,6 +69,22 @@ def harmony_encoding() -> HarmonyEncoding:
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
 
 
+# From this many characters a text is encoded by bpe-openai's o200k tokenizer: harmony's BPE is quadratic
+# in a pre-token's length (100,000 letters in one word take ~6 s, 300,000 ~70 s) and its regex overflows
+# its stack past ~1 MB (a panic). bpe-openai's is linear and gives the same tokens (tests/batch/harmony/
+# test_vocab.py); below the threshold harmony's is the faster to call, and its ~1-2 s load is spared.
+LINEAR_ENCODE_FROM = 16_384
+
+
+@functools.cache
+def _linear_tokenizer() -> Any:
+    from bpe_openai import _bindings
+
+    return _bindings.tokenizer_for_encoding("o200k_base")
+
+
 def ordinary_tokens(text: str) -> list[int]:
     """The text's tokens, special-token spellings included as plain text (as harmony renders content)."""
+    if len(text) >= LINEAR_ENCODE_FROM:
+        return _linear_tokenizer().encode(text)
     return harmony_encoding()._inner.encode(text, [])  # the wrapper's special-token check costs ~60 us

@@ -322,8 +322,10 @@ def test_truncation_auto_drops_the_conversations_first_items_to_fit_the_context(
     history = [{"role": role, "content": f"{role} message {turn}: " + "more words " * 12}
                for turn in range(60) for role in ("user", "assistant")]
     conversation = [{"role": "developer", "content": "Be brief."}, *history, {"role": "user", "content": "Last?"}]
+    word = "a" * 1_200_000  # one word of a megabyte: harmony's own encoder panics on it
     source = write_lines(tmp_path / "in.jsonl", {"custom_id": "auto", "input": conversation, "truncation": "auto"},
-                         {"custom_id": "disabled", "input": conversation})
+                         {"custom_id": "disabled", "input": conversation}, {"custom_id": "word", "input": word},
+                         {"custom_id": "word instructions", "input": "Hi", "instructions": word})
     db = tmp_path / "out.duckdb"
     # A tiny KV cache clamps the context to a few hundred tokens: the conversation is longer than that.
     result = batchrun("submit", source, "--db", db, "--model", tiny_model_dir, "--kv-cache-gb", "0.001",
@@ -331,6 +333,8 @@ def test_truncation_auto_drops_the_conversations_first_items_to_fit_the_context(
     assert result.exit_code == 0, result.output
     outcome = {cid: (status, error) for cid, status, error in rows(db, "SELECT custom_id, status, error FROM requests")}
     assert outcome["disabled"][0] == "failed" and "prompt has" in outcome["disabled"][1]
+    for cid in ("word", "word instructions"):  # counted (8 letters a token) and refused, as any long prompt
+        assert outcome[cid][0] == "failed" and int(re.search(r"prompt has (\d+) tokens", outcome[cid][1])[1]) > 150_000
     assert outcome["auto"][0] in ("completed", "incomplete")  # 2 output tokens: decoded, whatever it says
     [(response, prompt_ids)] = rows(db, "SELECT r.response, t.prompt_token_ids FROM responses r JOIN tokens t "
                                         "USING (response_id) JOIN requests q USING (response_id) "

@@ -206,9 +206,8 @@ def test_a_head_with_instructions_equals_harmonys_rendering_token_for_token(name
         with_text = dataclasses.replace(spec, instructions=text)
         assert cache.tokens(with_text) == RENDER_HEAD(with_text), repr(text)
         spliced += head.with_instructions(cache.tokens(spec), text) is not None
-    # spliced where there is a developer message to splice into, harmony's rendering otherwise
-    has_developer = spec.tools.has_developer_tools or spec.response_format is not None
-    assert spliced == (len(_TEXTS) + 300 if has_developer else 0)
+    # spliced into the developer message, or a developer message of its own where the head has none
+    assert spliced == len(_TEXTS) + 300
 
 
 def test_a_head_with_instructions_is_cached_from_the_head_without_them(monkeypatch):
@@ -228,3 +227,11 @@ def test_instructions_that_are_not_unicode_fail_as_harmonys_rendering_does():
         RENDER_HEAD(spec)
     with pytest.raises(ValueError):
         HeadCache(4).tokens(spec)
+
+
+@pytest.mark.parametrize("name", ["no tools", "mcp tools"])
+def test_a_megabyte_of_instructions_in_one_word_is_rendered(name):
+    # harmony's rendering panics on it (its regex's stack) where the head has no developer message
+    text = "a" * 1_200_000
+    tokens = HeadCache(4).tokens(dataclasses.replace(_spec(HEAD_BODIES[name]), instructions=text))
+    assert text in harmony_encoding().decode_utf8(tokens)
