@@ -73,7 +73,7 @@ def run_rate(row: dict | None) -> Rate:
     """The headline Rate of a pass_rate_per_run row (store.reports.pass_rate_per_run)."""
     if row is None:
         return wilson(0, 0)
-    method = "wilson" if row["ci_method"] == "wilson" else "bootstrap"
+    method = {"bootstrap over cases": "bootstrap"}.get(row["ci_method"], row["ci_method"])
     return Rate(row["n_passed"], row["n_requests"], row["ci_low"], row["ci_high"], method)
 
 

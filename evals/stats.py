@@ -9,6 +9,11 @@ Two runs over the same cases are compared paired by case:
 - one sample per case: McNemar's exact test on the discordant pairs (a two-sided binomial test), and
   Newcombe's hybrid score interval (1998, method 10) for the difference;
 - epochs: a paired sign-flip permutation test on the per-case differences of means.
+A bootstrap over cases has nothing to resample when every case is alike, and would claim an interval
+of zero width: where no case's epochs disagree, each case is one pass or fail (Wilson, Newcombe over
+cases); where they disagree but every case has the same mean (or, paired, the same difference: a
+single case, or no case changed), the interval is over the samples (Wilson; Newcombe over the samples
+paired by epoch, which share their seed).
 The bootstrap and permutation draws are seeded: the same runs give the same verdict.
 """
 
@@ -31,7 +36,7 @@ class Rate:
     n: int
     low: float
     high: float
-    method: str  # "wilson" or "bootstrap"
+    method: str  # "wilson", "bootstrap" or "wilson over samples"
 
     @property
     def rate(self) -> float:
@@ -60,6 +65,10 @@ class PairedDifference:
     @property
     def significant(self) -> bool:
         return self.p_value < 0.05
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return self.low, self.high
 
     def verdict(self) -> str:
         """Plain words: a significant regression or improvement, or within noise."""
@@ -99,10 +108,13 @@ def case_rate(per_case: Sequence[Sequence[bool]], seed: int = 0) -> Rate:
     bootstrap would give 0%-0% at a rate of 0, and Wilson over cases is the honest interval (as the
     views pass_rate_per_* do).
     """
-    cases = [list(outcomes) for outcomes in per_case if len(outcomes)]
-    if all(len(set(map(bool, outcomes))) == 1 for outcomes in cases):
-        return wilson(sum(bool(o[0]) for o in cases), len(cases))
-    means = [sum(map(bool, outcomes)) / len(outcomes) for outcomes in cases]
+    cases = [list(map(bool, outcomes)) for outcomes in per_case if len(outcomes)]
+    if all(len(set(outcomes)) == 1 for outcomes in cases):
+        return wilson(sum(o[0] for o in cases), len(cases))
+    means = [sum(outcomes) / len(outcomes) for outcomes in cases]
+    if min(means) == max(means):  # one share for all: the resamples' means are all that share
+        samples = wilson(sum(map(sum, cases)), sum(map(len, cases)))
+        return Rate(sum(means), len(means), samples.low, samples.high, "wilson over samples")
     low, high = _bootstrap_mean(means, seed)
     return Rate(sum(means), len(means), low, high, "bootstrap")
 
@@ -116,7 +128,12 @@ def paired_difference(a: dict[str, Sequence[bool]], b: dict[str, Sequence[bool]]
     if all(len(x) == 1 and len(y) == 1 for x, y in pairs):
         return _mcnemar([(x[0], y[0]) for x, y in pairs])
     diffs = [sum(y) / len(y) - sum(x) / len(x) for x, y in pairs]
-    low, high = _bootstrap_mean(diffs, seed)
+    if all(len(set(x)) == 1 and len(set(y)) == 1 for x, y in pairs):  # each case one pass or fail per run
+        low, high = _mcnemar([(x[0], y[0]) for x, y in pairs]).interval
+    elif min(diffs) == max(diffs):  # one difference for all: the resamples' means are all that difference
+        low, high = _mcnemar([pair for x, y in pairs for pair in zip(x, y)]).interval
+    else:
+        low, high = _bootstrap_mean(diffs, seed)
     return PairedDifference(len(diffs), sum(diffs) / len(diffs), low, high, _sign_flip_p(diffs, seed),
                             "sign-flip permutation")
 

@@ -1,7 +1,8 @@
 """Migration m014 (--epochs), kept beside migrations.py for its length: the requests key gains the
 epoch, and the views that reduce epochs per case, give every rate its interval (Wilson, or a
 bootstrap over cases) and pair two runs, plus the report's per-case and per-sample views; m018,
-which redoes the paired view's sign flips; and m019, whose one-epoch interval is Newcombe's.
+which redoes the paired view's sign flips; m019, whose one-epoch interval is Newcombe's; and m022,
+whose intervals are over the samples where a bootstrap over cases has one value to draw.
 """
 
 from __future__ import annotations
@@ -18,13 +19,6 @@ BOOTSTRAP_DRAWS = 1000
 
 # A group whose cases disagree across their epochs: its interval is a bootstrap over cases.
 _MIXED = "(max(n_epochs) > 1 AND bool_or(pass_mean > 0 AND pass_mean < 1))"
-# A rate's epochs, interval and method, per group of cases joined with its bootstrap as `b`.
-_RATE_INTERVAL = f"""max(n_epochs) AS n_epochs,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
-                ELSE wilson_low(sum(pass_mean), count(*)) END AS ci_low,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
-                ELSE wilson_high(sum(pass_mean), count(*)) END AS ci_high,
-           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method"""
 
 
 def bootstrap_sql(source: str, keys: str) -> str:
@@ -40,6 +34,73 @@ def bootstrap_sql(source: str, keys: str) -> str:
     m AS (SELECT {keys}, draw, sum(wt * v) / nullif(sum(wt), 0) AS mean FROM w GROUP BY {keys}, draw)
     SELECT {keys}, quantile_disc(mean, 0.025) AS boot_low, quantile_disc(mean, 0.975) AS boot_high
     FROM m GROUP BY {keys}"""
+
+
+# Every case alike (one pass share for all): a bootstrap over cases would give that share as both bounds.
+_ALIKE = "(min(pass_mean) = max(pass_mean))"
+
+
+def _interval(bound: str, arms: list[tuple[str, str]], otherwise: str, samples: str, over_samples: bool) -> str:
+    """One bound (``low`` or ``high``) of a rate's interval per group joined with its bootstrap as `b`: the
+    bootstrap over cases where the cases' epochs disagree, then ``arms`` (condition, value), else ``otherwise``;
+    with ``over_samples``, first Wilson over ``samples`` (a pass count and n) where the cases disagree but are
+    alike. Laid out as m014 wrote its cases, so that m014's text stays what it ran."""
+    arms = [(_MIXED, f"any_value(b.boot_{bound})"), *arms]
+    if over_samples:
+        arms.insert(0, (f"{_MIXED} AND {_ALIKE}", f"wilson_{bound}({samples})"))
+    whens = "\n                ".join(f"WHEN {condition} THEN {value}" for condition, value in arms)
+    return f"CASE {whens}\n                ELSE {otherwise} END"
+
+
+def _method(over_samples: bool) -> str:
+    alike = f"WHEN {_MIXED} AND {_ALIKE} THEN 'wilson over samples' " if over_samples else ""
+    return f"CASE {alike}WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method"
+
+
+def pass_rate_views_sql(over_samples: bool) -> str:
+    """The views pass_rate_per_run, _per_tag and _per_grader: m014's (``over_samples`` False) and
+    m022's, whose interval is Wilson's over the samples where a bootstrap over cases has only one
+    value to draw (every case the same share of passing epochs, not all 0 or 1: a single case)."""
+    samples = "round(sum(pass_mean * n_epochs)), sum(n_epochs)"
+    cases = {bound: _interval(bound, [], f"wilson_{bound}(sum(pass_mean), count(*))", samples, over_samples)
+             for bound in ("low", "high")}
+    rate = f"""max(n_epochs) AS n_epochs,
+           {cases["low"]} AS ci_low,
+           {cases["high"]} AS ci_high,
+           {_method(over_samples)}"""
+    # per grader: with one epoch, Wilson over its grade rows; with epochs, over cases
+    grader_bound = {bound: _interval(bound, [("max(n_epochs) > 1", f"wilson_{bound}(sum(pass_mean), count(*))")],
+                                     f"wilson_{bound}(sum(n_passed), sum(n_graded))",
+                                     "sum(n_passed), sum(n_graded)", over_samples) for bound in ("low", "high")}
+    return f"""-- Rates: with one epoch per case, the Wilson interval of passes over cases (as m013); with
+    -- epochs, the mean over cases of each case's pass_mean and a bootstrap over cases (ci_method),
+    -- unless no case's epochs disagree: then each case is one pass or fail, the bootstrap would
+    -- say 0%-0% at a rate of 0, and Wilson over cases is the honest interval.
+    CREATE OR REPLACE VIEW pass_rate_per_run AS
+    SELECT run_id, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
+           {rate}
+    FROM request_grades LEFT JOIN ({bootstrap_sql("request_grades", "run_id")}) b USING (run_id)
+    GROUP BY run_id;
+
+    CREATE OR REPLACE VIEW pass_rate_per_tag AS
+    SELECT run_id, tag, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
+           {rate}
+    FROM tag_case_scores LEFT JOIN ({bootstrap_sql("tag_case_scores", "run_id, tag")}) b USING (run_id, tag)
+    GROUP BY run_id, tag;
+
+    -- n_graded / n_passed count grade rows (every epoch); pass_rate is over cases.
+    CREATE OR REPLACE VIEW pass_rate_per_grader AS
+    SELECT run_id, grader, sum(n_graded)::BIGINT AS n_graded, sum(n_passed)::BIGINT AS n_passed,
+           CASE WHEN max(n_epochs) > 1 THEN avg(pass_mean) ELSE sum(n_passed) / sum(n_graded) END AS pass_rate,
+           sum(mean_score * n_graded) / sum(n_graded) AS mean_score,
+           {grader_bound["low"]} AS ci_low,
+           {grader_bound["high"]} AS ci_high,
+           count(*) AS n_cases, max(n_epochs) AS n_epochs,
+           {_method(over_samples)}
+    FROM grader_case_scores
+    LEFT JOIN ({bootstrap_sql("grader_case_scores", "run_id, grader")}) b USING (run_id, grader)
+    GROUP BY run_id, grader;
+"""
 
 
 def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
@@ -94,39 +155,7 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
            custom_id, n_epochs, pass_mean
     FROM request_grades;
 
-    -- Rates: with one epoch per case, the Wilson interval of passes over cases (as m013); with
-    -- epochs, the mean over cases of each case's pass_mean and a bootstrap over cases (ci_method),
-    -- unless no case's epochs disagree: then each case is one pass or fail, the bootstrap would
-    -- say 0%-0% at a rate of 0, and Wilson over cases is the honest interval.
-    CREATE OR REPLACE VIEW pass_rate_per_run AS
-    SELECT run_id, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
-           {_RATE_INTERVAL}
-    FROM request_grades LEFT JOIN ({bootstrap_sql("request_grades", "run_id")}) b USING (run_id)
-    GROUP BY run_id;
-
-    CREATE OR REPLACE VIEW pass_rate_per_tag AS
-    SELECT run_id, tag, count(*) AS n_requests, sum(pass_mean) AS n_passed, avg(pass_mean) AS pass_rate,
-           {_RATE_INTERVAL}
-    FROM tag_case_scores LEFT JOIN ({bootstrap_sql("tag_case_scores", "run_id, tag")}) b USING (run_id, tag)
-    GROUP BY run_id, tag;
-
-    -- n_graded / n_passed count grade rows (every epoch); pass_rate is over cases.
-    CREATE OR REPLACE VIEW pass_rate_per_grader AS
-    SELECT run_id, grader, sum(n_graded)::BIGINT AS n_graded, sum(n_passed)::BIGINT AS n_passed,
-           CASE WHEN max(n_epochs) > 1 THEN avg(pass_mean) ELSE sum(n_passed) / sum(n_graded) END AS pass_rate,
-           sum(mean_score * n_graded) / sum(n_graded) AS mean_score,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_low)
-                WHEN max(n_epochs) > 1 THEN wilson_low(sum(pass_mean), count(*))
-                ELSE wilson_low(sum(n_passed), sum(n_graded)) END AS ci_low,
-           CASE WHEN {_MIXED} THEN any_value(b.boot_high)
-                WHEN max(n_epochs) > 1 THEN wilson_high(sum(pass_mean), count(*))
-                ELSE wilson_high(sum(n_passed), sum(n_graded)) END AS ci_high,
-           count(*) AS n_cases, max(n_epochs) AS n_epochs,
-           CASE WHEN {_MIXED} THEN 'bootstrap over cases' ELSE 'wilson' END AS ci_method
-    FROM grader_case_scores
-    LEFT JOIN ({bootstrap_sql("grader_case_scores", "run_id, grader")}) b USING (run_id, grader)
-    GROUP BY run_id, grader;
-
+    {pass_rate_views_sql(over_samples=False)}
     -- Two graded runs side by side, case by case (paired by custom_id): filter on run_a and run_b.
     CREATE VIEW paired_case_differences AS
     SELECT a.run_id AS run_a, b.run_id AS run_b, custom_id, a.n_epochs AS epochs_a, b.n_epochs AS epochs_b,
@@ -217,12 +246,16 @@ def m014_epochs(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
-def paired_differences_sql(ci_low: str, ci_high: str, counts: str = "") -> str:
+def paired_differences_sql(ci_low: str, ci_high: str, counts: str = "", epochs_low: str = "bq.low",
+                           epochs_high: str = "bq.high", samples: str = "") -> str:
     """The statement that (re)creates the view paired_differences as m018 left it, with the one-epoch
     interval given: ``ci_low`` and ``ci_high`` are SQL over the per-pair CTE ``s`` (n, difference,
     a_only, b_only, and the columns that ``counts`` adds to it, each written ",\\n ... AS name").
+    ``epochs_low`` and ``epochs_high`` are the interval with epochs (the bootstrap's by default, `bq`),
+    over ``s`` and the CTE ``sp`` that ``samples`` defines when given (", sp AS (...)").
     Shared so that m018 and the migrations after it that only change the interval do not each carry
     a copy of the whole view; m018's own call gives back byte for byte the text it always ran."""
+    join_samples = " LEFT JOIN sp USING (run_a, run_b)" if samples else ""
     return f"""
     CREATE OR REPLACE VIEW paired_differences AS
     WITH d AS (SELECT *, greatest(max(epochs_a) OVER (PARTITION BY run_a, run_b),
@@ -247,14 +280,14 @@ def paired_differences_sql(ci_low: str, ci_high: str, counts: str = "") -> str:
     fp AS (SELECT f.run_a, f.run_b,
                   (count(*) FILTER (WHERE f.flipped >= abs(s.difference * s.n) - 1e-9) + 1)
                       / ({BOOTSTRAP_DRAWS} + 1) AS p
-           FROM flips f JOIN s USING (run_a, run_b) GROUP BY f.run_a, f.run_b)
+           FROM flips f JOIN s USING (run_a, run_b) GROUP BY f.run_a, f.run_b){samples}
     SELECT s.run_a, s.run_b, s.n, s.k AS n_epochs, s.difference, s.a_only, s.b_only,
-           CASE WHEN s.k > 1 THEN bq.low ELSE {ci_low} END AS ci_low,
-           CASE WHEN s.k > 1 THEN bq.high ELSE {ci_high} END AS ci_high,
+           CASE WHEN s.k > 1 THEN {epochs_low} ELSE {ci_low} END AS ci_low,
+           CASE WHEN s.k > 1 THEN {epochs_high} ELSE {ci_high} END AS ci_high,
            CASE WHEN s.k > 1 THEN CASE WHEN s.a_only + s.b_only = 0 THEN 1.0 ELSE fp.p END
                 ELSE mcnemar_p(s.a_only, s.b_only) END AS p_value,
            CASE WHEN s.k > 1 THEN 'sign-flip permutation' ELSE 'mcnemar-exact' END AS method
-    FROM s LEFT JOIN bq USING (run_a, run_b) LEFT JOIN fp USING (run_a, run_b);
+    FROM s LEFT JOIN bq USING (run_a, run_b) LEFT JOIN fp USING (run_a, run_b){join_samples};
     """
 
 
@@ -308,3 +341,33 @@ def m019_paired_newcombe_interval(con: duckdb.DuckDBPyConnection) -> None:
         ci_low=f"newcombe_low({table})", ci_high=f"newcombe_high({table})",
         counts=""",
                  count(*) FILTER (WHERE pass_a = 1 AND pass_b = 1) AS both_pass"""))
+
+
+def m022_intervals_over_samples(con: duckdb.DuckDBPyConnection) -> None:
+    """With epochs, where a bootstrap over cases has one value to draw, the interval is over the samples.
+    A rate whose cases all passed the same share of their epochs (a single case, most often) got an
+    interval of zero width (2/3 passing: 66.7%-66.7%); it is Wilson's over the samples. Two runs whose
+    cases all changed by the same share (no case changed, most often) got 0% to 0%; the interval is
+    Newcombe's over the samples paired by epoch (epoch e of a line has the same seed in both runs), and
+    where no case's epochs disagree in either run, Newcombe's over cases, as with one epoch
+    (evals/stats.py gives the same)."""
+    con.execute(pass_rate_views_sql(over_samples=True))
+    table = "s.both_pass, s.b_only, s.a_only, s.n - s.both_pass - s.a_only - s.b_only"
+    sample_table = "sp.e, sp.f, sp.g, sp.n - sp.e - sp.f - sp.g"
+    con.execute(paired_differences_sql(
+        ci_low=f"newcombe_low({table})", ci_high=f"newcombe_high({table})",
+        counts=""",
+                 count(*) FILTER (WHERE pass_a = 1 AND pass_b = 1) AS both_pass,
+                 bool_and(pass_a IN (0, 1) AND pass_b IN (0, 1)) AS constant,
+                 min(difference) = max(difference) AS alike""",
+        epochs_low=f"""CASE WHEN s.constant THEN newcombe_low({table})
+                WHEN s.alike THEN newcombe_low({sample_table}) ELSE bq.low END""",
+        epochs_high=f"""CASE WHEN s.constant THEN newcombe_high({table})
+                WHEN s.alike THEN newcombe_high({sample_table}) ELSE bq.high END""",
+        samples=""",
+    -- the two runs' samples paired by case and epoch: both pass (e), B only (f), A only (g), all (n)
+    sp AS (SELECT a.run_id AS run_a, b.run_id AS run_b, count(*) FILTER (WHERE a.passed AND b.passed) AS e,
+                  count(*) FILTER (WHERE b.passed AND NOT a.passed) AS f,
+                  count(*) FILTER (WHERE a.passed AND NOT b.passed) AS g, count(*) AS n
+           FROM sample_grades a JOIN sample_grades b USING (custom_id, epoch)
+           WHERE a.run_id <> b.run_id GROUP BY a.run_id, b.run_id)"""))

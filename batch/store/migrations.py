@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 import duckdb
 import pyarrow as pa
 
-from batch.store.epoch_views import m014_epochs, m018_paired_sign_flips, m019_paired_newcombe_interval
+from batch.store.epoch_views import (m014_epochs, m018_paired_sign_flips, m019_paired_newcombe_interval,
+                                     m022_intervals_over_samples)
 from batch.store.rows import is_json
 from batch.responses.status import ResponseStatus, ToolCallStatus
 from tools.kinds import MODEL_ERROR_KINDS
@@ -385,7 +386,8 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     m007_views_from_enums, m008_tool_output_size, m009_tool_call_attempts, m010_request_worker,
     m011_bench_latency_percentiles, m012_tool_call_result, m013_pass_rate_intervals, m014_epochs,
     m015_sampling_turns, m016_turn_dropped_items, m017_request_conversation, m018_paired_sign_flips,
-    m019_paired_newcombe_interval, m020_wilson_any_integers, m021_response_call_headers]
+    m019_paired_newcombe_interval, m020_wilson_any_integers, m021_response_call_headers,
+    m022_intervals_over_samples]
 
 
 def _version(migration: Callable) -> int:

@@ -163,3 +163,29 @@ def test_the_databases_newcombe_macros_give_the_same_interval(tmp_path):
             low, high = store.con.sql("SELECT newcombe_low(?, ?, ?, ?), newcombe_high(?, ?, ?, ?)",
                                       params=[*table, *table]).fetchall()[0]
             assert (low, high) == pytest.approx(newcombe_paired(*table), abs=1e-12), table
+
+
+def test_cases_alike_with_disagreeing_epochs_get_wilson_over_samples_not_a_zero_width_bootstrap():
+    # One case, 2 of 3 epochs passing: a bootstrap over the one case draws 2/3 every time (66.7%-66.7%).
+    rate = case_rate([[True, True, False]])
+    assert (rate.method, rate.n, rate.rate) == ("wilson over samples", 1, pytest.approx(2 / 3))
+    assert (rate.low, rate.high) == (wilson(2, 3).low, wilson(2, 3).high)
+    assert "0.67/1 (66.7%, 95% CI 20.8%-93.9%)" == str(rate)
+    alike = case_rate([[True, False], [False, True], [True, False]])  # every case 1/2
+    assert alike.method == "wilson over samples" and (alike.low, alike.high) == (wilson(3, 6).low, wilson(3, 6).high)
+    assert case_rate([[True, False], [True, True]]).method == "bootstrap"
+
+
+def test_paired_epochs_alike_get_newcombe_over_samples_and_constant_cases_newcombe_over_cases():
+    # No case changed its share: the bootstrap said 0% to 0%; the samples paired by epoch do not.
+    a = {"c0": [True, False, True], "c1": [False, True, True]}
+    same = paired_difference(a, a)
+    assert (same.difference, same.p_value, same.method) == (0.0, 1.0, "sign-flip permutation")
+    assert (same.low, same.high) == newcombe_paired(4, 0, 0, 2) and same.low < 0 < same.high
+    swapped = paired_difference(a, {"c0": [False, True, True], "c1": [True, True, False]})  # 2/3 each, moved
+    assert (swapped.low, swapped.high) == newcombe_paired(2, 2, 2, 0)
+    # Each case passes all or none of its epochs in both runs: one pass or fail per case, as with one epoch.
+    constant = paired_difference({"c0": [True] * 3, "c1": [False] * 3}, {"c0": [True] * 3, "c1": [True] * 3})
+    assert (constant.low, constant.high) == newcombe_paired(1, 1, 0, 0)
+    mixed = paired_difference({"c0": [True, False], "c1": [False, False]}, {"c0": [True, True], "c1": [False, False]})
+    assert mixed.difference == 0.25 and (mixed.low, mixed.high) == (0.0, 0.5)  # differences 1/2 and 0: bootstrapped

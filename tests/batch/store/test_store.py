@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from evals.stats import newcombe_paired, paired_difference, wilson
+from evals.stats import case_rate, newcombe_paired, paired_difference, wilson
 from batch.store.migrations import MIGRATIONS, duckdb_type, migrate
 from batch.responses.events import EventColumns
 from batch.responses.metrics import TurnMetrics
@@ -190,7 +190,7 @@ def test_older_database_is_upgraded_on_open(tmp_path):
                             (14, "m014_epochs"), (15, "m015_sampling_turns"), (16, "m016_turn_dropped_items"),
                             (17, "m017_request_conversation"), (18, "m018_paired_sign_flips"),
                             (19, "m019_paired_newcombe_interval"), (20, "m020_wilson_any_integers"),
-                            (21, "m021_response_call_headers")]
+                            (21, "m021_response_call_headers"), (22, "m022_intervals_over_samples")]
         assert count(store.con, "SELECT * FROM usage_per_run") == 0
 
 
@@ -683,6 +683,42 @@ def test_paired_differences_view_gives_pythons_interval_on_random_tables(store):
     rows = store.con.sql("SELECT run_a, run_b, n, a_only, b_only, ci_low, ci_high, p_value FROM paired_differences "
                          "WHERE run_a LIKE 'a%' AND run_b = 'b' || substr(run_a, 2)").fetchall()
     assert {(r[0], r[1]): r[2:] for r in rows} == expected
+
+
+def _write_epochs(store, run: str, outcomes: dict[str, list[bool]], grader: str = "g") -> None:
+    store.grades.write(run, [{"custom_id": case, "epoch": epoch, "grader": grader, "passed": passed}
+                             for case, runs in outcomes.items() for epoch, passed in enumerate(runs)])
+
+
+@pytest.mark.parametrize("outcomes", [{"c0": [True, True, False]}, {"c0": [True, False], "c1": [False, True]},
+                                      {"c0": [True, False], "c1": [True, True]}, {"c0": [False] * 3, "c1": [True] * 3}])
+def test_rate_views_give_pythons_interval_and_method_with_epochs(store, outcomes):
+    """Cases alike (one share for all, not all 0 or 1): Wilson over the samples, not a bootstrap of zero
+    width; the view and evals/stats.py agree on the method, and where it is not a bootstrap, on the bounds."""
+    _write_epochs(store, "r", outcomes)
+    python = case_rate(list(outcomes.values()))
+    method = {"bootstrap": "bootstrap over cases"}.get(python.method, python.method)
+    for row in (store.reports.pass_rate_per_run("r"), store.reports.pass_rates_per_grader("r")[0],
+                store.reports.pass_rates_per_tag("r")[0]):
+        assert row["ci_method"] == method
+        if python.method != "bootstrap":
+            assert (row["ci_low"], row["ci_high"]) == (pytest.approx(python.low), pytest.approx(python.high))
+        assert row["ci_low"] < row["ci_high"]
+
+
+@pytest.mark.parametrize("a, b", [
+    ({"c0": [True, False, True], "c1": [False, True, True]},) * 2,  # no case changed
+    ({"c0": [True, False, True], "c1": [False, True, True]}, {"c0": [False, True, True], "c1": [True, True, False]}),
+    ({"c0": [True] * 3, "c1": [False] * 3}, {"c0": [True] * 3, "c1": [True] * 3}),  # one pass or fail per case
+])
+def test_paired_view_with_epochs_alike_gives_pythons_interval(store, a, b):
+    _write_epochs(store, "a", a)
+    _write_epochs(store, "b", b)
+    python = paired_difference(a, b)
+    [(low, high, method)] = store.con.sql("SELECT ci_low, ci_high, method FROM paired_differences "
+                                          "WHERE run_a = 'a' AND run_b = 'b'").fetchall()
+    assert (low, high, method) == (pytest.approx(python.low), pytest.approx(python.high), python.method)
+    assert low < high  # never zero width
 
 
 def test_released_migrations_execute_the_sql_they_did():
