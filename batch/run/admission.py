@@ -70,15 +70,35 @@ def conversation_items(request: ResponsesRequest, store: Store,
         if previous_id:  # as the API: a response continues one or the other
             raise AdmissionError("conversation: cannot be used with previous_response_id")
         if history is None:
-            return items, {}
-        return nulling_non_finite(list(history.items)) + items, dict(history.call_headers)
+            return _answered(items, 0), {}
+        stored = nulling_non_finite(list(history.items))
+        return _answered(stored + items, len(stored), conversation=True), dict(history.call_headers)
     if not previous_id:
-        return items, {}
+        return _answered(items, 0), {}
     previous = store.responses.get(previous_id)
     if previous is None:
         raise AdmissionError(f"previous_response_id: no response {previous_id!r} in this database")
     stored = nulling_non_finite(list(previous.input_items or []) + list(previous.response["output"]))
-    return stored + items, dict(previous.call_headers)
+    return _answered(stored + items, len(stored)), dict(previous.call_headers)
+
+
+def _answered(items: list[dict], stored: int, conversation: bool = False) -> list[dict]:
+    """`items` when each function call among them has its output, as the API requires (left unanswered, the
+    model reads on as if it had been, and makes the answer up). `stored`: how many of them come from the
+    response or the `conversation` the request continues."""
+    outputs = {item.get("call_id") for item in items if item.get("type") == "function_call_output"}
+    for index, item in enumerate(items):
+        if item.get("type") != "function_call" or item.get("call_id") in outputs:
+            continue
+        call = f"no function_call_output for the function call {item.get('call_id')!r} ({item.get('name')})"
+        if index >= stored:
+            raise AdmissionError(f"input[{index - stored}]: {call}; every function call in input needs its output")
+        if conversation:  # the id is the earlier line's response's, unknown when the file was written
+            raise AdmissionError(f"input: {call} the conversation's line before it ended in; a later line cannot "
+                                 "give one (its call_id is made as that line runs): continue that response with "
+                                 "previous_response_id and a function_call_output instead")
+        raise AdmissionError(f"input: {call} the previous response ended in; send it in input")
+    return items
 
 
 def stored_browser_calls(items: list[dict], store: Store) -> dict[str, dict]:

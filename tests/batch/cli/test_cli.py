@@ -760,3 +760,37 @@ def test_the_engine_keeps_only_the_sliding_layers_window_and_records_that_layout
     assert usage["longer"][0] > usage["long"][0] > 300 and all(o == 40 for _, o in usage.values())
     # every one decoded to --max-output-tokens (the random model emits no stop token in 40)
     assert dict(rows(db, "SELECT custom_id, status FROM requests")) == dict.fromkeys(usage, "incomplete")
+
+
+def test_a_function_call_without_its_output_is_an_invalid_line_as_in_the_api(tmp_path):
+    # The model read on as if the call had been answered, and made its answer up.
+    weather = {"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}
+    pasted = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    db, first, second = tmp_path / "out.duckdb", tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("".join(json.dumps(line) + "\n" for line in (
+        {"custom_id": "ask", "conversation": "w", "input": "What is the weather in Paris?", "tools": [weather]},
+        {"custom_id": "next", "conversation": "w", "input": "And in Oslo?", "tools": [weather]},
+        {"custom_id": "pasted", "input": [{"role": "user", "content": "Weather in Oslo?"}, pasted],
+         "tools": [weather]})))
+    assert submit(first, "--db", db, "--temperature", "0", "--max-output-tokens", "60").exit_code == 0
+    [(response,)] = rows(db, "SELECT response FROM responses WHERE custom_id = 'ask'")
+    call = json.loads(response)["output"][-1]
+    assert call["type"] == "function_call"  # the shipped model asks for the weather
+    errors = dict(rows(db, "SELECT custom_id, error FROM requests WHERE status = 'invalid'"))
+    assert errors == {
+        "next": f"line 2: input: no function_call_output for the function call {call['call_id']!r} (get_weather) "
+                "the conversation's line before it ended in; a later line cannot give one (its call_id is made as "
+                "that line runs): continue that response with previous_response_id and a function_call_output instead",
+        "pasted": "line 3: input[1]: no function_call_output for the function call 'c1' (get_weather); every "
+                  "function call in input needs its output"}
+    answer = {"type": "function_call_output", "call_id": call["call_id"], "output": '{"sky": "clear"}'}
+    second.write_text("".join(json.dumps({"custom_id": custom_id, "previous_response_id": json.loads(response)["id"],
+                                          "input": given, "tools": [weather]}) + "\n"
+                              for custom_id, given in (("answered", [answer]), ("unanswered", "And tomorrow?"))))
+    assert submit(second, "--db", db, "--temperature", "0", "--max-output-tokens", "60").exit_code == 0
+    assert dict(rows(db, "SELECT custom_id, status FROM requests WHERE custom_id IN ('answered', 'unanswered')")) == {
+        "answered": "completed", "unanswered": "invalid"}
+    [(error,)] = rows(db, "SELECT error FROM requests WHERE custom_id = 'unanswered'")
+    assert error.endswith("(get_weather) the previous response ended in; send it in input")
