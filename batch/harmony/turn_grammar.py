@@ -13,7 +13,8 @@ out) pins that structure down, so:
   python code is free text);
 - `tool_choice` on the first turn: `required` or a named tool -> the turn ends
   with a call to one of `ToolRegistry.forced_recipients()`, after any reasoning;
-  `none` -> no call (the registry then enables no tool); later turns are `auto`;
+  `none` -> no call (the registry then enables no tool), every turn; later turns of others are `auto`;
+- a preamble (a `commentary` message) only where a call may follow it;
 - `tool_choice` allowed_tools: every turn calls only the tools it names (the prompt
   still shows them all, as in the API); in `required` mode the first turn must call one;
 - no text, recipient or argument holds a harmony control token.
@@ -65,15 +66,17 @@ def turn_grammar(registry: ToolRegistry, text_format: dict | None, first_turn: b
     final_schema = _final_schema(text_format)
     argument_schemas = {recipient: registry.arguments_schema(recipient) for recipient in callable_now}
     if forced is None and final_schema is None and len(callable_now) == len(channels) \
-            and all(s is None for s in argument_schemas.values()):
+            and all(s is None for s in argument_schemas.values()) and registry.tool_choice != "none":
         return None
     rules = list(_COMMON_RULES)
     schemas: list[tuple[str, dict]] = []
     if forced is not None:  # reasoning first, if the model wants, then the call
         rules.insert(0, 'start: (analysis <|start|> "assistant")* call')
     else:
-        ending = "final | call" if callable_now else "final"
-        rules.insert(0, f'start: ((analysis | preamble) <|start|> "assistant")* ({ending})')
+        # a preamble is the plan before a call: with none to make, the answer follows the reasoning alone
+        # (a commentary message before a JSON answer would be in the response's output_text, breaking it)
+        before, ending = ("(analysis | preamble)", "final | call") if callable_now else ("analysis", "final")
+        rules.insert(0, f'start: ({before} <|start|> "assistant")* ({ending})')
         body = "TEXT" if final_schema is None else "final_json"
         rules.append(f'final: <|channel|> "final" json_type? <|message|> {body} <|return|>')
         if final_schema is not None:
@@ -110,5 +113,6 @@ def _schema_field(registry: ToolRegistry, recipient: str) -> str:
 
 
 def _json(schema: dict) -> str:
-    options = {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}
-    return json.dumps({**schema, "x-guidance": options})
+    # llguidance reads its options from the schema's "x-guidance": a request's own is not batchrun's to honour
+    # (it could undo the whitespace bound or turn keyword checks off), and a non-object one failed the line
+    return json.dumps({**schema, "x-guidance": JSON_OPTIONS})

@@ -170,7 +170,7 @@ def test_bounded_turns_always_complete_and_validate_on_random_weights(tiny_model
     in_final = turn_grammar(ToolRegistry.from_tools([]), {"type": "json_schema", "name": "b", "schema": BOUNDED}, True)
     # Skip the unbounded part, free reasoning: the turn starts at the call or in the final channel.
     grammars = {"call": forced.lark.replace('start: (analysis <|start|> "assistant")* call', "start: call"),
-                "final": in_final.lark.replace('start: ((analysis | preamble) <|start|> "assistant")* (final)',
+                "final": in_final.lark.replace('start: (analysis <|start|> "assistant")* (final)',
                                                "start: final")}
     assert all(not g.startswith("start: (") for g in grammars.values())
     engine = LLMEngine(EngineConfig(tiny_model_dir, kv_cache_gb=0.05))

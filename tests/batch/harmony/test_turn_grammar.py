@@ -106,6 +106,21 @@ def test_none_allows_no_call_and_bad_choices_are_errors():
     assert accepts(g, '<|channel|>final<|message|>{"city": "Rome"}<|return|>')
     with pytest.raises(ToolChoiceError, match="required, but the request enables no tools"):
         grammar(tool_choice="required")
+    # without a text format too, every turn: the README's "allows no call", for any weights
+    for first_turn in (True, False):
+        free = grammar([WEATHER], tool_choice="none", first_turn=first_turn)
+        assert not accepts(free, '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                                 '{"lat": 1, "lon": 2}<|call|>')
+        assert accepts(free, '<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>'
+                             'Sunny, I guess.<|return|>')
+
+
+def test_a_preamble_comes_only_where_a_call_may_follow_it():
+    preamble = '<|channel|>commentary<|message|>Sure, here it is:<|end|><|start|>assistant'
+    answer = '<|channel|>final<|message|>{"city": "Rome"}<|return|>'
+    assert not accepts(grammar(text_format=SCHEMA), preamble + answer)  # output_text would not parse as JSON
+    assert accepts(grammar(text_format=SCHEMA), answer)
+    assert accepts(grammar([WEATHER], text_format=SCHEMA), preamble + answer)
 
 
 def test_a_schema_llguidance_cannot_enforce_names_its_field():
@@ -147,3 +162,14 @@ def test_allowed_tools_naming_a_tool_the_request_lacks_is_an_error():
         grammar([WEATHER], allowed("auto", {"type": "function", "name": "other"}))
     with pytest.raises(ToolChoiceError, match="allowed_tools in required mode, but it allows no tool"):
         grammar([WEATHER], allowed("required"))
+
+
+@pytest.mark.parametrize("options", ["loose", 7, {"whitespace_pattern": "[ \\n]*"}])
+def test_a_schemas_own_x_guidance_is_not_llguidances_options(options):
+    # a string failed the line as an internal error; an object overrode batchrun's whitespace bound
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "x-guidance": options}
+    g = grammar(text_format={"type": "json_schema", "name": "c", "schema": schema})
+    GrammarConstraint(g)  # compiles
+    assert accepts(g, '<|channel|>final<|message|>{"city": "Rome"}<|return|>')
+    assert not accepts(g, '<|channel|>final<|message|>{\n\n"city": "Rome"}<|return|>')
