@@ -274,14 +274,19 @@ class McpChoice(_Strict):
 
 
 class HostedChoice(_Strict):
-    type: Literal["code_interpreter", "web_search", "web_search_preview"]
+    """A hosted tool to call: the API's ToolChoiceTypes batchrun serves (any web search tool answers a
+    web_search_preview choice). Not `web_search`: the API's types have no such choice, and a Response
+    echoing it would fail them."""
+
+    type: Literal["code_interpreter", "web_search_preview", "web_search_preview_2025_03_11"]
 
 
 def _choice_tag(value: Any) -> str | None:
     if isinstance(value, str):
         return "mode"
-    return _tag_of({"code_interpreter": "hosted", "web_search": "hosted",
-                    "web_search_preview": "hosted"})(value)
+    # web_search tagged hosted, so that its error lists the choices there are
+    return _tag_of({kind: "hosted" for kind in ("code_interpreter", "web_search", "web_search_preview",
+                                                  "web_search_preview_2025_03_11")})(value)
 
 
 if TYPE_CHECKING:

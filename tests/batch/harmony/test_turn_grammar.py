@@ -95,7 +95,7 @@ def test_a_forced_hosted_tool_is_called_on_analysis():
     g = grammar([{"type": "code_interpreter"}], tool_choice={"type": "code_interpreter"})
     assert accepts(g, "<|channel|>analysis to=python code<|message|>print(6*7)<|call|>")
     assert not accepts(g, "<|channel|>commentary to=python code<|message|>print(6*7)<|call|>")
-    search = grammar([{"type": "web_search"}], tool_choice={"type": "web_search"})
+    search = grammar([{"type": "web_search"}], tool_choice={"type": "web_search_preview"})
     assert accepts(search, ' to=browser.search<|channel|>analysis <|constrain|>json<|message|>{"query": "x"}<|call|>')
 
 

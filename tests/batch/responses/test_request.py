@@ -105,3 +105,18 @@ def test_reasoning_summary_takes_the_apis_values_only():
     with pytest.raises(RequestError, match="^reasoning.summary: "):
         parse_request({"input": "hi", "reasoning": {"summary": "bogus"}})
     assert parse_request({"input": "hi", "reasoning": {"summary": "detailed"}})[0].reasoning.summary == "detailed"
+
+
+def test_a_hosted_tool_choice_is_one_of_the_apis_tool_choice_types():
+    from openai.types.responses.tool_choice_types import ToolChoiceTypes
+
+    hosted = set(typing.get_args(ToolChoiceTypes.model_fields["type"].annotation))
+    tools = [{"type": "web_search"}, {"type": "code_interpreter", "container": {"type": "auto"}}]
+    for kind in ("code_interpreter", "web_search_preview", "web_search_preview_2025_03_11"):
+        assert kind in hosted
+        request, _ = parse_request({"input": "Hi", "tools": tools, "tool_choice": {"type": kind}})
+        assert request.tool_choice_json() == {"type": kind}
+    # not the API's: a Response echoing it failed the SDK's types
+    with pytest.raises(RequestError, match=r"tool_choice\.type: input should be 'code_interpreter', "
+                                           r"'web_search_preview' or 'web_search_preview_2025_03_11'"):
+        parse_request({"input": "Hi", "tools": tools, "tool_choice": {"type": "web_search"}})

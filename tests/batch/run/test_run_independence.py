@@ -80,7 +80,7 @@ def test_two_runs_of_the_shipped_model_render_every_prompt_alike(tmp_path):
     source = tmp_path / "in.jsonl"
     tools = [{"type": "web_search"}, {"type": "code_interpreter"}]
     source.write_text("".join(json.dumps({"custom_id": f"r{i}", "input": f"Search the web for tokyo {i}.",
-                                          "tools": tools, "tool_choice": {"type": "web_search"}}) + "\n"
+                                          "tools": tools, "tool_choice": {"type": "web_search_preview"}}) + "\n"
                               for i in range(3)))
     options = ("--max-output-tokens", "200", "--max-turns", "3")
     first, second = (submit(tmp_path, name, source, SHIPPED_MODEL, *options) for name in ("run-a", "run-b"))
