@@ -134,6 +134,7 @@ class ToolRegistry:
     listings: list[ServerListing] = field(default_factory=list)
     read_only: dict[str, set[str]] = field(default_factory=dict)  # label -> tools annotated readOnlyHint
     tool_choice: object = "auto"
+    function_fields: dict[str, str] = field(default_factory=dict)  # name -> its request field, "tools[2]"
 
     @classmethod
     def from_tools(cls, tools: list[dict] | None, tool_choice: object = "auto") -> ToolRegistry:
@@ -141,8 +142,10 @@ class ToolRegistry:
         registry = cls(tool_choice=tool_choice)
         if tool_choice == "none":
             return registry
-        for tool in tools or []:
+        for index, tool in enumerate(tools or []):
             registry._add(tool)
+            if tool["type"] == "function":
+                registry.function_fields[tool["name"]] = f"tools[{index}]"
         return registry
 
     def _add(self, tool: dict) -> None:

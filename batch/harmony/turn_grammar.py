@@ -107,8 +107,8 @@ def _final_schema(text_format: dict | None) -> dict | None:
 
 def _schema_field(registry: ToolRegistry, recipient: str) -> str:
     namespace, name = registry.split_recipient(recipient)
-    if namespace == "functions":
-        return f"tools (function {name!r}).parameters"
+    if namespace == "functions":  # named as any request field (export's `param`)
+        return f"{registry.function_fields.get(name, f'tools (function {name!r})')}.parameters"
     return f"tools (mcp {namespace!r}, tool {name!r}).inputSchema"
 
 

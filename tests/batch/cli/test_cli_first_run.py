@@ -398,7 +398,10 @@ def test_each_request_exports_as_the_one_answer_the_api_would_give(tmp_path, tin
     """A prompt too long for the context never runs: a 400, no response body, no tokens counted."""
     source = write_lines(tmp_path / "in.jsonl", {"custom_id": "long", "input": "word " * 20000},
                          {"custom_id": "short", "input": "Hi"},
-                         {"custom_id": "bad", "input": "Hi", "tools": [{"type": "file_search"}]})
+                         {"custom_id": "bad", "input": "Hi", "tools": [{"type": "file_search"}]},
+                         {"custom_id": "schema", "input": "Hi", "tools": [{"type": "code_interpreter"}, {
+                             "type": "function", "name": "f", "parameters": {"type": "object", "properties": {
+                                 "x": {"type": "string", "pattern": "(?<=a)b"}}}}]})
     db, out = tmp_path / "out.duckdb", tmp_path / "out.jsonl"
     # A tiny KV cache clamps the context to a few hundred tokens.
     result = batchrun("submit", source, "--db", db, "--model", tiny_model_dir, "--kv-cache-gb", "0.001",
@@ -417,6 +420,8 @@ def test_each_request_exports_as_the_one_answer_the_api_would_give(tmp_path, tin
     assert short["status_code"] == 200 and short["body"]["status"] == "incomplete"
     assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "tools[0].type"
     assert bad["body"]["error"]["type"] == "invalid_request_error"
+    schema = lines["schema"]["response"]["body"]["error"]  # a schema llguidance cannot enforce: its field
+    assert schema["param"] == "tools[1].parameters" and "cannot be enforced" in schema["message"]
 
 
 def test_rerunning_a_finished_command_says_so_and_loads_nothing(tmp_path, tiny_model_dir, monkeypatch):
