@@ -332,6 +332,17 @@ class ToolRegistry:
                 return listed.parameters or ANY_OBJECT
         return ANY_OBJECT
 
+    def is_listed(self, recipient: str) -> bool:
+        """Whether the recipient is a tool an MCP server listed (its schema the server's, not the request's)."""
+        namespace, name = self.split_recipient(recipient)
+        return any(listed.name == name for listed in self.mcp_tools.get(namespace, []))
+
+    def is_strict(self, recipient: str) -> bool:
+        """Whether a call's arguments schema was given with `strict: true` (a function's): the API takes it
+        only when it can enforce all of it. Any other (strict absent: best effort) is enforced as far as it can be."""
+        namespace, name = self.split_recipient(recipient)
+        return namespace == "functions" and self.functions[name].get("strict") is True
+
     # -- resolving --------------------------------------------------------
     def resolve(self, recipient: str) -> ToolTarget | None:
         """The tool a harmony recipient names, or None when no enabled tool has that name."""

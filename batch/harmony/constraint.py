@@ -13,6 +13,7 @@ fresh copy.
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -92,11 +93,19 @@ _CACHE = _MatcherCache(_CACHE_SIZE)
 def _explain(grammar: TurnGrammar, error: str) -> ConstraintError:
     """Name the schema that broke the grammar (each is compiled alone); else the grammar itself."""
     for field, schema in grammar.schemas:
-        alone = llguidance.LLMatcher.grammar_from_json_schema(schema)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(alone, harmony_tokenizer())
-        if is_error:
-            return ConstraintError(field, f"cannot be enforced: {_one_line(messages[0])}")
+        problem = schema_problem(json.dumps(schema))
+        if problem:
+            return ConstraintError(field, f"cannot be enforced: {problem}")
     return ConstraintError("tools", f"cannot be enforced: {_one_line(error)}")
+
+
+@functools.lru_cache(maxsize=4096)
+def schema_problem(schema: str) -> str | None:
+    """Why llguidance cannot enforce a JSON Schema (its text, its x-guidance options included), or None.
+    Cached by text: a server's listing is the same for every request of a run."""
+    alone = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(alone, harmony_tokenizer())
+    return _one_line(messages[0]) if is_error else None
 
 
 def _one_line(message: str) -> str:

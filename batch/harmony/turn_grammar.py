@@ -80,8 +80,9 @@ def turn_grammar(registry: ToolRegistry, text_format: dict | None, first_turn: b
         body = "TEXT" if final_schema is None else "final_json"
         rules.append(f'final: <|channel|> "final" json_type? <|message|> {body} <|return|>')
         if final_schema is not None:
-            rules.append(f"final_json: %json {_json(final_schema)}")
-            schemas.append(("text.format.schema", final_schema))
+            compiled = _compiled(final_schema, lenient=not (text_format and text_format.get("strict")))
+            rules.append(f"final_json: %json {json.dumps(compiled)}")
+            schemas.append(("text.format.schema", compiled))
     if callable_now:
         rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(callable_now))))
     for i, recipient in enumerate(callable_now):
@@ -91,8 +92,13 @@ def turn_grammar(registry: ToolRegistry, text_format: dict | None, first_turn: b
         rules.append(f"call_{i}: ({to} <|channel|> {channel} | <|channel|> {channel} {to}) {content_type} "
                      f"<|message|> {args} <|call|>")
         if schema is not None:
-            rules.append(f"args_{i}: %json {_json(schema)}")
-            schemas.append((_schema_field(registry, recipient), schema))
+            compiled = _compiled(schema, lenient=not registry.is_strict(recipient))
+            if registry.is_listed(recipient) and _cannot_be_enforced(compiled):
+                # a server's schema, not the request's: its fault must not make the line invalid (the server
+                # checks its own arguments); the call is then held to a JSON object only
+                compiled = _compiled(ANY_OBJECT, lenient=False)
+            rules.append(f"args_{i}: %json {json.dumps(compiled)}")
+            schemas.append((_schema_field(registry, recipient), compiled))
     return TurnGrammar("\n".join(rules) + "\n", schemas)
 
 
@@ -112,7 +118,16 @@ def _schema_field(registry: ToolRegistry, recipient: str) -> str:
     return f"tools (mcp {namespace!r}, tool {name!r}).inputSchema"
 
 
-def _json(schema: dict) -> str:
-    # llguidance reads its options from the schema's "x-guidance": a request's own is not batchrun's to honour
-    # (it could undo the whitespace bound or turn keyword checks off), and a non-object one failed the line
-    return json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+def _compiled(schema: dict, lenient: bool) -> dict:
+    """The schema as llguidance reads it. `lenient` (a schema not given with `strict: true`, which the API
+    takes as a guide): keywords and formats llguidance does not implement are left unenforced, not an error.
+    llguidance reads its options from the schema's "x-guidance": a request's own is not batchrun's to honour
+    (it could undo the whitespace bound), and a non-object one failed the line."""
+    options = {**JSON_OPTIONS, "lenient": True} if lenient else JSON_OPTIONS
+    return {**schema, "x-guidance": options}
+
+
+def _cannot_be_enforced(schema: dict) -> bool:
+    from batch.harmony.constraint import schema_problem  # llguidance's check; that module imports this one
+
+    return schema_problem(json.dumps(schema)) is not None

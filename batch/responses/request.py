@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstra
                       ValidationError)
 
 from batch.responses.request_errors import RequestError, json_type, readable_error
+from batch.responses.strict_schema import strict_schema_problem
 
 # Accepted so that requests written for the API run unchanged, but with no
 # effect here: there is no streaming to a client, no server-side store, etc.
@@ -472,6 +473,24 @@ def parse_request(body: dict) -> tuple[ResponsesRequest, list[str]]:
     kept = {name: value for name, value in body.items()
             if name not in IGNORED_FIELDS or name in ECHOED_IGNORED_FIELDS}
     try:
-        return ResponsesRequest.model_validate(kept), ignored
+        request = ResponsesRequest.model_validate(kept)
     except ValidationError as exc:
         raise readable_error(exc, kept) from None
+    _check_strict_schemas(request)
+    return request, ignored
+
+
+def _check_strict_schemas(request: ResponsesRequest) -> None:
+    """A schema given with `strict: true` must be one the API takes under strict (batch/responses/strict_schema.py)."""
+    text_format = request.text.format if request.text is not None else None
+    if isinstance(text_format, TextFormatJsonSchema) and text_format.strict:
+        problem = strict_schema_problem(text_format.json_schema)
+        if problem:
+            raise RequestError("text.format.schema",
+                               f"invalid schema for response_format {text_format.name!r} under strict: {problem}")
+    for index, tool in enumerate(request.tools or []):
+        if isinstance(tool, FunctionTool) and tool.strict and tool.parameters is not None:
+            problem = strict_schema_problem(tool.parameters)
+            if problem:
+                raise RequestError(f"tools[{index}].parameters",
+                                   f"invalid schema for function {tool.name!r} under strict: {problem}")

@@ -228,10 +228,11 @@ def batchrun_prompt(body: dict) -> list[int]:
 
 # --- the corpus ---------------------------------------------------------------------------
 DATE = {"metadata": {"conversation_date": "2026-03-04"}}
+_UNIT = {"type": ["string", "null"], "enum": ["c", "f", None]}  # strict: optional as nullable, and required
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City."},
-                                                           "unit": {"type": "string", "enum": ["c", "f"]}},
-                          "required": ["city"], "additionalProperties": False}, "strict": True}
+                                                           "unit": _UNIT},
+                          "required": ["city", "unit"], "additionalProperties": False}, "strict": True}
 CLOCK = {"type": "function", "name": "clock"}  # no description, no parameters
 LOOKUP = {"type": "function", "name": "lookup_order", "description": "Find an order.", "strict": False,
           "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from mcp.types import Tool
 
 from batch.harmony.constraint import VOCAB_SIZE, ConstraintError, GrammarConstraint
 from batch.harmony.turn_grammar import turn_grammar
@@ -173,3 +174,42 @@ def test_a_schemas_own_x_guidance_is_not_llguidances_options(options):
     GrammarConstraint(g)  # compiles
     assert accepts(g, '<|channel|>final<|message|>{"city": "Rome"}<|return|>')
     assert not accepts(g, '<|channel|>final<|message|>{\n\n"city": "Rome"}<|return|>')
+
+
+@pytest.mark.parametrize(("keyword", "value"), [({"not": {"type": "string"}}, "5"),
+                                               ({"type": "string", "format": "hostname-foo"}, '"any text"')])
+def test_a_schema_not_given_as_strict_is_enforced_as_far_as_llguidance_can(keyword, value):
+    # The API takes a non-strict schema as a guide: its keywords llguidance lacks are left out, not an error.
+    schema = {"type": "object", "properties": {"a": keyword, "n": {"type": "integer"}}, "required": ["a", "n"],
+              "additionalProperties": False}
+    for strict in (None, False):
+        g = grammar(text_format={"type": "json_schema", "name": "c", "schema": schema, "strict": strict})
+        GrammarConstraint(g)
+        assert accepts(g, f'<|channel|>final<|message|>{{"a": {value}, "n": 1}}<|return|>')
+        assert not accepts(g, f'<|channel|>final<|message|>{{"a": {value}, "n": "one"}}<|return|>')  # the rest holds
+        lenient_function = {**WEATHER, "parameters": schema}
+        GrammarConstraint(grammar([lenient_function]))  # strict absent: best effort, as the API
+    with pytest.raises(ConstraintError, match=r"text\.format\.schema: cannot be enforced"):
+        GrammarConstraint(grammar(text_format={"type": "json_schema", "name": "c", "schema": schema, "strict": True}))
+    with pytest.raises(ConstraintError, match=r"tools\[0\]\.parameters: cannot be enforced"):
+        GrammarConstraint(grammar([{**WEATHER, "parameters": schema, "strict": True}]))
+
+
+def test_a_listed_tool_whose_schema_cannot_be_enforced_takes_any_object_and_the_line_runs():
+    # A server's schema (pydantic writes "format": "path"; a lookbehind pattern): its fault made every line
+    # that enabled the server invalid. Unknown formats are left out (lenient); what still fails to compile
+    # falls back to a JSON object; the server's other tools keep their schemas.
+    registry = ToolRegistry.from_tools([{"type": "mcp", "server_label": "files", "server_url": "http://x.invalid"}])
+    registry.add_listing("files", [
+        Tool(name="size", input_schema={"type": "object", "properties": {"p": {"type": "string", "format": "path"}},
+                                        "required": ["p"]}),
+        Tool(name="grep", input_schema={"type": "object", "properties": {"q": {"type": "string",
+                                                                               "pattern": "(?<=a)b"}}}),
+        Tool(name="count", input_schema={"type": "object", "properties": {"n": {"type": "integer"}},
+                                         "required": ["n"]})])
+    g = turn_grammar(registry, None, first_turn=True)
+    GrammarConstraint(g)
+    call = '<|channel|>commentary to=files.{} <|constrain|>json<|message|>{}<|call|>'
+    assert accepts(g, call.format("size", '{"p": "/tmp/x"}'))
+    assert accepts(g, call.format("grep", '{"anything": [1]}'))
+    assert accepts(g, call.format("count", '{"n": 3}')) and not accepts(g, call.format("count", '{"n": "3"}'))

@@ -120,3 +120,31 @@ def test_a_hosted_tool_choice_is_one_of_the_apis_tool_choice_types():
     with pytest.raises(RequestError, match=r"tool_choice\.type: input should be 'code_interpreter', "
                                            r"'web_search_preview' or 'web_search_preview_2025_03_11'"):
         parse_request({"input": "Hi", "tools": tools, "tool_choice": {"type": "web_search"}})
+
+
+_OPEN = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize(("schema", "problem"), [
+    (_OPEN, "In context=(), 'additionalProperties' is required to be supplied and to be false"),
+    ({**_OPEN, "additionalProperties": False}, "In context=(), 'required' is required to be supplied and to be an "
+                                               "array including every key in properties. Missing 'age'"),
+    ({"type": "object", "additionalProperties": False, "required": ["a"], "properties": {"a": {
+        "type": "array", "items": {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}}}},
+     "In context=('properties', 'a', 'items'), 'additionalProperties' is required to be supplied and to be false"),
+    ({"type": "array", "items": {"type": "string"}},
+     "schema must be a JSON Schema of 'type: \"object\"', got 'type: \"array\"'"),
+])
+def test_a_strict_schema_the_api_would_refuse_is_refused_in_its_words(schema, problem):
+    # Enforced as given, it let answers through the API could never give (an extra key, a required field left out).
+    with pytest.raises(RequestError, match=re.escape(f"text.format.schema: invalid schema for response_format 'p' "
+                                                     f"under strict: {problem}")):
+        parse_request({"input": "x", "text": {"format": {"type": "json_schema", "name": "p", "schema": schema,
+                                                         "strict": True}}})
+    with pytest.raises(RequestError, match=re.escape(f"tools[1].parameters: invalid schema for function 'f' under "
+                                                     f"strict: {problem}")):
+        function = {"type": "function", "name": "f", "parameters": schema, "strict": True}
+        parse_request({"input": "x", "tools": [{"type": "code_interpreter"}, function]})
+    for strict in (False, None):  # not strict: a guide, taken as it is
+        parse_request({"input": "x", "text": {"format": {"type": "json_schema", "name": "p", "schema": schema,
+                                                         "strict": strict}}})

@@ -384,7 +384,9 @@ def test_parquet_custom_id_and_json_body_columns(tmp_path):
 
 def test_parquet_struct_body_drops_null_struct_fields(tmp_path):
     path = tmp_path / "in.parquet"
-    bodies = [{"input": "one", "temperature": 0.5, "tools": [FUNCTION_TOOL | {"strict": True}]},
+    strict = {**FUNCTION_TOOL, "strict": True, "parameters": {**FUNCTION_TOOL["parameters"], "required": ["city"],
+                                                               "additionalProperties": False}}
+    bodies = [{"input": "one", "temperature": 0.5, "tools": [strict]},
               {"input": "two", "temperature": None, "tools": None}]
     pq.write_table(pa.table({"custom_id": ["s1", "s2"], "body": bodies}), path)
     lines = read_all(path)
