@@ -38,6 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, cast
 
+import anyio
+import httpx2
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool
 
@@ -168,20 +170,30 @@ class ToolClient:
             return _listing_error(spec, exc)
 
     async def _list_pages(self, client: TaskClient) -> list[Tool]:
-        """Every page of the listing; task-only tools only where the server takes task-augmented calls."""
+        """Every page of the listing; task-only tools only where the server takes task-augmented calls.
+        The whole listing, every page, within --tool-timeout; a cursor the server gave before is an error (it
+        would page forever, and every line enabling it wait with it)."""
         tools: list[Tool] = []
-        cursor = None
+        cursor: str | None = None
+        seen: set[str] = set()
         runs_tasks = runs_tool_tasks(client.session)
-        while True:
-            try:
-                page = await asyncio.wait_for(client.list_tools(cursor=cursor), self.call_timeout_s)
-            except TimeoutError:  # said, or a listing's error is a bare "TimeoutError" after a wait no option names
-                raise TimeoutError(f"the server did not answer tools/list within {self.call_timeout_s:g} s "
-                                   "(--tool-timeout)") from None
-            tools.extend(standard_schema(tool) for tool in page.tools if runs_tasks or not requires_task(tool))
-            cursor = page.next_cursor
-            if not cursor:
-                return tools
+        try:
+            async with asyncio.timeout(self.call_timeout_s):
+                while True:
+                    page = await client.list_tools(cursor=cursor)
+                    tools.extend(standard_schema(tool) for tool in page.tools
+                                 if runs_tasks or not requires_task(tool))
+                    cursor = page.next_cursor
+                    if not cursor:
+                        return tools
+                    if cursor in seen:
+                        raise ValueError(f"tools/list gave the cursor {cursor[:80]!r} a second time, after "
+                                         f"{len(seen) + 1} pages: its listing would never end")
+                    seen.add(cursor)
+        except TimeoutError:  # said, or a listing's error is a bare "TimeoutError" after a wait no option names
+            pages = f" ({len(seen) + 1} pages in)" if seen else ""
+            raise TimeoutError(f"the server did not finish tools/list within {self.call_timeout_s:g} s{pages} "
+                               "(--tool-timeout)") from None
 
     async def _listing(self, spec: ServerSpec) -> Listing:
         if spec not in self._listings:
@@ -309,13 +321,14 @@ class ToolClient:
                 result = await client.call_tool(name, arguments)
         except TaskFailed as exc:
             return CallOutcome(error=str(exc), error_kind=ToolErrorKind.TOOL_ERROR), False
-        except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
+        except Exception as exc:  # noqa: BLE001 - the server's error, a bad answer, or the connection gone
+            if not _is_connection_lost(exc):
+                # the server answered (an error of its own, -32000 included, or a result the client refuses):
+                # it is not restarted, and the call, which may have done its work, is not run again
+                code = exc.code if isinstance(exc, MCPError) else None
                 return CallOutcome(error=describe_error(exc, spec), error_kind=ToolErrorKind.PROTOCOL_ERROR,
-                                   error_code=exc.code), False
+                                   error_code=code), False
             lost: Exception = exc
-        except Exception as exc:  # noqa: BLE001 - a transport error: the connection is gone
-            lost = exc
         else:
             return outcome_of(result), False
         await self._drop(spec, connection)
@@ -339,21 +352,33 @@ def _unreachable(spec: ServerSpec, exc: BaseException) -> CallOutcome:
                        error_kind=ToolErrorKind.UNREACHABLE, error_code=CONNECTION_CLOSED)
 
 
+LISTING_ERROR_CHARS = 2000  # a listing error's text is cut past this (a server's error message may be megabytes)
+
+# What a transport raises when the connection is gone (a stdio server's pipes, an HTTP connection).
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, EOFError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, httpx2.TransportError)
+
+
 def _is_connection_lost(exc: BaseException) -> bool:
-    """A closed connection or a transport error; not a timeout, nor an MCP error the server answered."""
+    """A closed connection or a transport error; not a timeout, an MCP error the server answered, nor an answer
+    the client refused (a result that fails validation). The MCP library reports a closed connection as
+    -32000 "Connection closed", a code that is also JSON-RPC's for any server error: only its own counts."""
+    exc = _innermost(exc)
     if isinstance(exc, MCPError):
-        return exc.code == CONNECTION_CLOSED
-    return not isinstance(exc, TimeoutError)
+        return exc.code == CONNECTION_CLOSED and exc.message == "Connection closed" and exc.data is None
+    return isinstance(exc, _TRANSPORT_ERRORS)
 
 
 def _listing_error(spec: ServerSpec, exc: BaseException) -> Listing:
     if isinstance(exc, TimeoutError):
         kind = ToolErrorKind.TIMEOUT
-    elif isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
-        kind = ToolErrorKind.PROTOCOL_ERROR
+    elif not _is_connection_lost(exc) and not isinstance(exc, ConnectionError):
+        kind = ToolErrorKind.PROTOCOL_ERROR  # the server answered, wrongly
     else:
         kind = ToolErrorKind.UNREACHABLE
     cause = describe_error(exc, spec)
+    if len(cause) > LISTING_ERROR_CHARS:  # stored in the row, the response (twice) and its events, for every line
+        cause = f"{cause[:LISTING_ERROR_CHARS]}... ({len(cause):,} characters in all)"
     if spec.is_stdio and _is_connection_lost(exc) and not isinstance(_innermost(exc), OSError):
         cause += " (the server process ended or closed its output before answering; its stderr is in the tools log)"
     return Listing(error=f"cannot list the tools of MCP server {spec.label!r}: {cause}", error_kind=kind)

@@ -7,7 +7,7 @@ result), `crash(delay_s)` (the process exits: the client must restart it), `head
 (the sha256 of an HTTP request header's value, so tests can check a secret arrived
 without storing it; "absent" when missing or over stdio), `big(char, size)` (a huge
 output), `env(name)` (an environment variable, echoed to stderr too), `media()` (every
-content kind), `pid()` (the server's pid).
+content kind), `refuse(code)` (a JSON-RPC error), `pid()` (the server's pid).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import sys
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp.types import (BlobResourceContents, CallToolResult, EmbeddedResource, ImageContent, ResourceLink,
                        TextContent, TextResourceContents, ToolAnnotations)
 
@@ -87,6 +88,12 @@ def media() -> CallToolResult:
             uri="file:///data.bin", mime_type="application/octet-stream", blob=base64.b64encode(bytes(10)).decode())),
         ResourceLink(type="resource_link", name="report", uri="https://example.com/report.pdf",
                      description="the full report")])
+
+
+@server.tool()
+def refuse(code: int) -> str:
+    """Answers a JSON-RPC error of `code` (-32000 is also the MCP library's "Connection closed")."""
+    raise MCPError(code=code, message="rate limited, try later")
 
 
 @server.tool()

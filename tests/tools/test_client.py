@@ -84,6 +84,18 @@ def test_a_crashed_stdio_server_fails_the_call_and_is_restarted(client):
     assert second_pid and second_pid != first_pid
 
 
+@pytest.mark.parametrize("code", [-32000, -32603])
+def test_a_servers_json_rpc_error_is_its_answer_not_a_lost_connection(client, code):
+    # -32000 was taken for the MCP library's "Connection closed": the server was killed and restarted, and
+    # the call, which may have done its work, was run a second time.
+    spec = echo_stdio()
+    first_pid = call(client, spec, "pid").output
+    refused = call(client, spec, "refuse", code=code)
+    assert (refused.error_kind, refused.error_code, refused.attempts) == ("protocol_error", code, 1)
+    assert refused.error == "MCPError: rate limited, try later"
+    assert call(client, spec, "pid").output == first_pid  # not restarted
+
+
 def test_a_server_that_cannot_start_fails_its_calls(client):
     spec = ServerSpec("nothing", command=("/nonexistent/mcp-server",))
     outcome = call(client, spec, "add", a=1, b=2)
@@ -110,7 +122,24 @@ def test_a_server_that_never_lists_its_tools_fails_its_listing_saying_what_it_wa
         listing = client.list_tools(mute).result(timeout=60)
     assert listing.error_kind == "timeout"
     assert listing.error == ("cannot list the tools of MCP server 'mute': TimeoutError: the server did not "
-                             "answer tools/list within 1 s (--tool-timeout)")
+                             "finish tools/list within 1 s (--tool-timeout)")
+
+
+@pytest.mark.parametrize(("mode", "kind", "error"), [
+    ("same-cursor", "protocol_error", "ValueError: tools/list gave the cursor 'page2' a second time, after 2 pages: "
+                                      "its listing would never end"),
+    ("new-cursors", "timeout", "TimeoutError: the server did not finish tools/list within 2 s ("),
+    ("huge-error", "protocol_error", "MCPError: " + "x" * 100)])
+def test_a_listing_that_would_never_end_or_floods_its_error_is_bounded(mode, kind, error):
+    # a cursor given again paged forever, and every line enabling the server waited with it; a 2 MB error
+    # was stored whole in every line's row, response and events
+    server = Path(__file__).parents[1] / "support" / "mute_listing_server.py"
+    spec = ServerSpec("pages", command=(sys.executable, str(server), mode))
+    with ToolClient(connect_timeout_s=30, call_timeout_s=2) as client:
+        listing = client.list_tools(spec).result(timeout=60)
+    assert listing.error_kind == kind and listing.tools == []
+    assert listing.error.startswith(f"cannot list the tools of MCP server 'pages': {error}")
+    assert len(listing.error) < 2200
 
 
 def test_closing_while_a_server_is_in_its_handshake_ends_it_without_a_grace_period(monkeypatch):
