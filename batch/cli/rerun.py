@@ -17,7 +17,7 @@ import click
 from batch.cli.display import plural
 from batch.responses.status import RequestStatus, RunStatus
 from batch.run.reader import read_requests, scan_input
-from batch.run.ledger import RunLedger, changed_settings
+from batch.run.ledger import RunLedger, changed_settings, numerics
 from batch.run.options import RunOptions
 from batch.run.shards import Shard
 from batch.store.runs import ListedRun
@@ -33,7 +33,8 @@ def settings(options: RunOptions) -> dict:
             "max_turns": session.max_turns, "max_tool_output_bytes": session.max_tool_output_bytes,
             "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
             "deterministic": options.deterministic, "kv_cache_dtype": options.kv_cache_dtype,
-            "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint}
+            "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint,
+            **numerics(options)}
 
 
 def finished_run(store: Store, options: RunOptions) -> ListedRun | None:

@@ -27,13 +27,15 @@ def strict_schema_problem(schema: dict[str, Any]) -> str | None:
         context, part = stack.pop()
         if not isinstance(part, dict):
             continue
-        kinds = part.get("type") if isinstance(part.get("type"), list) else [part.get("type")]
+        kind = part.get("type")
+        kinds: list[Any] = kind if isinstance(kind, list) else [kind]
         if "object" in kinds or "properties" in part:
             if part.get("additionalProperties") is not False:
                 return (f"In context={context}, 'additionalProperties' is required to be supplied and to be "
                         "false")
             properties = part.get("properties") or {}
-            required = part.get("required") if isinstance(part.get("required"), list) else []
+            listed = part.get("required")
+            required: list[Any] = listed if isinstance(listed, list) else []
             missing = [name for name in properties if name not in required]
             if missing:
                 return (f"In context={context}, 'required' is required to be supplied and to be an array "

@@ -26,13 +26,16 @@ from batch.store.store import Store
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
                "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs", "deterministic",
-               "kv_cache_dtype", "moe_weights", "model_fingerprint")
-# Keys whose None means "not known" (a run from before the key, or weights this process cannot read: a Ray
-# driver without the workers' files), which matches any value: an upgrade must not restart a run.
-UNKNOWN_MATCHES = ("model_fingerprint",)
+               "kv_cache_dtype", "moe_weights", "model_fingerprint", "backend", "kernels", "max_model_len")
+# Keys whose None means "not known" (a run from before the key, weights this process cannot read: a Ray
+# driver without the workers' files, or what only the loaded engine says: the kernels `auto` picks, the
+# context the KV cache allows), which matches any value: an upgrade must not restart a run.
+UNKNOWN_MATCHES = ("model_fingerprint", "kernels", "max_model_len")
 # What a run recorded before a key existed ran with (so a rerun still continues it).
 RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1, "deterministic": False,
-                   "kv_cache_dtype": "auto", "moe_weights": "auto"}
+                   "kv_cache_dtype": "auto", "moe_weights": "auto", "backend": "engine"}
+# Keys a run recorded in engine_config alone before they were resume keys.
+_ENGINE_CONFIG_KEYS = ("deterministic", "backend", "kernels", "max_model_len")
 # Keys even an explicit --resume/--retry-failed must match: --deterministic promises the same
 # tokens however a run is split, and a resume is a split; its runs row names one numerics.
 # --epochs and --shard say which rows the run holds: resumed with another value (`--resume ID`
@@ -161,8 +164,9 @@ def recorded_setting(run: RunRow, key: str) -> object:
     options = run.options or {}
     if key in options:
         return options[key]
-    if key == "deterministic":  # recorded in engine_config alone before it was a resume key
-        return bool((run.engine_config or {}).get("deterministic", False))
+    engine_config = run.engine_config or {}
+    if key in _ENGINE_CONFIG_KEYS and key in engine_config:  # recorded there alone before it was a resume key
+        return bool(engine_config[key]) if key == "deterministic" else engine_config[key]
     return RESUME_DEFAULTS.get(key)
 
 
@@ -203,6 +207,8 @@ def setting_flag(key: str, value: object) -> str:
     """A resume setting as the submit option that sets it (`--seed 7`, `--no-deterministic`)."""
     if key == "model_fingerprint":  # no flag sets it: --model's weights do
         return f"the weights {value}" if value else "weights of unknown fingerprint"
+    if key == "max_model_len":  # the model's, or what the KV cache allows (--kv-cache-gb, the device's memory)
+        return f"a context of {value} tokens" if value else "a context of unknown length"
     name = key.replace("_", "-")
     if value is None:  # not given (no --shard, no --conversation-date)
         return f"no --{name}"
@@ -229,7 +235,8 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
                  "max_tool_output_bytes": options.session.max_tool_output_bytes,
                  "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
                  "deterministic": options.deterministic, "kv_cache_dtype": options.kv_cache_dtype,
-                 "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint},
+                 "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint,
+                 **numerics(options)},
         notes={}, batchrun_version=_version())
 
 
@@ -244,3 +251,11 @@ def _version() -> str:
         return version("batchrun")
     except PackageNotFoundError:
         return "dev"
+
+
+def numerics(options: RunOptions) -> dict[str, object]:
+    """The resume settings a run's decoder sets: its backend, the kernels it runs (`auto` resolved, once the
+    engine is loaded: None before, unless --kernels named them) and its context (None before it is loaded)."""
+    config = options.engine_config
+    kernels = config.get("kernels") or (options.kernels if options.kernels != "auto" else None)
+    return {"backend": options.backend, "kernels": kernels, "max_model_len": config.get("max_model_len")}

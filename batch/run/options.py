@@ -44,6 +44,8 @@ class RunOptions:
     deterministic: bool = False  # --deterministic: the engine decodes batch-invariantly (a resume setting)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: the engine's KV cache's element type (a resume setting)
     moe_weights: str = "auto"  # --moe-weights: the experts held packed or dense (other kernels: a resume setting)
+    backend: str = "engine"  # --backend (a resume setting)
+    kernels: str = "auto"  # --kernels as asked (a resume setting once resolved: engine_config["kernels"])
     shard: Shard | None = None  # --shard K/N: decode only the lines this shard owns
     epochs: int = 1  # --epochs K: each line decoded K times with distinct seeds (K requests rows)
     worker: str | None = None  # requests.worker of the rows this process writes (None: one machine)
