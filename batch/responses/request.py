@@ -238,9 +238,18 @@ class McpToolFilter(_Strict):
     read_only: bool | None = None
 
 
+class McpApprovalFilter(_Strict):
+    """require_approval as a filter: the tools that need approval, and those that do not."""
+
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
 class McpTool(_Strict):
     type: Literal["mcp"]
-    server_label: Annotated[str, StringConstraints(min_length=1)]
+    # The label becomes the harmony recipient's namespace (`label.tool`): a space, a newline or a control
+    # token in it could never be called (a dot may be: `time.v2`)
+    server_label: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
     server_url: str | None = None
     connector_id: str | None = None
     headers: dict[str, str] | None = None
@@ -249,7 +258,8 @@ class McpTool(_Strict):
         Annotated[list[str], Tag("list")] | Annotated[McpToolFilter, Tag("dict")],
         Discriminator(_shape, custom_error_type="invalid_shape",
                       custom_error_message="expected a list of names or an object")] | None = None
-    require_approval: StrOrObject | None = None
+    require_approval: _str_or(McpApprovalFilter, "expected 'always', 'never' or an object", "dict",
+                              Literal["always", "never"]) | None = None
     server_description: str | None = None
 
 

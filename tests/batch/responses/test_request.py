@@ -148,3 +148,22 @@ def test_a_strict_schema_the_api_would_refuse_is_refused_in_its_words(schema, pr
     for strict in (False, None):  # not strict: a guide, taken as it is
         parse_request({"input": "x", "text": {"format": {"type": "json_schema", "name": "p", "schema": schema,
                                                          "strict": strict}}})
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"require_approval": "Always"}, "tools[0].require_approval: input should be 'always' or 'never'"),
+    ({"require_approval": {"alwyas": {}}}, "tools[0].require_approval.alwyas: unknown field 'alwyas'"),
+    ({"require_approval": {"always": {"tool_names": "kok"}}},
+     "tools[0].require_approval.always.tool_names: expected a list, got string"),
+    ({"server_label": "my server"}, "tools[0].server_label: string should match pattern"),
+    ({"server_label": "a<|end|>"}, "tools[0].server_label: string should match pattern"),
+])
+def test_an_mcp_tools_approval_policy_and_label_are_the_apis_shapes(fields, message):
+    # each ran: a misspelt policy approved every call (a string of names matched by substring), and a label no
+    # harmony recipient can hold failed the line after decoding, as broken harmony
+    tool = {"type": "mcp", "server_label": "docs", "server_url": "http://docs.invalid"}
+    with pytest.raises(RequestError, match=re.escape(message)):
+        parse_request({"input": "Hi", "tools": [{**tool, **fields}]})
+    for good in ({"require_approval": {"always": {"tool_names": ["a"]}, "never": {"read_only": True}}},
+                 {"require_approval": "never"}, {"server_label": "time.v2_x-1"}):
+        parse_request({"input": "Hi", "tools": [{**tool, **good}]})
