@@ -128,6 +128,6 @@ def _compiled(schema: dict, lenient: bool) -> dict:
 
 
 def _cannot_be_enforced(schema: dict) -> bool:
-    from batch.harmony.constraint import schema_problem  # llguidance's check; that module imports this one
+    from batch.harmony.schema_check import schema_problem  # llguidance: imported by the runs that need it
 
     return schema_problem(json.dumps(schema)) is not None

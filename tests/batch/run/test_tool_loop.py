@@ -173,7 +173,7 @@ def test_model_errors_are_answered_and_counted(tmp_path, store):
         ("2", None), (None, "max_tool_calls")]
     listed = response_of(store, "m3")["output"][0]
     assert [tool["name"] for tool in listed["tools"]] == ["add"]  # allowed_tools
-    assert len(response_of(store, "m1")["output"][0]["tools"]) == 9  # the echo server's tools
+    assert len(response_of(store, "m1")["output"][0]["tools"]) == 10  # the echo server's tools
 
     last_prompt = max((a for a in backend.added if "mistakes" in harmony_encoding().decode_utf8(
         a.prompt_token_ids)), key=lambda a: len(a.prompt_token_ids))
