@@ -47,7 +47,8 @@ from tools.arguments import argument_errors, mask_injected, schema_without
 from tools.content import raw_result, readable_text
 from tools.crash_gate import CrashGate
 from tools.kinds import ToolErrorKind
-from tools.outcomes import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallOutcome, Listing
+from tools.outcomes import (CONNECTION_CLOSED, INVALID_PARAMS, INVALID_REQUEST, REQUEST_TIMEOUT, CallOutcome,
+                            Listing)
 from tools.connection import Connection
 from tools.sampling import CALLER
 from tools.sampling_inbox import SamplingInbox
@@ -359,13 +360,18 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     OSError, EOFError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, httpx2.TransportError)
 
 
+# The MCP library's own errors for a connection gone: a closed one, and an HTTP session the server answers 404
+# for (it restarted, or let the session expire: the spec says to start a new one; the call never ran)
+_LIBRARY_CLOSED = {(CONNECTION_CLOSED, "Connection closed"), (INVALID_REQUEST, "Session terminated")}
+
+
 def _is_connection_lost(exc: BaseException) -> bool:
     """A closed connection or a transport error; not a timeout, an MCP error the server answered, nor an answer
     the client refused (a result that fails validation). The MCP library reports a closed connection as
     -32000 "Connection closed", a code that is also JSON-RPC's for any server error: only its own counts."""
     exc = _innermost(exc)
     if isinstance(exc, MCPError):
-        return exc.code == CONNECTION_CLOSED and exc.message == "Connection closed" and exc.data is None
+        return exc.data is None and (exc.code, exc.message) in _LIBRARY_CLOSED
     return isinstance(exc, _TRANSPORT_ERRORS)
 
 

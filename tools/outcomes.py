@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 CONNECTION_CLOSED = -32000  # MCP's code for a connection that went away
 REQUEST_TIMEOUT = -32001
+INVALID_REQUEST = -32600  # JSON-RPC; the MCP library's code for an HTTP session the server no longer knows
 INVALID_PARAMS = -32602  # JSON-RPC: the arguments or tool name are wrong
 
 

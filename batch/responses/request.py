@@ -245,6 +245,13 @@ class McpApprovalFilter(_Strict):
     never: McpToolFilter | None = None
 
 
+if TYPE_CHECKING:
+    ApprovalPolicy: TypeAlias = Literal["always", "never"] | McpApprovalFilter
+else:
+    ApprovalPolicy = _str_or(McpApprovalFilter, "expected 'always', 'never' or an object", "dict",
+                             text=Literal["always", "never"])
+
+
 class McpTool(_Strict):
     type: Literal["mcp"]
     # The label becomes the harmony recipient's namespace (`label.tool`): a space, a newline or a control
@@ -258,8 +265,7 @@ class McpTool(_Strict):
         Annotated[list[str], Tag("list")] | Annotated[McpToolFilter, Tag("dict")],
         Discriminator(_shape, custom_error_type="invalid_shape",
                       custom_error_message="expected a list of names or an object")] | None = None
-    require_approval: _str_or(McpApprovalFilter, "expected 'always', 'never' or an object", "dict",
-                              Literal["always", "never"]) | None = None
+    require_approval: ApprovalPolicy | None = None
     server_description: str | None = None
 
 

@@ -261,3 +261,18 @@ def test_a_listed_schema_holding_nan_is_standard_json_and_a_finite_one_is_kept_a
                                                    '{"n": {"type": "number", "maximum": null, "minimum": null}}}')
     finite = Tool(name="g", inputSchema={"type": "object", "properties": {"n": {"maximum": 1.5}}})
     assert standard_schema(finite) is finite  # the run's requests share it (a cache keys by identity)
+
+
+def test_an_http_session_the_server_no_longer_knows_is_started_anew():
+    # 404 for a session id: the spec's "start a new session". Every call after the first failed with
+    # "Session terminated" for the rest of the run.
+    from tests.support.mcp_servers import free_port, http_server
+
+    port = free_port()
+    server = Path(__file__).parents[1] / "support" / "expiring_http_server.py"
+    with http_server([sys.executable, str(server), str(port)], port, "the expiring server") as url, \
+            ToolClient(call_timeout_s=10) as client:
+        spec = ServerSpec("expiring", url=url)
+        answers = [call(client, spec, "session") for _ in range(3)]
+    assert [(a.output, a.error_kind) for a in answers] == [("s1", None), ("s2", None), ("s3", None)]
+    assert [a.attempts for a in answers] == [1, 2, 2]  # the call the 404 answered ran again, in a new session
