@@ -80,6 +80,8 @@ def test_warming_the_sampler_draws_through_its_kernels(tiny_model_dir, monkeypat
     assert drawn == [(4, vocab)] and thresholds == [(2, vocab)]  # greedy, sampled and two top-p rows
 
 
+@pytest.mark.slow  # ~21 s interpreted; the default run keeps the hybrid cache on the torch paths (test_llm_engine)
+# and the kernels' tables with -1 entries (test_triton_attention)
 def test_the_hybrid_cache_on_the_triton_kernels_gives_the_uniform_torch_paths_tokens(tiny_model_dir):
     # past the 128-token window: the sliding layers' tables hold -1 where blocks went back, which the kernels
     # never read; a later request hits the shared prefix, its window's blocks revived
