@@ -121,9 +121,9 @@ def _check_same_run(parts: list[ShardPart]) -> None:
         if part.shard.index == first.shard.index:
             raise MergeError(f"{where} are the same shard")
     for key in UNKNOWN_MATCHES:  # an unknown value matches any, but the known ones must agree among themselves
-        known = {str(recorded_setting(one.run, key)) for one in parts} - {"None"}
-        if len(known) > 1:
-            raise MergeError(f"the parts differ in {key} ({', '.join(sorted(known))})")
+        known = [value for one in parts if (value := recorded_setting(one.run, key)) is not None]
+        if any(not same_setting(key, value, other) for value in known for other in known):
+            raise MergeError(f"the parts differ in {key} ({', '.join(sorted(set(map(str, known))))})")
     seen: set[int] = set()
     for part in parts:
         if part.shard.index in seen:

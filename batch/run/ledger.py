@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from batch.responses.status import RequestStatus, RunStatus
 from batch.run.options import RunOptions
+from engine.fingerprint import same_weights
 from batch.run.tool_policy import DEFAULT_MAX_TOOL_OUTPUT_BYTES
 from batch.store.rows import RunRow
 from batch.store.store import Store
@@ -178,7 +179,10 @@ def changed_settings(stored: RunRow, ours: dict) -> dict[str, tuple[object, obje
 
 
 def same_setting(key: str, one: object, other: object) -> bool:
-    """Whether two runs' values of resume setting `key` are one setting (an unknown one matches any)."""
+    """Whether two runs' values of resume setting `key` are one setting (an unknown one matches any; weights by
+    engine.fingerprint.same_weights, which knows an older run's shorter fingerprint)."""
+    if key == "model_fingerprint" and isinstance(one, str) and isinstance(other, str):
+        return same_weights(one, other)
     return one == other or (key in UNKNOWN_MATCHES and None in (one, other))
 
 
