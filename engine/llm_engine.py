@@ -8,6 +8,7 @@ frees sequences. Implements `engine.api.Backend`.
 
 from __future__ import annotations
 
+import platform
 import time
 from functools import partial
 
@@ -195,4 +196,15 @@ class LLMEngine:
                 "cuda_graphs": self.runner.graphs is not None, "async_scheduling": self.async_scheduling,
                 "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.step_tokens,  # at least max_num_seqs
                 "max_model_len": self.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
-                "seed": c.seed, "deterministic": c.deterministic, "torch_version": torch.__version__}
+                "seed": c.seed, "deterministic": c.deterministic, "torch_version": torch.__version__,
+                # what --deterministic's same tokens also depend on: the Triton build and the device itself
+                "triton_version": _triton_version() if c.kernels == "triton" else None,
+                "device_name": torch.cuda.get_device_name(torch.device(c.device)) if on_cuda else platform.machine()}
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return str(triton.__version__)

@@ -12,6 +12,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_random_model_greedy_tokens_are_the_same_on_the_triton_kernels(tiny_model_dir):
+    import triton
+
     from engine.api import SamplingParams
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
@@ -25,6 +27,9 @@ def test_random_model_greedy_tokens_are_the_same_on_the_triton_kernels(tiny_mode
                                      max_num_batched_tokens=32, kernels=kernels))
         experts = llm.runner.model.model.layers[0].mlp.experts
         assert (experts.triton_moe is not None) == (kernels == "triton")
+        # the run records the Triton build its tokens depend on (none on the torch paths), and the device
+        assert llm.describe()["triton_version"] == (triton.__version__ if kernels == "triton" else None)
+        assert llm.describe()["device_name"]
         tokens[kernels] = decode(llm, prompts, greedy)
     assert tokens["triton"] == tokens["torch"]
 
