@@ -363,6 +363,9 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
 # The MCP library's own errors for a connection gone: a closed one, and an HTTP session the server answers 404
 # for (it restarted, or let the session expire: the spec says to start a new one; the call never ran)
 _LIBRARY_CLOSED = {(CONNECTION_CLOSED, "Connection closed"), (INVALID_REQUEST, "Session terminated")}
+# ... and an HTTP answer's event stream cut before its response ("SSE stream failed: ...", "... ended without a
+# response", "... reconnection attempts were exhausted"), as a proxy's timeout cuts it
+_LIBRARY_STREAM_LOST = "SSE stream "
 
 
 def _is_connection_lost(exc: BaseException) -> bool:
@@ -371,7 +374,8 @@ def _is_connection_lost(exc: BaseException) -> bool:
     -32000 "Connection closed", a code that is also JSON-RPC's for any server error: only its own counts."""
     exc = _innermost(exc)
     if isinstance(exc, MCPError):
-        return exc.data is None and (exc.code, exc.message) in _LIBRARY_CLOSED
+        return exc.data is None and ((exc.code, exc.message) in _LIBRARY_CLOSED or (
+            exc.code == CONNECTION_CLOSED and exc.message.startswith(_LIBRARY_STREAM_LOST)))
     return isinstance(exc, _TRANSPORT_ERRORS)
 
 

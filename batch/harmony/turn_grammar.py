@@ -14,7 +14,7 @@ out) pins that structure down, so:
 - `tool_choice` on the first turn: `required` or a named tool -> the turn ends
   with a call to one of `ToolRegistry.forced_recipients()`, after any reasoning;
   `none` -> no call (the registry then enables no tool), every turn; later turns of others are `auto`;
-- a preamble (a `commentary` message) only where a call may follow it;
+- a preamble (a `commentary` message) only before a call, never before the final answer;
 - `tool_choice` allowed_tools: every turn calls only the tools it names (the prompt
   still shows them all, as in the API); in `required` mode the first turn must call one;
 - no text, recipient or argument holds a harmony control token.
@@ -73,10 +73,11 @@ def turn_grammar(registry: ToolRegistry, text_format: dict | None, first_turn: b
     if forced is not None:  # reasoning first, if the model wants, then the call
         rules.insert(0, 'start: (analysis <|start|> "assistant")* call')
     else:
-        # a preamble is the plan before a call: with none to make, the answer follows the reasoning alone
-        # (a commentary message before a JSON answer would be in the response's output_text, breaking it)
-        before, ending = ("(analysis | preamble)", "final | call") if callable_now else ("analysis", "final")
-        rules.insert(0, f'start: ({before} <|start|> "assistant")* ({ending})')
+        # a preamble is the plan before a call: the final answer follows the reasoning alone (a commentary
+        # message before it, a JSON answer above all, would be in the response's output_text, breaking it)
+        answer = '(analysis <|start|> "assistant")* (final)'
+        rules.insert(0, f'start: {answer} | ((analysis | preamble) <|start|> "assistant")* call' if callable_now
+                     else f"start: {answer}")
         body = "TEXT" if final_schema is None else "final_json"
         rules.append(f'final: <|channel|> "final" json_type? <|message|> {body} <|return|>')
         if final_schema is not None:

@@ -78,13 +78,17 @@ LINEAR_ENCODE_FROM = 16_384
 
 @functools.cache
 def _linear_tokenizer() -> Any:
-    from bpe_openai import _bindings
+    """bpe-openai's o200k encoder (its bindings' own API), or None where this bpe-openai has none."""
+    try:
+        from bpe_openai import _bindings
 
-    return _bindings.tokenizer_for_encoding("o200k_base")
+        return _bindings.tokenizer_for_encoding("o200k_base")
+    except (ImportError, AttributeError):
+        return None
 
 
 def ordinary_tokens(text: str) -> list[int]:
     """The text's tokens, special-token spellings included as plain text (as harmony renders content)."""
-    if len(text) >= LINEAR_ENCODE_FROM:
-        return _linear_tokenizer().encode(text)
+    if len(text) >= LINEAR_ENCODE_FROM and (linear := _linear_tokenizer()) is not None:
+        return linear.encode(text)
     return harmony_encoding()._inner.encode(text, [])  # the wrapper's special-token check costs ~60 us

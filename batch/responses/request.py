@@ -306,11 +306,18 @@ def _choice_tag(value: Any) -> str | None:
                                                   "web_search_preview_2025_03_11")})(value)
 
 
+class HostedEntry(_Strict):
+    """An allowed_tools entry naming a hosted tool: there the API takes tool definitions, any web search type
+    among them."""
+
+    type: Literal["code_interpreter"] | WebSearchType
+
+
 if TYPE_CHECKING:
-    NamedChoice: TypeAlias = FunctionChoice | McpChoice | HostedChoice
+    AllowedEntry: TypeAlias = FunctionChoice | McpChoice | HostedEntry
 else:
-    NamedChoice = _tagged(("function", FunctionChoice), ("mcp", McpChoice), ("hosted", HostedChoice),
-                          tag=_choice_tag)
+    AllowedEntry = _tagged(("function", FunctionChoice), ("mcp", McpChoice), ("hosted", HostedEntry),
+                           tag=_tag_of({kind: "hosted" for kind in ("code_interpreter", *_WEB_SEARCH_TYPES)}))
 
 
 class AllowedToolsChoice(_Strict):
@@ -319,7 +326,7 @@ class AllowedToolsChoice(_Strict):
 
     type: Literal["allowed_tools"]
     mode: Literal["auto", "required"]
-    tools: list[NamedChoice]
+    tools: list[AllowedEntry]
 
 
 ToolMode = Literal["auto", "none", "required"]

@@ -78,7 +78,7 @@ def _unsupported_type(path: str, ctx: dict) -> tuple[str, str]:
     if owner == "tools":
         expected = ", ".join(SUPPORTED_TOOL_TYPES)
     elif owner == "tool_choice":
-        expected = "function, mcp, code_interpreter, web_search, web_search_preview, allowed_tools"
+        expected = "function, mcp, code_interpreter, web_search_preview, web_search_preview_2025_03_11, allowed_tools"
     else:
         expected = str(ctx.get("expected_tags", "")).replace("'", "")
     return _join(path, "type"), f"unsupported {label} {tag!r} (supported: {expected})"

@@ -88,16 +88,17 @@ def _answered(items: list[dict], stored: int, conversation: bool = False) -> lis
     response or the `conversation` the request continues."""
     outputs = {item.get("call_id") for item in items if item.get("type") == "function_call_output"}
     for index, item in enumerate(items):
-        if item.get("type") != "function_call" or item.get("call_id") in outputs:
+        # a call cut off mid-arguments (its response incomplete) was never made: nothing to answer
+        if item.get("type") != "function_call" or item.get("call_id") in outputs or item.get("status") == "incomplete":
             continue
         call = f"no function_call_output for the function call {item.get('call_id')!r} ({item.get('name')})"
         if index >= stored:
             raise AdmissionError(f"input[{index - stored}]: {call}; every function call in input needs its output")
         if conversation:  # the id is the earlier line's response's, unknown when the file was written
-            raise AdmissionError(f"input: {call} the conversation's line before it ended in; a later line cannot "
+            raise AdmissionError(f"input: {call} the conversation's lines before it hold; a later line cannot "
                                  "give one (its call_id is made as that line runs): continue that response with "
                                  "previous_response_id and a function_call_output instead")
-        raise AdmissionError(f"input: {call} the previous response ended in; send it in input")
+        raise AdmissionError(f"input: {call} the previous response holds; send it in input")
     return items
 
 

@@ -27,16 +27,17 @@ from batch.store.store import Store
 # Settings a plain rerun must share with an unfinished run to continue it.
 RESUME_KEYS = ("max_output_tokens", "seed", "temperature", "top_p", "conversation_date",
                "reasoning_effort", "max_turns", "max_tool_output_bytes", "shard", "epochs", "deterministic",
-               "kv_cache_dtype", "moe_weights", "model_fingerprint", "backend", "kernels", "max_model_len")
+               "kv_cache_dtype", "moe_weights", "model_fingerprint", "backend", "kernels")
 # Keys whose None means "not known" (a run from before the key, weights this process cannot read: a Ray
-# driver without the workers' files, or what only the loaded engine says: the kernels `auto` picks, the
-# context the KV cache allows), which matches any value: an upgrade must not restart a run.
-UNKNOWN_MATCHES = ("model_fingerprint", "kernels", "max_model_len")
+# driver without the workers' files, or the kernels `auto` picks, which only the loaded engine says), which
+# matches any value: an upgrade must not restart a run.
+UNKNOWN_MATCHES = ("model_fingerprint", "kernels")
 # What a run recorded before a key existed ran with (so a rerun still continues it).
 RESUME_DEFAULTS = {"max_tool_output_bytes": DEFAULT_MAX_TOOL_OUTPUT_BYTES, "epochs": 1, "deterministic": False,
                    "kv_cache_dtype": "auto", "moe_weights": "auto", "backend": "engine"}
-# Keys a run recorded in engine_config alone before they were resume keys.
-_ENGINE_CONFIG_KEYS = ("deterministic", "backend", "kernels", "max_model_len")
+# Keys a run recorded in engine_config alone before they were resume keys (not the kernels: a run from
+# before compared none, and parts merged from other machines may have run others).
+_ENGINE_CONFIG_KEYS = ("deterministic", "backend")
 # Keys even an explicit --resume/--retry-failed must match: --deterministic promises the same
 # tokens however a run is split, and a resume is a split; its runs row names one numerics.
 # --epochs and --shard say which rows the run holds: resumed with another value (`--resume ID`
@@ -211,8 +212,6 @@ def setting_flag(key: str, value: object) -> str:
     """A resume setting as the submit option that sets it (`--seed 7`, `--no-deterministic`)."""
     if key == "model_fingerprint":  # no flag sets it: --model's weights do
         return f"the weights {value}" if value else "weights of unknown fingerprint"
-    if key == "max_model_len":  # the model's, or what the KV cache allows (--kv-cache-gb, the device's memory)
-        return f"a context of {value} tokens" if value else "a context of unknown length"
     name = key.replace("_", "-")
     if value is None:  # not given (no --shard, no --conversation-date)
         return f"no --{name}"
@@ -258,8 +257,7 @@ def _version() -> str:
 
 
 def numerics(options: RunOptions) -> dict[str, object]:
-    """The resume settings a run's decoder sets: its backend, the kernels it runs (`auto` resolved, once the
-    engine is loaded: None before, unless --kernels named them) and its context (None before it is loaded)."""
-    config = options.engine_config
-    kernels = config.get("kernels") or (options.kernels if options.kernels != "auto" else None)
-    return {"backend": options.backend, "kernels": kernels, "max_model_len": config.get("max_model_len")}
+    """The resume settings a run's decoder sets: its backend and the kernels it runs (`auto` resolved, once the
+    engine is loaded: None before, unless --kernels named them)."""
+    kernels = options.engine_config.get("kernels") or (options.kernels if options.kernels != "auto" else None)
+    return {"backend": options.backend, "kernels": kernels}

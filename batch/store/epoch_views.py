@@ -37,7 +37,7 @@ def bootstrap_sql(source: str, keys: str) -> str:
 
 
 # Every case alike (one pass share for all): a bootstrap over cases would give that share as both bounds.
-_ALIKE = "(min(pass_mean) = max(pass_mean))"
+_ALIKE = "(max(pass_mean) - min(pass_mean) < 1e-9)"  # evals/stats.py ALIKE_WITHIN: last bits differ
 
 
 def _interval(bound: str, arms: list[tuple[str, str]], otherwise: str, samples: str, over_samples: bool) -> str:
@@ -348,7 +348,7 @@ def m022_intervals_over_samples(con: duckdb.DuckDBPyConnection) -> None:
     A rate whose cases all passed the same share of their epochs (a single case, most often) got an
     interval of zero width (2/3 passing: 66.7%-66.7%); it is Wilson's over the samples. Two runs whose
     cases all changed by the same share (no case changed, most often) got 0% to 0%; the interval is
-    Newcombe's over the samples paired by epoch (epoch e of a line has the same seed in both runs), and
+    Newcombe's over the samples paired in epoch order (epoch e of a line has the same seed in both runs), and
     where no case's epochs disagree in either run, Newcombe's over cases, as with one epoch
     (evals/stats.py gives the same)."""
     con.execute(pass_rate_views_sql(over_samples=True))
@@ -359,15 +359,18 @@ def m022_intervals_over_samples(con: duckdb.DuckDBPyConnection) -> None:
         counts=""",
                  count(*) FILTER (WHERE pass_a = 1 AND pass_b = 1) AS both_pass,
                  bool_and(pass_a IN (0, 1) AND pass_b IN (0, 1)) AS constant,
-                 min(difference) = max(difference) AS alike""",
+                 max(difference) - min(difference) < 1e-9 AS alike""",
         epochs_low=f"""CASE WHEN s.constant THEN newcombe_low({table})
                 WHEN s.alike THEN newcombe_low({sample_table}) ELSE bq.low END""",
         epochs_high=f"""CASE WHEN s.constant THEN newcombe_high({table})
                 WHEN s.alike THEN newcombe_high({sample_table}) ELSE bq.high END""",
         samples=""",
-    -- the two runs' samples paired by case and epoch: both pass (e), B only (f), A only (g), all (n)
+    -- the two runs' samples paired by case and, in epoch order, by their graded samples (by epoch where both
+    -- runs graded every one, as evals/stats.py pairs them): both pass (e), B only (f), A only (g), all (n)
+    ns AS (SELECT run_id, custom_id, passed, row_number() OVER (PARTITION BY run_id, custom_id ORDER BY epoch) AS k
+           FROM sample_grades),
     sp AS (SELECT a.run_id AS run_a, b.run_id AS run_b, count(*) FILTER (WHERE a.passed AND b.passed) AS e,
                   count(*) FILTER (WHERE b.passed AND NOT a.passed) AS f,
                   count(*) FILTER (WHERE a.passed AND NOT b.passed) AS g, count(*) AS n
-           FROM sample_grades a JOIN sample_grades b USING (custom_id, epoch)
+           FROM ns a JOIN ns b USING (custom_id, k)
            WHERE a.run_id <> b.run_id GROUP BY a.run_id, b.run_id)"""))

@@ -781,7 +781,7 @@ def test_a_function_call_without_its_output_is_an_invalid_line_as_in_the_api(tmp
     errors = dict(rows(db, "SELECT custom_id, error FROM requests WHERE status = 'invalid'"))
     assert errors == {
         "next": f"line 2: input: no function_call_output for the function call {call['call_id']!r} (get_weather) "
-                "the conversation's line before it ended in; a later line cannot give one (its call_id is made as "
+                "the conversation's lines before it hold; a later line cannot give one (its call_id is made as "
                 "that line runs): continue that response with previous_response_id and a function_call_output instead",
         "pasted": "line 3: input[1]: no function_call_output for the function call 'c1' (get_weather); every "
                   "function call in input needs its output"}
@@ -793,4 +793,4 @@ def test_a_function_call_without_its_output_is_an_invalid_line_as_in_the_api(tmp
     assert dict(rows(db, "SELECT custom_id, status FROM requests WHERE custom_id IN ('answered', 'unanswered')")) == {
         "answered": "completed", "unanswered": "invalid"}
     [(error,)] = rows(db, "SELECT error FROM requests WHERE custom_id = 'unanswered'")
-    assert error.endswith("(get_weather) the previous response ended in; send it in input")
+    assert error.endswith("(get_weather) the previous response holds; send it in input")

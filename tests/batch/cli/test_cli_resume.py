@@ -131,20 +131,19 @@ def short_submit(tmp_path, num_lines: int) -> tuple:
                 "--kv-cache-gb", "0.05", "--quiet"]
 
 
-def test_the_decoders_backend_and_context_are_resume_settings(tmp_path):
-    """Another --backend, or a KV cache that clamps the context (--kv-cache-gb), decodes other results: a
-    rerun was taken to continue the run, and said nothing; a finished one's rerun said "nothing to do"."""
+def test_the_decoders_backend_and_kernels_are_resume_settings(tmp_path):
+    """Another --backend decodes other results: a rerun was taken to continue the run, and said nothing; a finished
+    one's rerun said "nothing to do". The kernels `auto` resolved to are recorded, and compared."""
     db, common = short_submit(tmp_path, 3)
     assert batchrun(*common, "--limit", "1", "--run-id", "r").exit_code == 0
-    clamped = batchrun(*common, "--kv-cache-gb", "0.001", "--limit", "2")  # short_submit's 0.05 GB: another context
-    assert clamped.exit_code == 0 and "already done" not in clamped.output, clamped.output
-    [(context,)] = rows(db, "SELECT options->>'max_model_len' FROM runs WHERE run_id = 'r'")
-    assert int(context) > int(rows(db, "SELECT options->>'max_model_len' FROM runs WHERE run_id <> 'r'")[0][0])
-    resumed = batchrun(*common, "--resume", "r")  # an explicit resume continues it, and says with what
-    assert resumed.exit_code == 0 and "1 already done" in resumed.output, resumed.output
+    other = batchrun(*common, "--backend", "transformers", "--limit", "2")
+    assert other.exit_code == 0 and "already done" not in other.output, other.output
+    assert batchrun(*common, "--kernels", "torch", "--resume", "r").exit_code == 0  # auto was torch here
     assert rows(db, "SELECT options->>'backend', options->>'kernels' FROM runs WHERE run_id = 'r'") == [
         ("engine", "torch")]
-    finished = batchrun(*common, "--backend", "transformers")
-    assert finished.exit_code == 0 and not finished.output.startswith("nothing to do"), finished.output
+    finished = batchrun(*common, "--backend", "transformers")  # continues the transformers run, not r
+    assert finished.exit_code == 0 and "2 already done" in finished.output, finished.output
     assert rows(db, "SELECT options->>'backend', count(*) FROM runs GROUP BY 1 ORDER BY 1") == [
-        ("engine", 2), ("transformers", 1)]
+        ("engine", 1), ("transformers", 1)]
+    again = batchrun(*common)
+    assert again.exit_code == 0 and again.output.startswith("nothing to do"), again.output

@@ -116,12 +116,14 @@ def test_none_allows_no_call_and_bad_choices_are_errors():
                              'Sunny, I guess.<|return|>')
 
 
-def test_a_preamble_comes_only_where_a_call_may_follow_it():
+def test_a_preamble_comes_only_before_a_call():
     preamble = '<|channel|>commentary<|message|>Sure, here it is:<|end|><|start|>assistant'
     answer = '<|channel|>final<|message|>{"city": "Rome"}<|return|>'
     assert not accepts(grammar(text_format=SCHEMA), preamble + answer)  # output_text would not parse as JSON
     assert accepts(grammar(text_format=SCHEMA), answer)
-    assert accepts(grammar([WEATHER], text_format=SCHEMA), preamble + answer)
+    assert not accepts(grammar([WEATHER], text_format=SCHEMA), preamble + answer)  # a tool to call: still not
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"lat": 1, "lon": 2}<|call|>'
+    assert accepts(grammar([WEATHER], text_format=SCHEMA), preamble + call)
 
 
 def test_a_schema_llguidance_cannot_enforce_names_its_field():

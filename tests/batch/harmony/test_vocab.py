@@ -60,3 +60,10 @@ def test_a_megabyte_word_encodes():
     tokens = vocab.ordinary_tokens(text)
     assert vocab.harmony_encoding().decode_utf8(tokens) == text
     assert len(tokens) == 150_000  # "aaaaaaaa" is one token
+
+
+def test_without_bpe_openais_encoder_long_texts_take_harmonys(monkeypatch):
+    # its bindings are no public API: a bpe-openai without them must not fail long prompts
+    monkeypatch.setattr(vocab, "_linear_tokenizer", lambda: None)
+    text = "word " * 4000
+    assert len(text) >= vocab.LINEAR_ENCODE_FROM and vocab.ordinary_tokens(text) == _harmony_tokens(text)

@@ -948,3 +948,16 @@ def test_the_lines_after_a_failed_or_incomplete_one_in_its_conversation(store):
     failed = (RequestStatus.FAILED, RequestStatus.INCOMPLETE)
     assert store.runs.conversation_followers("r1", failed) == {(2, 0), (4, 0), (6, 0)}
     assert store.runs.conversation_followers("r1", (RequestStatus.INVALID,)) == set()
+
+
+def test_differences_alike_but_for_their_last_bits_are_alike_in_python_and_sql(store):
+    # 7/10 - 4/10 and 3/10 - 0 differ in their last bit: the bootstrap said +30.0% to +30.0%
+    a = {"c0": [True] * 4 + [False] * 6, "c1": [False] * 10}
+    b = {"c0": [True] * 7 + [False] * 3, "c1": [True] * 3 + [False] * 7}
+    _write_epochs(store, "a", a)
+    _write_epochs(store, "b", b)
+    python = paired_difference(a, b)
+    [(low, high)] = store.con.sql("SELECT ci_low, ci_high FROM paired_differences "
+                                  "WHERE run_a = 'a' AND run_b = 'b'").fetchall()
+    assert python.low < python.difference < python.high
+    assert (low, high) == (pytest.approx(python.low), pytest.approx(python.high))
