@@ -8,13 +8,13 @@ honour, validates the rest, and turns pydantic's errors into one readable
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag,
-                      ValidationError)
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError)
 
 from batch.responses.request_errors import RequestError, json_type, readable_error
+from batch.responses.request_shapes import Strict, str_or, tag_of, tagged
+from batch.responses.request_tools import FunctionTool, Tool, ToolChoice
 from batch.responses.strict_schema import strict_schema_problem
 
 # Accepted so that requests written for the API run unchanged, but with no
@@ -35,76 +35,37 @@ Includable = Literal["file_search_call.results", "web_search_call.results", "web
 # The one `include` value that changes what is decoded: every output_text part and text event carries its
 # tokens' logprobs. The others name outputs that are always kept here, or that nothing here makes.
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
-WebSearchType = Literal["web_search", "web_search_preview", "web_search_2025_08_26",
-                        "web_search_preview_2025_03_11"]
-_WEB_SEARCH_TYPES: tuple[str, ...] = typing.get_args(WebSearchType)
 
 
-class _Strict(BaseModel):
-    # strict: a string where a number is expected is an error, as in the API.
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-def _tag_of(aliases: dict[str, str] | None = None) -> Callable[[Any], str | None]:
-    """A discriminator reading `type` (None, i.e. "no tag", for non-objects)."""
-    def tag(value: Any) -> str | None:
-        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-        if not isinstance(kind, str):
-            return None
-        return (aliases or {}).get(kind, kind)
-    return tag
-
-
-def _tagged(*choices: tuple[str, Any], tag: Callable[[Any], str | None]) -> Any:
-    """A union of `(tag, type)` choices, picked by `tag(value)`."""
-    members = tuple(Annotated[model, Tag(name)] for name, model in choices)
-    return Annotated[Union[members], Discriminator(tag)]  # noqa: UP007 - built from a tuple
-
-
-_SHAPES: dict[type, str] = {str: "str", list: "list", dict: "dict"}
-
-
-def _shape(value: Any) -> str | None:
-    # On the way out (model_dump) the value of an object branch is the parsed model, not a dict.
-    return "dict" if isinstance(value, BaseModel) else _SHAPES.get(type(value))
-
-
-def _str_or(other: Any, message: str, shape: str = "list", text: Any = str) -> Any:
-    """`text | other` (`text` a str type), picked by the input's JSON shape, with one error if neither."""
-    return Annotated[Annotated[text, Tag("str")] | Annotated[other, Tag(shape)],
-                     Discriminator(_shape, custom_error_type="invalid_shape",
-                                   custom_error_message=message)]
-
-
-# The unions below are built at runtime (`_tagged`, `_str_or`) for pydantic, which a
+# The unions below are built at runtime (`tagged`, `str_or`) for pydantic, which a
 # type checker cannot read as types: under TYPE_CHECKING each is spelt as the plain
 # union it validates to. Keep the two spellings of each alias in step.
 
 # --- content parts ---------------------------------------------------------
 
-class InputText(_Strict):
+class InputText(Strict):
     type: Literal["input_text"]
     text: str
 
 
-class OutputText(_Strict):
+class OutputText(Strict):
     type: Literal["output_text"]
     text: str
     annotations: list[dict[str, Any]] | None = None
     logprobs: list[dict[str, Any]] | None = None
 
 
-class PlainText(_Strict):
+class PlainText(Strict):
     type: Literal["text"]
     text: str
 
 
-class SummaryText(_Strict):
+class SummaryText(Strict):
     type: Literal["summary_text"]
     text: str
 
 
-class ReasoningText(_Strict):
+class ReasoningText(Strict):
     type: Literal["reasoning_text"]
     text: str
 
@@ -113,19 +74,17 @@ if TYPE_CHECKING:
     MessagePart: TypeAlias = InputText | OutputText | PlainText
     MessageContent: TypeAlias = str | list[MessagePart]
     CallOutput: TypeAlias = str | list[InputText]
-    StrOrObject: TypeAlias = str | dict[str, Any]
 else:
-    MessagePart = _tagged(("input_text", InputText), ("output_text", OutputText), ("text", PlainText),
-                          tag=_tag_of())
-    MessageContent = _str_or(list[MessagePart], "expected a string or a list of content parts")
-    CallOutput = _str_or(list[InputText], "expected a string or a list of input_text parts")
-    StrOrObject = _str_or(dict[str, Any], "expected a string or an object", "dict")
+    MessagePart = tagged(("input_text", InputText), ("output_text", OutputText), ("text", PlainText),
+                          tag=tag_of())
+    MessageContent = str_or(list[MessagePart], "expected a string or a list of content parts")
+    CallOutput = str_or(list[InputText], "expected a string or a list of input_text parts")
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
 # --- input items -----------------------------------------------------------
 
-class MessageItem(_Strict):
+class MessageItem(Strict):
     type: Literal["message"] | None = None
     role: Literal["user", "system", "developer", "assistant"]
     content: MessageContent
@@ -135,7 +94,7 @@ class MessageItem(_Strict):
     phase: Literal["commentary", "final_answer"] | None = None
 
 
-class FunctionCallItem(_Strict):
+class FunctionCallItem(Strict):
     type: Literal["function_call"]
     call_id: str
     name: str
@@ -144,7 +103,7 @@ class FunctionCallItem(_Strict):
     status: ItemStatus | None = None
 
 
-class FunctionCallOutputItem(_Strict):
+class FunctionCallOutputItem(Strict):
     type: Literal["function_call_output"]
     call_id: str
     output: CallOutput
@@ -152,7 +111,7 @@ class FunctionCallOutputItem(_Strict):
     status: ItemStatus | None = None
 
 
-class ReasoningItem(_Strict):
+class ReasoningItem(Strict):
     type: Literal["reasoning"]
     id: str | None = None
     summary: list[SummaryText] = Field(default_factory=list)
@@ -182,7 +141,7 @@ class McpCallItem(_Hosted):
     name: str
 
 
-class ItemReference(_Strict):
+class ItemReference(Strict):
     """An item of a stored response, by its id: admission puts the item itself in its place."""
 
     type: Literal["item_reference"]
@@ -193,7 +152,7 @@ def _item_tag(value: Any) -> str | None:
     # A message may leave out `type`: `{"role": "user", "content": "..."}`.
     if (isinstance(value, dict) and "type" not in value) or isinstance(value, MessageItem):
         return "message"
-    return _tag_of()(value)
+    return tag_of()(value)
 
 
 if TYPE_CHECKING:
@@ -201,153 +160,26 @@ if TYPE_CHECKING:
                             | McpCallItem | HostedItem | ItemReference)
     RequestInput: TypeAlias = str | list[InputItem]
 else:
-    InputItem = _tagged(
+    InputItem = tagged(
         ("message", MessageItem), ("function_call", FunctionCallItem),
         ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem),
         ("mcp_call", McpCallItem), ("mcp_list_tools", HostedItem),
         ("code_interpreter_call", HostedItem), ("web_search_call", HostedItem),
         ("item_reference", ItemReference), tag=_item_tag)
-    RequestInput = _str_or(list[InputItem], "expected a string or a list of input items")
-
-
-# --- tools -----------------------------------------------------------------
-
-class FunctionTool(_Strict):
-    type: Literal["function"]
-    # The name becomes the harmony recipient `functions.<name>`: no dots or spaces.
-    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class CodeInterpreterTool(_Strict):
-    type: Literal["code_interpreter"]
-    container: StrOrObject | None = None
-
-
-class WebSearchTool(_Strict):
-    type: WebSearchType
-    search_context_size: Literal["low", "medium", "high"] | None = None
-    user_location: dict[str, Any] | None = None
-    filters: dict[str, Any] | None = None
-
-
-class McpToolFilter(_Strict):
-    tool_names: list[str] | None = None
-    read_only: bool | None = None
-
-
-class McpApprovalFilter(_Strict):
-    """require_approval as a filter: the tools that need approval, and those that do not."""
-
-    always: McpToolFilter | None = None
-    never: McpToolFilter | None = None
-
-
-if TYPE_CHECKING:
-    ApprovalPolicy: TypeAlias = Literal["always", "never"] | McpApprovalFilter
-else:
-    ApprovalPolicy = _str_or(McpApprovalFilter, "expected 'always', 'never' or an object", "dict",
-                             text=Literal["always", "never"])
-
-
-class McpTool(_Strict):
-    type: Literal["mcp"]
-    # The label becomes the harmony recipient's namespace (`label.tool`): a space, a newline or a control
-    # token in it could never be called (a dot may be: `time.v2`)
-    server_label: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    server_url: str | None = None
-    connector_id: str | None = None
-    headers: dict[str, str] | None = None
-    authorization: str | None = None
-    allowed_tools: Annotated[
-        Annotated[list[str], Tag("list")] | Annotated[McpToolFilter, Tag("dict")],
-        Discriminator(_shape, custom_error_type="invalid_shape",
-                      custom_error_message="expected a list of names or an object")] | None = None
-    require_approval: ApprovalPolicy | None = None
-    server_description: str | None = None
-
-
-if TYPE_CHECKING:
-    Tool: TypeAlias = FunctionTool | CodeInterpreterTool | WebSearchTool | McpTool
-else:
-    Tool = _tagged(("function", FunctionTool), ("code_interpreter", CodeInterpreterTool),
-                   ("web_search", WebSearchTool), ("mcp", McpTool),
-                   tag=_tag_of({kind: "web_search" for kind in _WEB_SEARCH_TYPES}))
-
-
-# --- tool_choice -----------------------------------------------------------
-
-class FunctionChoice(_Strict):
-    type: Literal["function"]
-    name: str
-
-
-class McpChoice(_Strict):
-    type: Literal["mcp"]
-    server_label: str
-    name: str | None = None
-
-
-class HostedChoice(_Strict):
-    """A hosted tool to call: the API's ToolChoiceTypes batchrun serves (any web search tool answers a
-    web_search_preview choice). Not `web_search`: the API's types have no such choice, and a Response
-    echoing it would fail them."""
-
-    type: Literal["code_interpreter", "web_search_preview", "web_search_preview_2025_03_11"]
-
-
-def _choice_tag(value: Any) -> str | None:
-    if isinstance(value, str):
-        return "mode"
-    # web_search tagged hosted, so that its error lists the choices there are
-    return _tag_of({kind: "hosted" for kind in ("code_interpreter", "web_search", "web_search_preview",
-                                                  "web_search_preview_2025_03_11")})(value)
-
-
-class HostedEntry(_Strict):
-    """An allowed_tools entry naming a hosted tool: there the API takes tool definitions, any web search type
-    among them."""
-
-    type: Literal["code_interpreter"] | WebSearchType
-
-
-if TYPE_CHECKING:
-    AllowedEntry: TypeAlias = FunctionChoice | McpChoice | HostedEntry
-else:
-    AllowedEntry = _tagged(("function", FunctionChoice), ("mcp", McpChoice), ("hosted", HostedEntry),
-                           tag=_tag_of({kind: "hosted" for kind in ("code_interpreter", *_WEB_SEARCH_TYPES)}))
-
-
-class AllowedToolsChoice(_Strict):
-    """Of the request's tools, only these may be called (all stay in the prompt); `required`: the first turn
-    calls one of them."""
-
-    type: Literal["allowed_tools"]
-    mode: Literal["auto", "required"]
-    tools: list[AllowedEntry]
-
-
-ToolMode = Literal["auto", "none", "required"]
-if TYPE_CHECKING:
-    ToolChoice: TypeAlias = ToolMode | FunctionChoice | McpChoice | HostedChoice | AllowedToolsChoice
-else:
-    ToolChoice = _tagged(("mode", ToolMode), ("function", FunctionChoice), ("mcp", McpChoice),
-                         ("hosted", HostedChoice), ("allowed_tools", AllowedToolsChoice), tag=_choice_tag)
+    RequestInput = str_or(list[InputItem], "expected a string or a list of input items")
 
 
 # --- text.format -----------------------------------------------------------
 
-class TextFormatText(_Strict):
+class TextFormatText(Strict):
     type: Literal["text"]
 
 
-class TextFormatJsonObject(_Strict):
+class TextFormatJsonObject(Strict):
     type: Literal["json_object"]
 
 
-class TextFormatJsonSchema(_Strict):
+class TextFormatJsonSchema(Strict):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
     type: Literal["json_schema"]
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -360,11 +192,11 @@ class TextFormatJsonSchema(_Strict):
 if TYPE_CHECKING:
     TextFormat: TypeAlias = TextFormatText | TextFormatJsonObject | TextFormatJsonSchema
 else:
-    TextFormat = _tagged(("text", TextFormatText), ("json_object", TextFormatJsonObject),
-                         ("json_schema", TextFormatJsonSchema), tag=_tag_of())
+    TextFormat = tagged(("text", TextFormatText), ("json_object", TextFormatJsonObject),
+                         ("json_schema", TextFormatJsonSchema), tag=tag_of())
 
 
-class TextConfig(_Strict):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
@@ -380,7 +212,7 @@ REASONING_EFFORTS: tuple[str, ...] = typing.get_args(ReasoningEffortName)
 ReasoningSummary: TypeAlias = Literal["auto", "concise", "detailed"]
 
 
-class Reasoning(_Strict):
+class Reasoning(Strict):
     effort: ReasoningEffortName | None = None
     summary: ReasoningSummary | None = None  # echoed in the response; gpt-oss writes no summaries
     generate_summary: ReasoningSummary | None = None  # (the API's older name of summary)
@@ -395,18 +227,18 @@ Metadata = Annotated[
 ConversationId = Annotated[str, StringConstraints(min_length=1)]
 
 
-class ConversationRef(_Strict):
+class ConversationRef(Strict):
     id: ConversationId
 
 
 if TYPE_CHECKING:
     Conversation: TypeAlias = str | ConversationRef
 else:
-    Conversation = _str_or(ConversationRef, 'expected a conversation id (a non-empty string) or {"id": ...}',
+    Conversation = str_or(ConversationRef, 'expected a conversation id (a non-empty string) or {"id": ...}',
                            "dict", text=ConversationId)
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(Strict):
     """The supported part of a Responses API request body (ignored fields removed)."""
 
     input: RequestInput
