@@ -382,7 +382,7 @@ def _is_connection_lost(exc: BaseException) -> bool:
 def _listing_error(spec: ServerSpec, exc: BaseException) -> Listing:
     if isinstance(exc, TimeoutError):
         kind = ToolErrorKind.TIMEOUT
-    elif not _is_connection_lost(exc) and not isinstance(exc, ConnectionError):
+    elif not _is_connection_lost(exc):  # (a ConnectionError is an OSError: lost)
         kind = ToolErrorKind.PROTOCOL_ERROR  # the server answered, wrongly
     else:
         kind = ToolErrorKind.UNREACHABLE

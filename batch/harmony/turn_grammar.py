@@ -94,11 +94,13 @@ def turn_grammar(registry: ToolRegistry, text_format: dict | None, first_turn: b
                      f"<|message|> {args} <|call|>")
         if schema is not None:
             compiled = _compiled(schema, lenient=not registry.is_strict(recipient))
-            if registry.is_listed(recipient) and _cannot_be_enforced(compiled):
+            text = json.dumps(compiled)
+            if registry.is_listed(recipient) and _cannot_be_enforced(text):
                 # a server's schema, not the request's: its fault must not make the line invalid (the server
                 # checks its own arguments); the call is then held to a JSON object only
                 compiled = _compiled(ANY_OBJECT, lenient=False)
-            rules.append(f"args_{i}: %json {json.dumps(compiled)}")
+                text = json.dumps(compiled)
+            rules.append(f"args_{i}: %json {text}")
             schemas.append((_schema_field(registry, recipient), compiled))
     return TurnGrammar("\n".join(rules) + "\n", schemas)
 
@@ -128,7 +130,8 @@ def _compiled(schema: dict, lenient: bool) -> dict:
     return {**schema, "x-guidance": options}
 
 
-def _cannot_be_enforced(schema: dict) -> bool:
+def _cannot_be_enforced(schema: str) -> bool:
+    """Whether llguidance cannot compile the schema (its JSON text, the check's cache key)."""
     from batch.harmony.schema_check import schema_problem  # llguidance: imported by the runs that need it
 
-    return schema_problem(json.dumps(schema)) is not None
+    return schema_problem(schema) is not None
