@@ -17,24 +17,11 @@ import click
 from batch.cli.display import plural
 from batch.responses.status import RequestStatus, RunStatus
 from batch.run.reader import read_requests, scan_input
-from batch.run.ledger import RunLedger, changed_settings, numerics
+from batch.run.ledger import RunLedger, changed_settings, run_row
 from batch.run.options import RunOptions
 from batch.run.shards import Shard
 from batch.store.runs import ListedRun
 from batch.store.store import Store
-
-
-def settings(options: RunOptions) -> dict:
-    """The RESUME_KEYS values `options` would record in its runs row (as the runner records them)."""
-    session, prompt = options.session, options.prompt
-    return {"max_output_tokens": session.max_output_tokens, "seed": session.seed,
-            "temperature": session.temperature, "top_p": session.top_p,
-            "conversation_date": prompt.conversation_date, "reasoning_effort": prompt.reasoning_effort,
-            "max_turns": session.max_turns, "max_tool_output_bytes": session.max_tool_output_bytes,
-            "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
-            "deterministic": options.deterministic, "kv_cache_dtype": options.kv_cache_dtype,
-            "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint,
-            **numerics(options)}
 
 
 def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
@@ -51,7 +38,8 @@ def finished_run(store: Store, options: RunOptions) -> ListedRun | None:
                   and (listed.run.status == RunStatus.COMPLETED or options.limit is not None)]
     if not candidates:
         return None
-    sha256, ours = (options.input_scan or scan_input(options.input_path)).sha256, settings(options)
+    # the options the runner would record, as it records them (one place: ledger.run_row)
+    sha256, ours = (options.input_scan or scan_input(options.input_path)).sha256, run_row(options, "", "").options
     unfinished = RunLedger(store).matching_unfinished_run(options, sha256) if options.limit is not None else None
     for listed in candidates:  # newest first
         run = listed.run

@@ -239,7 +239,7 @@ def run_row(options: RunOptions, run_id: str, input_sha: str) -> RunRow:
                  "shard": options.shard.label if options.shard else None, "epochs": options.epochs,
                  "deterministic": options.deterministic, "kv_cache_dtype": options.kv_cache_dtype,
                  "moe_weights": options.moe_weights, "model_fingerprint": options.model_fingerprint,
-                 **numerics(options)},
+                 **_numerics(options)},
         notes={}, batchrun_version=_version())
 
 
@@ -256,7 +256,7 @@ def _version() -> str:
         return "dev"
 
 
-def numerics(options: RunOptions) -> dict[str, object]:
+def _numerics(options: RunOptions) -> dict[str, object]:
     """The resume settings a run's decoder sets: its backend and the kernels it runs (`auto` resolved, once the
     engine is loaded: None before, unless --kernels named them)."""
     kernels = options.engine_config.get("kernels") or (options.kernels if options.kernels != "auto" else None)
